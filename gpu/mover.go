@@ -1,0 +1,119 @@
+package gpu
+
+import (
+	"context"
+	"fmt"
+)
+
+// Region is one contiguous piece of every page slot of a layer group: slot i of the region
+// starts at Offset + Stride*i within the engine memory the layout was registered with and is
+// Size bytes long.
+type Region struct {
+	Offset uint64 `json:"offset"`
+	Stride uint64 `json:"stride"`
+	Size   uint64 `json:"size"`
+}
+
+// GroupLayout describes one KVCacheManagerV2 layer group.
+type GroupLayout struct {
+	ID    int `json:"id"`    // layer group id, dense from 0
+	Slots int `json:"slots"` // number of page slots in the group's pool
+	// Regions hold the shard-specific bytes of a page, in the order they are concatenated into
+	// the pool value. ReplicatedRegions hold bytes that are identical on every rank.
+	Regions           []Region `json:"regions"`
+	ReplicatedRegions []Region `json:"replicated_regions,omitempty"`
+}
+
+// BytesPerPage is the size of the group's sharded page value.
+func (g GroupLayout) BytesPerPage() uint64 { return sumSizes(g.Regions) }
+
+// ReplicatedBytesPerPage is the size of the group's replicated page value (0 when none).
+func (g GroupLayout) ReplicatedBytesPerPage() uint64 { return sumSizes(g.ReplicatedRegions) }
+
+func sumSizes(rs []Region) uint64 {
+	var n uint64
+	for _, r := range rs {
+		n += r.Size
+	}
+	return n
+}
+
+// Layout is an engine's KV memory as it registers it with kvctl.
+type Layout struct {
+	TokensPerBlock int           `json:"tokens_per_block"`
+	Groups         []GroupLayout `json:"groups"`
+}
+
+// Validate checks that the layout is addressable within memBytes bytes of engine memory.
+func (l Layout) Validate(memBytes uint64) error {
+	if l.TokensPerBlock < 1 {
+		return fmt.Errorf("layout: tokens_per_block must be at least 1, got %d", l.TokensPerBlock)
+	}
+	if len(l.Groups) == 0 {
+		return fmt.Errorf("layout: no layer groups")
+	}
+	for i, g := range l.Groups {
+		if g.ID != i {
+			return fmt.Errorf("layout: group %d has id %d; ids must be dense from 0", i, g.ID)
+		}
+		if g.Slots < 1 {
+			return fmt.Errorf("layout: group %d has %d slots", i, g.Slots)
+		}
+		if len(g.Regions) == 0 {
+			return fmt.Errorf("layout: group %d has no regions", i)
+		}
+		for _, set := range [][]Region{g.Regions, g.ReplicatedRegions} {
+			for j, r := range set {
+				if r.Size == 0 {
+					return fmt.Errorf("layout: group %d region %d has size 0", i, j)
+				}
+				last := r.Offset + r.Stride*uint64(g.Slots-1) + r.Size
+				if r.Stride != 0 && (last-r.Offset-r.Size)/r.Stride != uint64(g.Slots-1) || last < r.Offset {
+					return fmt.Errorf("layout: group %d region %d overflows", i, j)
+				}
+				if last > memBytes {
+					return fmt.Errorf("layout: group %d region %d ends at byte %d, beyond the %d bytes registered", i, j, last, memBytes)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// PageRef names one page value: the sharded or replicated regions of one slot of a group.
+type PageRef struct {
+	Group      int
+	Slot       int
+	Replicated bool
+}
+
+// Mover copies page values between an engine's registered memory and host buffers. A value is
+// the page's regions concatenated in region order.
+//
+// Gather and Scatter complete before they return: on return from Gather the bytes are in dst,
+// on return from Scatter the engine memory holds them. A Mover is not safe for concurrent use;
+// each worker (and its stream) owns one, made with Clone.
+type Mover interface {
+	// Layout returns the layout the engine memory was registered with.
+	Layout() Layout
+	// Gather copies each page's value into dst[i], which must be exactly its size.
+	Gather(ctx context.Context, pages []PageRef, dst [][]byte) error
+	// Scatter copies src[i] into each page's regions; src[i] must be exactly the value size.
+	Scatter(ctx context.Context, src [][]byte, pages []PageRef) error
+	// NewStaging allocates host buffers suited as transfer targets for this mover (pinned memory
+	// on a GPU host): slots buffers of slotBytes each.
+	NewStaging(slots int, slotBytes int) (Staging, error)
+	// Clone returns an independent Mover over the same engine memory for another worker.
+	Clone() (Mover, error)
+	// Close releases what the mover holds. Staging buffers it made must be closed first.
+	Close() error
+}
+
+// Staging is a set of equal host buffers used between the pool and engine memory.
+type Staging interface {
+	Slots() int
+	SlotBytes() int
+	// Slot returns buffer i. It stays valid until Close.
+	Slot(i int) []byte
+	Close() error
+}
