@@ -1,0 +1,69 @@
+# kvctl build. `make test` is what CI runs; `make verify` checks formatting, lint, modules and
+# that generated files are up to date.
+
+GO        ?= go
+BIN       ?= bin/kvctl
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT    ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+LDFLAGS   := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+GOLANGCI_LINT_VERSION ?= v2.15.0
+GOBIN     ?= $(shell $(GO) env GOPATH)/bin
+LINT      := $(GOBIN)/golangci-lint
+BENCH     ?= .
+BENCHTIME ?= 1s
+COUNT     ?= 5
+
+# go-nvml's cgo build warns about deprecated declarations it cannot avoid.
+export CGO_CFLAGS := -Wno-deprecated-declarations
+
+.PHONY: all build install test test-race bench lint fmt golden docs verify proto tools clean
+
+all: build
+
+build:
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/kvctl
+
+install:
+	$(GO) install -trimpath -ldflags '$(LDFLAGS)' ./cmd/kvctl
+
+test:
+	$(GO) test -count=1 ./...
+
+test-race:
+	$(GO) test -race -count=1 ./...
+
+bench:
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) -count $(COUNT) ./...
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+golden:
+	$(GO) test ./... -update
+
+docs:
+	$(GO) run ./cmd/gendocs -man man -completions completions
+
+tools: $(LINT)
+
+$(LINT):
+	GOFLAGS= $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+
+lint: $(LINT)
+	$(LINT) run ./...
+
+verify: $(LINT)
+	@echo '== gofmt'; out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	@echo '== go vet'; $(GO) vet ./...
+	@echo '== golangci-lint'; $(LINT) run ./...
+	@echo '== go mod tidy'; cp go.mod /tmp/kvctl-go.mod.bak; cp go.sum /tmp/kvctl-go.sum.bak; \
+		$(GO) mod tidy; \
+		if ! git diff --quiet -- go.mod go.sum; then git diff -- go.mod go.sum; \
+			cp /tmp/kvctl-go.mod.bak go.mod; cp /tmp/kvctl-go.sum.bak go.sum; \
+			echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; fi
+	@echo '== generated docs'; tmp=$$(mktemp -d); $(GO) run ./cmd/gendocs -man $$tmp/man -completions $$tmp/completions && \
+		diff -r man $$tmp/man && diff -r completions $$tmp/completions || { echo "man pages or completions are stale: run make docs"; rm -rf $$tmp; exit 1; }; rm -rf $$tmp
+	@echo 'verify: ok'
+
+clean:
+	rm -rf bin
