@@ -98,6 +98,7 @@ type Chain struct {
 	seed      Hash
 	h         hash.Hash
 	sum       [64]byte
+	parent    Hash
 	buf       []byte
 	hashes    []Hash
 	tokens    int
@@ -180,9 +181,12 @@ func (c *Chain) Extend(tokens []int64) ([]Hash, error) {
 		copy(grown, c.hashes)
 		c.hashes = grown
 	}
-	parent := c.seed
+	// parent lives in the chain: a local array handed to the hasher's interface methods
+	// would escape and cost an allocation per call.
+	parent := &c.parent
+	*parent = c.seed
 	if have > 0 {
-		parent = c.hashes[have-1]
+		*parent = c.hashes[have-1]
 	}
 	t8, w8 := 8*c.t, 8*(c.t+c.l)
 	for b := have; b < total; {
@@ -194,7 +198,7 @@ func (c *Chain) Extend(tokens []int64) ([]Hash, error) {
 			c.h.Write(parent[:])
 			c.h.Write(c.buf[off : off+w8])
 			copy(parent[:], c.h.Sum(c.sum[:0]))
-			c.hashes = append(c.hashes, parent)
+			c.hashes = append(c.hashes, *parent)
 			off += t8
 			b++
 		}
