@@ -36,15 +36,26 @@ type tokenScanner struct {
 
 // fill reads more input once the buffer is consumed; it reports whether a byte is available.
 func (s *tokenScanner) fill() bool {
-	for s.pos == s.end && s.rerr == nil {
-		n, err := s.r.Read(s.buf)
-		s.pos, s.end, s.rerr = 0, n, err
-		if n == 0 && err == nil {
-			// A reader that returns nothing and no error must not spin forever.
-			s.rerr = io.ErrNoProgress
-		}
+	if s.pos == s.end && s.rerr == nil {
+		s.pos, s.end = 0, s.read(s.buf)
 	}
 	return s.pos < s.end
+}
+
+// read reads into p, retrying a reader that returns neither data nor an error a bounded
+// number of times (as bufio does) before recording io.ErrNoProgress.
+func (s *tokenScanner) read(p []byte) int {
+	for range 100 {
+		n, err := s.r.Read(p)
+		if err != nil {
+			s.rerr = err
+		}
+		if n > 0 || err != nil {
+			return n
+		}
+	}
+	s.rerr = io.ErrNoProgress
+	return 0
 }
 
 func (s *tokenScanner) peek() (byte, bool) {
@@ -81,7 +92,15 @@ func (s *tokenScanner) skipSpace() {
 
 func (s *tokenScanner) skipBOM() {
 	const bom = "\xef\xbb\xbf"
-	if s.fill() && s.end-s.pos >= len(bom) && string(s.buf[s.pos:s.pos+len(bom)]) == bom {
+	// The mark may arrive split over several reads; gather its length first. This runs before
+	// anything is consumed, so the buffer has room.
+	for s.end-s.pos < len(bom) && s.rerr == nil {
+		s.end += s.read(s.buf[s.end:])
+		if s.end > 0 && s.buf[0] != bom[0] {
+			return
+		}
+	}
+	if s.end-s.pos >= len(bom) && string(s.buf[s.pos:s.pos+len(bom)]) == bom {
 		s.pos += len(bom)
 	}
 }
