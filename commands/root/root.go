@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
 	"github.com/kvctl/kvctl/commands/completion"
+	"github.com/kvctl/kvctl/commands/hash"
 	"github.com/kvctl/kvctl/commands/version"
 )
 
@@ -69,6 +70,7 @@ environment, then the file, then the default.`,
 	_ = cmd.RegisterFlagCompletionFunc("log-format", cobra.FixedCompletions(cmdutil.LogFormats, cobra.ShellCompDirectiveNoFileComp))
 
 	cmd.AddCommand(
+		hash.NewCmdHash(f, nil),
 		version.NewCmdVersion(f, nil),
 		completion.NewCmdCompletion(f),
 	)
