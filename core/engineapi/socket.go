@@ -1,0 +1,67 @@
+package engineapi
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// DefaultSocketPath is where `kvctl serve` listens unless told otherwise:
+// $XDG_RUNTIME_DIR/kvctl/kvctl.sock, else /tmp/kvctl-<uid>/kvctl.sock.
+func DefaultSocketPath(getenv func(string) string) string {
+	if d := getenv("XDG_RUNTIME_DIR"); d != "" {
+		return filepath.Join(d, "kvctl", "kvctl.sock")
+	}
+	return filepath.Join(os.TempDir(), "kvctl-"+strconv.Itoa(os.Getuid()), "kvctl.sock")
+}
+
+// FDSocketPath is the descriptor side channel that goes with the engine socket at path.
+func FDSocketPath(path string) string { return path + ".fd" }
+
+// ErrSocketInUse means another process is serving on the socket path.
+var ErrSocketInUse = errors.New("socket in use")
+
+// Listen creates the unix socket at path with mode 0600 in a directory only the owner can enter
+// (created with 0700 when missing). A stale socket left by a dead daemon is removed; a live one
+// is refused with ErrSocketInUse.
+func Listen(path string) (*net.UnixListener, error) {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("socket directory %s: %w", dir, err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("%s exists and is not a socket; refusing to replace it", path)
+		}
+		c, err := net.DialTimeout("unix", path, time.Second)
+		if err == nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("%s: %w: another kvctl serve is listening there", path, ErrSocketInUse)
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ENOENT) {
+			return nil, fmt.Errorf("%s: probing the existing socket: %w", path, err)
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("removing stale socket %s: %w", path, err)
+		}
+	}
+	// The umask decides the mode bind gives the socket; set it narrow for the bind and chmod
+	// after, so the socket is never reachable by others, not even briefly.
+	old := syscall.Umask(0o177)
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		_ = l.Close()
+		return nil, fmt.Errorf("chmod %s: %w", path, err)
+	}
+	l.SetUnlinkOnClose(true)
+	return l, nil
+}
