@@ -10,7 +10,7 @@ var ErrNoCUDA = errors.New("no CUDA")
 // CUDAMoverOptions tune a CUDA mover; this build has none.
 type CUDAMoverOptions struct {
 	Streams     int
-	BatchAPI    bool
+	PerCopy     bool
 	BounceBytes int
 }
 

@@ -72,23 +72,14 @@ func TestCUDAMover(t *testing.T) {
 	d := openCUDA(t)
 	t.Logf("device %d: %s, NUMA node %d, batch copy API %v", d.Ordinal(), d.Name(), d.NUMANode(), gpu.HasBatchCopy())
 	before := gpu.PinnedAllocations()
-	for _, o := range []gpu.CUDAMoverOptions{{Streams: 1}, {}, {Streams: 4}, {Streams: 3, BounceBytes: 5000}} {
-		t.Run(fmt.Sprintf("streams=%d,bounce=%d", o.Streams, o.BounceBytes), func(t *testing.T) {
+	for _, o := range []gpu.CUDAMoverOptions{{Streams: 1}, {}, {Streams: 3, BounceBytes: 5000}, {PerCopy: true, Streams: 1}, {PerCopy: true, Streams: 4, BounceBytes: 5000}} {
+		t.Run(fmt.Sprintf("streams=%d,bounce=%d,percopy=%v", o.Streams, o.BounceBytes, o.PerCopy), func(t *testing.T) {
 			movertest.Run(t, cudaBackend(d, o))
 		})
 	}
 	if got := gpu.PinnedAllocations(); got != before {
 		t.Errorf("%d pinned allocations live after the suite, %d before", got, before)
 	}
-}
-
-// TestCUDAMoverBatchAPI runs the suite with cuMemcpyBatchAsync.
-func TestCUDAMoverBatchAPI(t *testing.T) {
-	d := openCUDA(t)
-	if !gpu.HasBatchCopy() {
-		t.Skip("driver has no cuMemcpyBatchAsync")
-	}
-	movertest.Run(t, cudaBackend(d, gpu.CUDAMoverOptions{BatchAPI: true, Streams: 2}))
 }
 
 // TestCUDAPinned allocates and registers pinned memory, copies through it and checks that every
