@@ -3,6 +3,8 @@ package gpu
 import (
 	"context"
 	"fmt"
+	"math/bits"
+	"slices"
 )
 
 // Region is one contiguous piece of every page slot of a layer group: slot i of the region
@@ -67,8 +69,12 @@ func (l Layout) Validate(memBytes uint64) error {
 				if r.Size == 0 {
 					return fmt.Errorf("layout: group %d region %d has size 0", i, j)
 				}
-				last := r.Offset + r.Stride*uint64(g.Slots-1) + r.Size
-				if r.Stride != 0 && (last-r.Offset-r.Size)/r.Stride != uint64(g.Slots-1) || last < r.Offset {
+				if g.Slots > 1 && r.Stride < r.Size {
+					// Slots would overlap: a scatter into one page would overwrite its neighbour.
+					return fmt.Errorf("layout: group %d region %d has stride %d below its size %d", i, j, r.Stride, r.Size)
+				}
+				last, ok := regionEnd(r, g.Slots)
+				if !ok {
 					return fmt.Errorf("layout: group %d region %d overflows", i, j)
 				}
 				if last > memBytes {
@@ -78,6 +84,21 @@ func (l Layout) Validate(memBytes uint64) error {
 		}
 	}
 	return nil
+}
+
+// regionEnd returns the end of the last slot of r, Offset + Stride·(slots−1) + Size, and false
+// when that does not fit in 64 bits.
+func regionEnd(r Region, slots int) (uint64, bool) {
+	hi, span := bits.Mul64(r.Stride, uint64(slots-1))
+	if hi != 0 {
+		return 0, false
+	}
+	end, carry := bits.Add64(r.Offset, span, 0)
+	if carry != 0 {
+		return 0, false
+	}
+	end, carry = bits.Add64(end, r.Size, 0)
+	return end, carry == 0
 }
 
 // PageRef names one page value: the sharded or replicated regions of one slot of a group.
@@ -116,4 +137,18 @@ type Staging interface {
 	// Slot returns buffer i. It stays valid until Close.
 	Slot(i int) []byte
 	Close() error
+}
+
+// Equal reports whether l and o describe the same memory.
+func (l Layout) Equal(o Layout) bool {
+	if l.TokensPerBlock != o.TokensPerBlock || len(l.Groups) != len(o.Groups) {
+		return false
+	}
+	for i, g := range l.Groups {
+		h := o.Groups[i]
+		if g.ID != h.ID || g.Slots != h.Slots || !slices.Equal(g.Regions, h.Regions) || !slices.Equal(g.ReplicatedRegions, h.ReplicatedRegions) {
+			return false
+		}
+	}
+	return true
 }

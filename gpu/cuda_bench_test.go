@@ -1,0 +1,142 @@
+//go:build cgo && linux
+
+package gpu_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/kvctl/kvctl/gpu"
+)
+
+var benchSizes = []struct {
+	name string
+	n    int
+}{{"64KiB", 64 << 10}, {"256KiB", 256 << 10}, {"1MiB", 1 << 20}, {"4MiB", 4 << 20}}
+
+const (
+	benchEngineBytes = 1 << 30   // engine memory the pages live in
+	benchCopyBytes   = 256 << 20 // bytes one raw-copy operation moves
+)
+
+func reportGBs(b *testing.B, bytesPerOp int) {
+	b.SetBytes(int64(bytesPerOp))
+	b.ReportMetric(float64(bytesPerOp)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+}
+
+// BenchmarkPinnedCopy is the baseline: 256 MiB between pinned host memory and the device in
+// chunks of the page size, one cuMemcpyAsync per chunk on one stream, one wait per operation.
+func BenchmarkPinnedCopy(b *testing.B) {
+	d := openCUDA(b)
+	mem, err := d.AllocDeviceMemory(benchCopyBytes)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer mem.Close()
+	host, err := d.AllocPinned(benchCopyBytes, false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer host.Close()
+	s, err := d.NewStream()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	for _, dir := range []string{"H2D", "D2H"} {
+		for _, sz := range append(benchSizes, struct {
+			name string
+			n    int
+		}{"64MiB", 64 << 20}) {
+			b.Run(dir+"/"+sz.name, func(b *testing.B) {
+				for b.Loop() {
+					if err := s.CopyChunks(dir == "H2D", mem.Pointer(), host.Bytes(), sz.n); err != nil {
+						b.Fatal(err)
+					}
+				}
+				reportGBs(b, benchCopyBytes)
+			})
+		}
+	}
+}
+
+type moverVariant struct {
+	name   string
+	opts   gpu.CUDAMoverOptions
+	batch  int  // pages per call
+	bounce bool // buffers in ordinary Go memory instead of pinned staging
+}
+
+// BenchmarkMover moves batches of pages at random slots of 1 GiB of engine memory between pinned
+// staging slots and the device, as the connector does after the pool filled the slots (Scatter,
+// a load) or before it reads them (Gather, a save). "default" is what the connector gets: the
+// default options and transfer_batch_size's default of 64 pages.
+func BenchmarkMover(b *testing.B) {
+	benchMover(b, []moverVariant{
+		{"default", gpu.CUDAMoverOptions{}, 64, false},
+		{"batch=256", gpu.CUDAMoverOptions{}, 256, false},
+		{"streams=8", gpu.CUDAMoverOptions{Streams: 8}, 64, false},
+		{"streams=1", gpu.CUDAMoverOptions{Streams: 1}, 64, false},
+		{"percopy,streams=1", gpu.CUDAMoverOptions{PerCopy: true, Streams: 1}, 64, false},
+		{"percopy,streams=4", gpu.CUDAMoverOptions{PerCopy: true, Streams: 4}, 64, false},
+		{"go-memory", gpu.CUDAMoverOptions{}, 64, true},
+	})
+}
+
+func benchMover(b *testing.B, variants []moverVariant) {
+	d := openCUDA(b)
+	mem, err := d.AllocDeviceMemory(benchEngineBytes)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer mem.Close()
+	for _, op := range []string{"Scatter", "Gather"} {
+		for _, sz := range benchSizes {
+			for _, v := range variants {
+				b.Run(fmt.Sprintf("%s/%s/%s", op, sz.name, v.name), func(b *testing.B) {
+					slots := benchEngineBytes / sz.n
+					l := gpu.Layout{TokensPerBlock: 32, Groups: []gpu.GroupLayout{{ID: 0, Slots: slots,
+						Regions: []gpu.Region{{Stride: uint64(sz.n), Size: uint64(sz.n)}}}}}
+					m, err := d.NewMover(mem, l, v.opts)
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer m.Close()
+					st, err := m.NewStaging(v.batch, sz.n)
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer st.Close()
+					bufs := make([][]byte, v.batch)
+					for i := range bufs {
+						if v.bounce {
+							bufs[i] = make([]byte, sz.n)
+						} else {
+							bufs[i] = st.Slot(i)
+						}
+					}
+					order := rand.New(rand.NewPCG(uint64(sz.n), 1)).Perm(slots)
+					pages := make([]gpu.PageRef, v.batch)
+					ctx, next := context.Background(), 0
+					for b.Loop() {
+						for i := range pages {
+							pages[i] = gpu.PageRef{Slot: order[next%slots]}
+							next++
+						}
+						if op == "Scatter" {
+							err = m.Scatter(ctx, bufs, pages)
+						} else {
+							err = m.Gather(ctx, pages, bufs)
+						}
+						if err != nil {
+							b.Fatal(err)
+						}
+					}
+					reportGBs(b, v.batch*sz.n)
+				})
+			}
+		}
+	}
+}

@@ -1,0 +1,398 @@
+//go:build cgo && linux
+
+package gpu
+
+/*
+#include <stdint.h>
+typedef int CUresult;
+CUresult kvStreamCreate(uintptr_t *s);
+CUresult kvStreamDestroy(uintptr_t s);
+CUresult kvStreamSync(uintptr_t s);
+CUresult kvCopies(int toDevice, int n, const uint64_t *dev, const uint64_t *host, const uint64_t *size,
+                  const int32_t *stream, const uintptr_t *streams, int *failed);
+CUresult kvCopiesBatch(int toDevice, int n, uint64_t *dev, uint64_t *host, uint64_t *size, uintptr_t s, int ordinal);
+int kvHasBatch(void);
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"unsafe"
+)
+
+// CUDAMoverOptions tune a CUDA mover. The zero value picks the defaults.
+type CUDAMoverOptions struct {
+	// Streams is the number of streams one batch is spread over, so that several copies are in
+	// flight at once; 0 means DefaultCUDAStreams.
+	Streams int
+	// PerCopy issues one cuMemcpyAsync per copy even where the driver offers
+	// cuMemcpyBatchAsync, which otherwise issues each stream's copies with one call; on an H200
+	// the batched call moved 64 KiB pages about twice as fast (docs/perf/gpu.md).
+	PerCopy bool
+	// BounceBytes is the size of the pinned buffer used for host buffers that are not pinned
+	// (not from NewStaging); 0 means 16 MiB.
+	BounceBytes int
+}
+
+// DefaultCUDAStreams is the number of streams a CUDA mover uses unless told otherwise.
+const DefaultCUDAStreams = 4
+
+// HasBatchCopy reports whether the driver offers cuMemcpyBatchAsync.
+func HasBatchCopy() bool { return loadDriver() == nil && C.kvHasBatch() != 0 }
+
+// cudaMover moves pages between engine memory on one GPU and host buffers. It owns a thread with
+// the device's context current, its streams and a pinned bounce buffer.
+type cudaMover struct {
+	d      *CUDADevice
+	mem    *EngineMemory
+	layout Layout
+	opts   CUDAMoverOptions
+	t      *cudaThread
+	// batchAPI: issue copies with cuMemcpyBatchAsync.
+	batchAPI bool
+
+	streams []uintptr
+	bounce  *PinnedBuffer
+
+	// The current batch, reused between calls.
+	dev, host, size []uint64
+	stream          []int32
+	pending         []pendingOut
+
+	mu     sync.Mutex
+	closed bool
+}
+
+// pendingOut is gathered data that went through the bounce buffer and still has to be copied to
+// its destination once the batch completes.
+type pendingOut struct {
+	dst []byte
+	off int
+}
+
+// NewMover returns a Mover over mem for layout. The mover holds a reference on mem, so the
+// memory stays mapped until the mover (and its clones) are closed too.
+func (d *CUDADevice) NewMover(mem *EngineMemory, layout Layout, opts CUDAMoverOptions) (Mover, error) {
+	if mem == nil || mem.d != d {
+		return nil, fmt.Errorf("cuda mover: engine memory belongs to another device")
+	}
+	if err := layout.Validate(mem.size); err != nil {
+		return nil, fmt.Errorf("cuda mover: %w", err)
+	}
+	if opts.Streams <= 0 {
+		opts.Streams = DefaultCUDAStreams
+	}
+	if opts.BounceBytes <= 0 {
+		opts.BounceBytes = 16 << 20
+	}
+	m := &cudaMover{d: d, mem: mem, layout: layout, opts: opts, batchAPI: !opts.PerCopy && HasBatchCopy()}
+	t, err := newCUDAThread(d.ctx)
+	if err != nil {
+		return nil, fmt.Errorf("cuda mover: %w", err)
+	}
+	m.t = t
+	var serr error
+	t.do(func() {
+		for range opts.Streams {
+			var s C.uintptr_t
+			if serr = cuErr("cuStreamCreate", C.kvStreamCreate(&s)); serr != nil {
+				return
+			}
+			m.streams = append(m.streams, uintptr(s))
+		}
+	})
+	if serr != nil {
+		m.destroyStreams()
+		t.stop()
+		return nil, fmt.Errorf("cuda mover: %w", serr)
+	}
+	mem.retain()
+	return m, nil
+}
+
+func (m *cudaMover) destroyStreams() {
+	m.t.do(func() {
+		for _, s := range m.streams {
+			C.kvStreamDestroy(C.uintptr_t(s))
+		}
+	})
+	m.streams = nil
+}
+
+func (m *cudaMover) Layout() Layout { return m.layout }
+
+func (m *cudaMover) Gather(ctx context.Context, pages []PageRef, dst [][]byte) error {
+	return m.transfer(ctx, false, pages, dst)
+}
+
+func (m *cudaMover) Scatter(ctx context.Context, src [][]byte, pages []PageRef) error {
+	return m.transfer(ctx, true, pages, src)
+}
+
+func (m *cudaMover) transfer(ctx context.Context, toDevice bool, pages []PageRef, bufs [][]byte) error {
+	if m.closed {
+		return ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := walkPages(m.layout, pages, bufs, nil); err != nil {
+		return err
+	}
+	m.reset()
+	var err error
+	bounceUsed := 0
+	pinnedPage, lastPage := false, -1
+	walkPages(m.layout, pages, bufs, func(p int, eo, vo, n uint64) {
+		if err != nil {
+			return
+		}
+		if p != lastPage {
+			lastPage, pinnedPage = p, m.d.isPinned(bufs[p])
+		}
+		piece := bufs[p][vo : vo+n]
+		devAddr := m.mem.ptr + eo
+		if pinnedPage {
+			m.add(devAddr, uint64(ptrOf(piece)), n)
+			return
+		}
+		// Not pinned: go through the bounce buffer, in chunks when the piece is larger.
+		for len(piece) > 0 {
+			if bounceUsed == m.opts.BounceBytes {
+				if err = m.flush(ctx, toDevice); err != nil {
+					return
+				}
+				bounceUsed = 0
+			}
+			if m.bounce == nil {
+				if m.bounce, err = m.d.AllocPinned(m.opts.BounceBytes, false); err != nil {
+					return
+				}
+			}
+			c := min(len(piece), m.opts.BounceBytes-bounceUsed)
+			b := m.bounce.Bytes()[bounceUsed : bounceUsed+c]
+			if toDevice {
+				copy(b, piece[:c])
+			} else {
+				m.pending = append(m.pending, pendingOut{dst: piece[:c], off: bounceUsed})
+			}
+			m.add(devAddr, uint64(ptrOf(b)), uint64(c))
+			bounceUsed += c
+			devAddr += uint64(c)
+			piece = piece[c:]
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return m.flush(ctx, toDevice)
+}
+
+func (m *cudaMover) reset() {
+	m.dev, m.host, m.size, m.stream, m.pending = m.dev[:0], m.host[:0], m.size[:0], m.stream[:0], m.pending[:0]
+}
+
+// add appends one copy, merging it into the previous one where both sides continue it.
+func (m *cudaMover) add(dev, host, n uint64) {
+	if k := len(m.dev) - 1; k >= 0 && m.dev[k]+m.size[k] == dev && m.host[k]+m.size[k] == host {
+		m.size[k] += n
+		return
+	}
+	m.dev = append(m.dev, dev)
+	m.host = append(m.host, host)
+	m.size = append(m.size, n)
+}
+
+// flush issues the batch's copies spread over the streams, waits for them and, for a gather,
+// copies what went through the bounce buffer to its destination.
+func (m *cudaMover) flush(ctx context.Context, toDevice bool) error {
+	defer m.reset()
+	n := len(m.dev)
+	if n == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	// Give each stream a contiguous run of copies with about the same number of bytes.
+	var total uint64
+	for _, s := range m.size {
+		total += s
+	}
+	ns := min(len(m.streams), n)
+	m.stream = m.stream[:0]
+	var acc uint64
+	for _, s := range m.size {
+		k := int32(acc * uint64(ns) / total)
+		m.stream = append(m.stream, k)
+		acc += s
+	}
+	dir := C.int(0)
+	if toDevice {
+		dir = 1
+	}
+	var err error
+	m.t.do(func() {
+		if m.batchAPI {
+			start := 0
+			for start < n && err == nil {
+				end := start
+				for end < n && m.stream[end] == m.stream[start] {
+					end++
+				}
+				err = cuErr("cuMemcpyBatchAsync", C.kvCopiesBatch(dir, C.int(end-start),
+					(*C.uint64_t)(unsafe.Pointer(&m.dev[start])), (*C.uint64_t)(unsafe.Pointer(&m.host[start])), (*C.uint64_t)(unsafe.Pointer(&m.size[start])),
+					C.uintptr_t(m.streams[m.stream[start]]), C.int(m.d.ordinal)))
+				start = end
+			}
+		} else {
+			var failed C.int
+			if r := C.kvCopies(dir, C.int(n), (*C.uint64_t)(unsafe.Pointer(&m.dev[0])), (*C.uint64_t)(unsafe.Pointer(&m.host[0])), (*C.uint64_t)(unsafe.Pointer(&m.size[0])),
+				(*C.int32_t)(unsafe.Pointer(&m.stream[0])), (*C.uintptr_t)(unsafe.Pointer(&m.streams[0])), &failed); r != 0 {
+				err = fmt.Errorf("copy %d of %d: %w", int(failed), n, cuErr("cuMemcpyAsync", r))
+			}
+		}
+		// Wait for every stream, also after an error, so no copy is still running on return.
+		for _, s := range m.streams[:ns] {
+			err = errors.Join(err, cuErr("cuStreamSynchronize", C.kvStreamSync(C.uintptr_t(s))))
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("cuda mover: %w", err)
+	}
+	for _, p := range m.pending {
+		copy(p.dst, m.bounce.Bytes()[p.off:])
+	}
+	return nil
+}
+
+// NewStaging allocates slots pinned buffers of slotBytes each as one allocation.
+func (m *cudaMover) NewStaging(slots int, slotBytes int) (Staging, error) {
+	if m.closed {
+		return nil, ErrClosed
+	}
+	if err := checkStagingShape(slots, slotBytes); err != nil {
+		return nil, err
+	}
+	p, err := m.d.AllocPinned(slots*slotBytes, false)
+	if err != nil {
+		return nil, fmt.Errorf("staging: %w", err)
+	}
+	return &pinnedStaging{p: p, slots: slots, slotBytes: slotBytes}, nil
+}
+
+func (m *cudaMover) Clone() (Mover, error) {
+	if m.closed {
+		return nil, ErrClosed
+	}
+	return m.d.NewMover(m.mem, m.layout, m.opts)
+}
+
+func (m *cudaMover) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil
+	}
+	m.closed = true
+	var errs []error
+	if m.bounce != nil {
+		errs = append(errs, m.bounce.Close())
+	}
+	m.destroyStreams()
+	m.t.stop()
+	errs = append(errs, m.mem.unref())
+	return errors.Join(errs...)
+}
+
+type pinnedStaging struct {
+	p         *PinnedBuffer
+	slots     int
+	slotBytes int
+}
+
+func (s *pinnedStaging) Slots() int     { return s.slots }
+func (s *pinnedStaging) SlotBytes() int { return s.slotBytes }
+func (s *pinnedStaging) Slot(i int) []byte {
+	o := i * s.slotBytes
+	return s.p.Bytes()[o : o+s.slotBytes : o+s.slotBytes]
+}
+func (s *pinnedStaging) Close() error { return s.p.Close() }
+
+// Stream is one CUDA stream with its own thread, for raw copies outside a Mover (benchmark
+// baselines and tools).
+type Stream struct {
+	d      *CUDADevice
+	t      *cudaThread
+	h      uintptr
+	dev    []uint64
+	host   []uint64
+	size   []uint64
+	stream []int32
+}
+
+// NewStream creates a stream on the device.
+func (d *CUDADevice) NewStream() (*Stream, error) {
+	t, err := newCUDAThread(d.ctx)
+	if err != nil {
+		return nil, err
+	}
+	s := &Stream{d: d, t: t}
+	t.do(func() {
+		var h C.uintptr_t
+		err = cuErr("cuStreamCreate", C.kvStreamCreate(&h))
+		s.h = uintptr(h)
+	})
+	if err != nil {
+		t.stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+// CopyChunks copies host to or from device memory at dev in chunks of chunk bytes, one
+// asynchronous copy per chunk, all in flight on the stream, and waits once at the end. host must
+// be pinned memory from this device.
+func (s *Stream) CopyChunks(toDevice bool, dev uint64, host []byte, chunk int) error {
+	if chunk <= 0 || len(host) == 0 {
+		return fmt.Errorf("copy chunks: chunk %d of %d bytes", chunk, len(host))
+	}
+	if !s.d.isPinned(host) {
+		return fmt.Errorf("copy chunks: host buffer is not pinned memory of this device")
+	}
+	s.dev, s.host, s.size, s.stream = s.dev[:0], s.host[:0], s.size[:0], s.stream[:0]
+	base := uint64(ptrOf(host))
+	for o := 0; o < len(host); o += chunk {
+		n := min(chunk, len(host)-o)
+		s.dev = append(s.dev, dev+uint64(o))
+		s.host = append(s.host, base+uint64(o))
+		s.size = append(s.size, uint64(n))
+		s.stream = append(s.stream, 0)
+	}
+	dir := C.int(0)
+	if toDevice {
+		dir = 1
+	}
+	var err error
+	s.t.do(func() {
+		var failed C.int
+		h := C.uintptr_t(s.h)
+		if r := C.kvCopies(dir, C.int(len(s.dev)), (*C.uint64_t)(unsafe.Pointer(&s.dev[0])), (*C.uint64_t)(unsafe.Pointer(&s.host[0])),
+			(*C.uint64_t)(unsafe.Pointer(&s.size[0])), (*C.int32_t)(unsafe.Pointer(&s.stream[0])), &h, &failed); r != 0 {
+			err = cuErr("cuMemcpyAsync", r)
+		}
+		err = errors.Join(err, cuErr("cuStreamSynchronize", C.kvStreamSync(h)))
+	})
+	return err
+}
+
+// Close destroys the stream.
+func (s *Stream) Close() error {
+	var err error
+	s.t.do(func() { err = cuErr("cuStreamDestroy", C.kvStreamDestroy(C.uintptr_t(s.h))) })
+	s.t.stop()
+	return err
+}

@@ -1,0 +1,22 @@
+//go:build !(cgo && linux)
+
+package gpu
+
+import "errors"
+
+// ErrNoCUDA is wrapped by every CUDA error; in this build CUDA is never available.
+var ErrNoCUDA = errors.New("no CUDA")
+
+// CUDAMoverOptions tune a CUDA mover; this build has none.
+type CUDAMoverOptions struct {
+	Streams     int
+	PerCopy     bool
+	BounceBytes int
+}
+
+// CUDADeviceCount reports that this build has no CUDA support.
+func CUDADeviceCount() (int, error) { return 0, errors.Join(ErrNoCUDA, ErrCUDANotBuilt) }
+
+func openCUDAMover(EngineHandle, Layout, CUDAMoverOptions) (Mover, error) {
+	return nil, errors.Join(ErrNoCUDA, ErrCUDANotBuilt)
+}

@@ -1,0 +1,213 @@
+package gpu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// liveStaging counts the host staging allocations of every mover in the process that are not
+// released yet: page-locked buffers on CUDA, plain mappings for the host backend.
+var liveStaging atomic.Int64
+
+// PinnedAllocations returns how many host staging allocations made by this package are still
+// live: page-locked (pinned or registered) buffers of the CUDA backend, including its internal
+// bounce buffers, and the plain mappings the host backend uses in their place. Tests use it to
+// check that Close releases everything.
+func PinnedAllocations() int { return int(liveStaging.Load()) }
+
+// SharedMemory is engine memory on a machine without a GPU: an anonymous memory file that an
+// engine shares with kvctl by passing FD over the unix socket.
+type SharedMemory struct {
+	FD   int
+	Data []byte
+}
+
+// NewSharedMemory creates size bytes of shared memory, mapped into this process. The caller owns
+// FD and the mapping; Close releases both.
+func NewSharedMemory(size int64) (*SharedMemory, error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("shared memory: size must be positive, got %d", size)
+	}
+	fd, err := unix.MemfdCreate("kvctl-engine-kv", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("shared memory: memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(fd, size); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shared memory: resize to %d bytes: %w", size, err)
+	}
+	data, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shared memory: map %d bytes: %w", size, err)
+	}
+	return &SharedMemory{FD: fd, Data: data}, nil
+}
+
+// Close unmaps the memory and closes its file descriptor.
+func (s *SharedMemory) Close() error {
+	var errs []error
+	if s.Data != nil {
+		errs = append(errs, unix.Munmap(s.Data))
+		s.Data = nil
+	}
+	if s.FD >= 0 {
+		errs = append(errs, unix.Close(s.FD))
+		s.FD = -1
+	}
+	return errors.Join(errs...)
+}
+
+// hostMapping is engine memory mapped from a shared-memory file, shared by a mover and its
+// clones and unmapped when the last of them closes.
+type hostMapping struct {
+	data []byte
+	refs atomic.Int32
+}
+
+func (m *hostMapping) release() error {
+	if m.refs.Add(-1) == 0 {
+		return unix.Munmap(m.data)
+	}
+	return nil
+}
+
+// hostMover is the Mover for engine memory in a shared-memory file.
+type hostMover struct {
+	mem    *hostMapping
+	layout Layout
+	mu     sync.Mutex
+	closed bool
+}
+
+// NewHostMover maps size bytes of the shared-memory file fd (as made by NewSharedMemory, or
+// received from an engine) and returns a Mover over it for layout. The mover keeps its own
+// mapping: the caller may close fd once it returns.
+func NewHostMover(fd int, size int64, layout Layout) (Mover, error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("host mover: size must be positive, got %d", size)
+	}
+	if err := layout.Validate(uint64(size)); err != nil {
+		return nil, fmt.Errorf("host mover: %w", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("host mover: engine memory fd %d: %w", fd, err)
+	}
+	if st.Size < size {
+		return nil, fmt.Errorf("host mover: engine memory fd %d holds %d bytes, %d registered", fd, st.Size, size)
+	}
+	data, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("host mover: map engine memory: %w", err)
+	}
+	m := &hostMapping{data: data}
+	m.refs.Store(1)
+	return &hostMover{mem: m, layout: layout}, nil
+}
+
+func (h *hostMover) Layout() Layout { return h.layout }
+
+func (h *hostMover) check(ctx context.Context) error {
+	if h.closed {
+		return ErrClosed
+	}
+	return ctx.Err()
+}
+
+func (h *hostMover) Gather(ctx context.Context, pages []PageRef, dst [][]byte) error {
+	if err := h.check(ctx); err != nil {
+		return err
+	}
+	mem := h.mem.data
+	return walkPages(h.layout, pages, dst, func(p int, eo, vo, n uint64) {
+		copy(dst[p][vo:vo+n], mem[eo:eo+n])
+	})
+}
+
+func (h *hostMover) Scatter(ctx context.Context, src [][]byte, pages []PageRef) error {
+	if err := h.check(ctx); err != nil {
+		return err
+	}
+	mem := h.mem.data
+	return walkPages(h.layout, pages, src, func(p int, eo, vo, n uint64) {
+		copy(mem[eo:eo+n], src[p][vo:vo+n])
+	})
+}
+
+func (h *hostMover) NewStaging(slots int, slotBytes int) (Staging, error) {
+	if h.closed {
+		return nil, ErrClosed
+	}
+	return newHostStaging(slots, slotBytes)
+}
+
+func (h *hostMover) Clone() (Mover, error) {
+	if h.closed {
+		return nil, ErrClosed
+	}
+	h.mem.refs.Add(1)
+	return &hostMover{mem: h.mem, layout: h.layout}, nil
+}
+
+func (h *hostMover) Close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return nil
+	}
+	h.closed = true
+	return h.mem.release()
+}
+
+// hostStaging is staging memory for the host backend: one anonymous mapping, page aligned.
+type hostStaging struct {
+	buf       []byte
+	slots     int
+	slotBytes int
+}
+
+func checkStagingShape(slots, slotBytes int) error {
+	if slots < 1 || slotBytes < 1 {
+		return fmt.Errorf("staging: need at least one slot of at least one byte, got %d slots of %d bytes", slots, slotBytes)
+	}
+	if slotBytes > (1<<47)/slots {
+		return fmt.Errorf("staging: %d slots of %d bytes is too large", slots, slotBytes)
+	}
+	return nil
+}
+
+func newHostStaging(slots, slotBytes int) (*hostStaging, error) {
+	if err := checkStagingShape(slots, slotBytes); err != nil {
+		return nil, err
+	}
+	buf, err := unix.Mmap(-1, 0, slots*slotBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("staging: map %d bytes: %w", slots*slotBytes, err)
+	}
+	liveStaging.Add(1)
+	return &hostStaging{buf: buf, slots: slots, slotBytes: slotBytes}, nil
+}
+
+func (s *hostStaging) Slots() int     { return s.slots }
+func (s *hostStaging) SlotBytes() int { return s.slotBytes }
+
+func (s *hostStaging) Slot(i int) []byte {
+	o := i * s.slotBytes
+	return s.buf[o : o+s.slotBytes : o+s.slotBytes]
+}
+
+func (s *hostStaging) Close() error {
+	if s.buf == nil {
+		return nil
+	}
+	err := unix.Munmap(s.buf)
+	s.buf = nil
+	liveStaging.Add(-1)
+	return err
+}

@@ -1,0 +1,65 @@
+package gpu_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/gpu/movertest"
+)
+
+// hostEngine is engine memory in a shared-memory file, as an engine without a GPU hands it over.
+type hostEngine struct{ shm *gpu.SharedMemory }
+
+func (e hostEngine) Size() int { return len(e.shm.Data) }
+
+func (e hostEngine) Write(off int, p []byte) error {
+	if off < 0 || off+len(p) > len(e.shm.Data) {
+		return fmt.Errorf("write of %d bytes at %d outside %d", len(p), off, len(e.shm.Data))
+	}
+	copy(e.shm.Data[off:], p)
+	return nil
+}
+
+func (e hostEngine) Read(off int, p []byte) error {
+	if off < 0 || off+len(p) > len(e.shm.Data) {
+		return fmt.Errorf("read of %d bytes at %d outside %d", len(p), off, len(e.shm.Data))
+	}
+	copy(p, e.shm.Data[off:])
+	return nil
+}
+
+func (e hostEngine) NewMover(l gpu.Layout) (gpu.Mover, error) {
+	return gpu.NewHostMover(e.shm.FD, int64(len(e.shm.Data)), l)
+}
+
+func (e hostEngine) Close() error { return e.shm.Close() }
+
+func newHostEngine(t *testing.T, size int) movertest.Engine {
+	shm, err := gpu.NewSharedMemory(int64(size))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hostEngine{shm}
+}
+
+func TestHostMover(t *testing.T) {
+	movertest.Run(t, movertest.Backend{Name: "host", NewEngine: newHostEngine})
+}
+
+func TestHostMoverRejectsShortFile(t *testing.T) {
+	shm, err := gpu.NewSharedMemory(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shm.Close()
+	l := gpu.Layout{TokensPerBlock: 1, Groups: []gpu.GroupLayout{{ID: 0, Slots: 1, Regions: []gpu.Region{{Size: 8192}}}}}
+	if m, err := gpu.NewHostMover(shm.FD, 8192, l); err == nil {
+		m.Close()
+		t.Fatal("a mover over 8192 bytes of a 4096-byte file was created")
+	}
+	if m, err := gpu.NewHostMover(-1, 4096, l); err == nil {
+		m.Close()
+		t.Fatal("a mover over fd -1 was created")
+	}
+}

@@ -1,0 +1,125 @@
+package gpu
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func layoutOf(pageBytes ...uint64) Layout {
+	l := Layout{TokensPerBlock: 32}
+	for i, b := range pageBytes {
+		l.Groups = append(l.Groups, GroupLayout{ID: i, Slots: 8, Regions: []Region{{Stride: b, Size: b}}})
+	}
+	return l
+}
+
+func TestPlanStaging(t *testing.T) {
+	const MiB = 1 << 20
+	withReplicated := layoutOf(MiB)
+	withReplicated.Groups[0].ReplicatedRegions = []Region{{Offset: 8 * MiB, Stride: 3 * MiB, Size: 3 * MiB}}
+	cases := []struct {
+		name          string
+		layout        Layout
+		batch         int
+		budget        int64
+		workers       int
+		slot          int64
+		slots, effBat int
+		warn          string
+	}{
+		{"batch fits", layoutOf(MiB, 2*MiB), 64, 1 << 30, 1, 2 * MiB, 64, 64, ""},
+		{"budget lowers the batch", layoutOf(MiB), 64, 16 * MiB, 1, MiB, 16, 16, "lowered to 16"},
+		{"replicated page is widest", withReplicated, 8, 1 << 30, 1, 3 * MiB, 8, 8, ""},
+		{"at least one slot", layoutOf(4 * MiB), 64, MiB, 1, 4 * MiB, 1, 1, "lowered to 1"},
+		{"budget capped at 1 GiB", layoutOf(64 * MiB), 64, 4 << 30, 1, 64 * MiB, 16, 16, "above the"},
+		{"async share", layoutOf(MiB), 256, 1 << 30, 4, MiB, 256, 256, ""},
+		{"async floor of 64 slots", layoutOf(8 * MiB), 128, 1 << 30, 4, 8 * MiB, 64, 64, "raising"},
+		{"async floor follows a small batch", layoutOf(64 * MiB), 4, 1 << 30, 32, 64 * MiB, 4, 4, "less than one"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p, err := PlanStaging(c.layout, c.batch, c.budget, c.workers)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.SlotBytes != c.slot || p.SlotsPerWorker != c.slots || p.Batch != c.effBat {
+				t.Fatalf("got slot %d, %d slots, batch %d; want %d, %d, %d", p.SlotBytes, p.SlotsPerWorker, p.Batch, c.slot, c.slots, c.effBat)
+			}
+			if p.BytesPerWorker != p.SlotBytes*int64(p.SlotsPerWorker) || p.TotalBytes() != p.BytesPerWorker*int64(c.workers) {
+				t.Fatalf("bytes per worker %d, total %d", p.BytesPerWorker, p.TotalBytes())
+			}
+			joined := strings.Join(p.Warnings, "\n")
+			if c.warn == "" && joined != "" || !strings.Contains(joined, c.warn) {
+				t.Fatalf("warnings %q, want one containing %q", joined, c.warn)
+			}
+		})
+	}
+	for _, bad := range []struct {
+		batch   int
+		budget  int64
+		workers int
+	}{{0, 1, 1}, {1, 0, 1}, {1, 1, 0}} {
+		if _, err := PlanStaging(layoutOf(4096), bad.batch, bad.budget, bad.workers); err == nil {
+			t.Errorf("PlanStaging(batch %d, budget %d, workers %d) succeeded", bad.batch, bad.budget, bad.workers)
+		}
+	}
+	if _, err := PlanStaging(Layout{}, 1, 1, 1); err == nil {
+		t.Error("PlanStaging of an empty layout succeeded")
+	}
+}
+
+func TestCheckNodeBudget(t *testing.T) {
+	const GiB = 1 << 30
+	cases := []struct {
+		name       string
+		ranks      int
+		segment    int64
+		staging    bool
+		directions int
+		avail      uint64
+		fail       bool
+	}{
+		{"fits", 8, 10 * GiB, true, 2, 200 * GiB, false},
+		{"exactly the budget", 8, 10 * GiB, true, 2, (80 + 16 + 32) * GiB, false},
+		{"one byte over", 8, 10 * GiB, true, 2, (80+16+32)*GiB - 1, true},
+		{"staging off", 8, 10 * GiB, false, 2, (80 + 32) * GiB, false},
+		{"capacity has no staging", 1, 10 * GiB, true, 0, 42 * GiB, false},
+		{"zero ranks count as one", 0, 10 * GiB, true, 1, 43 * GiB, false},
+		{"negative segment counts as zero", 2, -5, true, 1, 34 * GiB, false},
+		{"less than the reserve", 1, 0, false, 0, 16 * GiB, true},
+		{"unknown memory passes", 64, 1 << 50, true, 2, 0, false},
+		{"huge segment saturates", 1 << 20, 1 << 60, false, 0, 1 << 63, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := CheckNodeBudget(c.ranks, c.segment, c.staging, c.directions, c.avail)
+			if (err != nil) != c.fail {
+				t.Fatalf("got %v, want failure %v", err, c.fail)
+			}
+			if err != nil && !errors.Is(err, ErrNodeBudget) {
+				t.Fatalf("error %v does not wrap ErrNodeBudget", err)
+			}
+		})
+	}
+	err := CheckNodeBudget(4, 100*GiB, true, 2, 300*GiB)
+	var be *NodeBudgetError
+	want := strconv.Itoa((300*GiB - 32*GiB - 8*GiB) / 4)
+	if !errors.As(err, &be) || !strings.Contains(err.Error(), "segment_size <= "+want) {
+		t.Fatalf("error %v does not suggest segment_size <= %s", err, want)
+	}
+}
+
+func TestParseMemAvailable(t *testing.T) {
+	v, ok := parseMemAvailable("MemTotal:       131072000 kB\nMemFree:  1 kB\nMemAvailable:   65536000 kB\n")
+	if !ok || v != 65536000*1024 {
+		t.Fatalf("got %d, %v", v, ok)
+	}
+	if _, ok := parseMemAvailable("MemTotal: 5 kB\n"); ok {
+		t.Fatal("found MemAvailable where there is none")
+	}
+	if v, ok := MemAvailable(); !ok || v == 0 {
+		t.Fatalf("MemAvailable() = %d, %v on a Linux machine", v, ok)
+	}
+}
