@@ -31,6 +31,18 @@ func (d *dec) at(sev Severity, path, msg, hint string) {
 	d.add(sev, p.line, p.col, path, msg, hint)
 }
 
+// atFirst records a diagnostic about path at the first of path and alts that the file names,
+// falling back to the nearest ancestor of path.
+func (d *dec) atFirst(sev Severity, path, msg, hint string, alts ...string) {
+	for _, p := range append([]string{path}, alts...) {
+		if l, ok := d.locs[p]; ok {
+			d.add(sev, l.line, l.col, path, msg, hint)
+			return
+		}
+	}
+	d.at(sev, path, msg, hint)
+}
+
 func (d *dec) where(path string) pos {
 	for {
 		if p, ok := d.locs[path]; ok {

@@ -68,7 +68,7 @@ func (d *dec) yamlError(err error, data []byte) {
 	if line == 0 {
 		line, col = firstBadByte(data)
 	}
-	d.add(SeverityError, line, col, "", "cannot parse YAML: "+msg, "")
+	d.add(SeverityError, line, max(col, 1), "", "cannot parse YAML: "+msg, "")
 }
 
 // firstBadByte locates the first byte that is not valid UTF-8 or is a control character

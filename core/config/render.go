@@ -231,7 +231,8 @@ type Override struct {
 // Restate overwrites the block's fields with the effective values of an inherited client
 // config, as TensorRT-LLM does when MOONCAKE_CONFIG_PATH is set: role, segment_size (in
 // bytes), namespace, model_key, transfer_batch_size, stage_through_host and the seed's six
-// fields. A client config without a TTL or stats interval turns them off. pool,
+// fields. A client config without a TTL or stats interval turns them off; the other seed fields
+// it leaves out return to their defaults (left nil on the block). pool,
 // local_hostname, run_dir and master_timeout are never touched. It returns every field whose
 // value changed; Explicit marks those the deployment wrote in the block, which are the ones
 // TensorRT-LLM reports.
@@ -277,8 +278,7 @@ func Restate(block *MooncakeStoreBlock, client ClientConfig) []Override {
 
 	note("group_blocks", block.GroupBlocks != nil, strconv.FormatBool(boolOr(block.GroupBlocks, false)),
 		strconv.FormatBool(boolOr(client.GroupBlocks, false)))
-	gb := boolOr(client.GroupBlocks, false)
-	block.GroupBlocks = &gb
+	block.GroupBlocks = client.GroupBlocks
 
 	note("stats_interval", block.StatsInterval != nil, optFloat(block.StatsInterval), optFloat(client.StatsInterval))
 	block.StatsInterval = client.StatsInterval
@@ -290,18 +290,19 @@ func Restate(block *MooncakeStoreBlock, client ClientConfig) []Override {
 	note("staging_buffer_bytes", blockStaging != nil,
 		strconv.FormatInt(int64Or(blockStaging, DefaultStagingBufferBytes), 10),
 		strconv.FormatInt(client.EffectiveStagingBufferBytes(), 10))
-	block.StagingBufferBytes = &Size{Bytes: client.EffectiveStagingBufferBytes()}
+	block.StagingBufferBytes = nil
+	if client.StagingBufferBytes != nil {
+		block.StagingBufferBytes = &Size{Bytes: *client.StagingBufferBytes}
+	}
 
 	note("async_load", block.AsyncLoad != nil, strconv.FormatBool(boolOr(block.AsyncLoad, false)),
 		strconv.FormatBool(boolOr(client.AsyncLoad, false)))
-	al := boolOr(client.AsyncLoad, false)
-	block.AsyncLoad = &al
+	block.AsyncLoad = client.AsyncLoad
 
 	note("async_load_workers", block.AsyncLoadWorkers != nil,
 		strconv.FormatInt(int64Or(block.AsyncLoadWorkers, DefaultAsyncLoadWorkers), 10),
 		strconv.FormatInt(int64Or(client.AsyncLoadWorkers, DefaultAsyncLoadWorkers), 10))
-	w := int64Or(client.AsyncLoadWorkers, DefaultAsyncLoadWorkers)
-	block.AsyncLoadWorkers = &w
+	block.AsyncLoadWorkers = client.AsyncLoadWorkers
 	return out
 }
 

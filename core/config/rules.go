@@ -123,15 +123,15 @@ func (t *TRTLLMConfig) ruleSpeculative(d *dec, env ruleEnv, mooncake bool) {
 		d.at(SeverityError, pSpec+".max_draft_len", mode+fmt.Sprintf("the draft length must be positive, found %d", n), "")
 	}
 	if t.CacheTransceiverBackend == "" {
-		d.at(SeverityError, "cache_transceiver_config.backend", mode+"it needs a disaggregated context server (a cache transceiver backend)",
-			"set cache_transceiver_config.backend")
+		d.atFirst(SeverityError, "cache_transceiver_config.backend", mode+"it needs a disaggregated context server (a cache transceiver backend)",
+			"set cache_transceiver_config.backend", "cache_transceiver_config", pSpec)
 	}
 	switch {
 	case t.UseKVCacheManagerV2 != nil && !*t.UseKVCacheManagerV2:
 		d.at(SeverityError, "use_kv_cache_manager_v2", mode+"it needs KVCacheManagerV2", "set use_kv_cache_manager_v2: true")
 	case t.UseKVCacheManagerV2 == nil:
-		d.at(SeverityWarning, "use_kv_cache_manager_v2", mode+"it needs KVCacheManagerV2, and an automatic choice that resolves to V1 is refused",
-			"set use_kv_cache_manager_v2: true")
+		d.atFirst(SeverityWarning, "use_kv_cache_manager_v2", mode+"it needs KVCacheManagerV2, and an automatic choice that resolves to V1 is refused",
+			"set use_kv_cache_manager_v2: true", pSpec)
 	}
 	if s.SeparateDraftKVCache {
 		d.at(SeverityError, pSpec+".use_separate_draft_kv_cache", mode+"a separate draft KV cache is never seen by the connector", "share the target KV cache")
@@ -199,8 +199,8 @@ func (t *TRTLLMConfig) ruleTierOverrides(d *dec, env ruleEnv) {
 		d.at(SeverityWarning, pKV+".disk_cache_size", "disk_cache_size is overridden to 0"+why, "set disk_cache_size: 0")
 	}
 	if kv.EnablePartialReuse == nil || *kv.EnablePartialReuse {
-		d.at(SeverityWarning, pKV+".enable_partial_reuse", "enable_partial_reuse is overridden to false"+why+" (offers start only at a block boundary)",
-			"set enable_partial_reuse: false")
+		d.atFirst(SeverityWarning, pKV+".enable_partial_reuse", "enable_partial_reuse is overridden to false"+why+" (offers start only at a block boundary)",
+			"set enable_partial_reuse: false", pKV, pStoreF+"role", pStore)
 	}
 }
 

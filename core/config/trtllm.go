@@ -330,7 +330,10 @@ func decodeStore(o *obj) *MooncakeStoreBlock {
 	o.strPtr("run_dir", &b.RunDir)
 	o.floatPtr("master_timeout", &b.MasterTimeout, true)
 	var lrb string
-	if o.str("local_reuse_backoff", &lrb, true) {
+	if n := o.field("local_reuse_backoff"); n != nil && n.kind == nodeScalar && n.typ == scalarBool {
+		o.errAt(n, "local_reuse_backoff", "want off or align; unquoted "+n.text+" is a YAML boolean",
+			"write \"off\" or \"align\" in quotes")
+	} else if o.str("local_reuse_backoff", &lrb, true) {
 		if lrb != "off" && lrb != "align" {
 			o.errAt(o.field("local_reuse_backoff"), "local_reuse_backoff",
 				"want off or align, found "+quote(lrb), "")
