@@ -60,7 +60,9 @@ func DefaultClientConfig() ClientConfig {
 
 // EffectiveStageThroughHost is true whenever the role transfers: zero-copy registration is not
 // available, so TensorRT-LLM forces staging back on.
-func (c ClientConfig) EffectiveStageThroughHost() bool { return c.StageThroughHost || c.Role.Transfers() }
+func (c ClientConfig) EffectiveStageThroughHost() bool {
+	return c.StageThroughHost || c.Role.Transfers()
+}
 
 // EffectiveStagingBufferBytes is the pinned host memory per transfer direction.
 func (c ClientConfig) EffectiveStagingBufferBytes() int64 {

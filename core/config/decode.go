@@ -147,8 +147,8 @@ func (o *obj) strPtr(key string, dst **string) {
 type intMode uint8
 
 const (
-	intExact intMode = iota // an integer, or a float with no fraction
-	intPython               // Python int(): floats truncate, numeric strings parse (with a warning)
+	intExact  intMode = iota // an integer, or a float with no fraction
+	intPython                // Python int(): floats truncate, numeric strings parse (with a warning)
 )
 
 func (o *obj) intv(key string, mode intMode) (int64, *node, bool) {

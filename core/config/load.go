@@ -127,7 +127,7 @@ func loadTRTLLM(d *dec, f *File, opts LoadOptions) {
 		}
 		nodeBudget(d, opts, path, BudgetInput{SegmentSize: b.EffectiveSegmentSize(),
 			StageThroughHost: boolOr(b.StageThroughHost, true) || env.role.Transfers(),
-			Role: env.role, StagingBufferBytes: staging})
+			Role:             env.role, StagingBufferBytes: staging})
 	}
 }
 
