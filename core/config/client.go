@@ -80,11 +80,6 @@ func (c ClientConfig) Validate() Diagnostics {
 	return d.diags
 }
 
-var clientKeys = []string{"master_server_address", "metadata_server", "protocol", "device_name",
-	"global_segment_size", "local_buffer_size", "local_hostname", "tenant_id", "role", "namespace",
-	"model_key", "transfer_batch_size", "stage_through_host", "soft_pin_ttl_ms", "group_blocks",
-	"stats_interval", "staging_buffer_bytes", "async_load", "async_load_workers"}
-
 // Keys Mooncake's own client reads from the same file; TensorRT-LLM ignores them.
 var mooncakeOnlyClientKeys = map[string]bool{"enable_ssd_offload": true, "ssd_offload_path": true,
 	"enable_client_http_server": true, "client_http_port": true}

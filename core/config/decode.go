@@ -14,11 +14,14 @@ type dec struct {
 	file  string
 	diags Diagnostics
 	locs  map[string]pos
+	bad   map[string]bool // paths whose value was refused, so rules do not report them again
 }
 
 type pos struct{ line, col int }
 
-func newDec(file string) *dec { return &dec{file: file, locs: map[string]pos{}} }
+func newDec(file string) *dec {
+	return &dec{file: file, locs: map[string]pos{}, bad: map[string]bool{}}
+}
 
 func (d *dec) add(sev Severity, line, col int, path, msg, hint string) {
 	d.diags = append(d.diags, Diagnostic{File: d.file, Line: line, Column: col, Path: path,
@@ -105,6 +108,7 @@ func (o *obj) present(key string) bool { return o.n.has(key) }
 func (o *obj) child(key string) *obj { return o.d.object(o.field(key), o.sub(key)) }
 
 func (o *obj) errAt(n *node, key, msg, hint string) {
+	o.d.bad[o.sub(key)] = true
 	o.d.add(SeverityError, n.line, n.col, o.sub(key), msg, hint)
 }
 

@@ -160,7 +160,7 @@ func restateInherited(d *dec, f *File, opts LoadOptions, path string) {
 }
 
 func looksJSON(data []byte) bool {
-	s := strings.TrimLeft(string(data[:min(len(data), 4096)]), " \t\r\n")
+	s := strings.TrimLeft(strings.TrimPrefix(string(data[:min(len(data), 4096)]), "\ufeff"), " \t\r\n")
 	return strings.HasPrefix(s, "{")
 }
 

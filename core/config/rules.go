@@ -239,7 +239,7 @@ func (t *TRTLLMConfig) ruleCompletionReservation(d *dec, env ruleEnv) {
 
 // Seed commits 13, 15, 16, 17 and reference b.3: the block's own cross-field rules.
 func (t *TRTLLMConfig) ruleStoreBlock(d *dec, env ruleEnv, b *MooncakeStoreBlock) {
-	if b.ModelKey == nil && !env.inherited {
+	if b.ModelKey == nil && !env.inherited && !d.bad[pStoreF+"model_key"] {
 		d.at(SeverityError, pStoreF+"model_key", "model_key is required: every rank resolves it at startup and it has no default",
 			"name the model, for example its served name and revision")
 	}

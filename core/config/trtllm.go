@@ -279,11 +279,6 @@ func intList(o *obj, key string, n *node) []int64 {
 	return out
 }
 
-var storeKeys = []string{"pool", "role", "segment_size", "model_key", "namespace", "transfer_batch_size",
-	"stage_through_host", "local_hostname", "run_dir", "master_timeout", "local_reuse_backoff",
-	"soft_pin_ttl_ms", "group_blocks", "stats_interval", "staging_buffer_bytes", "async_load",
-	"async_load_workers"}
-
 func decodeConnector(d *dec, o *obj) *KVConnectorConfig {
 	c := &KVConnectorConfig{}
 	if o.str("connector", &c.Connector, true) && !connectorPresets[c.Connector] {
