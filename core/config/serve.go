@@ -1,0 +1,181 @@
+package config
+
+import (
+	"fmt"
+	"math"
+	"net"
+	"time"
+)
+
+// ServeConfig is kvctl's own config file for `kvctl serve`. Its keys are the command's flag
+// names, so a flag, a KVCTL_* variable and a file key name the same setting.
+type ServeConfig struct {
+	Socket             string        `json:"socket" yaml:"socket"`         // engine API socket; "" picks the default path
+	AdminAddr          string        `json:"admin-addr" yaml:"admin-addr"` // admin HTTP; "" turns it off
+	PoolBackend        string        `json:"pool-backend" yaml:"pool-backend"`
+	Pool               string        `json:"pool,omitempty" yaml:"pool,omitempty"` // mooncake backend: file://<manifest> or host:port
+	PoolSize           string        `json:"pool-size" yaml:"pool-size"`           // embedded backend capacity; "" = auto
+	StagingBufferBytes int64         `json:"staging-buffer-bytes" yaml:"staging-buffer-bytes"`
+	LogLevel           string        `json:"log-level" yaml:"log-level"`
+	LogFormat          string        `json:"log-format" yaml:"log-format"`
+	StatsInterval      time.Duration `json:"stats-interval" yaml:"stats-interval"` // 0 = off
+}
+
+// Serve config keys, which are also the flag names of `kvctl serve`.
+const (
+	ServeKeySocket             = "socket"
+	ServeKeyAdminAddr          = "admin-addr"
+	ServeKeyPoolBackend        = "pool-backend"
+	ServeKeyPool               = "pool"
+	ServeKeyPoolSize           = "pool-size"
+	ServeKeyStagingBufferBytes = "staging-buffer-bytes"
+	ServeKeyLogLevel           = "log-level"
+	ServeKeyLogFormat          = "log-format"
+	ServeKeyStatsInterval      = "stats-interval"
+)
+
+// ServeKeys lists every serve config key, in the order the help text shows them.
+func ServeKeys() []string {
+	return []string{ServeKeySocket, ServeKeyAdminAddr, ServeKeyPoolBackend, ServeKeyPool, ServeKeyPoolSize,
+		ServeKeyStagingBufferBytes, ServeKeyLogLevel, ServeKeyLogFormat, ServeKeyStatsInterval}
+}
+
+// Pool backends of `kvctl serve`.
+const (
+	PoolBackendEmbedded = "embedded"
+	PoolBackendMooncake = "mooncake"
+)
+
+// DefaultServeConfig returns the settings serve runs with when nothing is set.
+func DefaultServeConfig() ServeConfig {
+	return ServeConfig{
+		AdminAddr:          "127.0.0.1:9480",
+		PoolBackend:        PoolBackendEmbedded,
+		StagingBufferBytes: DefaultStagingBufferBytes,
+		LogLevel:           "info",
+		LogFormat:          "text",
+	}
+}
+
+// PoolSizeBytes is the embedded pool's capacity; ok is false for "" (sized automatically).
+func (s ServeConfig) PoolSizeBytes() (n int64, ok bool, err error) {
+	if s.PoolSize == "" || s.PoolSize == "auto" {
+		return 0, false, nil
+	}
+	n, err = ParseSize(s.PoolSize, true)
+	return n, err == nil, err
+}
+
+// Validate checks every value rule of a serve config built from flags, the environment and
+// a file, returning all problems at once.
+func (s ServeConfig) Validate() Diagnostics {
+	d := newDec("")
+	s.validate(d)
+	return d.diags
+}
+
+// maxSocketPath is the longest path a Linux unix socket address holds.
+const maxSocketPath = 107
+
+func (s ServeConfig) validate(d *dec) {
+	if len(s.Socket) > maxSocketPath {
+		d.at(SeverityError, ServeKeySocket, fmt.Sprintf("the socket path is %d bytes; a unix socket path holds at most %d", len(s.Socket), maxSocketPath),
+			"use a shorter directory, such as $XDG_RUNTIME_DIR")
+	}
+	if s.AdminAddr != "" {
+		if _, port, err := net.SplitHostPort(s.AdminAddr); err != nil || port == "" {
+			d.at(SeverityError, ServeKeyAdminAddr, fmt.Sprintf("%q is not host:port", s.AdminAddr), "for example 127.0.0.1:9480")
+		}
+	}
+	switch s.PoolBackend {
+	case PoolBackendEmbedded:
+		if s.Pool != "" {
+			d.at(SeverityWarning, ServeKeyPool, "pool is read only by the mooncake backend", "")
+		}
+	case PoolBackendMooncake:
+		if s.Pool == "" {
+			d.at(SeverityError, ServeKeyPool, "the mooncake backend needs pool", "write file:///path/pool.json or host:port")
+		} else if _, _, err := ParsePoolRef(s.Pool); err != nil {
+			d.at(SeverityError, ServeKeyPool, err.Error(), "write file:///path/pool.json or host:port")
+		}
+		if s.PoolSize != "" {
+			d.at(SeverityWarning, ServeKeyPoolSize, "pool-size is read only by the embedded backend", "")
+		}
+	default:
+		d.at(SeverityError, ServeKeyPoolBackend, fmt.Sprintf("unknown pool backend %q", s.PoolBackend), "use embedded or mooncake")
+	}
+	if _, _, err := s.PoolSizeBytes(); err != nil {
+		msg, hint := err.Error(), ""
+		if se, ok := err.(*SizeError); ok {
+			msg, hint = se.Value+": "+se.Reason, se.Hint
+		}
+		d.at(SeverityError, ServeKeyPoolSize, msg, hint)
+	}
+	if s.StagingBufferBytes <= 0 {
+		d.at(SeverityError, ServeKeyStagingBufferBytes, fmt.Sprintf("must be greater than 0, found %d", s.StagingBufferBytes), "")
+	}
+	switch s.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		d.at(SeverityError, ServeKeyLogLevel, fmt.Sprintf("unknown log level %q", s.LogLevel), "use debug, info, warn or error")
+	}
+	switch s.LogFormat {
+	case "text", "json":
+	default:
+		d.at(SeverityError, ServeKeyLogFormat, fmt.Sprintf("unknown log format %q", s.LogFormat), "use text or json")
+	}
+	if s.StatsInterval < 0 {
+		d.at(SeverityError, ServeKeyStatsInterval, "must not be negative", "0 turns stats off")
+	}
+}
+
+func decodeServe(d *dec, root *node) *ServeConfig {
+	s := DefaultServeConfig()
+	o := d.object(root, "")
+	o.str(ServeKeySocket, &s.Socket, true)
+	o.str(ServeKeyAdminAddr, &s.AdminAddr, true)
+	o.str(ServeKeyPoolBackend, &s.PoolBackend, false)
+	o.str(ServeKeyPool, &s.Pool, true)
+	if n := o.field(ServeKeyPoolSize); n != nil && !isNull(n) {
+		if n.kind == nodeScalar && (n.typ == scalarInt || n.typ == scalarString) {
+			s.PoolSize = n.text
+		} else {
+			o.errAt(n, ServeKeyPoolSize, "want a size such as \"64GiB\", found "+n.describe(), "")
+		}
+	}
+	var staging *Size
+	o.sizePtr(ServeKeyStagingBufferBytes, &staging, true, -1<<63)
+	if staging != nil {
+		s.StagingBufferBytes = staging.Bytes
+	}
+	o.str(ServeKeyLogLevel, &s.LogLevel, false)
+	o.str(ServeKeyLogFormat, &s.LogFormat, false)
+	if n := o.field(ServeKeyStatsInterval); n != nil && !isNull(n) {
+		s.StatsInterval = readDuration(o, ServeKeyStatsInterval, n)
+	}
+	o.rest(SeverityError, "")
+	s.validate(d)
+	return &s
+}
+
+// readDuration accepts a Go duration string ("30s") or a number of seconds.
+func readDuration(o *obj, key string, n *node) time.Duration {
+	if n.kind == nodeScalar {
+		switch n.typ {
+		case scalarString:
+			if v, err := time.ParseDuration(n.text); err == nil {
+				return v
+			}
+		case scalarInt:
+			if !n.overflow && n.i >= -math.MaxInt64/int64(time.Second) && n.i <= math.MaxInt64/int64(time.Second) {
+				return time.Duration(n.i) * time.Second
+			}
+		case scalarFloat:
+			if n.f == n.f && math.Abs(n.f) < math.MaxInt64/float64(time.Second) {
+				return time.Duration(n.f * float64(time.Second))
+			}
+		}
+	}
+	o.errAt(n, key, "want a duration such as \"30s\" or a number of seconds, found "+n.describe(), "")
+	return 0
+}
