@@ -16,7 +16,7 @@ func openCUDAMover(h EngineHandle, layout Layout, opts CUDAMoverOptions) (Mover,
 		mem, err = d.ImportFD(h.FD, h.Size)
 	}
 	if err != nil {
-		d.Close()
+		_ = d.Close()
 		return nil, err
 	}
 	m, err := d.NewMover(mem, layout, opts)

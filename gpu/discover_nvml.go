@@ -19,7 +19,7 @@ func Discover() (Inventory, error) {
 		}
 		return Inventory{}, fmt.Errorf("discover: NVML init: %w", ret)
 	}
-	defer nvml.Shutdown()
+	defer func() { _ = nvml.Shutdown() }()
 	inv := Inventory{GPUs: []Device{}}
 	if v, ret := nvml.SystemGetDriverVersion(); ret == nvml.SUCCESS {
 		inv.Driver = v

@@ -62,7 +62,7 @@ func PlanStaging(layout Layout, transferBatch int, stagingBytes int64, workers i
 		budget = MaxStagingBytes
 	}
 	share := budget / int64(workers)
-	slots := int64(max(1, min(int64(transferBatch), share/slot)))
+	slots := max(1, min(int64(transferBatch), share/slot))
 	if workers > 1 {
 		if share < slot {
 			p.Warnings = append(p.Warnings, fmt.Sprintf("each of %d async load workers gets %d staging bytes, less than one %d-byte page", workers, share, slot))
@@ -153,7 +153,7 @@ func MemAvailable() (uint64, bool) {
 	}
 	var si unix.Sysinfo_t
 	if err := unix.Sysinfo(&si); err == nil && si.Freeram > 0 {
-		return uint64(si.Freeram) * uint64(si.Unit), true
+		return si.Freeram * uint64(si.Unit), true
 	}
 	return 0, false
 }

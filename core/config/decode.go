@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -336,7 +337,7 @@ func (o *obj) sizePtr(key string, dst **Size, strict bool, min int64) {
 	v, err := ParseSize(n.value(), strict)
 	if err != nil {
 		msg, hint := err.Error(), ""
-		if se, ok := err.(*SizeError); ok {
+		if se := (*SizeError)(nil); errors.As(err, &se) {
 			msg, hint = se.Value+": "+se.Reason, se.Hint
 		}
 		o.errAt(n, key, msg, hint)

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -106,7 +107,7 @@ func (s ServeConfig) validate(d *dec) {
 	}
 	if _, _, err := s.PoolSizeBytes(); err != nil {
 		msg, hint := err.Error(), ""
-		if se, ok := err.(*SizeError); ok {
+		if se := (*SizeError)(nil); errors.As(err, &se) {
 			msg, hint = se.Value+": "+se.Reason, se.Hint
 		}
 		d.at(SeverityError, ServeKeyPoolSize, msg, hint)

@@ -208,7 +208,7 @@ func decodeTRTLLM(d *dec, root *node) *TRTLLMConfig {
 		t.DisableOverlapScheduler = b
 	}
 	// "auto" (and a left-out key) stays nil: the manager is chosen at startup.
-	if n := o.field("use_kv_cache_manager_v2"); n != nil && !(n.kind == nodeScalar && n.typ == scalarString && strings.EqualFold(n.text, "auto")) {
+	if n := o.field("use_kv_cache_manager_v2"); n != nil && (n.kind != nodeScalar || n.typ != scalarString || !strings.EqualFold(n.text, "auto")) {
 		o.boolPtr("use_kv_cache_manager_v2", &t.UseKVCacheManagerV2, boolPydantic)
 	}
 

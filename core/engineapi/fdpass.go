@@ -67,7 +67,7 @@ func (r *FDRegistry) Serve(ctx context.Context, l *net.UnixListener) error {
 }
 
 func (r *FDRegistry) handle(c *net.UnixConn) {
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	f, err := recvFD(c)
 	if err != nil {

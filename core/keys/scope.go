@@ -3,6 +3,7 @@ package keys
 import (
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash"
 	"strconv"
@@ -69,7 +70,7 @@ func ParseMultimodal(s string) ([MultimodalDigestSize]byte, error) {
 		f = strings.TrimSpace(f)
 		v, err := strconv.ParseInt(f, 10, 32)
 		if err != nil {
-			if ne, ok := err.(*strconv.NumError); ok && ne.Err == strconv.ErrRange {
+			if errors.Is(err, strconv.ErrRange) {
 				return d, fmt.Errorf("multimodal digest %q: chunk %d: %s is outside int32", s, i, f)
 			}
 			return d, fmt.Errorf("multimodal digest %q: chunk %d: %q is not an integer", s, i, f)

@@ -161,7 +161,7 @@ func mustMover(t *testing.T, e Engine, l gpu.Layout) gpu.Mover {
 	if err != nil {
 		t.Fatalf("new mover: %v", err)
 	}
-	t.Cleanup(func() { m.Close() })
+	t.Cleanup(func() { _ = m.Close() })
 	return m
 }
 
@@ -202,7 +202,7 @@ func testRoundTrip(t *testing.T, b Backend, staged bool) {
 				if err != nil {
 					t.Fatalf("new staging: %v", err)
 				}
-				defer st.Close()
+				defer func() { _ = st.Close() }()
 				if st.Slots() != len(pages) || st.SlotBytes() != int(l.MaxValueSize()) || len(st.Slot(len(pages)-1)) != st.SlotBytes() {
 					t.Fatalf("staging has %d slots of %d bytes, asked for %d of %d", st.Slots(), st.SlotBytes(), len(pages), l.MaxValueSize())
 				}
@@ -329,7 +329,7 @@ func testBadInput(t *testing.T, b Backend) {
 	}
 	for _, shape := range [][2]int{{0, 10}, {10, 0}, {-1, 10}} {
 		if st, err := m.NewStaging(shape[0], shape[1]); err == nil {
-			st.Close()
+			_ = st.Close()
 			t.Errorf("NewStaging(%d, %d) succeeded", shape[0], shape[1])
 		}
 	}
