@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
+	"github.com/kvctl/kvctl/core/config"
 	"github.com/kvctl/kvctl/core/keys"
 )
 
@@ -51,6 +52,12 @@ type Options struct {
 
 	KeysOnly     bool
 	OutputFormat string
+
+	// FromConfig names config files whose key inputs fill the flags not given explicitly.
+	FromConfig []string
+	// Changed reports whether a flag was given explicitly (on the command line, in the
+	// environment or in kvctl's config file).
+	Changed func(name string) bool
 }
 
 // NewCmdHash returns `kvctl hash`. runF replaces the run function in tests.
@@ -87,6 +94,7 @@ trtllm-lookahead-v2, trtllm-v1, and blake3 (kvctl only: faster, never matches Te
 			opts.HasCacheSalt = cmd.Flags().Changed("cache-salt")
 			opts.HasLoRAID = cmd.Flags().Changed("lora-id")
 			opts.OutputFormat = cmdutil.OutputFormat(cmd)
+			opts.Changed = cmd.Flags().Changed
 			if len(args) > 0 && opts.TokensFile != "" {
 				return cmdutil.FlagErrorf("give tokens as arguments or with --tokens-file, not both")
 			}
@@ -120,6 +128,7 @@ trtllm-lookahead-v2, trtllm-v1, and blake3 (kvctl only: faster, never matches Te
 	fl.StringArrayVar(&opts.Replicated, "replicated", nil, "a layer group's replicated page size, `g:bytes` (repeatable)")
 	fl.StringVar(&opts.KeySet, "key-set", KeySetSave, "keys per block: save (what this rank writes) or lookup (what a hit needs)")
 	fl.BoolVar(&opts.KeysOnly, "keys-only", false, "print only the keys, one per line")
+	fl.StringArrayVar(&opts.FromConfig, "from-config", nil, "read namespace, model key, tokens per block, world size, attention DP and lookahead from a TensorRT-LLM YAML, mooncake.json or pool.json (repeatable); explicit flags win")
 	_ = cmd.RegisterFlagCompletionFunc("format", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
 		var s []string
 		for _, f := range keys.Formats() {
@@ -159,6 +168,9 @@ type Result struct {
 
 // Run hashes the prompt and prints the result.
 func Run(opts *Options) error {
+	if err := applyConfig(opts); err != nil {
+		return err
+	}
 	tokens, err := readTokens(opts)
 	if err != nil {
 		return err
@@ -178,6 +190,56 @@ func Run(opts *Options) error {
 		return w.Flush()
 	}
 	return cmdutil.Print(opts.IO, opts.OutputFormat, res, func() cmdutil.Table { return rows(res) })
+}
+
+// applyConfig fills the key inputs that were not given as flags from --from-config files, loaded
+// and checked by the same loader kvctl serve uses.
+func applyConfig(opts *Options) error {
+	if len(opts.FromConfig) == 0 {
+		return nil
+	}
+	var files []*config.File
+	for _, name := range opts.FromConfig {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			return err
+		}
+		f, diags := config.Load(name, data, config.LoadOptions{})
+		if diags.HasErrors() {
+			for _, d := range diags.Errors() {
+				fmt.Fprintln(opts.IO.ErrOut, d.String())
+			}
+			return cmdutil.ValidationErrorf("--from-config %s is invalid; see kvctl validate-config", name)
+		}
+		files = append(files, f)
+	}
+	in, err := config.KeyInputsFrom(files...)
+	if err != nil {
+		return cmdutil.ValidationErrorf("--from-config: %v", err)
+	}
+	changed := opts.Changed
+	if changed == nil {
+		changed = func(string) bool { return false }
+	}
+	if !changed("namespace") && in.Namespace != "" {
+		opts.Namespace = in.Namespace
+	}
+	if !changed("model-key") && in.ModelKey != "" {
+		opts.ModelKey = in.ModelKey
+	}
+	if !changed("tokens-per-block") && in.TokensPerBlock > 0 {
+		opts.TokensPerBlock = int(in.TokensPerBlock)
+	}
+	if !changed("world-size") && in.WorldSize > 0 {
+		opts.WorldSize = int(in.WorldSize)
+	}
+	if !changed("attention-dp") {
+		opts.AttentionDP = opts.AttentionDP || in.AttentionDP
+	}
+	if !changed("prompt-lookahead") && in.PromptLookahead > 0 {
+		opts.PromptLookahead = int(in.PromptLookahead)
+	}
+	return nil
 }
 
 func readTokens(opts *Options) ([]int64, error) {

@@ -1,0 +1,303 @@
+// Package validateconfig implements `kvctl validate-config`: CI-grade checks of connector and
+// pool config files with the loader `kvctl serve` uses.
+package validateconfig
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvctl/kvctl/commands/cmdutil"
+	"github.com/kvctl/kvctl/core/config"
+)
+
+// Options are the inputs of `kvctl validate-config`.
+type Options struct {
+	IO           *cmdutil.IOStreams
+	Getenv       func(string) string
+	Files        []string
+	Kind         string
+	Strict       bool
+	Render       bool
+	NodeBudget   bool
+	RanksOnNode  int
+	OutputFormat string
+	// ReadFile and MemAvailable are replaced in tests.
+	ReadFile     func(string) ([]byte, error)
+	MemAvailable func() (uint64, bool)
+}
+
+// NewCmdValidateConfig returns `kvctl validate-config`. runF replaces the run function in tests.
+func NewCmdValidateConfig(f *cmdutil.Factory, runF func(*Options) error) *cobra.Command {
+	opts := &Options{IO: f.IOStreams}
+	kinds := make([]string, 0, 4)
+	for _, k := range config.Kinds() {
+		kinds = append(kinds, string(k))
+	}
+	cmd := &cobra.Command{
+		Use:   "validate-config FILE...",
+		Short: "Check connector and pool config files",
+		Long: `Check TensorRT-LLM connector YAML, Mooncake client configs (mooncake.json), pool
+manifests (pool.json) and kvctl serve configs, reporting every problem at once with
+file:line:column, the key path, a severity and a hint.
+
+Each file's kind is detected from its keys (then its name); --kind forces one for every file.
+"-" reads standard input. The checks are the ones kvctl serve runs before it starts: a file this
+command accepts starts serve, and one it refuses is refused by serve with the same words.
+
+Warnings do not fail the check unless --strict is given. --render prints the mooncake.json a
+server would write for a TensorRT-LLM YAML, byte for byte. --node-budget adds the node memory
+check (segments and staging against available memory less 32 GiB).`,
+		Example: `  kvctl validate-config llm_api.yaml
+  kvctl validate-config --strict -o json llm_api.yaml pool.json mooncake.json
+  kvctl validate-config --render llm_api.yaml pool.json > mooncake.json
+  cat mooncake.json | kvctl validate-config --kind mooncake-json -`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return cmdutil.FlagErrorf("validate-config needs at least one FILE (- for stdin)")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			opts.Files = args
+			opts.OutputFormat = cmdutil.OutputFormat(cmd)
+			opts.Getenv = f.Getenv
+			if opts.Kind != "" {
+				if _, err := config.ParseKind(opts.Kind); err != nil {
+					return cmdutil.FlagErrorf("--kind: %v", err)
+				}
+			}
+			stdin := 0
+			for _, a := range args {
+				if a == "-" {
+					stdin++
+				}
+			}
+			if stdin > 1 {
+				return cmdutil.FlagErrorf("standard input (-) can be read only once")
+			}
+			if opts.RanksOnNode < 1 {
+				return cmdutil.FlagErrorf("--ranks-on-node must be at least 1, got %d", opts.RanksOnNode)
+			}
+			if runF != nil {
+				return runF(opts)
+			}
+			return Run(opts)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&opts.Kind, "kind", "", "force the kind of every file: "+strings.Join(kinds, ", "))
+	fl.BoolVar(&opts.Strict, "strict", false, "fail on warnings too")
+	fl.BoolVar(&opts.Render, "render", false, "print the client config (mooncake.json) a server would write")
+	fl.BoolVar(&opts.NodeBudget, "node-budget", false, "also check the node memory budget")
+	fl.IntVar(&opts.RanksOnNode, "ranks-on-node", 1, "ranks sharing this node, for --node-budget")
+	_ = cmd.RegisterFlagCompletionFunc("kind", cobra.FixedCompletions(kinds, cobra.ShellCompDirectiveNoFileComp))
+	return cmd
+}
+
+// FileResult is the outcome for one file.
+type FileResult struct {
+	File        string              `json:"file"`
+	Kind        string              `json:"kind"`
+	Valid       bool                `json:"valid"`
+	Errors      int                 `json:"errors"`
+	Warnings    int                 `json:"warnings"`
+	Diagnostics []config.Diagnostic `json:"diagnostics"`
+}
+
+// Result is the output of `kvctl validate-config`.
+type Result struct {
+	Valid    bool         `json:"valid"`
+	Strict   bool         `json:"strict"`
+	Errors   int          `json:"errors"`
+	Warnings int          `json:"warnings"`
+	Files    []FileResult `json:"files"`
+}
+
+type loaded struct {
+	file  *config.File
+	diags config.Diagnostics
+}
+
+// Run checks every file and prints the result. It returns a validation error (exit 3) when any
+// file is invalid.
+func Run(opts *Options) error {
+	readFile := opts.ReadFile
+	if readFile == nil {
+		readFile = os.ReadFile
+	}
+	lopts := config.LoadOptions{
+		Kind:         config.Kind(opts.Kind),
+		NodeBudget:   opts.NodeBudget,
+		RanksOnNode:  opts.RanksOnNode,
+		MemAvailable: opts.MemAvailable,
+		Env:          opts.Getenv,
+		ReadFile:     readFile,
+	}
+	if lopts.MemAvailable == nil {
+		lopts.MemAvailable = config.SystemMemAvailable
+	}
+
+	res := Result{Valid: true, Strict: opts.Strict}
+	var files []loaded
+	for _, name := range opts.Files {
+		data, display, err := read(opts, readFile, name)
+		if err != nil {
+			return err
+		}
+		f, diags := config.Load(display, data, lopts)
+		files = append(files, loaded{f, diags})
+		fr := FileResult{File: display, Diagnostics: []config.Diagnostic(diags)}
+		if fr.Diagnostics == nil {
+			fr.Diagnostics = []config.Diagnostic{}
+		}
+		if f != nil {
+			fr.Kind = string(f.Kind)
+		}
+		fr.Errors, fr.Warnings = len(diags.Errors()), len(diags.Warnings())
+		fr.Valid = fr.Errors == 0 && (!opts.Strict || fr.Warnings == 0)
+		res.Errors += fr.Errors
+		res.Warnings += fr.Warnings
+		res.Valid = res.Valid && fr.Valid
+		res.Files = append(res.Files, fr)
+	}
+
+	if opts.Render {
+		return render(opts, files, res)
+	}
+	if err := print(opts, res); err != nil {
+		return err
+	}
+	if !res.Valid {
+		return cmdutil.SilentExit(cmdutil.ExitValidation)
+	}
+	return nil
+}
+
+func read(opts *Options, readFile func(string) ([]byte, error), name string) ([]byte, string, error) {
+	if name == "-" {
+		data, err := io.ReadAll(io.LimitReader(opts.IO.In, maxFileBytes+1))
+		if err != nil {
+			return nil, "", fmt.Errorf("read standard input: %w", err)
+		}
+		if len(data) > maxFileBytes {
+			return nil, "", cmdutil.ValidationErrorf("standard input: larger than %d bytes; not a config file", maxFileBytes)
+		}
+		return data, "<stdin>", nil
+	}
+	if fi, err := os.Stat(name); err == nil && fi.Size() > maxFileBytes {
+		return nil, "", cmdutil.ValidationErrorf("%s: %d bytes is larger than %d; not a config file", name, fi.Size(), maxFileBytes)
+	}
+	data, err := readFile(name)
+	if err != nil {
+		return nil, "", err
+	}
+	return data, name, nil
+}
+
+// maxFileBytes bounds what is read as one config file.
+const maxFileBytes = 16 << 20
+
+func print(opts *Options, res Result) error {
+	if opts.OutputFormat == cmdutil.FormatJSON || opts.OutputFormat == cmdutil.FormatYAML {
+		return cmdutil.Print(opts.IO, opts.OutputFormat, res, nil)
+	}
+	w := opts.IO.Out
+	for _, fr := range res.Files {
+		for _, d := range fr.Diagnostics {
+			fmt.Fprintln(w, d.String())
+		}
+	}
+	for _, fr := range res.Files {
+		state := "valid"
+		if !fr.Valid {
+			state = "INVALID"
+		}
+		fmt.Fprintf(w, "%s: %s (%s): %s, %s\n", fr.File, state, fr.Kind, plural(fr.Errors, "error"), plural(fr.Warnings, "warning"))
+	}
+	return nil
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return strconv.Itoa(n) + " " + what + "s"
+}
+
+// render prints the client config a server would write for the (single) TensorRT-LLM YAML among
+// the files, using a pool manifest given alongside it or the one its pool field names.
+func render(opts *Options, files []loaded, res Result) error {
+	var yaml *config.File
+	var manifest *config.PoolManifest
+	for _, l := range files {
+		if l.file == nil {
+			continue
+		}
+		switch l.file.Kind {
+		case config.KindTRTLLM:
+			if yaml != nil {
+				return cmdutil.FlagErrorf("--render takes one TensorRT-LLM YAML, got %s and %s", yaml.Name, l.file.Name)
+			}
+			yaml = l.file
+		case config.KindManifest:
+			manifest = l.file.Manifest
+		}
+	}
+	if !res.Valid {
+		// Say why nothing is rendered, on stderr, so stdout stays a clean config or nothing.
+		for _, fr := range res.Files {
+			for _, d := range fr.Diagnostics {
+				fmt.Fprintln(opts.IO.ErrOut, d.String())
+			}
+		}
+		return cmdutil.ValidationErrorf("not rendering: the config is invalid (%s, %s)", plural(res.Errors, "error"), plural(res.Warnings, "warning"))
+	}
+	if yaml == nil || yaml.Store() == nil {
+		return cmdutil.FlagErrorf("--render needs a TensorRT-LLM YAML with a kv_connector_config.mooncake_store block")
+	}
+	block := yaml.Store()
+	if manifest == nil {
+		path, _, err := config.ParsePoolRef(block.Pool)
+		if err != nil {
+			return cmdutil.ValidationErrorf("%s: %v", yaml.Name, err)
+		}
+		if path != "" {
+			if !filepath.IsAbs(path) && yaml.Name != "<stdin>" {
+				path = filepath.Join(filepath.Dir(yaml.Name), path)
+			}
+			data, err := os.ReadFile(path)
+			if err != nil {
+				return fmt.Errorf("pool manifest named by %s: %w", yaml.Name, err)
+			}
+			mf, diags := config.Load(path, data, config.LoadOptions{Kind: config.KindManifest})
+			if diags.HasErrors() {
+				for _, d := range diags {
+					fmt.Fprintln(opts.IO.ErrOut, d.String())
+				}
+				return cmdutil.ValidationErrorf("pool manifest %s is invalid", path)
+			}
+			manifest = mf.Manifest
+		}
+	}
+	_, out, err := config.RenderClientConfig(block, manifest, func() string { return config.DetectRDMADevices("/sys/class/infiniband") })
+	if err != nil {
+		if errors.Is(err, config.ErrRender) {
+			return cmdutil.ValidationErrorf("%v", err)
+		}
+		return err
+	}
+	if _, err := opts.IO.Out.Write(out); err != nil {
+		return err
+	}
+	if opts.IO.IsStdoutTTY() {
+		fmt.Fprintln(opts.IO.Out)
+	}
+	return nil
+}
