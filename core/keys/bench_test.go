@@ -4,9 +4,11 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/crypto/blake2b"
 )
@@ -75,6 +77,54 @@ func BenchmarkRawBLAKE2b128(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(len(tokens))*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+		})
+	}
+}
+
+func rawBlake2b128(b *testing.B, enc []byte, T int) {
+	h, err := blake2b.New(16, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var parent [16]byte
+	sum := make([]byte, 0, 64)
+	for off := 0; off+8*T <= len(enc); off += 8 * T {
+		h.Reset()
+		h.Write(parent[:])
+		h.Write(enc[off : off+8*T])
+		sum = h.Sum(sum[:0])
+	}
+}
+
+// BenchmarkChainVsRaw alternates one chain run and one raw baseline run per iteration on the
+// same prompt and reports raw time / chain time (1.0 = no overhead), both by wall clock
+// ("raw/chain-wall") and by the CPU time of the benchmark's thread ("raw/chain-cpu"). Pairing
+// the runs this closely, and counting only the time the thread ran, keeps a busy machine's
+// noise out of the ratio; separate benchmarks run seconds apart do not. Garbage collection
+// running on other threads is not counted in the CPU figure.
+func BenchmarkChainVsRaw(b *testing.B) {
+	tokens := benchTokens(benchPromptTokens)
+	enc := encode(nil, tokens)
+	for _, T := range benchBlockSizes {
+		b.Run(fmt.Sprintf("T=%d", T), func(b *testing.B) {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			var chainWall, rawWall time.Duration
+			var chainCPU, rawCPU int64
+			for b.Loop() {
+				start, startCPU := time.Now(), threadCPU()
+				c, _ := NewChain(ChainConfig{TokensPerBlock: T})
+				c.Extend(tokens)
+				mid, midCPU := time.Now(), threadCPU()
+				rawBlake2b128(b, enc, T)
+				end, endCPU := time.Now(), threadCPU()
+				chainWall += mid.Sub(start)
+				rawWall += end.Sub(mid)
+				chainCPU += midCPU - startCPU
+				rawCPU += endCPU - midCPU
+			}
+			b.ReportMetric(float64(rawWall)/float64(chainWall), "raw/chain-wall")
+			b.ReportMetric(float64(rawCPU)/float64(chainCPU), "raw/chain-cpu")
 		})
 	}
 }
