@@ -85,7 +85,7 @@ func (c ChainConfig) Validate() error {
 			errs = append(errs, fmt.Errorf("format %s cannot express multimodal digests in its scope", f))
 		}
 	}
-	if len(c.Scope.salt()) > math.MaxUint32 {
+	if uint64(len(c.Scope.salt())) > math.MaxUint32 {
 		errs = append(errs, fmt.Errorf("cache salt of %d bytes: must be under 4 GiB", len(c.Scope.salt())))
 	}
 	return errors.Join(errs...)

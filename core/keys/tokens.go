@@ -181,7 +181,10 @@ func (s *tokenScanner) token(inJSON bool) (int64, error) {
 func (s *tokenScanner) parsePlain() ([]int64, error) {
 	for {
 		if end, err := s.atEnd(); end {
-			return s.out, err
+			if err != nil {
+				return nil, err
+			}
+			return s.out, nil
 		}
 		if c, _ := s.peek(); c == ',' {
 			return nil, fmt.Errorf("token %d: empty token before ','", len(s.out))
