@@ -23,8 +23,10 @@ const (
 const blake3Context = "kvctl 2026-11-30 block hash v1"
 
 // encodeBatchBytes bounds the encoding buffer: newly completed blocks are encoded and digested
-// in batches of about this many bytes. A tests hook; it must not change while chains are built.
-var encodeBatchBytes = 64 << 10
+// in batches of about this many bytes, so the encoded bytes are still in cache when they are
+// digested and a chain given a huge prompt holds no prompt-sized buffer afterwards. 16 KiB
+// measured a little faster than 64 KiB. A tests hook; it must not change while chains are built.
+var encodeBatchBytes = 16 << 10
 
 // ErrTokensShrank is returned (wrapped) by Chain.Extend when the token list is shorter than the
 // one it was given before. A chain is append-only.
@@ -83,7 +85,7 @@ func (c ChainConfig) Validate() error {
 			errs = append(errs, fmt.Errorf("format %s cannot express multimodal digests in its scope", f))
 		}
 	}
-	if len(c.Scope.salt()) > math.MaxUint32 {
+	if uint64(len(c.Scope.salt())) > math.MaxUint32 {
 		errs = append(errs, fmt.Errorf("cache salt of %d bytes: must be under 4 GiB", len(c.Scope.salt())))
 	}
 	return errors.Join(errs...)
@@ -207,14 +209,29 @@ func (c *Chain) Extend(tokens []int64) ([]Hash, error) {
 }
 
 // encode writes tokens as int64 little-endian into buf, growing it if needed, and returns it.
+// Eight tokens per step with constant offsets let the compiler drop the bounds checks; this
+// loop is a measurable part of a chain's time next to BLAKE2b.
 func encode(buf []byte, tokens []int64) []byte {
 	need := 8 * len(tokens)
 	if cap(buf) < need {
 		buf = make([]byte, need)
 	}
 	buf = buf[:need]
+	b := buf
+	for len(tokens) >= 8 && len(b) >= 64 {
+		t, w := tokens[:8], b[:64]
+		binary.LittleEndian.PutUint64(w[0:8], uint64(t[0]))
+		binary.LittleEndian.PutUint64(w[8:16], uint64(t[1]))
+		binary.LittleEndian.PutUint64(w[16:24], uint64(t[2]))
+		binary.LittleEndian.PutUint64(w[24:32], uint64(t[3]))
+		binary.LittleEndian.PutUint64(w[32:40], uint64(t[4]))
+		binary.LittleEndian.PutUint64(w[40:48], uint64(t[5]))
+		binary.LittleEndian.PutUint64(w[48:56], uint64(t[6]))
+		binary.LittleEndian.PutUint64(w[56:64], uint64(t[7]))
+		tokens, b = tokens[8:], b[64:]
+	}
 	for i, v := range tokens {
-		binary.LittleEndian.PutUint64(buf[8*i:], uint64(v))
+		binary.LittleEndian.PutUint64(b[8*i:], uint64(v))
 	}
 	return buf
 }

@@ -120,39 +120,46 @@ func (s *tokenScanner) token(inJSON bool) (int64, error) {
 		overflow bool
 	)
 	limit := uint64(1<<63 - 1)
-	for {
-		c, ok := s.peek()
-		if !ok || isSpace(c) || c == ',' || (inJSON && (c == ']' || c == '[')) {
-			break
-		}
-		s.pos++
-		if textLen < len(text) {
-			text[textLen] = c
-			textLen++
-		}
-		switch {
-		case n == 0 && c == '-':
-			neg = true
-			limit = 1 << 63
-		case c >= '0' && c <= '9':
-			d := uint64(c - '0')
-			digits++
-			if !overflow && mag > (limit-d)/10 {
-				overflow = true
+	for done := false; !done && s.fill(); {
+		// Scan the buffered bytes directly; fill refills only when they run out.
+		i := s.pos
+		for ; i < s.end; i++ {
+			c := s.buf[i]
+			if isSpace(c) || c == ',' || (inJSON && (c == ']' || c == '[')) {
+				done = true
+				break
 			}
-			if !overflow {
-				mag = mag*10 + d
+			if textLen < len(text) {
+				text[textLen] = c
+				textLen++
 			}
-		default:
-			bad = true
+			switch {
+			case n == 0 && c == '-':
+				neg = true
+				limit = 1 << 63
+			case c >= '0' && c <= '9':
+				d := uint64(c - '0')
+				digits++
+				if !overflow && mag > (limit-d)/10 {
+					overflow = true
+				}
+				if !overflow {
+					mag = mag*10 + d
+				}
+			default:
+				bad = true
+			}
+			n++
 		}
-		n++
-	}
-	shown := string(text[:textLen])
-	if n > textLen {
-		shown += "... (" + strconv.Itoa(n) + " bytes)"
+		s.pos = i
 	}
 	idx := len(s.out)
+	shown := func() string {
+		if n > textLen {
+			return string(text[:textLen]) + "... (" + strconv.Itoa(n) + " bytes)"
+		}
+		return string(text[:textLen])
+	}
 	switch {
 	case n == 0:
 		c, ok := s.peek()
@@ -161,9 +168,9 @@ func (s *tokenScanner) token(inJSON bool) (int64, error) {
 		}
 		return 0, fmt.Errorf("token %d: want a value, got %q", idx, c)
 	case bad || digits == 0:
-		return 0, fmt.Errorf("token %d: %q is not an integer", idx, shown)
+		return 0, fmt.Errorf("token %d: %q is not an integer", idx, shown())
 	case overflow:
-		return 0, fmt.Errorf("token %d: %s is outside int64", idx, shown)
+		return 0, fmt.Errorf("token %d: %s is outside int64", idx, shown())
 	case neg:
 		return int64(-mag), nil // mag <= 1<<63, so the negation is exact in two's complement
 	default:
@@ -174,7 +181,10 @@ func (s *tokenScanner) token(inJSON bool) (int64, error) {
 func (s *tokenScanner) parsePlain() ([]int64, error) {
 	for {
 		if end, err := s.atEnd(); end {
-			return s.out, err
+			if err != nil {
+				return nil, err
+			}
+			return s.out, nil
 		}
 		if c, _ := s.peek(); c == ',' {
 			return nil, fmt.Errorf("token %d: empty token before ','", len(s.out))
