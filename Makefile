@@ -7,6 +7,8 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 COMMIT    ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS   := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 GOLANGCI_LINT_VERSION ?= v2.15.0
+PROTOC_GEN_GO_VERSION ?= v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 GOBIN     ?= $(shell $(GO) env GOPATH)/bin
 LINT      := $(GOBIN)/golangci-lint
 BENCH     ?= .
@@ -44,7 +46,20 @@ golden:
 docs:
 	$(GO) run ./cmd/gendocs -man man -completions completions
 
-tools: $(LINT)
+tools: $(LINT) $(GOBIN)/protoc-gen-go $(GOBIN)/protoc-gen-go-grpc
+
+$(GOBIN)/protoc-gen-go:
+	GOFLAGS= $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+
+$(GOBIN)/protoc-gen-go-grpc:
+	GOFLAGS= $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+
+# Regenerates the engine API's Go code from core/engineapi/engine.proto (needs protoc).
+proto: $(GOBIN)/protoc-gen-go $(GOBIN)/protoc-gen-go-grpc
+	protoc --plugin=protoc-gen-go=$(GOBIN)/protoc-gen-go --plugin=protoc-gen-go-grpc=$(GOBIN)/protoc-gen-go-grpc \
+		--go_out=. --go_opt=module=github.com/kvctl/kvctl \
+		--go-grpc_out=. --go-grpc_opt=module=github.com/kvctl/kvctl \
+		-I core/engineapi core/engineapi/engine.proto
 
 $(LINT):
 	GOFLAGS= $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
@@ -52,7 +67,7 @@ $(LINT):
 lint: $(LINT)
 	$(LINT) run ./...
 
-verify: $(LINT)
+verify: tools
 	@echo '== gofmt'; out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	@echo '== go vet'; $(GO) vet ./...
 	@echo '== golangci-lint'; $(LINT) run ./...
@@ -63,6 +78,12 @@ verify: $(LINT)
 			echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; fi
 	@echo '== generated docs'; tmp=$$(mktemp -d); $(GO) run ./cmd/gendocs -man $$tmp/man -completions $$tmp/completions && \
 		diff -r man $$tmp/man && diff -r completions $$tmp/completions || { echo "man pages or completions are stale: run make docs"; rm -rf $$tmp; exit 1; }; rm -rf $$tmp
+	@echo '== generated protobuf'; if command -v protoc >/dev/null; then tmp=$$(mktemp -d); \
+		protoc --plugin=protoc-gen-go=$(GOBIN)/protoc-gen-go --plugin=protoc-gen-go-grpc=$(GOBIN)/protoc-gen-go-grpc \
+			--go_out=$$tmp --go_opt=module=github.com/kvctl/kvctl --go-grpc_out=$$tmp --go-grpc_opt=module=github.com/kvctl/kvctl \
+			-I core/engineapi core/engineapi/engine.proto && diff -r core/engineapi/enginepb $$tmp/core/engineapi/enginepb \
+			|| { echo "generated protobuf is stale: run make proto"; rm -rf $$tmp; exit 1; }; rm -rf $$tmp; \
+		else echo "protoc not installed: skipped (make tools needs it; apt-get install protobuf-compiler)"; fi
 	@echo 'verify: ok'
 
 clean:
