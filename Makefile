@@ -73,7 +73,8 @@ verify: tools
 	@echo '== golangci-lint'; $(LINT) run ./...
 	@echo '== go mod tidy'; cp go.mod /tmp/kvctl-go.mod.bak; cp go.sum /tmp/kvctl-go.sum.bak; \
 		$(GO) mod tidy; \
-		if ! git diff --quiet -- go.mod go.sum; then git diff -- go.mod go.sum; \
+		if ! cmp -s go.mod /tmp/kvctl-go.mod.bak || ! cmp -s go.sum /tmp/kvctl-go.sum.bak; then \
+			diff -u /tmp/kvctl-go.mod.bak go.mod; \
 			cp /tmp/kvctl-go.mod.bak go.mod; cp /tmp/kvctl-go.sum.bak go.sum; \
 			echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; fi
 	@echo '== generated docs'; tmp=$$(mktemp -d); $(GO) run ./cmd/gendocs -man $$tmp/man -completions $$tmp/completions && \
