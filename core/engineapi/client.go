@@ -1,0 +1,72 @@
+package engineapi
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/kvctl/kvctl/core/engineapi/enginepb"
+)
+
+// MaxMessageBytes bounds one engine API message in either direction. A 1M-token prompt is
+// about 10 MB on the wire; anything much larger is a bug or an attack and is refused.
+const MaxMessageBytes = 64 << 20
+
+// Client is an engine's connection to `kvctl serve`. It embeds the generated client, so every
+// RPC of the Engine service is a method; RegisterSharedMemory adds the descriptor hand-over.
+type Client struct {
+	enginepb.EngineClient
+	conn   *grpc.ClientConn
+	socket string
+}
+
+// Dial connects to the daemon's engine socket at path. It does not wait for the daemon: the
+// first call fails with codes.Unavailable when nothing listens there.
+func Dial(path string, opts ...grpc.DialOption) (*Client, error) {
+	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	}
+	all := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(dialer),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)),
+	}, opts...)
+	conn, err := grpc.NewClient("passthrough:///kvctl-engine", all...)
+	if err != nil {
+		return nil, fmt.Errorf("engine socket %s: %w", path, err)
+	}
+	return &Client{EngineClient: enginepb.NewEngineClient(conn), conn: conn, socket: path}, nil
+}
+
+// Close closes the connection.
+func (c *Client) Close() error { return c.conn.Close() }
+
+// Socket is the path the client dialled.
+func (c *Client) Socket() string { return c.socket }
+
+// RegisterSharedMemory hands mem (a shared-memory file of size bytes, see gpu.NewSharedMemory)
+// to the daemon over the descriptor side channel and registers the engine rank with it.
+func (c *Client) RegisterSharedMemory(ctx context.Context, req *enginepb.RegisterRequest, mem *os.File, size uint64) (*enginepb.RegisterResponse, error) {
+	tok, err := SendFD(ctx, FDSocketPath(c.socket), mem)
+	if err != nil {
+		return nil, err
+	}
+	req.Memory = &enginepb.RegisterRequest_SharedMemory{SharedMemory: &enginepb.SharedMemory{FdToken: tok, Size: size}}
+	return c.Register(ctx, req)
+}
+
+// RegisterCUDAFD is RegisterSharedMemory for a CUDA virtual-memory allocation exported as a file
+// descriptor.
+func (c *Client) RegisterCUDAFD(ctx context.Context, req *enginepb.RegisterRequest, mem *os.File, size uint64, device int32) (*enginepb.RegisterResponse, error) {
+	tok, err := SendFD(ctx, FDSocketPath(c.socket), mem)
+	if err != nil {
+		return nil, err
+	}
+	req.Memory = &enginepb.RegisterRequest_CudaFd{CudaFd: &enginepb.CudaFD{FdToken: tok, Size: size, Device: device}}
+	return c.Register(ctx, req)
+}
