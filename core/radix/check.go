@@ -7,13 +7,16 @@ import "fmt"
 // the key index holds exactly the live nodes, and the LRU heap holds exactly the unreferenced
 // leaves in heap order. It walks the whole tree; tests and debugging use it.
 func (t *Tree) Check() error {
-	seen := 0
+	seen, pinned := 0, 0
 	for id := int32(1); id < t.next; id++ {
 		n := t.nd(id)
 		if n.flags&flagLive == 0 {
 			continue
 		}
 		seen++
+		if n.refs > 0 {
+			pinned++
+		}
 		if n.refs < 0 {
 			return fmt.Errorf("node %d: negative reference count %d", id, n.refs)
 		}
@@ -46,6 +49,9 @@ func (t *Tree) Check() error {
 	}
 	if seen != t.live {
 		return fmt.Errorf("%d live nodes, counter says %d", seen, t.live)
+	}
+	if pinned != t.pinned {
+		return fmt.Errorf("%d referenced nodes, counter says %d", pinned, t.pinned)
 	}
 	if t.index.count != t.live {
 		return fmt.Errorf("index holds %d keys for %d nodes", t.index.count, t.live)

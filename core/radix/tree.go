@@ -101,6 +101,7 @@ type Tree struct {
 	next   int32   // next never-used id
 	free   []int32 // ids of removed nodes, reused first
 	live   int     // live blocks, root excluded
+	pinned int     // live blocks with references
 	index  keyIndex
 	tokens map[int32][]int32
 	heap   []int32
@@ -135,6 +136,10 @@ func (t *Tree) TokensPerBlock() int { return t.t }
 
 // Len returns the number of blocks in the tree, root excluded.
 func (t *Tree) Len() int { return t.live }
+
+// Unreferenced returns the number of blocks that hold no reference. When every holder pins a
+// whole prefix (as a request does), all of them can be evicted, leaf by leaf.
+func (t *Tree) Unreferenced() int { return t.live - t.pinned }
 
 // Evictable returns the number of unreferenced leaves (0 when LRU tracking is off).
 func (t *Tree) Evictable() int { return len(t.heap) }
@@ -325,6 +330,9 @@ func (t *Tree) Acquire(ids ...NodeID) error {
 	}
 	for _, id := range ids {
 		n := t.nd(int32(id))
+		if n.refs == 0 {
+			t.pinned++
+		}
 		n.refs++
 		if n.heapPos != 0 {
 			t.heapRemove(int32(id))
@@ -351,6 +359,9 @@ func (t *Tree) Release(ids ...NodeID) error {
 	for _, id := range ids {
 		n := t.nd(int32(id))
 		n.refs--
+		if n.refs == 0 {
+			t.pinned--
+		}
 		if t.evictable(int32(id)) && n.heapPos == 0 {
 			t.heapPush(int32(id))
 		}
