@@ -414,8 +414,10 @@ func (m *Manager) Commit(id RequestID, tokens []int32) error {
 			return fmt.Errorf("%w: committed token %d differs from the prompt", ErrBadRequest, i)
 		}
 	}
-	r.tokens = append(r.tokens[:0], tokens...)
-	r.keys = chainKeys(r.keys[:min(len(r.keys), len(tokens)/m.t)], r.tokens, m.t)
+	if len(tokens) > len(r.tokens) {
+		r.tokens = append(r.tokens, tokens[len(r.tokens):]...)
+		r.keys = chainKeys(r.keys, r.tokens, m.t)
+	}
 	r.computed = len(tokens)
 	for b := len(r.shared); b < len(tokens)/m.t; b++ {
 		pages := r.private[0]
