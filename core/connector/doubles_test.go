@@ -274,3 +274,8 @@ func (s *hostStaging) Close() error {
 	s.closed = true
 	return nil
 }
+
+type (
+	gpuStaging = gpu.Staging
+	gpuMover   = gpu.Mover
+)

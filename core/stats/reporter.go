@@ -49,10 +49,10 @@ type Reporter struct {
 
 type metrics struct {
 	lookups, lookedUp, hitBlocks, holes, holeBlocks, recomputed prometheus.Counter
-	loads, pages, storeCalls, bytes, failedPages             prometheus.Counter
-	transferSeconds, waitSeconds                              prometheus.Counter
-	phaseWall, phaseCPU                                       *prometheus.CounterVec
-	queued, active                                            prometheus.Gauge
+	loads, pages, storeCalls, bytes, failedPages                prometheus.Counter
+	transferSeconds, waitSeconds                                prometheus.Counter
+	phaseWall, phaseCPU                                         *prometheus.CounterVec
+	queued, active                                              prometheus.Gauge
 }
 
 // NewReporter returns a reporter and registers its collectors when o.Registerer is set.
