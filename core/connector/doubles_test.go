@@ -279,3 +279,5 @@ type (
 	gpuStaging = gpu.Staging
 	gpuMover   = gpu.Mover
 )
+
+func mooncakeConfig() mooncake.ReplicateConfig { return mooncake.ReplicateConfig{} }

@@ -55,29 +55,60 @@ type loadResult struct {
 // slots that landed into engine memory. Once a request loses a page its remaining pages are
 // not fetched. A result list of the wrong length fails every page of the batch. The returned
 // error is for what is not a page miss (the mover, a cancelled context); page misses are in the
-// result. Scatter completes before it returns, so no write into a failed request's pages is in
-// flight when loadPages returns.
-func loadPages(ctx context.Context, pool mooncake.Pool, mover gpu.Mover, stage gpu.Staging, batch int, items []pageIO, sample *stats.LoadSample) (loadResult, error) {
-	res := loadResult{failed: map[int]bool{}}
-	batch = min(batch, stage.Slots())
-	keys := make([]string, 0, batch)
-	bufs := make([][]byte, 0, batch)
-	owners := make([]*pageIO, 0, batch)
-	srcs := make([][]byte, 0, batch)
-	refs := make([]gpu.PageRef, 0, batch)
+// result.
+//
+// With two or more staging slots, the slots are used as two sets so that the scatter of one
+// batch overlaps the pool get of the next, as a GPU copy on a stream overlaps the host: unstage
+// records issuing a scatter and sync the wait for it. At most one scatter is in flight (a Mover
+// is not safe for concurrent use), a set is written again only after its scatter is done, and
+// every scatter is done before loadPages returns, so no write into a failed request's pages is
+// in flight when it is reported.
+func loadPages(ctx context.Context, pool mooncake.Pool, mover gpu.Mover, stage gpu.Staging, batch int, items []pageIO, sample *stats.LoadSample) (res loadResult, err error) {
+	res.failed = map[int]bool{}
+	sets := 1
+	if stage.Slots() >= 2 {
+		sets = 2
+	}
+	batch = max(1, min(batch, stage.Slots()/sets))
+	var inflight chan error // the scatter in flight, if any
+	wait := func() error {
+		if inflight == nil {
+			return nil
+		}
+		m := sample.Start()
+		err := <-inflight
+		sample.End(stats.PhaseSync, m)
+		inflight = nil
+		if err != nil {
+			return fmt.Errorf("scatter loaded pages: %w", err)
+		}
+		return nil
+	}
+	defer func() {
+		if werr := wait(); err == nil {
+			err = werr
+		}
+		if sample != nil {
+			sample.LandedBytes += res.landedBytes
+			sample.FailedPages += int64(res.failedPages)
+		}
+	}()
+	set := 0
 	for next := 0; next < len(items); {
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
 		m := sample.Start()
-		keys, bufs, owners = keys[:0], bufs[:0], owners[:0]
+		keys := make([]string, 0, batch)
+		bufs := make([][]byte, 0, batch)
+		owners := make([]*pageIO, 0, batch)
 		for ; next < len(items) && len(keys) < batch; next++ {
 			it := &items[next]
 			if res.failed[it.req] {
 				continue
 			}
 			keys = append(keys, it.key)
-			bufs = append(bufs, stage.Slot(len(bufs))[:it.size])
+			bufs = append(bufs, stage.Slot(set*batch + len(bufs))[:it.size])
 			owners = append(owners, it)
 		}
 		sample.End(stats.PhaseDescribe, m)
@@ -94,7 +125,8 @@ func loadPages(ctx context.Context, pool mooncake.Pool, mover gpu.Mover, stage g
 			sample.StoreCalls++
 		}
 
-		srcs, refs = srcs[:0], refs[:0]
+		srcs := make([][]byte, 0, len(keys))
+		refs := make([]gpu.PageRef, 0, len(keys))
 		for i, it := range owners {
 			if len(got) == len(keys) && got[i] == int64(it.size) {
 				srcs = append(srcs, bufs[i])
@@ -108,17 +140,24 @@ func loadPages(ctx context.Context, pool mooncake.Pool, mover gpu.Mover, stage g
 			}
 			res.failed[it.req] = true
 		}
+		if err := wait(); err != nil {
+			return res, err
+		}
 		if len(srcs) > 0 {
 			m = sample.Start()
-			if err := mover.Scatter(ctx, srcs, refs); err != nil {
-				return res, fmt.Errorf("scatter loaded pages: %w", err)
-			}
+			done := make(chan error, 1)
+			go func() { done <- mover.Scatter(ctx, srcs, refs) }()
+			inflight = done
 			sample.End(stats.PhaseUnstage, m)
 		}
-	}
-	if sample != nil {
-		sample.LandedBytes += res.landedBytes
-		sample.FailedPages += int64(res.failedPages)
+		if sets == 2 {
+			set ^= 1
+		}
+		if sets == 1 {
+			if err := wait(); err != nil {
+				return res, err
+			}
+		}
 	}
 	return res, nil
 }
