@@ -1,0 +1,283 @@
+package connector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/mooncake"
+)
+
+// memPool is a test double of mooncake.Pool: an in-memory map with the pool's put-never-
+// overwrites rule, its error codes, per-put options recorded per key, eviction by deleting a
+// key, and call counters. The connector is also exercised against the embedded pool where that
+// is available; this double keeps the package's tests self-contained.
+type memPool struct {
+	mu      sync.Mutex
+	objs    map[string][]byte
+	group   map[string]string
+	pinTTL  map[string]time.Duration
+	maxTTL  time.Duration
+	putErr  map[string]mooncake.Code // injected per-key put failures
+	onGet   func(keys []string)      // called before a BatchGet is answered, without the lock
+	counter struct {
+		existCalls, existKeys int
+		putCalls, putKeys     int
+		written               int
+		getCalls, getKeys     int
+		getBytes              int64
+	}
+}
+
+func newMemPool() *memPool {
+	return &memPool{objs: map[string][]byte{}, group: map[string]string{}, pinTTL: map[string]time.Duration{},
+		maxTTL: 24 * time.Hour, putErr: map[string]mooncake.Code{}}
+}
+
+func (p *memPool) BatchIsExist(_ context.Context, keys []string) []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.counter.existCalls++
+	p.counter.existKeys += len(keys)
+	out := make([]int, len(keys))
+	for i, k := range keys {
+		if _, ok := p.objs[k]; ok {
+			out[i] = 1
+		}
+	}
+	return out
+}
+
+func (p *memPool) BatchPut(_ context.Context, keys []string, bufs [][]byte, cfg mooncake.ReplicateConfig) []mooncake.Code {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.counter.putCalls++
+	p.counter.putKeys += len(keys)
+	out := make([]mooncake.Code, len(keys))
+	if len(bufs) != len(keys) || (cfg.GroupIDs != nil && len(cfg.GroupIDs) != len(keys)) {
+		for i := range out {
+			out[i] = mooncake.ErrInvalidParams
+		}
+		return out
+	}
+	if cfg.SoftPinTTL > 0 && (cfg.SoftPinAction != mooncake.SoftPinEnable || cfg.SoftPinTTL > p.maxTTL) {
+		for i := range out {
+			out[i] = mooncake.ErrInvalidParams
+		}
+		return out
+	}
+	for i, k := range keys {
+		if c, ok := p.putErr[k]; ok {
+			out[i] = c
+			continue
+		}
+		if _, ok := p.objs[k]; ok {
+			continue // never overwritten
+		}
+		p.objs[k] = append([]byte(nil), bufs[i]...)
+		p.counter.written++
+		if cfg.GroupIDs != nil {
+			p.group[k] = cfg.GroupIDs[i]
+		}
+		if cfg.SoftPinAction == mooncake.SoftPinEnable {
+			p.pinTTL[k] = cfg.SoftPinTTL
+		}
+	}
+	return out
+}
+
+func (p *memPool) BatchGet(_ context.Context, keys []string, bufs [][]byte) []int64 {
+	if p.onGet != nil {
+		p.onGet(keys)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.counter.getCalls++
+	p.counter.getKeys += len(keys)
+	out := make([]int64, len(keys))
+	for i, k := range keys {
+		v, ok := p.objs[k]
+		switch {
+		case !ok:
+			out[i] = int64(mooncake.ErrObjectNotFound)
+		case len(bufs[i]) < len(v):
+			out[i] = int64(mooncake.ErrInvalidParams)
+		default:
+			out[i] = int64(copy(bufs[i], v))
+			p.counter.getBytes += int64(len(v))
+		}
+	}
+	return out
+}
+
+func (p *memPool) Remove(_ context.Context, key string, _ bool) mooncake.Code {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.objs[key]; !ok {
+		return mooncake.ErrObjectNotFound
+	}
+	delete(p.objs, key)
+	return mooncake.OK
+}
+
+func (p *memPool) Segments(context.Context) ([]mooncake.Segment, error) { return nil, nil }
+
+func (p *memPool) Stats(context.Context) (mooncake.Stats, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return mooncake.Stats{Objects: int64(len(p.objs))}, nil
+}
+
+func (p *memPool) get(key string) ([]byte, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	v, ok := p.objs[key]
+	return v, ok
+}
+
+func (p *memPool) has(key string) bool { _, ok := p.get(key); return ok }
+
+func (p *memPool) evict(key string) bool {
+	return p.Remove(context.Background(), key, true) == mooncake.OK
+}
+
+func (p *memPool) keys() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]string, 0, len(p.objs))
+	for k := range p.objs {
+		out = append(out, k)
+	}
+	return out
+}
+
+// hostMover is a test double of gpu.Mover over a plain byte slice: regions are copied byte for
+// byte, as the host-memory backend does.
+type hostMover struct {
+	mem      []byte
+	layout   gpu.Layout
+	gatherFn func() error // injected failure
+	closed   bool
+}
+
+func newHostMover(l gpu.Layout) *hostMover {
+	var size uint64
+	for _, g := range l.Groups {
+		for _, set := range [][]gpu.Region{g.Regions, g.ReplicatedRegions} {
+			for _, r := range set {
+				size = max(size, r.Offset+r.Stride*uint64(g.Slots-1)+r.Size)
+			}
+		}
+	}
+	return &hostMover{mem: make([]byte, size), layout: l}
+}
+
+func (m *hostMover) Layout() gpu.Layout { return m.layout }
+
+func (m *hostMover) regions(p gpu.PageRef) ([]gpu.Region, error) {
+	if p.Group < 0 || p.Group >= len(m.layout.Groups) {
+		return nil, fmt.Errorf("group %d out of range", p.Group)
+	}
+	g := m.layout.Groups[p.Group]
+	if p.Slot < 0 || p.Slot >= g.Slots {
+		return nil, fmt.Errorf("slot %d out of range", p.Slot)
+	}
+	if p.Replicated {
+		return g.ReplicatedRegions, nil
+	}
+	return g.Regions, nil
+}
+
+func (m *hostMover) copyPage(p gpu.PageRef, buf []byte, toMem bool) error {
+	rs, err := m.regions(p)
+	if err != nil {
+		return err
+	}
+	var want uint64
+	for _, r := range rs {
+		want += r.Size
+	}
+	if uint64(len(buf)) != want {
+		return fmt.Errorf("buffer of %d bytes for a %d-byte page", len(buf), want)
+	}
+	off := 0
+	for _, r := range rs {
+		at := r.Offset + r.Stride*uint64(p.Slot)
+		if toMem {
+			copy(m.mem[at:at+r.Size], buf[off:])
+		} else {
+			copy(buf[off:], m.mem[at:at+r.Size])
+		}
+		off += int(r.Size)
+	}
+	return nil
+}
+
+func (m *hostMover) Gather(_ context.Context, pages []gpu.PageRef, dst [][]byte) error {
+	if m.gatherFn != nil {
+		if err := m.gatherFn(); err != nil {
+			return err
+		}
+	}
+	for i, p := range pages {
+		if err := m.copyPage(p, dst[i], false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *hostMover) Scatter(_ context.Context, src [][]byte, pages []gpu.PageRef) error {
+	for i, p := range pages {
+		if err := m.copyPage(p, src[i], true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *hostMover) NewStaging(slots, slotBytes int) (gpu.Staging, error) {
+	if slots < 1 || slotBytes < 1 {
+		return nil, errors.New("empty staging")
+	}
+	return &hostStaging{buf: make([]byte, slots*slotBytes), slots: slots, slotBytes: slotBytes}, nil
+}
+
+func (m *hostMover) Clone() (gpu.Mover, error) {
+	return &hostMover{mem: m.mem, layout: m.layout, gatherFn: m.gatherFn}, nil
+}
+
+func (m *hostMover) Close() error { m.closed = true; return nil }
+
+type hostStaging struct {
+	mu        sync.Mutex
+	buf       []byte
+	slots     int
+	slotBytes int
+	closed    bool
+}
+
+func (s *hostStaging) Slots() int     { return s.slots }
+func (s *hostStaging) SlotBytes() int { return s.slotBytes }
+func (s *hostStaging) Slot(i int) []byte {
+	return s.buf[i*s.slotBytes : (i+1)*s.slotBytes : (i+1)*s.slotBytes]
+}
+func (s *hostStaging) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errors.New("staging closed twice")
+	}
+	s.closed = true
+	return nil
+}
+
+type (
+	gpuStaging = gpu.Staging
+	gpuMover   = gpu.Mover
+)
+
+func mooncakeConfig() mooncake.ReplicateConfig { return mooncake.ReplicateConfig{} }

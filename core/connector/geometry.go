@@ -1,0 +1,56 @@
+package connector
+
+import (
+	"fmt"
+
+	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/gpu"
+)
+
+// geometry is the key-relevant shape of a registered layout.
+type geometry struct {
+	layout gpu.Layout
+	groups []keys.LayerGroupPages
+	// keysPerBlock is how many keys a hit on one block needs.
+	keysPerBlock int
+	// slotBytes is the widest page value over groups, sharded or replicated.
+	slotBytes int
+}
+
+func newGeometry(l gpu.Layout, o Options) (*geometry, error) {
+	if l.TokensPerBlock != o.TokensPerBlock {
+		return nil, fmt.Errorf("layout has %d tokens per block, the connector is configured with %d", l.TokensPerBlock, o.TokensPerBlock)
+	}
+	if len(l.Groups) == 0 {
+		return nil, fmt.Errorf("layout has no layer groups")
+	}
+	g := &geometry{layout: l}
+	world := o.Namespace.AttentionWorldSize()
+	for i, lg := range l.Groups {
+		if lg.ID != i {
+			return nil, fmt.Errorf("layout group %d has id %d; ids must be dense from 0", i, lg.ID)
+		}
+		if len(lg.Regions) == 0 || lg.BytesPerPage() == 0 {
+			return nil, fmt.Errorf("layout group %d has no sharded bytes per page", i)
+		}
+		p := keys.LayerGroupPages{Group: lg.ID, BytesPerPage: lg.BytesPerPage(), ReplicatedBytesPerPage: lg.ReplicatedBytesPerPage()}
+		g.groups = append(g.groups, p)
+		g.keysPerBlock += world
+		if p.ReplicatedBytesPerPage > 0 {
+			g.keysPerBlock++
+		}
+		g.slotBytes = max(g.slotBytes, int(p.BytesPerPage), int(p.ReplicatedBytesPerPage))
+	}
+	return g, nil
+}
+
+// checkPage reports whether page is a valid slot of group.
+func (g *geometry) checkPage(group, page int) error {
+	if group < 0 || group >= len(g.layout.Groups) {
+		return fmt.Errorf("layer group %d: the layout has %d", group, len(g.layout.Groups))
+	}
+	if page < 0 || page >= g.layout.Groups[group].Slots {
+		return fmt.Errorf("page %d of layer group %d: the group has %d slots", page, group, g.layout.Groups[group].Slots)
+	}
+	return nil
+}

@@ -1,0 +1,89 @@
+package connector
+
+import (
+	"errors"
+
+	"github.com/kvctl/kvctl/core/keys"
+)
+
+// Request is what the engine tells the scheduler adapter about a request when it asks for a
+// prefix.
+type Request struct {
+	ID string
+	// Tokens is the request's token list so far (beam 0), prompt first.
+	Tokens []int64
+	Scope  keys.Scope
+	// HasMultimodal is set when the request has multimodal positions or lengths. Without
+	// digests in Scope such a request is bypassed: never looked up, never saved.
+	HasMultimodal bool
+	// Dummy marks a padding request; it never reaches the connector.
+	Dummy bool
+	// ContextOnly marks the context leg of a disaggregated request.
+	ContextOnly bool
+}
+
+// RequestData is one scheduled request in a scheduler output.
+type RequestData struct {
+	ID string
+	// NewTokens are the tokens appended since the connector last saw the request (by its lookup
+	// or an earlier RequestData); a prompt given to the lookup is not repeated.
+	NewTokens []int64
+	// NewBlockIDsByGroup holds, per layer group, the page indices appended to the request since
+	// the previous RequestData, by block ordinal; -1 where a block has no page.
+	NewBlockIDsByGroup [][]int
+	// ComputedPosition is the number of tokens already computed before this pass, without a
+	// prefix restore honoured in this pass.
+	ComputedPosition int
+	// NumScheduledTokens is the number of tokens this pass computes.
+	NumScheduledTokens int
+	// Dummy marks a padding request; it is skipped.
+	Dummy bool
+}
+
+// SchedulerOutput is one pass's scheduled requests.
+type SchedulerOutput struct {
+	NewRequests    []RequestData
+	CachedRequests []RequestData
+	// SubmittedSaves is the worker's save-confirmation report (Worker.TakeSubmittedSaves) taken
+	// just before this build: the requests whose saves a WaitForSave queued. On a tensor-parallel
+	// server it is the scheduler rank's worker's report.
+	SubmittedSaves []string
+}
+
+// PageTransfer names one block's page in one layer group: its hash and the engine page index.
+// It carries no key: each worker derives its own keys from its namespace.
+type PageTransfer struct {
+	Hash  keys.Hash
+	Group int
+	Page  int
+}
+
+// RequestTransfers is the pages one request moves in one direction.
+type RequestTransfers struct {
+	RequestID string
+	Pages     []PageTransfer
+}
+
+// Metadata is what the scheduler adapter hands every worker of the engine for one pass.
+type Metadata struct {
+	// Loads are synchronous loads, made by StartLoad.
+	Loads []RequestTransfers
+	// Saves are made by WaitForSave.
+	Saves []RequestTransfers
+	// AsyncLoads are the transfers of requests parked this pass, queued by BindMeta.
+	AsyncLoads []RequestTransfers
+}
+
+// Errors callers branch on.
+var (
+	// ErrUnknownRequest is returned for a request id the adapter keeps no state for.
+	ErrUnknownRequest = errors.New("unknown request")
+	// ErrNotContextOnly refuses a request that is not context-only in speculative-prefill mode.
+	ErrNotContextOnly = errors.New("speculative-prefill mode accepts only context-only requests")
+	// ErrNoLayout is returned when pages are addressed before a layout was registered.
+	ErrNoLayout = errors.New("no KV layout registered")
+	// ErrLoadFailed is wrapped by the fatal error of a tensor-parallel rank that lost a page.
+	ErrLoadFailed = errors.New("load failed")
+	// ErrClosed is returned by calls after Close.
+	ErrClosed = errors.New("connector closed")
+)

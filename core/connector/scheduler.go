@@ -1,0 +1,443 @@
+package connector
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/core/stats"
+	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/mooncake"
+)
+
+// Scheduler is the scheduler adapter of one engine: it answers prefix lookups, keeps what each
+// request was offered, honoured, loaded and saved, and turns every scheduler output into the
+// metadata the engine's workers act on. Under tensor parallelism one runs on the scheduling
+// rank; under attention DP one runs on every owner. Its methods are safe for concurrent use.
+type Scheduler struct {
+	opts  Options
+	pool  mooncake.Pool
+	log   *slog.Logger
+	stats *stats.Reporter
+	own   bool // stats was made here and is flushed by Close
+
+	mu           sync.Mutex
+	geom         *geometry
+	reqs         map[string]*reqState
+	unconfirmed  map[string]int // request -> block ordinal its last emitted saves end at
+	pendingAsync []RequestTransfers
+	warnedMM     bool
+}
+
+// reqState is what the adapter keeps per request.
+type reqState struct {
+	chain  *keys.Chain
+	tokens []int64
+	pages  [][]int // per layer group, page index by block ordinal (-1: none)
+
+	offerFirst  int // first offered block ordinal
+	offerBlocks int // offered blocks, settled to the honoured part once the allocation is reported
+	offerAsync  bool
+
+	savedUpto       int // blocks below are confirmed saved (or loaded)
+	asyncLoadedUpto int // blocks below came from an asynchronous load and are never saved back
+	emittedSaves    bool
+}
+
+// NewScheduler returns a scheduler adapter over pool. Lookups need a layout (RegisterLayout)
+// unless the role does not load.
+func NewScheduler(opts Options, pool mooncake.Pool) (*Scheduler, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, fmt.Errorf("connector options: %w", err)
+	}
+	opts = opts.withDefaults()
+	if pool == nil && opts.Role.Loads() {
+		return nil, fmt.Errorf("a %s role needs a pool", opts.Role)
+	}
+	s := &Scheduler{
+		opts:        opts,
+		pool:        pool,
+		log:         opts.Logger,
+		reqs:        map[string]*reqState{},
+		unconfirmed: map[string]int{},
+	}
+	if opts.Role.Loads() {
+		r, own, err := reporterFor(opts)
+		if err != nil {
+			return nil, err
+		}
+		s.stats, s.own = r, own
+	}
+	return s, nil
+}
+
+// reporterFor returns the reporter the options name, or a log-only one of its own when only a
+// stats interval is set.
+func reporterFor(o Options) (*stats.Reporter, bool, error) {
+	if o.Stats != nil {
+		return o.Stats, false, nil
+	}
+	if o.StatsInterval <= 0 {
+		return nil, false, nil
+	}
+	r, err := stats.NewReporter(stats.ReporterOptions{Interval: o.StatsInterval, Logger: o.Logger, Now: o.Clock})
+	return r, true, err
+}
+
+// RegisterLayout gives the adapter the engine's page geometry, which its lookups key by.
+func (s *Scheduler) RegisterLayout(l gpu.Layout) error {
+	if !s.opts.Role.Transfers() {
+		return nil
+	}
+	g, err := newGeometry(l, s.opts)
+	if err != nil {
+		return fmt.Errorf("register layout: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.geom = g
+	return nil
+}
+
+// Declarations returns what this connector declares to the engine's manager, before the
+// manager's rules (see ReadDeclarations).
+func (s *Scheduler) Declarations() Declarations { return declarations(s.opts) }
+
+// Lookup answers how many tokens past numComputedTokens the pool can restore for req, and
+// whether they are loaded asynchronously. It offers whole blocks only, always leaves the last
+// prompt token to compute, and offers nothing to a role that does not load, to a local match
+// that ends inside a block, or to a bypassed multimodal request. A later Lookup or
+// AdmissionQuery of the same request replaces the offer.
+func (s *Scheduler) Lookup(ctx context.Context, req Request, numComputedTokens int) (matchedTokens int, async bool, err error) {
+	return s.lookup(ctx, req, numComputedTokens)
+}
+
+// AdmissionQuery is Lookup asked when the engine admits a first chunk. It only refills the
+// request's offer; the transfer is built once the allocation is reported, so a repeated query,
+// or the lookup after it, replaces the earlier answer.
+func (s *Scheduler) AdmissionQuery(ctx context.Context, req Request, numComputedTokens int) (matchedTokens int, async bool, err error) {
+	return s.lookup(ctx, req, numComputedTokens)
+}
+
+func (s *Scheduler) lookup(ctx context.Context, req Request, numComputed int) (int, bool, error) {
+	if req.Dummy || !s.opts.Role.Transfers() {
+		return 0, false, nil
+	}
+	if s.opts.SpeculativePrefill && !req.ContextOnly {
+		return 0, false, fmt.Errorf("request %s: %w", req.ID, ErrNotContextOnly)
+	}
+	if numComputed < 0 || numComputed > len(req.Tokens) {
+		return 0, false, fmt.Errorf("request %s: %d computed tokens out of %d", req.ID, numComputed, len(req.Tokens))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if keys.Bypassed(req.HasMultimodal, req.Scope) {
+		if !s.warnedMM {
+			s.warnedMM = true
+			s.log.Warn("mooncake-store bypasses multimodal requests without multimodal hashes: they are neither looked up nor saved", "request", req.ID)
+		}
+		delete(s.reqs, req.ID)
+		return 0, false, nil
+	}
+	st := s.reqs[req.ID]
+	if st == nil {
+		chain, err := keys.NewChain(keys.ChainConfig{
+			Format: s.opts.Format, TokensPerBlock: s.opts.TokensPerBlock,
+			PromptLookahead: s.opts.PromptLookahead, Scope: req.Scope,
+		})
+		if err != nil {
+			return 0, false, fmt.Errorf("request %s: %w", req.ID, err)
+		}
+		st = &reqState{chain: chain}
+		s.reqs[req.ID] = st
+	}
+	if len(req.Tokens) < len(st.tokens) {
+		return 0, false, fmt.Errorf("request %s: %w (%d tokens after %d)", req.ID, keys.ErrTokensShrank, len(req.Tokens), len(st.tokens))
+	}
+	st.tokens = append(st.tokens[:0:0], req.Tokens...)
+	if _, err := st.chain.Extend(st.tokens); err != nil {
+		return 0, false, fmt.Errorf("request %s: %w", req.ID, err)
+	}
+	st.offerFirst, st.offerBlocks, st.offerAsync = 0, 0, false
+
+	T := s.opts.TokensPerBlock
+	if !s.opts.Role.Loads() || numComputed%T != 0 {
+		return 0, false, nil
+	}
+	if s.geom == nil {
+		return 0, false, ErrNoLayout
+	}
+	first := numComputed / T
+	last := min(st.chain.Len(), (len(st.tokens)-1)/T)
+	if first >= last {
+		return 0, false, nil
+	}
+	hit := s.countPrefixHit(ctx, st.chain.Hashes()[first:last])
+	s.stats.TickHoles()
+	if hit == 0 {
+		return 0, false, nil
+	}
+	st.offerFirst, st.offerBlocks, st.offerAsync = first, hit, s.opts.AsyncLoad
+	s.log.Debug(fmt.Sprintf("mooncake-store matched %d blocks (%d tokens) for request %s", hit, hit*T, req.ID))
+	return hit * T, s.opts.AsyncLoad, nil
+}
+
+// countPrefixHit asks the pool once for every key of every candidate block and returns the
+// number of leading complete blocks. The same answer feeds the hole stats. A failed probe or
+// an answer of the wrong length is a miss.
+func (s *Scheduler) countPrefixHit(ctx context.Context, hashes []keys.Hash) int {
+	g := s.geom
+	all := make([]string, 0, len(hashes)*g.keysPerBlock)
+	for _, h := range hashes {
+		all = s.opts.Namespace.AppendBlockKeys(all, s.opts.TokensPerBlock, g.groups, h)
+	}
+	status := s.pool.BatchIsExist(ctx, all)
+	complete := make([]bool, len(hashes))
+	if len(status) != len(all) {
+		s.log.Warn(fmt.Sprintf("batch_is_exist returned %d results for %d keys; treating as a miss", len(status), len(all)))
+	} else {
+		for i := range hashes {
+			complete[i] = true
+			for _, v := range status[i*g.keysPerBlock : (i+1)*g.keysPerBlock] {
+				if v != 1 {
+					complete[i] = false
+					break
+				}
+			}
+		}
+	}
+	hit, hs := stats.FoldLookup(complete, s.opts.TokensPerBlock)
+	s.stats.RecordLookup(hs)
+	return hit
+}
+
+// CancelLoad trims the request's offer by the absolute token range [start, end) the engine
+// will not take from the pool. A range touching the head of the offer moves its start past the
+// range; one touching the tail cuts it before the range; a cut strictly inside is an error.
+func (s *Scheduler) CancelLoad(reqID string, start, end int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.reqs[reqID]
+	if st == nil || st.offerBlocks == 0 {
+		return nil
+	}
+	T := s.opts.TokensPerBlock
+	first, last := st.offerFirst, st.offerFirst+st.offerBlocks
+	cf := max(first, start/T)
+	cl := min(last, (end+T-1)/T)
+	if cf >= cl {
+		return nil
+	}
+	switch {
+	case cf == first:
+		st.offerFirst, st.offerBlocks = cl, last-cl
+	case cl == last:
+		st.offerBlocks = cf - first
+	default:
+		return fmt.Errorf("request %s: cancelling tokens [%d, %d) would cut blocks [%d, %d) out of the middle of the offer [%d, %d)", reqID, start, end, cf, cl, first, last)
+	}
+	return nil
+}
+
+// UpdateStateAfterAlloc settles the request's offer to the tokens the engine honoured, which
+// must be a whole-block part of the offer. For an asynchronous offer it also builds the parked
+// request's transfer from its full page lists (blockIDsByGroup[g][b] is the page of block b in
+// group g); the transfer travels in the next BuildMeta's AsyncLoads, even when empty, since the
+// engine parks the request regardless.
+func (s *Scheduler) UpdateStateAfterAlloc(reqID string, blockIDsByGroup [][]int, honouredTokens int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.reqs[reqID]
+	if st == nil {
+		return nil
+	}
+	T := s.opts.TokensPerBlock
+	if honouredTokens < 0 || honouredTokens%T != 0 || honouredTokens/T > st.offerBlocks {
+		return fmt.Errorf("request %s: %d honoured tokens are not a whole-block part of the offer of %d blocks of %d tokens", reqID, honouredTokens, st.offerBlocks, T)
+	}
+	st.offerBlocks = honouredTokens / T
+	if !st.offerAsync {
+		return nil
+	}
+	if s.geom == nil {
+		return ErrNoLayout
+	}
+	first, end := st.offerFirst, st.offerFirst+st.offerBlocks
+	t := RequestTransfers{RequestID: reqID}
+	for b := first; b < end; b++ {
+		h := st.chain.Hashes()[b]
+		for g := range s.geom.groups {
+			if g >= len(blockIDsByGroup) || b >= len(blockIDsByGroup[g]) || blockIDsByGroup[g][b] < 0 {
+				return fmt.Errorf("request %s: honoured block %d has no destination page in layer group %d", reqID, b, g)
+			}
+			page := blockIDsByGroup[g][b]
+			if err := s.geom.checkPage(g, page); err != nil {
+				return fmt.Errorf("request %s: block %d: %w", reqID, b, err)
+			}
+			t.Pages = append(t.Pages, PageTransfer{Hash: h, Group: g, Page: page})
+		}
+	}
+	s.pendingAsync = append(s.pendingAsync, t)
+	st.asyncLoadedUpto = max(st.asyncLoadedUpto, end)
+	st.offerFirst, st.offerBlocks, st.offerAsync = 0, 0, false
+	return nil
+}
+
+// BuildMeta turns one scheduler output into the pass's metadata. It first settles the save
+// confirmation report in out.SubmittedSaves: the saves emitted by the previous build count as
+// stored for the requests named there, and are emitted again for the others. Then, per
+// scheduled request, it extends the tokens and page lists, emits the loads of its honoured
+// synchronous offer, and saves of the blocks past its save mark that this pass completes
+// (computed position + honoured restore + scheduled tokens), bounded by the blocks that have a
+// hash and a page in every group.
+func (s *Scheduler) BuildMeta(out SchedulerOutput) (Metadata, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range out.SubmittedSaves {
+		if end, ok := s.unconfirmed[id]; ok {
+			if st := s.reqs[id]; st != nil {
+				st.savedUpto = max(st.savedUpto, end)
+			}
+		}
+	}
+	clear(s.unconfirmed)
+
+	var meta Metadata
+	meta.AsyncLoads, s.pendingAsync = s.pendingAsync, nil
+	for _, set := range [][]RequestData{out.NewRequests, out.CachedRequests} {
+		for i := range set {
+			if err := s.buildOne(&set[i], &meta); err != nil {
+				return Metadata{}, err
+			}
+		}
+	}
+	return meta, nil
+}
+
+func (s *Scheduler) buildOne(rd *RequestData, meta *Metadata) error {
+	if rd.Dummy {
+		return nil
+	}
+	st := s.reqs[rd.ID]
+	if st == nil {
+		return nil
+	}
+	if s.geom == nil {
+		return ErrNoLayout
+	}
+	if len(rd.NewTokens) > 0 {
+		st.tokens = append(st.tokens, rd.NewTokens...)
+		if _, err := st.chain.Extend(st.tokens); err != nil {
+			return fmt.Errorf("request %s: %w", rd.ID, err)
+		}
+	}
+	ng := len(s.geom.groups)
+	if len(rd.NewBlockIDsByGroup) > ng {
+		return fmt.Errorf("request %s: page deltas for %d layer groups, the layout has %d", rd.ID, len(rd.NewBlockIDsByGroup), ng)
+	}
+	if st.pages == nil {
+		st.pages = make([][]int, ng)
+	}
+	for g, delta := range rd.NewBlockIDsByGroup {
+		for _, p := range delta {
+			if p >= 0 {
+				if err := s.geom.checkPage(g, p); err != nil {
+					return fmt.Errorf("request %s: %w", rd.ID, err)
+				}
+			}
+		}
+		st.pages[g] = append(st.pages[g], delta...)
+	}
+	addressable := st.chain.Len()
+	for _, p := range st.pages {
+		addressable = min(addressable, len(p))
+	}
+	hashes := st.chain.Hashes()
+	T := s.opts.TokensPerBlock
+
+	restored := 0
+	if st.offerBlocks > 0 && !st.offerAsync {
+		first, end := st.offerFirst, st.offerFirst+st.offerBlocks
+		t := RequestTransfers{RequestID: rd.ID}
+		for b := first; b < end; b++ {
+			if b >= addressable {
+				return fmt.Errorf("request %s: honoured block %d has no destination page, and its tokens are already counted as computed", rd.ID, b)
+			}
+			for g := range ng {
+				if st.pages[g][b] < 0 {
+					return fmt.Errorf("request %s: honoured block %d has no page in layer group %d, and its tokens are already counted as computed", rd.ID, b, g)
+				}
+				t.Pages = append(t.Pages, PageTransfer{Hash: hashes[b], Group: g, Page: st.pages[g][b]})
+			}
+		}
+		meta.Loads = append(meta.Loads, t)
+		restored = st.offerBlocks * T
+		st.savedUpto = max(st.savedUpto, end)
+		st.offerFirst, st.offerBlocks = 0, 0
+	}
+
+	if !s.opts.Role.Saves() {
+		return nil
+	}
+	end := min(addressable, (rd.ComputedPosition+restored+rd.NumScheduledTokens)/T)
+	start := max(st.savedUpto, st.asyncLoadedUpto)
+	t := RequestTransfers{RequestID: rd.ID}
+blocks:
+	for b := start; b < end; b++ {
+		for g := range ng {
+			if st.pages[g][b] < 0 {
+				continue blocks
+			}
+		}
+		for g := range ng {
+			t.Pages = append(t.Pages, PageTransfer{Hash: hashes[b], Group: g, Page: st.pages[g][b]})
+		}
+	}
+	if len(t.Pages) > 0 {
+		meta.Saves = append(meta.Saves, t)
+		s.unconfirmed[rd.ID] = end
+		st.emittedSaves = true
+	}
+	return nil
+}
+
+// RequestFinished drops the request's state and reports whether saves were emitted for it, in
+// which case the engine keeps its pages until GetFinished reports its saves done.
+func (s *Scheduler) RequestFinished(reqID string) (asyncSaving bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.reqs[reqID]
+	s.forget(reqID)
+	return st != nil && st.emittedSaves
+}
+
+// RequestReset drops the request's state after the engine freed its allocation; the request
+// replays and is looked up and saved afresh. An unconfirmed save and an asynchronous transfer
+// not yet handed out are dropped too.
+func (s *Scheduler) RequestReset(reqID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.forget(reqID)
+}
+
+func (s *Scheduler) forget(reqID string) {
+	delete(s.reqs, reqID)
+	delete(s.unconfirmed, reqID)
+	kept := s.pendingAsync[:0]
+	for _, t := range s.pendingAsync {
+		if t.RequestID != reqID {
+			kept = append(kept, t)
+		}
+	}
+	clear(s.pendingAsync[len(kept):])
+	s.pendingAsync = kept
+}
+
+// Close flushes the stats lines of a reporter the scheduler made itself.
+func (s *Scheduler) Close() {
+	if s.own {
+		s.stats.Flush()
+	}
+}

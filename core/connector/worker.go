@@ -1,0 +1,760 @@
+package connector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/kvctl/kvctl/core/stats"
+	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/mooncake"
+)
+
+// Worker is the connector half on one engine rank: it makes the loads and saves the metadata
+// names, through the pool and the rank's Mover. Synchronous loads run on the caller's goroutine
+// with the Mover it was given; saves run on one goroutine and asynchronous loads on
+// AsyncLoadWorkers goroutines, each with a Clone of the Mover and its own staging. Its methods
+// are safe for concurrent use, though an engine calls them from its executor in pass order.
+//
+// An error from a background goroutine, or a fatal load failure, is kept: every later
+// StartLoad, WaitForSave and GetFinished returns it.
+type Worker struct {
+	opts    Options
+	pool    mooncake.Pool
+	mover   gpu.Mover
+	log     *slog.Logger
+	stats   *stats.Reporter
+	own     bool
+	recover bool
+
+	ctx    context.Context // cancelled when Close gives up waiting
+	cancel context.CancelFunc
+
+	mu          sync.Mutex
+	geom        *geometry
+	loadStage   gpu.Staging // synchronous loads
+	bound       Metadata
+	failedSync  []string
+	failedAsync []string
+	submitted   []string
+	outstanding map[string]int  // request -> save jobs queued and not done
+	closedGen   map[string]bool // finished requests waiting for their saves
+	announced   map[string]bool // parked requests the engine said it started loading
+	async       map[string]*asyncLoad
+	kept        error
+	closed      bool
+	warnedTTL   bool
+
+	saveQ     *fifo[saveJob]
+	saveMover gpu.Mover
+	saveStage gpu.Staging
+
+	asyncQ       *fifo[*asyncLoad]
+	asyncMovers  []gpu.Mover
+	asyncStages  []gpu.Staging
+	asyncQueued  int
+	asyncActive  int
+	backgroundWG sync.WaitGroup
+}
+
+type saveJob struct {
+	fence Fence
+	saves []RequestTransfers
+}
+
+// asyncLoad is one parked request's load.
+type asyncLoad struct {
+	id       string
+	pages    []PageTransfer
+	fence    Fence
+	enqueued time.Time
+	done     bool
+	failed   bool
+}
+
+// NewWorker returns a worker over pool that copies pages with mover. mover may be nil for a
+// role that transfers nothing. The worker does nothing until RegisterLayout.
+func NewWorker(opts Options, pool mooncake.Pool, mover gpu.Mover) (*Worker, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, fmt.Errorf("connector options: %w", err)
+	}
+	opts = opts.withDefaults()
+	if opts.Role.Transfers() && (pool == nil || mover == nil) {
+		return nil, fmt.Errorf("a %s role needs a pool and a mover", opts.Role)
+	}
+	w := &Worker{
+		opts:        opts,
+		pool:        pool,
+		mover:       mover,
+		log:         opts.Logger,
+		recover:     opts.recoverFailedLoads(),
+		outstanding: map[string]int{},
+		closedGen:   map[string]bool{},
+		announced:   map[string]bool{},
+		async:       map[string]*asyncLoad{},
+	}
+	w.ctx, w.cancel = context.WithCancel(context.Background())
+	if opts.Role.Loads() {
+		r, own, err := reporterFor(opts)
+		if err != nil {
+			return nil, err
+		}
+		w.stats, w.own = r, own
+	}
+	return w, nil
+}
+
+// Declarations returns what the worker declares (the same as the scheduler's).
+func (w *Worker) Declarations() Declarations { return declarations(w.opts) }
+
+// RegisterLayout registers the engine's KV layout, allocates staging and starts the save and
+// load goroutines the role needs. A capacity role registers nothing. Staging per direction is
+// StagingBufferBytes; with asynchronous loads each load goroutine gets an even share of the
+// load direction's budget and no synchronous load staging is made. A pool call never moves more
+// pages than its staging has slots.
+func (w *Worker) RegisterLayout(l gpu.Layout) error {
+	if !w.opts.Role.Transfers() {
+		return nil
+	}
+	g, err := newGeometry(l, w.opts)
+	if err != nil {
+		return fmt.Errorf("register layout: %w", err)
+	}
+	ml := w.mover.Layout()
+	if len(ml.Groups) != len(l.Groups) {
+		return fmt.Errorf("register layout: %d layer groups, the mover's memory has %d", len(l.Groups), len(ml.Groups))
+	}
+	for i := range l.Groups {
+		if ml.Groups[i].BytesPerPage() != l.Groups[i].BytesPerPage() || ml.Groups[i].ReplicatedBytesPerPage() != l.Groups[i].ReplicatedBytesPerPage() {
+			return fmt.Errorf("register layout: layer group %d page size differs from the mover's memory", i)
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return ErrClosed
+	}
+	if w.geom != nil {
+		return errors.New("register layout: a layout is already registered")
+	}
+	w.geom = g
+	var cleanup []func()
+	fail := func(err error) error {
+		for _, f := range slices.Backward(cleanup) {
+			f()
+		}
+		w.geom = nil
+		return fmt.Errorf("register layout: %w", err)
+	}
+	staging := func(label string, m gpu.Mover, budget int64) (gpu.Staging, error) {
+		slots := int(min(int64(w.opts.TransferBatchSize), budget/int64(g.slotBytes)))
+		if budget < int64(g.slotBytes) {
+			w.log.Warn(fmt.Sprintf("mooncake-store %s staging budget of %d B is below one page of %d B; using one slot", label, budget, g.slotBytes))
+		}
+		slots = max(1, slots)
+		if slots < w.opts.TransferBatchSize {
+			w.log.Warn(fmt.Sprintf("mooncake-store %s transfer batch lowered from %d to %d pages to fit its staging", label, w.opts.TransferBatchSize, slots))
+		}
+		st, err := m.NewStaging(slots, g.slotBytes)
+		if err != nil {
+			return nil, fmt.Errorf("%s staging: %w", label, err)
+		}
+		w.log.Info(fmt.Sprintf("mooncake-store %s staging: %d slots x %d B = %.1f MiB", label, slots, g.slotBytes, float64(slots*g.slotBytes)/(1<<20)))
+		cleanup = append(cleanup, func() { st.Close() })
+		return st, nil
+	}
+	clone := func() (gpu.Mover, error) {
+		m, err := w.mover.Clone()
+		if err != nil {
+			return nil, fmt.Errorf("clone mover: %w", err)
+		}
+		cleanup = append(cleanup, func() { m.Close() })
+		return m, nil
+	}
+
+	var loadStage, saveStage gpu.Staging
+	var saveMover gpu.Mover
+	var asyncMovers []gpu.Mover
+	var asyncStages []gpu.Staging
+	if w.opts.Role.Loads() {
+		if w.opts.AsyncLoad {
+			n := w.opts.AsyncLoadWorkers
+			for i := range n {
+				m, err := clone()
+				if err != nil {
+					return fail(err)
+				}
+				st, err := staging(fmt.Sprintf("async load worker %d", i), m, w.opts.StagingBufferBytes/int64(n))
+				if err != nil {
+					return fail(err)
+				}
+				asyncMovers, asyncStages = append(asyncMovers, m), append(asyncStages, st)
+			}
+		} else if loadStage, err = staging("load", w.mover, w.opts.StagingBufferBytes); err != nil {
+			return fail(err)
+		}
+	}
+	if w.opts.Role.Saves() {
+		if saveMover, err = clone(); err != nil {
+			return fail(err)
+		}
+		if saveStage, err = staging("save", saveMover, w.opts.StagingBufferBytes); err != nil {
+			return fail(err)
+		}
+	}
+
+	w.loadStage = loadStage
+	if saveMover != nil {
+		w.saveMover, w.saveStage, w.saveQ = saveMover, saveStage, newFIFO[saveJob]()
+		w.backgroundWG.Add(1)
+		go w.saveLoop()
+	}
+	if len(asyncMovers) > 0 {
+		w.asyncMovers, w.asyncStages, w.asyncQ = asyncMovers, asyncStages, newFIFO[*asyncLoad]()
+		for i := range asyncMovers {
+			w.backgroundWG.Add(1)
+			go w.asyncLoop(i)
+		}
+	}
+	return nil
+}
+
+// keep records err as the worker's error if it has none yet, and returns the kept error.
+func (w *Worker) keep(err error) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.keepLocked(err)
+}
+
+func (w *Worker) keepLocked(err error) error {
+	if w.kept == nil && err != nil {
+		w.kept = err
+	}
+	return w.kept
+}
+
+// Err returns the kept worker error, if any.
+func (w *Worker) Err() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.kept
+}
+
+// BindMeta binds one pass's metadata and queues its asynchronous loads. It never fails: what
+// cannot be queued is kept for the next StartLoad or GetFinished to return.
+func (w *Worker) BindMeta(meta Metadata) {
+	w.mu.Lock()
+	w.bound = Metadata{Loads: slices.Clone(meta.Loads), Saves: slices.Clone(meta.Saves)}
+	w.mu.Unlock()
+	for _, t := range meta.AsyncLoads {
+		_ = w.StartAsyncLoad(t.RequestID, t.Pages)
+	}
+}
+
+// DropBoundSaves removes the given requests' saves from the bound metadata, so a request whose
+// load failed does not publish pages it never computed. It is idempotent.
+func (w *Worker) DropBoundSaves(ids []string) {
+	if len(ids) == 0 {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.dropBoundSavesLocked(ids)
+}
+
+func (w *Worker) dropBoundSavesLocked(ids []string) {
+	before := len(w.bound.Saves)
+	var entries int
+	w.bound.Saves = slices.DeleteFunc(w.bound.Saves, func(t RequestTransfers) bool {
+		if slices.Contains(ids, t.RequestID) {
+			entries += len(t.Pages)
+			return true
+		}
+		return false
+	})
+	if len(w.bound.Saves) != before {
+		w.log.Debug(fmt.Sprintf("mooncake-store dropped the saves of requests %v (%d entries) from this pass", ids, entries))
+	}
+}
+
+// StartLoad makes the bound synchronous loads; a second call on the same metadata starts
+// nothing. On a single rank or an attention-DP owner, a request that lost a page is handed back
+// through TakeFailedLoadRequests and its bound saves are dropped; under tensor parallelism a
+// lost page is fatal, since the engine already counts those tokens as computed.
+func (w *Worker) StartLoad(ctx context.Context) error {
+	w.mu.Lock()
+	if err := w.usableLocked(); err != nil {
+		w.mu.Unlock()
+		return err
+	}
+	loads := w.bound.Loads
+	w.bound.Loads = nil
+	geom, stage := w.geom, w.loadStage
+	w.mu.Unlock()
+	if len(loads) == 0 {
+		return nil
+	}
+	if geom == nil {
+		return ErrNoLayout
+	}
+	if stage == nil {
+		return w.keep(fmt.Errorf("%d synchronous loads bound but this worker makes no synchronous loads (role %s, async_load %t)", len(loads), w.opts.Role, w.opts.AsyncLoad))
+	}
+
+	var sample *stats.LoadSample
+	if w.stats.Enabled() {
+		sample = &stats.LoadSample{}
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+	}
+	began := time.Now()
+	m := sample.Start()
+	items, err := w.resolveLoads(loads)
+	sample.End(stats.PhaseResolve, m)
+	if err != nil {
+		return w.keep(err)
+	}
+	res, err := loadPages(ctx, w.pool, w.mover, stage, w.opts.TransferBatchSize, items, sample)
+	if sample != nil {
+		sample.Transfer = time.Since(began)
+		w.stats.RecordLoad(sample)
+	}
+	if err != nil {
+		return w.keep(fmt.Errorf("load: %w", err))
+	}
+	w.log.Debug(fmt.Sprintf("mooncake-store rank %d loaded %d pages", w.opts.Namespace.Rank, len(items)-res.failedPages))
+	if len(res.failed) == 0 {
+		return nil
+	}
+	ids := make([]string, 0, len(res.failed))
+	for ri := range res.failed {
+		ids = append(ids, loads[ri].RequestID)
+	}
+	slices.Sort(ids)
+	if !w.recover {
+		return w.keep(w.fatalLoadError(res, len(ids)))
+	}
+	w.log.Warn(fmt.Sprintf("mooncake-store rank %d failed to load %d page(s) for %d request(s); they are restarted without the offered prefix. First failure: %q",
+		w.opts.Namespace.Rank, res.failedPages, len(ids), res.firstMissing))
+	w.mu.Lock()
+	w.failedSync = append(w.failedSync, ids...)
+	w.dropBoundSavesLocked(ids)
+	w.mu.Unlock()
+	return nil
+}
+
+func (w *Worker) fatalLoadError(res loadResult, requests int) error {
+	return fmt.Errorf("%w: mooncake-store rank %d failed to load %d page(s) of %d request(s) (first missing %q); their tokens were already reported as computed, and a tensor-parallel rank cannot restart a request alone",
+		ErrLoadFailed, w.opts.Namespace.Rank, res.failedPages, requests, res.firstMissing)
+}
+
+// usableLocked returns the kept error, or ErrClosed after Close.
+func (w *Worker) usableLocked() error {
+	if w.kept != nil {
+		return w.kept
+	}
+	if w.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// TakeFailedLoadRequests returns, and forgets, the requests whose synchronous load lost a page
+// since the previous call. The engine frees their allocation and re-admits them.
+func (w *Worker) TakeFailedLoadRequests() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ids := w.failedSync
+	w.failedSync = nil
+	return ids
+}
+
+// TakeFailedAsyncLoadRequests returns, and forgets, the parked requests that GetFinished
+// reported finished loading but whose load failed.
+func (w *Worker) TakeFailedAsyncLoadRequests() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ids := w.failedAsync
+	w.failedAsync = nil
+	return ids
+}
+
+// TakeSubmittedSaves returns, and forgets, the requests whose saves WaitForSave queued since
+// the previous call: the save-confirmation report the scheduler's next BuildMeta takes.
+func (w *Worker) TakeSubmittedSaves() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ids := w.submitted
+	w.submitted = nil
+	return ids
+}
+
+// WaitForSave queues the bound saves behind a fence on the engine's stream and returns; the
+// save goroutine writes them once the fence is passed. Existing keys are skipped, never
+// overwritten.
+func (w *Worker) WaitForSave(ctx context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.usableLocked(); err != nil {
+		return err
+	}
+	saves := w.bound.Saves
+	w.bound.Saves = nil
+	if len(saves) == 0 {
+		return nil
+	}
+	if w.saveQ == nil {
+		return w.keepLocked(fmt.Errorf("%d saves bound but this worker saves nothing (role %s)", len(saves), w.opts.Role))
+	}
+	var fence Fence
+	if w.opts.Fence != nil {
+		fence = w.opts.Fence()
+	}
+	for _, t := range saves {
+		w.outstanding[t.RequestID]++
+		w.submitted = append(w.submitted, t.RequestID)
+	}
+	w.saveQ.push(saveJob{fence: fence, saves: saves})
+	return nil
+}
+
+func (w *Worker) saveLoop() {
+	defer w.backgroundWG.Done()
+	for {
+		job, ok := w.saveQ.pop()
+		if !ok {
+			return
+		}
+		if err := w.save(job); err != nil {
+			w.keep(fmt.Errorf("save: %w", err))
+		}
+		w.mu.Lock()
+		for _, t := range job.saves {
+			if w.outstanding[t.RequestID]--; w.outstanding[t.RequestID] <= 0 {
+				delete(w.outstanding, t.RequestID)
+			}
+		}
+		w.mu.Unlock()
+	}
+}
+
+// save writes one job: per batch, the keys not yet in the pool are gathered into staging slots
+// and put with the rank's ReplicateConfig.
+func (w *Worker) save(job saveJob) error {
+	ctx := w.ctx
+	if job.fence != nil {
+		if err := job.fence.Wait(ctx); err != nil {
+			return fmt.Errorf("save fence: %w", err)
+		}
+	}
+	g := w.geom
+	T := w.opts.TokensPerBlock
+	ns := w.opts.Namespace
+	writeReplicated := ns.AttentionRank() == 0
+	var items []pageIO
+	var groups []string
+	for _, t := range job.saves {
+		for _, p := range t.Pages {
+			if err := g.checkPage(p.Group, p.Page); err != nil {
+				return fmt.Errorf("request %s: %w", t.RequestID, err)
+			}
+			lg := g.groups[p.Group]
+			gk := ""
+			if w.opts.GroupBlocks {
+				gk = ns.GroupKey(p.Hash)
+			}
+			items = append(items, pageIO{key: ns.PageKey(p.Group, T, lg.BytesPerPage, p.Hash),
+				ref: gpu.PageRef{Group: p.Group, Slot: p.Page}, size: int(lg.BytesPerPage)})
+			groups = append(groups, gk)
+			if lg.ReplicatedBytesPerPage > 0 && writeReplicated {
+				items = append(items, pageIO{key: ns.ReplicatedPageKey(p.Group, T, lg.ReplicatedBytesPerPage, p.Hash),
+					ref: gpu.PageRef{Group: p.Group, Slot: p.Page, Replicated: true}, size: int(lg.ReplicatedBytesPerPage)})
+				groups = append(groups, gk)
+			}
+		}
+	}
+	batch := min(w.opts.TransferBatchSize, w.saveStage.Slots())
+	var failed, attempted, refusedTTL int
+	keys := make([]string, 0, batch)
+	for start := 0; start < len(items); start += batch {
+		chunk := items[start:min(start+batch, len(items))]
+		chunkGroups := groups[start : start+len(chunk)]
+		keys = keys[:0]
+		for _, it := range chunk {
+			keys = append(keys, it.key)
+		}
+		exist := w.pool.BatchIsExist(ctx, keys)
+		var todo []int
+		for i := range chunk {
+			if len(exist) != len(chunk) || exist[i] != 1 {
+				todo = append(todo, i)
+			}
+		}
+		if len(todo) == 0 {
+			continue
+		}
+		putKeys := make([]string, len(todo))
+		bufs := make([][]byte, len(todo))
+		refs := make([]gpu.PageRef, len(todo))
+		var gids []string
+		if w.opts.GroupBlocks {
+			gids = make([]string, len(todo))
+		}
+		for j, i := range todo {
+			putKeys[j] = chunk[i].key
+			bufs[j] = w.saveStage.Slot(j)[:chunk[i].size]
+			refs[j] = chunk[i].ref
+			if gids != nil {
+				gids[j] = chunkGroups[i]
+			}
+		}
+		if err := w.saveMover.Gather(ctx, refs, bufs); err != nil {
+			return fmt.Errorf("gather pages: %w", err)
+		}
+		cfg := w.replicateConfig()
+		cfg.GroupIDs = gids
+		codes := w.pool.BatchPut(ctx, putKeys, bufs, cfg)
+		attempted += len(todo)
+		for j := range todo {
+			if len(codes) != len(todo) {
+				failed++
+				continue
+			}
+			if c := codes[j]; c < 0 && c != mooncake.ErrObjectAlreadyExists {
+				failed++
+				if c == mooncake.ErrInvalidParams {
+					refusedTTL++
+				}
+			}
+		}
+	}
+	if failed > 0 {
+		w.log.Warn(fmt.Sprintf("mooncake-store rank %d failed to save %d of %d pages", ns.Rank, failed, attempted))
+	}
+	if w.opts.SoftPinTTL > 0 && attempted > 0 && refusedTTL == attempted {
+		w.mu.Lock()
+		warn := !w.warnedTTL
+		w.warnedTTL = true
+		w.mu.Unlock()
+		if warn {
+			w.log.Warn(fmt.Sprintf("mooncake-store: the pool refused every page of a save under soft_pin_ttl %v; a TTL above the master's max_kv_soft_pin_ttl (24 h by default) makes it refuse every put", w.opts.SoftPinTTL))
+		}
+	}
+	return nil
+}
+
+// replicateConfig is the per-put configuration: a soft pin for SoftPinTTL when set.
+func (w *Worker) replicateConfig() mooncake.ReplicateConfig {
+	if w.opts.SoftPinTTL > 0 {
+		return mooncake.ReplicateConfig{SoftPinAction: mooncake.SoftPinEnable, SoftPinTTL: w.opts.SoftPinTTL}
+	}
+	return mooncake.ReplicateConfig{}
+}
+
+// StartAsyncLoad queues a parked request's load for the asynchronous load workers, behind the
+// engine's allocation fence. An empty transfer is done at once. What cannot be queued is kept
+// as the worker error and returned.
+func (w *Worker) StartAsyncLoad(reqID string, pages []PageTransfer) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.usableLocked(); err != nil {
+		return err
+	}
+	if w.asyncQ == nil {
+		return w.keepLocked(fmt.Errorf("request %s: asynchronous load queued but this worker has no load workers (role %s, async_load %t)", reqID, w.opts.Role, w.opts.AsyncLoad))
+	}
+	a := &asyncLoad{id: reqID, pages: pages, enqueued: w.opts.Clock()}
+	w.async[reqID] = a
+	if len(pages) == 0 {
+		a.done = true
+		return nil
+	}
+	if w.opts.Fence != nil {
+		a.fence = w.opts.Fence()
+	}
+	w.asyncQueued++
+	w.stats.SetLoadQueue(w.asyncQueued, w.asyncActive)
+	w.asyncQ.push(a)
+	return nil
+}
+
+func (w *Worker) asyncLoop(i int) {
+	defer w.backgroundWG.Done()
+	// Thread CPU time is per OS thread, and a GPU mover's context is too.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	mover, stage := w.asyncMovers[i], w.asyncStages[i]
+	for {
+		a, ok := w.asyncQ.pop()
+		if !ok {
+			return
+		}
+		w.mu.Lock()
+		w.asyncQueued--
+		w.asyncActive++
+		w.stats.SetLoadQueue(w.asyncQueued, w.asyncActive)
+		w.mu.Unlock()
+
+		failed, err := w.loadParked(i, a, mover, stage)
+
+		w.mu.Lock()
+		w.asyncActive--
+		w.stats.SetLoadQueue(w.asyncQueued, w.asyncActive)
+		a.done, a.failed = true, failed || err != nil
+		if err != nil {
+			w.keepLocked(err)
+		}
+		w.mu.Unlock()
+	}
+}
+
+func (w *Worker) loadParked(i int, a *asyncLoad, mover gpu.Mover, stage gpu.Staging) (failed bool, err error) {
+	var sample *stats.LoadSample
+	if w.stats.Enabled() {
+		sample = &stats.LoadSample{Async: true, Wait: w.opts.Clock().Sub(a.enqueued)}
+		defer w.stats.RecordLoad(sample)
+	}
+	began := time.Now()
+	if a.fence != nil {
+		m := sample.Start()
+		err := a.fence.Wait(w.ctx)
+		sample.End(stats.PhaseFence, m)
+		if err != nil {
+			return true, fmt.Errorf("request %s: allocation fence: %w", a.id, err)
+		}
+	}
+	m := sample.Start()
+	items, err := w.resolveLoads([]RequestTransfers{{RequestID: a.id, Pages: a.pages}})
+	sample.End(stats.PhaseResolve, m)
+	if err != nil {
+		return true, err
+	}
+	res, err := loadPages(w.ctx, w.pool, mover, stage, w.opts.TransferBatchSize, items, sample)
+	if sample != nil {
+		sample.Transfer = time.Since(began)
+	}
+	if err != nil {
+		return true, fmt.Errorf("request %s: asynchronous load: %w", a.id, err)
+	}
+	w.log.Debug(fmt.Sprintf("mooncake-store rank %d worker %d loaded %d pages for parked request %s", w.opts.Namespace.Rank, i, len(items)-res.failedPages, a.id))
+	if len(res.failed) == 0 {
+		return false, nil
+	}
+	if !w.recover {
+		return true, w.fatalLoadError(res, 1)
+	}
+	w.log.Warn(fmt.Sprintf("mooncake-store rank %d failed to load %d page(s) for parked request %s; it is restarted without the offered prefix. First failure: %q",
+		w.opts.Namespace.Rank, res.failedPages, a.id, res.firstMissing))
+	return true, nil
+}
+
+// GetFinished reports the finished requests whose saves are all done (finishedSaving) and the
+// parked requests whose asynchronous load is done (finishedLoading). A finished request is
+// reported only once it was passed in finishedGen, a parked one only once it was announced in
+// startedLoading; an announced request with no load queued is reported finished and failed. A
+// failed load is then handed out by TakeFailedAsyncLoadRequests.
+func (w *Worker) GetFinished(finishedGen, startedLoading []string) (finishedSaving, finishedLoading []string, err error) {
+	defer w.stats.TickLoads()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.usableLocked(); err != nil {
+		return nil, nil, err
+	}
+	for _, id := range finishedGen {
+		w.closedGen[id] = true
+	}
+	for id := range w.closedGen {
+		if w.outstanding[id] == 0 {
+			finishedSaving = append(finishedSaving, id)
+			delete(w.closedGen, id)
+		}
+	}
+	for _, id := range startedLoading {
+		w.announced[id] = true
+	}
+	for id := range w.announced {
+		a := w.async[id]
+		switch {
+		case a == nil:
+			finishedLoading = append(finishedLoading, id)
+			w.failedAsync = append(w.failedAsync, id)
+		case a.done:
+			finishedLoading = append(finishedLoading, id)
+			if a.failed {
+				w.failedAsync = append(w.failedAsync, id)
+			}
+			delete(w.async, id)
+		default:
+			continue
+		}
+		delete(w.announced, id)
+	}
+	slices.Sort(finishedSaving)
+	slices.Sort(finishedLoading)
+	slices.Sort(w.failedAsync)
+	return finishedSaving, finishedLoading, nil
+}
+
+// Close stops the worker: queued saves are still written, queued asynchronous loads are
+// skipped, and the save and load goroutines are joined against one deadline (ctx's, or
+// DefaultCloseTimeout). Staging is released only once they have all stopped; past the deadline
+// it is deliberately kept, since a goroutine may still be writing into it, and an error says
+// so. The stats lines are flushed either way.
+func (w *Worker) Close(ctx context.Context) error {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return nil
+	}
+	w.closed = true
+	saveQ, asyncQ := w.saveQ, w.asyncQ
+	w.mu.Unlock()
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultCloseTimeout)
+		defer cancel()
+	}
+	if saveQ != nil {
+		saveQ.close(true)
+	}
+	if asyncQ != nil {
+		if skipped := asyncQ.close(false); len(skipped) > 0 {
+			w.log.Info(fmt.Sprintf("mooncake-store skipped %d queued asynchronous loads at shutdown", len(skipped)))
+		}
+	}
+	joined := make(chan struct{})
+	go func() { w.backgroundWG.Wait(); close(joined) }()
+	defer func() {
+		if w.own {
+			w.stats.Flush()
+		}
+	}()
+	select {
+	case <-joined:
+	case <-ctx.Done():
+		w.cancel()
+		return fmt.Errorf("close: save and load goroutines still running at the deadline (%w); their staging is kept", ctx.Err())
+	}
+	w.cancel()
+	var errs []error
+	for _, st := range append([]gpu.Staging{w.loadStage, w.saveStage}, w.asyncStages...) {
+		if st != nil {
+			if err := st.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("release staging: %w", err))
+			}
+		}
+	}
+	for _, m := range append([]gpu.Mover{w.saveMover}, w.asyncMovers...) {
+		if m != nil {
+			if err := m.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("close mover: %w", err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
