@@ -503,3 +503,107 @@ func ParseSummary(line string) (Summary, error) {
 	s.EvictedKeys, _ = strconv.ParseInt(ev[3], 10, 64)
 	return s, nil
 }
+
+func (c *AdminClient) text(ctx context.Context, path string) (string, error) {
+	body, _, err := c.get(ctx, path, http.StatusOK)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(body)), nil
+}
+
+// Role calls /role ("leader", "standby", ...).
+func (c *AdminClient) Role(ctx context.Context) (string, error) { return c.text(ctx, "/role") }
+
+// HAStatus calls /ha_status ("serving", ...).
+func (c *AdminClient) HAStatus(ctx context.Context) (string, error) {
+	return c.text(ctx, "/ha_status")
+}
+
+// Leader is the master's /leader answer.
+type Leader struct {
+	Present       bool            `json:"present"`
+	LeaderAddress *string         `json:"leader_address"`
+	ViewVersion   json.RawMessage `json:"view_version"`
+}
+
+func (c *AdminClient) getJSON(ctx context.Context, path string, v any) error {
+	body, _, err := c.get(ctx, path, http.StatusOK)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return malformed(c, path, "%v", err)
+	}
+	return nil
+}
+
+// Leader calls /leader.
+func (c *AdminClient) Leader(ctx context.Context) (Leader, error) {
+	var l Leader
+	err := c.getJSON(ctx, "/leader", &l)
+	return l, err
+}
+
+// KVEventsStatus is the master's /kv_events/status answer.
+type KVEventsStatus struct {
+	Enabled             bool  `json:"enabled"`
+	PublishedBatches    int64 `json:"published_batches"`
+	PublishedEvents     int64 `json:"published_events"`
+	DroppedEvents       int64 `json:"dropped_events"`
+	SkippedUnparsedKeys int64 `json:"skipped_unparsed_keys"`
+}
+
+// KVEventsStatus calls /kv_events/status.
+func (c *AdminClient) KVEventsStatus(ctx context.Context) (KVEventsStatus, error) {
+	var s KVEventsStatus
+	err := c.getJSON(ctx, "/kv_events/status", &s)
+	return s, err
+}
+
+// SegmentDetail is one entry of /get_segments_detail.
+type SegmentDetail struct {
+	Name                   string  `json:"segment_name"`
+	ID                     string  `json:"segment_id"`
+	ClientID               string  `json:"client_id"`
+	BaseAddress            string  `json:"base_address"`
+	SizeBytes              int64   `json:"size_bytes"`
+	SizeHuman              string  `json:"size_human"`
+	TEEndpoint             string  `json:"te_endpoint"`
+	Protocol               string  `json:"protocol"`
+	Status                 string  `json:"status"`
+	AllocatorUsedBytes     int64   `json:"allocator_used_bytes"`
+	AllocatorCapacityBytes int64   `json:"allocator_capacity_bytes"`
+	AllocatorUsagePercent  float64 `json:"allocator_usage_percent"`
+}
+
+// SegmentsDetail calls /get_segments_detail.
+func (c *AdminClient) SegmentsDetail(ctx context.Context) ([]SegmentDetail, error) {
+	var r struct {
+		Total    *int            `json:"total_segments"`
+		Segments []SegmentDetail `json:"segments"`
+	}
+	if err := c.getJSON(ctx, "/get_segments_detail", &r); err != nil {
+		return nil, err
+	}
+	if r.Total == nil || *r.Total != len(r.Segments) {
+		return nil, malformed(c, "/get_segments_detail", "total_segments does not match the list")
+	}
+	return r.Segments, nil
+}
+
+// SegmentStatus calls /api/v1/segments/status and returns the status name ("OK", ...).
+func (c *AdminClient) SegmentStatus(ctx context.Context, segment string) (string, error) {
+	var r struct {
+		Success    bool   `json:"success"`
+		StatusName string `json:"status_name"`
+	}
+	path := "/api/v1/segments/status?segment=" + url.QueryEscape(segment)
+	if err := c.getJSON(ctx, path, &r); err != nil {
+		return "", err
+	}
+	if !r.Success {
+		return "", malformed(c, path, "success is false with status 200")
+	}
+	return r.StatusName, nil
+}
