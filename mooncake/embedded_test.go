@@ -14,17 +14,22 @@ import (
 
 const mib = 1 << 20
 
+// unit is the object size of the eviction rule tests: 64 units fill the test pool, as 64 x 1 MiB
+// fill the recorded master's segment. Eviction works on object counts, so the size only
+// changes how long the tests take.
+const unit = 4096
+
 var bg = context.Background()
 
 var epoch = time.Date(2026, 11, 30, 6, 0, 0, 0, time.UTC)
 
-// newPool returns an embedded pool of one 64 MiB segment on a manual clock, with no eviction
+// newPool returns an embedded pool of one 64-unit segment on a manual clock, with no eviction
 // goroutine: rounds run only through EvictNow.
 func newPool(t testing.TB, mod func(*mooncake.Options)) (*mooncake.Embedded, *mooncake.ManualClock) {
 	t.Helper()
 	clk := mooncake.NewManualClock(epoch)
 	o := mooncake.DefaultOptions()
-	o.Segments = []mooncake.SegmentSpec{{Name: "seg0", Capacity: 64 * mib}}
+	o.Segments = []mooncake.SegmentSpec{{Name: "seg0", Capacity: 64 * unit}}
 	o.EvictionPeriod = 0
 	o.Clock = clk
 	if mod != nil {
@@ -58,7 +63,7 @@ func mustPut(t testing.TB, p *mooncake.Embedded, key string, size int, cfg moonc
 	}
 }
 
-// fill puts n 1 MiB objects named prefix000.., advancing the clock 20 ms before each.
+// fill puts n one-unit objects named prefix000.., advancing the clock 20 ms before each.
 func fill(t testing.TB, p *mooncake.Embedded, clk *mooncake.ManualClock, prefix string, from, n int, cfg func(i int) mooncake.ReplicateConfig) []string {
 	var ks []string
 	for i := from; i < from+n; i++ {
@@ -68,7 +73,7 @@ func fill(t testing.TB, p *mooncake.Embedded, clk *mooncake.ManualClock, prefix 
 		if cfg != nil {
 			c = cfg(i)
 		}
-		mustPut(t, p, k, mib, c)
+		mustPut(t, p, k, unit, c)
 		ks = append(ks, k)
 	}
 	return ks
@@ -125,7 +130,7 @@ func TestWatermarkTrigger(t *testing.T) {
 	p, clk := newPool(t, nil)
 	fill(t, p, clk, "k", 0, 57, nil) // 57/64 = 0.890625: at or below the watermark
 	if _, ran := p.EvictNow(); ran {
-		t.Fatal("eviction ran at 57 MiB of 64 (0.89 <= 0.90)")
+		t.Fatal("eviction ran at 57 units of 64 (0.89 <= 0.90)")
 	}
 	fill(t, p, clk, "k", 57, 1, nil) // 58/64 = 0.90625
 	r, ran := p.EvictNow()
@@ -148,7 +153,7 @@ func TestLeaseOrderVictims(t *testing.T) {
 	p, clk := newPool(t, nil)
 	fill(t, p, clk, "k", 0, 10, nil)
 	// Reading k000 and k001 pushes their lease deadline past every later put.
-	if got := p.BatchGet(bg, []string{"k000", "k001"}, [][]byte{make([]byte, mib), make([]byte, mib)}); got[0] != mib || got[1] != mib {
+	if got := p.BatchGet(bg, []string{"k000", "k001"}, [][]byte{make([]byte, unit), make([]byte, unit)}); got[0] != unit || got[1] != unit {
 		t.Fatalf("get = %v", got)
 	}
 	fill(t, p, clk, "k", 10, 48, nil)
@@ -198,7 +203,7 @@ func TestPass1SkipsSoftPins(t *testing.T) {
 
 func TestSoftPinNotExtendedByReads(t *testing.T) {
 	p, clk := newPool(t, nil)
-	mustPut(t, p, "s", mib, mooncake.ReplicateConfig{SoftPinAction: mooncake.SoftPinEnable, SoftPinTTL: time.Minute})
+	mustPut(t, p, "s", unit, mooncake.ReplicateConfig{SoftPinAction: mooncake.SoftPinEnable, SoftPinTTL: time.Minute})
 	for i := 0; i < 5; i++ {
 		clk.Advance(20 * time.Second)
 		p.BatchIsExist(bg, []string{"s"})
@@ -352,7 +357,7 @@ func TestAllocationFailureFlagsEviction(t *testing.T) {
 	if _, ran := p.EvictNow(); ran {
 		t.Fatal("eviction ran with a watermark of 1.0 before any allocation failure")
 	}
-	if c := p.BatchPut(bg, []string{"x"}, [][]byte{make([]byte, mib)}, mooncake.ReplicateConfig{}); c[0] != mooncake.ErrNoAvailableHandle {
+	if c := p.BatchPut(bg, []string{"x"}, [][]byte{make([]byte, unit)}, mooncake.ReplicateConfig{}); c[0] != mooncake.ErrNoAvailableHandle {
 		t.Fatalf("put into a full pool = %v, want NO_AVAILABLE_HANDLE", c[0])
 	}
 	r, ran := p.EvictNow()
@@ -371,7 +376,7 @@ func TestAllocationFailureFlagsEviction(t *testing.T) {
 func TestSyncEvictOnAllocFailure(t *testing.T) {
 	p, clk := newPool(t, func(o *mooncake.Options) { o.HighWatermark = 1.0; o.SyncEvictOnAllocFailure = true })
 	fill(t, p, clk, "k", 0, 64, nil)
-	if c := p.BatchPut(bg, []string{"x"}, [][]byte{make([]byte, mib)}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
+	if c := p.BatchPut(bg, []string{"x"}, [][]byte{make([]byte, unit)}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
 		t.Fatalf("put with synchronous eviction = %v, want OK", c[0])
 	}
 }
@@ -385,8 +390,8 @@ func TestFragmentationAccounted(t *testing.T) {
 		}
 	}
 	st, _ := p.Stats(bg)
-	if st.FreeExtents != 4 || st.LargestFreeBytes != 56*mib || st.FragmentedBytes != 3*mib {
-		t.Fatalf("free extents %d largest %d fragmented %d, want 4, 56 MiB, 3 MiB", st.FreeExtents, st.LargestFreeBytes, st.FragmentedBytes)
+	if st.FreeExtents != 4 || st.LargestFreeBytes != 56*unit || st.FragmentedBytes != 3*unit {
+		t.Fatalf("free extents %d largest %d fragmented %d, want 4, 56 units, 3 units", st.FreeExtents, st.LargestFreeBytes, st.FragmentedBytes)
 	}
 	// Removing the neighbours coalesces the holes.
 	for _, k := range []string{"k000", "k002", "k004", "k006", "k007"} {
@@ -397,10 +402,10 @@ func TestFragmentationAccounted(t *testing.T) {
 		t.Fatalf("after removing all: extents %d fragmented %d used %d", st.FreeExtents, st.FragmentedBytes, st.UsedBytes)
 	}
 	// Mixed page sizes reuse holes first fit.
-	mustPut(t, p, "a", 3*mib, mooncake.ReplicateConfig{})
+	mustPut(t, p, "a", 3*unit, mooncake.ReplicateConfig{})
 	mustPut(t, p, "b", 64*1024, mooncake.ReplicateConfig{})
 	st, _ = p.Stats(bg)
-	if st.UsedBytes != 3*mib+64*1024 {
+	if st.UsedBytes != 3*unit+64*1024 {
 		t.Fatalf("used %d, want exactly the value sizes (no padding)", st.UsedBytes)
 	}
 }
@@ -441,7 +446,7 @@ func TestSoftPinTTLRules(t *testing.T) {
 
 func TestEvictionHookAndGoroutine(t *testing.T) {
 	o := mooncake.DefaultOptions()
-	o.Segments = []mooncake.SegmentSpec{{Name: "s", Capacity: 10 * mib}}
+	o.Segments = []mooncake.SegmentSpec{{Name: "s", Capacity: 10 * unit}}
 	o.EvictionPeriod = time.Millisecond
 	p, err := mooncake.NewEmbedded(o)
 	if err != nil {
@@ -456,7 +461,7 @@ func TestEvictionHookAndGoroutine(t *testing.T) {
 		}
 	})
 	for i := 0; i < 10; i++ {
-		mustPut(t, p, fmt.Sprint("g", i), mib, mooncake.ReplicateConfig{})
+		mustPut(t, p, fmt.Sprint("g", i), unit, mooncake.ReplicateConfig{})
 	}
 	// The goroutine must bring the pool back under the watermark; wait for its report.
 	select {
