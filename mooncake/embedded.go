@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -356,11 +357,16 @@ func (e *Embedded) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg
 
 	var in int64
 	for _, w := range work {
+		in += w.o.size
+	}
+	// Each object's memory belongs to this call until it is marked complete, so the copies run
+	// without the lock, spread over the CPUs for large batches.
+	forEach(len(work), in, func(j int) {
+		w := work[j]
 		dst := w.o.seg.mem[w.o.off : w.o.off+w.o.size]
 		copy(dst, bufs[w.i])
 		w.o.sum = keys.PageChecksum(dst)
-		in += w.o.size
-	}
+	})
 
 	if len(work) > 0 {
 		e.mu.Lock()
@@ -391,6 +397,41 @@ func (e *Embedded) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg
 	e.c.putFailures.Add(failed)
 	e.c.putFailedItems.Add(failed)
 	return out
+}
+
+// parallelMinBytes is the batch size from which forEach spreads work over the CPUs; below it
+// the goroutine start-up costs more than it saves.
+const parallelMinBytes = 512 << 10
+
+// forEach calls fn(0..n-1), on up to GOMAXPROCS goroutines when the batch moves at least
+// parallelMinBytes. Each index is handled once; fn must only touch state owned by its index.
+func forEach(n int, bytes int64, fn func(i int)) {
+	workers := runtime.GOMAXPROCS(0)
+	if workers > n {
+		workers = n
+	}
+	if workers <= 1 || bytes < parallelMinBytes {
+		for i := 0; i < n; i++ {
+			fn(i)
+		}
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(workers)
+	for w := 0; w < workers; w++ {
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				fn(i)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 func (e *Embedded) needEvictUnlocked() bool {
@@ -522,20 +563,35 @@ func (e *Embedded) BatchGet(ctx context.Context, ks []string, bufs [][]byte) []i
 	}
 	e.mu.Unlock()
 
-	var hits, bytesOut, bad int64
-	for i, o := range held {
+	var total int64
+	for _, o := range held {
+		if o != nil {
+			total += o.size
+		}
+	}
+	// The references taken above keep each object's memory in place while it is copied.
+	forEach(len(held), total, func(i int) {
+		o := held[i]
 		if o == nil {
-			continue
+			return
 		}
 		n := copy(bufs[i], o.seg.mem[o.off:o.off+o.size])
 		if keys.PageChecksum(bufs[i][:n]) != o.sum {
 			out[i] = int64(ErrChecksumMismatch)
-			bad++
-			continue
+			return
 		}
 		out[i] = int64(n)
-		hits++
-		bytesOut += int64(n)
+	})
+	var hits, bytesOut, bad int64
+	for i, o := range held {
+		switch {
+		case o == nil:
+		case out[i] == int64(ErrChecksumMismatch):
+			bad++
+		default:
+			hits++
+			bytesOut += out[i]
+		}
 	}
 
 	e.mu.Lock()
