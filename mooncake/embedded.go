@@ -40,6 +40,7 @@ type object struct {
 	hardPin  bool
 	group    *group
 
+	idx     int  // position in Embedded.list
 	refcnt  int  // readers copying out of the object's memory right now
 	removed bool // gone from the index; memory is released when refcnt drops to 0
 }
@@ -65,6 +66,8 @@ type Embedded struct {
 
 	mu        sync.Mutex
 	objs      map[string]*object
+	list      []*object // the same objects densely, for the eviction census
+	cands     []cand    // reused candidate buffer of the eviction census
 	groups    map[string]*group
 	segs      []*segment
 	capacity  int64
@@ -344,6 +347,8 @@ func (e *Embedded) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg
 			o.group = e.joinGroup(cfg.GroupIDs[i], o)
 		}
 		e.objs[k] = o
+		o.idx = len(e.list)
+		e.list = append(e.list, o)
 		e.hist.observe(size)
 		work = append(work, pending{i, o})
 	}
@@ -495,8 +500,14 @@ func (e *Embedded) unlinkLocked(o *object) {
 		return
 	}
 	o.removed = true
-	if e.objs[o.key] == o {
+	// An object that is not removed is the one its key maps to: puts never replace a key.
+	{
 		delete(e.objs, o.key)
+		last := e.list[len(e.list)-1]
+		e.list[o.idx] = last
+		last.idx = o.idx
+		e.list[len(e.list)-1] = nil
+		e.list = e.list[:len(e.list)-1]
 	}
 	if g := o.group; g != nil {
 		delete(g.members, o)

@@ -1,29 +1,116 @@
 package mooncake
 
 import (
-	"container/heap"
 	"math"
+	"slices"
 	"sort"
 	"time"
 )
 
-// candHeap orders objects by lease deadline, oldest first; put order breaks ties.
-type candHeap []*object
-
-func (h candHeap) Len() int { return len(h) }
-func (h candHeap) Less(i, j int) bool {
-	if !h[i].lease.Equal(h[j].lease) {
-		return h[i].lease.Before(h[j].lease)
-	}
-	return h[i].seq < h[j].seq
+// cand is an eviction candidate with its sort key copied out of the object, so ordering a
+// million candidates compares plain integers instead of chasing pointers.
+type cand struct {
+	lease int64 // lease deadline, Unix nanoseconds
+	seq   uint64
+	o     *object
 }
-func (h candHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *candHeap) Push(x any)   { *h = append(*h, x.(*object)) }
-func (h *candHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
+
+func candLess(a, b cand) bool {
+	if a.lease != b.lease {
+		return a.lease < b.lease
+	}
+	return a.seq < b.seq
+}
+
+func candCmp(a, b cand) int {
+	switch {
+	case candLess(a, b):
+		return -1
+	case candLess(b, a):
+		return 1
+	}
+	return 0
+}
+
+// candStream yields candidates oldest lease first. A round usually takes a few percent of
+// them, so it orders only the k oldest up front (selection, then a sort of those) and sorts the
+// rest only if the round needs more.
+type candStream struct {
+	c      []cand
+	sorted int // c[:sorted] is in order and older than everything after it
+	pos    int
+}
+
+func newCandStream(c []cand, k int) *candStream {
+	s := &candStream{c: c}
+	if k >= len(c) {
+		slices.SortFunc(c, candCmp)
+		s.sorted = len(c)
+		return s
+	}
+	if k > 0 {
+		selectOldest(c, k)
+		slices.SortFunc(c[:k], candCmp)
+		s.sorted = k
+	}
+	return s
+}
+
+func (s *candStream) left() int { return len(s.c) - s.pos }
+
+func (s *candStream) next() *object {
+	if s.pos >= len(s.c) {
+		return nil
+	}
+	if s.pos == s.sorted {
+		slices.SortFunc(s.c[s.sorted:], candCmp)
+		s.sorted = len(s.c)
+	}
+	o := s.c[s.pos].o
+	s.pos++
+	return o
+}
+
+// selectOldest reorders c so that c[:k] holds its k oldest candidates (quickselect).
+func selectOldest(c []cand, k int) {
+	lo, hi := 0, len(c)-1
+	for lo < hi {
+		// median of three as the pivot keeps sorted inputs (the common case: leases in put
+		// order) linear.
+		mid := lo + (hi-lo)/2
+		if candLess(c[mid], c[lo]) {
+			c[mid], c[lo] = c[lo], c[mid]
+		}
+		if candLess(c[hi], c[lo]) {
+			c[hi], c[lo] = c[lo], c[hi]
+		}
+		if candLess(c[hi], c[mid]) {
+			c[hi], c[mid] = c[mid], c[hi]
+		}
+		pivot := c[mid]
+		i, j := lo, hi
+		for i <= j {
+			for candLess(c[i], pivot) {
+				i++
+			}
+			for candLess(pivot, c[j]) {
+				j--
+			}
+			if i <= j {
+				c[i], c[j] = c[j], c[i]
+				i++
+				j--
+			}
+		}
+		switch {
+		case k-1 <= j:
+			hi = j
+		case k-1 >= i:
+			lo = i
+		default:
+			return
+		}
+	}
 }
 
 // evictLocked is one tick of the master's eviction thread (reference §2.3): the trigger, the
@@ -44,9 +131,14 @@ func (e *Embedded) evictLocked(now time.Time) (EvictionRound, bool) {
 	lower := math.Max(target*0.5, used-hw)
 	round := EvictionRound{At: now, MemoryRatio: used, NeedMemEviction: e.needEvict, Target: target, LowerBound: lower}
 
-	var unpinned, soft candHeap
+	unpinned := e.cands[:0]
+	defer func() {
+		clear(unpinned[:cap(unpinned)])
+		e.cands = unpinned[:0]
+	}()
+	var soft []cand
 	base := 0
-	for _, o := range e.objs {
+	for _, o := range e.list {
 		if o.hardPin || !o.complete || o.refcnt > 0 {
 			continue
 		}
@@ -56,14 +148,13 @@ func (e *Embedded) evictLocked(now time.Time) (EvictionRound, bool) {
 		}
 		if o.softPin.After(now) {
 			if e.opts.AllowEvictSoftPinned {
-				soft = append(soft, o)
+				soft = append(soft, cand{o.lease.UnixNano(), o.seq, o})
 			}
 			continue
 		}
-		unpinned = append(unpinned, o)
+		unpinned = append(unpinned, cand{o.lease.UnixNano(), o.seq, o})
 	}
 	round.Base = base
-	heap.Init(&unpinned)
 
 	skipped := map[*group]bool{}
 	evict := func(o *object, pass int, allowSoft bool) int {
@@ -107,24 +198,25 @@ func (e *Embedded) evictLocked(now time.Time) (EvictionRound, bool) {
 	if want > len(unpinned) {
 		want = len(unpinned)
 	}
-	for evicted < want && unpinned.Len() > 0 {
-		evicted += evict(heap.Pop(&unpinned).(*object), 1, false)
+	stream := newCandStream(unpinned, want)
+	for evicted < want && stream.left() > 0 {
+		evicted += evict(stream.next(), 1, false)
 	}
 
 	floor := int(math.Ceil(float64(base) * lower))
 	if evicted < floor {
 		need := floor - evicted
-		if cap := unpinned.Len() + len(soft); need > cap {
+		if cap := stream.left() + len(soft); need > cap {
 			need = cap
 		}
 		got := 0
-		for got < need && unpinned.Len() > 0 {
-			got += evict(heap.Pop(&unpinned).(*object), 2, false)
+		for got < need && stream.left() > 0 {
+			got += evict(stream.next(), 2, false)
 		}
 		if got < need && len(soft) > 0 {
-			heap.Init(&soft)
-			for got < need && soft.Len() > 0 {
-				got += evict(heap.Pop(&soft).(*object), 2, true)
+			softStream := newCandStream(soft, len(soft))
+			for got < need && softStream.left() > 0 {
+				got += evict(softStream.next(), 2, true)
 			}
 		}
 		evicted += got
