@@ -165,7 +165,8 @@ func (e *Embedded) SetEvictionHook(fn func(EvictionRound)) {
 	e.onEvict.Store(&fn)
 }
 
-// Close stops the eviction goroutine. The pool's memory is released with the pool.
+// Close stops the eviction goroutine; afterwards Segments, Stats and Metrics return ErrClosed.
+// Stored pages stay readable until the pool is garbage collected.
 func (e *Embedded) Close() error {
 	e.mu.Lock()
 	if e.closed {
@@ -302,7 +303,7 @@ func (e *Embedded) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg
 		o *object
 	}
 	work := make([]pending, 0, len(ks))
-	var evictRetried bool
+	var evictRetried, allocFailed bool
 
 	e.mu.Lock()
 	for i, k := range ks {
@@ -338,6 +339,7 @@ func (e *Embedded) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg
 		if !ok {
 			out[i] = ErrNoAvailableHandle
 			e.needEvict = true
+			allocFailed = true
 			e.c.allocFailures.Add(1)
 			continue
 		}
@@ -353,7 +355,9 @@ func (e *Embedded) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg
 		work = append(work, pending{i, o})
 	}
 	e.mu.Unlock()
-	if e.needEvictUnlocked() {
+	if allocFailed {
+		// The master flags need_mem_eviction and lets its thread act on the next tick; the
+		// goroutine is woken at once instead of waiting for its period.
 		select {
 		case e.wake <- struct{}{}:
 		default:
@@ -437,12 +441,6 @@ func forEach(n int, bytes int64, fn func(i int)) {
 		}()
 	}
 	wg.Wait()
-}
-
-func (e *Embedded) needEvictUnlocked() bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.needEvict
 }
 
 // softPinTTL resolves the soft-pin lifetime a put asks for (0 for none), enforcing the master's
