@@ -1,3 +1,32 @@
-// Package mooncake is kvctl's KV page pool: the Pool interface the connector uses, an embedded
-// pool with the Mooncake master's semantics, and the Mooncake master's HTTP admin API.
+// Package mooncake is kvctl's KV page pool: the Pool interface the connector, probe and replay
+// use, an embedded pool with the Mooncake master's semantics, and the Mooncake master's HTTP
+// admin API (a handler serving it and a client that speaks it).
+//
+// Vocabulary, after the master (reference/mooncake.md §2):
+//
+//   - object: one stored page under one key. A put never overwrites: storing an existing key
+//     is a successful no-op, as the Mooncake client treats the master's OBJECT_ALREADY_EXISTS.
+//   - lease: the object's lease_timeout. An existence probe (when Options.ExistRenewsLease),
+//     a get and the admin API's /query_key set it to max(lease, now + LeaseTTL); a finished put
+//     sets it to now. A leased object is neither evicted nor removed without force.
+//   - soft pin: a fixed deadline set when a put with SoftPinEnable finishes (reads never
+//     extend it). Eviction pass 1 skips soft-pinned objects; pass 2 takes them only when the
+//     unpinned ones cannot reach the lower bound and AllowEvictSoftPinned is set.
+//   - hard pin: the object is never evicted and is left out of the eviction base.
+//   - group: objects put with the same group id. A lease granted to one member refreshes all
+//     (when the hit member has less than half a TTL left, or the group changed); eviction takes
+//     a chosen member's whole group, and skips the group while any member is leased.
+//   - eviction round: one tick of the master's eviction thread. It runs when allocated/capacity
+//     is above HighWatermark, or after an allocation failed. It counts objects, not bytes:
+//     target = max(ratio, used-hw+ratio) and lowerbound = max(target/2, used-hw) of the eviction
+//     base (objects readable, not hard-pinned, not being read). Pass 1 evicts the expired,
+//     unpinned objects with the oldest lease deadline; pass 2 runs below the lower bound.
+//   - segment: a region of memory the pool allocates pages from, first fit with no padding, so
+//     used bytes are exactly the sum of the stored sizes; fragmentation shows in Stats.
+//   - integrity: every page's BLAKE3-256 checksum (keys.PageChecksum) is taken at put and
+//     checked at get; a mismatch is ErrChecksumMismatch and the bytes must not be used.
+//
+// Embedded implements both Pool and Inspector. NewAdminHandler serves an Inspector with the
+// master's admin endpoints and formats (checked against responses recorded from a real
+// master in testdata/http); NewAdminClient talks to a real master or to that handler.
 package mooncake

@@ -25,4 +25,15 @@ type Stats struct {
 	EvictedGrouped    int64 `json:"evicted_grouped"`
 	FailedEvictions   int64 `json:"failed_evictions"`
 	ExistProbes       int64 `json:"exist_probes"`
+
+	// AllocFailures counts puts refused because no segment had a free range large enough.
+	AllocFailures int64 `json:"alloc_failures"`
+	// PendingObjects are objects whose put has allocated memory but not finished copying.
+	PendingObjects int64 `json:"pending_objects"`
+	// FreeExtents, LargestFreeBytes and FragmentedBytes describe free space: FragmentedBytes is
+	// free space that the largest free range does not cover, summed over segments (free bytes
+	// an object of the largest free size could not use).
+	FreeExtents      int64 `json:"free_extents"`
+	LargestFreeBytes int64 `json:"largest_free_bytes"`
+	FragmentedBytes  int64 `json:"fragmented_bytes"`
 }

@@ -1,0 +1,778 @@
+package mooncake
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvctl/kvctl/core/keys"
+)
+
+// ErrClosed is returned by Segments and Stats after Close.
+var ErrClosed = errors.New("pool is closed")
+
+// segment is one mounted memory region and its allocator.
+type segment struct {
+	name  string
+	mem   []byte
+	alloc *offsetAllocator
+	// base is the address the admin API reports for offset 0; the embedded pool has no
+	// transfer engine, so it is a stable synthetic value rather than a real pointer.
+	base uint64
+}
+
+// object is one stored page. Every field is guarded by Embedded.mu.
+type object struct {
+	key  string
+	seq  uint64 // put order, the tie-break between equal lease deadlines
+	seg  *segment
+	off  int64
+	size int64
+	sum  keys.Checksum
+
+	complete bool      // the copy finished and the object is readable
+	lease    time.Time // lease_timeout: leased while it is after now
+	softPin  time.Time // soft-pin deadline; pinned while it is after now
+	hardPin  bool
+	group    *group
+
+	idx     int  // position in Embedded.list
+	refcnt  int  // readers copying out of the object's memory right now
+	removed bool // gone from the index; memory is released when refcnt drops to 0
+}
+
+type group struct {
+	id           string
+	members      map[*object]struct{}
+	needsRefresh bool
+}
+
+// Embedded is an in-process pool with the Mooncake master's semantics (reference §2): leases,
+// the high watermark and eviction ratio, the two eviction passes on object counts, soft and
+// hard pins, eviction groups and put-never-overwrites. It implements Pool and Inspector and is
+// safe for concurrent use.
+//
+// Memory: each segment is one []byte; puts copy the caller's bytes in once and gets copy them
+// out once. A reader holds a reference on the object during its copy, so neither Remove nor
+// eviction can reuse that memory until the copy is done.
+type Embedded struct {
+	opts  Options
+	clock Clock
+	start time.Time
+
+	mu        sync.Mutex
+	objs      map[string]*object
+	list      []*object // the same objects densely, for the eviction census
+	cands     []cand    // reused candidate buffer of the eviction census
+	groups    map[string]*group
+	segs      []*segment
+	capacity  int64
+	used      int64 // allocated bytes, pending puts included (the master counts from PutStart)
+	seq       uint64
+	rr        int
+	needEvict bool
+	closed    bool
+	hist      valueSizeHistogram
+
+	onEvict atomic.Pointer[func(EvictionRound)]
+	wake    chan struct{}
+	stop    chan struct{}
+	done    chan struct{}
+
+	c counters
+}
+
+// counters are the pool's monotonic counters, readable without the lock.
+type counters struct {
+	hits, misses, puts, skipped, putFailures, bytesIn, bytesOut, checksumErrors       atomic.Int64
+	rounds, successfulRounds, evictedPass1, evictedPass2, evictedSoft, evictedGrouped atomic.Int64
+	evictedBytes, existProbes, existCalls, allocFailures                              atomic.Int64
+	putCalls, getCalls, getItems, removeCalls, removeFailures, queryKey, queryKeyFail atomic.Int64
+	existFailedItems, getFailedItems, putFailedItems                                  atomic.Int64
+}
+
+// EvictedObject is one object an eviction round removed.
+type EvictedObject struct {
+	Key        string
+	Size       int64
+	Pass       int // 1 or 2
+	SoftPinned bool
+	Group      string // "" when ungrouped
+}
+
+// EvictionRound reports one run of the eviction algorithm (the master's EVICT-TRIGGER /
+// EVICT-RESULT log lines).
+type EvictionRound struct {
+	At              time.Time
+	MemoryRatio     float64
+	NeedMemEviction bool
+	Base            int
+	Target          float64
+	LowerBound      float64
+	Evicted         []EvictedObject
+}
+
+// NewEmbedded validates opts and mounts its segments. When opts.EvictionPeriod is positive an
+// eviction goroutine runs until Close.
+func NewEmbedded(opts Options) (*Embedded, error) {
+	if opts.Clock == nil {
+		opts.Clock = realClock{}
+	}
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	e := &Embedded{
+		opts:   opts,
+		clock:  opts.Clock,
+		objs:   make(map[string]*object),
+		groups: make(map[string]*group),
+		wake:   make(chan struct{}, 1),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+	e.start = e.clock.Now()
+	for i, s := range opts.Segments {
+		e.segs = append(e.segs, &segment{
+			name:  s.Name,
+			mem:   make([]byte, s.Capacity),
+			alloc: newOffsetAllocator(s.Capacity),
+			base:  0x7f0000000000 + uint64(i)<<36,
+		})
+		e.capacity += s.Capacity
+	}
+	if opts.EvictionPeriod > 0 {
+		go e.evictLoop()
+	} else {
+		close(e.done)
+	}
+	return e, nil
+}
+
+// Options returns the options the pool runs with.
+func (e *Embedded) Options() Options { return e.opts }
+
+// SetEvictionHook installs fn to be called after every eviction round that ran (nil removes
+// it). fn runs on the goroutine that ran the round, without the pool's lock held.
+func (e *Embedded) SetEvictionHook(fn func(EvictionRound)) {
+	if fn == nil {
+		e.onEvict.Store(nil)
+		return
+	}
+	e.onEvict.Store(&fn)
+}
+
+// Close stops the eviction goroutine; afterwards Segments, Stats and Metrics return ErrClosed.
+// Stored pages stay readable until the pool is garbage collected.
+func (e *Embedded) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	e.mu.Unlock()
+	if e.opts.EvictionPeriod > 0 {
+		close(e.stop)
+	}
+	<-e.done
+	return nil
+}
+
+func (e *Embedded) evictLoop() {
+	defer close(e.done)
+	t := time.NewTicker(e.opts.EvictionPeriod)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-t.C:
+		case <-e.wake:
+		}
+		e.EvictNow()
+	}
+}
+
+// EvictNow checks the eviction trigger on the pool's clock and, when it fires, runs one round
+// synchronously. It is one tick of the master's eviction thread; ran is false when the trigger
+// did not fire.
+func (e *Embedded) EvictNow() (round EvictionRound, ran bool) {
+	e.mu.Lock()
+	round, ran = e.evictLocked(e.clock.Now())
+	e.mu.Unlock()
+	if ran {
+		if fn := e.onEvict.Load(); fn != nil {
+			(*fn)(round)
+		}
+	}
+	return round, ran
+}
+
+func (e *Embedded) validKey(k string) bool {
+	return k != "" && len(k) <= e.opts.MaxKeyLength
+}
+
+// grantLease renews o's read lease to now+TTL (never shortening it) and refreshes its group.
+func (e *Embedded) grantLease(o *object, now time.Time) {
+	ttl := e.opts.LeaseTTL
+	deadline := now.Add(ttl)
+	if g := o.group; g != nil {
+		refresh := g.needsRefresh || !e.opts.GroupRefreshHalfTTL || o.lease.Sub(now) < ttl/2
+		if refresh {
+			for m := range g.members {
+				if m.complete && m.lease.Before(deadline) {
+					m.lease = deadline
+				}
+			}
+			g.needsRefresh = false
+		}
+	}
+	if o.lease.Before(deadline) {
+		o.lease = deadline
+	}
+}
+
+// BatchIsExist implements Pool. With Options.ExistRenewsLease (the master's behaviour) a hit
+// grants a read lease, refreshing the object's group too.
+func (e *Embedded) BatchIsExist(ctx context.Context, ks []string) []int {
+	out := make([]int, len(ks))
+	e.c.existCalls.Add(1)
+	e.c.existProbes.Add(int64(len(ks)))
+	if err := ctx.Err(); err != nil {
+		for i := range out {
+			out[i] = int(ErrRPCFail)
+		}
+		e.c.existFailedItems.Add(int64(len(ks)))
+		return out
+	}
+	e.mu.Lock()
+	now := e.clock.Now()
+	var failed int64
+	for i, k := range ks {
+		if !e.validKey(k) {
+			out[i] = int(ErrInvalidParams)
+			failed++
+			continue
+		}
+		o := e.objs[k]
+		if o == nil || !o.complete {
+			continue
+		}
+		out[i] = 1
+		if e.opts.ExistRenewsLease {
+			e.grantLease(o, now)
+		}
+	}
+	e.mu.Unlock()
+	e.c.existFailedItems.Add(failed)
+	return out
+}
+
+// BatchPut implements Pool. The bytes of every new key are copied into pool memory and hashed
+// outside the lock; an object becomes readable, with its lease set to now, only when its copy
+// is done (the master's PutEnd). A key that is already stored, or whose put is in flight, is
+// OK without a write, as the master's -705 is for the Mooncake client.
+func (e *Embedded) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg ReplicateConfig) []Code {
+	out := make([]Code, len(ks))
+	e.c.putCalls.Add(1)
+	fail := func(c Code) []Code {
+		for i := range out {
+			out[i] = c
+		}
+		e.c.putFailures.Add(int64(len(ks)))
+		e.c.putFailedItems.Add(int64(len(ks)))
+		return out
+	}
+	if len(bufs) != len(ks) || (cfg.GroupIDs != nil && len(cfg.GroupIDs) != len(ks)) {
+		return fail(ErrInvalidParams)
+	}
+	softTTL, code := e.softPinTTL(cfg)
+	if code != OK {
+		return fail(code)
+	}
+	if ctx.Err() != nil {
+		return fail(ErrRPCFail)
+	}
+
+	type pending struct {
+		i int
+		o *object
+	}
+	work := make([]pending, 0, len(ks))
+	var evictRetried, allocFailed bool
+
+	e.mu.Lock()
+	for i, k := range ks {
+		size := int64(len(bufs[i]))
+		if !e.validKey(k) || size == 0 {
+			out[i] = ErrInvalidParams
+			continue
+		}
+		if _, ok := e.objs[k]; ok {
+			out[i] = OK
+			e.c.skipped.Add(1)
+			continue
+		}
+		seg, off, ok := e.allocLocked(size)
+		if !ok && e.opts.SyncEvictOnAllocFailure && !evictRetried {
+			evictRetried = true
+			e.needEvict = true
+			round, ran := e.evictLocked(e.clock.Now())
+			if ran {
+				if fn := e.onEvict.Load(); fn != nil {
+					e.mu.Unlock()
+					(*fn)(round)
+					e.mu.Lock()
+				}
+			}
+			if _, ok := e.objs[k]; ok { // another put stored it while the lock was free
+				out[i] = OK
+				e.c.skipped.Add(1)
+				continue
+			}
+			seg, off, ok = e.allocLocked(size)
+		}
+		if !ok {
+			out[i] = ErrNoAvailableHandle
+			e.needEvict = true
+			allocFailed = true
+			e.c.allocFailures.Add(1)
+			continue
+		}
+		e.seq++
+		o := &object{key: k, seq: e.seq, seg: seg, off: off, size: size, hardPin: cfg.HardPin}
+		if cfg.GroupIDs != nil && cfg.GroupIDs[i] != "" {
+			o.group = e.joinGroup(cfg.GroupIDs[i], o)
+		}
+		e.objs[k] = o
+		o.idx = len(e.list)
+		e.list = append(e.list, o)
+		e.hist.observe(size)
+		work = append(work, pending{i, o})
+	}
+	e.mu.Unlock()
+	if allocFailed {
+		// The master flags need_mem_eviction and lets its thread act on the next tick; the
+		// goroutine is woken at once instead of waiting for its period.
+		select {
+		case e.wake <- struct{}{}:
+		default:
+		}
+	}
+
+	var in int64
+	for _, w := range work {
+		in += w.o.size
+	}
+	// Each object's memory belongs to this call until it is marked complete, so the copies run
+	// without the lock, spread over the CPUs for large batches.
+	forEach(len(work), in, func(j int) {
+		w := work[j]
+		dst := w.o.seg.mem[w.o.off : w.o.off+w.o.size]
+		copy(dst, bufs[w.i])
+		w.o.sum = keys.PageChecksum(dst)
+	})
+
+	if len(work) > 0 {
+		e.mu.Lock()
+		now := e.clock.Now()
+		for _, w := range work {
+			o := w.o
+			if o.removed { // force-removed while the copy ran
+				out[w.i] = OK
+				continue
+			}
+			o.complete = true
+			o.lease = now
+			if softTTL > 0 {
+				o.softPin = now.Add(softTTL)
+			}
+			out[w.i] = OK
+		}
+		e.mu.Unlock()
+	}
+	var failed int64
+	for _, c := range out {
+		if c != OK {
+			failed++
+		}
+	}
+	e.c.puts.Add(int64(len(work)))
+	e.c.bytesIn.Add(in)
+	e.c.putFailures.Add(failed)
+	e.c.putFailedItems.Add(failed)
+	return out
+}
+
+// parallelMinBytes is the batch size from which forEach spreads work over the CPUs; below it
+// the goroutine start-up costs more than it saves.
+const parallelMinBytes = 512 << 10
+
+// forEach calls fn(0..n-1), on up to GOMAXPROCS goroutines when the batch moves at least
+// parallelMinBytes. Each index is handled once; fn must only touch state owned by its index.
+func forEach(n int, bytes int64, fn func(i int)) {
+	workers := runtime.GOMAXPROCS(0)
+	if workers > n {
+		workers = n
+	}
+	if workers <= 1 || bytes < parallelMinBytes {
+		for i := 0; i < n; i++ {
+			fn(i)
+		}
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(workers)
+	for w := 0; w < workers; w++ {
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				fn(i)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// softPinTTL resolves the soft-pin lifetime a put asks for (0 for none), enforcing the master's
+// rules: a TTL only with SoftPinEnable, none above MaxSoftPinTTL.
+func (e *Embedded) softPinTTL(cfg ReplicateConfig) (time.Duration, Code) {
+	switch cfg.SoftPinAction {
+	case SoftPinPreserve, SoftPinDisable:
+		if cfg.SoftPinTTL != 0 {
+			return 0, ErrInvalidParams
+		}
+		return 0, OK
+	case SoftPinEnable:
+		ttl := cfg.SoftPinTTL
+		if ttl < 0 || ttl > e.opts.MaxSoftPinTTL {
+			return 0, ErrInvalidParams
+		}
+		if ttl == 0 {
+			ttl = e.opts.SoftPinTTL
+		}
+		return ttl, OK
+	default:
+		return 0, ErrInvalidParams
+	}
+}
+
+func (e *Embedded) joinGroup(id string, o *object) *group {
+	g := e.groups[id]
+	if g == nil {
+		g = &group{id: id, members: make(map[*object]struct{})}
+		e.groups[id] = g
+	}
+	g.members[o] = struct{}{}
+	g.needsRefresh = true
+	return g
+}
+
+// allocLocked finds room for size bytes, trying segments round-robin.
+func (e *Embedded) allocLocked(size int64) (*segment, int64, bool) {
+	n := len(e.segs)
+	for j := 0; j < n; j++ {
+		s := e.segs[(e.rr+j)%n]
+		if off, ok := s.alloc.alloc(size); ok {
+			e.rr = (e.rr + j + 1) % n
+			e.used += size
+			return s, off, true
+		}
+	}
+	return nil, 0, false
+}
+
+// unlinkLocked removes o from the index and its group and releases its memory unless a reader
+// still copies out of it.
+func (e *Embedded) unlinkLocked(o *object) {
+	if o.removed {
+		return
+	}
+	o.removed = true
+	// An object that is not removed is the one its key maps to: puts never replace a key.
+	{
+		delete(e.objs, o.key)
+		last := e.list[len(e.list)-1]
+		e.list[o.idx] = last
+		last.idx = o.idx
+		e.list[len(e.list)-1] = nil
+		e.list = e.list[:len(e.list)-1]
+	}
+	if g := o.group; g != nil {
+		delete(g.members, o)
+		if len(g.members) == 0 {
+			delete(e.groups, g.id)
+		}
+	}
+	if o.refcnt == 0 {
+		e.releaseLocked(o)
+	}
+}
+
+func (e *Embedded) releaseLocked(o *object) {
+	o.seg.alloc.release(o.off, o.size)
+	e.used -= o.size
+}
+
+// BatchGet implements Pool. A hit grants a read lease (the master's GetReplicaList), then the
+// bytes are copied into bufs[i] outside the lock and verified against the checksum taken at
+// put; a mismatch returns ErrChecksumMismatch and the caller must not use bufs[i].
+func (e *Embedded) BatchGet(ctx context.Context, ks []string, bufs [][]byte) []int64 {
+	out := make([]int64, len(ks))
+	e.c.getCalls.Add(1)
+	e.c.getItems.Add(int64(len(ks)))
+	if len(bufs) != len(ks) {
+		for i := range out {
+			out[i] = int64(ErrInvalidParams)
+		}
+		e.c.getFailedItems.Add(int64(len(ks)))
+		return out
+	}
+	if ctx.Err() != nil {
+		for i := range out {
+			out[i] = int64(ErrRPCFail)
+		}
+		e.c.getFailedItems.Add(int64(len(ks)))
+		return out
+	}
+	held := make([]*object, len(ks))
+	var misses int64
+	e.mu.Lock()
+	now := e.clock.Now()
+	for i, k := range ks {
+		if !e.validKey(k) {
+			out[i] = int64(ErrInvalidParams)
+			continue
+		}
+		o := e.objs[k]
+		switch {
+		case o == nil:
+			out[i] = int64(ErrObjectNotFound)
+			misses++
+			continue
+		case !o.complete:
+			out[i] = int64(ErrReplicaNotReady)
+			continue
+		case int64(len(bufs[i])) < o.size:
+			out[i] = int64(ErrInvalidParams)
+			continue
+		}
+		e.grantLease(o, now)
+		o.refcnt++
+		held[i] = o
+	}
+	e.mu.Unlock()
+
+	var total int64
+	for _, o := range held {
+		if o != nil {
+			total += o.size
+		}
+	}
+	// The references taken above keep each object's memory in place while it is copied.
+	forEach(len(held), total, func(i int) {
+		o := held[i]
+		if o == nil {
+			return
+		}
+		n := copy(bufs[i], o.seg.mem[o.off:o.off+o.size])
+		if keys.PageChecksum(bufs[i][:n]) != o.sum {
+			out[i] = int64(ErrChecksumMismatch)
+			return
+		}
+		out[i] = int64(n)
+	})
+	var hits, bytesOut, bad int64
+	for i, o := range held {
+		switch {
+		case o == nil:
+		case out[i] == int64(ErrChecksumMismatch):
+			bad++
+		default:
+			hits++
+			bytesOut += out[i]
+		}
+	}
+
+	e.mu.Lock()
+	for _, o := range held {
+		if o == nil {
+			continue
+		}
+		o.refcnt--
+		if o.refcnt == 0 && o.removed {
+			e.releaseLocked(o)
+		}
+	}
+	e.mu.Unlock()
+	var failed int64
+	for _, v := range out {
+		if v < 0 {
+			failed++
+		}
+	}
+	e.c.hits.Add(hits)
+	e.c.misses.Add(misses)
+	e.c.bytesOut.Add(bytesOut)
+	e.c.checksumErrors.Add(bad)
+	e.c.getFailedItems.Add(failed)
+	return out
+}
+
+// Remove implements Pool. Without force, an object under a read lease, or hard-pinned, is kept
+// and ErrObjectHasLease returned; an object whose put is still copying gives
+// ErrReplicaNotReady. Soft pins do not block Remove.
+func (e *Embedded) Remove(ctx context.Context, key string, force bool) Code {
+	e.c.removeCalls.Add(1)
+	code := e.remove(ctx, key, force)
+	if code != OK {
+		e.c.removeFailures.Add(1)
+	}
+	return code
+}
+
+func (e *Embedded) remove(ctx context.Context, key string, force bool) Code {
+	if ctx.Err() != nil {
+		return ErrRPCFail
+	}
+	if !e.validKey(key) {
+		return ErrInvalidParams
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	o := e.objs[key]
+	if o == nil {
+		return ErrObjectNotFound
+	}
+	if !o.complete {
+		return ErrReplicaNotReady
+	}
+	if !force && (o.lease.After(e.clock.Now()) || o.hardPin) {
+		return ErrObjectHasLease
+	}
+	e.unlinkLocked(o)
+	return OK
+}
+
+// Segments implements Pool.
+func (e *Embedded) Segments(ctx context.Context) ([]Segment, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, ErrClosed
+	}
+	out := make([]Segment, len(e.segs))
+	for i, s := range e.segs {
+		out[i] = Segment{Name: s.name, Capacity: int64(len(s.mem)), Used: s.alloc.used}
+	}
+	return out, nil
+}
+
+// Stats implements Pool. It walks the index, so it costs O(objects).
+func (e *Embedded) Stats(ctx context.Context) (Stats, error) {
+	if err := ctx.Err(); err != nil {
+		return Stats{}, err
+	}
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return Stats{}, ErrClosed
+	}
+	now := e.clock.Now()
+	st := Stats{CapacityBytes: e.capacity, UsedBytes: e.used}
+	for _, o := range e.objs {
+		if !o.complete {
+			st.PendingObjects++
+			continue
+		}
+		st.Objects++
+		if o.softPin.After(now) {
+			st.SoftPinned++
+		}
+		if o.hardPin {
+			st.HardPinned++
+		}
+		if o.group != nil {
+			st.Grouped++
+		}
+	}
+	for _, s := range e.segs {
+		var free, largest int64
+		for _, x := range s.alloc.free {
+			free += x.size
+			if x.size > largest {
+				largest = x.size
+			}
+		}
+		st.FreeExtents += int64(len(s.alloc.free))
+		if largest > st.LargestFreeBytes {
+			st.LargestFreeBytes = largest
+		}
+		st.FragmentedBytes += free - largest
+	}
+	e.mu.Unlock()
+
+	c := &e.c
+	st.Hits = c.hits.Load()
+	st.Misses = c.misses.Load()
+	st.Puts = c.puts.Load()
+	st.SkippedExisting = c.skipped.Load()
+	st.PutFailures = c.putFailures.Load()
+	st.BytesIn = c.bytesIn.Load()
+	st.BytesOut = c.bytesOut.Load()
+	st.ChecksumErrors = c.checksumErrors.Load()
+	st.EvictionRounds = c.rounds.Load()
+	st.EvictedPass1 = c.evictedPass1.Load()
+	st.EvictedPass2 = c.evictedPass2.Load()
+	st.EvictedSoftPinned = c.evictedSoft.Load()
+	st.EvictedGrouped = c.evictedGrouped.Load()
+	st.FailedEvictions = c.rounds.Load() - c.successfulRounds.Load()
+	st.ExistProbes = c.existProbes.Load()
+	st.AllocFailures = c.allocFailures.Load()
+	return st, nil
+}
+
+// CorruptForTest flips one byte of a stored object so tests can check that BatchGet refuses
+// it. It reports false when the key is not stored.
+func (e *Embedded) CorruptForTest(key string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	o := e.objs[key]
+	if o == nil || !o.complete {
+		return false
+	}
+	o.seg.mem[o.off] ^= 0xff
+	return true
+}
+
+// LeaseDeadline returns the lease deadline of a stored object (the master's lease_timeout).
+func (e *Embedded) LeaseDeadline(key string) (time.Time, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	o := e.objs[key]
+	if o == nil {
+		return time.Time{}, false
+	}
+	return o.lease, true
+}
+
+func (e *Embedded) String() string {
+	return fmt.Sprintf("embedded pool (%d segments, %d bytes)", len(e.segs), e.capacity)
+}
+
+var (
+	_ Pool      = (*Embedded)(nil)
+	_ Inspector = (*Embedded)(nil)
+)
