@@ -48,6 +48,11 @@ func LoadConfig(cmd *cobra.Command, explicit string, getenv func(string) string)
 			path = DefaultConfigPath(getenv)
 		}
 	}
+	if path != "" && !required {
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+			path = ""
+		}
+	}
 	if path != "" {
 		v.SetConfigFile(path)
 		if filepath.Ext(path) == "" {

@@ -10,6 +10,7 @@ import (
 	"github.com/kvctl/kvctl/commands/cmdutil"
 	"github.com/kvctl/kvctl/commands/completion"
 	"github.com/kvctl/kvctl/commands/hash"
+	"github.com/kvctl/kvctl/commands/serve"
 	"github.com/kvctl/kvctl/commands/validateconfig"
 	"github.com/kvctl/kvctl/commands/version"
 )
@@ -72,6 +73,7 @@ environment, then the file, then the default.`,
 
 	cmd.AddCommand(
 		hash.NewCmdHash(f, nil),
+		serve.NewCmdServe(f, nil),
 		validateconfig.NewCmdValidateConfig(f, nil),
 		version.NewCmdVersion(f, nil),
 		completion.NewCmdCompletion(f),

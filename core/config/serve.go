@@ -20,6 +20,10 @@ type ServeConfig struct {
 	LogLevel           string        `json:"log-level" yaml:"log-level"`
 	LogFormat          string        `json:"log-format" yaml:"log-format"`
 	StatsInterval      time.Duration `json:"stats-interval" yaml:"stats-interval"` // 0 = off
+	// AllowRemoteAdmin lets AdminAddr be a non-loopback address (the admin API has no auth).
+	AllowRemoteAdmin bool `json:"allow-remote-admin" yaml:"allow-remote-admin"`
+	// DrainTimeout bounds how long a stopping daemon waits for queued saves.
+	DrainTimeout time.Duration `json:"drain-timeout" yaml:"drain-timeout"`
 }
 
 // Serve config keys, which are also the flag names of `kvctl serve`.
@@ -33,12 +37,18 @@ const (
 	ServeKeyLogLevel           = "log-level"
 	ServeKeyLogFormat          = "log-format"
 	ServeKeyStatsInterval      = "stats-interval"
+	ServeKeyAllowRemoteAdmin   = "allow-remote-admin"
+	ServeKeyDrainTimeout       = "drain-timeout"
 )
+
+// globalKeys are kvctl's global flags, which may share the config file with serve's keys.
+var globalKeys = []string{"output", "no-color"}
 
 // ServeKeys lists every serve config key, in the order the help text shows them.
 func ServeKeys() []string {
 	return []string{ServeKeySocket, ServeKeyAdminAddr, ServeKeyPoolBackend, ServeKeyPool, ServeKeyPoolSize,
-		ServeKeyStagingBufferBytes, ServeKeyLogLevel, ServeKeyLogFormat, ServeKeyStatsInterval}
+		ServeKeyStagingBufferBytes, ServeKeyLogLevel, ServeKeyLogFormat, ServeKeyStatsInterval,
+		ServeKeyAllowRemoteAdmin, ServeKeyDrainTimeout}
 }
 
 // Pool backends of `kvctl serve`.
@@ -55,6 +65,7 @@ func DefaultServeConfig() ServeConfig {
 		StagingBufferBytes: DefaultStagingBufferBytes,
 		LogLevel:           "info",
 		LogFormat:          "text",
+		DrainTimeout:       30 * time.Second,
 	}
 }
 
@@ -94,6 +105,8 @@ func (s ServeConfig) validate(d *dec) {
 			d.at(SeverityWarning, ServeKeyPool, "pool is read only by the mooncake backend", "")
 		}
 	case PoolBackendMooncake:
+		d.at(SeverityError, ServeKeyPoolBackend, "the mooncake backend needs the native Mooncake data path, which this build does not include",
+			"use pool-backend: embedded; probe-pool and stats already work against a Mooncake master's HTTP API")
 		if s.Pool == "" {
 			d.at(SeverityError, ServeKeyPool, "the mooncake backend needs pool", "write file:///path/pool.json or host:port")
 		} else if _, _, err := ParsePoolRef(s.Pool); err != nil {
@@ -125,6 +138,9 @@ func (s ServeConfig) validate(d *dec) {
 	default:
 		d.at(SeverityError, ServeKeyLogFormat, fmt.Sprintf("unknown log format %q", s.LogFormat), "use text or json")
 	}
+	if s.DrainTimeout < 0 {
+		d.at(SeverityError, ServeKeyDrainTimeout, "must not be negative", "for example 30s")
+	}
 	if s.StatsInterval < 0 {
 		d.at(SeverityError, ServeKeyStatsInterval, "must not be negative", "0 turns stats off")
 	}
@@ -153,6 +169,15 @@ func decodeServe(d *dec, root *node) *ServeConfig {
 	o.str(ServeKeyLogFormat, &s.LogFormat, false)
 	if n := o.field(ServeKeyStatsInterval); n != nil && !isNull(n) {
 		s.StatsInterval = readDuration(o, ServeKeyStatsInterval, n)
+	}
+	if n := o.field(ServeKeyDrainTimeout); n != nil && !isNull(n) {
+		s.DrainTimeout = readDuration(o, ServeKeyDrainTimeout, n)
+	}
+	if v, ok := o.boolv(ServeKeyAllowRemoteAdmin, boolStrict); ok {
+		s.AllowRemoteAdmin = v
+	}
+	for _, k := range globalKeys {
+		o.field(k)
 	}
 	o.rest(SeverityError, "")
 	s.validate(d)

@@ -1,0 +1,233 @@
+// Package serve implements `kvctl serve`, the connector daemon.
+package serve
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvctl/kvctl/commands/cmdutil"
+	"github.com/kvctl/kvctl/core/config"
+	"github.com/kvctl/kvctl/core/connector"
+	"github.com/kvctl/kvctl/core/daemon"
+	"github.com/kvctl/kvctl/core/engineapi"
+	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/mooncake"
+)
+
+// Options are the inputs of `kvctl serve`.
+type Options struct {
+	IO      *cmdutil.IOStreams
+	Factory *cmdutil.Factory
+
+	Socket           string
+	AdminAddr        string
+	AllowRemoteAdmin bool
+	PoolBackend      string
+	Pool             string
+	PoolSize         string
+	StagingBytes     string
+	StatsInterval    time.Duration
+	DrainTimeout     time.Duration
+	LogLevel         string
+	LogFormat        string
+	// ConfigFile is the config file the flags were read from, if any; it is checked with the
+	// validate-config loader before anything starts.
+	ConfigFile string
+	// MemAvailable reads available memory, for the automatic pool size (tests replace it).
+	MemAvailable func() (uint64, bool)
+	// Ready is called once the daemon accepts connections (tests use it).
+	Ready func(daemon.Info)
+}
+
+// NewCmdServe returns `kvctl serve`. runF replaces the run function in tests.
+func NewCmdServe(f *cmdutil.Factory, runF func(context.Context, *Options) error) *cobra.Command {
+	opts := &Options{IO: f.IOStreams, Factory: f}
+	def := config.DefaultServeConfig()
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the connector daemon: engines get prefix hits and KV pages over a local socket",
+		Long: `Run kvctl's connector daemon. Inference engines register their KV layout and memory over a
+unix socket (gRPC), ask it for prefix hits, and have it load and save KV pages between the pool
+and their memory (GPU memory through pinned staging on a GPU host, shared memory elsewhere).
+
+With no arguments it runs an embedded pool with the Mooncake master's semantics (leases,
+watermark eviction, soft pins, groups), sized to a quarter of the available memory unless
+--pool-size says otherwise.
+
+An admin HTTP server (loopback only unless --allow-remote-admin) serves the Mooncake master's
+read endpoints for the pool, /metrics (Prometheus), /v1/stats, /healthz and /readyz.
+
+On SIGTERM or SIGINT it stops taking calls, flushes queued saves to the pool within
+--drain-timeout and exits 0. An invalid config is refused before anything starts, with the
+messages of kvctl validate-config.`,
+		Example: `  # run on the embedded pool with the defaults
+  kvctl serve
+
+  # a 64 GiB pool, stats lines every 30 s, JSON logs
+  kvctl serve --pool-size 64GiB --stats-interval 30s --log-format json
+
+  # from a config file whose keys are these flag names
+  kvctl serve --config /etc/kvctl/serve.yaml`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts.LogLevel, opts.LogFormat = f.LogLevel, f.LogFormat
+			if f.Config != nil {
+				opts.ConfigFile = f.Config.ConfigFileUsed()
+			}
+			if opts.Socket == "" {
+				opts.Socket = engineapi.DefaultSocketPath(f.Getenv)
+			}
+			if runF != nil {
+				return runF(cmd.Context(), opts)
+			}
+			return Run(cmd.Context(), opts)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&opts.Socket, config.ServeKeySocket, "", "engine API unix socket (default $XDG_RUNTIME_DIR/kvctl/kvctl.sock, else /tmp/kvctl-<uid>/kvctl.sock)")
+	fl.StringVar(&opts.AdminAddr, config.ServeKeyAdminAddr, def.AdminAddr, "admin HTTP `host:port`; empty turns it off")
+	fl.BoolVar(&opts.AllowRemoteAdmin, config.ServeKeyAllowRemoteAdmin, false, "allow a non-loopback --admin-addr (the admin API has no authentication)")
+	fl.StringVar(&opts.PoolBackend, config.ServeKeyPoolBackend, def.PoolBackend, "pool backend: embedded")
+	fl.StringVar(&opts.Pool, config.ServeKeyPool, "", "the pool of the mooncake backend: file://<pool.json> or host:port")
+	fl.StringVar(&opts.PoolSize, config.ServeKeyPoolSize, "auto", "embedded pool capacity, e.g. 64GiB; auto is a quarter of available memory")
+	fl.StringVar(&opts.StagingBytes, config.ServeKeyStagingBufferBytes, config.FormatSize(def.StagingBufferBytes), "default host staging per direction for an engine rank (at most 1GiB)")
+	fl.DurationVar(&opts.StatsInterval, config.ServeKeyStatsInterval, 0, "log prefix-hole and load stats at most this often (0 = off; metrics are always exported)")
+	fl.DurationVar(&opts.DrainTimeout, config.ServeKeyDrainTimeout, def.DrainTimeout, "how long a shutdown waits for queued saves")
+	_ = cmd.RegisterFlagCompletionFunc(config.ServeKeyPoolBackend, cobra.FixedCompletions([]string{config.PoolBackendEmbedded}, cobra.ShellCompDirectiveNoFileComp))
+	return cmd
+}
+
+// serveConfig gathers the effective settings in the config package's form, so that they are
+// checked by the same rules as a config file.
+func (o *Options) serveConfig() (config.ServeConfig, config.Diagnostics) {
+	s := config.ServeConfig{
+		Socket: o.Socket, AdminAddr: o.AdminAddr, AllowRemoteAdmin: o.AllowRemoteAdmin,
+		PoolBackend: o.PoolBackend, Pool: o.Pool, PoolSize: o.PoolSize,
+		LogLevel: o.LogLevel, LogFormat: o.LogFormat, StatsInterval: o.StatsInterval, DrainTimeout: o.DrainTimeout,
+	}
+	var diags config.Diagnostics
+	n, err := config.ParseSize(o.StagingBytes, true)
+	if err != nil {
+		diags = append(diags, config.Diagnostic{Path: config.ServeKeyStagingBufferBytes, Severity: config.SeverityError, Message: err.Error()})
+	}
+	s.StagingBufferBytes = n
+	diags = append(diags, s.Validate()...)
+	return s, diags
+}
+
+func report(opts *Options, diags config.Diagnostics) error {
+	for _, d := range diags {
+		fmt.Fprintf(opts.IO.ErrOut, "%s\n", d.String())
+	}
+	if diags.HasErrors() {
+		return cmdutil.ValidationErrorf("invalid configuration (%d errors); nothing was started", len(diags.Errors()))
+	}
+	return nil
+}
+
+// Run checks the configuration, starts the daemon and serves until ctx is cancelled.
+func Run(ctx context.Context, opts *Options) error {
+	if opts.ConfigFile != "" {
+		data, err := os.ReadFile(opts.ConfigFile)
+		if err != nil {
+			return err
+		}
+		_, diags := config.Load(opts.ConfigFile, data, config.LoadOptions{Kind: config.KindServe})
+		if err := report(opts, diags); err != nil {
+			return err
+		}
+	}
+	sc, diags := opts.serveConfig()
+	if err := report(opts, diags); err != nil {
+		return err
+	}
+	log := opts.Factory.Logger()
+
+	memAvail := opts.MemAvailable
+	if memAvail == nil {
+		memAvail = gpu.MemAvailable
+	}
+	poolBytes, ok, _ := sc.PoolSizeBytes()
+	if !ok {
+		avail, known := memAvail()
+		if !known {
+			return cmdutil.ValidationErrorf("pool-size auto: available memory is unknown here; give --pool-size")
+		}
+		poolBytes = autoPoolSize(avail)
+	}
+	if poolBytes < minPoolBytes {
+		return cmdutil.ValidationErrorf("pool-size %s is below the %s minimum", config.FormatSize(poolBytes), config.FormatSize(minPoolBytes))
+	}
+	if avail, known := memAvail(); known && uint64(poolBytes)+2*uint64(sc.StagingBufferBytes) > avail {
+		log.Warn("the pool and staging exceed available memory; pages will be swapped or the daemon killed",
+			"pool", config.FormatSize(poolBytes), "available", config.FormatSize(int64(avail)))
+	}
+
+	popts := mooncake.DefaultOptions()
+	popts.Segments = []mooncake.SegmentSpec{{Name: "kvctl-embedded-0", Capacity: poolBytes}}
+	inv, _ := gpu.Discover()
+	d, err := daemon.New(daemon.Config{
+		Socket:           sc.Socket,
+		AdminAddr:        sc.AdminAddr,
+		AllowRemoteAdmin: sc.AllowRemoteAdmin,
+		Pool:             popts,
+		Defaults: connector.Options{
+			StagingBufferBytes: sc.StagingBufferBytes,
+			StatsInterval:      sc.StatsInterval,
+		},
+		DrainTimeout: sc.DrainTimeout,
+		Logger:       log,
+		Version:      opts.Factory.Version,
+	})
+	if err != nil {
+		return cmdutil.ValidationErrorf("%v", err)
+	}
+	err = d.Run(ctx, func(info daemon.Info) {
+		banner(opts, info, inv)
+		if opts.Ready != nil {
+			opts.Ready(info)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+const minPoolBytes = 16 << 20
+
+// autoPoolSize is a quarter of available memory, in whole MiB: enough to be useful on a
+// workstation, small enough to leave the engines theirs.
+func autoPoolSize(avail uint64) int64 {
+	return int64(avail/4) &^ (1<<20 - 1)
+}
+
+func banner(opts *Options, info daemon.Info, inv gpu.Inventory) {
+	version := opts.Factory.Version
+	if version == "" {
+		version = "dev"
+	}
+	gpus := "none"
+	if len(inv.GPUs) > 0 {
+		names := make([]string, 0, len(inv.GPUs))
+		for _, g := range inv.GPUs {
+			names = append(names, fmt.Sprintf("%d:%s", g.Index, g.Name))
+		}
+		gpus = strings.Join(names, ", ")
+	} else if inv.NoGPUReason != "" {
+		gpus = "none (" + inv.NoGPUReason + ")"
+	}
+	admin := info.AdminAddr
+	if admin == "" {
+		admin = "off"
+	} else {
+		admin = "http://" + admin
+	}
+	fmt.Fprintf(opts.IO.ErrOut, "kvctl serve %s\n  pool     embedded, %s\n  gpus     %s\n  socket   %s\n  admin    %s\n  ready\n",
+		version, config.FormatSize(info.PoolBytes), gpus, info.Socket, admin)
+}

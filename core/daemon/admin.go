@@ -1,0 +1,193 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+
+	"github.com/kvctl/kvctl/core/stats"
+	"github.com/kvctl/kvctl/mooncake"
+)
+
+// AdminHandler serves the admin HTTP API: the Mooncake master's read endpoints over the pool,
+// /metrics with the pool's master-named series and kvctl's kvctl_* series, /v1/stats, /healthz
+// and /readyz.
+func (d *Daemon) AdminHandler() http.Handler {
+	master := mooncake.NewAdminHandler(d.pool, mooncake.DefaultAdminHandlerOptions())
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /metrics", d.serveMetrics)
+	mux.HandleFunc("GET /v1/stats", d.serveStats)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if !d.ready.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte("not ready\n"))
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	mux.Handle("/", master)
+	return mux
+}
+
+func (d *Daemon) serveMetrics(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	snap, err := d.pool.Metrics(ctx)
+	if err != nil {
+		http.Error(w, "metrics: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	var buf bytes.Buffer
+	buf.Write(mooncake.RenderMasterMetrics(snap))
+	fams, err := d.reg.Gather()
+	if err != nil {
+		http.Error(w, "metrics: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	enc := expfmt.NewEncoder(&buf, expfmt.NewFormat(expfmt.TypeTextPlain))
+	for _, f := range fams {
+		if err := enc.Encode(f); err != nil {
+			http.Error(w, "metrics: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+	}
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	_, _ = w.Write(buf.Bytes())
+}
+
+// HoleStatsJSON is the prefix-hole stats part of /v1/stats.
+type HoleStatsJSON struct {
+	Lookups                int64 `json:"lookups"`
+	LookedUpBlocks         int64 `json:"looked_up_blocks"`
+	HitBlocks              int64 `json:"hit_blocks"`
+	Holes                  int64 `json:"holes"`
+	HoleBlocks             int64 `json:"hole_blocks"`
+	RecomputedStoredTokens int64 `json:"recomputed_stored_tokens"`
+}
+
+// PhaseJSON is one load phase's time.
+type PhaseJSON struct {
+	WallSeconds float64 `json:"wall_seconds"`
+	CPUSeconds  float64 `json:"cpu_seconds"`
+}
+
+// LoadStatsJSON is the load-phase stats part of /v1/stats.
+type LoadStatsJSON struct {
+	Loads           int64                `json:"loads"`
+	AsyncLoads      int64                `json:"async_loads"`
+	Pages           int64                `json:"pages"`
+	StoreCalls      int64                `json:"store_calls"`
+	LandedBytes     int64                `json:"landed_bytes"`
+	FailedPages     int64                `json:"failed_pages"`
+	TransferSeconds float64              `json:"transfer_seconds"`
+	TransferMaxSecs float64              `json:"transfer_max_seconds"`
+	WaitSeconds     float64              `json:"wait_seconds"`
+	WaitMaxSeconds  float64              `json:"wait_max_seconds"`
+	Phases          map[string]PhaseJSON `json:"phases"`
+}
+
+// EngineJSON describes one registered engine rank in /v1/stats.
+type EngineJSON struct {
+	Engine       string        `json:"engine"`
+	ModelKey     string        `json:"model_key"`
+	Shard        string        `json:"shard"`
+	Role         string        `json:"role"`
+	Scheduler    bool          `json:"scheduler"`
+	RegisteredAt time.Time     `json:"registered_at"`
+	PrefixHoles  HoleStatsJSON `json:"prefix_holes"`
+	Loads        LoadStatsJSON `json:"loads"`
+}
+
+// StatsJSON is the body of GET /v1/stats. Field names are a compatibility contract.
+type StatsJSON struct {
+	Version       string         `json:"version"`
+	UptimeSeconds float64        `json:"uptime_seconds"`
+	Ready         bool           `json:"ready"`
+	Pool          mooncake.Stats `json:"pool"`
+	PrefixHoles   HoleStatsJSON  `json:"prefix_holes"`
+	Loads         LoadStatsJSON  `json:"loads"`
+	Engines       []EngineJSON   `json:"engines"`
+}
+
+func holesJSON(h stats.HoleStats) HoleStatsJSON {
+	return HoleStatsJSON{h.Lookups, h.LookedUpBlocks, h.HitBlocks, h.Holes, h.HoleBlocks, h.RecomputedStoredTokens}
+}
+
+func loadsJSON(t stats.LoadTotals) LoadStatsJSON {
+	out := LoadStatsJSON{
+		Loads: t.Loads, AsyncLoads: t.AsyncLoads, Pages: t.Pages, StoreCalls: t.StoreCalls,
+		LandedBytes: t.LandedBytes, FailedPages: t.FailedPages,
+		TransferSeconds: t.TransferSum.Seconds(), TransferMaxSecs: t.TransferMax.Seconds(),
+		WaitSeconds: t.WaitSum.Seconds(), WaitMaxSeconds: t.WaitMax.Seconds(),
+		Phases: map[string]PhaseJSON{},
+	}
+	for p := stats.Phase(0); p < stats.NumPhases; p++ {
+		out.Phases[p.String()] = PhaseJSON{WallSeconds: t.Phases[p].Wall.Seconds(), CPUSeconds: t.Phases[p].CPU.Seconds()}
+	}
+	return out
+}
+
+// Stats returns what GET /v1/stats serves.
+func (d *Daemon) Stats(ctx context.Context) (StatsJSON, error) {
+	ps, err := d.pool.Stats(ctx)
+	if err != nil {
+		return StatsJSON{}, err
+	}
+	out := StatsJSON{Version: d.cfg.Version, UptimeSeconds: time.Since(d.start).Seconds(), Ready: d.ready.Load(), Pool: ps, Engines: []EngineJSON{}}
+	var holes stats.HoleStats
+	var loads stats.LoadTotals
+	d.mu.RLock()
+	for _, e := range d.engines {
+		h, l := e.reporter.HoleTotals(), e.reporter.LoadTotals()
+		holes.Add(h)
+		addTotals(&loads, l)
+		out.Engines = append(out.Engines, EngineJSON{
+			Engine: e.name, ModelKey: e.modelKey, Shard: e.shard, Role: string(e.role),
+			Scheduler: e.scheduler != nil, RegisteredAt: e.since.UTC(),
+			PrefixHoles: holesJSON(h), Loads: loadsJSON(l),
+		})
+	}
+	d.mu.RUnlock()
+	sort.Slice(out.Engines, func(i, j int) bool { return out.Engines[i].Engine < out.Engines[j].Engine })
+	out.PrefixHoles, out.Loads = holesJSON(holes), loadsJSON(loads)
+	return out, nil
+}
+
+func (d *Daemon) serveStats(w http.ResponseWriter, r *http.Request) {
+	s, err := d.Stats(r.Context())
+	if err != nil {
+		http.Error(w, "stats: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(s)
+}
+
+func addTotals(dst *stats.LoadTotals, t stats.LoadTotals) {
+	dst.Loads += t.Loads
+	dst.AsyncLoads += t.AsyncLoads
+	for p := range dst.Phases {
+		dst.Phases[p].Wall += t.Phases[p].Wall
+		dst.Phases[p].CPU += t.Phases[p].CPU
+	}
+	dst.Pages += t.Pages
+	dst.StoreCalls += t.StoreCalls
+	dst.LandedBytes += t.LandedBytes
+	dst.FailedPages += t.FailedPages
+	dst.TransferSum += t.TransferSum
+	dst.TransferMax = max(dst.TransferMax, t.TransferMax)
+	dst.WaitSum += t.WaitSum
+	dst.WaitMax = max(dst.WaitMax, t.WaitMax)
+}

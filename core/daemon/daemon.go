@@ -1,0 +1,272 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/kvctl/kvctl/core/connector"
+	"github.com/kvctl/kvctl/core/engineapi"
+	"github.com/kvctl/kvctl/core/engineapi/enginepb"
+	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/mooncake"
+)
+
+// Config configures a Daemon. Zero values take the defaults noted.
+type Config struct {
+	// Socket is the engine socket's path (engineapi.DefaultSocketPath when empty).
+	Socket string
+	// AdminAddr is the admin HTTP listener's host:port; "" disables it. An address that is not
+	// loopback is refused unless AllowRemoteAdmin is set.
+	AdminAddr        string
+	AllowRemoteAdmin bool
+
+	// Pool holds the embedded pool's options (mooncake.DefaultOptions when zero).
+	Pool mooncake.Options
+
+	// Defaults fills the connector settings an engine leaves zero in Register.
+	Defaults connector.Options
+
+	// DrainTimeout bounds the drain on shutdown (30 s when zero).
+	DrainTimeout time.Duration
+	// CUDA configures CUDA movers.
+	CUDA gpu.CUDAMoverOptions
+
+	Logger  *slog.Logger
+	Version string
+}
+
+// DefaultDrainTimeout is how long a shutdown waits for queued saves.
+const DefaultDrainTimeout = 30 * time.Second
+
+// Info describes a running daemon, for the startup banner.
+type Info struct {
+	Socket    string
+	FDSocket  string
+	AdminAddr string
+	PoolBytes int64
+}
+
+// Daemon is a running `kvctl serve`.
+type Daemon struct {
+	cfg   Config
+	log   *slog.Logger
+	pool  *mooncake.Embedded
+	fds   *engineapi.FDRegistry
+	reg   *prometheus.Registry
+	start time.Time
+
+	mu      sync.RWMutex
+	engines map[string]*engine
+
+	ready    atomic.Bool
+	draining atomic.Bool
+	calls    callCounters
+}
+
+// New builds a daemon and its embedded pool. It listens on nothing until Run.
+func New(cfg Config) (*Daemon, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = DefaultDrainTimeout
+	}
+	if len(cfg.Pool.Segments) == 0 {
+		cfg.Pool = mooncake.DefaultOptions()
+	}
+	if cfg.AdminAddr != "" && !cfg.AllowRemoteAdmin {
+		if err := checkLoopback(cfg.AdminAddr); err != nil {
+			return nil, err
+		}
+	}
+	pool, err := mooncake.NewEmbedded(cfg.Pool)
+	if err != nil {
+		return nil, fmt.Errorf("embedded pool: %w", err)
+	}
+	d := &Daemon{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		pool:    pool,
+		fds:     engineapi.NewFDRegistry(),
+		reg:     prometheus.NewRegistry(),
+		start:   time.Now(),
+		engines: map[string]*engine{},
+	}
+	d.calls.register(d.reg)
+	return d, nil
+}
+
+// Pool is the daemon's pool.
+func (d *Daemon) Pool() *mooncake.Embedded { return d.pool }
+
+func checkLoopback(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("admin address %q: %w", addr, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("admin address %q is not loopback: the admin API has no authentication; pass --allow-remote-admin to serve it there anyway", addr)
+	}
+	return nil
+}
+
+// Run listens on the engine socket, its descriptor side channel and the admin address, calls
+// ready once all three accept, and serves until ctx is done. Then it drains: new calls are
+// refused, every engine's queued saves are flushed within DrainTimeout, and the pool is closed.
+func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
+	socket := d.cfg.Socket
+	if socket == "" {
+		return errors.New("no engine socket path")
+	}
+	ln, err := engineapi.Listen(socket)
+	if err != nil {
+		return err
+	}
+	fdln, err := engineapi.Listen(engineapi.FDSocketPath(socket))
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
+	var adminLn net.Listener
+	if d.cfg.AdminAddr != "" {
+		adminLn, err = net.Listen("tcp", d.cfg.AdminAddr)
+		if err != nil {
+			_ = ln.Close()
+			_ = fdln.Close()
+			return fmt.Errorf("admin listener: %w", err)
+		}
+	}
+
+	gs := grpc.NewServer(
+		grpc.MaxRecvMsgSize(engineapi.MaxMessageBytes),
+		grpc.MaxSendMsgSize(engineapi.MaxMessageBytes),
+		grpc.ChainUnaryInterceptor(d.intercept),
+	)
+	enginepb.RegisterEngineServer(gs, &service{d: d})
+
+	var wg sync.WaitGroup
+	errc := make(chan error, 3)
+	serveCtx, stopServe := context.WithCancel(context.Background())
+	defer stopServe()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := gs.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			errc <- fmt.Errorf("engine socket: %w", err)
+		}
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := d.fds.Serve(serveCtx, fdln); err != nil {
+			errc <- err
+		}
+	}()
+	var hs *http.Server
+	if adminLn != nil {
+		hs = &http.Server{Handler: d.AdminHandler(), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 1 << 20}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := hs.Serve(adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("admin http: %w", err)
+			}
+		}()
+	}
+
+	info := Info{Socket: socket, FDSocket: engineapi.FDSocketPath(socket), PoolBytes: d.capacity()}
+	if adminLn != nil {
+		info.AdminAddr = adminLn.Addr().String()
+	}
+	d.ready.Store(true)
+	if ready != nil {
+		ready(info)
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+	}
+	d.ready.Store(false)
+	d.draining.Store(true)
+	d.log.Info("draining", "engines", d.engineCount(), "deadline", d.cfg.DrainTimeout)
+
+	drainCtx, cancel := context.WithTimeout(context.Background(), d.cfg.DrainTimeout)
+	defer cancel()
+	// Calls in flight finish first (GracefulStop waits for them), then the workers flush.
+	stopped := make(chan struct{})
+	go func() { gs.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-drainCtx.Done():
+		gs.Stop()
+	}
+	drainErr := d.closeEngines(drainCtx)
+	stopServe()
+	d.fds.Close()
+	if hs != nil {
+		_ = hs.Shutdown(drainCtx)
+	}
+	wg.Wait()
+	if err := d.pool.Close(); err != nil && drainErr == nil {
+		drainErr = err
+	}
+	if drainErr != nil {
+		d.log.Error("drain incomplete", "err", drainErr)
+	} else {
+		d.log.Info("stopped cleanly")
+	}
+	return errors.Join(runErr, drainErr)
+}
+
+func (d *Daemon) capacity() int64 {
+	var n int64
+	for _, s := range d.cfg.Pool.Segments {
+		n += s.Capacity
+	}
+	return n
+}
+
+func (d *Daemon) engineCount() int {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return len(d.engines)
+}
+
+func (d *Daemon) closeEngines(ctx context.Context) error {
+	d.mu.Lock()
+	engines := d.engines
+	d.engines = map[string]*engine{}
+	d.mu.Unlock()
+	var errs []error
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for name, e := range engines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := e.close(ctx); err != nil {
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("engine %s: %w", name, err))
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}

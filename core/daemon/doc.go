@@ -1,0 +1,18 @@
+// Package daemon is `kvctl serve`: the connector daemon on a GPU host.
+//
+// One Daemon owns one pool (the embedded pool by default) and serves many engine ranks. Each
+// rank registers over the engine socket (gRPC on a unix socket, package engineapi) with its
+// model key, shard, KV layout and KV memory; the daemon builds a connector Scheduler (on the
+// rank that runs the scheduler adapter) and a Worker for it, over a page Mover opened on the
+// rank's memory, and maps every engine API call onto them one to one.
+//
+// Vocabulary:
+//   - engine: one registered engine rank, named by the engine string it registered with.
+//   - drain: on shutdown the daemon stops taking calls, then closes every worker against one
+//     deadline, so that queued saves reach the pool, and closes the pool last.
+//
+// Alongside, an admin HTTP server answers the Mooncake master's read endpoints for the pool
+// (so Mooncake tooling and `kvctl probe-pool` work against it), /metrics in Prometheus text
+// (the pool's master-named series and kvctl's own kvctl_* series), /v1/stats as JSON, and
+// /healthz and /readyz.
+package daemon

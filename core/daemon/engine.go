@@ -1,0 +1,304 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvctl/kvctl/core/connector"
+	"github.com/kvctl/kvctl/core/engineapi/enginepb"
+	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/core/stats"
+	"github.com/kvctl/kvctl/gpu"
+)
+
+// engine is one registered engine rank.
+type engine struct {
+	name      string
+	modelKey  string
+	shard     string
+	role      connector.Role
+	scheduler *connector.Scheduler // nil on a rank without the scheduler adapter
+	worker    *connector.Worker
+	mover     gpu.Mover
+	reporter  *stats.Reporter
+	memFile   *os.File
+	since     time.Time
+}
+
+func (e *engine) close(ctx context.Context) error {
+	var errs []error
+	if e.worker != nil {
+		errs = append(errs, e.worker.Close(ctx))
+	}
+	if e.scheduler != nil {
+		e.scheduler.Close()
+	}
+	e.reporter.Flush()
+	e.reporter.Unregister()
+	if e.mover != nil {
+		errs = append(errs, e.mover.Close())
+	}
+	if e.memFile != nil {
+		errs = append(errs, e.memFile.Close())
+	}
+	return errors.Join(errs...)
+}
+
+type callCounters struct {
+	calls  *prometheus.CounterVec
+	errors *prometheus.CounterVec
+}
+
+func (c *callCounters) register(r prometheus.Registerer) {
+	c.calls = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvctl_engine_calls_total", Help: "Engine API calls by method."}, []string{"method"})
+	c.errors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvctl_engine_call_errors_total", Help: "Engine API calls that returned an error, by method and code."}, []string{"method", "code"})
+	r.MustRegister(c.calls, c.errors)
+}
+
+// intercept counts every call and refuses new ones while the daemon drains.
+func (d *Daemon) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	method := info.FullMethod[strings.LastIndexByte(info.FullMethod, '/')+1:]
+	d.calls.calls.WithLabelValues(method).Inc()
+	if d.draining.Load() {
+		d.calls.errors.WithLabelValues(method, codes.Unavailable.String()).Inc()
+		return nil, status.Error(codes.Unavailable, "kvctl serve is shutting down")
+	}
+	resp, err := h(ctx, req)
+	if err != nil {
+		d.calls.errors.WithLabelValues(method, status.Code(err).String()).Inc()
+	}
+	return resp, err
+}
+
+// statusOf maps connector and mover errors to gRPC status codes an engine can branch on.
+func statusOf(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok && status.Code(err) != codes.Unknown {
+		return err
+	}
+	code := codes.Internal
+	switch {
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, connector.ErrUnknownRequest):
+		code = codes.NotFound
+	case errors.Is(err, connector.ErrNotContextOnly), errors.Is(err, connector.ErrNoLayout):
+		code = codes.FailedPrecondition
+	case errors.Is(err, connector.ErrLoadFailed):
+		code = codes.DataLoss
+	case errors.Is(err, connector.ErrClosed):
+		code = codes.Unavailable
+	case errors.Is(err, gpu.ErrBadPage), errors.Is(err, keys.ErrTokensShrank):
+		code = codes.InvalidArgument
+	}
+	return status.Error(code, err.Error())
+}
+
+func (d *Daemon) lookupEngine(name string) (*engine, error) {
+	if name == "" {
+		return nil, status.Error(codes.InvalidArgument, "no engine named: call Register first and pass its engine")
+	}
+	d.mu.RLock()
+	e := d.engines[name]
+	d.mu.RUnlock()
+	if e == nil {
+		return nil, status.Errorf(codes.NotFound, "engine %q is not registered", name)
+	}
+	return e, nil
+}
+
+func (d *Daemon) schedulerOf(name string) (*connector.Scheduler, error) {
+	e, err := d.lookupEngine(name)
+	if err != nil {
+		return nil, err
+	}
+	if e.scheduler == nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "engine %q registered without the scheduler adapter (scheduler = false)", name)
+	}
+	return e.scheduler, nil
+}
+
+func (d *Daemon) workerOf(name string) (*connector.Worker, error) {
+	e, err := d.lookupEngine(name)
+	if err != nil {
+		return nil, err
+	}
+	return e.worker, nil
+}
+
+// register builds the connector halves for one engine rank.
+func (d *Daemon) register(req *enginepb.RegisterRequest) (*engine, error) {
+	if req.GetEngine() == "" {
+		return nil, status.Error(codes.InvalidArgument, "register: engine name is empty")
+	}
+	layout, err := layoutFromPB(req.GetLayout())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
+	}
+	opts, err := d.optionsFor(req, layout)
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
+	}
+
+	e := &engine{name: req.GetEngine(), modelKey: req.GetModelKey(), shard: opts.Namespace.Shard(), role: opts.Role, since: time.Now()}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = e.close(context.Background())
+		}
+	}()
+
+	reporter, err := stats.NewReporter(stats.ReporterOptions{
+		Interval:    opts.StatsInterval,
+		Logger:      d.log.With("engine", e.name),
+		Registerer:  d.reg,
+		ConstLabels: prometheus.Labels{"engine": e.name},
+	})
+	if err != nil {
+		return nil, status.Errorf(codes.AlreadyExists, "register: stats for engine %q: %v", e.name, err)
+	}
+	e.reporter = reporter
+	opts.Stats = reporter
+	opts.Logger = d.log.With("engine", e.name)
+
+	if opts.Role.Transfers() {
+		if err := layout.Validate(memSize(req)); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
+		}
+		h, f, err := d.handleFor(req)
+		if err != nil {
+			return nil, err
+		}
+		e.memFile = f
+		if e.mover, err = gpu.OpenMover(h, layout, d.cfg.CUDA); err != nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "register: open engine memory: %v", err)
+		}
+	}
+	if e.worker, err = connector.NewWorker(opts, d.pool, e.mover); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
+	}
+	if err := e.worker.RegisterLayout(layout); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
+	}
+	if req.GetScheduler() {
+		if e.scheduler, err = connector.NewScheduler(opts, d.pool); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
+		}
+		if err := e.scheduler.RegisterLayout(layout); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
+		}
+	}
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, dup := d.engines[e.name]; dup {
+		return nil, status.Errorf(codes.AlreadyExists, "engine %q is already registered; unregister it first", e.name)
+	}
+	d.engines[e.name] = e
+	ok = true
+	return e, nil
+}
+
+func memSize(req *enginepb.RegisterRequest) uint64 {
+	switch m := req.GetMemory().(type) {
+	case *enginepb.RegisterRequest_SharedMemory:
+		return m.SharedMemory.GetSize()
+	case *enginepb.RegisterRequest_CudaIpc:
+		return m.CudaIpc.GetSize()
+	case *enginepb.RegisterRequest_CudaFd:
+		return m.CudaFd.GetSize()
+	}
+	return 0
+}
+
+// handleFor resolves the engine memory of a registration, claiming a descriptor from the side
+// channel where one was sent.
+func (d *Daemon) handleFor(req *enginepb.RegisterRequest) (gpu.EngineHandle, *os.File, error) {
+	switch m := req.GetMemory().(type) {
+	case *enginepb.RegisterRequest_SharedMemory:
+		f, err := d.fds.Claim(m.SharedMemory.GetFdToken())
+		if err != nil {
+			return gpu.EngineHandle{}, nil, status.Errorf(codes.InvalidArgument, "register: shared memory: %v", err)
+		}
+		return gpu.EngineHandle{Kind: gpu.HandleSharedMemory, FD: int(f.Fd()), Size: m.SharedMemory.GetSize()}, f, nil
+	case *enginepb.RegisterRequest_CudaFd:
+		f, err := d.fds.Claim(m.CudaFd.GetFdToken())
+		if err != nil {
+			return gpu.EngineHandle{}, nil, status.Errorf(codes.InvalidArgument, "register: CUDA memory: %v", err)
+		}
+		return gpu.EngineHandle{Kind: gpu.HandleCUDAFD, FD: int(f.Fd()), Size: m.CudaFd.GetSize(), Device: int(m.CudaFd.GetDevice())}, f, nil
+	case *enginepb.RegisterRequest_CudaIpc:
+		return gpu.EngineHandle{Kind: gpu.HandleCUDAIPC, IPC: m.CudaIpc.GetHandle(), Offset: m.CudaIpc.GetOffset(), Size: m.CudaIpc.GetSize(), Device: int(m.CudaIpc.GetDevice())}, nil, nil
+	}
+	return gpu.EngineHandle{}, nil, status.Error(codes.InvalidArgument, "register: a role that transfers KV needs engine memory (shared_memory, cuda_ipc or cuda_fd)")
+}
+
+// optionsFor merges a registration over the daemon's defaults.
+func (d *Daemon) optionsFor(req *enginepb.RegisterRequest, layout gpu.Layout) (connector.Options, error) {
+	o := d.cfg.Defaults
+	role := connector.Role(req.GetRole())
+	if role == "" {
+		role = connector.RoleBoth
+	}
+	o.Role = role
+	format := keys.FormatTRTLLM
+	if req.GetFormat() != "" {
+		f, err := keys.ParseFormat(req.GetFormat())
+		if err != nil {
+			return o, err
+		}
+		format = f
+	}
+	o.Format = format
+	world := int(req.GetWorldSize())
+	if world == 0 {
+		world = 1
+	}
+	o.Namespace = keys.Namespace{Namespace: req.GetNamespace(), ModelKey: req.GetModelKey(), WorldSize: world, Rank: int(req.GetRank()), AttentionDP: req.GetAttentionDp()}
+	if err := o.Namespace.Validate(); err != nil {
+		return o, err
+	}
+	o.PromptLookahead = int(req.GetPromptLookahead())
+	o.TokensPerBlock = layout.TokensPerBlock
+	if v := req.GetTransferBatchSize(); v > 0 {
+		o.TransferBatchSize = int(v)
+	}
+	if req.GetAsyncLoad() {
+		o.AsyncLoad = true
+	}
+	if v := req.GetAsyncLoadWorkers(); v > 0 {
+		o.AsyncLoadWorkers = int(v)
+	}
+	if v := req.GetSoftPinTtlMs(); v > 0 {
+		o.SoftPinTTL = time.Duration(v) * time.Millisecond
+	}
+	if req.GetGroupBlocks() {
+		o.GroupBlocks = true
+	}
+	if v := req.GetLocalReuseBackoff(); v != "" {
+		o.LocalReuseBackoff = connector.ReuseBackoff(v)
+	}
+	if req.GetSpeculativePrefill() {
+		o.SpeculativePrefill = true
+	}
+	if v := req.GetStagingBufferBytes(); v > 0 {
+		if v > 1<<40 {
+			return o, fmt.Errorf("staging_buffer_bytes %d is not a sane size", v)
+		}
+		o.StagingBufferBytes = int64(v)
+	}
+	return o, o.Validate()
+}

@@ -1,0 +1,210 @@
+package daemon
+
+import (
+	"context"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvctl/kvctl/core/engineapi/enginepb"
+)
+
+// service implements the Engine gRPC service over the daemon's registered engines.
+type service struct {
+	enginepb.UnimplementedEngineServer
+	d *Daemon
+}
+
+func (s *service) Register(_ context.Context, req *enginepb.RegisterRequest) (*enginepb.RegisterResponse, error) {
+	e, err := s.d.register(req)
+	if err != nil {
+		return nil, err
+	}
+	decl := e.worker.Declarations().Map()
+	out := &enginepb.RegisterResponse{Engine: e.name, Shard: e.shard, Declarations: map[string]bool{}}
+	for k, v := range decl {
+		if b, ok := v.(bool); ok {
+			out.Declarations[k] = b
+		}
+	}
+	s.d.log.Info("engine registered", "engine", e.name, "model_key", e.modelKey, "shard", e.shard, "role", e.role, "scheduler", e.scheduler != nil)
+	return out, nil
+}
+
+func (s *service) Unregister(ctx context.Context, req *enginepb.EngineRef) (*enginepb.Empty, error) {
+	s.d.mu.Lock()
+	e := s.d.engines[req.GetEngine()]
+	delete(s.d.engines, req.GetEngine())
+	s.d.mu.Unlock()
+	if e == nil {
+		return nil, status.Errorf(codes.NotFound, "engine %q is not registered", req.GetEngine())
+	}
+	if err := e.close(ctx); err != nil {
+		return nil, statusOf(err)
+	}
+	s.d.log.Info("engine unregistered", "engine", e.name)
+	return &enginepb.Empty{}, nil
+}
+
+func (s *service) Lookup(ctx context.Context, req *enginepb.LookupRequest) (*enginepb.LookupResponse, error) {
+	return s.lookup(ctx, req, false)
+}
+
+func (s *service) AdmissionQuery(ctx context.Context, req *enginepb.LookupRequest) (*enginepb.LookupResponse, error) {
+	return s.lookup(ctx, req, true)
+}
+
+func (s *service) lookup(ctx context.Context, req *enginepb.LookupRequest, admission bool) (*enginepb.LookupResponse, error) {
+	sc, err := s.d.schedulerOf(req.GetEngine())
+	if err != nil {
+		return nil, err
+	}
+	r, err := requestFromPB(req.GetRequest())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "lookup: %v", err)
+	}
+	if req.GetNumComputedTokens() < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "lookup: num_computed_tokens %d is negative", req.GetNumComputedTokens())
+	}
+	call := sc.Lookup
+	if admission {
+		call = sc.AdmissionQuery
+	}
+	n, async, err := call(ctx, r, int(req.GetNumComputedTokens()))
+	if err != nil {
+		return nil, statusOf(err)
+	}
+	return &enginepb.LookupResponse{MatchedTokens: int32(n), Async: async}, nil
+}
+
+func (s *service) CancelLoad(_ context.Context, req *enginepb.CancelLoadRequest) (*enginepb.Empty, error) {
+	sc, err := s.d.schedulerOf(req.GetEngine())
+	if err != nil {
+		return nil, err
+	}
+	if err := sc.CancelLoad(req.GetRequestId(), int(req.GetStart()), int(req.GetEnd())); err != nil {
+		return nil, statusOf(err)
+	}
+	return &enginepb.Empty{}, nil
+}
+
+func (s *service) UpdateStateAfterAlloc(_ context.Context, req *enginepb.AllocRequest) (*enginepb.Empty, error) {
+	sc, err := s.d.schedulerOf(req.GetEngine())
+	if err != nil {
+		return nil, err
+	}
+	if err := sc.UpdateStateAfterAlloc(req.GetRequestId(), blockIDsFromPB(req.GetBlockIdsByGroup()), int(req.GetHonouredTokens())); err != nil {
+		return nil, statusOf(err)
+	}
+	return &enginepb.Empty{}, nil
+}
+
+func (s *service) BuildMeta(_ context.Context, req *enginepb.BuildMetaRequest) (*enginepb.Metadata, error) {
+	sc, err := s.d.schedulerOf(req.GetEngine())
+	if err != nil {
+		return nil, err
+	}
+	out := schedulerOutput(req)
+	m, err := sc.BuildMeta(out)
+	if err != nil {
+		return nil, statusOf(err)
+	}
+	return metadataToPB(m), nil
+}
+
+func (s *service) RequestFinished(_ context.Context, req *enginepb.RequestRef) (*enginepb.RequestFinishedResponse, error) {
+	sc, err := s.d.schedulerOf(req.GetEngine())
+	if err != nil {
+		return nil, err
+	}
+	return &enginepb.RequestFinishedResponse{AsyncSaving: sc.RequestFinished(req.GetRequestId())}, nil
+}
+
+func (s *service) RequestReset(_ context.Context, req *enginepb.RequestRef) (*enginepb.Empty, error) {
+	sc, err := s.d.schedulerOf(req.GetEngine())
+	if err != nil {
+		return nil, err
+	}
+	sc.RequestReset(req.GetRequestId())
+	return &enginepb.Empty{}, nil
+}
+
+func (s *service) BindMeta(_ context.Context, req *enginepb.BindMetaRequest) (*enginepb.Empty, error) {
+	w, err := s.d.workerOf(req.GetEngine())
+	if err != nil {
+		return nil, err
+	}
+	m, err := metadataFromPB(req.GetMetadata())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "bind metadata: %v", err)
+	}
+	w.BindMeta(m)
+	return &enginepb.Empty{}, nil
+}
+
+func (s *service) StartLoad(ctx context.Context, req *enginepb.EngineRef) (*enginepb.Empty, error) {
+	w, err := s.d.workerOf(req.GetEngine())
+	if err != nil {
+		return nil, err
+	}
+	if err := w.StartLoad(ctx); err != nil {
+		return nil, statusOf(err)
+	}
+	return &enginepb.Empty{}, nil
+}
+
+func (s *service) WaitForSave(ctx context.Context, req *enginepb.EngineRef) (*enginepb.Empty, error) {
+	w, err := s.d.workerOf(req.GetEngine())
+	if err != nil {
+		return nil, err
+	}
+	if err := w.WaitForSave(ctx); err != nil {
+		return nil, statusOf(err)
+	}
+	return &enginepb.Empty{}, nil
+}
+
+func (s *service) GetFinished(_ context.Context, req *enginepb.GetFinishedRequest) (*enginepb.GetFinishedResponse, error) {
+	w, err := s.d.workerOf(req.GetEngine())
+	if err != nil {
+		return nil, err
+	}
+	saving, loading, err := w.GetFinished(req.GetFinishedGen(), req.GetStartedLoading())
+	if err != nil {
+		return nil, statusOf(err)
+	}
+	return &enginepb.GetFinishedResponse{FinishedSaving: saving, FinishedLoading: loading}, nil
+}
+
+func (s *service) TakeFailedLoads(_ context.Context, req *enginepb.EngineRef) (*enginepb.RequestIDs, error) {
+	w, err := s.d.workerOf(req.GetEngine())
+	if err != nil {
+		return nil, err
+	}
+	return &enginepb.RequestIDs{Ids: w.TakeFailedLoadRequests()}, nil
+}
+
+func (s *service) TakeFailedAsyncLoads(_ context.Context, req *enginepb.EngineRef) (*enginepb.RequestIDs, error) {
+	w, err := s.d.workerOf(req.GetEngine())
+	if err != nil {
+		return nil, err
+	}
+	return &enginepb.RequestIDs{Ids: w.TakeFailedAsyncLoadRequests()}, nil
+}
+
+func (s *service) TakeSubmittedSaves(_ context.Context, req *enginepb.EngineRef) (*enginepb.RequestIDs, error) {
+	w, err := s.d.workerOf(req.GetEngine())
+	if err != nil {
+		return nil, err
+	}
+	return &enginepb.RequestIDs{Ids: w.TakeSubmittedSaves()}, nil
+}
+
+func (s *service) DropBoundSaves(_ context.Context, req *enginepb.DropRequest) (*enginepb.Empty, error) {
+	w, err := s.d.workerOf(req.GetEngine())
+	if err != nil {
+		return nil, err
+	}
+	w.DropBoundSaves(req.GetRequestIds())
+	return &enginepb.Empty{}, nil
+}
