@@ -372,6 +372,9 @@ func parseSample(line string) (MetricSample, error) {
 	} else {
 		s.Name, rest = line[:i], line[i:]
 	}
+	if s.Name == "" {
+		return s, fmt.Errorf("sample %q has no metric name", line)
+	}
 	if strings.HasPrefix(rest, "{") {
 		end := -1
 		inQuote := false
