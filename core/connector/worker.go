@@ -165,7 +165,7 @@ func (w *Worker) RegisterLayout(l gpu.Layout) error {
 			return nil, fmt.Errorf("%s staging: %w", label, err)
 		}
 		w.log.Info(fmt.Sprintf("mooncake-store %s staging: %d slots x %d B = %.1f MiB", label, slots, g.slotBytes, float64(slots*g.slotBytes)/(1<<20)))
-		cleanup = append(cleanup, func() { st.Close() })
+		cleanup = append(cleanup, func() { _ = st.Close() })
 		return st, nil
 	}
 	clone := func() (gpu.Mover, error) {
@@ -173,7 +173,7 @@ func (w *Worker) RegisterLayout(l gpu.Layout) error {
 		if err != nil {
 			return nil, fmt.Errorf("clone mover: %w", err)
 		}
-		cleanup = append(cleanup, func() { m.Close() })
+		cleanup = append(cleanup, func() { _ = m.Close() })
 		return m, nil
 	}
 
@@ -431,7 +431,7 @@ func (w *Worker) saveLoop() {
 			return
 		}
 		if err := w.save(job); err != nil {
-			w.keep(fmt.Errorf("save: %w", err))
+			_ = w.keep(fmt.Errorf("save: %w", err))
 		}
 		w.mu.Lock()
 		for _, t := range job.saves {
@@ -632,7 +632,7 @@ func (w *Worker) asyncLoop(i int) {
 		w.stats.SetLoadQueue(w.asyncQueued, w.asyncActive)
 		a.done, a.failed = true, failed || err != nil
 		if err != nil {
-			w.keepLocked(err)
+			_ = w.keepLocked(err)
 		}
 		w.mu.Unlock()
 	}
