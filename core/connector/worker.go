@@ -238,6 +238,12 @@ func (w *Worker) keepLocked(err error) error {
 	return w.kept
 }
 
+// shutdownCancelled reports whether err is only the cancellation of work that Close gave up
+// waiting for; it is not kept as a worker error.
+func (w *Worker) shutdownCancelled(err error) bool {
+	return errors.Is(err, context.Canceled) && w.ctx.Err() != nil
+}
+
 // Err returns the kept worker error, if any.
 func (w *Worker) Err() error {
 	w.mu.Lock()
@@ -430,7 +436,7 @@ func (w *Worker) saveLoop() {
 		if !ok {
 			return
 		}
-		if err := w.save(job); err != nil {
+		if err := w.save(job); err != nil && !w.shutdownCancelled(err) {
 			_ = w.keep(fmt.Errorf("save: %w", err))
 		}
 		w.mu.Lock()
@@ -631,7 +637,7 @@ func (w *Worker) asyncLoop(i int) {
 		w.asyncActive--
 		w.stats.SetLoadQueue(w.asyncQueued, w.asyncActive)
 		a.done, a.failed = true, failed || err != nil
-		if err != nil {
+		if err != nil && !w.shutdownCancelled(err) {
 			_ = w.keepLocked(err)
 		}
 		w.mu.Unlock()
