@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -49,10 +48,11 @@ func (c *Client) Close() error { return c.conn.Close() }
 // Socket is the path the client dialled.
 func (c *Client) Socket() string { return c.socket }
 
-// RegisterSharedMemory hands mem (a shared-memory file of size bytes, see gpu.NewSharedMemory)
-// to the daemon over the descriptor side channel and registers the engine rank with it.
-func (c *Client) RegisterSharedMemory(ctx context.Context, req *enginepb.RegisterRequest, mem *os.File, size uint64) (*enginepb.RegisterResponse, error) {
-	tok, err := SendFD(ctx, FDSocketPath(c.socket), mem)
+// RegisterSharedMemory hands the shared-memory file memFD (size bytes, see gpu.NewSharedMemory)
+// to the daemon over the descriptor side channel and registers the engine rank with it. The
+// daemon gets its own copy of the descriptor; memFD stays the caller's.
+func (c *Client) RegisterSharedMemory(ctx context.Context, req *enginepb.RegisterRequest, memFD int, size uint64) (*enginepb.RegisterResponse, error) {
+	tok, err := SendFD(ctx, FDSocketPath(c.socket), memFD)
 	if err != nil {
 		return nil, err
 	}
@@ -62,8 +62,8 @@ func (c *Client) RegisterSharedMemory(ctx context.Context, req *enginepb.Registe
 
 // RegisterCUDAFD is RegisterSharedMemory for a CUDA virtual-memory allocation exported as a file
 // descriptor.
-func (c *Client) RegisterCUDAFD(ctx context.Context, req *enginepb.RegisterRequest, mem *os.File, size uint64, device int32) (*enginepb.RegisterResponse, error) {
-	tok, err := SendFD(ctx, FDSocketPath(c.socket), mem)
+func (c *Client) RegisterCUDAFD(ctx context.Context, req *enginepb.RegisterRequest, memFD int, size uint64, device int32) (*enginepb.RegisterResponse, error) {
+	tok, err := SendFD(ctx, FDSocketPath(c.socket), memFD)
 	if err != nil {
 		return nil, err
 	}

@@ -161,9 +161,9 @@ func recvFD(c *net.UnixConn) (*os.File, error) {
 	return nil, errors.New("no descriptor in the message")
 }
 
-// SendFD sends f's descriptor to the daemon's side channel at path and returns the token that
-// names it in Register.
-func SendFD(ctx context.Context, path string, f *os.File) (string, error) {
+// SendFD sends a copy of descriptor fd to the daemon's side channel at path and returns the
+// token that names it in Register. fd stays the caller's.
+func SendFD(ctx context.Context, path string, fd int) (string, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
@@ -174,7 +174,7 @@ func SendFD(ctx context.Context, path string, f *os.File) (string, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = uc.SetDeadline(dl)
 	}
-	rights := unix.UnixRights(int(f.Fd()))
+	rights := unix.UnixRights(fd)
 	if _, _, err := uc.WriteMsgUnix([]byte{0}, rights, nil); err != nil {
 		return "", fmt.Errorf("send descriptor: %w", err)
 	}
