@@ -12,6 +12,7 @@ import (
 	"github.com/kvctl/kvctl/commands/hash"
 	"github.com/kvctl/kvctl/commands/probepool"
 	"github.com/kvctl/kvctl/commands/serve"
+	"github.com/kvctl/kvctl/commands/stats"
 	"github.com/kvctl/kvctl/commands/validateconfig"
 	"github.com/kvctl/kvctl/commands/version"
 )
@@ -76,6 +77,7 @@ environment, then the file, then the default.`,
 		hash.NewCmdHash(f, nil),
 		probepool.NewCmdProbePool(f, nil),
 		serve.NewCmdServe(f, nil),
+		stats.NewCmdStats(f, nil),
 		validateconfig.NewCmdValidateConfig(f, nil),
 		version.NewCmdVersion(f, nil),
 		completion.NewCmdCompletion(f),
