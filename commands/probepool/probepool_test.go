@@ -388,6 +388,27 @@ func masterReplay(t *testing.T, present func(string) bool) *httptest.Server {
 	return srv
 }
 
+func TestFromConfig(t *testing.T) {
+	d, addr := startServe(t)
+	populate(t, d.Pool())
+	yaml := filepath.Join(t.TempDir(), "llm_api.yaml")
+	os.WriteFile(yaml, []byte("tensor_parallel_size: 2\nkv_cache_config:\n  tokens_per_block: 4\nkv_connector_config:\n  connector: mooncake-store\n  mooncake_store:\n    pool: 127.0.0.1:50051\n    model_key: llama-test\n"), 0o644)
+	ios, _, out, _ := cmdutil.Test()
+	o := options(ios, addr, cmdutil.FormatJSON)
+	o.Keys.ModelKey, o.Keys.TokensPerBlock, o.Keys.WorldSize = "", 32, 1
+	o.Keys.FromConfig = []string{yaml}
+	if err := Run(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	var r Result
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.ModelKey != "llama-test" || r.TokensPerBlock != 4 || r.Summary.HitBlocks != 2 || r.Summary.Holes != 2 {
+		t.Errorf("model %q T %d summary %+v", r.ModelKey, r.TokensPerBlock, r.Summary)
+	}
+}
+
 func TestTableColour(t *testing.T) {
 	d, addr := startServe(t)
 	populate(t, d.Pool())
