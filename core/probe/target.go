@@ -67,7 +67,7 @@ func (t *Target) Kind(ctx context.Context) (string, error) {
 	case http.StatusOK:
 		var s daemon.StatsJSON
 		if err := json.Unmarshal(body, &s); err != nil {
-			return "", fmt.Errorf("%s/v1/stats: %w: %v", t.Addr(), mooncake.ErrMalformedResponse, err)
+			return "", fmt.Errorf("%s/v1/stats: %w: %w", t.Addr(), mooncake.ErrMalformedResponse, err)
 		}
 		t.kind = KindServe
 	case http.StatusNotFound:
@@ -89,7 +89,7 @@ func (t *Target) ServeStats(ctx context.Context) (daemon.StatsJSON, error) {
 	}
 	var s daemon.StatsJSON
 	if err := json.Unmarshal(body, &s); err != nil {
-		return daemon.StatsJSON{}, fmt.Errorf("%s/v1/stats: %w: %v", t.Addr(), mooncake.ErrMalformedResponse, err)
+		return daemon.StatsJSON{}, fmt.Errorf("%s/v1/stats: %w: %w", t.Addr(), mooncake.ErrMalformedResponse, err)
 	}
 	return s, nil
 }
@@ -105,12 +105,12 @@ func (t *Target) get(ctx context.Context, path string) ([]byte, int, error) {
 		if ctx.Err() != nil {
 			return nil, 0, ctx.Err()
 		}
-		return nil, 0, fmt.Errorf("%s: %w: %v", u, mooncake.ErrUnreachable, err)
+		return nil, 0, fmt.Errorf("%s: %w: %w", u, mooncake.ErrUnreachable, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		return nil, resp.StatusCode, fmt.Errorf("%s: reading body: %w: %v", u, mooncake.ErrUnreachable, err)
+		return nil, resp.StatusCode, fmt.Errorf("%s: reading body: %w: %w", u, mooncake.ErrUnreachable, err)
 	}
 	return body, resp.StatusCode, nil
 }
