@@ -222,7 +222,7 @@ func Run(ctx context.Context, opts *Options) error {
 			return err
 		}
 		if opts.HasExpectHit && res.Summary.HitBlocks < opts.ExpectHit {
-			return cmdutil.ValidationErrorf("expected at least %d hit blocks, got %d of %d from %s", opts.ExpectHit, res.Summary.HitBlocks, res.Summary.Blocks, target.Addr())
+			return cmdutil.ValidationErrorf("expected at least %s to hit, got %d of %d from %s", plural(opts.ExpectHit, "block", "blocks"), res.Summary.HitBlocks, res.Summary.Blocks, target.Addr())
 		}
 		return nil
 	}

@@ -305,7 +305,7 @@ func TestExpectHit(t *testing.T) {
 		if cmdutil.ExitCode(err) != tt.code {
 			t.Errorf("--expect-hit %d: %v, want exit %d", tt.n, err, tt.code)
 		}
-		if err != nil && !strings.Contains(err.Error(), "expected at least 3 hit blocks, got 2 of 10") {
+		if err != nil && !strings.Contains(err.Error(), "expected at least 3 blocks to hit, got 2 of 10") {
 			t.Errorf("message: %v", err)
 		}
 	}
