@@ -248,8 +248,7 @@ func script(t *testing.T, p *mooncake.Embedded, clock *mooncake.ManualClock) {
 		}
 		clock.Advance(time.Second)
 	}
-	buf := make([]byte, 1<<20)
-	got := p.BatchGet(ctx, []string{"k00", "k14", "nope"}, [][]byte{buf, buf, buf})
+	got := p.BatchGet(ctx, []string{"k00", "k14", "nope"}, buffers(3))
 	if got[0] < 0 || got[1] < 0 || got[2] >= 0 {
 		t.Fatalf("gets %v", got)
 	}
@@ -257,6 +256,15 @@ func script(t *testing.T, p *mooncake.Embedded, clock *mooncake.ManualClock) {
 	if _, ran := p.EvictNow(); !ran {
 		t.Fatal("no eviction round ran")
 	}
+}
+
+// buffers returns n distinct 1 MiB get buffers: the pool writes each one concurrently.
+func buffers(n int) [][]byte {
+	out := make([][]byte, n)
+	for i := range out {
+		out[i] = make([]byte, 1<<20)
+	}
+	return out
 }
 
 func TestServe(t *testing.T) {
@@ -447,8 +455,7 @@ func TestWatchDeltas(t *testing.T) {
 	script(t, d.Pool(), clock)
 	master := masterReplay(t, nil)
 	getMore := func() {
-		buf := make([]byte, 1<<20)
-		d.Pool().BatchGet(context.Background(), []string{"k14", "k14", "k13", "gone"}, [][]byte{buf, buf, buf, buf})
+		d.Pool().BatchGet(context.Background(), []string{"k14", "k14", "k13", "gone"}, buffers(4))
 	}
 
 	t.Run("pipe", func(t *testing.T) {
