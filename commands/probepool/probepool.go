@@ -70,7 +70,8 @@ since a prefix is served only up to its first gap. Incomplete blocks reaching th
 prompt are reported as missing, not as a hole.
 
 --watch N probes again every N seconds until interrupted: on a terminal the report is redrawn in
-place, otherwise one report follows another. --expect-hit N exits 3 when fewer than N blocks hit,
+place, otherwise one report follows another; a pool that does not answer is reported on
+standard error and asked again at the next interval. --expect-hit N exits 3 when fewer than N blocks hit,
 for smoke tests.`,
 		Example: `  # which of a prompt's blocks a master holds
   kvctl probe-pool --pool 10.0.0.5:9003 --tokens-file prompt.json \

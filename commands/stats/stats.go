@@ -59,7 +59,8 @@ TensorRT-LLM's "async-load stats" summary. The lines are summed into the same re
 lines are skipped and counted. A file with no stats lines exits 3.
 
 --watch N reports again every N seconds until interrupted, with each counter's change since the
-previous report: on a terminal the report is redrawn in place, otherwise one follows another.`,
+previous report: on a terminal the report is redrawn in place, otherwise one follows another. A
+pool that does not answer is reported on standard error and asked again at the next interval.`,
 		Example: `  kvctl stats --pool 127.0.0.1:9100
   kvctl stats --pool 127.0.0.1:9100 --pool 10.0.0.5:9003 -o json
   kvctl stats --watch 5 --pool 127.0.0.1:9100
