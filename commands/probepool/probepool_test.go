@@ -607,3 +607,22 @@ func TestRunNeedsKeys(t *testing.T) {
 		t.Errorf("%v", err)
 	}
 }
+
+func TestWatchKeepsGoingWhenThePoolIsDown(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	ios, _, out, errOut := cmdutil.Test()
+	o := options(ios, addr, cmdutil.FormatTable)
+	o.Watch, o.Iterations = 1, 2
+	o.Sleep = func(context.Context, time.Duration) error { return nil }
+	if err := Run(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(errOut.String(), "pool http://"+addr+" is unreachable"); n != 2 || out.Len() != 0 {
+		t.Errorf("want two warnings and no report, got %d:\n%s", n, errOut)
+	}
+}
