@@ -90,16 +90,9 @@ trtllm-lookahead-v2, trtllm-v1, and blake3 (kvctl only: faster, never matches Te
   # what a lookup must find, as JSON
   kvctl hash --tokens-file - --model-key m --layer-group 0:131072 --key-set lookup -o json < prompt.txt`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.Args = args
-			opts.HasCacheSalt = cmd.Flags().Changed("cache-salt")
-			opts.HasLoRAID = cmd.Flags().Changed("lora-id")
 			opts.OutputFormat = cmdutil.OutputFormat(cmd)
-			opts.Changed = cmd.Flags().Changed
-			if len(args) > 0 && opts.TokensFile != "" {
-				return cmdutil.FlagErrorf("give tokens as arguments or with --tokens-file, not both")
-			}
-			if len(args) == 0 && opts.TokensFile == "" {
-				return cmdutil.FlagErrorf("no tokens: give them as arguments or with --tokens-file (- for stdin)")
+			if err := BindKeyFlags(cmd, args, opts); err != nil {
+				return err
 			}
 			if opts.KeySet != KeySetSave && opts.KeySet != KeySetLookup {
 				return cmdutil.FlagErrorf("invalid --key-set %q: want save or lookup", opts.KeySet)
@@ -110,6 +103,17 @@ trtllm-lookahead-v2, trtllm-v1, and blake3 (kvctl only: faster, never matches Te
 			return Run(opts)
 		},
 	}
+	AddKeyFlags(cmd, opts)
+	fl := cmd.Flags()
+	fl.StringVar(&opts.KeySet, "key-set", KeySetSave, "keys per block: save (what this rank writes) or lookup (what a hit needs)")
+	fl.BoolVar(&opts.KeysOnly, "keys-only", false, "print only the keys, one per line")
+	_ = cmd.RegisterFlagCompletionFunc("key-set", cobra.FixedCompletions([]string{KeySetSave, KeySetLookup}, cobra.ShellCompDirectiveNoFileComp))
+	return cmd
+}
+
+// AddKeyFlags registers the flags that decide a prompt's hashes and keys (tokens, scope,
+// layout, --from-config) on cmd, bound to opts. kvctl hash and kvctl probe-pool share them.
+func AddKeyFlags(cmd *cobra.Command, opts *Options) {
 	fl := cmd.Flags()
 	fl.StringVar(&opts.TokensFile, "tokens-file", "", "read tokens from `FILE` (- for stdin)")
 	fl.StringVar(&opts.Format, "format", string(keys.FormatTRTLLM), "key format: trtllm, trtllm-lookahead-v2, trtllm-v1 or blake3")
@@ -126,8 +130,6 @@ trtllm-lookahead-v2, trtllm-v1, and blake3 (kvctl only: faster, never matches Te
 	fl.BoolVar(&opts.AttentionDP, "attention-dp", false, "attention data parallelism: every owner keys pages as w1r0")
 	fl.StringArrayVar(&opts.LayerGroups, "layer-group", nil, "a layer group and its page size, `g:bytes_per_page` (repeatable)")
 	fl.StringArrayVar(&opts.Replicated, "replicated", nil, "a layer group's replicated page size, `g:bytes` (repeatable)")
-	fl.StringVar(&opts.KeySet, "key-set", KeySetSave, "keys per block: save (what this rank writes) or lookup (what a hit needs)")
-	fl.BoolVar(&opts.KeysOnly, "keys-only", false, "print only the keys, one per line")
 	fl.StringArrayVar(&opts.FromConfig, "from-config", nil, "read namespace, model key, tokens per block, world size, attention DP and lookahead from a TensorRT-LLM YAML, mooncake.json or pool.json (repeatable); explicit flags win")
 	_ = cmd.RegisterFlagCompletionFunc("format", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
 		var s []string
@@ -136,8 +138,30 @@ trtllm-lookahead-v2, trtllm-v1, and blake3 (kvctl only: faster, never matches Te
 		}
 		return s, cobra.ShellCompDirectiveNoFileComp
 	})
-	_ = cmd.RegisterFlagCompletionFunc("key-set", cobra.FixedCompletions([]string{KeySetSave, KeySetLookup}, cobra.ShellCompDirectiveNoFileComp))
-	return cmd
+}
+
+// BindKeyFlags records what the key flags of cmd cannot tell by their values alone (which
+// flags were given, the token arguments) and checks that tokens were given exactly once.
+func BindKeyFlags(cmd *cobra.Command, args []string, opts *Options) error {
+	opts.Args = args
+	opts.HasCacheSalt = cmd.Flags().Changed("cache-salt")
+	opts.HasLoRAID = cmd.Flags().Changed("lora-id")
+	opts.Changed = cmd.Flags().Changed
+	if len(args) > 0 && opts.TokensFile != "" {
+		return cmdutil.FlagErrorf("give tokens as arguments or with --tokens-file, not both")
+	}
+	if len(args) == 0 && opts.TokensFile == "" {
+		return cmdutil.FlagErrorf("no tokens: give them as arguments or with --tokens-file (- for stdin)")
+	}
+	return nil
+}
+
+// LoadPrompt fills the key inputs not given as flags from --from-config and reads the tokens.
+func LoadPrompt(opts *Options) ([]int64, error) {
+	if err := applyConfig(opts); err != nil {
+		return nil, err
+	}
+	return readTokens(opts)
 }
 
 // Block is one full block of the prompt.
@@ -168,10 +192,7 @@ type Result struct {
 
 // Run hashes the prompt and prints the result.
 func Run(opts *Options) error {
-	if err := applyConfig(opts); err != nil {
-		return err
-	}
-	tokens, err := readTokens(opts)
+	tokens, err := LoadPrompt(opts)
 	if err != nil {
 		return err
 	}

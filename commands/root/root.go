@@ -10,7 +10,9 @@ import (
 	"github.com/kvctl/kvctl/commands/cmdutil"
 	"github.com/kvctl/kvctl/commands/completion"
 	"github.com/kvctl/kvctl/commands/hash"
+	"github.com/kvctl/kvctl/commands/probepool"
 	"github.com/kvctl/kvctl/commands/serve"
+	"github.com/kvctl/kvctl/commands/stats"
 	"github.com/kvctl/kvctl/commands/validateconfig"
 	"github.com/kvctl/kvctl/commands/version"
 )
@@ -73,7 +75,9 @@ environment, then the file, then the default.`,
 
 	cmd.AddCommand(
 		hash.NewCmdHash(f, nil),
+		probepool.NewCmdProbePool(f, nil),
 		serve.NewCmdServe(f, nil),
+		stats.NewCmdStats(f, nil),
 		validateconfig.NewCmdValidateConfig(f, nil),
 		version.NewCmdVersion(f, nil),
 		completion.NewCmdCompletion(f),

@@ -1,0 +1,461 @@
+// Package probepool implements `kvctl probe-pool`: which blocks of a prompt a live pool holds,
+// where its prefix stops, and which holes make it recompute tokens it stores.
+package probepool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"charm.land/lipgloss/v2"
+	"github.com/spf13/cobra"
+
+	"github.com/kvctl/kvctl/commands/cmdutil"
+	"github.com/kvctl/kvctl/commands/hash"
+	"github.com/kvctl/kvctl/core/probe"
+	"github.com/kvctl/kvctl/mooncake"
+)
+
+// Options are the inputs of `kvctl probe-pool`.
+type Options struct {
+	IO *cmdutil.IOStreams
+	// Keys holds the key inputs shared with kvctl hash.
+	Keys *hash.Options
+
+	Pool         string
+	RenewLeases  bool
+	Watch        int // seconds between probes; 0 probes once
+	ExpectHit    int
+	HasExpectHit bool
+	Timeout      time.Duration
+	OutputFormat string
+
+	// Now stamps watch headers.
+	Now func() time.Time
+	// Iterations stops a watch after that many reports (0: until the context is done).
+	Iterations int
+	// Sleep waits between two watch reports; nil waits on a timer.
+	Sleep func(ctx context.Context, d time.Duration) error
+}
+
+// NewCmdProbePool returns `kvctl probe-pool`. runF replaces the run function in tests.
+func NewCmdProbePool(f *cmdutil.Factory, runF func(*Options) error) *cobra.Command {
+	opts := &Options{IO: f.IOStreams, Now: f.Now, Keys: &hash.Options{IO: f.IOStreams, KeySet: hash.KeySetLookup}}
+	cmd := &cobra.Command{
+		Use:   "probe-pool --pool URL [TOKEN...]",
+		Short: "Show which blocks of a prompt a live pool holds, and where its prefix stops",
+		Long: `Ask a live pool which keys of a prompt it holds, block by block, and show the prefix a
+lookup would serve, the holes behind it and the stored tokens those holes make an engine
+recompute.
+
+The prompt and its keys are given as for kvctl hash: tokens as arguments or --tokens-file, the
+scope flags, --model-key and every --layer-group (and --replicated) page size, or --from-config
+with a TensorRT-LLM YAML, mooncake.json or pool.json plus the layer-group page sizes. A block
+counts as present only if every key a lookup needs exists: the sharded key of every peer shard
+of every layer group, plus the replicated keys.
+
+--pool is a Mooncake master's HTTP admin address (port 9003 by default) or a kvctl serve admin
+address, as http://host:port or host:port; the two are told apart by /v1/stats. Keys are looked
+up with the read-only /batch_query_keys, which grants no lease and moves no counter.
+--renew-leases asks /query_key key by key instead, which grants each present key a read lease
+as an engine's lookup does.
+
+The hit is the run of leading complete blocks. A hole is a run of incomplete blocks after it
+with a complete block behind it; the complete blocks behind a hole are stored but recomputed,
+since a prefix is served only up to its first gap. Incomplete blocks reaching the end of the
+prompt are reported as missing, not as a hole.
+
+--watch N probes again every N seconds until interrupted: on a terminal the report is redrawn in
+place, otherwise one report follows another; a pool that does not answer is reported on
+standard error and asked again at the next interval. --expect-hit N exits 3 when fewer than N blocks hit,
+for smoke tests.`,
+		Example: `  # which of a prompt's blocks a master holds
+  kvctl probe-pool --pool 10.0.0.5:9003 --tokens-file prompt.json \
+      --model-key llama-3-8b --world-size 4 --layer-group 0:65536
+
+  # the key layout from the engine's YAML, as JSON
+  kvctl probe-pool --pool http://127.0.0.1:9100 --from-config llm_api.yaml \
+      --layer-group 0:131072 --tokens-file prompt.json -o json
+
+  # CI smoke test: at least 3 blocks must hit
+  kvctl probe-pool --pool 127.0.0.1:9100 --model-key m --layer-group 0:4096 \
+      --tokens-per-block 4 --expect-hit 3 0 1 2 3 4 5 6 7 8 9 10 11`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			opts.OutputFormat = cmdutil.OutputFormat(cmd)
+			opts.Keys.OutputFormat = opts.OutputFormat
+			opts.HasExpectHit = cmd.Flags().Changed("expect-hit")
+			if err := hash.BindKeyFlags(cmd, args, opts.Keys); err != nil {
+				return err
+			}
+			if opts.Pool == "" {
+				return cmdutil.FlagErrorf("--pool is required: a Mooncake master or kvctl serve admin address, host:port")
+			}
+			if opts.Watch < 0 {
+				return cmdutil.FlagErrorf("--watch %d: want a number of seconds, at least 1", opts.Watch)
+			}
+			if opts.HasExpectHit && opts.ExpectHit < 0 {
+				return cmdutil.FlagErrorf("--expect-hit %d: must not be negative", opts.ExpectHit)
+			}
+			if opts.HasExpectHit && opts.Watch > 0 {
+				return cmdutil.FlagErrorf("--expect-hit checks one probe; it cannot be combined with --watch")
+			}
+			if opts.Timeout <= 0 {
+				return cmdutil.FlagErrorf("--timeout %v: must be positive", opts.Timeout)
+			}
+			if runF != nil {
+				return runF(opts)
+			}
+			return Run(cmd.Context(), opts)
+		},
+	}
+	hash.AddKeyFlags(cmd, opts.Keys)
+	fl := cmd.Flags()
+	fl.StringVar(&opts.Pool, "pool", "", "the pool's admin address: a Mooncake master (`URL` http://host:9003) or a kvctl serve admin address")
+	fl.BoolVar(&opts.RenewLeases, "renew-leases", false, "look keys up with /query_key, which grants each present key a read lease, instead of the read-only /batch_query_keys")
+	fl.IntVar(&opts.Watch, "watch", 0, "probe again every `N` seconds until interrupted")
+	fl.IntVar(&opts.ExpectHit, "expect-hit", 0, "exit 3 when fewer than `N` blocks hit")
+	fl.DurationVar(&opts.Timeout, "timeout", probe.DefaultTimeout, "bound on each HTTP request to the pool")
+	return cmd
+}
+
+// Block states.
+const (
+	StateHit     = "hit"     // part of the served prefix
+	StateHole    = "hole"    // incomplete, with a complete block behind it
+	StateStored  = "stored"  // complete, but behind a hole: recomputed
+	StateMissing = "missing" // incomplete, and so is every block after it
+)
+
+// Key is one key a block needs.
+type Key struct {
+	Key     string `json:"key"`
+	Present bool   `json:"present"`
+}
+
+// Block is one full block of the prompt and what the pool holds of it.
+type Block struct {
+	Block       int    `json:"block"`
+	Start       int    `json:"start"`
+	End         int    `json:"end"`
+	Hash        string `json:"hash"`
+	State       string `json:"state"`
+	Complete    bool   `json:"complete"`
+	PresentKeys int    `json:"present_keys"`
+	NeededKeys  int    `json:"needed_keys"`
+	Keys        []Key  `json:"keys"`
+}
+
+// Hole is a run of incomplete blocks with stored blocks behind it.
+type Hole struct {
+	StartBlock             int   `json:"start_block"`
+	Blocks                 int   `json:"blocks"`
+	StartToken             int   `json:"start_token"`
+	EndToken               int   `json:"end_token"`
+	StoredBlocksBehind     int   `json:"stored_blocks_behind"`
+	RecomputedStoredTokens int64 `json:"recomputed_stored_tokens"`
+}
+
+// Summary is the probe in a few numbers.
+type Summary struct {
+	Blocks                 int   `json:"blocks"`
+	HitBlocks              int   `json:"hit_blocks"`
+	HitTokens              int   `json:"hit_tokens"`
+	Holes                  int   `json:"holes"`
+	HoleBlocks             int   `json:"hole_blocks"`
+	MissingBlocks          int   `json:"missing_blocks"`
+	RecomputedStoredTokens int64 `json:"recomputed_stored_tokens"`
+	KeysChecked            int   `json:"keys_checked"`
+	KeysPresent            int   `json:"keys_present"`
+}
+
+// Result is the output of `kvctl probe-pool`.
+type Result struct {
+	Pool            string  `json:"pool"`
+	Target          string  `json:"target"`
+	Query           string  `json:"query"`
+	Format          string  `json:"format"`
+	Namespace       string  `json:"namespace"`
+	ModelKey        string  `json:"model_key"`
+	Tokens          int     `json:"tokens"`
+	TokensPerBlock  int     `json:"tokens_per_block"`
+	PromptLookahead int     `json:"prompt_lookahead"`
+	UncoveredTokens int     `json:"uncovered_tokens"`
+	Bypassed        bool    `json:"bypassed"`
+	Blocks          []Block `json:"blocks"`
+	Holes           []Hole  `json:"holes"`
+	Summary         Summary `json:"summary"`
+}
+
+// Run probes the pool once, or every --watch seconds until ctx is done.
+func Run(ctx context.Context, opts *Options) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if opts.Keys.ModelKey == "" && len(opts.Keys.FromConfig) == 0 {
+		return cmdutil.FlagErrorf("--model-key (or --from-config) is required: the pool's keys name the model")
+	}
+	if len(opts.Keys.LayerGroups) == 0 {
+		return cmdutil.FlagErrorf("at least one --layer-group g:bytes_per_page is required: the pool's keys name each layer group's page size")
+	}
+	opts.Keys.KeySet = hash.KeySetLookup
+	tokens, err := hash.LoadPrompt(opts.Keys)
+	if err != nil {
+		return err
+	}
+	layout, err := hash.Compute(opts.Keys, tokens)
+	if err != nil {
+		return err
+	}
+	target, err := probe.NewTarget(opts.Pool, opts.Timeout)
+	if err != nil {
+		return cmdutil.FlagErrorf("--pool: %v", err)
+	}
+	if opts.Watch <= 0 {
+		res, err := Probe(ctx, target, layout, opts.RenewLeases)
+		if err != nil {
+			return poolError(target, err)
+		}
+		if err := write(opts, res); err != nil {
+			return err
+		}
+		if opts.HasExpectHit && res.Summary.HitBlocks < opts.ExpectHit {
+			return cmdutil.ValidationErrorf("expected at least %s to hit, got %d of %d from %s", plural(opts.ExpectHit, "block", "blocks"), res.Summary.HitBlocks, res.Summary.Blocks, target.Addr())
+		}
+		return nil
+	}
+	return watch(ctx, opts, target, layout)
+}
+
+func watch(ctx context.Context, opts *Options, target *probe.Target, layout *hash.Result) error {
+	sleep := opts.Sleep
+	if sleep == nil {
+		sleep = func(ctx context.Context, d time.Duration) error {
+			t := time.NewTimer(d)
+			defer t.Stop()
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-t.C:
+				return nil
+			}
+		}
+	}
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	interval := time.Duration(opts.Watch) * time.Second
+	tty := opts.IO.IsStdoutTTY()
+	for n := 1; ; n++ {
+		res, err := Probe(ctx, target, layout, opts.RenewLeases)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		switch {
+		case err != nil && errors.Is(err, mooncake.ErrUnreachable):
+			// A watch outlives a pool restart: say so and try again next interval.
+			fmt.Fprintf(opts.IO.ErrOut, "%s: %v\n", now().Format(time.TimeOnly), poolError(target, err))
+		case err != nil:
+			return poolError(target, err)
+		default:
+			if tty {
+				fmt.Fprint(opts.IO.Out, "\x1b[H\x1b[2J")
+				fmt.Fprintf(opts.IO.Out, "every %ds: %s  %s\n\n", opts.Watch, target.Addr(), now().Format(time.DateTime))
+			} else if n > 1 {
+				sep := "\n"
+				if opts.OutputFormat == cmdutil.FormatYAML {
+					sep = "---\n"
+				}
+				if opts.OutputFormat != cmdutil.FormatJSON {
+					fmt.Fprint(opts.IO.Out, sep)
+				}
+			}
+			if err := write(opts, res); err != nil {
+				return err
+			}
+		}
+		if opts.Iterations > 0 && n >= opts.Iterations {
+			return nil
+		}
+		if err := sleep(ctx, interval); err != nil {
+			return err
+		}
+	}
+}
+
+// Probe looks every key of layout up in target and analyses the answer.
+func Probe(ctx context.Context, target *probe.Target, layout *hash.Result, renewLeases bool) (*Result, error) {
+	kind, err := target.Kind(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{
+		Pool: target.Addr(), Target: kind, Query: "batch_query_keys",
+		Format: layout.Format, Namespace: layout.Namespace, ModelKey: layout.ModelKey,
+		Tokens: layout.Tokens, TokensPerBlock: layout.TokensPerBlock, PromptLookahead: layout.PromptLookahead,
+		UncoveredTokens: layout.UncoveredTokens, Bypassed: layout.Bypassed,
+		Blocks: []Block{}, Holes: []Hole{},
+	}
+	if renewLeases {
+		res.Query = "query_key"
+	}
+	var all []string
+	for _, b := range layout.Blocks {
+		all = append(all, b.Keys...)
+	}
+	present, err := target.Exists(ctx, all, renewLeases)
+	if err != nil {
+		return nil, err
+	}
+	complete := make([]bool, len(layout.Blocks))
+	i := 0
+	for bi, b := range layout.Blocks {
+		blk := Block{Block: b.Block, Start: b.Start, End: b.End, Hash: b.Hash, NeededKeys: len(b.Keys), Keys: make([]Key, len(b.Keys))}
+		for ki, k := range b.Keys {
+			blk.Keys[ki] = Key{Key: k, Present: present[i]}
+			if present[i] {
+				blk.PresentKeys++
+			}
+			i++
+		}
+		blk.Complete = blk.PresentKeys == blk.NeededKeys
+		complete[bi] = blk.Complete
+		res.Blocks = append(res.Blocks, blk)
+		res.Summary.KeysChecked += blk.NeededKeys
+		res.Summary.KeysPresent += blk.PresentKeys
+	}
+	t := layout.TokensPerBlock
+	a := probe.Analyze(complete, t)
+	for bi := range res.Blocks {
+		switch {
+		case bi < a.Hit:
+			res.Blocks[bi].State = StateHit
+		case bi >= len(res.Blocks)-a.MissingTail:
+			res.Blocks[bi].State = StateMissing
+		case res.Blocks[bi].Complete:
+			res.Blocks[bi].State = StateStored
+		default:
+			res.Blocks[bi].State = StateHole
+		}
+	}
+	for _, h := range a.Holes {
+		res.Holes = append(res.Holes, Hole{
+			StartBlock: h.Start, Blocks: h.Blocks, StartToken: h.Start * t, EndToken: (h.Start + h.Blocks) * t,
+			StoredBlocksBehind: h.StoredBlocks, RecomputedStoredTokens: h.RecomputedStoredTokens,
+		})
+	}
+	res.Summary.Blocks = a.Blocks
+	res.Summary.HitBlocks = a.Hit
+	res.Summary.HitTokens = a.Hit * t
+	res.Summary.Holes = len(a.Holes)
+	res.Summary.HoleBlocks = int(a.Stats.HoleBlocks)
+	res.Summary.MissingBlocks = a.MissingTail
+	res.Summary.RecomputedStoredTokens = a.Stats.RecomputedStoredTokens
+	return res, nil
+}
+
+// poolError gives a failed probe the exit code and words the command documents: 4 with the
+// address when nothing answered, 1 otherwise.
+func poolError(target *probe.Target, err error) error {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return err
+	case errors.Is(err, mooncake.ErrUnreachable):
+		if isTimeout(err) {
+			return cmdutil.Unreachable(fmt.Errorf("pool %s did not answer within %s (--timeout): %w", target.Addr(), target.Timeout, err))
+		}
+		return cmdutil.Unreachable(fmt.Errorf("pool %s is unreachable: %w", target.Addr(), err))
+	case errors.Is(err, mooncake.ErrMalformedResponse):
+		return fmt.Errorf("pool %s sent a response kvctl cannot read: %w", target.Addr(), err)
+	}
+	return fmt.Errorf("pool %s: %w", target.Addr(), err)
+}
+
+func isTimeout(err error) bool {
+	s := err.Error()
+	return strings.Contains(s, "Timeout exceeded") || strings.Contains(s, "deadline exceeded") || strings.Contains(s, "i/o timeout")
+}
+
+func write(opts *Options, res *Result) error {
+	if opts.OutputFormat != cmdutil.FormatTable && opts.OutputFormat != "" {
+		return cmdutil.Print(opts.IO, opts.OutputFormat, res, nil)
+	}
+	if err := cmdutil.WriteTable(opts.IO, rows(res, opts.IO.ColorEnabled())); err != nil {
+		return err
+	}
+	return writeFooter(opts.IO.Out, res, opts.IO.ColorEnabled())
+}
+
+var stateColor = map[string]string{StateHit: "10", StateHole: "9", StateStored: "11", StateMissing: "8"}
+
+func paint(on bool, color, s string) string {
+	if !on {
+		return s
+	}
+	return lipgloss.NewStyle().Foreground(lipgloss.Color(color)).Render(s)
+}
+
+func rows(res *Result, color bool) cmdutil.Table {
+	t := cmdutil.Table{Header: []string{"BLOCK", "TOKENS", "HASH", "STATE", "KEYS", "MISSING"}}
+	prefix := res.Namespace + "/" + res.ModelKey + "/"
+	for _, b := range res.Blocks {
+		var missing []string
+		for _, k := range b.Keys {
+			if !k.Present {
+				s := strings.TrimSuffix(strings.TrimPrefix(k.Key, prefix), "/"+b.Hash)
+				missing = append(missing, s)
+			}
+		}
+		m := strings.Join(missing, ",")
+		if m == "" {
+			m = "-"
+		}
+		t.Rows = append(t.Rows, []string{
+			strconv.Itoa(b.Block), fmt.Sprintf("%d-%d", b.Start, b.End), b.Hash,
+			paint(color, stateColor[b.State], b.State), fmt.Sprintf("%d/%d", b.PresentKeys, b.NeededKeys), m,
+		})
+	}
+	return t
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return fmt.Sprintf("%d %s", n, one)
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}
+
+func writeFooter(w io.Writer, res *Result, color bool) error {
+	var b strings.Builder
+	b.WriteByte('\n')
+	for _, h := range res.Holes {
+		where := fmt.Sprintf("block %d", h.StartBlock)
+		if h.Blocks > 1 {
+			where = fmt.Sprintf("blocks %d-%d", h.StartBlock, h.StartBlock+h.Blocks-1)
+		}
+		fmt.Fprintf(&b, "hole at %s (tokens %d-%d): %s stored behind it, %d tokens recomputed\n",
+			where, h.StartToken, h.EndToken, plural(h.StoredBlocksBehind, "block", "blocks"), h.RecomputedStoredTokens)
+	}
+	s := res.Summary
+	line := fmt.Sprintf("%s: %d of %s hit (%d tokens), %s (%s), %d stored tokens recomputed, %s missing at the end, %d of %d keys present",
+		res.Pool, s.HitBlocks, plural(s.Blocks, "block", "blocks"), s.HitTokens,
+		plural(s.Holes, "hole", "holes"), plural(s.HoleBlocks, "block", "blocks"), s.RecomputedStoredTokens,
+		plural(s.MissingBlocks, "block", "blocks"), s.KeysPresent, s.KeysChecked)
+	if res.Bypassed {
+		line = fmt.Sprintf("%s: the prompt has multimodal positions without --mm-hash, so it has no keys to probe", res.Pool)
+	}
+	c := "10"
+	if s.Holes > 0 {
+		c = "9"
+	} else if s.HitBlocks < s.Blocks {
+		c = "11"
+	}
+	b.WriteString(paint(color, c, line))
+	b.WriteByte('\n')
+	_, err := io.WriteString(w, b.String())
+	return err
+}

@@ -1,0 +1,519 @@
+package stats
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/shlex"
+
+	"github.com/kvctl/kvctl/commands/cmdutil"
+	"github.com/kvctl/kvctl/core/daemon"
+	corestats "github.com/kvctl/kvctl/core/stats"
+	"github.com/kvctl/kvctl/mooncake"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+func TestFlags(t *testing.T) {
+	tests := []struct {
+		args    string
+		check   func(t *testing.T, o *Options)
+		wantErr string
+	}{
+		{args: "--pool a:1 --pool http://b:2", check: func(t *testing.T, o *Options) {
+			if len(o.Pools) != 2 || o.Pools[1] != "http://b:2" || o.Timeout != 5*time.Second || o.Watch != 0 {
+				t.Errorf("%+v", o)
+			}
+		}},
+		{args: "--from-log x.log --watch 2 --timeout 1s", check: func(t *testing.T, o *Options) {
+			if len(o.FromLog) != 1 || o.Watch != 2 || o.Timeout != time.Second {
+				t.Errorf("%+v", o)
+			}
+		}},
+		{args: "", wantErr: "give --pool URL or --from-log FILE"},
+		{args: "--pool a:1 --watch -2", wantErr: "--watch -2"},
+		{args: "--pool a:1 --timeout -1s", wantErr: "--timeout"},
+		{args: "--pool a:1 extra", wantErr: "unknown command"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.args, func(t *testing.T) {
+			ios, _, _, _ := cmdutil.Test()
+			f := &cmdutil.Factory{IOStreams: ios, Now: time.Now, Getenv: func(string) string { return "" }}
+			var got *Options
+			cmd := NewCmdStats(f, func(o *Options) error { got = o; return nil })
+			args, _ := shlex.Split(tt.args)
+			cmd.SetArgs(args)
+			cmd.SetOut(io.Discard)
+			cmd.SetErr(io.Discard)
+			err := cmd.Execute()
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("got %v, want an error containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.check(t, got)
+		})
+	}
+}
+
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs:\n--- got\n%s\n--- want\n%s", name, got, want)
+	}
+}
+
+func options(ios *cmdutil.IOStreams, format string) *Options {
+	return &Options{IO: ios, Timeout: 5 * time.Second, OutputFormat: format, Now: func() time.Time { return time.Unix(0, 0).UTC() }}
+}
+
+// recording is one recorded master response of mooncake/testdata/http.
+type recording struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func loadRecording(t *testing.T, name string) recording {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "..", "mooncake", "testdata", "http", "populated", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, _ := bytes.Cut(raw, []byte("\n"))
+	_, rest, _ = bytes.Cut(rest, []byte("\n"))
+	resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(rest)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return recording{resp.StatusCode, resp.Header, body}
+}
+
+// masterReplay serves the real master's recorded responses by path; paths it has no recording
+// for get the master's recorded 404.
+func masterReplay(t *testing.T, override map[string]string) *httptest.Server {
+	byPath := map[string]recording{
+		"/metrics":             loadRecording(t, "metrics.txt"),
+		"/metrics/summary":     loadRecording(t, "metrics_summary.txt"),
+		"/get_segments_detail": loadRecording(t, "get_segments_detail.txt"),
+		"/get_all_segments":    loadRecording(t, "get_all_segments.txt"),
+	}
+	notFound := loadRecording(t, "not_found_path.txt")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec, ok := byPath[r.URL.Path]
+		if !ok {
+			rec = notFound
+		}
+		body := rec.body
+		if o, ok := override[r.URL.Path]; ok {
+			body = []byte(o)
+		}
+		for k, v := range rec.header {
+			if k != "Content-Length" && k != "Date" {
+				w.Header()[k] = v
+			}
+		}
+		w.WriteHeader(rec.status)
+		w.Write(body)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func TestRecordedMaster(t *testing.T) {
+	srv := masterReplay(t, nil)
+	for _, format := range []string{"table", "json", "yaml"} {
+		t.Run(format, func(t *testing.T) {
+			ios, _, out, _ := cmdutil.Test()
+			o := options(ios, format)
+			o.Pools = []string{srv.URL}
+			if err := Run(context.Background(), o); err != nil {
+				t.Fatal(err)
+			}
+			golden(t, "master."+format, []byte(strings.ReplaceAll(out.String(), srv.URL, "http://ADDR")))
+		})
+	}
+	ios, _, out, _ := cmdutil.Test()
+	o := options(ios, cmdutil.FormatJSON)
+	o.Pools = []string{strings.TrimPrefix(srv.URL, "http://")}
+	if err := Run(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	var r Result
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatal(err)
+	}
+	s := r.Sources[0]
+	if s.Kind != "mooncake-master" || s.Role != "leader" || s.Usage.CapacityBytes != 67108864 || s.Usage.UsedBytes != 1188864 ||
+		s.Usage.Objects != 6 || s.Usage.SoftPinnedObjects != 2 || s.Gets.Misses != 3 || s.Gets.Hits != 0 ||
+		len(s.Usage.Segments) != 1 || s.Usage.Segments[0].Name != "127.0.0.1:12806" || s.PrefixHoles != nil || s.Evictions.ByPass != nil {
+		t.Errorf("%+v %+v %+v", s, s.Usage, s.Gets)
+	}
+}
+
+// startServe runs a real kvctl serve daemon on a pool whose clock the test moves.
+func startServe(t *testing.T) (*daemon.Daemon, *mooncake.ManualClock, string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "kv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	clock := mooncake.NewManualClock(time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC))
+	po := mooncake.DefaultOptions()
+	po.Segments = []mooncake.SegmentSpec{{Name: "seg0", Capacity: 16 << 20}}
+	po.EvictionPeriod = 0
+	po.Clock = clock
+	d, err := daemon.New(daemon.Config{
+		Socket: filepath.Join(dir, "s"), AdminAddr: "127.0.0.1:0", Pool: po,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Version: "test",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	addr := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx, func(i daemon.Info) { addr <- i.AdminAddr }) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("daemon: %v", err)
+		}
+	})
+	select {
+	case a := <-addr:
+		return d, clock, a
+	case err := <-done:
+		t.Fatalf("daemon did not start: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("daemon did not start")
+	}
+	return nil, nil, ""
+}
+
+// script fills the pool past its high watermark with 1 MiB pages, some soft-pinned and some
+// grouped, reads a few back (hits and misses), and runs one eviction round.
+func script(t *testing.T, p *mooncake.Embedded, clock *mooncake.ManualClock) {
+	t.Helper()
+	ctx := context.Background()
+	page := bytes.Repeat([]byte{7}, 1<<20)
+	for i := 0; i < 15; i++ {
+		cfg := mooncake.ReplicateConfig{}
+		switch {
+		case i < 3:
+			cfg.SoftPinAction = mooncake.SoftPinEnable
+		case i < 7:
+			cfg.GroupIDs = []string{fmt.Sprintf("g%d", i/2)}
+		}
+		if c := p.BatchPut(ctx, []string{fmt.Sprintf("k%02d", i)}, [][]byte{page}, cfg); c[0] != mooncake.OK {
+			t.Fatalf("put %d: %v", i, c[0])
+		}
+		clock.Advance(time.Second)
+	}
+	got := p.BatchGet(ctx, []string{"k00", "k14", "nope"}, buffers(3))
+	if got[0] < 0 || got[1] < 0 || got[2] >= 0 {
+		t.Fatalf("gets %v", got)
+	}
+	clock.Advance(time.Minute)
+	if _, ran := p.EvictNow(); !ran {
+		t.Fatal("no eviction round ran")
+	}
+}
+
+// buffers returns n distinct 1 MiB get buffers: the pool writes each one concurrently.
+func buffers(n int) [][]byte {
+	out := make([][]byte, n)
+	for i := range out {
+		out[i] = make([]byte, 1<<20)
+	}
+	return out
+}
+
+func TestServe(t *testing.T) {
+	d, clock, addr := startServe(t)
+	script(t, d.Pool(), clock)
+	for _, format := range []string{"table", "json", "yaml"} {
+		t.Run(format, func(t *testing.T) {
+			ios, _, out, _ := cmdutil.Test()
+			o := options(ios, format)
+			o.Pools = []string{addr}
+			if err := Run(context.Background(), o); err != nil {
+				t.Fatal(err)
+			}
+			golden(t, "serve."+format, []byte(strings.ReplaceAll(out.String(), addr, "ADDR")))
+		})
+	}
+	ios, _, out, _ := cmdutil.Test()
+	o := options(ios, cmdutil.FormatJSON)
+	o.Pools = []string{addr}
+	if err := Run(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	var r Result
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := d.Pool().Stats(context.Background())
+	s := r.Sources[0]
+	if s.Kind != "kvctl-serve" || s.Version != "test" || s.Gets.Hits != 2 || s.Gets.Misses != 1 || s.Usage.Objects != st.Objects ||
+		*s.Usage.GroupedObjects != st.Grouped || s.Usage.SoftPinnedObjects != st.SoftPinned || s.Evictions.EvictedKeys == 0 ||
+		s.Evictions.ByPass.Pass1+s.Evictions.ByPass.Pass2 != st.EvictedPass1+st.EvictedPass2 || s.PrefixHoles == nil || s.Loads == nil {
+		t.Errorf("%+v\nusage %+v\nevictions %+v\npool %+v", s, s.Usage, s.Evictions, st)
+	}
+}
+
+// writeLog writes stats lines with core/stats' reporter in format, plus other lines.
+func writeLog(t *testing.T, format string) string {
+	t.Helper()
+	var buf bytes.Buffer
+	buf.WriteString("level=INFO msg=\"kvctl serve ready\"\n")
+	var h slog.Handler = slog.NewTextHandler(&buf, nil)
+	if format == "json" {
+		h = slog.NewJSONHandler(&buf, nil)
+	}
+	h = dropTime{h}
+	r, err := corestats.NewReporter(corestats.ReporterOptions{Interval: time.Second, Logger: slog.New(h).With("engine", "e0")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.RecordLookup(corestats.HoleStats{Lookups: 3, LookedUpBlocks: 12, HitBlocks: 5, Holes: 2, HoleBlocks: 3, RecomputedStoredTokens: 96})
+	s := &corestats.LoadSample{Pages: 16, StoreCalls: 2, LandedBytes: 1 << 20, Transfer: 4 * time.Millisecond}
+	s.Phases[corestats.PhaseGet] = corestats.PhaseTime{Wall: 3 * time.Millisecond, CPU: time.Millisecond}
+	r.RecordLoad(s)
+	r.Flush()
+	buf.WriteString("[TRT-LLM] [I] mooncake-store prefix-hole stats: lookups=1 looked_up_blocks=4 hit_blocks=1 holes=1 hole_blocks=1 recomputed_stored_tokens=64\n")
+	buf.WriteString("[TRT-LLM] [I] mooncake-store rank 0 load stats: loads=1 pages=4 store_calls=1 landed_bytes=4096 transfer_ms mean=1.0 max=1.0 get_wall_ms=0.5 get_cpu_ms=0.25\n")
+	path := filepath.Join(t.TempDir(), "connector-"+format+".log")
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// dropTime leaves the time out of log records so that the log, and the golden output, are stable.
+type dropTime struct{ slog.Handler }
+
+func (d dropTime) Handle(ctx context.Context, r slog.Record) error {
+	r.Time = time.Time{}
+	return d.Handler.Handle(ctx, r)
+}
+func (d dropTime) WithAttrs(a []slog.Attr) slog.Handler { return dropTime{d.Handler.WithAttrs(a)} }
+
+func TestFromLog(t *testing.T) {
+	for _, logFormat := range []string{"text", "json"} {
+		path := writeLog(t, logFormat)
+		for _, format := range []string{"table", "json", "yaml"} {
+			t.Run(logFormat+"/"+format, func(t *testing.T) {
+				ios, _, out, _ := cmdutil.Test()
+				o := options(ios, format)
+				o.FromLog = []string{path}
+				if err := Run(context.Background(), o); err != nil {
+					t.Fatal(err)
+				}
+				// Both log formats give the same report.
+				golden(t, "log."+format, []byte(strings.ReplaceAll(out.String(), path, "FILE")))
+			})
+		}
+	}
+	ios, _, out, _ := cmdutil.Test()
+	o := options(ios, cmdutil.FormatJSON)
+	o.FromLog = []string{writeLog(t, "text")}
+	if err := Run(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	var r Result
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatal(err)
+	}
+	s := r.Sources[0]
+	want := daemon.HoleStatsJSON{Lookups: 4, LookedUpBlocks: 16, HitBlocks: 6, Holes: 3, HoleBlocks: 4, RecomputedStoredTokens: 160}
+	if *s.PrefixHoles != want || s.Loads.Loads != 2 || s.Loads.Pages != 20 || s.Log.HoleLines != 2 || s.Log.LoadLines != 2 || s.Log.Skipped != 1 {
+		t.Errorf("%+v %+v %+v", s.PrefixHoles, s.Loads, s.Log)
+	}
+}
+
+func TestFromLogErrors(t *testing.T) {
+	dir := t.TempDir()
+	none := filepath.Join(dir, "none.log")
+	os.WriteFile(none, []byte("level=INFO msg=started\nlevel=INFO msg=stopped\n"), 0o644)
+	bad := filepath.Join(dir, "bad.log")
+	os.WriteFile(bad, []byte("x\nmooncake-store prefix-hole stats: lookups=many\n"), 0o644)
+	tests := []struct {
+		file string
+		code int
+		want string
+	}{
+		{none, cmdutil.ExitValidation, "no \"prefix-hole stats\" or \"load stats\" lines among 2 lines"},
+		{bad, cmdutil.ExitValidation, "1 malformed, the first at line 2"},
+		{filepath.Join(dir, "missing.log"), cmdutil.ExitFailure, "missing.log"},
+	}
+	for _, tt := range tests {
+		ios, _, _, _ := cmdutil.Test()
+		o := options(ios, cmdutil.FormatTable)
+		o.FromLog = []string{tt.file}
+		err := Run(context.Background(), o)
+		if cmdutil.ExitCode(err) != tt.code || err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v (exit %d), want exit %d and %q", tt.file, err, cmdutil.ExitCode(err), tt.code, tt.want)
+		}
+	}
+}
+
+func TestPoolErrors(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close()
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-time.After(5 * time.Second):
+		}
+	}))
+	defer slow.Close()
+	badMetrics := masterReplay(t, map[string]string{"/metrics": "master_key_count{ 3\n"})
+	badSummary := masterReplay(t, map[string]string{"/metrics/summary": "hello"})
+	badServe := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(`{"version":`))
+	}))
+	defer badServe.Close()
+
+	tests := []struct {
+		name, pool string
+		code       int
+		want       []string
+	}{
+		{"unreachable", closed, cmdutil.ExitUnreachable, []string{"pool http://" + closed + " is unreachable"}},
+		{"timeout", slow.URL, cmdutil.ExitUnreachable, []string{"pool " + slow.URL + " did not answer within 200ms"}},
+		{"malformed metrics", badMetrics.URL, cmdutil.ExitFailure, []string{"pool " + badMetrics.URL + " sent a response kvctl cannot read", "/metrics"}},
+		{"malformed summary", badSummary.URL, cmdutil.ExitFailure, []string{"cannot read", "/metrics/summary"}},
+		{"malformed stats", badServe.URL, cmdutil.ExitFailure, []string{"cannot read", "/v1/stats"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ios, _, out, _ := cmdutil.Test()
+			o := options(ios, cmdutil.FormatTable)
+			o.Pools = []string{tt.pool}
+			o.Timeout = 200 * time.Millisecond
+			err := Run(context.Background(), o)
+			if got := cmdutil.ExitCode(err); got != tt.code {
+				t.Fatalf("exit %d (%v), want %d", got, err, tt.code)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("message %q lacks %q", err, w)
+				}
+			}
+			if out.Len() != 0 {
+				t.Errorf("nothing should reach stdout: %q", out)
+			}
+		})
+	}
+}
+
+func TestWatchDeltas(t *testing.T) {
+	d, clock, addr := startServe(t)
+	script(t, d.Pool(), clock)
+	master := masterReplay(t, nil)
+	getMore := func() {
+		d.Pool().BatchGet(context.Background(), []string{"k14", "k14", "k13", "gone"}, buffers(4))
+	}
+
+	t.Run("pipe", func(t *testing.T) {
+		ios, _, out, _ := cmdutil.Test()
+		o := options(ios, cmdutil.FormatJSON)
+		o.Pools = []string{addr, master.URL}
+		o.Watch, o.Iterations = 2, 2
+		o.Sleep = func(context.Context, time.Duration) error { getMore(); return nil }
+		if err := Run(context.Background(), o); err != nil {
+			t.Fatal(err)
+		}
+		dec := json.NewDecoder(out)
+		var reports []Result
+		for {
+			var r Result
+			if err := dec.Decode(&r); err == io.EOF {
+				break
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			reports = append(reports, r)
+		}
+		if len(reports) != 2 || reports[0].Sources[0].Delta != nil {
+			t.Fatalf("want two reports, the first without deltas: %+v", reports)
+		}
+		if d := reports[1].Sources[0].Delta; d == nil || d.Hits != 3 || d.Misses != 1 {
+			t.Errorf("serve delta %+v", d)
+		}
+		if d := reports[1].Sources[1].Delta; d == nil || *d != (Counters{}) {
+			t.Errorf("the recorded master does not change: %+v", d)
+		}
+	})
+
+	t.Run("terminal", func(t *testing.T) {
+		ios, _, out, _ := cmdutil.Test()
+		ios.SetStdoutTTY(true)
+		o := options(ios, cmdutil.FormatTable)
+		o.Pools = []string{addr}
+		o.Watch, o.Iterations = 5, 2
+		o.Sleep = func(context.Context, time.Duration) error { getMore(); return nil }
+		if err := Run(context.Background(), o); err != nil {
+			t.Fatal(err)
+		}
+		s := out.String()
+		if strings.Count(s, "\x1b[H\x1b[2J") != 2 || !strings.Contains(s, "every 5s") || !strings.Contains(s, "+3") {
+			t.Errorf("%q", s)
+		}
+	})
+
+	t.Run("cancelled", func(t *testing.T) {
+		ios, _, _, _ := cmdutil.Test()
+		o := options(ios, cmdutil.FormatTable)
+		o.Pools = []string{addr}
+		o.Watch = 1
+		ctx, cancel := context.WithCancel(context.Background())
+		o.Sleep = func(ctx context.Context, _ time.Duration) error { cancel(); <-ctx.Done(); return ctx.Err() }
+		if err := Run(ctx, o); !errors.Is(err, context.Canceled) {
+			t.Fatalf("%v", err)
+		}
+	})
+}
