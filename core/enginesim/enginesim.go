@@ -137,7 +137,7 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 	ok := false
 	defer func() {
 		if !ok {
-			e.Close(context.Background())
+			_ = e.Close(context.Background())
 		}
 	}()
 	for r := 0; r < cfg.World; r++ {
