@@ -267,6 +267,7 @@ type rank struct {
 	mover    gpu.Mover
 	reporter *stats.Reporter
 	pages    [][]int
+	saving   []string // finished requests whose saves are not confirmed done
 	busy     time.Duration // modelled: when the rank's prefill queue drains
 	load     RankLoad
 }
@@ -484,8 +485,9 @@ func (o *offline) setup() error {
 		}
 		capacity = pages * int64(p.SimPageBytes)
 	} else {
-		// Twice every block of the trace keeps an unlimited pool below any watermark above 0.5.
-		capacity = int64(2*totalBlocks+64) * int64(p.SimPageBytes)
+		// Every block of the trace and a quarter more keeps an unlimited pool below any watermark
+		// above 0.8.
+		capacity = int64(totalBlocks+totalBlocks/4+64) * int64(p.SimPageBytes)
 	}
 	po.Segments = []mooncake.SegmentSpec{{Name: "replay-0", Capacity: capacity}}
 	if c.SoftPinTTL > po.MaxSoftPinTTL {
@@ -584,6 +586,9 @@ func (o *offline) replay(progress func(int)) error {
 		}
 		batch := reqs[i:j]
 		at := batch[0].Arrival
+		if err := o.drain(); err != nil {
+			return err
+		}
 		o.advance(at)
 		if err := o.popEvents(at); err != nil {
 			return err
@@ -595,6 +600,9 @@ func (o *offline) replay(progress func(int)) error {
 		for k := range batch {
 			b := int(int64(batch[k].Arrival) * int64(buckets) / int64(span))
 			for b > o.bucket && o.bucket < buckets {
+				if err := o.drain(); err != nil {
+					return err
+				}
 				o.closeBucket(span, buckets)
 			}
 			if err := o.serve(i+k, batch[k], placed[k], start[k]); err != nil {
@@ -606,6 +614,9 @@ func (o *offline) replay(progress func(int)) error {
 			}
 		}
 		i = j
+	}
+	if err := o.drain(); err != nil {
+		return err
 	}
 	for o.bucket < buckets {
 		o.closeBucket(span, buckets)
@@ -751,6 +762,9 @@ func (o *offline) serve(i int, q Request, rk int, notBefore time.Duration) error
 			return fmt.Errorf("request %s: allocate: %w", q.ID, err)
 		}
 		local = ar.ReusedTokens
+		if err := o.drain(); err != nil {
+			return err
+		}
 		began = time.Now()
 		m, _, err := r.sched.Lookup(o.ctx, connector.Request{ID: q.ID, Tokens: t64, Scope: q.Scope, ContextOnly: true}, local)
 		if err != nil {
@@ -789,25 +803,12 @@ func (o *offline) serve(i int, q Request, rk int, notBefore time.Duration) error
 			loadedPages += len(l.Pages)
 		}
 		fromPool = m
-		began = time.Now()
 		if err := r.w.WaitForSave(o.ctx); err != nil {
 			return fmt.Errorf("request %s: save: %w", q.ID, err)
 		}
 		if r.sched.RequestFinished(q.ID) {
-			gen := []string{q.ID}
-			for {
-				fs, _, err := r.w.GetFinished(gen, nil)
-				if err != nil {
-					return fmt.Errorf("request %s: %w", q.ID, err)
-				}
-				gen = nil
-				if slices.Contains(fs, q.ID) {
-					break
-				}
-				runtime.Gosched()
-			}
+			r.saving = append(r.saving, q.ID)
 		}
-		o.wall.save += time.Since(began)
 		if err := r.mgr.Commit(mid, t32); err != nil {
 			return fmt.Errorf("request %s: commit: %w", q.ID, err)
 		}
@@ -861,9 +862,41 @@ func (o *offline) serve(i int, q Request, rk int, notBefore time.Duration) error
 	r.load.InputTokens += in
 	r.load.RecomputedTokens += computed
 	r.load.BusySec += loadSec + prefillSec
-	if u := o.usedBytes(); u > o.peakUsed {
-		o.peakUsed = u
+	return nil
+}
+
+// drain waits until every rank's finished requests have their saves done, so that the pool
+// state the next lookup or eviction tick sees follows arrival order, whatever the save
+// goroutines' timing. Saves overlap the replay's own work until then.
+func (o *offline) drain() error {
+	began := time.Now()
+	waited := false
+	for _, r := range o.ranks {
+		if len(r.saving) == 0 {
+			continue
+		}
+		waited = true
+		gen := r.saving
+		left := len(r.saving)
+		for left > 0 {
+			fs, _, err := r.w.GetFinished(gen, nil)
+			if err != nil {
+				return err
+			}
+			gen = nil
+			left -= len(fs)
+			if left > 0 {
+				runtime.Gosched()
+			}
+		}
+		r.saving = r.saving[:0]
 	}
+	if waited {
+		if u := o.usedBytes(); u > o.peakUsed {
+			o.peakUsed = u
+		}
+	}
+	o.wall.save += time.Since(began)
 	return nil
 }
 

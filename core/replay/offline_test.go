@@ -109,3 +109,14 @@ func TestSameSeedSameReport(t *testing.T) {
 		t.Fatalf("two runs with the same seed differ:\n%+v\n%+v", a.Runs[0], b.Runs[0])
 	}
 }
+
+func BenchmarkReplayConversationTrace(b *testing.B) {
+	tr := readTrace(b, conversationTrace(b))
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := Offline(context.Background(), tr, DefaultParams(), nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(len(tr.Requests)), "requests/op")
+}
