@@ -267,7 +267,7 @@ type rank struct {
 	mover    gpu.Mover
 	reporter *stats.Reporter
 	pages    [][]int
-	saving   []string // finished requests whose saves are not confirmed done
+	saving   []string      // finished requests whose saves are not confirmed done
 	busy     time.Duration // modelled: when the rank's prefill queue drains
 	load     RankLoad
 }
