@@ -10,6 +10,7 @@ import (
 	"github.com/kvctl/kvctl/commands/cmdutil"
 	"github.com/kvctl/kvctl/commands/completion"
 	"github.com/kvctl/kvctl/commands/hash"
+	"github.com/kvctl/kvctl/commands/replay"
 	"github.com/kvctl/kvctl/commands/serve"
 	"github.com/kvctl/kvctl/commands/validateconfig"
 	"github.com/kvctl/kvctl/commands/version"
@@ -73,6 +74,7 @@ environment, then the file, then the default.`,
 
 	cmd.AddCommand(
 		hash.NewCmdHash(f, nil),
+		replay.NewCmdReplay(f, nil),
 		serve.NewCmdServe(f, nil),
 		validateconfig.NewCmdValidateConfig(f, nil),
 		version.NewCmdVersion(f, nil),

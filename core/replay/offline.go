@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"math"
@@ -55,7 +56,7 @@ type Params struct {
 }
 
 // DefaultParams returns the defaults: 16 tokens per replay block, 64 MiB real pages (512
-// tokens of a Llama-3-8B-sized model in fp16) held as 64-byte pages, 25 GB/s each way, 20 000
+// tokens of a Llama-3-8B-sized model in fp16) held as 64-byte pages, 25 GB/s each way, 50 000
 // prefill tokens/s, 50 decode tokens/s, the master's 10 ms eviction tick.
 func DefaultParams() Params {
 	return Params{
@@ -64,7 +65,7 @@ func DefaultParams() Params {
 		SimPageBytes:           64,
 		LoadBandwidth:          25e9,
 		SaveBandwidth:          25e9,
-		PrefillTokensPerSecond: 20000,
+		PrefillTokensPerSecond: 50000,
 		DecodeTokensPerSecond:  50,
 		TickInterval:           mooncake.DefaultEvictionPeriod,
 		Seed:                   1,
@@ -719,9 +720,13 @@ func (o *offline) route(batch []Request, at time.Duration) ([]int, []time.Durati
 func (o *offline) tokens(q Request, pr prepared) ([]int64, []int32) {
 	o.buf64, o.buf32 = o.buf64[:0], o.buf32[:0]
 	if o.t.Format != FormatMooncake {
+		// The KV cache manager keys blocks by tokens alone; a scope mask keeps requests of
+		// different cache salts or LoRA adapters from sharing local blocks, as their pool keys
+		// already are kept apart by the connector.
+		mask := scopeMask(q.Scope)
 		for _, v := range q.Tokens {
 			o.buf64 = append(o.buf64, v)
-			o.buf32 = append(o.buf32, int32(v))
+			o.buf32 = append(o.buf32, int32(v)^mask)
 		}
 		return o.buf64, o.buf32
 	}
@@ -738,6 +743,24 @@ func (o *offline) tokens(q Request, pr prepared) ([]int64, []int32) {
 		}
 	}
 	return o.buf64, o.buf32
+}
+
+// scopeMask is 0 for requests without salt or LoRA adapter and a fixed positive mask per
+// (salt, adapter) otherwise.
+func scopeMask(s keys.Scope) int32 {
+	salt := ""
+	if s.CacheSalt != nil {
+		salt = *s.CacheSalt
+	}
+	if salt == "" && s.LoRATaskID == nil {
+		return 0
+	}
+	h := fnv.New64a()
+	h.Write([]byte(salt))
+	if s.LoRATaskID != nil {
+		fmt.Fprintf(h, "|lora=%d", *s.LoRATaskID)
+	}
+	return int32(h.Sum64()&0x7fffffff) | 1
 }
 
 // serve replays request q (trace position i) on its rank.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"reflect"
 	"testing"
+	"time"
 )
 
 // conversationTrace returns the path of the whole Mooncake conversation trace: the shared copy
@@ -119,4 +120,37 @@ func BenchmarkReplayConversationTrace(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(len(tr.Requests)), "requests/op")
+}
+
+func TestBoundedPoolShowsEvictionsAndHoles(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replays the whole conversation trace")
+	}
+	tr := readTrace(t, conversationTrace(t))
+	cfg := DefaultConfig()
+	cfg.GPUBlocks = 2048
+	cfg.PoolBytes = 1 << 40 // 16384 pages of 64 MiB
+	cfg.SoftPinTTL = 10 * time.Minute
+	rep, err := Offline(context.Background(), tr, DefaultParams(), []Config{cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := rep.Runs[0]
+	ideal := int64(0)
+	for _, h := range idealHits(tr) {
+		ideal += int64(h)
+	}
+	if run.Pool.Evicted == 0 || run.Pool.EvictionRounds == 0 {
+		t.Fatalf("no eviction in a bounded pool: %+v", run.Pool)
+	}
+	if run.Holes.Holes == 0 || run.Holes.HoleBlocks < run.Holes.Holes {
+		t.Fatalf("no prefix holes: %+v", run.Holes)
+	}
+	if hit := run.Blocks.LocalHit + run.Blocks.PoolHit; hit >= ideal {
+		t.Fatalf("a bounded pool hit %d blocks, the ideal is %d", hit, ideal)
+	}
+	if run.Pool.PeakUsedBytes > run.Pool.CapacityBytes {
+		t.Fatalf("peak %d above capacity %d", run.Pool.PeakUsedBytes, run.Pool.CapacityBytes)
+	}
+	t.Logf("evicted %d in %d rounds; %d holes of %d blocks; hit rate %.4f", run.Pool.Evicted, run.Pool.EvictionRounds, run.Holes.Holes, run.Holes.HoleBlocks, run.HitRate.Total)
 }
