@@ -99,12 +99,12 @@ func (c *AdminClient) get(ctx context.Context, path string, ok ...int) ([]byte, 
 		if ctx.Err() != nil {
 			return nil, 0, fmt.Errorf("mooncake admin %s: %w", u, ctx.Err())
 		}
-		return nil, 0, fmt.Errorf("mooncake admin %s: %w: %v", u, ErrUnreachable, err)
+		return nil, 0, fmt.Errorf("mooncake admin %s: %w: %w", u, ErrUnreachable, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAdminBody+1))
 	if err != nil {
-		return nil, resp.StatusCode, fmt.Errorf("mooncake admin %s: reading body: %w: %v", u, ErrUnreachable, err)
+		return nil, resp.StatusCode, fmt.Errorf("mooncake admin %s: reading body: %w: %w", u, ErrUnreachable, err)
 	}
 	if len(body) > maxAdminBody {
 		return nil, resp.StatusCode, fmt.Errorf("mooncake admin %s: %w: body larger than %d bytes", u, ErrMalformedResponse, maxAdminBody)

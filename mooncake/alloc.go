@@ -63,14 +63,3 @@ func (a *offsetAllocator) release(off, size int64) {
 		a.free[i] = extent{off, size}
 	}
 }
-
-// largestFree is the size of the largest free range: the biggest object that still fits.
-func (a *offsetAllocator) largestFree() int64 {
-	var m int64
-	for _, e := range a.free {
-		if e.size > m {
-			m = e.size
-		}
-	}
-	return m
-}

@@ -219,7 +219,6 @@ func (e *Embedded) evictLocked(now time.Time) (EvictionRound, bool) {
 				got += evict(softStream.next(), 2, true)
 			}
 		}
-		evicted += got
 	}
 
 	e.c.rounds.Add(1)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/gpu"
@@ -103,6 +104,30 @@ func BenchmarkPoolGetRaw(b *testing.B) {
 		for s := 0; s < len(ks); s += len(bufs) {
 			n := min(len(bufs), len(ks)-s)
 			pool.BatchGet(ctx, ks[s:s+n], bufs[:n])
+		}
+	}
+}
+
+// BenchmarkPoolGetRawDistinct is BenchmarkPoolGetRaw landing every page in its own buffer, so
+// the destination footprint (16 MiB) is that of a load's engine memory rather than 64 reused,
+// cache-resident buffers.
+func BenchmarkPoolGetRawDistinct(b *testing.B) {
+	l := benchLayout(benchPages)
+	opts := benchOptions()
+	pool := newMemPool()
+	ks, _ := benchKeys(opts, l)
+	size := int(l.Groups[0].BytesPerPage())
+	fillPool(pool, ks, size)
+	bufs := make([][]byte, len(ks))
+	for i := range bufs {
+		bufs[i] = make([]byte, size)
+	}
+	ctx := context.Background()
+	b.SetBytes(int64(benchPages * size))
+	for b.Loop() {
+		for s := 0; s < len(ks); s += DefaultTransferBatchSize {
+			n := min(DefaultTransferBatchSize, len(ks)-s)
+			pool.BatchGet(ctx, ks[s:s+n], bufs[s:s+n])
 		}
 	}
 }
@@ -206,7 +231,7 @@ func BenchmarkSaveThroughput(b *testing.B) {
 			if len(fs) == 1 {
 				break
 			}
-			runtime.Gosched()
+			time.Sleep(20 * time.Microsecond)
 		}
 		b.StopTimer()
 		if got := len(pool.objs); got != benchPages {

@@ -440,7 +440,7 @@ func TestDeclarations(t *testing.T) {
 		if tt.role == RoleCapacity && (d.ReportsFailedLoads || d.RequiresCompletionReservation || d.SupportsAdmissionQuery || d.SupportsSpeculativePrefill) {
 			t.Errorf("a capacity role's declarations were not ignored: %+v", d)
 		}
-		if tt.role != RoleCapacity && !(d.ReportsFailedLoads && d.RequiresCompletionReservation && d.SupportsAdmissionQuery && d.SupportsSpeculativePrefill) {
+		if tt.role != RoleCapacity && (!d.ReportsFailedLoads || !d.RequiresCompletionReservation || !d.SupportsAdmissionQuery || !d.SupportsSpeculativePrefill) {
 			t.Errorf("%s: %+v", tt.role, d)
 		}
 	}

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/gpu"
 )
 
@@ -129,12 +131,29 @@ func TestPartialHonour(t *testing.T) {
 	cold.add("r", tokens)
 	cold.mustRun()
 
-	warm := newEngine(t, pool, opts, 1, 64)
+	wo := opts
+	rep, err := stats.NewReporter(stats.ReporterOptions{Interval: time.Hour, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wo.Stats = rep
+	warm := newEngine(t, pool, wo, 1, 64)
 	warm.honour = func(r *simReq, m int) int { return (m / testT / 2) * testT }
 	warm.add("r", tokens)
 	warm.mustRun()
 	if got := warm.byID["r"].loaded; got != 5 {
 		t.Fatalf("loaded %d blocks, want 5 (half of the offer)", got)
+	}
+	// One synchronous pass loaded 5 blocks of 3 page values each, in one pool call.
+	tot := rep.LoadTotals()
+	if tot.Loads != 1 || tot.Pages != 15 || tot.StoreCalls != 1 || tot.LandedBytes != 5*(48+20+12) || tot.FailedPages != 0 {
+		t.Fatalf("load stats %+v", tot)
+	}
+	if tot.Phases[stats.PhaseGet].Wall <= 0 || tot.Phases[stats.PhaseResolve].Wall <= 0 {
+		t.Fatalf("phases not timed: %+v", tot.Phases)
+	}
+	if h := rep.HoleTotals(); h.Lookups != 1 || h.HitBlocks != 10 {
+		t.Fatalf("hole stats %+v", h)
 	}
 
 	// A count that is not a whole-block part of the offer is refused.

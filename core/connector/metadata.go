@@ -76,8 +76,6 @@ type Metadata struct {
 
 // Errors callers branch on.
 var (
-	// ErrUnknownRequest is returned for a request id the adapter keeps no state for.
-	ErrUnknownRequest = errors.New("unknown request")
 	// ErrNotContextOnly refuses a request that is not context-only in speculative-prefill mode.
 	ErrNotContextOnly = errors.New("speculative-prefill mode accepts only context-only requests")
 	// ErrNoLayout is returned when pages are addressed before a layout was registered.

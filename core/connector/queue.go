@@ -59,9 +59,3 @@ func (q *fifo[T]) close(drain bool) (skipped []T) {
 	q.cond.Broadcast()
 	return skipped
 }
-
-func (q *fifo[T]) len() int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return len(q.items)
-}

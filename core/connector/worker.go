@@ -165,7 +165,7 @@ func (w *Worker) RegisterLayout(l gpu.Layout) error {
 			return nil, fmt.Errorf("%s staging: %w", label, err)
 		}
 		w.log.Info(fmt.Sprintf("mooncake-store %s staging: %d slots x %d B = %.1f MiB", label, slots, g.slotBytes, float64(slots*g.slotBytes)/(1<<20)))
-		cleanup = append(cleanup, func() { st.Close() })
+		cleanup = append(cleanup, func() { _ = st.Close() })
 		return st, nil
 	}
 	clone := func() (gpu.Mover, error) {
@@ -173,7 +173,7 @@ func (w *Worker) RegisterLayout(l gpu.Layout) error {
 		if err != nil {
 			return nil, fmt.Errorf("clone mover: %w", err)
 		}
-		cleanup = append(cleanup, func() { m.Close() })
+		cleanup = append(cleanup, func() { _ = m.Close() })
 		return m, nil
 	}
 
@@ -236,6 +236,12 @@ func (w *Worker) keepLocked(err error) error {
 		w.kept = err
 	}
 	return w.kept
+}
+
+// shutdownCancelled reports whether err is only the cancellation of work that Close gave up
+// waiting for; it is not kept as a worker error.
+func (w *Worker) shutdownCancelled(err error) bool {
+	return errors.Is(err, context.Canceled) && w.ctx.Err() != nil
 }
 
 // Err returns the kept worker error, if any.
@@ -430,8 +436,8 @@ func (w *Worker) saveLoop() {
 		if !ok {
 			return
 		}
-		if err := w.save(job); err != nil {
-			w.keep(fmt.Errorf("save: %w", err))
+		if err := w.save(job); err != nil && !w.shutdownCancelled(err) {
+			_ = w.keep(fmt.Errorf("save: %w", err))
 		}
 		w.mu.Lock()
 		for _, t := range job.saves {
@@ -478,13 +484,42 @@ func (w *Worker) save(job saveJob) error {
 			}
 		}
 	}
-	batch := min(w.opts.TransferBatchSize, w.saveStage.Slots())
+	// Two slot sets let the put of one batch overlap the existence check and gather of the
+	// next; one put is in flight at most, and a set is gathered into again only after its put.
+	sets := 1
+	if w.saveStage.Slots() >= 2 {
+		sets = 2
+	}
+	batch := max(1, min(w.opts.TransferBatchSize, w.saveStage.Slots()/sets))
 	var failed, attempted, refusedTTL int
-	keys := make([]string, 0, batch)
+	var inflight chan []mooncake.Code
+	var inflightN int
+	settle := func() {
+		if inflight == nil {
+			return
+		}
+		codes := <-inflight
+		inflight = nil
+		attempted += inflightN
+		for j := range inflightN {
+			if len(codes) != inflightN {
+				failed++
+				continue
+			}
+			if c := codes[j]; c < 0 && c != mooncake.ErrObjectAlreadyExists {
+				failed++
+				if c == mooncake.ErrInvalidParams {
+					refusedTTL++
+				}
+			}
+		}
+	}
+	defer settle()
+	set := 0
 	for start := 0; start < len(items); start += batch {
 		chunk := items[start:min(start+batch, len(items))]
 		chunkGroups := groups[start : start+len(chunk)]
-		keys = keys[:0]
+		keys := make([]string, 0, len(chunk))
 		for _, it := range chunk {
 			keys = append(keys, it.key)
 		}
@@ -507,7 +542,7 @@ func (w *Worker) save(job saveJob) error {
 		}
 		for j, i := range todo {
 			putKeys[j] = chunk[i].key
-			bufs[j] = w.saveStage.Slot(j)[:chunk[i].size]
+			bufs[j] = w.saveStage.Slot(set*batch + j)[:chunk[i].size]
 			refs[j] = chunk[i].ref
 			if gids != nil {
 				gids[j] = chunkGroups[i]
@@ -516,23 +551,19 @@ func (w *Worker) save(job saveJob) error {
 		if err := w.saveMover.Gather(ctx, refs, bufs); err != nil {
 			return fmt.Errorf("gather pages: %w", err)
 		}
+		settle()
 		cfg := w.replicateConfig()
 		cfg.GroupIDs = gids
-		codes := w.pool.BatchPut(ctx, putKeys, bufs, cfg)
-		attempted += len(todo)
-		for j := range todo {
-			if len(codes) != len(todo) {
-				failed++
-				continue
-			}
-			if c := codes[j]; c < 0 && c != mooncake.ErrObjectAlreadyExists {
-				failed++
-				if c == mooncake.ErrInvalidParams {
-					refusedTTL++
-				}
-			}
+		done := make(chan []mooncake.Code, 1)
+		go func() { done <- w.pool.BatchPut(ctx, putKeys, bufs, cfg) }()
+		inflight, inflightN = done, len(todo)
+		if sets == 2 {
+			set ^= 1
+		} else {
+			settle()
 		}
 	}
+	settle()
 	if failed > 0 {
 		w.log.Warn(fmt.Sprintf("mooncake-store rank %d failed to save %d of %d pages", ns.Rank, failed, attempted))
 	}
@@ -606,8 +637,8 @@ func (w *Worker) asyncLoop(i int) {
 		w.asyncActive--
 		w.stats.SetLoadQueue(w.asyncQueued, w.asyncActive)
 		a.done, a.failed = true, failed || err != nil
-		if err != nil {
-			w.keepLocked(err)
+		if err != nil && !w.shutdownCancelled(err) {
+			_ = w.keepLocked(err)
 		}
 		w.mu.Unlock()
 	}

@@ -93,8 +93,6 @@ func statusOf(err error) error {
 		code = codes.Canceled
 	case errors.Is(err, context.DeadlineExceeded):
 		code = codes.DeadlineExceeded
-	case errors.Is(err, connector.ErrUnknownRequest):
-		code = codes.NotFound
 	case errors.Is(err, connector.ErrNotContextOnly), errors.Is(err, connector.ErrNoLayout):
 		code = codes.FailedPrecondition
 	case errors.Is(err, connector.ErrLoadFailed):
