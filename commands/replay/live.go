@@ -2,6 +2,7 @@ package replay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 
@@ -10,7 +11,12 @@ import (
 )
 
 func runLive(ctx context.Context, opts *Options, tr *replay.Trace, p replay.Params, c replay.Config) (*replay.Report, error) {
-	return nil, cmdutil.FlagErrorf("live mode is not available in this build")
+	lo := replay.LiveOptions{Socket: opts.Target, Engines: opts.Engines, AsFastAsPossible: opts.Pace == PaceMax, Speed: opts.Speed}
+	rep, err := replay.Live(ctx, tr, p, c, lo)
+	if errors.Is(err, replay.ErrUnreachable) {
+		return nil, cmdutil.Unreachable(err)
+	}
+	return rep, err
 }
 
 func writePlot(path string, rep *replay.Report) error {

@@ -312,6 +312,9 @@ func readTrace(opts *Options) (*replay.Trace, error) {
 func pct(f float64) string { return strconv.FormatFloat(100*f, 'f', 2, 64) + "%" }
 
 func rows(rep *replay.Report) cmdutil.Table {
+	if rep.Live != nil {
+		return liveRows(rep)
+	}
 	t := cmdutil.Table{Header: []string{"RUN", "REQUESTS", "LOCAL", "POOL", "TOTAL", "RECOMPUTED", "HOLES", "EVICTED", "LOADED", "SAVED", "TTFT_P50", "BALANCE"}}
 	for _, r := range rep.Runs {
 		t.Rows = append(t.Rows, []string{
@@ -320,6 +323,20 @@ func rows(rep *replay.Report) cmdutil.Table {
 			strconv.FormatInt(r.Pool.Evicted, 10), bytesText(r.Moved.LoadedBytes), bytesText(r.Moved.SavedBytes),
 			strconv.FormatFloat(r.Latency.P50TTFTSec, 'f', 3, 64) + "s",
 			strconv.FormatFloat(r.Balance.BusyMaxOverMean, 'f', 3, 64),
+		})
+	}
+	return t
+}
+
+func liveRows(rep *replay.Report) cmdutil.Table {
+	t := cmdutil.Table{Header: []string{"ENGINES", "REQUESTS", "LOCAL", "POOL", "TOTAL", "RECOMPUTED", "LOADED", "REQ/S", "P50", "P99"}}
+	for _, r := range rep.Runs {
+		t.Rows = append(t.Rows, []string{
+			strconv.Itoa(rep.Live.Engines), strconv.Itoa(r.Requests), pct(r.HitRate.Local), pct(r.HitRate.Pool), pct(r.HitRate.Total),
+			strconv.FormatInt(r.Tokens.Recomputed, 10), bytesText(r.Moved.LoadedBytes),
+			strconv.FormatFloat(rep.Live.RequestsPerSecond, 'f', 1, 64),
+			strconv.FormatFloat(1000*rep.Live.P50RequestSec, 'f', 2, 64) + "ms",
+			strconv.FormatFloat(1000*rep.Live.P99RequestSec, 'f', 2, 64) + "ms",
 		})
 	}
 	return t

@@ -8,6 +8,8 @@ type Report struct {
 	Trace  TraceInfo   `json:"trace"`
 	Params ParamsInfo  `json:"params"`
 	Runs   []RunReport `json:"runs"`
+	// Live is set by a live replay.
+	Live *LiveInfo `json:"live,omitempty"`
 }
 
 // TraceInfo describes the replayed trace.
