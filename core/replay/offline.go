@@ -227,11 +227,35 @@ func synthToken(seed uint64, h int64, i int) int64 {
 	return int64(x & 0x7fffffff)
 }
 
-// countingPool counts what the connector's workers write and read.
+// countingPool counts what the connector's workers write and read, and folds the existence
+// answer of each scheduler lookup into prefix-hole stats exactly as the connector's own stats
+// do (stats.FoldLookup over the same answer; the offline layout has one key per block), which
+// spares the connector's stats reporter and its per-load thread-time syscalls.
 type countingPool struct {
 	mooncake.Pool
 	putOK, putFailed, gotPages atomic.Int64
 	saveNanos                  atomic.Int64
+
+	// lookup is set by the replay loop around Scheduler.Lookup, when no save is in flight, so
+	// the existence call it sees is the lookup's.
+	lookup bool
+	T      int
+	holes  stats.HoleStats
+}
+
+func (c *countingPool) BatchIsExist(ctx context.Context, ks []string) []int {
+	out := c.Pool.BatchIsExist(ctx, ks)
+	if c.lookup {
+		complete := make([]bool, len(ks))
+		if len(out) == len(ks) {
+			for i, v := range out {
+				complete[i] = v == 1
+			}
+		}
+		_, h := stats.FoldLookup(complete, c.T)
+		c.holes.Add(h)
+	}
+	return out
 }
 
 func (c *countingPool) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg mooncake.ReplicateConfig) []mooncake.Code {
@@ -266,7 +290,6 @@ type rank struct {
 	w        *connector.Worker
 	mem      *gpu.SharedMemory
 	mover    gpu.Mover
-	reporter *stats.Reporter
 	pages    [][]int
 	saving   []string      // finished requests whose saves are not confirmed done
 	busy     time.Duration // modelled: when the rank's prefill queue drains
@@ -314,9 +337,6 @@ func newRank(idx int, p Params, c Config, pool mooncake.Pool, clock *mooncake.Ma
 	if r.mover, err = gpu.NewHostMover(r.mem.FD, size, layout); err != nil {
 		return nil, err
 	}
-	if r.reporter, err = stats.NewReporter(stats.ReporterOptions{Logger: logger, Now: clock.Now}); err != nil {
-		return nil, err
-	}
 	opts := connector.Options{
 		Role:              connector.RoleBoth,
 		Namespace:         keys.Namespace{ModelKey: "replay", WorldSize: 1, AttentionDP: c.Ranks > 1},
@@ -328,7 +348,6 @@ func newRank(idx int, p Params, c Config, pool mooncake.Pool, clock *mooncake.Ma
 		LocalReuseBackoff: c.LocalReuseBackoff,
 		Logger:            logger,
 		Clock:             clock.Now,
-		Stats:             r.reporter,
 	}
 	if r.sched, err = connector.NewScheduler(opts, pool); err != nil {
 		return nil, err
@@ -503,7 +522,7 @@ func (o *offline) setup() error {
 		o.evictRounds.Add(1)
 		o.evicted.Add(int64(len(r.Evicted)))
 	})
-	o.pool = &countingPool{Pool: emb}
+	o.pool = &countingPool{Pool: emb, T: p.TokensPerBlock}
 	for i := range c.Ranks {
 		r, err := newRank(i, p, c, o.pool, o.clock, maxBlocks, logger)
 		if err != nil {
@@ -789,7 +808,9 @@ func (o *offline) serve(i int, q Request, rk int, notBefore time.Duration) error
 			return err
 		}
 		began = time.Now()
+		o.pool.lookup = true
 		m, _, err := r.sched.Lookup(o.ctx, connector.Request{ID: q.ID, Tokens: t64, Scope: q.Scope, ContextOnly: true}, local)
+		o.pool.lookup = false
 		if err != nil {
 			return fmt.Errorf("request %s: lookup: %w", q.ID, err)
 		}
@@ -927,9 +948,8 @@ func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Se
 
 func (o *offline) finish() error {
 	run := &o.run
-	var holes stats.HoleStats
+	holes := o.pool.holes
 	for _, r := range o.ranks {
-		holes.Add(r.reporter.HoleTotals())
 		run.RankLoad = append(run.RankLoad, r.load)
 	}
 	run.Holes = HoleCounts{
