@@ -284,16 +284,16 @@ func (c *countingPool) BatchGet(ctx context.Context, ks []string, bufs [][]byte)
 
 // rank is one attention-DP engine of an offline replay.
 type rank struct {
-	idx      int
-	mgr      *kvcache.Manager
-	sched    *connector.Scheduler
-	w        *connector.Worker
-	mem      *gpu.SharedMemory
-	mover    gpu.Mover
-	pages    [][]int
-	saving   []string      // finished requests whose saves are not confirmed done
-	busy     time.Duration // modelled: when the rank's prefill queue drains
-	load     RankLoad
+	idx    int
+	mgr    *kvcache.Manager
+	sched  *connector.Scheduler
+	w      *connector.Worker
+	mem    *gpu.SharedMemory
+	mover  gpu.Mover
+	pages  [][]int
+	saving []string      // finished requests whose saves are not confirmed done
+	busy   time.Duration // modelled: when the rank's prefill queue drains
+	load   RankLoad
 }
 
 func (r *rank) close() {
