@@ -233,7 +233,7 @@ func params(o *Options) (replay.Params, replay.Config, error) {
 	}
 	for key, v := range map[string]string{"ranks": strconv.Itoa(o.Ranks), "router": o.Router, "gpu_blocks": strconv.Itoa(o.GPU)} {
 		if err := c.Set(key, v); err != nil {
-			return p, c, cmdutil.FlagErrorf("--%s: %v", strings.ReplaceAll(key, "_", "-"), errors.Unwrap(err))
+			return p, c, cmdutil.FlagErrorf("--%s: %v", strings.ReplaceAll(key, "_", "-"), err)
 		}
 	}
 	return p, c, nil

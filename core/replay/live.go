@@ -261,7 +261,7 @@ func newLiveEngine(ctx context.Context, i int, p Params, c Config, lo LiveOption
 	}()
 	var err error
 	if e.cl, err = engineapi.Dial(lo.Socket); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUnreachable, err)
+		return nil, fmt.Errorf("%w: %w", ErrUnreachable, err)
 	}
 	size := int64(slots) * int64(p.SimPageBytes)
 	if e.mem, err = gpu.NewSharedMemory(size); err != nil {
@@ -288,7 +288,7 @@ func newLiveEngine(ctx context.Context, i int, p Params, c Config, lo LiveOption
 	resp, err := e.cl.RegisterSharedMemory(ctx, req, f, uint64(size))
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("%w: %v", ErrUnreachable, err)
+			return nil, fmt.Errorf("%w: %w", ErrUnreachable, err)
 		}
 		return nil, fmt.Errorf("register engine %s: %w", e.name, unreachable(err))
 	}

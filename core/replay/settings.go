@@ -226,7 +226,7 @@ func (c *Config) Set(key, value string) error {
 		return fmt.Errorf("%w %q: known settings are %s", ErrUnknownSetting, key, strings.Join(SettingKeys(), ", "))
 	}
 	if err := k.apply(c, value); err != nil {
-		return fmt.Errorf("%w: %s: %v", ErrBadSetting, key, err)
+		return fmt.Errorf("%w: %s: %w", ErrBadSetting, key, err)
 	}
 	return nil
 }

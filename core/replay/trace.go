@@ -238,7 +238,7 @@ func cleanJSONError(err error) error {
 	if errors.As(err, &te) {
 		return fmt.Errorf("%s: want %s, got JSON %s", te.Field, te.Type, te.Value)
 	}
-	return fmt.Errorf("not a JSON object: %v", err)
+	return fmt.Errorf("not a JSON object: %w", err)
 }
 
 func parseArrival(n *json.Number, field string) (time.Duration, error) {
