@@ -11,6 +11,7 @@ import (
 	"github.com/kvctl/kvctl/commands/completion"
 	"github.com/kvctl/kvctl/commands/hash"
 	"github.com/kvctl/kvctl/commands/probepool"
+	"github.com/kvctl/kvctl/commands/replay"
 	"github.com/kvctl/kvctl/commands/serve"
 	"github.com/kvctl/kvctl/commands/stats"
 	"github.com/kvctl/kvctl/commands/validateconfig"
@@ -76,6 +77,7 @@ environment, then the file, then the default.`,
 	cmd.AddCommand(
 		hash.NewCmdHash(f, nil),
 		probepool.NewCmdProbePool(f, nil),
+		replay.NewCmdReplay(f, nil),
 		serve.NewCmdServe(f, nil),
 		stats.NewCmdStats(f, nil),
 		validateconfig.NewCmdValidateConfig(f, nil),

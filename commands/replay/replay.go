@@ -1,0 +1,387 @@
+// Package replay implements `kvctl replay`: request traces replayed through the real connector,
+// KV cache manager and pool, offline in virtual time or live against a running kvctl serve.
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvctl/kvctl/commands/cmdutil"
+	"github.com/kvctl/kvctl/core/config"
+	"github.com/kvctl/kvctl/core/replay"
+	"github.com/kvctl/kvctl/core/router"
+)
+
+// Options are the inputs of `kvctl replay`.
+type Options struct {
+	IO *cmdutil.IOStreams
+
+	Trace    string
+	Format   string
+	SkipBad  bool
+	Limit    int
+	Sets     []string
+	PoolSize string
+	Ranks    int
+	Router   string
+	GPU      int
+
+	TokensPerBlock    int
+	PageSize          string
+	SimPageSize       int
+	LoadBandwidth     string
+	SaveBandwidth     string
+	PrefillRate       float64
+	DecodeRate        float64
+	MaxActiveRequests int
+	Seed              uint64
+	Plot              string
+
+	Target  string
+	Engines int
+	Pace    string
+	Speed   float64
+
+	OutputFormat string
+}
+
+// Live pacing.
+const (
+	PaceTrace = "trace"
+	PaceMax   = "max"
+)
+
+// NewCmdReplay returns `kvctl replay`. runF replaces the run function in tests.
+func NewCmdReplay(f *cmdutil.Factory, runF func(context.Context, *Options) error) *cobra.Command {
+	opts := &Options{IO: f.IOStreams}
+	p := replay.DefaultParams()
+	c := replay.DefaultConfig()
+	cmd := &cobra.Command{
+		Use:   "replay TRACE",
+		Short: "Replay a request trace through the connector, KV cache and pool and report hit rates",
+		Long: `Replay a request trace through kvctl's real connector, a KV cache manager per engine rank and
+a Mooncake pool, and report hit rates (local, pool, total), tokens recomputed, prefix holes,
+bytes moved, modelled time per phase and rank balance.
+
+Traces: the Mooncake FAST'25 JSONL ({timestamp, input_length, output_length, hash_ids}, 512-token
+blocks) or kvctl's token trace, one JSON object per line:
+  {"id": "r1", "conversation_id": "c1", "arrival_ms": 0, "tokens": [1, 2, 3],
+   "output_length": 64, "cache_salt": "tenant-a", "lora_id": 3}
+with "tokens_file" (relative to the trace) instead of "tokens" for long prompts. --format auto
+picks by the first record. Malformed lines are reported with their line numbers (exit 3);
+--skip-bad leaves them out and lists them in the report.
+
+Offline (the default) runs in virtual time: each Mooncake block is --tokens-per-block synthesised
+tokens, fixed per hash id and --seed, so shared prefixes stay shared; pages hold --sim-page-size
+bytes, and bytes moved and transfer times are scaled to --page-size. The pool has --pool-size of
+real pages (unlimited by default) and the master's eviction, ticked every 10 ms of trace time.
+Requests are routed to --ranks attention-DP ranks by --router and replayed in arrival order.
+
+--set KEY=V1,V2,... runs the trace once per combination of values (repeatable; the first --set
+varies slowest), for example --set soft_pin_ttl_ms=0,600000 --set group_blocks=false,true.
+Keys:
+  ` + strings.Join(replay.SettingHelp(), "\n  ") + `
+
+Live (--target SOCKET) drives a running kvctl serve's engine API with --engines simulated
+engines, at the trace's pace (--pace trace, scaled by --speed) or as fast as possible
+(--pace max), and reports the same hit figures with requests per second.
+
+--plot FILE.png draws hit rate (top) and pool occupancy (bottom) over trace time, one colour
+per run. A progress bar goes to standard error when it is a terminal.`,
+		Example: `  # the conversation trace with an unlimited pool
+  kvctl replay conversation_trace.jsonl
+
+  # a 2 TiB pool with and without soft pins and block groups, as JSON
+  kvctl replay --pool-size 2TiB --set soft_pin_ttl_ms=0,600000 --set group_blocks=false,true -o json trace.jsonl
+
+  # work-aware routing against prompt-length balancing on 4 ranks, with a plot
+  kvctl replay --ranks 4 --set router=work-aware,prompt-length --plot hit.png trace.jsonl
+
+  # live, against kvctl serve on its default socket, as fast as possible
+  kvctl replay --target /run/kvctl/engine.sock --engines 4 --pace max trace.jsonl`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return cmdutil.FlagErrorf("replay needs exactly one TRACE (- for stdin), got %d arguments", len(args))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			opts.Trace = args[0]
+			opts.OutputFormat = cmdutil.OutputFormat(cmd)
+			if err := check(opts); err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			if ctx == nil {
+				ctx = context.Background()
+			}
+			if runF != nil {
+				return runF(ctx, opts)
+			}
+			return Run(ctx, opts)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&opts.Format, "format", replay.FormatAuto, "trace format: auto, mooncake or tokens")
+	fl.BoolVar(&opts.SkipBad, "skip-bad", false, "leave malformed lines out instead of failing")
+	fl.IntVar(&opts.Limit, "limit", 0, "replay only the first N requests (0: all)")
+	fl.StringArrayVar(&opts.Sets, "set", nil, "run once per value: `KEY=V1,V2,...` (repeatable)")
+	fl.StringVar(&opts.PoolSize, "pool-size", "unlimited", "pool capacity in real bytes (64GiB, 2TiB, ...) or unlimited")
+	fl.IntVar(&opts.Ranks, "ranks", c.Ranks, "attention-DP ranks (engines) offline")
+	fl.StringVar(&opts.Router, "router", c.Router, "rank placement: "+strings.Join(router.Policies, " or "))
+	fl.IntVar(&opts.GPU, "gpu-blocks", c.GPUBlocks, "each rank's local KV cache, in blocks")
+	fl.IntVar(&opts.TokensPerBlock, "tokens-per-block", p.TokensPerBlock, "replay block size: tokens per Mooncake block, or per block of a token trace")
+	fl.StringVar(&opts.PageSize, "page-size", "64MiB", "real bytes of one block's page")
+	fl.IntVar(&opts.SimPageSize, "sim-page-size", p.SimPageBytes, "bytes an offline page actually holds")
+	fl.StringVar(&opts.LoadBandwidth, "load-bandwidth", "25GB", "pool to engine bytes per second")
+	fl.StringVar(&opts.SaveBandwidth, "save-bandwidth", "25GB", "engine to pool bytes per second")
+	fl.Float64Var(&opts.PrefillRate, "prefill-rate", p.PrefillTokensPerSecond, "a rank's prefill tokens per second")
+	fl.Float64Var(&opts.DecodeRate, "decode-rate", p.DecodeTokensPerSecond, "a request's decode tokens per second")
+	fl.IntVar(&opts.MaxActiveRequests, "max-active-requests", 0, "requests a rank may hold, for the router (0: no cap)")
+	fl.Uint64Var(&opts.Seed, "seed", p.Seed, "seed of the synthesised token ids")
+	fl.StringVar(&opts.Plot, "plot", "", "write hit rate and pool occupancy over time to `FILE.png`")
+	fl.StringVar(&opts.Target, "target", "", "live mode: the engine socket of a running kvctl serve")
+	fl.IntVar(&opts.Engines, "engines", 1, "live mode: simulated engines")
+	fl.StringVar(&opts.Pace, "pace", PaceTrace, "live mode: trace (arrival times, scaled by --speed) or max")
+	fl.Float64Var(&opts.Speed, "speed", 1, "live mode: arrival time speed-up under --pace trace")
+	_ = cmd.RegisterFlagCompletionFunc("format", cobra.FixedCompletions([]string{replay.FormatAuto, replay.FormatMooncake, replay.FormatTokens}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("router", cobra.FixedCompletions(router.Policies, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("pace", cobra.FixedCompletions([]string{PaceTrace, PaceMax}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("set", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+		var s []string
+		for _, k := range replay.SettingKeys() {
+			s = append(s, k+"=")
+		}
+		return s, cobra.ShellCompDirectiveNoSpace | cobra.ShellCompDirectiveNoFileComp
+	})
+	return cmd
+}
+
+// check rejects flag values that cannot work, as usage errors.
+func check(o *Options) error {
+	switch o.Format {
+	case replay.FormatAuto, replay.FormatMooncake, replay.FormatTokens:
+	default:
+		return cmdutil.FlagErrorf("invalid --format %q: want auto, mooncake or tokens", o.Format)
+	}
+	if o.Limit < 0 {
+		return cmdutil.FlagErrorf("--limit %d is negative", o.Limit)
+	}
+	if o.Pace != PaceTrace && o.Pace != PaceMax {
+		return cmdutil.FlagErrorf("invalid --pace %q: want trace or max", o.Pace)
+	}
+	if o.Engines < 1 {
+		return cmdutil.FlagErrorf("--engines must be at least 1, got %d", o.Engines)
+	}
+	if !(o.Speed > 0) {
+		return cmdutil.FlagErrorf("--speed must be positive, got %v", o.Speed)
+	}
+	if o.Target == "" && (o.Pace != PaceTrace || o.Engines != 1 || o.Speed != 1) {
+		return cmdutil.FlagErrorf("--engines, --pace and --speed need --target")
+	}
+	if o.Target != "" && len(o.Sets) > 0 {
+		return cmdutil.FlagErrorf("--set varies offline configurations; a live replay runs the daemon's one configuration")
+	}
+	return nil
+}
+
+// params turns the flags into replay parameters and the base configuration.
+func params(o *Options) (replay.Params, replay.Config, error) {
+	p := replay.DefaultParams()
+	c := replay.DefaultConfig()
+	size := func(flag, v string) (int64, error) {
+		n, err := config.ParseSize(v, false)
+		if err != nil || n <= 0 {
+			return 0, cmdutil.FlagErrorf("invalid --%s %q: want a positive size such as 64MiB", flag, v)
+		}
+		return n, nil
+	}
+	var err error
+	if p.PageBytes, err = size("page-size", o.PageSize); err != nil {
+		return p, c, err
+	}
+	lb, err := size("load-bandwidth", o.LoadBandwidth)
+	if err != nil {
+		return p, c, err
+	}
+	sb, err := size("save-bandwidth", o.SaveBandwidth)
+	if err != nil {
+		return p, c, err
+	}
+	p.LoadBandwidth, p.SaveBandwidth = float64(lb), float64(sb)
+	p.TokensPerBlock = o.TokensPerBlock
+	p.SimPageBytes = o.SimPageSize
+	p.PrefillTokensPerSecond = o.PrefillRate
+	p.DecodeTokensPerSecond = o.DecodeRate
+	p.MaxActiveRequests = o.MaxActiveRequests
+	p.Seed = o.Seed
+	if err := p.Validate(); err != nil {
+		return p, c, cmdutil.FlagErrorf("%v", err)
+	}
+	if c.PoolBytes, err = replay.ParsePoolSize(o.PoolSize); err != nil {
+		return p, c, cmdutil.FlagErrorf("invalid --pool-size %q: %v", o.PoolSize, err)
+	}
+	for key, v := range map[string]string{"ranks": strconv.Itoa(o.Ranks), "router": o.Router, "gpu_blocks": strconv.Itoa(o.GPU)} {
+		if err := c.Set(key, v); err != nil {
+			return p, c, cmdutil.FlagErrorf("--%s: %v", strings.ReplaceAll(key, "_", "-"), err)
+		}
+	}
+	return p, c, nil
+}
+
+// Run replays the trace and prints the report.
+func Run(ctx context.Context, opts *Options) error {
+	p, base, err := params(opts)
+	if err != nil {
+		return err
+	}
+	cfgs, err := replay.Expand(base, opts.Sets)
+	if err != nil {
+		return cmdutil.FlagErrorf("%v", err)
+	}
+	tr, err := readTrace(opts)
+	if err != nil {
+		return err
+	}
+	for _, s := range tr.Skipped {
+		fmt.Fprintf(opts.IO.ErrOut, "warning: %s: skipped %s\n", tr.Name, s)
+	}
+	if opts.Limit > 0 && opts.Limit < len(tr.Requests) {
+		tr.Requests = tr.Requests[:opts.Limit]
+	}
+	bar := newProgress(opts.IO)
+	p.Progress = bar.update
+	var rep *replay.Report
+	if opts.Target != "" {
+		rep, err = runLive(ctx, opts, tr, p, base)
+	} else {
+		// An offline replay is one sequential loop: the connector's save goroutine only runs
+		// while the loop waits for it, so a second processor adds wake-ups, not throughput
+		// (measured in docs/perf/replay.md). It allocates far more than it keeps, so fewer
+		// collections cost nothing. GOMAXPROCS in the environment still wins.
+		if os.Getenv("GOMAXPROCS") == "" {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+		}
+		defer debug.SetGCPercent(debug.SetGCPercent(400))
+		rep, err = replay.Offline(ctx, tr, p, cfgs)
+	}
+	bar.done()
+	if err != nil {
+		return err
+	}
+	if opts.Plot != "" {
+		if err := writePlot(opts.Plot, rep); err != nil {
+			return err
+		}
+	}
+	return cmdutil.Print(opts.IO, opts.OutputFormat, rep, func() cmdutil.Table { return rows(rep) })
+}
+
+func readTrace(opts *Options) (*replay.Trace, error) {
+	ro := replay.ReadOptions{Format: opts.Format, SkipBad: opts.SkipBad}
+	var tr *replay.Trace
+	var err error
+	if opts.Trace == "-" {
+		tr, err = replay.ReadTrace("<stdin>", opts.IO.In, ro)
+	} else {
+		tr, err = replay.ReadTraceFile(opts.Trace, ro)
+	}
+	var te *replay.TraceError
+	switch {
+	case errors.As(err, &te):
+		for _, l := range te.Lines {
+			fmt.Fprintf(opts.IO.ErrOut, "%s: %s\n", te.Name, l)
+		}
+		return nil, cmdutil.ValidationErrorf("%s: %d malformed line(s); --skip-bad continues past them", te.Name, len(te.Lines))
+	case errors.Is(err, replay.ErrMalformed):
+		return nil, cmdutil.ValidationErrorf("%v", err)
+	}
+	return tr, err
+}
+
+func pct(f float64) string { return strconv.FormatFloat(100*f, 'f', 2, 64) + "%" }
+
+func rows(rep *replay.Report) cmdutil.Table {
+	if rep.Live != nil {
+		return liveRows(rep)
+	}
+	t := cmdutil.Table{Header: []string{"RUN", "REQUESTS", "LOCAL", "POOL", "TOTAL", "RECOMPUTED", "HOLES", "EVICTED", "LOADED", "SAVED", "TTFT_P50", "BALANCE"}}
+	for _, r := range rep.Runs {
+		t.Rows = append(t.Rows, []string{
+			r.Name, strconv.Itoa(r.Requests), pct(r.HitRate.Local), pct(r.HitRate.Pool), pct(r.HitRate.Total),
+			strconv.FormatInt(r.Tokens.Recomputed, 10), strconv.FormatInt(r.Holes.Holes, 10),
+			strconv.FormatInt(r.Pool.Evicted, 10), bytesText(r.Moved.LoadedBytes), bytesText(r.Moved.SavedBytes),
+			strconv.FormatFloat(r.Latency.P50TTFTSec, 'f', 3, 64) + "s",
+			strconv.FormatFloat(r.Balance.BusyMaxOverMean, 'f', 3, 64),
+		})
+	}
+	return t
+}
+
+func liveRows(rep *replay.Report) cmdutil.Table {
+	t := cmdutil.Table{Header: []string{"ENGINES", "REQUESTS", "LOCAL", "POOL", "TOTAL", "RECOMPUTED", "LOADED", "REQ/S", "P50", "P99"}}
+	for _, r := range rep.Runs {
+		t.Rows = append(t.Rows, []string{
+			strconv.Itoa(rep.Live.Engines), strconv.Itoa(r.Requests), pct(r.HitRate.Local), pct(r.HitRate.Pool), pct(r.HitRate.Total),
+			strconv.FormatInt(r.Tokens.Recomputed, 10), bytesText(r.Moved.LoadedBytes),
+			strconv.FormatFloat(rep.Live.RequestsPerSecond, 'f', 1, 64),
+			strconv.FormatFloat(1000*rep.Live.P50RequestSec, 'f', 2, 64) + "ms",
+			strconv.FormatFloat(1000*rep.Live.P99RequestSec, 'f', 2, 64) + "ms",
+		})
+	}
+	return t
+}
+
+func bytesText(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return strconv.FormatInt(n, 10) + "B"
+	}
+	f, i := float64(n), 0
+	for f >= unit && i < 6 {
+		f /= unit
+		i++
+	}
+	return strconv.FormatFloat(f, 'f', 1, 64) + []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}[i]
+}
+
+// progress draws a bar on standard error when it is a terminal.
+type progress struct {
+	w      io.Writer
+	on     bool
+	drawn  bool
+	last   time.Time
+	starts time.Time
+}
+
+func newProgress(s *cmdutil.IOStreams) *progress {
+	return &progress{w: s.ErrOut, on: s.IsStderrTTY(), starts: time.Now()}
+}
+
+func (p *progress) update(done, total int) {
+	if !p.on || total == 0 || (time.Since(p.last) < 100*time.Millisecond && done < total) {
+		return
+	}
+	p.last = time.Now()
+	const width = 30
+	fill := done * width / total
+	fmt.Fprintf(p.w, "\r[%s%s] %3d%% %d/%d requests %.1fs", strings.Repeat("=", fill), strings.Repeat(" ", width-fill),
+		done*100/total, done, total, time.Since(p.starts).Seconds())
+	p.drawn = true
+}
+
+func (p *progress) done() {
+	if p.drawn {
+		fmt.Fprint(p.w, "\r\033[K")
+	}
+}

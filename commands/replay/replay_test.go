@@ -1,0 +1,113 @@
+package replay
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/shlex"
+
+	"github.com/kvctl/kvctl/commands/cmdutil"
+)
+
+func TestFlags(t *testing.T) {
+	tests := []struct {
+		args    string
+		check   func(*testing.T, *Options)
+		wantErr string
+	}{
+		{args: "trace.jsonl", check: func(t *testing.T, o *Options) {
+			if o.Trace != "trace.jsonl" || o.Format != "auto" || o.PoolSize != "unlimited" || o.Ranks != 1 || o.Router != "work-aware" || o.Target != "" {
+				t.Errorf("%+v", o)
+			}
+		}},
+		{args: "--set soft_pin_ttl_ms=0,600000 --set group_blocks=false,true --pool-size 2TiB --ranks 4 --plot p.png -", check: func(t *testing.T, o *Options) {
+			if len(o.Sets) != 2 || o.Sets[1] != "group_blocks=false,true" || o.PoolSize != "2TiB" || o.Ranks != 4 || o.Plot != "p.png" || o.Trace != "-" {
+				t.Errorf("%+v", o)
+			}
+		}},
+		{args: "--target /tmp/e.sock --engines 3 --pace max t", check: func(t *testing.T, o *Options) {
+			if o.Target != "/tmp/e.sock" || o.Engines != 3 || o.Pace != PaceMax {
+				t.Errorf("%+v", o)
+			}
+		}},
+		{args: "", wantErr: "exactly one TRACE"},
+		{args: "a b", wantErr: "exactly one TRACE"},
+		{args: "--format csv t", wantErr: "--format"},
+		{args: "--pace slow --target x t", wantErr: "--pace"},
+		{args: "--engines 0 --target x t", wantErr: "--engines"},
+		{args: "--speed 0 --target x t", wantErr: "--speed"},
+		{args: "--engines 2 t", wantErr: "need --target"},
+		{args: "--target x --set ranks=1,2 t", wantErr: "--set"},
+		{args: "--limit -1 t", wantErr: "--limit"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.args, func(t *testing.T) {
+			ios, _, _, _ := cmdutil.Test()
+			f := &cmdutil.Factory{IOStreams: ios, Now: time.Now, Getenv: func(string) string { return "" }}
+			var got *Options
+			cmd := NewCmdReplay(f, func(_ context.Context, o *Options) error { got = o; return nil })
+			args, _ := shlex.Split(tt.args)
+			cmd.SetArgs(args)
+			cmd.SetOut(ios.Out)
+			cmd.SetErr(ios.ErrOut)
+			err := cmd.Execute()
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || cmdutil.ExitCode(err) != cmdutil.ExitUsage {
+					t.Fatalf("got %v, want a usage error containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.check(t, got)
+		})
+	}
+}
+
+func TestParamsRejectBadValues(t *testing.T) {
+	base := func() *Options {
+		return &Options{PoolSize: "unlimited", Ranks: 1, Router: "work-aware", GPU: 64, TokensPerBlock: 16,
+			PageSize: "64MiB", SimPageSize: 64, LoadBandwidth: "25GB", SaveBandwidth: "25GB", PrefillRate: 1, DecodeRate: 1}
+	}
+	for name, mod := range map[string]func(*Options){
+		"page-size":        func(o *Options) { o.PageSize = "0" },
+		"load-bandwidth":   func(o *Options) { o.LoadBandwidth = "fast" },
+		"pool-size":        func(o *Options) { o.PoolSize = "-1" },
+		"ranks":            func(o *Options) { o.Ranks = 0 },
+		"router":           func(o *Options) { o.Router = "random" },
+		"tokens per block": func(o *Options) { o.TokensPerBlock = 0 },
+		"prefill rate":     func(o *Options) { o.PrefillRate = 0 },
+	} {
+		o := base()
+		mod(o)
+		_, _, err := params(o)
+		if err == nil || cmdutil.ExitCode(err) != cmdutil.ExitUsage || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: got %v, want a usage error naming it", name, err)
+		}
+	}
+	if _, _, err := params(base()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRunTableAndProgress(t *testing.T) {
+	ios, _, out, errOut := cmdutil.Test()
+	ios.SetStderrTTY(true)
+	o := &Options{IO: ios, Trace: "../../core/replay/testdata/conversation_head500.jsonl", Format: "auto", Limit: 50,
+		PoolSize: "unlimited", Ranks: 2, Router: "prompt-length", GPU: 256, TokensPerBlock: 16, PageSize: "64MiB",
+		SimPageSize: 64, LoadBandwidth: "25GB", SaveBandwidth: "25GB", PrefillRate: 50000, DecodeRate: 50,
+		Seed: 1, Pace: PaceTrace, Engines: 1, Speed: 1, OutputFormat: cmdutil.FormatTable}
+	if err := Run(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "RUN\tREQUESTS\tLOCAL") || !strings.HasPrefix(lines[1], "base\t50\t") {
+		t.Fatalf("table:\n%s", out)
+	}
+	if !strings.Contains(errOut.String(), "50/50 requests") {
+		t.Fatalf("no progress bar on a terminal: %q", errOut)
+	}
+}
