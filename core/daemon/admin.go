@@ -144,9 +144,8 @@ func (d *Daemon) Stats(ctx context.Context) (StatsJSON, error) {
 		return StatsJSON{}, err
 	}
 	out := StatsJSON{Version: d.cfg.Version, UptimeSeconds: time.Since(d.start).Seconds(), Ready: d.ready.Load(), Pool: ps, Engines: []EngineJSON{}}
-	var holes stats.HoleStats
-	var loads stats.LoadTotals
 	d.mu.RLock()
+	holes, loads := d.retiredHoles, d.retiredLoads
 	for _, e := range d.engines {
 		h, l := e.reporter.HoleTotals(), e.reporter.LoadTotals()
 		holes.Add(h)

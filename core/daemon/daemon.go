@@ -17,6 +17,7 @@ import (
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
+	"github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/gpu"
 	"github.com/kvctl/kvctl/mooncake"
 )
@@ -67,6 +68,10 @@ type Daemon struct {
 
 	mu      sync.RWMutex
 	engines map[string]*engine
+	// retired holds the stats of engines that have unregistered, so the daemon's totals
+	// count every engine it ever served.
+	retiredHoles stats.HoleStats
+	retiredLoads stats.LoadTotals
 
 	ready    atomic.Bool
 	draining atomic.Bool
@@ -269,4 +274,13 @@ func (d *Daemon) closeEngines(ctx context.Context) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// retire folds an engine's final stats into the daemon's totals.
+func (d *Daemon) retire(e *engine) {
+	h, l := e.reporter.HoleTotals(), e.reporter.LoadTotals()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.retiredHoles.Add(h)
+	addTotals(&d.retiredLoads, l)
 }

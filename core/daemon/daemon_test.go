@@ -198,12 +198,20 @@ func TestColdWarmTwoRanks(t *testing.T) {
 	if st.Pool.Objects != int64(5*stored) {
 		t.Errorf("pool holds %d objects, want %d (5 pages for each of %d distinct blocks)", st.Pool.Objects, 5*stored, stored)
 	}
-	// Loads read the replicated page on every rank: 3 pages per block on each of 2 ranks.
-	if st.Loads.Pages != int64(6*want) || st.Loads.FailedPages != 0 {
-		t.Errorf("load stats: %+v, want %d pages", st.Loads, 6*want)
+	// The warm engine's own counters: loads read the replicated page on every rank, so 3 pages
+	// per block on each of the 2 ranks; its scheduler (rank 0) saw every offered block hit.
+	w0, w1 := st.Engines[0], st.Engines[1]
+	if w0.Loads.Pages != int64(3*want) || w1.Loads.Pages != int64(3*want) || w0.Loads.FailedPages+w1.Loads.FailedPages != 0 {
+		t.Errorf("warm load stats: rank0 %+v rank1 %+v, want %d pages each", w0.Loads, w1.Loads, 3*want)
 	}
-	if st.PrefixHoles.HitBlocks != int64(want) || st.PrefixHoles.Holes != 0 {
-		t.Errorf("prefix-hole stats: %+v, want %d hit blocks and no holes", st.PrefixHoles, want)
+	if w0.PrefixHoles.HitBlocks != int64(want) || w0.PrefixHoles.Holes != 0 {
+		t.Errorf("warm prefix-hole stats: %+v, want %d hit blocks and no holes", w0.PrefixHoles, want)
+	}
+	// The daemon's totals also count the cold engine, which has unregistered: its few hits
+	// (turns sharing a prefix with a request saved earlier in the same run) add to the warm ones.
+	coldHits := cres.MatchedTokens / T
+	if st.PrefixHoles.HitBlocks != int64(want+coldHits) || st.Loads.Pages != int64(6*(want+coldHits)) {
+		t.Errorf("daemon totals: %+v %+v, want %d hit blocks", st.PrefixHoles, st.Loads, want+coldHits)
 	}
 
 	code, metrics := getText(t, base+"/metrics")

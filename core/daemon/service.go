@@ -39,7 +39,9 @@ func (s *service) Unregister(ctx context.Context, req *enginepb.EngineRef) (*eng
 	if e == nil {
 		return nil, status.Errorf(codes.NotFound, "engine %q is not registered", req.GetEngine())
 	}
-	if err := e.close(ctx); err != nil {
+	err := e.close(ctx)
+	s.d.retire(e)
+	if err != nil {
 		return nil, statusOf(err)
 	}
 	s.d.log.Info("engine unregistered", "engine", e.name)
