@@ -1,7 +1,6 @@
 package gpu
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -79,68 +78,6 @@ func PlanStaging(layout Layout, transferBatch int, stagingBytes int64, workers i
 		p.Warnings = append(p.Warnings, fmt.Sprintf("transfer_batch_size %d lowered to %d: %d staging bytes hold %d slots of %d bytes", transferBatch, p.Batch, share, p.SlotsPerWorker, slot))
 	}
 	return p, nil
-}
-
-// NodeReserveBytes is the memory the node budget leaves to everything else on the machine.
-const NodeReserveBytes = 32 << 30
-
-// ErrNodeBudget is wrapped by CheckNodeBudget's error when the claim does not fit.
-var ErrNodeBudget = errors.New("node memory budget exceeded")
-
-// NodeBudgetError says by how much a node's claim exceeds its budget and what would fit.
-type NodeBudgetError struct {
-	Ranks        int
-	SegmentSize  int64
-	StagingBytes int64 // ranks·directions·MaxStagingBytes, 0 without staging
-	Claimed      int64
-	Budget       int64 // available − NodeReserveBytes
-}
-
-func (e *NodeBudgetError) Error() string {
-	msg := fmt.Sprintf("%v: %d ranks claim %d bytes (segments %d·%d + staging %d) but the budget is %d (available memory − 32 GiB)",
-		ErrNodeBudget, e.Ranks, e.Claimed, e.Ranks, e.SegmentSize, e.StagingBytes, e.Budget)
-	if fit := (e.Budget - e.StagingBytes) / int64(e.Ranks); fit > 0 {
-		msg += fmt.Sprintf("; use segment_size <= %d, fewer ranks, or turn staging off", fit)
-	} else {
-		msg += "; use fewer ranks or turn staging off"
-	}
-	return msg
-}
-
-func (e *NodeBudgetError) Unwrap() error { return ErrNodeBudget }
-
-// CheckNodeBudget checks that ranks processes on one node can each mount a segment of
-// segmentSize bytes and, when stageThroughHost, directions staging pools of MaxStagingBytes
-// (directions = loads + saves, 0 for a capacity role), within memAvailable − 32 GiB. ranks below
-// 1 count as 1 and a negative segment as 0. memAvailable 0 means unknown: the check passes and
-// the caller should warn (see MemAvailable).
-func CheckNodeBudget(ranks int, segmentSize int64, stageThroughHost bool, directions int, memAvailable uint64) error {
-	ranks = max(ranks, 1)
-	segmentSize = max(segmentSize, 0)
-	if directions < 0 {
-		return fmt.Errorf("node budget: directions must be 0, 1 or 2, got %d", directions)
-	}
-	if memAvailable == 0 {
-		return nil
-	}
-	var staging int64
-	if stageThroughHost {
-		staging = int64(ranks) * int64(directions) * MaxStagingBytes
-	}
-	claimed, budget := mulAddSat(int64(ranks), segmentSize, staging), int64(min(memAvailable, 1<<62))-NodeReserveBytes
-	if claimed > budget {
-		return &NodeBudgetError{Ranks: ranks, SegmentSize: segmentSize, StagingBytes: staging, Claimed: claimed, Budget: budget}
-	}
-	return nil
-}
-
-// mulAddSat returns a·b + c for non-negative operands, saturating instead of overflowing.
-func mulAddSat(a, b, c int64) int64 {
-	const limit = 1<<63 - 1
-	if b != 0 && a > (limit-c)/b {
-		return limit
-	}
-	return a*b + c
 }
 
 // MemAvailable returns the memory available for new allocations: MemAvailable of /proc/meminfo,

@@ -1,8 +1,6 @@
 package gpu
 
 import (
-	"errors"
-	"strconv"
 	"strings"
 	"testing"
 )
@@ -67,47 +65,6 @@ func TestPlanStaging(t *testing.T) {
 	}
 	if _, err := PlanStaging(Layout{}, 1, 1, 1); err == nil {
 		t.Error("PlanStaging of an empty layout succeeded")
-	}
-}
-
-func TestCheckNodeBudget(t *testing.T) {
-	const GiB = 1 << 30
-	cases := []struct {
-		name       string
-		ranks      int
-		segment    int64
-		staging    bool
-		directions int
-		avail      uint64
-		fail       bool
-	}{
-		{"fits", 8, 10 * GiB, true, 2, 200 * GiB, false},
-		{"exactly the budget", 8, 10 * GiB, true, 2, (80 + 16 + 32) * GiB, false},
-		{"one byte over", 8, 10 * GiB, true, 2, (80+16+32)*GiB - 1, true},
-		{"staging off", 8, 10 * GiB, false, 2, (80 + 32) * GiB, false},
-		{"capacity has no staging", 1, 10 * GiB, true, 0, 42 * GiB, false},
-		{"zero ranks count as one", 0, 10 * GiB, true, 1, 43 * GiB, false},
-		{"negative segment counts as zero", 2, -5, true, 1, 34 * GiB, false},
-		{"less than the reserve", 1, 0, false, 0, 16 * GiB, true},
-		{"unknown memory passes", 64, 1 << 50, true, 2, 0, false},
-		{"huge segment saturates", 1 << 20, 1 << 60, false, 0, 1 << 63, true},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			err := CheckNodeBudget(c.ranks, c.segment, c.staging, c.directions, c.avail)
-			if (err != nil) != c.fail {
-				t.Fatalf("got %v, want failure %v", err, c.fail)
-			}
-			if err != nil && !errors.Is(err, ErrNodeBudget) {
-				t.Fatalf("error %v does not wrap ErrNodeBudget", err)
-			}
-		})
-	}
-	err := CheckNodeBudget(4, 100*GiB, true, 2, 300*GiB)
-	var be *NodeBudgetError
-	want := strconv.Itoa((300*GiB - 32*GiB - 8*GiB) / 4)
-	if !errors.As(err, &be) || !strings.Contains(err.Error(), "segment_size <= "+want) {
-		t.Fatalf("error %v does not suggest segment_size <= %s", err, want)
 	}
 }
 

@@ -163,8 +163,15 @@ func Run(ctx context.Context, opts *Options) error {
 	if poolBytes < minPoolBytes {
 		return cmdutil.ValidationErrorf("pool-size %s is below the %s minimum", config.FormatSize(poolBytes), config.FormatSize(minPoolBytes))
 	}
-	if avail, known := memAvail(); known && uint64(poolBytes)+2*uint64(sc.StagingBufferBytes) > avail {
-		log.Warn("the pool and staging exceed available memory; pages will be swapped or the daemon killed",
+	// The node budget of TensorRT-LLM's mooncake_store (the pool is this node's segment) is a
+	// warning here: a workstation has less than the 32 GiB reserve it leaves to the engines.
+	avail, known := memAvail()
+	if _, err := config.CheckNodeBudget(config.BudgetInput{RanksOnNode: 1, SegmentSize: poolBytes, StageThroughHost: true,
+		Role: config.RoleBoth, StagingBufferBytes: sc.StagingBufferBytes, MemAvailable: avail, MemKnown: known}); err != nil {
+		log.Warn("node memory budget", "err", err)
+	}
+	if known && uint64(poolBytes) > avail {
+		log.Warn("the pool is larger than the available memory; pages will be swapped or the daemon killed",
 			"pool", config.FormatSize(poolBytes), "available", config.FormatSize(int64(avail)))
 	}
 

@@ -1,12 +1,11 @@
 package config
 
 import (
-	"bufio"
-	"bytes"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
+
+	"github.com/kvctl/kvctl/gpu"
 )
 
 // NodeReserve is the memory left to everything else on a node before segments and staging
@@ -69,34 +68,9 @@ func satMul(a, b int64) int64 {
 
 func satAdd(a, b int64) int64 { return min(a+b, 1<<62) }
 
-// SystemMemAvailable reads MemAvailable from /proc/meminfo; ok is false where it cannot.
-func SystemMemAvailable() (uint64, bool) {
-	data, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0, false
-	}
-	return parseMemInfo(data)
-}
-
-func parseMemInfo(data []byte) (uint64, bool) {
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), "MemAvailable:")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(rest)
-		if len(f) == 0 {
-			return 0, false
-		}
-		kb, err := strconv.ParseUint(f[0], 10, 64)
-		if err != nil {
-			return 0, false
-		}
-		return kb * 1024, true
-	}
-	return 0, false
-}
+// SystemMemAvailable reads the node's available memory (MemAvailable of /proc/meminfo, else
+// free pages); ok is false where neither can be read.
+func SystemMemAvailable() (uint64, bool) { return gpu.MemAvailable() }
 
 // nodeBudget runs the check for a loaded file and records its outcome at path.
 func nodeBudget(d *dec, opts LoadOptions, path string, in BudgetInput) {
