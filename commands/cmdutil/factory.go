@@ -1,6 +1,7 @@
 package cmdutil
 
 import (
+	"context"
 	"log/slog"
 	"sync"
 	"time"
@@ -38,4 +39,17 @@ func (f *Factory) Logger() *slog.Logger {
 		f.logger = NewLogger(f.IOStreams.ErrOut, f.LogLevel, f.LogFormat)
 	})
 	return f.logger
+}
+
+// SleepContext waits for d or until ctx is done, whichever comes first, and returns ctx's
+// error in the second case. Watch loops use it between refreshes.
+func SleepContext(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }

@@ -233,16 +233,7 @@ func Run(ctx context.Context, opts *Options) error {
 func watch(ctx context.Context, opts *Options, target *probe.Target, layout *hash.Result) error {
 	sleep := opts.Sleep
 	if sleep == nil {
-		sleep = func(ctx context.Context, d time.Duration) error {
-			t := time.NewTimer(d)
-			defer t.Stop()
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-t.C:
-				return nil
-			}
-		}
+		sleep = cmdutil.SleepContext
 	}
 	now := opts.Now
 	if now == nil {

@@ -149,7 +149,7 @@ func (d *Daemon) Stats(ctx context.Context) (StatsJSON, error) {
 	for _, e := range d.engines {
 		h, l := e.reporter.HoleTotals(), e.reporter.LoadTotals()
 		holes.Add(h)
-		addTotals(&loads, l)
+		loads.Merge(l)
 		out.Engines = append(out.Engines, EngineJSON{
 			Engine: e.name, ModelKey: e.modelKey, Shard: e.shard, Role: string(e.role),
 			Scheduler: e.scheduler != nil, RegisteredAt: e.since.UTC(),
@@ -172,21 +172,4 @@ func (d *Daemon) serveStats(w http.ResponseWriter, r *http.Request) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(s)
-}
-
-func addTotals(dst *stats.LoadTotals, t stats.LoadTotals) {
-	dst.Loads += t.Loads
-	dst.AsyncLoads += t.AsyncLoads
-	for p := range dst.Phases {
-		dst.Phases[p].Wall += t.Phases[p].Wall
-		dst.Phases[p].CPU += t.Phases[p].CPU
-	}
-	dst.Pages += t.Pages
-	dst.StoreCalls += t.StoreCalls
-	dst.LandedBytes += t.LandedBytes
-	dst.FailedPages += t.FailedPages
-	dst.TransferSum += t.TransferSum
-	dst.TransferMax = max(dst.TransferMax, t.TransferMax)
-	dst.WaitSum += t.WaitSum
-	dst.WaitMax = max(dst.WaitMax, t.WaitMax)
 }

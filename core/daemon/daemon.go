@@ -282,5 +282,5 @@ func (d *Daemon) retire(e *engine) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.retiredHoles.Add(h)
-	addTotals(&d.retiredLoads, l)
+	d.retiredLoads.Merge(l)
 }

@@ -152,3 +152,21 @@ func (l *LoadStats) Totals() LoadTotals {
 	defer l.mu.Unlock()
 	return l.total
 }
+
+// Merge adds the totals of o to t; maxima take the larger of the two.
+func (t *LoadTotals) Merge(o LoadTotals) {
+	t.Loads += o.Loads
+	t.AsyncLoads += o.AsyncLoads
+	for p := range t.Phases {
+		t.Phases[p].Wall += o.Phases[p].Wall
+		t.Phases[p].CPU += o.Phases[p].CPU
+	}
+	t.Pages += o.Pages
+	t.StoreCalls += o.StoreCalls
+	t.LandedBytes += o.LandedBytes
+	t.FailedPages += o.FailedPages
+	t.TransferSum += o.TransferSum
+	t.TransferMax = max(t.TransferMax, o.TransferMax)
+	t.WaitSum += o.WaitSum
+	t.WaitMax = max(t.WaitMax, o.WaitMax)
+}
