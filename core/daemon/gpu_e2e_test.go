@@ -1,0 +1,173 @@
+package daemon
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// torchPass is one pass's counts in torch_engine.py's summary.
+type torchPass struct {
+	Requests         int     `json:"requests"`
+	Passes           int     `json:"passes"`
+	MatchedTokens    int     `json:"matched_tokens"`
+	LoadedBlocks     int     `json:"loaded_blocks"`
+	ComputedBlocks   int     `json:"computed_blocks"`
+	Restarts         int     `json:"restarts"`
+	MismatchedBlocks int     `json:"mismatched_blocks"`
+	MismatchedBytes  int     `json:"mismatched_bytes"`
+	StartLoadSeconds float64 `json:"start_load_seconds"`
+	LoadedBytes      int64   `json:"loaded_bytes"`
+	WallSeconds      float64 `json:"wall_seconds"`
+}
+
+type torchSummary struct {
+	Memory         string         `json:"memory"`
+	PageBytes      int            `json:"page_bytes"`
+	Layers         int            `json:"layers"`
+	GPU            string         `json:"gpu"`
+	Torch          string         `json:"torch"`
+	Registration   map[string]any `json:"registration"`
+	Cold           torchPass      `json:"cold"`
+	Warm           torchPass      `json:"warm"`
+	ExpectedLoaded int            `json:"expected_warm_loaded_blocks"`
+	DaemonLoads    *LoadStatsJSON `json:"daemon_loads"`
+	OK             bool           `json:"ok"`
+	Problems       []string       `json:"problems"`
+}
+
+// TestGPUTorchEngine is the end-to-end run with a PyTorch process as the engine: it registers a
+// CUDA tensor through a CUDA IPC handle, runs a cold pass that saves every computed block and a
+// warm pass (a new engine over a fresh tensor) that loads them, every loaded page checked on the
+// GPU. It needs a GPU, PyTorch and grpcio, so it runs only with KVCTL_GPU_E2E=1.
+//
+//	KVCTL_GPU_E2E=1             run it
+//	KVCTL_TORCH_ENGINE=path     the script (default testdata/torch_engine.py)
+//	KVCTL_TORCH_PYTHON=python3  the interpreter
+//	KVCTL_TORCH_MEMORY=cuda     cuda, or shm to check the script on a machine without a GPU
+//	KVCTL_TORCH_REQUESTS=64     requests per pass
+func TestGPUTorchEngine(t *testing.T) {
+	if os.Getenv("KVCTL_GPU_E2E") != "1" {
+		t.Skip("set KVCTL_GPU_E2E=1 to run the PyTorch engine over CUDA IPC (needs a GPU, PyTorch and grpcio)")
+	}
+	script := envOr("KVCTL_TORCH_ENGINE", "testdata/torch_engine.py")
+	python := envOr("KVCTL_TORCH_PYTHON", "python3")
+	memory := envOr("KVCTL_TORCH_MEMORY", "cuda")
+	requests := envOr("KVCTL_TORCH_REQUESTS", "64")
+
+	cases := []struct {
+		name      string
+		pageBytes int
+		layers    int
+		batch     int // transfer_batch_size, 0 = the default (64)
+	}{
+		{"page=1MiB/layers=2", 1 << 20, 2, 0},
+		{"page=256KiB/layers=8", 256 << 10, 8, 0},
+		{"page=64KiB/layers=2/batch=256", 64 << 10, 2, 256},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := start(t, 4<<30)
+			args := []string{script, "--socket", r.info.Socket, "--memory", memory,
+				"--stats-url", "http://" + r.info.AdminAddr + "/v1/stats",
+				"--requests", requests, "--page-bytes", strconv.Itoa(c.pageBytes), "--layers", strconv.Itoa(c.layers),
+				"--transfer-batch", strconv.Itoa(c.batch)}
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, python, args...)
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			cmd.Env = append(os.Environ(), "PYTHONUNBUFFERED=1")
+			runErr := cmd.Run()
+			if s := strings.TrimSpace(stderr.String()); s != "" {
+				t.Logf("engine stderr:\n%s", s)
+			}
+			var sum *torchSummary
+			sc := bufio.NewScanner(&stdout)
+			sc.Buffer(make([]byte, 1<<20), 1<<20)
+			for sc.Scan() {
+				if line, ok := strings.CutPrefix(sc.Text(), "SUMMARY "); ok {
+					t.Logf("summary: %s", line)
+					sum = new(torchSummary)
+					if err := json.Unmarshal([]byte(line), sum); err != nil {
+						t.Fatalf("summary: %v", err)
+					}
+				}
+			}
+			if sum == nil {
+				t.Fatalf("engine printed no summary (%v):\n%s", runErr, stdout.String())
+			}
+			checkTorchSummary(t, sum)
+			if runErr != nil {
+				t.Fatalf("engine: %v", runErr)
+			}
+
+			w := sum.Warm
+			line := fmt.Sprintf("warm pass: %d pages (%d bytes each) loaded in %.3fs of StartLoad: %.0f pages/s, %.2f GB/s",
+				w.LoadedBlocks, sum.PageBytes, w.StartLoadSeconds,
+				float64(w.LoadedBlocks)/w.StartLoadSeconds, float64(w.LoadedBytes)/w.StartLoadSeconds/1e9)
+			line += fmt.Sprintf("; whole pass %.3fs", w.WallSeconds)
+			if d := sum.DaemonLoads; d != nil && d.TransferSeconds > 0 {
+				line += fmt.Sprintf("; daemon: %d pages, %d bytes landed in %.3fs of transfers: %.0f pages/s, %.2f GB/s",
+					d.Pages, d.LandedBytes, d.TransferSeconds, float64(d.Pages)/d.TransferSeconds, float64(d.LandedBytes)/d.TransferSeconds/1e9)
+			}
+			t.Log(line)
+		})
+	}
+}
+
+func checkTorchSummary(t *testing.T, s *torchSummary) {
+	t.Helper()
+	if !s.OK {
+		t.Errorf("engine reports problems: %v", s.Problems)
+	}
+	for _, p := range []struct {
+		name string
+		p    torchPass
+	}{{"cold", s.Cold}, {"warm", s.Warm}} {
+		if p.p.MismatchedBlocks != 0 {
+			t.Errorf("%s pass: %d loaded pages held wrong bytes (%d bytes)", p.name, p.p.MismatchedBlocks, p.p.MismatchedBytes)
+		}
+		if p.p.Restarts != 0 {
+			t.Errorf("%s pass: %d requests restarted after failed loads", p.name, p.p.Restarts)
+		}
+	}
+	if s.Cold.ComputedBlocks == 0 {
+		t.Errorf("cold pass computed nothing: %+v", s.Cold)
+	}
+	if s.Warm.LoadedBlocks == 0 || s.Warm.LoadedBlocks != s.ExpectedLoaded {
+		t.Errorf("warm pass loaded %d blocks, want %d", s.Warm.LoadedBlocks, s.ExpectedLoaded)
+	}
+	// The warm pass computes only the block holding each prompt's last token.
+	if s.Warm.ComputedBlocks > s.Warm.Requests {
+		t.Errorf("warm pass computed %d blocks for %d requests", s.Warm.ComputedBlocks, s.Warm.Requests)
+	}
+	if d := s.DaemonLoads; d != nil {
+		if d.Pages != int64(s.Warm.LoadedBlocks) || d.FailedPages != 0 {
+			t.Errorf("daemon load stats: %d pages (%d failed), engine loaded %d", d.Pages, d.FailedPages, s.Warm.LoadedBlocks)
+		}
+		if d.LandedBytes != s.Warm.LoadedBytes {
+			t.Errorf("daemon landed %d bytes, engine checked %d", d.LandedBytes, s.Warm.LoadedBytes)
+		}
+	}
+	if s.Memory == "cuda" {
+		if n, _ := s.Registration["handle_bytes"].(float64); n != 66 && n != 64 {
+			t.Errorf("registration: %v", s.Registration)
+		}
+	}
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
