@@ -18,7 +18,7 @@ COUNT     ?= 5
 # go-nvml's cgo build warns about deprecated declarations it cannot avoid.
 export CGO_CFLAGS := -Wno-deprecated-declarations
 
-.PHONY: all build install test test-race bench lint fmt golden docs verify proto tools clean
+.PHONY: all build install test test-norace bench lint fmt golden docs verify proto tools clean
 
 all: build
 
@@ -28,11 +28,13 @@ build:
 install:
 	$(GO) install -trimpath -ldflags '$(LDFLAGS)' ./cmd/kvctl
 
+# The whole suite runs under the race detector: the connector, pool and daemon are concurrent by
+# design and their tests are written to catch races.
 test:
-	$(GO) test -count=1 ./...
-
-test-race:
 	$(GO) test -race -count=1 ./...
+
+test-norace:
+	$(GO) test -count=1 ./...
 
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) -count $(COUNT) ./...
