@@ -187,16 +187,17 @@ const (
 
 type benchEngines struct {
 	engines []*enginesim.Engine
+	bytes   int // per engine and round
 	blocks  int // per request
 	page    int
 }
 
-func startEngines(b *testing.B, socket string, page int, name string) *benchEngines {
+func startEngines(b *testing.B, socket string, page, perEngine int, name string) *benchEngines {
 	ctx := context.Background()
-	be := &benchEngines{page: page, blocks: throughputBytes / throughputRequests / page}
+	be := &benchEngines{page: page, bytes: perEngine, blocks: perEngine / throughputRequests / page}
 	for i := range throughputEngines {
 		cfg := enginesim.Config{Socket: socket, ModelKey: fmt.Sprintf("model-%d", i), Name: fmt.Sprintf("%s%d", name, i),
-			TokensPerBlock: benchT, Slots: throughputRequests*be.blocks + 1, PageBytes: []int{page}, Chunk: 4096}
+			TokensPerBlock: benchT, Slots: throughputRequests * (be.blocks + 1), PageBytes: []int{page}, Chunk: 4096}
 		e, err := enginesim.Start(ctx, cfg)
 		if err != nil {
 			b.Fatal(err)
@@ -216,6 +217,15 @@ func (be *benchEngines) requests(i int, seed uint64, tag string) []enginesim.Req
 	out := make([]enginesim.Request, throughputRequests)
 	for q := range out {
 		out[q] = enginesim.Request{ID: fmt.Sprintf("e%d-%s-%d", i, tag, q), Tokens: benchPrompt(seed<<16|uint64(i)<<8|uint64(q), be.blocks)}
+	}
+	return out
+}
+
+// round is every engine's set of prompts for round seed.
+func (be *benchEngines) round(seed uint64, tag string) [][]enginesim.Request {
+	out := make([][]enginesim.Request, len(be.engines))
+	for i := range out {
+		out[i] = be.requests(i, seed, tag)
 	}
 	return out
 }
@@ -268,19 +278,12 @@ func BenchmarkServeThroughput4Engines(b *testing.B) {
 func benchThroughput(b *testing.B, dir string, page int) {
 	// Room for 8 save rounds of 4 x 64 MiB before the pool's high watermark.
 	r := benchStart(b, 3<<30)
-	be := startEngines(b, r.info.Socket, page, "tp")
+	be := startEngines(b, r.info.Socket, page, throughputBytes, "tp")
 	perIter := int64(throughputEngines * throughputRequests * be.blocks * page)
 	b.SetBytes(perIter)
-	reqsFor := func(seed uint64, tag string) [][]enginesim.Request {
-		out := make([][]enginesim.Request, throughputEngines)
-		for i := range out {
-			out[i] = be.requests(i, seed, tag)
-		}
-		return out
-	}
 	var warmSet [][]enginesim.Request
 	if dir == "load" {
-		warmSet = reqsFor(1, "fill")
+		warmSet = be.round(1, "fill")
 		if _, err := be.run(warmSet); err != nil {
 			b.Fatal(err)
 		}
@@ -289,7 +292,7 @@ func benchThroughput(b *testing.B, dir string, page int) {
 		var reqs [][]enginesim.Request
 		if dir == "save" {
 			b.StopTimer()
-			reqs = reqsFor(uint64(100+i), fmt.Sprintf("s%d", i))
+			reqs = be.round(uint64(100+i), fmt.Sprintf("s%d", i))
 			b.StartTimer()
 		} else {
 			reqs = make([][]enginesim.Request, len(warmSet))
