@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kvctl/kvctl/core/keys"
 )
 
@@ -135,15 +137,32 @@ func NewEmbedded(opts Options) (*Embedded, error) {
 		done:   make(chan struct{}),
 	}
 	e.start = e.clock.Now()
+	var maps [][]byte
 	for i, s := range opts.Segments {
+		mem, err := mapSegment(s.Capacity)
+		if err != nil {
+			for _, m := range maps {
+				_ = unix.Munmap(m)
+			}
+			return nil, fmt.Errorf("segment %s: %w", s.Name, err)
+		}
+		maps = append(maps, mem)
 		e.segs = append(e.segs, &segment{
 			name:  s.Name,
-			mem:   make([]byte, s.Capacity),
+			mem:   mem,
 			alloc: newOffsetAllocator(s.Capacity),
 			base:  0x7f0000000000 + uint64(i)<<36,
 		})
 		e.capacity += s.Capacity
 	}
+	// The segments live outside the Go heap (a heap-allocated pool would let the collector
+	// wait for a pool's worth of garbage before it runs). They are unmapped once the pool is
+	// unreachable, which is also after every copy in or out of them has returned.
+	runtime.AddCleanup(e, func(maps [][]byte) {
+		for _, m := range maps {
+			_ = unix.Munmap(m)
+		}
+	}, maps)
 	if opts.EvictionPeriod > 0 {
 		go e.evictLoop()
 	} else {
@@ -776,3 +795,16 @@ var (
 	_ Pool      = (*Embedded)(nil)
 	_ Inspector = (*Embedded)(nil)
 )
+
+// mapSegment reserves size bytes of anonymous memory. Pages become resident as they are first
+// written, so a large pool costs nothing until it fills.
+func mapSegment(size int64) ([]byte, error) {
+	if size <= 0 || size > 1<<46 {
+		return nil, fmt.Errorf("segment size %d out of range", size)
+	}
+	mem, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON|unix.MAP_NORESERVE)
+	if err != nil {
+		return nil, fmt.Errorf("map %d bytes: %w", size, err)
+	}
+	return mem, nil
+}
