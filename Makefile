@@ -62,6 +62,7 @@ proto: $(GOBIN)/protoc-gen-go $(GOBIN)/protoc-gen-go-grpc
 		--go_out=. --go_opt=module=github.com/kvctl/kvctl \
 		--go-grpc_out=. --go-grpc_opt=module=github.com/kvctl/kvctl \
 		-I core/engineapi core/engineapi/engine.proto
+	protoc --include_imports --descriptor_set_out=core/daemon/testdata/engine.pb -I core/engineapi core/engineapi/engine.proto
 
 $(LINT):
 	GOFLAGS= $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
@@ -85,6 +86,8 @@ verify: tools
 		protoc --plugin=protoc-gen-go=$(GOBIN)/protoc-gen-go --plugin=protoc-gen-go-grpc=$(GOBIN)/protoc-gen-go-grpc \
 			--go_out=$$tmp --go_opt=module=github.com/kvctl/kvctl --go-grpc_out=$$tmp --go-grpc_opt=module=github.com/kvctl/kvctl \
 			-I core/engineapi core/engineapi/engine.proto && diff -r core/engineapi/enginepb $$tmp/core/engineapi/enginepb \
+			&& protoc --include_imports --descriptor_set_out=$$tmp/engine.pb -I core/engineapi core/engineapi/engine.proto \
+			&& cmp core/daemon/testdata/engine.pb $$tmp/engine.pb \
 			|| { echo "generated protobuf is stale: run make proto"; rm -rf $$tmp; exit 1; }; rm -rf $$tmp; \
 		else echo "protoc not installed: skipped (make tools needs it; apt-get install protobuf-compiler)"; fi
 	@echo 'verify: ok'
