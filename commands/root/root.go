@@ -27,9 +27,11 @@ func NewCmdRoot(f *cmdutil.Factory) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "kvctl <command> [flags]",
 		Short: "Operate KV-cache offloading to a shared Mooncake pool",
-		Long: `kvctl runs and inspects KV-cache offloading for large-model inference: it derives the
-exact block hashes and pool keys TensorRT-LLM uses, checks connector and pool configs, and
-talks to Mooncake pools and its own connector daemon.
+		Long: `kvctl runs and inspects KV-cache offloading for large-model inference. kvctl serve is the
+connector daemon engines call for prefix hits and KV page loads and saves; the other commands
+derive the exact block hashes and pool keys TensorRT-LLM uses, check connector and pool
+configs, probe and watch Mooncake pools and kvctl's own, and replay request traces through
+the same core.
 
 Flags can also be set in the environment (KVCTL_<FLAG>, dashes as underscores) or in a
 YAML config file whose keys are the flag names; a flag on the command line wins, then the
