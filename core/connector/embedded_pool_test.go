@@ -107,7 +107,7 @@ func TestEmbeddedEvictionBetweenLookupAndLoad(t *testing.T) {
 			}
 		}
 	}
-	if st := pool.stats(t); st.EvictedGrouped != int64(len(aKeys)) || st.ChecksumErrors != 0 {
+	if st := pool.stats(t); st.EvictedGrouped != int64(len(aKeys)) || st.ChecksumErrors != 0 || st.AllocFailures != 0 {
 		t.Fatalf("pool stats %+v", st)
 	}
 }

@@ -34,9 +34,9 @@ func (p *memPool) existCalls() int {
 	return p.counter.existCalls
 }
 
-// embTestCapacity is the embedded pool's capacity in the engine tests: a few thousand test
-// pages (12 to 48 bytes each), well above what any test stores.
-const embTestCapacity = 1 << 20
+// embTestCapacity is the embedded pool's capacity in the engine tests: a few hundred test
+// pages (12 to 48 bytes each). The test that stores most uses under 5 KB of it.
+const embTestCapacity = 16 << 10
 
 // embPool is the embedded pool on a manual clock with no eviction goroutine: eviction runs only
 // through EvictNow, and leases and soft pins move only when the test advances the clock.
@@ -143,7 +143,18 @@ func poolKinds(t *testing.T, fn func(t *testing.T, newPool func() testPool)) {
 		fn(t, func() testPool { return newMemPool() })
 	})
 	t.Run("embedded", func(t *testing.T) {
-		fn(t, func() testPool { return newEmbPool(t, embTestCapacity) })
+		fn(t, func() testPool {
+			p := newEmbPool(t, embTestCapacity)
+			// Runs before the pool's Close: no test may lose a save for lack of room, and no
+			// page may fail its checksum.
+			t.Cleanup(func() {
+				st := p.stats(t)
+				if st.AllocFailures != 0 || st.ChecksumErrors != 0 {
+					t.Errorf("embedded pool: %d allocation failures, %d checksum errors", st.AllocFailures, st.ChecksumErrors)
+				}
+			})
+			return p
+		})
 	})
 }
 
