@@ -13,8 +13,9 @@ import (
 
 // memPool is a test double of mooncake.Pool: an in-memory map with the pool's put-never-
 // overwrites rule, its error codes, per-put options recorded per key, eviction by deleting a
-// key, and call counters. The connector is also exercised against the embedded pool where that
-// is available; this double keeps the package's tests self-contained.
+// key, and call counters. The lifecycle and feature tests run against it and against the
+// embedded pool (poolKinds in pools_test.go); its per-key records of groups and soft-pin TTLs
+// let tests read what each put asked for.
 type memPool struct {
 	mu      sync.Mutex
 	objs    map[string][]byte

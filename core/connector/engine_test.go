@@ -115,7 +115,7 @@ type engine struct {
 	ctx    context.Context
 	opts   Options
 	layout gpu.Layout
-	pool   *memPool
+	pool   testPool
 	sched  *Scheduler
 	ranks  []*simRank
 	free   [][]int
@@ -136,7 +136,7 @@ type engine struct {
 
 // newEngine builds a scheduler for rank 0 and a worker per rank. world > 1 is tensor
 // parallelism (the scheduler runs on rank 0 and its metadata reaches every rank).
-func newEngine(t testing.TB, pool *memPool, opts Options, world, slots int) *engine {
+func newEngine(t testing.TB, pool testPool, opts Options, world, slots int) *engine {
 	t.Helper()
 	layout := testLayout(slots)
 	e := &engine{t: t, ctx: context.Background(), opts: opts, layout: layout, pool: pool, chunk: 3*testT + 1, byID: map[string]*simReq{}}

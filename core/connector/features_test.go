@@ -17,10 +17,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-func TestAsyncLoads(t *testing.T) {
+func TestAsyncLoads(t *testing.T) { poolKinds(t, testAsyncLoads) }
+
+func testAsyncLoads(t *testing.T, newPool func() testPool) {
 	for _, workers := range []int{1, 4} {
 		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
-			pool := newMemPool()
+			pool := newPool()
 			opts := baseOptions()
 			const n = 24
 			prompts := make([][]int64, n)
@@ -57,8 +59,10 @@ func TestAsyncLoads(t *testing.T) {
 	}
 }
 
-func TestAsyncLoadFailureIsHandedBack(t *testing.T) {
-	pool := newMemPool()
+func TestAsyncLoadFailureIsHandedBack(t *testing.T) { poolKinds(t, testAsyncLoadFailureIsHandedBack) }
+
+func testAsyncLoadFailureIsHandedBack(t *testing.T, newPool func() testPool) {
+	pool := newPool()
 	opts := baseOptions()
 	ta, tb := prompt(11, 0, 29), prompt(12, 0, 29)
 	cold := newEngine(t, pool, opts, 1, 128)
@@ -123,7 +127,11 @@ func TestAnnouncedLoadNeverStartedFails(t *testing.T) {
 }
 
 func TestSavesReemittedWhenSaveStepSkipped(t *testing.T) {
-	pool := newMemPool()
+	poolKinds(t, testSavesReemittedWhenSaveStepSkipped)
+}
+
+func testSavesReemittedWhenSaveStepSkipped(t *testing.T, newPool func() testPool) {
+	pool := newPool()
 	e := newEngine(t, pool, baseOptions(), 1, 64)
 	e.chunk = 8 // two blocks per pass
 	e.skipSave = func(pass int) bool { return pass == 1 }
@@ -186,8 +194,10 @@ func TestResetDropsUnconfirmedSaves(t *testing.T) {
 	}
 }
 
-func TestAttentionDPOwnersShareKeys(t *testing.T) {
-	pool := newMemPool()
+func TestAttentionDPOwnersShareKeys(t *testing.T) { poolKinds(t, testAttentionDPOwnersShareKeys) }
+
+func testAttentionDPOwnersShareKeys(t *testing.T, newPool func() testPool) {
+	pool := newPool()
 	owner := func(rank int) Options {
 		o := baseOptions()
 		o.Namespace = keys.Namespace{ModelKey: "test-model", WorldSize: 2, Rank: rank, AttentionDP: true}
@@ -215,7 +225,11 @@ func TestAttentionDPOwnersShareKeys(t *testing.T) {
 }
 
 func TestSpeculativePrefillLookaheadKeys(t *testing.T) {
-	pool := newMemPool()
+	poolKinds(t, testSpeculativePrefillLookaheadKeys)
+}
+
+func testSpeculativePrefillLookaheadKeys(t *testing.T, newPool func() testPool) {
+	pool := newPool()
 	opts := baseOptions()
 	opts.SpeculativePrefill, opts.PromptLookahead = true, 3
 	s, err := NewScheduler(opts, pool)
@@ -262,8 +276,10 @@ func TestSpeculativePrefillLookaheadKeys(t *testing.T) {
 	}
 }
 
-func TestGroupedSoftPinnedPuts(t *testing.T) {
-	pool := newMemPool()
+func TestGroupedSoftPinnedPuts(t *testing.T) { poolKinds(t, testGroupedSoftPinnedPuts) }
+
+func testGroupedSoftPinnedPuts(t *testing.T, newPool func() testPool) {
+	pool := newPool()
 	opts := baseOptions()
 	opts.GroupBlocks, opts.SoftPinTTL = true, 90*time.Second
 	tokens := prompt(17, 0, 17)
@@ -273,15 +289,22 @@ func TestGroupedSoftPinnedPuts(t *testing.T) {
 	c, _ := keys.NewChain(keys.ChainConfig{TokensPerBlock: testT})
 	hs, _ := c.Extend(tokens)
 	g, _ := newGeometry(e.layout, opts.withDefaults())
-	for _, h := range hs {
-		for _, k := range opts.Namespace.SaveKeys(testT, g.groups, h) {
-			if got := pool.group[k]; got != opts.Namespace.GroupKey(h) {
-				t.Fatalf("%s is in group %q, want %q", k, got, opts.Namespace.GroupKey(h))
-			}
-			if pool.pinTTL[k] != 90*time.Second {
-				t.Fatalf("%s soft pin %v", k, pool.pinTTL[k])
+	switch p := pool.(type) {
+	case *memPool:
+		for _, h := range hs {
+			for _, k := range opts.Namespace.SaveKeys(testT, g.groups, h) {
+				if got := p.group[k]; got != opts.Namespace.GroupKey(h) {
+					t.Fatalf("%s is in group %q, want %q", k, got, opts.Namespace.GroupKey(h))
+				}
+				if p.pinTTL[k] != 90*time.Second {
+					t.Fatalf("%s soft pin %v", k, p.pinTTL[k])
+				}
 			}
 		}
+	case *embPool:
+		checkEmbeddedGroups(t, p, opts, g, hs)
+	default:
+		t.Fatalf("unknown pool %T", pool)
 	}
 
 	// A TTL above the pool's ceiling is refused on every put: logged, not fatal.
@@ -289,7 +312,7 @@ func TestGroupedSoftPinnedPuts(t *testing.T) {
 	bad := baseOptions()
 	bad.SoftPinTTL = 48 * time.Hour
 	bad.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	e2 := newEngine(t, newMemPool(), bad, 1, 32)
+	e2 := newEngine(t, newPool(), bad, 1, 32)
 	e2.add("r", tokens)
 	e2.mustRun()
 	if len(e2.pool.keys()) != 0 || strings.Count(logs.String(), "max_kv_soft_pin_ttl") != 1 || !strings.Contains(logs.String(), "failed to save") {
@@ -297,8 +320,49 @@ func TestGroupedSoftPinnedPuts(t *testing.T) {
 	}
 }
 
-func TestHoleStatsFromTheLookup(t *testing.T) {
-	pool := newMemPool()
+func TestHoleStatsFromTheLookup(t *testing.T) { poolKinds(t, testHoleStatsFromTheLookup) }
+
+// checkEmbeddedGroups checks, on the embedded pool's own state, that every page of a block
+// joined the block's eviction group and carries the 90 s soft pin: all objects are grouped and
+// pinned, the pins lapse between 89 s and 91 s, and a get of one page of a block refreshes the
+// lease of that block's other pages and of no other block's.
+func checkEmbeddedGroups(t *testing.T, p *embPool, opts Options, g *geometry, hs []keys.Hash) {
+	t.Helper()
+	want := int64(len(hs) * 3)
+	if st := p.stats(t); st.Objects != want || st.Grouped != want || st.SoftPinned != want {
+		t.Fatalf("embedded pool: %d objects, %d grouped, %d soft-pinned; want %d of each", st.Objects, st.Grouped, st.SoftPinned, want)
+	}
+	p.clock.Advance(89 * time.Second)
+	if st := p.stats(t); st.SoftPinned != want {
+		t.Fatalf("after 89 s, %d of %d objects are soft-pinned", st.SoftPinned, want)
+	}
+	p.clock.Advance(2 * time.Second)
+	if st := p.stats(t); st.SoftPinned != 0 {
+		t.Fatalf("after 91 s, %d objects are still soft-pinned", st.SoftPinned)
+	}
+	// Every lease has lapsed by now; a get of one page of block 1 renews its whole group.
+	hit := opts.Namespace.SaveKeys(testT, g.groups, hs[1])
+	if _, ok := p.get(hit[0]); !ok {
+		t.Fatalf("%s is not in the pool", hit[0])
+	}
+	now, ttl := p.clock.Now(), p.Options().LeaseTTL
+	for b, h := range hs {
+		for _, k := range opts.Namespace.SaveKeys(testT, g.groups, h) {
+			d, ok := p.LeaseDeadline(k)
+			switch {
+			case !ok:
+				t.Fatalf("%s is not in the pool", k)
+			case b == 1 && !d.Equal(now.Add(ttl)):
+				t.Fatalf("%s, in the hit block's group, has its lease until %v, want %v", k, d, now.Add(ttl))
+			case b != 1 && d.After(now):
+				t.Fatalf("%s, outside the hit block's group, had its lease renewed to %v", k, d)
+			}
+		}
+	}
+}
+
+func testHoleStatsFromTheLookup(t *testing.T, newPool func() testPool) {
+	pool := newPool()
 	opts := baseOptions()
 	tokens := prompt(18, 0, 41) // 10 candidate blocks
 	cold := newEngine(t, pool, opts, 1, 64)
@@ -320,13 +384,13 @@ func TestHoleStatsFromTheLookup(t *testing.T) {
 	so.Stats = rep
 	s, _ := NewScheduler(so, pool)
 	_ = s.RegisterLayout(testLayout(64))
-	calls := pool.counter.existCalls
+	calls := pool.existCalls()
 	m, _, err := s.Lookup(context.Background(), Request{ID: "r", Tokens: tokens}, 0)
 	if err != nil || m != 2*testT {
 		t.Fatalf("lookup = %d, %v", m, err)
 	}
-	if pool.counter.existCalls != calls+1 {
-		t.Fatalf("lookup made %d existence calls, want 1", pool.counter.existCalls-calls)
+	if pool.existCalls() != calls+1 {
+		t.Fatalf("lookup made %d existence calls, want 1", pool.existCalls()-calls)
 	}
 	// Second lookup from a 3-block local match: candidates 3..9 = "##...#." .
 	if _, _, err := s.Lookup(context.Background(), Request{ID: "r2", Tokens: tokens}, 3*testT); err != nil {
@@ -344,8 +408,10 @@ func TestHoleStatsFromTheLookup(t *testing.T) {
 	}
 }
 
-func TestDummyBypassAndRoles(t *testing.T) {
-	pool := newMemPool()
+func TestDummyBypassAndRoles(t *testing.T) { poolKinds(t, testDummyBypassAndRoles) }
+
+func testDummyBypassAndRoles(t *testing.T, newPool func() testPool) {
+	pool := newPool()
 	cold := newEngine(t, pool, baseOptions(), 1, 32)
 	tokens := prompt(19, 0, 17)
 	cold.add("r", tokens)
@@ -389,8 +455,10 @@ func TestDummyBypassAndRoles(t *testing.T) {
 	}
 }
 
-func TestAdmissionQueryIsReplaced(t *testing.T) {
-	pool := newMemPool()
+func TestAdmissionQueryIsReplaced(t *testing.T) { poolKinds(t, testAdmissionQueryIsReplaced) }
+
+func testAdmissionQueryIsReplaced(t *testing.T, newPool func() testPool) {
+	pool := newPool()
 	cold := newEngine(t, pool, baseOptions(), 1, 32)
 	tokens := prompt(20, 0, 25)
 	cold.add("r", tokens)

@@ -37,7 +37,11 @@ func saveKeysOf(t *testing.T, opts Options, l gpu.Layout, tokens []int64) []stri
 }
 
 func TestColdRunSavesWarmRunLoadsByteIdentical(t *testing.T) {
-	pool := newMemPool()
+	poolKinds(t, testColdRunSavesWarmRunLoadsByteIdentical)
+}
+
+func testColdRunSavesWarmRunLoadsByteIdentical(t *testing.T, newPool func() testPool) {
+	pool := newPool()
 	opts := baseOptions()
 	prompts := map[string][]int64{
 		"a": prompt(1, 40, 61), // 15 full blocks, shares 10 blocks with b
@@ -64,7 +68,7 @@ func TestColdRunSavesWarmRunLoadsByteIdentical(t *testing.T) {
 		t.Fatalf("pool holds %d keys, want %d (3 page values per block)", n, (15+13-10)*3)
 	}
 
-	before := pool.counter.written
+	before := pool.written()
 	warm := newEngine(t, pool, opts, 1, 256)
 	for _, id := range []string{"a", "b", "c"} {
 		warm.add(id, prompts[id])
@@ -78,13 +82,17 @@ func TestColdRunSavesWarmRunLoadsByteIdentical(t *testing.T) {
 	if warm.computedBlocks != 1 {
 		t.Fatalf("warm run computed %d full blocks, want 1", warm.computedBlocks)
 	}
-	if pool.counter.written != before {
-		t.Fatalf("warm run wrote %d new objects into the pool", pool.counter.written-before)
+	if pool.written() != before {
+		t.Fatalf("warm run wrote %d new objects into the pool", pool.written()-before)
 	}
 }
 
 func TestChunkedPrefillSavesOnlyComputedBlocks(t *testing.T) {
-	pool := newMemPool()
+	poolKinds(t, testChunkedPrefillSavesOnlyComputedBlocks)
+}
+
+func testChunkedPrefillSavesOnlyComputedBlocks(t *testing.T, newPool func() testPool) {
+	pool := newPool()
 	e := newEngine(t, pool, baseOptions(), 1, 64)
 	e.chunk = 5 // chunks end inside blocks
 	r := e.add("r", prompt(7, 0, 33))
@@ -123,8 +131,10 @@ func savedBlocksOf(e *engine, r *simReq, s RequestTransfers) int {
 	return last
 }
 
-func TestPartialHonour(t *testing.T) {
-	pool := newMemPool()
+func TestPartialHonour(t *testing.T) { poolKinds(t, testPartialHonour) }
+
+func testPartialHonour(t *testing.T, newPool func() testPool) {
+	pool := newPool()
 	opts := baseOptions()
 	tokens := prompt(4, 0, 41) // 10 full blocks
 	cold := newEngine(t, pool, opts, 1, 64)
@@ -173,8 +183,10 @@ func TestPartialHonour(t *testing.T) {
 	}
 }
 
-func TestCancelLoadHeadTailMiddle(t *testing.T) {
-	pool := newMemPool()
+func TestCancelLoadHeadTailMiddle(t *testing.T) { poolKinds(t, testCancelLoadHeadTailMiddle) }
+
+func testCancelLoadHeadTailMiddle(t *testing.T, newPool func() testPool) {
+	pool := newPool()
 	opts := baseOptions()
 	tokens := prompt(5, 0, 41) // offer: blocks [0, 10)
 	cold := newEngine(t, pool, opts, 1, 64)
@@ -233,7 +245,11 @@ func TestCancelLoadHeadTailMiddle(t *testing.T) {
 }
 
 func TestEvictedPageRestartsOnlyThatRequest(t *testing.T) {
-	pool := newMemPool()
+	poolKinds(t, testEvictedPageRestartsOnlyThatRequest)
+}
+
+func testEvictedPageRestartsOnlyThatRequest(t *testing.T, newPool func() testPool) {
+	pool := newPool()
 	opts := baseOptions()
 	ta, tb := prompt(8, 0, 33), prompt(9, 0, 33)
 	cold := newEngine(t, pool, opts, 1, 128)
@@ -299,7 +315,11 @@ func TestEvictedPageRestartsOnlyThatRequest(t *testing.T) {
 }
 
 func TestTensorParallelMissingPageIsFatal(t *testing.T) {
-	pool := newMemPool()
+	poolKinds(t, testTensorParallelMissingPageIsFatal)
+}
+
+func testTensorParallelMissingPageIsFatal(t *testing.T, newPool func() testPool) {
+	pool := newPool()
 	opts := baseOptions()
 	tokens := prompt(10, 0, 29)
 	cold := newEngine(t, pool, opts, 2, 64)
