@@ -151,20 +151,24 @@ func (w *Worker) RegisterLayout(l gpu.Layout) error {
 		w.geom = nil
 		return fmt.Errorf("register layout: %w", err)
 	}
-	staging := func(label string, m gpu.Mover, budget int64) (gpu.Staging, error) {
-		slots := int(min(int64(w.opts.TransferBatchSize), budget/int64(g.slotBytes)))
-		if budget < int64(g.slotBytes) {
-			w.log.Warn(fmt.Sprintf("mooncake-store %s staging budget of %d B is below one page of %d B; using one slot", label, budget, g.slotBytes))
+	// Staging geometry is gpu.PlanStaging's (reference f.3 and the async shares of c.5), so the
+	// connector and the node budget agree on what is pinned.
+	plan := func(label string, workers int) (gpu.StagingPlan, error) {
+		p, err := gpu.PlanStaging(l, w.opts.TransferBatchSize, w.opts.StagingBufferBytes, workers)
+		if err != nil {
+			return p, fmt.Errorf("%s staging: %w", label, err)
 		}
-		slots = max(1, slots)
-		if slots < w.opts.TransferBatchSize {
-			w.log.Warn(fmt.Sprintf("mooncake-store %s transfer batch lowered from %d to %d pages to fit its staging", label, w.opts.TransferBatchSize, slots))
+		for _, warn := range p.Warnings {
+			w.log.Warn("mooncake-store " + label + " staging: " + warn)
 		}
-		st, err := m.NewStaging(slots, g.slotBytes)
+		return p, nil
+	}
+	staging := func(label string, m gpu.Mover, p gpu.StagingPlan) (gpu.Staging, error) {
+		st, err := m.NewStaging(p.SlotsPerWorker, int(p.SlotBytes))
 		if err != nil {
 			return nil, fmt.Errorf("%s staging: %w", label, err)
 		}
-		w.log.Info(fmt.Sprintf("mooncake-store %s staging: %d slots x %d B = %.1f MiB", label, slots, g.slotBytes, float64(slots*g.slotBytes)/(1<<20)))
+		w.log.Info(fmt.Sprintf("mooncake-store %s staging: %d slots x %d B = %.1f MiB", label, p.SlotsPerWorker, p.SlotBytes, float64(p.BytesPerWorker)/(1<<20)))
 		cleanup = append(cleanup, func() { _ = st.Close() })
 		return st, nil
 	}
@@ -184,26 +188,40 @@ func (w *Worker) RegisterLayout(l gpu.Layout) error {
 	if w.opts.Role.Loads() {
 		if w.opts.AsyncLoad {
 			n := w.opts.AsyncLoadWorkers
+			p, err := plan("async load", n)
+			if err != nil {
+				return fail(err)
+			}
 			for i := range n {
 				m, err := clone()
 				if err != nil {
 					return fail(err)
 				}
-				st, err := staging(fmt.Sprintf("async load worker %d", i), m, w.opts.StagingBufferBytes/int64(n))
+				st, err := staging(fmt.Sprintf("async load worker %d", i), m, p)
 				if err != nil {
 					return fail(err)
 				}
 				asyncMovers, asyncStages = append(asyncMovers, m), append(asyncStages, st)
 			}
-		} else if loadStage, err = staging("load", w.mover, w.opts.StagingBufferBytes); err != nil {
-			return fail(err)
+		} else {
+			p, err := plan("load", 1)
+			if err != nil {
+				return fail(err)
+			}
+			if loadStage, err = staging("load", w.mover, p); err != nil {
+				return fail(err)
+			}
 		}
 	}
 	if w.opts.Role.Saves() {
 		if saveMover, err = clone(); err != nil {
 			return fail(err)
 		}
-		if saveStage, err = staging("save", saveMover, w.opts.StagingBufferBytes); err != nil {
+		p, err := plan("save", 1)
+		if err != nil {
+			return fail(err)
+		}
+		if saveStage, err = staging("save", saveMover, p); err != nil {
 			return fail(err)
 		}
 	}
