@@ -13,8 +13,6 @@ type geometry struct {
 	groups []keys.LayerGroupPages
 	// keysPerBlock is how many keys a hit on one block needs.
 	keysPerBlock int
-	// slotBytes is the widest page value over groups, sharded or replicated.
-	slotBytes int
 }
 
 func newGeometry(l gpu.Layout, o Options) (*geometry, error) {
@@ -39,7 +37,6 @@ func newGeometry(l gpu.Layout, o Options) (*geometry, error) {
 		if p.ReplicatedBytesPerPage > 0 {
 			g.keysPerBlock++
 		}
-		g.slotBytes = max(g.slotBytes, int(p.BytesPerPage), int(p.ReplicatedBytesPerPage))
 	}
 	return g, nil
 }
