@@ -1,7 +1,6 @@
 package mooncake_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -12,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -23,17 +21,16 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/mooncake/mooncaketest"
 )
 
 // exchange is one recorded request and the master's response (testdata/http/*/*.txt).
 type exchange struct {
+	mooncaketest.Recording
 	file    string
 	state   string // "empty" or "populated"
 	method  string
 	target  string // path and query
-	status  int
-	header  http.Header
-	body    []byte
 	hasType bool
 }
 
@@ -45,37 +42,23 @@ func loadExchanges(t *testing.T) []exchange {
 	}
 	var out []exchange
 	for _, f := range files {
-		raw, err := os.ReadFile(f)
+		rec, err := mooncaketest.ReadRecording(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		first, rest, _ := bytes.Cut(raw, []byte("\n"))
-		_, rest, _ = bytes.Cut(rest, []byte("\n")) // "### recorded ..."
-		fields := strings.Fields(string(first))
-		if len(fields) != 3 || fields[0] != "###" {
-			t.Fatalf("%s: bad request line %q", f, first)
-		}
-		u, err := url.Parse(fields[2])
+		method, rawURL, _ := strings.Cut(rec.Request, " ")
+		u, err := url.Parse(rawURL)
 		if err != nil {
 			t.Fatal(err)
-		}
-		resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(rest)), nil)
-		if err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-		body, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-		_, hasType := resp.Header["Content-Type"]
-		ex := exchange{
-			file: filepath.Base(f), state: filepath.Base(filepath.Dir(f)), method: fields[1],
-			target: u.RequestURI(), status: resp.StatusCode, header: resp.Header, body: body, hasType: hasType,
 		}
 		if u.Port() != "9003" {
 			continue // the metadata server (port 8080) is not part of the admin API
 		}
-		out = append(out, ex)
+		_, hasType := rec.Header["Content-Type"]
+		out = append(out, exchange{
+			Recording: rec, file: filepath.Base(f), state: filepath.Base(filepath.Dir(f)),
+			method: method, target: u.RequestURI(), hasType: hasType,
+		})
 	}
 	return out
 }
@@ -165,7 +148,7 @@ func TestHandlerMatchesRecordedMaster(t *testing.T) {
 		t.Run(ex.state+"/"+ex.file, func(t *testing.T) {
 			segName := "127.0.0.1:12806"
 			u, _ := url.Parse(ex.target)
-			if s := u.Query().Get("segment"); s != "" && ex.status == http.StatusOK {
+			if s := u.Query().Get("segment"); s != "" && ex.Status == http.StatusOK {
 				segName = s
 			}
 			p := newRecordedStatePool(t, ex.state, segName)
@@ -175,14 +158,14 @@ func TestHandlerMatchesRecordedMaster(t *testing.T) {
 			got := rec.Result()
 			body := rec.Body.Bytes()
 
-			if got.StatusCode != ex.status {
-				t.Fatalf("status %d, master %d (body %q)", got.StatusCode, ex.status, body)
+			if got.StatusCode != ex.Status {
+				t.Fatalf("status %d, master %d (body %q)", got.StatusCode, ex.Status, body)
 			}
 			// A nil Content-Type entry tells net/http to send none, as the master's 404 does.
 			hasType := len(got.Header.Values("Content-Type")) > 0
-			if hasType != ex.hasType || got.Header.Get("Content-Type") != ex.header.Get("Content-Type") {
+			if hasType != ex.hasType || got.Header.Get("Content-Type") != ex.Header.Get("Content-Type") {
 				t.Fatalf("content type %q (present %v), master %q (present %v)",
-					got.Header.Get("Content-Type"), hasType, ex.header.Get("Content-Type"), ex.hasType)
+					got.Header.Get("Content-Type"), hasType, ex.Header.Get("Content-Type"), ex.hasType)
 			}
 			if cl := got.Header.Get("Content-Length"); cl != "" && cl != strconv.Itoa(len(body)) {
 				t.Fatalf("Content-Length %s for a %d-byte body", cl, len(body))
@@ -191,21 +174,21 @@ func TestHandlerMatchesRecordedMaster(t *testing.T) {
 			name := ex.file
 			switch {
 			case exactBodies[name]:
-				if !bytes.Equal(body, ex.body) {
-					t.Fatalf("body\n%s\nmaster\n%s", body, ex.body)
+				if !bytes.Equal(body, ex.Body) {
+					t.Fatalf("body\n%s\nmaster\n%s", body, ex.Body)
 				}
-			case strings.HasPrefix(ex.header.Get("Content-Type"), "application/json"):
+			case strings.HasPrefix(ex.Header.Get("Content-Type"), "application/json"):
 				var g, w any
 				if err := json.Unmarshal(body, &g); err != nil {
 					t.Fatalf("body is not JSON: %v\n%s", err, body)
 				}
-				want := ex.body
+				want := ex.Body
 				if ex.state == "empty" && name == "get_segments_detail.txt" {
 					// The master had no segment mounted; the embedded pool always has one,
 					// so its entry is compared with the populated master's.
 					for _, other := range loadExchanges(t) {
 						if other.state == "populated" && other.file == name {
-							want = other.body
+							want = other.Body
 						}
 					}
 				}
@@ -218,7 +201,7 @@ func TestHandlerMatchesRecordedMaster(t *testing.T) {
 				if name == "query_key.txt" || strings.HasPrefix(name, "batch_query_keys") {
 					// Sizes and ok flags are state, not addresses: they must match too.
 					sizes := regexp.MustCompile(`"(ok|size_)":[a-z0-9]+`)
-					if gm, wm := sizes.FindAllString(string(body), -1), sizes.FindAllString(string(ex.body), -1); !reflect.DeepEqual(gm, wm) {
+					if gm, wm := sizes.FindAllString(string(body), -1), sizes.FindAllString(string(ex.Body), -1); !reflect.DeepEqual(gm, wm) {
 						t.Fatalf("sizes/ok differ: %v, master %v", gm, wm)
 					}
 				}
@@ -227,7 +210,7 @@ func TestHandlerMatchesRecordedMaster(t *testing.T) {
 				if err != nil {
 					t.Fatalf("our metrics do not parse: %v", err)
 				}
-				wm, err := mooncake.ParsePromText(ex.body)
+				wm, err := mooncake.ParsePromText(ex.Body)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -251,15 +234,15 @@ func TestHandlerMatchesRecordedMaster(t *testing.T) {
 					}
 				}
 			case name == "metrics_summary.txt":
-				if g, w := normalizeSummary(string(body)), normalizeSummary(string(ex.body)); g != w {
+				if g, w := normalizeSummary(string(body)), normalizeSummary(string(ex.Body)); g != w {
 					t.Fatalf("summary shape differs\n got %s\nwant %s", g, w)
 				}
 			case name == "get_all_keys.txt":
-				g, w := strings.Fields(string(body)), strings.Fields(string(ex.body))
+				g, w := strings.Fields(string(body)), strings.Fields(string(ex.Body))
 				sort.Strings(g)
 				sort.Strings(w)
 				if !reflect.DeepEqual(g, w) || (len(body) > 0 && body[len(body)-1] != '\n') {
-					t.Fatalf("keys %q, master %q", body, ex.body)
+					t.Fatalf("keys %q, master %q", body, ex.Body)
 				}
 			case name == "get_all_segments.txt":
 				if !regexp.MustCompile(`^([^\n]+\n)*$`).Match(body) {
@@ -267,9 +250,9 @@ func TestHandlerMatchesRecordedMaster(t *testing.T) {
 				}
 			case name == "query_segment.txt":
 				re := regexp.MustCompile(`^(\S+)\nUsed\(bytes\): (\d+)\nCapacity\(bytes\) : (\d+)\n$`)
-				g, w := re.FindSubmatch(body), re.FindSubmatch(ex.body)
+				g, w := re.FindSubmatch(body), re.FindSubmatch(ex.Body)
 				if g == nil || w == nil || string(g[1]) != string(w[1]) || string(g[3]) != string(w[3]) {
-					t.Fatalf("query_segment %q, master %q", body, ex.body)
+					t.Fatalf("query_segment %q, master %q", body, ex.Body)
 				}
 			default:
 				t.Fatalf("no comparison for %s", name)
@@ -278,29 +261,11 @@ func TestHandlerMatchesRecordedMaster(t *testing.T) {
 	}
 }
 
-// replayServer answers every request with one recorded response.
-func replayServer(t *testing.T, ex exchange) *httptest.Server {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		for k, v := range ex.header {
-			if k != "Content-Length" && k != "Date" {
-				w.Header()[k] = v
-			}
-		}
-		if !ex.hasType {
-			w.Header()["Content-Type"] = nil
-		}
-		w.WriteHeader(ex.status)
-		w.Write(ex.body)
-	}))
-	t.Cleanup(srv.Close)
-	return srv
-}
-
 func TestClientParsesRecordedResponses(t *testing.T) {
 	ctx := context.Background()
 	for _, ex := range loadExchanges(t) {
 		t.Run(ex.state+"/"+ex.file, func(t *testing.T) {
-			c, err := mooncake.NewAdminClient(replayServer(t, ex).URL, nil)
+			c, err := mooncake.NewAdminClient(mooncaketest.ReplayServer(t, nil, ex.Recording).URL, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -422,7 +387,7 @@ func TestClientParsesRecordedResponses(t *testing.T) {
 				// StatusError with the master's code.
 				_, err := c.AllKeys(ctx)
 				var se *mooncake.StatusError
-				if !errors.As(err, &se) || se.StatusCode != ex.status || se.Code == 0 || se.Message == "" {
+				if !errors.As(err, &se) || se.StatusCode != ex.Status || se.Code == 0 || se.Message == "" {
 					t.Fatalf("err %v, want a StatusError carrying the master's code", err)
 				}
 			case "not_found_path", "query_key_wrong_method":
@@ -436,7 +401,7 @@ func TestClientParsesRecordedResponses(t *testing.T) {
 				t.Fatalf("no client check for %s", ex.file)
 			}
 			if callErr != nil {
-				t.Fatalf("client failed on a recorded %d answer: %v", ex.status, callErr)
+				t.Fatalf("client failed on a recorded %d answer: %v", ex.Status, callErr)
 			}
 		})
 	}

@@ -1,14 +1,12 @@
 package probepool
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -24,7 +22,9 @@ import (
 	"github.com/kvctl/kvctl/commands/cmdutil"
 	"github.com/kvctl/kvctl/commands/hash"
 	"github.com/kvctl/kvctl/core/daemon"
+	"github.com/kvctl/kvctl/core/daemon/daemontest"
 	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/mooncake/mooncaketest"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -117,40 +117,11 @@ func options(ios *cmdutil.IOStreams, pool, format string) *Options {
 // address.
 func startServe(t *testing.T) (*daemon.Daemon, string) {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "kv")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
 	po := mooncake.DefaultOptions()
 	po.Segments = []mooncake.SegmentSpec{{Name: "seg0", Capacity: 16 << 20}}
 	po.EvictionPeriod = 0
-	d, err := daemon.New(daemon.Config{
-		Socket: filepath.Join(dir, "s"), AdminAddr: "127.0.0.1:0", Pool: po,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Version: "test",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	addr := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx, func(i daemon.Info) { addr <- i.AdminAddr }) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("daemon: %v", err)
-		}
-	})
-	select {
-	case a := <-addr:
-		return d, a
-	case err := <-done:
-		t.Fatalf("daemon did not start: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("daemon did not start")
-	}
-	return nil, ""
+	r := daemontest.Start(t, daemon.Config{Pool: po})
+	return r.Daemon, r.Info.AdminAddr
 }
 
 // populate puts every key of the prompt, then removes keys the way eviction would leave them:
@@ -311,58 +282,22 @@ func TestExpectHit(t *testing.T) {
 	}
 }
 
-// recording is one recorded master response of mooncake/testdata/http.
-type recording struct {
-	status int
-	header http.Header
-	body   []byte
-}
-
-func loadRecording(t *testing.T, name string) recording {
-	t.Helper()
-	raw, err := os.ReadFile(filepath.Join("..", "..", "mooncake", "testdata", "http", "populated", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, rest, _ := bytes.Cut(raw, []byte("\n"))
-	_, rest, _ = bytes.Cut(rest, []byte("\n"))
-	resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(rest)), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return recording{resp.StatusCode, resp.Header, body}
-}
-
-func (r recording) write(w http.ResponseWriter, body []byte) {
-	for k, v := range r.header {
-		if k != "Content-Length" && k != "Date" {
-			w.Header()[k] = v
-		}
-	}
-	w.WriteHeader(r.status)
-	w.Write(body)
-}
-
 // masterReplay serves the real master's recorded responses. /batch_query_keys answers each key
 // with the master's recorded entry for a present key ("a") or for a missing one, as present
 // says; every path the master does not serve gets its recorded 404.
 func masterReplay(t *testing.T, present func(string) bool) *httptest.Server {
-	batch := loadRecording(t, "batch_query_keys.txt")
-	notFound := loadRecording(t, "not_found_path.txt")
+	batch := mooncaketest.Load(t, "populated", "batch_query_keys.txt")
+	notFound := mooncaketest.Load(t, "populated", "not_found_path.txt")
 	var recorded struct {
 		Data map[string]json.RawMessage `json:"data"`
 	}
-	if err := json.Unmarshal(batch.body, &recorded); err != nil {
+	if err := json.Unmarshal(batch.Body, &recorded); err != nil {
 		t.Fatal(err)
 	}
 	hit, miss := recorded.Data["a"], recorded.Data["missing_key"]
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/batch_query_keys" {
-			notFound.write(w, notFound.body)
+			notFound.ServeHTTP(w, r)
 			return
 		}
 		raw, _ := url.QueryUnescape(r.URL.RawQuery[len("keys="):])
@@ -382,7 +317,9 @@ func masterReplay(t *testing.T, present func(string) bool) *httptest.Server {
 			}
 		}
 		b.WriteString(`}}`)
-		batch.write(w, b.Bytes())
+		answer := batch
+		answer.Body = b.Bytes()
+		answer.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
 	return srv

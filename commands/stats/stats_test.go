@@ -1,7 +1,6 @@
 package stats
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -23,8 +22,10 @@ import (
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
 	"github.com/kvctl/kvctl/core/daemon"
+	"github.com/kvctl/kvctl/core/daemon/daemontest"
 	corestats "github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/mooncake/mooncaketest"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -100,61 +101,27 @@ func options(ios *cmdutil.IOStreams, format string) *Options {
 	return &Options{IO: ios, Timeout: 5 * time.Second, OutputFormat: format, Now: func() time.Time { return time.Unix(0, 0).UTC() }}
 }
 
-// recording is one recorded master response of mooncake/testdata/http.
-type recording struct {
-	status int
-	header http.Header
-	body   []byte
-}
-
-func loadRecording(t *testing.T, name string) recording {
-	t.Helper()
-	raw, err := os.ReadFile(filepath.Join("..", "..", "mooncake", "testdata", "http", "populated", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, rest, _ := bytes.Cut(raw, []byte("\n"))
-	_, rest, _ = bytes.Cut(rest, []byte("\n"))
-	resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(rest)), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return recording{resp.StatusCode, resp.Header, body}
-}
-
-// masterReplay serves the real master's recorded responses by path; paths it has no recording
-// for get the master's recorded 404.
+// masterReplay serves the real master's recorded responses by path, with the bodies of
+// override in place of the recorded ones; paths it has no recording for get the master's
+// recorded 404.
 func masterReplay(t *testing.T, override map[string]string) *httptest.Server {
-	byPath := map[string]recording{
-		"/metrics":             loadRecording(t, "metrics.txt"),
-		"/metrics/summary":     loadRecording(t, "metrics_summary.txt"),
-		"/get_segments_detail": loadRecording(t, "get_segments_detail.txt"),
-		"/get_all_segments":    loadRecording(t, "get_all_segments.txt"),
+	load := func(name string) mooncaketest.Recording { return mooncaketest.Load(t, "populated", name) }
+	byPath := map[string]mooncaketest.Recording{
+		"/metrics":             load("metrics.txt"),
+		"/metrics/summary":     load("metrics_summary.txt"),
+		"/get_segments_detail": load("get_segments_detail.txt"),
+		"/get_all_segments":    load("get_all_segments.txt"),
 	}
-	notFound := loadRecording(t, "not_found_path.txt")
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rec, ok := byPath[r.URL.Path]
+	notFound := load("not_found_path.txt")
+	for path, body := range override {
+		rec, ok := byPath[path]
 		if !ok {
 			rec = notFound
 		}
-		body := rec.body
-		if o, ok := override[r.URL.Path]; ok {
-			body = []byte(o)
-		}
-		for k, v := range rec.header {
-			if k != "Content-Length" && k != "Date" {
-				w.Header()[k] = v
-			}
-		}
-		w.WriteHeader(rec.status)
-		w.Write(body)
-	}))
-	t.Cleanup(srv.Close)
-	return srv
+		rec.Body = []byte(body)
+		byPath[path] = rec
+	}
+	return mooncaketest.ReplayServer(t, byPath, notFound)
 }
 
 func TestRecordedMaster(t *testing.T) {
@@ -191,42 +158,13 @@ func TestRecordedMaster(t *testing.T) {
 // startServe runs a real kvctl serve daemon on a pool whose clock the test moves.
 func startServe(t *testing.T) (*daemon.Daemon, *mooncake.ManualClock, string) {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "kv")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
 	clock := mooncake.NewManualClock(time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC))
 	po := mooncake.DefaultOptions()
 	po.Segments = []mooncake.SegmentSpec{{Name: "seg0", Capacity: 16 << 20}}
 	po.EvictionPeriod = 0
 	po.Clock = clock
-	d, err := daemon.New(daemon.Config{
-		Socket: filepath.Join(dir, "s"), AdminAddr: "127.0.0.1:0", Pool: po,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Version: "test",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	addr := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx, func(i daemon.Info) { addr <- i.AdminAddr }) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("daemon: %v", err)
-		}
-	})
-	select {
-	case a := <-addr:
-		return d, clock, a
-	case err := <-done:
-		t.Fatalf("daemon did not start: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("daemon did not start")
-	}
-	return nil, nil, ""
+	r := daemontest.Start(t, daemon.Config{Pool: po, Version: "test"})
+	return r.Daemon, clock, r.Info.AdminAddr
 }
 
 // script fills the pool past its high watermark with 1 MiB pages, some soft-pinned and some

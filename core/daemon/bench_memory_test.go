@@ -1,4 +1,4 @@
-package daemon
+package daemon_test
 
 import (
 	"bufio"
@@ -166,7 +166,7 @@ func BenchmarkServeMemory(b *testing.B) {
 	base := sampleSelf(b, true)
 	r := benchStart(b, memPoolBytes)
 	rest := sampleSelf(b, true)
-	be := startEngines(b, r.info.Socket, memPage, memPerEngine, "mem")
+	be := startEngines(b, r.Info.Socket, memPage, memPerEngine, "mem")
 	registered := sampleSelf(b, true)
 	p := samplePeaks(func() (memSample, error) {
 		var ms runtime.MemStats
@@ -179,7 +179,7 @@ func BenchmarkServeMemory(b *testing.B) {
 	}
 	peak := p.end()
 	after := sampleSelf(b, true)
-	ps, err := r.d.Pool().Stats(context.Background())
+	ps, err := r.Daemon.Pool().Stats(context.Background())
 	if err != nil {
 		b.Fatal(err)
 	}

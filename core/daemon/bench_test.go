@@ -1,4 +1,4 @@
-package daemon
+package daemon_test
 
 // Benchmarks of `kvctl serve` over its real engine socket: lookup round trips, sustained
 // load and save throughput of four concurrent engines, and the daemon's memory at rest and
@@ -15,17 +15,15 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvctl/kvctl/core/connector"
+	"github.com/kvctl/kvctl/core/daemon"
+	"github.com/kvctl/kvctl/core/daemon/daemontest"
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/enginesim"
@@ -41,49 +39,11 @@ const serveStaging = connector.DefaultStagingBufferBytes
 
 // benchStart runs a real daemon on a temporary socket, as `kvctl serve` would with
 // --pool-size poolBytes and the default staging budget.
-func benchStart(tb testing.TB, poolBytes int64) *running {
+func benchStart(tb testing.TB, poolBytes int64) *daemontest.Running {
 	tb.Helper()
-	dir, err := os.MkdirTemp("", "kv")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { os.RemoveAll(dir) })
 	popts := mooncake.DefaultOptions()
 	popts.Segments = []mooncake.SegmentSpec{{Name: "bench", Capacity: poolBytes}}
-	d, err := New(Config{
-		Socket:    filepath.Join(dir, "kvctl.sock"),
-		AdminAddr: "127.0.0.1:0",
-		Pool:      popts,
-		Defaults:  connector.Options{StagingBufferBytes: serveStaging},
-		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Version:   "bench",
-	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{d: d, cancel: cancel, done: make(chan error, 1)}
-	ready := make(chan Info, 1)
-	go func() { r.done <- d.Run(ctx, func(i Info) { ready <- i }) }()
-	select {
-	case r.info = <-ready:
-	case err := <-r.done:
-		tb.Fatalf("daemon exited: %v", err)
-	case <-time.After(10 * time.Second):
-		tb.Fatal("daemon did not become ready")
-	}
-	tb.Cleanup(func() {
-		r.cancel()
-		select {
-		case err := <-r.done:
-			if err != nil {
-				tb.Errorf("daemon stopped with %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			tb.Error("daemon did not stop")
-		}
-	})
-	return r
+	return daemontest.Start(tb, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: serveStaging}, Version: "bench"})
 }
 
 // benchPrompt is a prompt of blocks full blocks and one more token, so that a cold run saves
@@ -130,7 +90,7 @@ func benchLookup(b *testing.B, tokens int, warm bool) {
 	ctx := context.Background()
 	blocks := tokens / benchT
 	// 16 KiB pages: the page size does not enter a lookup, which only asks whether keys exist.
-	cfg := enginesim.Config{Socket: r.info.Socket, ModelKey: "bench-model", Name: "lk", TokensPerBlock: benchT,
+	cfg := enginesim.Config{Socket: r.Info.Socket, ModelKey: "bench-model", Name: "lk", TokensPerBlock: benchT,
 		Slots: blocks + 1, PageBytes: []int{16 << 10}, Chunk: 8 << 10}
 	e, err := enginesim.Start(ctx, cfg)
 	if err != nil {
@@ -147,7 +107,7 @@ func benchLookup(b *testing.B, tokens int, warm bool) {
 		}
 		want = (tokens - 1) / benchT * benchT
 	}
-	c, err := engineapi.Dial(r.info.Socket)
+	c, err := engineapi.Dial(r.Info.Socket)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -278,7 +238,7 @@ func BenchmarkServeThroughput4Engines(b *testing.B) {
 func benchThroughput(b *testing.B, dir string, page int) {
 	// Room for 8 save rounds of 4 x 64 MiB before the pool's high watermark.
 	r := benchStart(b, 3<<30)
-	be := startEngines(b, r.info.Socket, page, throughputBytes, "tp")
+	be := startEngines(b, r.Info.Socket, page, throughputBytes, "tp")
 	perIter := int64(throughputEngines * throughputRequests * be.blocks * page)
 	b.SetBytes(perIter)
 	var warmSet [][]enginesim.Request
@@ -314,7 +274,7 @@ func benchThroughput(b *testing.B, dir string, page int) {
 			}
 		}
 	}
-	st, err := r.d.Pool().Stats(context.Background())
+	st, err := r.Daemon.Pool().Stats(context.Background())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,16 +1,13 @@
-package daemon
+package daemon_test
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -20,65 +17,20 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvctl/kvctl/core/connector"
+	"github.com/kvctl/kvctl/core/daemon"
+	"github.com/kvctl/kvctl/core/daemon/daemontest"
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/enginesim"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
-type running struct {
-	d      *Daemon
-	info   Info
-	cancel context.CancelFunc
-	done   chan error
-}
-
 // start runs a real daemon on a temporary socket with an admin listener on a free loopback port.
-func start(t *testing.T, poolBytes int64) *running {
+func start(t *testing.T, poolBytes int64) *daemontest.Running {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "kv")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
 	popts := mooncake.DefaultOptions()
 	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: poolBytes}}
-	d, err := New(Config{
-		Socket:    filepath.Join(dir, "kvctl.sock"),
-		AdminAddr: "127.0.0.1:0",
-		Pool:      popts,
-		Defaults:  connector.Options{StagingBufferBytes: 8 << 20},
-		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Version:   "test",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{d: d, cancel: cancel, done: make(chan error, 1)}
-	ready := make(chan Info, 1)
-	go func() { r.done <- d.Run(ctx, func(i Info) { ready <- i }) }()
-	select {
-	case r.info = <-ready:
-	case err := <-r.done:
-		t.Fatalf("daemon exited: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("daemon did not become ready")
-	}
-	t.Cleanup(func() { r.stop(t) })
-	return r
-}
-
-func (r *running) stop(t *testing.T) {
-	r.cancel()
-	select {
-	case err := <-r.done:
-		if err != nil {
-			t.Errorf("daemon stopped with %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Error("daemon did not stop")
-	}
+	return daemontest.Start(t, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20}})
 }
 
 // prompts returns n prompts of 4-7 blocks of T tokens plus a partial tail; every third shares its
@@ -134,7 +86,7 @@ func TestColdWarmTwoRanks(t *testing.T) {
 	r := start(t, 256<<20)
 	ctx := context.Background()
 	const T = 16
-	cfg := enginesim.Config{Socket: r.info.Socket, ModelKey: "sim-model", World: 2, TokensPerBlock: T, Slots: 512,
+	cfg := enginesim.Config{Socket: r.Info.Socket, ModelKey: "sim-model", World: 2, TokensPerBlock: T, Slots: 512,
 		PageBytes: []int{2048, 1024}, ReplicatedBytes: []int{0, 256}, Chunk: 3*T + 5}
 	reqs := prompts(1, 24, T, "cold")
 
@@ -176,8 +128,8 @@ func TestColdWarmTwoRanks(t *testing.T) {
 		t.Errorf("warm run restarted %d requests", wres.Restarts)
 	}
 
-	base := "http://" + r.info.AdminAddr
-	var st StatsJSON
+	base := "http://" + r.Info.AdminAddr
+	var st daemon.StatsJSON
 	getJSON(t, base+"/v1/stats", &st)
 	if !st.Ready || len(st.Engines) != 2 || st.Engines[0].Engine != "warm/rank0" {
 		t.Errorf("stats engines: %+v", st.Engines)
@@ -245,7 +197,7 @@ func TestColdWarmTwoRanks(t *testing.T) {
 func TestBadRequests(t *testing.T) {
 	r := start(t, 64<<20)
 	ctx := context.Background()
-	c, err := engineapi.Dial(r.info.Socket)
+	c, err := engineapi.Dial(r.Info.Socket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +222,7 @@ func TestBadRequests(t *testing.T) {
 	}
 
 	// A registered engine with a layout that does not fit its memory is refused.
-	cfg := enginesim.Config{Socket: r.info.Socket, ModelKey: "m", Name: "ok", Slots: 8}
+	cfg := enginesim.Config{Socket: r.Info.Socket, ModelKey: "m", Name: "ok", Slots: 8}
 	e, err := enginesim.Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -301,14 +253,14 @@ func TestBadRequests(t *testing.T) {
 
 	// Garbage on the socket and a client that hangs up mid-stream do not disturb the daemon.
 	for range 3 {
-		conn, err := net.Dial("unix", r.info.Socket)
+		conn, err := net.Dial("unix", r.Info.Socket)
 		if err != nil {
 			t.Fatal(err)
 		}
 		_, _ = conn.Write([]byte("GET / HTTP/1.1\r\n\r\n\x00\xff garbage \x17\x03"))
 		_ = conn.Close()
 	}
-	conn, err := net.Dial("unix", engineapi.FDSocketPath(r.info.Socket))
+	conn, err := net.Dial("unix", engineapi.FDSocketPath(r.Info.Socket))
 	if err == nil {
 		_, _ = conn.Write([]byte("no descriptor here"))
 		_ = conn.Close()
@@ -318,7 +270,7 @@ func TestBadRequests(t *testing.T) {
 	_, _ = e.Run(cctx, prompts(9, 4, 16, "cut"), 0)
 
 	// Still serving: a fresh engine runs to completion.
-	e2, err := enginesim.Start(ctx, enginesim.Config{Socket: r.info.Socket, ModelKey: "m", Name: "after"})
+	e2, err := enginesim.Start(ctx, enginesim.Config{Socket: r.Info.Socket, ModelKey: "m", Name: "after"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,7 +292,7 @@ func TestSeveralEngines(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			model := fmt.Sprintf("model-%d", i%2)
-			cfg := enginesim.Config{Socket: r.info.Socket, ModelKey: model, Name: fmt.Sprintf("e%d", i), TokensPerBlock: 16, Slots: 256}
+			cfg := enginesim.Config{Socket: r.Info.Socket, ModelKey: model, Name: fmt.Sprintf("e%d", i), TokensPerBlock: 16, Slots: 256}
 			e, err := enginesim.Start(ctx, cfg)
 			if err != nil {
 				errs <- err
@@ -378,7 +330,7 @@ func renamed(reqs []enginesim.Request, suffix string) []enginesim.Request {
 }
 
 func TestAdminRefusesRemoteAddress(t *testing.T) {
-	_, err := New(Config{Socket: "/tmp/x.sock", AdminAddr: "0.0.0.0:9480", Pool: mooncake.Options{Segments: []mooncake.SegmentSpec{{Name: "s", Capacity: 1 << 20}}}})
+	_, err := daemon.New(daemon.Config{Socket: "/tmp/x.sock", AdminAddr: "0.0.0.0:9480", Pool: mooncake.Options{Segments: []mooncake.SegmentSpec{{Name: "s", Capacity: 1 << 20}}}})
 	if err == nil || !strings.Contains(err.Error(), "--allow-remote-admin") {
 		t.Errorf("non-loopback admin address: %v", err)
 	}

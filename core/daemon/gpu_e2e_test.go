@@ -1,4 +1,4 @@
-package daemon
+package daemon_test
 
 import (
 	"bufio"
@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvctl/kvctl/core/daemon"
 )
 
 // torchPass is one pass's counts in torch_engine.py's summary.
@@ -30,18 +32,18 @@ type torchPass struct {
 }
 
 type torchSummary struct {
-	Memory         string         `json:"memory"`
-	PageBytes      int            `json:"page_bytes"`
-	Layers         int            `json:"layers"`
-	GPU            string         `json:"gpu"`
-	Torch          string         `json:"torch"`
-	Registration   map[string]any `json:"registration"`
-	Cold           torchPass      `json:"cold"`
-	Warm           torchPass      `json:"warm"`
-	ExpectedLoaded int            `json:"expected_warm_loaded_blocks"`
-	DaemonLoads    *LoadStatsJSON `json:"daemon_loads"`
-	OK             bool           `json:"ok"`
-	Problems       []string       `json:"problems"`
+	Memory         string                `json:"memory"`
+	PageBytes      int                   `json:"page_bytes"`
+	Layers         int                   `json:"layers"`
+	GPU            string                `json:"gpu"`
+	Torch          string                `json:"torch"`
+	Registration   map[string]any        `json:"registration"`
+	Cold           torchPass             `json:"cold"`
+	Warm           torchPass             `json:"warm"`
+	ExpectedLoaded int                   `json:"expected_warm_loaded_blocks"`
+	DaemonLoads    *daemon.LoadStatsJSON `json:"daemon_loads"`
+	OK             bool                  `json:"ok"`
+	Problems       []string              `json:"problems"`
 }
 
 // TestGPUTorchEngine is the end-to-end run with a PyTorch process as the engine: it registers a
@@ -76,8 +78,8 @@ func TestGPUTorchEngine(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			r := start(t, 4<<30)
-			args := []string{script, "--socket", r.info.Socket, "--memory", memory,
-				"--stats-url", "http://" + r.info.AdminAddr + "/v1/stats",
+			args := []string{script, "--socket", r.Info.Socket, "--memory", memory,
+				"--stats-url", "http://" + r.Info.AdminAddr + "/v1/stats",
 				"--requests", requests, "--page-bytes", strconv.Itoa(c.pageBytes), "--layers", strconv.Itoa(c.layers),
 				"--transfer-batch", strconv.Itoa(c.batch)}
 			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)

@@ -1,68 +1,24 @@
 package probe
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
-	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/mooncake/mooncaketest"
 )
 
-// replay serves the real master's recorded responses verbatim, chosen by request target.
-func replay(t *testing.T, files map[string]string) *httptest.Server {
-	t.Helper()
-	type rec struct {
-		status int
-		header http.Header
-		body   []byte
-	}
-	recs := map[string]rec{}
-	for target, name := range files {
-		raw, err := os.ReadFile(filepath.Join("..", "..", "mooncake", "testdata", "http", "populated", name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, rest, _ := bytes.Cut(raw, []byte("\n"))
-		_, rest, _ = bytes.Cut(rest, []byte("\n"))
-		resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(rest)), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		recs[target] = rec{resp.StatusCode, resp.Header, body}
-	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		x, ok := recs[r.URL.RequestURI()]
-		if !ok {
-			x = recs["*"]
-		}
-		for k, v := range x.header {
-			if k != "Content-Length" && k != "Date" {
-				w.Header()[k] = v
-			}
-		}
-		w.WriteHeader(x.status)
-		w.Write(x.body)
-	}))
-	t.Cleanup(srv.Close)
-	return srv
-}
-
 func TestTargetAgainstRecordedMaster(t *testing.T) {
-	srv := replay(t, map[string]string{
-		"/batch_query_keys?keys=a,b,x,h,missing_key": "batch_query_keys.txt",
-		"/query_key?key=x":                           "query_key.txt",
-		"/query_key?key=missing_key":                 "query_key_missing.txt",
-		"*":                                          "not_found_path.txt",
-	})
+	load := func(name string) mooncaketest.Recording { return mooncaketest.Load(t, "populated", name) }
+	srv := mooncaketest.ReplayServer(t, map[string]mooncaketest.Recording{
+		"/batch_query_keys?keys=a,b,x,h,missing_key": load("batch_query_keys.txt"),
+		"/query_key?key=x":                           load("query_key.txt"),
+		"/query_key?key=missing_key":                 load("query_key_missing.txt"),
+	}, load("not_found_path.txt"))
 	tg, err := NewTarget(srv.URL, time.Second)
 	if err != nil {
 		t.Fatal(err)

@@ -3,50 +3,22 @@ package replay
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/kvctl/kvctl/core/daemon"
+	"github.com/kvctl/kvctl/core/daemon/daemontest"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
 // startDaemon runs a real kvctl serve daemon on a short socket path until the test ends.
 func startDaemon(t *testing.T, poolBytes int64) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "kv")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	sock := filepath.Join(dir, "e.sock")
 	po := mooncake.DefaultOptions()
 	po.Segments = []mooncake.SegmentSpec{{Name: "live-test", Capacity: poolBytes}}
-	d, err := daemon.New(daemon.Config{Socket: sock, Pool: po, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx, func(daemon.Info) { close(ready) }) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("daemon: %v", err)
-		}
-	})
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("daemon stopped: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("daemon did not start")
-	}
-	return sock
+	return daemontest.Start(t, daemon.Config{Pool: po}).Info.Socket
 }
 
 func TestLiveMatchesOfflineAndIdeal(t *testing.T) {
