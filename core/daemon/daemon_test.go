@@ -236,6 +236,17 @@ func TestBadRequests(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument {
 		t.Errorf("short page hash: %v", err)
 	}
+	// Metadata naming a page outside the registered layout is refused before the worker sees
+	// it; the engine runs normally afterwards (checked below with a full run).
+	for _, p := range []*enginepb.PageTransfer{{Hash: make([]byte, 16), Group: 0, Page: 8}, {Hash: make([]byte, 16), Group: 3}, {Hash: make([]byte, 16), Page: -1}} {
+		_, err = c.BindMeta(ctx, &enginepb.BindMetaRequest{Engine: "ok/rank0", Metadata: &enginepb.Metadata{Loads: []*enginepb.RequestTransfers{{RequestId: "r", Pages: []*enginepb.PageTransfer{p}}}}})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "registered") {
+			t.Errorf("page %+v outside the layout: %v", p, err)
+		}
+	}
+	if _, err := e.Run(ctx, prompts(5, 3, 16, "intact"), 1); err != nil {
+		t.Errorf("the engine after refused metadata: %v", err)
+	}
 	_, err = c.Lookup(ctx, &enginepb.LookupRequest{Engine: "ok/rank0", Request: &enginepb.Request{Id: "r", Tokens: []int64{1, 2}, MultimodalDigests: [][]byte{{1}}}})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Errorf("short multimodal digest: %v", err)

@@ -32,6 +32,26 @@ type engine struct {
 	reporter  *stats.Reporter
 	memFile   *os.File
 	since     time.Time
+	layout    gpu.Layout
+}
+
+// checkTransfers refuses metadata that names a layer group or page slot outside the engine's
+// registered layout, before it reaches the worker (whose errors are kept: a malformed call
+// must not break the engine's later passes).
+func (e *engine) checkTransfers(m connector.Metadata) error {
+	for _, set := range [][]connector.RequestTransfers{m.Loads, m.Saves, m.AsyncLoads} {
+		for _, t := range set {
+			for _, p := range t.Pages {
+				if p.Group < 0 || p.Group >= len(e.layout.Groups) {
+					return fmt.Errorf("request %s: layer group %d is not in the registered layout (%d groups)", t.RequestID, p.Group, len(e.layout.Groups))
+				}
+				if slots := e.layout.Groups[p.Group].Slots; p.Page < 0 || p.Page >= slots {
+					return fmt.Errorf("request %s: page %d of layer group %d is outside the registered %d slots", t.RequestID, p.Page, p.Group, slots)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 func (e *engine) close(ctx context.Context) error {
@@ -151,7 +171,7 @@ func (d *Daemon) register(req *enginepb.RegisterRequest) (*engine, error) {
 		return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
 	}
 
-	e := &engine{name: req.GetEngine(), modelKey: req.GetModelKey(), shard: opts.Namespace.Shard(), role: opts.Role, since: time.Now()}
+	e := &engine{name: req.GetEngine(), modelKey: req.GetModelKey(), shard: opts.Namespace.Shard(), role: opts.Role, since: time.Now(), layout: layout}
 	ok := false
 	defer func() {
 		if !ok {

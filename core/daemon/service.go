@@ -132,15 +132,18 @@ func (s *service) RequestReset(_ context.Context, req *enginepb.RequestRef) (*en
 }
 
 func (s *service) BindMeta(_ context.Context, req *enginepb.BindMetaRequest) (*enginepb.Empty, error) {
-	w, err := s.d.workerOf(req.GetEngine())
+	e, err := s.d.lookupEngine(req.GetEngine())
 	if err != nil {
 		return nil, err
 	}
 	m, err := metadataFromPB(req.GetMetadata())
+	if err == nil {
+		err = e.checkTransfers(m)
+	}
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "bind metadata: %v", err)
 	}
-	w.BindMeta(m)
+	e.worker.BindMeta(m)
 	return &enginepb.Empty{}, nil
 }
 
