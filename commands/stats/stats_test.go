@@ -23,6 +23,7 @@ import (
 	"github.com/kvctl/kvctl/commands/cmdutil"
 	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/daemon/daemontest"
+	"github.com/kvctl/kvctl/core/enginesim"
 	corestats "github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
@@ -454,4 +455,56 @@ func TestWatchDeltas(t *testing.T) {
 			t.Fatalf("%v", err)
 		}
 	})
+}
+
+// TestServeWithEngines reads the prefix-hole and load figures of a kvctl serve that real engines
+// used over its engine socket: a cold engine saves, a warm engine loads every offered block, and
+// kvctl stats must report what the daemon counted, including the engine that has gone.
+func TestServeWithEngines(t *testing.T) {
+	r := daemontest.Start(t, daemon.Config{})
+	ctx := context.Background()
+	const T = 16
+	var reqs []enginesim.Request
+	for i := range 6 {
+		toks := make([]int64, 5*T+3)
+		for j := range toks {
+			toks[j] = int64(1000*i + j)
+		}
+		reqs = append(reqs, enginesim.Request{ID: fmt.Sprintf("r%d", i), Tokens: toks})
+	}
+	for _, name := range []string{"cold", "warm"} {
+		e, err := enginesim.Start(ctx, enginesim.Config{Socket: r.Info.Socket, ModelKey: "m", Name: name, TokensPerBlock: T})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.Run(ctx, reqs, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ios, _, out, _ := cmdutil.Test()
+	o := options(ios, cmdutil.FormatJSON)
+	o.Pools = []string{r.Info.AdminAddr}
+	if err := Run(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	var res Result
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatal(err)
+	}
+	s := res.Sources[0]
+	// Each prompt has 5 full blocks; the lookup leaves the block of the last token, so the warm
+	// engine hits 5 blocks per request (the last full block ends before the last token).
+	want := int64(len(reqs) * 5)
+	if s.PrefixHoles == nil || s.PrefixHoles.HitBlocks != want || s.PrefixHoles.Lookups != int64(2*len(reqs)) {
+		t.Errorf("prefix holes %+v, want %d hit blocks over %d lookups", s.PrefixHoles, want, 2*len(reqs))
+	}
+	if s.Loads == nil || s.Loads.Pages != want || s.Loads.LandedBytes != want*4096 || s.Loads.FailedPages != 0 {
+		t.Errorf("loads %+v, want %d pages of 4096 bytes", s.Loads, want)
+	}
+	if s.Engines == nil || *s.Engines != 0 {
+		t.Errorf("engines %v, want 0 registered after both left", s.Engines)
+	}
 }
