@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
 	"github.com/kvctl/kvctl/core/config"
+	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/replay"
 	"github.com/kvctl/kvctl/core/router"
 )
@@ -48,6 +49,7 @@ type Options struct {
 	Plot              string
 
 	Target  string
+	Live    bool
 	Engines int
 	Pace    string
 	Speed   float64
@@ -92,7 +94,7 @@ varies slowest), for example --set soft_pin_ttl_ms=0,600000 --set group_blocks=f
 Keys:
   ` + strings.Join(replay.SettingHelp(), "\n  ") + `
 
-Live (--target SOCKET) drives a running kvctl serve's engine API with --engines simulated
+Live (--target SOCKET, or --live for kvctl serve's default socket) drives a running kvctl serve's engine API with --engines simulated
 engines, at the trace's pace (--pace trace, scaled by --speed) or as fast as possible
 (--pace max), and reports the same hit figures with requests per second.
 
@@ -108,7 +110,10 @@ per run. A progress bar goes to standard error when it is a terminal.`,
   kvctl replay --ranks 4 --set router=work-aware,prompt-length --plot hit.png trace.jsonl
 
   # live, against kvctl serve on its default socket, as fast as possible
-  kvctl replay --target /run/kvctl/engine.sock --engines 4 --pace max trace.jsonl`,
+  kvctl replay --live --engines 4 --pace max trace.jsonl
+
+  # live, against a daemon on another socket
+  kvctl replay --target /run/kvctl/engine.sock trace.jsonl`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) != 1 {
 				return cmdutil.FlagErrorf("replay needs exactly one TRACE (- for stdin), got %d arguments", len(args))
@@ -118,6 +123,12 @@ per run. A progress bar goes to standard error when it is a terminal.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts.Trace = args[0]
 			opts.OutputFormat = cmdutil.OutputFormat(cmd)
+			if opts.Live {
+				if opts.Target != "" {
+					return cmdutil.FlagErrorf("--live and --target both name the daemon; give one")
+				}
+				opts.Target = engineapi.DefaultSocketPath(f.Getenv)
+			}
 			if err := check(opts); err != nil {
 				return err
 			}
@@ -151,6 +162,7 @@ per run. A progress bar goes to standard error when it is a terminal.`,
 	fl.Uint64Var(&opts.Seed, "seed", p.Seed, "seed of the synthesised token ids")
 	fl.StringVar(&opts.Plot, "plot", "", "write hit rate and pool occupancy over time to `FILE.png`")
 	fl.StringVar(&opts.Target, "target", "", "live mode: the engine socket of a running kvctl serve")
+	fl.BoolVar(&opts.Live, "live", false, "live mode against kvctl serve on its default socket ($XDG_RUNTIME_DIR/kvctl/kvctl.sock, else /tmp/kvctl-<uid>/kvctl.sock)")
 	fl.IntVar(&opts.Engines, "engines", 1, "live mode: simulated engines")
 	fl.StringVar(&opts.Pace, "pace", PaceTrace, "live mode: trace (arrival times, scaled by --speed) or max")
 	fl.Float64Var(&opts.Speed, "speed", 1, "live mode: arrival time speed-up under --pace trace")

@@ -2,6 +2,9 @@ package replay
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -32,6 +35,12 @@ func TestFlags(t *testing.T) {
 				t.Errorf("%+v", o)
 			}
 		}},
+		{args: "--live --pace max t", check: func(t *testing.T, o *Options) {
+			if o.Target != filepath.Join(os.TempDir(), fmt.Sprintf("kvctl-%d", os.Getuid()), "kvctl.sock") || o.Pace != PaceMax {
+				t.Errorf("--live must target kvctl serve's default socket: %+v", o)
+			}
+		}},
+		{args: "--live --target x t", wantErr: "--live and --target"},
 		{args: "", wantErr: "exactly one TRACE"},
 		{args: "a b", wantErr: "exactly one TRACE"},
 		{args: "--format csv t", wantErr: "--format"},

@@ -164,10 +164,11 @@ func Run(ctx context.Context, opts *Options) error {
 		return cmdutil.ValidationErrorf("pool-size %s is below the %s minimum", config.FormatSize(poolBytes), config.FormatSize(minPoolBytes))
 	}
 	// The node budget of TensorRT-LLM's mooncake_store (the pool is this node's segment) is a
-	// warning here: a workstation has less than the 32 GiB reserve it leaves to the engines.
+	// warning here, for a size the operator chose: a workstation has less than the 32 GiB reserve
+	// it leaves to the engines, and the automatic size is a quarter of what is available.
 	avail, known := memAvail()
 	if _, err := config.CheckNodeBudget(config.BudgetInput{RanksOnNode: 1, SegmentSize: poolBytes, StageThroughHost: true,
-		Role: config.RoleBoth, StagingBufferBytes: sc.StagingBufferBytes, MemAvailable: avail, MemKnown: known}); err != nil {
+		Role: config.RoleBoth, StagingBufferBytes: sc.StagingBufferBytes, MemAvailable: avail, MemKnown: known}); err != nil && ok {
 		log.Warn("node memory budget", "err", err)
 	}
 	if known && uint64(poolBytes) > avail {
