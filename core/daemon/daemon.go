@@ -160,6 +160,7 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 		grpc.MaxRecvMsgSize(engineapi.MaxMessageBytes),
 		grpc.MaxSendMsgSize(engineapi.MaxMessageBytes),
 		grpc.ChainUnaryInterceptor(d.intercept),
+		grpc.StatsHandler(&connTracker{ended: d.connEnded}),
 	)
 	enginepb.RegisterEngineServer(gs, &service{d: d})
 

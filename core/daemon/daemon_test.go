@@ -346,3 +346,50 @@ func TestAdminRefusesRemoteAddress(t *testing.T) {
 		t.Errorf("non-loopback admin address: %v", err)
 	}
 }
+
+// TestVanishedEngineIsReleased checks that an engine whose connection closes without
+// Unregister — a crashed engine process — is drained and released, and its name can register
+// again.
+func TestVanishedEngineIsReleased(t *testing.T) {
+	r := start(t, 64<<20)
+	ctx := context.Background()
+	cfg := enginesim.Config{Socket: r.Info.Socket, ModelKey: "m", Name: "crash", Slots: 64}
+	e, err := enginesim.Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Run(ctx, prompts(21, 4, 16, "before"), 0); err != nil {
+		t.Fatal(err)
+	}
+	// Drop the connections without unregistering, as a killed process would.
+	e.Abandon()
+
+	base := "http://" + r.Info.AdminAddr
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var st daemon.StatsJSON
+		getJSON(t, base+"/v1/stats", &st)
+		if len(st.Engines) == 0 {
+			if st.Pool.Objects == 0 {
+				t.Fatal("the vanished engine's saves were lost")
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the vanished engine is still registered: %+v", st.Engines)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	again, err := enginesim.Start(ctx, cfg)
+	if err != nil {
+		t.Fatalf("re-registering the name of a vanished engine: %v", err)
+	}
+	defer again.Close(ctx)
+	res, err := again.Run(ctx, prompts(21, 4, 16, "after"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.LoadedBlocks == 0 {
+		t.Errorf("the vanished engine's saved pages were not served: %+v", res)
+	}
+}

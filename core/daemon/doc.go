@@ -7,7 +7,9 @@
 // rank's memory, and maps every engine API call onto them one to one.
 //
 // Vocabulary:
-//   - engine: one registered engine rank, named by the engine string it registered with.
+//   - engine: one registered engine rank, named by the engine string it registered with. A
+//     registration lives as long as the engine connection that made it: an engine whose
+//     connection closes without Unregister (a crashed process) is drained and released.
 //   - drain: on shutdown the daemon stops taking calls, then closes every worker against one
 //     deadline, so that queued saves reach the pool, and closes the pool last.
 //

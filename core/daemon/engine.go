@@ -33,6 +33,7 @@ type engine struct {
 	memFile   *os.File
 	since     time.Time
 	layout    gpu.Layout
+	conn      uint64 // the engine connection it registered over
 }
 
 // checkTransfers refuses metadata that names a layer group or page slot outside the engine's
@@ -158,7 +159,7 @@ func (d *Daemon) workerOf(name string) (*connector.Worker, error) {
 }
 
 // register builds the connector halves for one engine rank.
-func (d *Daemon) register(req *enginepb.RegisterRequest) (*engine, error) {
+func (d *Daemon) register(conn uint64, req *enginepb.RegisterRequest) (*engine, error) {
 	if req.GetEngine() == "" {
 		return nil, status.Error(codes.InvalidArgument, "register: engine name is empty")
 	}
@@ -171,7 +172,7 @@ func (d *Daemon) register(req *enginepb.RegisterRequest) (*engine, error) {
 		return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
 	}
 
-	e := &engine{name: req.GetEngine(), modelKey: req.GetModelKey(), shard: opts.Namespace.Shard(), role: opts.Role, since: time.Now(), layout: layout}
+	e := &engine{name: req.GetEngine(), modelKey: req.GetModelKey(), shard: opts.Namespace.Shard(), role: opts.Role, since: time.Now(), layout: layout, conn: conn}
 	ok := false
 	defer func() {
 		if !ok {

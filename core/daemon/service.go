@@ -15,8 +15,8 @@ type service struct {
 	d *Daemon
 }
 
-func (s *service) Register(_ context.Context, req *enginepb.RegisterRequest) (*enginepb.RegisterResponse, error) {
-	e, err := s.d.register(req)
+func (s *service) Register(ctx context.Context, req *enginepb.RegisterRequest) (*enginepb.RegisterResponse, error) {
+	e, err := s.d.register(connOf(ctx), req)
 	if err != nil {
 		return nil, err
 	}

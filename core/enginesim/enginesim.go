@@ -515,3 +515,22 @@ func (e *Engine) Run(ctx context.Context, reqs []Request, maxRunning int) (Resul
 		}
 	}
 }
+
+// Abandon closes the engine's connections without unregistering, as a crashed engine process
+// would, and releases its local memory. The daemon must notice and release the registration.
+func (e *Engine) Abandon() {
+	for _, rk := range e.ranks {
+		if rk.client != nil {
+			_ = rk.client.Close()
+			rk.client = nil
+		}
+		if rk.mover != nil {
+			_ = rk.mover.Close()
+			rk.mover = nil
+		}
+		if rk.mem != nil {
+			_ = rk.mem.Close()
+			rk.mem = nil
+		}
+	}
+}
