@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/daemon"
+	"github.com/kvctl/kvctl/core/enginesim"
 )
 
 // torchPass is one pass's counts in torch_engine.py's summary.
@@ -174,4 +175,47 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
+}
+
+// TestGPUEngineCUDAFD runs a two-rank tensor-parallel engine whose KV memory is CUDA device
+// memory made with cuMemCreate and handed to the daemon as an exported file descriptor (the
+// virtual-memory pools engines allocate), with two layer groups and a replicated region: a cold
+// engine saves, a warm engine loads, every page read back from the GPU and compared. GPU only
+// (KVCTL_GPU_E2E=1); with KVCTL_GPU_E2E_MEMORY=shm it runs the same over shared memory.
+func TestGPUEngineCUDAFD(t *testing.T) {
+	if os.Getenv("KVCTL_GPU_E2E") != "1" {
+		t.Skip("set KVCTL_GPU_E2E=1 to run on a GPU host")
+	}
+	memory := envOr("KVCTL_GPU_E2E_MEMORY", enginesim.MemoryCUDAFD)
+	r := start(t, 2<<30)
+	ctx := context.Background()
+	const T = 32
+	cfg := enginesim.Config{Socket: r.Info.Socket, ModelKey: "fd-model", World: 2, TokensPerBlock: T, Slots: 1024,
+		PageBytes: []int{256 << 10, 64 << 10}, ReplicatedBytes: []int{0, 16 << 10}, Chunk: 4 * T, Memory: memory}
+	reqs := prompts(41, 48, T, "fd")
+	var results [2]enginesim.Result
+	for i, name := range []string{"cold", "warm"} {
+		cfg.Name = name
+		e, err := enginesim.Start(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		began := time.Now()
+		res, err := e.Run(ctx, reqs, 16)
+		if err != nil {
+			t.Fatalf("%s pass: %v", name, err)
+		}
+		if err := e.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		results[i] = res
+		t.Logf("%s pass over %s memory: %+v in %v", name, memory, res, time.Since(began))
+	}
+	want := 0
+	for _, q := range reqs {
+		want += (len(q.Tokens) - 1) / T
+	}
+	if w := results[1]; w.LoadedBlocks != want || w.Restarts != 0 {
+		t.Errorf("warm pass loaded %d blocks (restarts %d), want %d", w.LoadedBlocks, w.Restarts, want)
+	}
 }

@@ -37,6 +37,9 @@ type Config struct {
 	// GroupBlocks and SoftPinTTLms are passed to Register.
 	GroupBlocks  bool
 	SoftPinTTLms uint64
+	// Memory is the kind of KV memory each rank registers: MemoryShared (the default) or
+	// MemoryCUDAFD.
+	Memory string
 }
 
 func (c *Config) defaults() {
@@ -80,8 +83,7 @@ type Result struct {
 type rank struct {
 	name   string
 	client *engineapi.Client
-	mem    *gpu.SharedMemory
-	mover  gpu.Mover // a local view of the same memory, to write and check KV
+	mem    *rankMemory // its mover is the engine's own view, to write and check KV
 }
 
 type req struct {
@@ -144,20 +146,22 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 		rk := &rank{name: fmt.Sprintf("%s/rank%d", cfg.Name, r)}
 		e.ranks = append(e.ranks, rk)
 		var err error
-		if rk.mem, err = gpu.NewSharedMemory(int64(size)); err != nil {
-			return nil, err
-		}
-		if rk.mover, err = gpu.NewHostMover(rk.mem.FD, int64(size), layout); err != nil {
+		if rk.mem, err = newRankMemory(cfg.Memory, size, layout); err != nil {
 			return nil, err
 		}
 		if rk.client, err = engineapi.Dial(cfg.Socket); err != nil {
 			return nil, err
 		}
-		_, err = rk.client.RegisterSharedMemory(ctx, &enginepb.RegisterRequest{
+		req := &enginepb.RegisterRequest{
 			Engine: rk.name, ModelKey: cfg.ModelKey, WorldSize: int32(cfg.World), Rank: int32(r),
 			Role: "both", Scheduler: r == 0, Layout: layoutPB(layout),
 			GroupBlocks: cfg.GroupBlocks, SoftPinTtlMs: cfg.SoftPinTTLms,
-		}, rk.mem.FD, size)
+		}
+		if cfg.Memory == MemoryCUDAFD {
+			_, err = rk.client.RegisterCUDAFD(ctx, req, rk.mem.fd, rk.mem.size, rk.mem.device)
+		} else {
+			_, err = rk.client.RegisterSharedMemory(ctx, req, rk.mem.fd, rk.mem.size)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("register %s: %w", rk.name, err)
 		}
@@ -197,11 +201,8 @@ func (e *Engine) Close(ctx context.Context) error {
 			}
 			errs = append(errs, rk.client.Close())
 		}
-		if rk.mover != nil {
-			errs = append(errs, rk.mover.Close())
-		}
 		if rk.mem != nil {
-			errs = append(errs, rk.mem.Close())
+			errs = append(errs, rk.mem.release())
 		}
 	}
 	return errors.Join(errs...)
@@ -263,7 +264,7 @@ func (e *Engine) writeBlock(ctx context.Context, r *req, b int) error {
 	for ri, rk := range e.ranks {
 		for _, ref := range e.refs(r, b) {
 			v := KVBytes(r.Tokens, b, e.cfg.TokensPerBlock, ri, ref.Group, ref.Replicated, e.size(ref))
-			if err := rk.mover.Scatter(ctx, [][]byte{v}, []gpu.PageRef{ref}); err != nil {
+			if err := rk.mem.mover.Scatter(ctx, [][]byte{v}, []gpu.PageRef{ref}); err != nil {
 				return err
 			}
 		}
@@ -278,7 +279,7 @@ func (e *Engine) checkBlock(ctx context.Context, r *req, b int) error {
 	for ri, rk := range e.ranks {
 		for _, ref := range e.refs(r, b) {
 			got := make([]byte, e.size(ref))
-			if err := rk.mover.Gather(ctx, []gpu.PageRef{ref}, [][]byte{got}); err != nil {
+			if err := rk.mem.mover.Gather(ctx, []gpu.PageRef{ref}, [][]byte{got}); err != nil {
 				return err
 			}
 			if !bytes.Equal(got, KVBytes(r.Tokens, b, e.cfg.TokensPerBlock, ri, ref.Group, ref.Replicated, len(got))) {
@@ -306,7 +307,7 @@ func (e *Engine) allocate(ctx context.Context, r *req) error {
 	for b := 0; b < blocks; b++ {
 		for _, rk := range e.ranks {
 			for _, ref := range e.refs(r, b) {
-				if err := rk.mover.Scatter(ctx, [][]byte{bytes.Repeat([]byte{0xEE}, e.size(ref))}, []gpu.PageRef{ref}); err != nil {
+				if err := rk.mem.mover.Scatter(ctx, [][]byte{bytes.Repeat([]byte{0xEE}, e.size(ref))}, []gpu.PageRef{ref}); err != nil {
 					return err
 				}
 			}
@@ -524,12 +525,8 @@ func (e *Engine) Abandon() {
 			_ = rk.client.Close()
 			rk.client = nil
 		}
-		if rk.mover != nil {
-			_ = rk.mover.Close()
-			rk.mover = nil
-		}
 		if rk.mem != nil {
-			_ = rk.mem.Close()
+			_ = rk.mem.release()
 			rk.mem = nil
 		}
 	}

@@ -1,0 +1,13 @@
+//go:build !(cgo && linux)
+
+package enginesim
+
+import (
+	"errors"
+
+	"github.com/kvctl/kvctl/gpu"
+)
+
+func newCUDAMemory(uint64, gpu.Layout) (*rankMemory, error) {
+	return nil, errors.Join(gpu.ErrNoCUDA, gpu.ErrCUDANotBuilt)
+}
