@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 )
@@ -348,5 +351,26 @@ func TestGoldenSeedFormat(t *testing.T) {
 			equalStrings(t, "page keys", pages, tc.PageKeys)
 			equalStrings(t, "group keys", groups, tc.GroupKeys)
 		})
+	}
+}
+
+// TestGoldenCopyIsCurrent checks that the repository's copy of the golden vectors is the shared
+// file it was taken from, wherever the shared directory sits beside the checkout (it does in
+// development and in CI). The vectors are a wire format: a stale copy would test the wrong bytes.
+func TestGoldenCopyIsCurrent(t *testing.T) {
+	shared := filepath.Join("..", "..", "..", "shared", "testdata", "golden-keys.json")
+	want, err := os.ReadFile(shared)
+	if errors.Is(err, fs.ErrNotExist) {
+		t.Skipf("%s is not beside this checkout", shared)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(goldenPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("%s differs from %s: copy the shared file again", goldenPath, shared)
 	}
 }
