@@ -96,7 +96,8 @@ Keys:
 
 Live (--target SOCKET, or --live for kvctl serve's default socket) drives a running kvctl serve's engine API with --engines simulated
 engines, at the trace's pace (--pace trace, scaled by --speed) or as fast as possible
-(--pace max), and reports the same hit figures with requests per second.
+(--pace max), and reports the same hit figures with requests per second; its bytes are the
+bytes the daemon moved, pages of --sim-page-size.
 
 --plot FILE.png draws hit rate (top) and pool occupancy (bottom) over trace time, one colour
 per run. A progress bar goes to standard error when it is a terminal.`,
@@ -153,7 +154,7 @@ per run. A progress bar goes to standard error when it is a terminal.`,
 	fl.IntVar(&opts.GPU, "gpu-blocks", c.GPUBlocks, "each rank's local KV cache, in blocks")
 	fl.IntVar(&opts.TokensPerBlock, "tokens-per-block", p.TokensPerBlock, "replay block size: tokens per Mooncake block, or per block of a token trace")
 	fl.StringVar(&opts.PageSize, "page-size", "64MiB", "real bytes of one block's page")
-	fl.IntVar(&opts.SimPageSize, "sim-page-size", p.SimPageBytes, "bytes an offline page actually holds")
+	fl.IntVar(&opts.SimPageSize, "sim-page-size", p.SimPageBytes, "bytes a page actually holds (offline, and the live engines' registered page size)")
 	fl.StringVar(&opts.LoadBandwidth, "load-bandwidth", "25GB", "pool to engine bytes per second")
 	fl.StringVar(&opts.SaveBandwidth, "save-bandwidth", "25GB", "engine to pool bytes per second")
 	fl.Float64Var(&opts.PrefillRate, "prefill-rate", p.PrefillTokensPerSecond, "a rank's prefill tokens per second")

@@ -37,5 +37,6 @@
 // prompt token to compute, and a local match of a whole cached prompt stops one token short.
 //
 // Live mode: the same trace driven through a running `kvctl serve` over its engine gRPC API,
-// by simulated engines that register host memory and call the connector remotely.
+// by simulated engines that register host memory and call the connector remotely. Their pages
+// hold SimPageBytes bytes, and the bytes reported are the bytes the daemon really moved.
 package replay

@@ -219,8 +219,9 @@ dispatch:
 		run.RankLoad = append(run.RankLoad, e.rl)
 		lat = append(lat, e.lat...)
 	}
-	run.Moved.LoadedBytes = run.Moved.LoadedPages * p.PageBytes
-	run.Moved.SavedBytes = run.Moved.SavedPages * p.PageBytes
+	// Live, these are the bytes the daemon really moved: pages of the engines' registered size.
+	run.Moved.LoadedBytes = run.Moved.LoadedPages * int64(p.SimPageBytes)
+	run.Moved.SavedBytes = run.Moved.SavedPages * int64(p.SimPageBytes)
 	if in := float64(run.Tokens.Input); in > 0 {
 		run.HitRate = HitRates{
 			Local: float64(run.Tokens.LocalHit) / in, Pool: float64(run.Tokens.PoolHit) / in,
