@@ -163,7 +163,7 @@ per run. A progress bar goes to standard error when it is a terminal.`,
 	fl.Uint64Var(&opts.Seed, "seed", p.Seed, "seed of the synthesised token ids")
 	fl.StringVar(&opts.Plot, "plot", "", "write hit rate and pool occupancy over time to `FILE.png`")
 	fl.StringVar(&opts.Target, "target", "", "live mode: the engine socket of a running kvctl serve")
-	fl.BoolVar(&opts.Live, "live", false, "live mode against kvctl serve on its default socket ($XDG_RUNTIME_DIR/kvctl/kvctl.sock, else /tmp/kvctl-<uid>/kvctl.sock)")
+	fl.BoolVar(&opts.Live, "live", false, "live mode against kvctl serve on its default socket ($XDG_RUNTIME_DIR/kvctl/kvctl.sock, else /tmp/kvctl-UID/kvctl.sock)")
 	fl.IntVar(&opts.Engines, "engines", 1, "live mode: simulated engines")
 	fl.StringVar(&opts.Pace, "pace", PaceTrace, "live mode: trace (arrival times, scaled by --speed) or max")
 	fl.Float64Var(&opts.Speed, "speed", 1, "live mode: arrival time speed-up under --pace trace")

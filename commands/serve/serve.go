@@ -89,11 +89,11 @@ messages of kvctl validate-config.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&opts.Socket, config.ServeKeySocket, "", "engine API unix socket (default $XDG_RUNTIME_DIR/kvctl/kvctl.sock, else /tmp/kvctl-<uid>/kvctl.sock)")
+	fl.StringVar(&opts.Socket, config.ServeKeySocket, "", "engine API unix socket (default $XDG_RUNTIME_DIR/kvctl/kvctl.sock, else /tmp/kvctl-UID/kvctl.sock)")
 	fl.StringVar(&opts.AdminAddr, config.ServeKeyAdminAddr, def.AdminAddr, "admin HTTP `host:port`; empty turns it off")
 	fl.BoolVar(&opts.AllowRemoteAdmin, config.ServeKeyAllowRemoteAdmin, false, "allow a non-loopback --admin-addr (the admin API has no authentication)")
 	fl.StringVar(&opts.PoolBackend, config.ServeKeyPoolBackend, def.PoolBackend, "pool backend: embedded")
-	fl.StringVar(&opts.Pool, config.ServeKeyPool, "", "the pool of the mooncake backend: file://<pool.json> or host:port")
+	fl.StringVar(&opts.Pool, config.ServeKeyPool, "", "the pool of the mooncake backend: file://PATH/pool.json or host:port")
 	fl.StringVar(&opts.PoolSize, config.ServeKeyPoolSize, "auto", "embedded pool capacity, e.g. 64GiB; auto is a quarter of available memory")
 	fl.StringVar(&opts.StagingBytes, config.ServeKeyStagingBufferBytes, config.FormatSize(def.StagingBufferBytes), "default host staging per direction for an engine rank (at most 1GiB)")
 	fl.DurationVar(&opts.StatsInterval, config.ServeKeyStatsInterval, 0, "log prefix-hole and load stats at most this often (0 = off; metrics are always exported)")
