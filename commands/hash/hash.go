@@ -4,7 +4,6 @@ package hash
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -128,7 +127,7 @@ func AddKeyFlags(cmd *cobra.Command, opts *Options) {
 	fl.IntVar(&opts.WorldSize, "world-size", 1, "tensor-parallel world size of the attention shard")
 	fl.IntVar(&opts.Rank, "rank", 0, "this rank in the attention shard")
 	fl.BoolVar(&opts.AttentionDP, "attention-dp", false, "attention data parallelism: every owner keys pages as w1r0")
-	fl.StringArrayVar(&opts.LayerGroups, "layer-group", nil, "a layer group and its page size, `g:bytes_per_page` (repeatable)")
+	fl.StringArrayVar(&opts.LayerGroups, "layer-group", nil, "a layer group and its page size, `g:bytes_per_page` (bytes or a binary size such as 128KiB; repeatable)")
 	fl.StringArrayVar(&opts.Replicated, "replicated", nil, "a layer group's replicated page size, `g:bytes` (repeatable)")
 	fl.StringArrayVar(&opts.FromConfig, "from-config", nil, "read namespace, model key, tokens per block, world size, attention DP and lookahead from a TensorRT-LLM YAML, mooncake.json or pool.json (repeatable); explicit flags win")
 	_ = cmd.RegisterFlagCompletionFunc("format", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
@@ -422,15 +421,16 @@ func parsePair(flag, s string) (int, uint64, error) {
 	if err != nil || g < 0 {
 		return 0, 0, cmdutil.FlagErrorf("%s %q: layer group must be a non-negative integer", flag, s)
 	}
-	n, err := strconv.ParseUint(strings.TrimSpace(bs), 10, 64)
-	if err != nil || n == 0 {
-		var ne *strconv.NumError
-		if errors.As(err, &ne) && errors.Is(ne.Err, strconv.ErrRange) {
-			return 0, 0, cmdutil.FlagErrorf("%s %q: page size is out of range", flag, s)
-		}
+	// A page size is a byte count or a binary size (128KiB), read as the config files read
+	// sizes; the key always carries the decimal byte count.
+	n, err := config.ParseSize(strings.TrimSpace(bs), true)
+	if err != nil {
+		return 0, 0, cmdutil.FlagErrorf("%s %q: page size: %v", flag, s, err)
+	}
+	if n <= 0 {
 		return 0, 0, cmdutil.FlagErrorf("%s %q: page size must be a positive number of bytes", flag, s)
 	}
-	return g, n, nil
+	return g, uint64(n), nil
 }
 
 func rows(res *Result) cmdutil.Table {

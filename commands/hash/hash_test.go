@@ -180,6 +180,20 @@ func TestRunMultimodalBypass(t *testing.T) {
 	}
 }
 
+func TestBinaryPageSizes(t *testing.T) {
+	ios, _, out, _ := cmdutil.Test()
+	o := baseOptions(ios)
+	o.Args = []string{"0 1 2 3"}
+	o.ModelKey, o.LayerGroups, o.Replicated, o.KeysOnly = "test-model", []string{"0:128KiB"}, []string{"0:16KiB"}, true
+	if err := Run(o); err != nil {
+		t.Fatal(err)
+	}
+	want := "trtllm/test-model/w1r0/lg0/t4b131072/2cbd989e68a1d62fe8bebc04262e3dd9\ntrtllm/test-model/replicated/lg0/t4b16384/2cbd989e68a1d62fe8bebc04262e3dd9\n"
+	if out.String() != want {
+		t.Errorf("binary sizes must become decimal byte counts in keys:\n%s", out.String())
+	}
+}
+
 func TestKeysOnlyAndTable(t *testing.T) {
 	ios, _, out, _ := cmdutil.Test()
 	o := baseOptions(ios)
@@ -226,6 +240,7 @@ func TestRunErrors(t *testing.T) {
 		{"rank outside world", func(o *Options) { o.ModelKey, o.LayerGroups, o.Rank = "m", []string{"0:4"}, 1 }, cmdutil.ExitUsage, "rank 1"},
 		{"bad group", func(o *Options) { o.ModelKey, o.LayerGroups = "m", []string{"0=4"} }, cmdutil.ExitUsage, "g:bytes_per_page"},
 		{"zero page", func(o *Options) { o.ModelKey, o.LayerGroups = "m", []string{"0:0"} }, cmdutil.ExitUsage, "positive"},
+		{"decimal page unit", func(o *Options) { o.ModelKey, o.LayerGroups = "m", []string{"0:128KB"} }, cmdutil.ExitUsage, "128KiB"},
 		{"replicated without group", func(o *Options) { o.ModelKey, o.LayerGroups, o.Replicated = "m", []string{"0:4"}, []string{"1:4"} }, cmdutil.ExitUsage, "layer group 1"},
 		{"duplicate group", func(o *Options) { o.ModelKey, o.LayerGroups = "m", []string{"0:4", "0:8"} }, cmdutil.ExitUsage, "twice"},
 		{"missing file", func(o *Options) { o.Args, o.TokensFile = nil, "/nonexistent/tokens.json" }, cmdutil.ExitFailure, "/nonexistent/tokens.json"},
