@@ -13,8 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/daemon"
@@ -391,5 +394,36 @@ func TestVanishedEngineIsReleased(t *testing.T) {
 	}
 	if res.LoadedBlocks == 0 {
 		t.Errorf("the vanished engine's saved pages were not served: %+v", res)
+	}
+}
+
+// TestEveryRPCImplemented calls every method of the Engine service with an engine that is not
+// registered: each must answer with its own error (never codes.Unimplemented, the generated
+// default), so a method added to the proto without a handler fails here.
+func TestEveryRPCImplemented(t *testing.T) {
+	r := start(t, 16<<20)
+	c, err := engineapi.Dial(r.Info.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	conn, err := grpc.NewClient("passthrough:///kvctl", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", r.Info.Socket)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, m := range enginepb.Engine_ServiceDesc.Methods {
+		t.Run(m.MethodName, func(t *testing.T) {
+			// An empty request of the method's own type, decoded by the server from no bytes.
+			var out emptypb.Empty
+			err := conn.Invoke(context.Background(), "/"+enginepb.Engine_ServiceDesc.ServiceName+"/"+m.MethodName, &emptypb.Empty{}, &out)
+			if code := status.Code(err); code == codes.Unimplemented || code == codes.OK {
+				t.Errorf("%s answered %v; want the method's own error for an unregistered engine", m.MethodName, err)
+			}
+		})
 	}
 }
