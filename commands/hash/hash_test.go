@@ -4,17 +4,10 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/google/shlex"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
+	"github.com/kvctl/kvctl/commands/cmdutil/cmdtest"
 )
-
-func newFactory() *cmdutil.Factory {
-	ios, _, _, _ := cmdutil.Test()
-	return &cmdutil.Factory{IOStreams: ios, Now: func() time.Time { return time.Unix(0, 0) }, Getenv: func(string) string { return "" }}
-}
 
 // TestFlags checks flag parsing alone: runF stands in for the work.
 func TestFlags(t *testing.T) {
@@ -53,17 +46,10 @@ func TestFlags(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.args, func(t *testing.T) {
-			f := newFactory()
+			f := cmdtest.Factory()
 			var got *Options
 			cmd := NewCmdHash(f, func(o *Options) error { got = o; return nil })
-			args, err := shlex.Split(tt.args)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cmd.SetArgs(args)
-			cmd.SetOut(f.IOStreams.Out)
-			cmd.SetErr(f.IOStreams.ErrOut)
-			err = cmd.Execute()
+			err := cmdtest.Execute(t, cmd, tt.args)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("got %v, want an error containing %q", err, tt.wantErr)

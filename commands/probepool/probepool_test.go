@@ -17,9 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/shlex"
-
 	"github.com/kvctl/kvctl/commands/cmdutil"
+	"github.com/kvctl/kvctl/commands/cmdutil/cmdtest"
 	"github.com/kvctl/kvctl/commands/hash"
 	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/daemon/daemontest"
@@ -28,11 +27,6 @@ import (
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
-
-func newFactory() *cmdutil.Factory {
-	ios, _, _, _ := cmdutil.Test()
-	return &cmdutil.Factory{IOStreams: ios, Now: func() time.Time { return time.Unix(0, 0) }, Getenv: func(string) string { return "" }}
-}
 
 func TestFlags(t *testing.T) {
 	tests := []struct {
@@ -67,17 +61,10 @@ func TestFlags(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.args, func(t *testing.T) {
-			f := newFactory()
+			f := cmdtest.Factory()
 			var got *Options
 			cmd := NewCmdProbePool(f, func(o *Options) error { got = o; return nil })
-			args, err := shlex.Split(tt.args)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cmd.SetArgs(args)
-			cmd.SetOut(io.Discard)
-			cmd.SetErr(io.Discard)
-			err = cmd.Execute()
+			err := cmdtest.Execute(t, cmd, tt.args)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("got %v, want an error containing %q", err, tt.wantErr)
@@ -171,23 +158,7 @@ func populate(t *testing.T, p *mooncake.Embedded) []hash.Block {
 
 func golden(t *testing.T, name string, got []byte) {
 	t.Helper()
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.MkdirAll("testdata", 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run with -update)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs:\n--- got\n%s\n--- want\n%s", name, got, want)
-	}
+	cmdtest.Golden(t, name, got, *update)
 }
 
 func TestProbeServe(t *testing.T) {

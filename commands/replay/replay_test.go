@@ -7,11 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/google/shlex"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
+	"github.com/kvctl/kvctl/commands/cmdutil/cmdtest"
 )
 
 func TestFlags(t *testing.T) {
@@ -53,15 +51,10 @@ func TestFlags(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.args, func(t *testing.T) {
-			ios, _, _, _ := cmdutil.Test()
-			f := &cmdutil.Factory{IOStreams: ios, Now: time.Now, Getenv: func(string) string { return "" }}
+			f := cmdtest.Factory()
 			var got *Options
 			cmd := NewCmdReplay(f, func(_ context.Context, o *Options) error { got = o; return nil })
-			args, _ := shlex.Split(tt.args)
-			cmd.SetArgs(args)
-			cmd.SetOut(ios.Out)
-			cmd.SetErr(ios.ErrOut)
-			err := cmd.Execute()
+			err := cmdtest.Execute(t, cmd, tt.args)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || cmdutil.ExitCode(err) != cmdutil.ExitUsage {
 					t.Fatalf("got %v, want a usage error containing %q", err, tt.wantErr)

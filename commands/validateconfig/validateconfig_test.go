@@ -2,15 +2,12 @@ package validateconfig
 
 import (
 	"flag"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/google/shlex"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
+	"github.com/kvctl/kvctl/commands/cmdutil/cmdtest"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -40,15 +37,10 @@ func TestFlags(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.args, func(t *testing.T) {
-			ios, _, _, _ := cmdutil.Test()
-			f := &cmdutil.Factory{IOStreams: ios, Now: time.Now, Getenv: func(string) string { return "" }}
+			f := cmdtest.Factory()
 			var got *Options
 			cmd := NewCmdValidateConfig(f, func(o *Options) error { got = o; return nil })
-			args, _ := shlex.Split(tt.args)
-			cmd.SetArgs(args)
-			cmd.SetOut(ios.Out)
-			cmd.SetErr(ios.ErrOut)
-			err := cmd.Execute()
+			err := cmdtest.Execute(t, cmd, tt.args)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || cmdutil.ExitCode(err) != cmdutil.ExitUsage {
 					t.Fatalf("got %v, want a usage error containing %q", err, tt.wantErr)
@@ -94,19 +86,7 @@ func TestGolden(t *testing.T) {
 			if code != cmdutil.ExitValidation {
 				t.Errorf("exit code %d, want 3", code)
 			}
-			golden := filepath.Join("testdata", "mixed."+format)
-			if *update {
-				if err := os.WriteFile(golden, []byte(out), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(golden)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if out != string(want) {
-				t.Errorf("output differs from %s (go test -update rewrites it):\n%s", golden, out)
-			}
+			cmdtest.Golden(t, "mixed."+format, []byte(out), *update)
 		})
 	}
 }
