@@ -54,19 +54,7 @@ func BenchmarkEmbeddedLoad(b *testing.B) {
 	ks, hs := benchKeys(opts, l)
 	size := int(l.Groups[0].BytesPerPage())
 	fillEmbedded(b, pool, ks, size)
-	w, err := NewWorker(opts, pool, newHostMover(l))
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := w.RegisterLayout(l); err != nil {
-		b.Fatal(err)
-	}
-	defer w.Close(context.Background())
-	t := RequestTransfers{RequestID: "r"}
-	for i, h := range hs {
-		t.Pages = append(t.Pages, PageTransfer{Hash: h, Group: 0, Page: i})
-	}
-	meta := Metadata{Loads: []RequestTransfers{t}}
+	w, meta := benchLoadWorker(b, opts, pool, l, hs)
 	bufs := make([][]byte, len(ks))
 	for i := range bufs {
 		bufs[i] = make([]byte, size)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/mooncake"
 )
 
 // benchLayout is one layer group with K and V regions of 32 KiB each: 64 KiB pages.
@@ -141,19 +142,7 @@ func BenchmarkLoadThroughput(b *testing.B) {
 	ks, hs := benchKeys(opts, l)
 	size := int(l.Groups[0].BytesPerPage())
 	fillPool(pool, ks, size)
-	w, err := NewWorker(opts, pool, newHostMover(l))
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := w.RegisterLayout(l); err != nil {
-		b.Fatal(err)
-	}
-	defer w.Close(context.Background())
-	t := RequestTransfers{RequestID: "r"}
-	for i, h := range hs {
-		t.Pages = append(t.Pages, PageTransfer{Hash: h, Group: 0, Page: i})
-	}
-	meta := Metadata{Loads: []RequestTransfers{t}}
+	w, meta := benchLoadWorker(b, opts, pool, l, hs)
 	ctx := context.Background()
 	b.SetBytes(int64(benchPages * size))
 	for b.Loop() {
@@ -240,4 +229,23 @@ func BenchmarkSaveThroughput(b *testing.B) {
 		_ = w.Close(ctx)
 		b.StartTimer()
 	}
+}
+
+// benchLoadWorker returns a worker over pool and a host mover, closed when the benchmark ends,
+// and the metadata of one request loading every page hs names, page i into slot i.
+func benchLoadWorker(b *testing.B, opts Options, pool mooncake.Pool, l gpu.Layout, hs []keys.Hash) (*Worker, Metadata) {
+	b.Helper()
+	w, err := NewWorker(opts, pool, newHostMover(l))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := w.RegisterLayout(l); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = w.Close(context.Background()) })
+	t := RequestTransfers{RequestID: "r"}
+	for i, h := range hs {
+		t.Pages = append(t.Pages, PageTransfer{Hash: h, Group: 0, Page: i})
+	}
+	return w, Metadata{Loads: []RequestTransfers{t}}
 }
