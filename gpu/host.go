@@ -27,19 +27,26 @@ type SharedMemory struct {
 	Data []byte
 }
 
-// NewSharedMemory creates size bytes of shared memory, mapped into this process. The caller owns
-// FD and the mapping; Close releases both.
+// NewSharedMemory creates size bytes of shared memory, mapped into this process. The memfd is
+// sealed with F_SEAL_SHRINK and F_SEAL_GROW, as kvctl serve requires of engine memory. The caller
+// owns FD and the mapping; Close releases both.
 func NewSharedMemory(size int64) (*SharedMemory, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("shared memory: size must be positive, got %d", size)
 	}
-	fd, err := unix.MemfdCreate("kvctl-engine-kv", unix.MFD_CLOEXEC)
+	fd, err := unix.MemfdCreate("kvctl-engine-kv", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("shared memory: memfd_create: %w", err)
 	}
 	if err := unix.Ftruncate(fd, size); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("shared memory: resize to %d bytes: %w", size, err)
+	}
+	// kvctl serve refuses engine memory that could shrink: a file truncated under a mapping
+	// faults (SIGBUS) in whoever touches the lost pages.
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shared memory: seal against shrinking: %w", err)
 	}
 	data, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {

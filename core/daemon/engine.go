@@ -126,7 +126,7 @@ func statusOf(err error) error {
 	return status.Error(code, err.Error())
 }
 
-func (d *Daemon) lookupEngine(name string) (*engine, error) {
+func (d *Daemon) lookupEngine(ctx context.Context, name string) (*engine, error) {
 	if name == "" {
 		return nil, status.Error(codes.InvalidArgument, "no engine named: call Register first and pass its engine")
 	}
@@ -136,11 +136,14 @@ func (d *Daemon) lookupEngine(name string) (*engine, error) {
 	if e == nil {
 		return nil, status.Errorf(codes.NotFound, "engine %q is not registered", name)
 	}
+	if err := e.ownedBy(connOf(ctx)); err != nil {
+		return nil, err
+	}
 	return e, nil
 }
 
-func (d *Daemon) schedulerOf(name string) (*connector.Scheduler, error) {
-	e, err := d.lookupEngine(name)
+func (d *Daemon) schedulerOf(ctx context.Context, name string) (*connector.Scheduler, error) {
+	e, err := d.lookupEngine(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -150,8 +153,8 @@ func (d *Daemon) schedulerOf(name string) (*connector.Scheduler, error) {
 	return e.scheduler, nil
 }
 
-func (d *Daemon) workerOf(name string) (*connector.Worker, error) {
-	e, err := d.lookupEngine(name)
+func (d *Daemon) workerOf(ctx context.Context, name string) (*connector.Worker, error) {
+	e, err := d.lookupEngine(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -162,6 +165,12 @@ func (d *Daemon) workerOf(name string) (*connector.Worker, error) {
 func (d *Daemon) register(conn uint64, req *enginepb.RegisterRequest) (*engine, error) {
 	if req.GetEngine() == "" {
 		return nil, status.Error(codes.InvalidArgument, "register: engine name is empty")
+	}
+	if err := d.sec.limits.checkRegister(req); err != nil {
+		return nil, err
+	}
+	if n := d.engineCount(); n >= d.sec.limits.MaxEngines {
+		return nil, status.Errorf(codes.ResourceExhausted, "register: %v: %d, the limit", errTooManyEngines, n)
 	}
 	layout, err := layoutFromPB(req.GetLayout())
 	if err != nil {
@@ -250,6 +259,10 @@ func (d *Daemon) handleFor(req *enginepb.RegisterRequest) (gpu.EngineHandle, *os
 	case *enginepb.RegisterRequest_SharedMemory:
 		f, err := d.fds.Claim(m.SharedMemory.GetFdToken())
 		if err != nil {
+			return gpu.EngineHandle{}, nil, status.Errorf(codes.InvalidArgument, "register: shared memory: %v", err)
+		}
+		if err := checkSharedMemory(f, m.SharedMemory.GetSize()); err != nil {
+			_ = f.Close()
 			return gpu.EngineHandle{}, nil, status.Errorf(codes.InvalidArgument, "register: shared memory: %v", err)
 		}
 		return gpu.EngineHandle{Kind: gpu.HandleSharedMemory, FD: int(f.Fd()), Size: m.SharedMemory.GetSize()}, f, nil
