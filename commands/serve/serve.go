@@ -33,8 +33,10 @@ type Options struct {
 	StagingBytes     string
 	StatsInterval    time.Duration
 	DrainTimeout     time.Duration
-	LogLevel         string
-	LogFormat        string
+	// Security holds --engine-group, --max-conns, --admin-grants-leases and --admin-lease-rate.
+	Security  config.ServeSecurity
+	LogLevel  string
+	LogFormat string
 	// ConfigFile is the config file the flags were read from, if any; it is checked with the
 	// validate-config loader before anything starts.
 	ConfigFile string
@@ -98,6 +100,7 @@ messages of kvctl validate-config.`,
 	fl.StringVar(&opts.StagingBytes, config.ServeKeyStagingBufferBytes, config.FormatSize(def.StagingBufferBytes), "default host staging per direction for an engine rank (at most 1GiB)")
 	fl.DurationVar(&opts.StatsInterval, config.ServeKeyStatsInterval, 0, "log prefix-hole and load stats at most this often (0 = off; metrics are always exported)")
 	fl.DurationVar(&opts.DrainTimeout, config.ServeKeyDrainTimeout, def.DrainTimeout, "how long a shutdown waits for queued saves")
+	addSecurityFlags(cmd, opts)
 	_ = cmd.RegisterFlagCompletionFunc(config.ServeKeyPoolBackend, cobra.FixedCompletions([]string{config.PoolBackendEmbedded}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
@@ -109,6 +112,7 @@ func (o *Options) serveConfig() (config.ServeConfig, config.Diagnostics) {
 		Socket: o.Socket, AdminAddr: o.AdminAddr, AllowRemoteAdmin: o.AllowRemoteAdmin,
 		PoolBackend: o.PoolBackend, Pool: o.Pool, PoolSize: o.PoolSize,
 		LogLevel: o.LogLevel, LogFormat: o.LogFormat, StatsInterval: o.StatsInterval, DrainTimeout: o.DrainTimeout,
+		ServeSecurity: o.Security,
 	}
 	var diags config.Diagnostics
 	n, err := config.ParseSize(o.StagingBytes, true)
@@ -147,6 +151,9 @@ func Run(ctx context.Context, opts *Options) error {
 		return err
 	}
 	log := opts.Factory.Logger()
+	if sc.AllowRemoteAdmin && sc.AdminAddr != "" {
+		log.Warn(config.RemoteAdminWarning, "admin_addr", sc.AdminAddr)
+	}
 
 	memAvail := opts.MemAvailable
 	if memAvail == nil {
@@ -188,9 +195,13 @@ func Run(ctx context.Context, opts *Options) error {
 			StagingBufferBytes: sc.StagingBufferBytes,
 			StatsInterval:      sc.StatsInterval,
 		},
-		DrainTimeout: sc.DrainTimeout,
-		Logger:       log,
-		Version:      opts.Factory.Version,
+		DrainTimeout:      sc.DrainTimeout,
+		Logger:            log,
+		Version:           opts.Factory.Version,
+		EngineGroup:       sc.EngineGroup,
+		MaxConns:          sc.MaxConns,
+		AdminGrantsLeases: sc.AdminGrantsLeases,
+		AdminLeaseRate:    sc.AdminLeaseRate,
 	})
 	if err != nil {
 		return cmdutil.ValidationErrorf("%v", err)

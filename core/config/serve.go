@@ -24,6 +24,8 @@ type ServeConfig struct {
 	AllowRemoteAdmin bool `json:"allow-remote-admin" yaml:"allow-remote-admin"`
 	// DrainTimeout bounds how long a stopping daemon waits for queued saves.
 	DrainTimeout time.Duration `json:"drain-timeout" yaml:"drain-timeout"`
+	// ServeSecurity holds the socket, connection and admin API settings (serve_security.go).
+	ServeSecurity `json:",inline" yaml:",inline"`
 }
 
 // Serve config keys, which are also the flag names of `kvctl serve`.
@@ -46,9 +48,9 @@ var globalKeys = []string{"output", "no-color"}
 
 // ServeKeys lists every serve config key, in the order the help text shows them.
 func ServeKeys() []string {
-	return []string{ServeKeySocket, ServeKeyAdminAddr, ServeKeyPoolBackend, ServeKeyPool, ServeKeyPoolSize,
+	return append([]string{ServeKeySocket, ServeKeyAdminAddr, ServeKeyPoolBackend, ServeKeyPool, ServeKeyPoolSize,
 		ServeKeyStagingBufferBytes, ServeKeyLogLevel, ServeKeyLogFormat, ServeKeyStatsInterval,
-		ServeKeyAllowRemoteAdmin, ServeKeyDrainTimeout}
+		ServeKeyAllowRemoteAdmin, ServeKeyDrainTimeout}, serveSecurityKeys()...)
 }
 
 // Pool backends of `kvctl serve`.
@@ -144,6 +146,7 @@ func (s ServeConfig) validate(d *dec) {
 	if s.StatsInterval < 0 {
 		d.at(SeverityError, ServeKeyStatsInterval, "must not be negative", "0 turns stats off")
 	}
+	s.validateSecurity(d)
 }
 
 func decodeServe(d *dec, root *node) *ServeConfig {
@@ -176,6 +179,7 @@ func decodeServe(d *dec, root *node) *ServeConfig {
 	if v, ok := o.boolv(ServeKeyAllowRemoteAdmin, boolStrict); ok {
 		s.AllowRemoteAdmin = v
 	}
+	decodeServeSecurity(o, &s.ServeSecurity)
 	for _, k := range globalKeys {
 		o.field(k)
 	}

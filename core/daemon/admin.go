@@ -35,6 +35,7 @@ func (d *Daemon) AdminHandler() http.Handler {
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
+	mux.Handle("/query_key", d.guardQueryKey(master))
 	mux.Handle("/", master)
 	return mux
 }

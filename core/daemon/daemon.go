@@ -174,6 +174,7 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 
 	gs := grpc.NewServer(
 		grpc.ConnectionTimeout(EngineHandshakeTimeout),
+		grpc.Creds(peerCreds{}),
 		grpc.MaxRecvMsgSize(engineapi.MaxMessageBytes),
 		grpc.MaxSendMsgSize(engineapi.MaxMessageBytes),
 		grpc.ChainUnaryInterceptor(d.intercept),

@@ -34,6 +34,8 @@ type engine struct {
 	since     time.Time
 	layout    gpu.Layout
 	conn      uint64 // the engine connection it registered over
+	deploy    deployment
+	offers    *offers // pages its BuildMeta calls offered (scheduler ranks)
 }
 
 // checkTransfers refuses metadata that names a layer group or page slot outside the engine's
@@ -162,7 +164,8 @@ func (d *Daemon) workerOf(ctx context.Context, name string) (*connector.Worker, 
 }
 
 // register builds the connector halves for one engine rank.
-func (d *Daemon) register(conn uint64, req *enginepb.RegisterRequest) (*engine, error) {
+func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (*engine, error) {
+	conn := connOf(ctx)
 	if req.GetEngine() == "" {
 		return nil, status.Error(codes.InvalidArgument, "register: engine name is empty")
 	}
@@ -181,7 +184,8 @@ func (d *Daemon) register(conn uint64, req *enginepb.RegisterRequest) (*engine, 
 		return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
 	}
 
-	e := &engine{name: req.GetEngine(), modelKey: req.GetModelKey(), shard: opts.Namespace.Shard(), role: opts.Role, since: time.Now(), layout: layout, conn: conn}
+	e := &engine{name: req.GetEngine(), modelKey: req.GetModelKey(), shard: opts.Namespace.Shard(), role: opts.Role, since: time.Now(), layout: layout, conn: conn,
+		deploy: deployment{namespace: req.GetNamespace(), model: req.GetModelKey(), world: opts.Namespace.WorldSize, uid: uidOf(ctx)}, offers: &offers{}}
 	ok := false
 	defer func() {
 		if !ok {

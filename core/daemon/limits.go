@@ -1,12 +1,14 @@
 package daemon
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 )
 
@@ -245,3 +247,33 @@ func (l Limits) checkRequest(call string, id string, tokens int, tokensPerBlock,
 
 // errTooManyEngines is returned when MaxEngines ranks are registered.
 var errTooManyEngines = errors.New("too many engines registered")
+
+// checkLookup applies the request limits to a Lookup of engine name.
+func (d *Daemon) checkLookup(ctx context.Context, name string, r connector.Request) error {
+	e, err := d.lookupEngine(ctx, name)
+	if err != nil {
+		return err
+	}
+	world := e.deploy.world
+	if world < 1 {
+		world = 1
+	}
+	return d.sec.limits.checkRequest("lookup", r.ID, len(r.Tokens), e.layout.TokensPerBlock, len(e.layout.Groups)*(world+1))
+}
+
+// checkBuildMeta applies the request limits to every request of a BuildMeta.
+func (d *Daemon) checkBuildMeta(req *enginepb.BuildMetaRequest) error {
+	for _, set := range [][]*enginepb.RequestData{req.GetNewRequests(), req.GetCachedRequests()} {
+		for _, r := range set {
+			if err := d.sec.limits.checkRequest("build meta", r.GetId(), len(r.GetNewTokens()), 0, 0); err != nil {
+				return err
+			}
+		}
+	}
+	for _, id := range req.GetSubmittedSaves() {
+		if len(id) > d.sec.limits.MaxRequestIDBytes {
+			return limitError("build meta", "submitted save id length", len(id), d.sec.limits.MaxRequestIDBytes)
+		}
+	}
+	return nil
+}

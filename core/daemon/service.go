@@ -16,7 +16,7 @@ type service struct {
 }
 
 func (s *service) Register(ctx context.Context, req *enginepb.RegisterRequest) (*enginepb.RegisterResponse, error) {
-	e, err := s.d.register(connOf(ctx), req)
+	e, err := s.d.register(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -62,6 +62,9 @@ func (s *service) lookup(ctx context.Context, req *enginepb.LookupRequest, admis
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "lookup: %v", err)
 	}
+	if err := s.d.checkLookup(ctx, req.GetEngine(), r); err != nil {
+		return nil, err
+	}
 	if req.GetNumComputedTokens() < 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "lookup: num_computed_tokens %d is negative", req.GetNumComputedTokens())
 	}
@@ -103,10 +106,16 @@ func (s *service) BuildMeta(ctx context.Context, req *enginepb.BuildMetaRequest)
 	if err != nil {
 		return nil, err
 	}
+	if err := s.d.checkBuildMeta(req); err != nil {
+		return nil, err
+	}
 	out := schedulerOutput(req)
 	m, err := sc.BuildMeta(out)
 	if err != nil {
 		return nil, statusOf(err)
+	}
+	if e, err := s.d.lookupEngine(ctx, req.GetEngine()); err == nil {
+		e.offers.record(m)
 	}
 	return metadataToPB(m), nil
 }
@@ -139,6 +148,9 @@ func (s *service) BindMeta(ctx context.Context, req *enginepb.BindMetaRequest) (
 	}
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "bind metadata: %v", err)
+	}
+	if err := s.d.checkOffered(e, m); err != nil {
+		return nil, status.Errorf(codes.PermissionDenied, "bind metadata: %v", err)
 	}
 	e.worker.BindMeta(m)
 	return &enginepb.Empty{}, nil
