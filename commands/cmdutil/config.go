@@ -55,10 +55,14 @@ func LoadConfig(cmd *cobra.Command, explicit string, getenv func(string) string)
 	}
 	if path != "" {
 		v.SetConfigFile(path)
-		if filepath.Ext(path) == "" {
-			v.SetConfigType("yaml")
+		typ := strings.TrimPrefix(filepath.Ext(path), ".")
+		if typ == "" {
+			typ = "yaml"
 		}
-		if err := v.ReadInConfig(); err != nil {
+		v.SetConfigType(typ)
+		// Read through a hard limit (a config named /dev/zero or a FIFO must neither exhaust
+		// memory nor hang), interrupted by SIGINT/SIGTERM through the command's context.
+		if err := readConfigBounded(cmd.Context(), v, path); err != nil {
 			var pe *fs.PathError
 			switch {
 			case errors.As(err, &pe) && errors.Is(pe.Err, fs.ErrNotExist) && !required:

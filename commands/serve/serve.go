@@ -4,13 +4,13 @@ package serve
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
+	"github.com/kvctl/kvctl/core/boundedio"
 	"github.com/kvctl/kvctl/core/config"
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/daemon"
@@ -137,7 +137,7 @@ func report(opts *Options, diags config.Diagnostics) error {
 // Run checks the configuration, starts the daemon and serves until ctx is cancelled.
 func Run(ctx context.Context, opts *Options) error {
 	if opts.ConfigFile != "" {
-		data, err := os.ReadFile(opts.ConfigFile)
+		data, err := boundedio.ReadFile(ctx, opts.ConfigFile, boundedio.MaxConfigBytes)
 		if err != nil {
 			return err
 		}

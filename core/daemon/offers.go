@@ -137,7 +137,7 @@ func (peerCreds) Info() credentials.ProtocolInfo {
 	return credentials.ProtocolInfo{SecurityProtocol: "insecure"}
 }
 func (p peerCreds) Clone() credentials.TransportCredentials { return p }
-func (peerCreds) OverrideServerName(string) error          { return nil }
+func (peerCreds) OverrideServerName(string) error           { return nil }
 
 // uidOf returns the uid of the process a call came from, or -1 when unknown.
 func uidOf(ctx context.Context) int {
