@@ -202,6 +202,7 @@ func Run(ctx context.Context, opts *Options) error {
 		MaxConns:          sc.MaxConns,
 		AdminGrantsLeases: sc.AdminGrantsLeases,
 		AdminLeaseRate:    sc.AdminLeaseRate,
+		DescriptorTTL:     sc.DescriptorTTL,
 	})
 	if err != nil {
 		return cmdutil.ValidationErrorf("%v", err)

@@ -1,6 +1,9 @@
 package config
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // ServeSecurity holds the serve settings that decide who may reach the daemon and what the admin
 // API may do (see docs/SECURITY.md). It is embedded in ServeConfig.
@@ -15,6 +18,9 @@ type ServeSecurity struct {
 	AdminGrantsLeases bool `json:"admin-grants-leases,omitempty" yaml:"admin-grants-leases,omitempty"`
 	// AdminLeaseRate bounds /query_key lease grants per second; 0 takes the default.
 	AdminLeaseRate float64 `json:"admin-lease-rate,omitempty" yaml:"admin-lease-rate,omitempty"`
+	// DescriptorTTL is how long a descriptor sent over the side channel waits to be claimed by a
+	// Register; 0 takes the default (30 s).
+	DescriptorTTL time.Duration `json:"descriptor-ttl,omitempty" yaml:"descriptor-ttl,omitempty"`
 }
 
 // Serve security config keys, which are also flag names of `kvctl serve`.
@@ -23,10 +29,11 @@ const (
 	ServeKeyMaxConns          = "max-conns"
 	ServeKeyAdminGrantsLeases = "admin-grants-leases"
 	ServeKeyAdminLeaseRate    = "admin-lease-rate"
+	ServeKeyDescriptorTTL     = "descriptor-ttl"
 )
 
 func serveSecurityKeys() []string {
-	return []string{ServeKeyEngineGroup, ServeKeyMaxConns, ServeKeyAdminGrantsLeases, ServeKeyAdminLeaseRate}
+	return []string{ServeKeyEngineGroup, ServeKeyMaxConns, ServeKeyAdminGrantsLeases, ServeKeyAdminLeaseRate, ServeKeyDescriptorTTL}
 }
 
 // RemoteAdminWarning is what serve prints and validate-config reports when the admin API may
@@ -50,6 +57,9 @@ func decodeServeSecurity(o *obj, s *ServeSecurity) {
 	if rate != nil {
 		s.AdminLeaseRate = *rate
 	}
+	if n := o.field(ServeKeyDescriptorTTL); n != nil && !isNull(n) {
+		s.DescriptorTTL = readDuration(o, ServeKeyDescriptorTTL, n)
+	}
 }
 
 func (s ServeConfig) validateSecurity(d *dec) {
@@ -61,6 +71,9 @@ func (s ServeConfig) validateSecurity(d *dec) {
 	}
 	if s.MaxConns < 0 {
 		d.at(SeverityError, ServeKeyMaxConns, fmt.Sprintf("must not be negative, found %d", s.MaxConns), "0 takes the default")
+	}
+	if s.DescriptorTTL < 0 {
+		d.at(SeverityError, ServeKeyDescriptorTTL, "must not be negative", "0 takes the default of 30s")
 	}
 	if s.AdminLeaseRate < 0 {
 		d.at(SeverityError, ServeKeyAdminLeaseRate, fmt.Sprintf("must not be negative, found %g", s.AdminLeaseRate), "0 takes the default")
