@@ -71,3 +71,19 @@ func ensureSocketDir(dir string, p SocketDirPolicy) error {
 	}
 	return checkSocketDir(dir, p)
 }
+
+// socketGroup gives the socket at path the group gid. A socket created in a setgid directory of
+// that group has it already; otherwise the daemon's user must be a member of the group to chgrp.
+func socketGroup(path string, gid int) error {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return err
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Gid) == gid {
+		return nil
+	}
+	if err := os.Lchown(path, -1, gid); err != nil {
+		return fmt.Errorf("giving %s the engine group %d: %w; make the daemon's user a member of the group, or set the socket directory's setgid bit (chmod 2750) with that group", path, gid, err)
+	}
+	return nil
+}

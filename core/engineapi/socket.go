@@ -73,9 +73,9 @@ func ListenPolicy(path string, p SocketDirPolicy) (*net.UnixListener, error) {
 		return nil, fmt.Errorf("chmod %s: %w", path, err)
 	}
 	if p.GroupID >= 0 {
-		if err := os.Lchown(path, -1, p.GroupID); err != nil {
+		if err := socketGroup(path, p.GroupID); err != nil {
 			_ = l.Close()
-			return nil, fmt.Errorf("chgrp %s to %d: %w", path, p.GroupID, err)
+			return nil, err
 		}
 	}
 	l.SetUnlinkOnClose(true)
