@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -206,6 +207,12 @@ func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (*
 	opts.Stats = reporter
 	opts.Logger = d.log.With("engine", e.name)
 
+	if !opts.Role.Transfers() {
+		// No memory to fit, but the layout still names the pages later calls may use.
+		if err := layout.Validate(math.MaxUint64); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
+		}
+	}
 	if opts.Role.Transfers() {
 		if err := layout.Validate(memSize(req)); err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)

@@ -68,13 +68,16 @@ func (s *service) lookup(ctx context.Context, req *enginepb.LookupRequest, admis
 	if req.GetNumComputedTokens() < 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "lookup: num_computed_tokens %d is negative", req.GetNumComputedTokens())
 	}
+	if err := checkLookupShape(req); err != nil {
+		return nil, err
+	}
 	call := sc.Lookup
 	if admission {
 		call = sc.AdmissionQuery
 	}
 	n, async, err := call(ctx, r, int(req.GetNumComputedTokens()))
 	if err != nil {
-		return nil, statusOf(err)
+		return nil, requestStatusOf(err)
 	}
 	return &enginepb.LookupResponse{MatchedTokens: int32(n), Async: async}, nil
 }
@@ -84,8 +87,11 @@ func (s *service) CancelLoad(ctx context.Context, req *enginepb.CancelLoadReques
 	if err != nil {
 		return nil, err
 	}
+	if err := checkCancel(req); err != nil {
+		return nil, err
+	}
 	if err := sc.CancelLoad(req.GetRequestId(), int(req.GetStart()), int(req.GetEnd())); err != nil {
-		return nil, statusOf(err)
+		return nil, requestStatusOf(err)
 	}
 	return &enginepb.Empty{}, nil
 }
@@ -95,8 +101,11 @@ func (s *service) UpdateStateAfterAlloc(ctx context.Context, req *enginepb.Alloc
 	if err != nil {
 		return nil, err
 	}
+	if err := s.d.checkAlloc(ctx, req); err != nil {
+		return nil, err
+	}
 	if err := sc.UpdateStateAfterAlloc(req.GetRequestId(), blockIDsFromPB(req.GetBlockIdsByGroup()), int(req.GetHonouredTokens())); err != nil {
-		return nil, statusOf(err)
+		return nil, requestStatusOf(err)
 	}
 	return &enginepb.Empty{}, nil
 }
@@ -109,10 +118,13 @@ func (s *service) BuildMeta(ctx context.Context, req *enginepb.BuildMetaRequest)
 	if err := s.d.checkBuildMeta(req); err != nil {
 		return nil, err
 	}
+	if err := s.d.checkBuildMetaShape(ctx, req); err != nil {
+		return nil, err
+	}
 	out := schedulerOutput(req)
 	m, err := sc.BuildMeta(out)
 	if err != nil {
-		return nil, statusOf(err)
+		return nil, requestStatusOf(err)
 	}
 	if e, err := s.d.lookupEngine(ctx, req.GetEngine()); err == nil {
 		e.offers.record(m)
