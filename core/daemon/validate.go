@@ -89,4 +89,3 @@ func checkLookupShape(req *enginepb.LookupRequest) error {
 	}
 	return nil
 }
-
