@@ -1,6 +1,7 @@
 package cmdutil
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -67,6 +68,9 @@ func LoadConfig(cmd *cobra.Command, explicit string, getenv func(string) string)
 			switch {
 			case errors.As(err, &pe) && errors.Is(pe.Err, fs.ErrNotExist) && !required:
 			case errors.Is(err, os.ErrNotExist) && !required:
+			case errors.Is(err, context.Canceled):
+				// Interrupted (SIGINT/SIGTERM) while reading: exit 130, not "invalid".
+				return nil, fmt.Errorf("config file %s: %w", path, err)
 			default:
 				return nil, &ExitError{Code: ExitValidation, Err: fmt.Errorf("config file %s: %w", path, err)}
 			}
