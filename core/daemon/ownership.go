@@ -49,7 +49,7 @@ func checkSharedMemory(f *os.File, size uint64) error {
 	fd := int(f.Fd())
 	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
 	if err != nil {
-		return fmt.Errorf("the descriptor cannot carry seals (%v): engine memory must be a memfd created with MFD_ALLOW_SEALING and sealed with F_SEAL_SHRINK", err)
+		return fmt.Errorf("the descriptor cannot carry seals (%w): engine memory must be a memfd created with MFD_ALLOW_SEALING and sealed with F_SEAL_SHRINK", err)
 	}
 	if seals&unix.F_SEAL_SHRINK == 0 {
 		return fmt.Errorf("the memfd is not sealed against shrinking: add F_SEAL_SHRINK (fcntl F_ADD_SEALS) before sending it")

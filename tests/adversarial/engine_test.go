@@ -3,7 +3,6 @@ package adversarial
 import (
 	"context"
 	"encoding/hex"
-	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
@@ -221,17 +220,6 @@ func TestNamespaceModelSlash(t *testing.T) {
 	}
 }
 
-func getJSON(t *testing.T, url string, v any) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // TestShrinkableMemory: memory that could be truncated under the daemon's mapping is refused at
 // Register (the attack was: register, ftruncate to 0, ask for a save: SIGBUS killed the

@@ -155,7 +155,7 @@ func launchServe(t *testing.T, socket string, o serveOpts) (*serveProc, error) {
 	case p.admin = <-ready:
 		return p, nil
 	case <-p.done:
-		return p, fmt.Errorf("kvctl serve exited before it was ready: %v\n%s", p.err, p.stderr)
+		return p, fmt.Errorf("kvctl serve exited before it was ready: %w\n%s", p.err, p.stderr)
 	case <-time.After(30 * time.Second):
 		return p, fmt.Errorf("kvctl serve was not ready in 30s:\n%s", p.stderr)
 	}

@@ -187,7 +187,7 @@ loop:
 	for {
 		select {
 		case <-p.done:
-			runErr = fmt.Errorf("kvctl serve exited during the soak: %v\n%s", p.err, tail(p.stderr.String(), 40))
+			runErr = fmt.Errorf("kvctl serve exited during the soak: %w\n%s", p.err, tail(p.stderr.String(), 40))
 			break loop
 		case err := <-engineErr:
 			runErr = err
