@@ -220,7 +220,6 @@ func TestNamespaceModelSlash(t *testing.T) {
 	}
 }
 
-
 // TestShrinkableMemory: memory that could be truncated under the daemon's mapping is refused at
 // Register (the attack was: register, ftruncate to 0, ask for a save: SIGBUS killed the
 // daemon). Sealed memory cannot be truncated at all.
