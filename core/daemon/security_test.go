@@ -241,4 +241,3 @@ func FuzzCheckRegister(f *testing.F) {
 		}
 	})
 }
-
