@@ -31,15 +31,17 @@ type offers struct {
 	next int
 }
 
-// record remembers every page of m as offered, dropping the oldest generation.
+// record remembers every page of m as offered, dropping the oldest generation (whose map is
+// reused, so a steady stream of steps does not allocate).
 func (o *offers) record(m connector.Metadata) {
-	n := 0
-	for _, set := range [][]connector.RequestTransfers{m.Loads, m.Saves, m.AsyncLoads} {
-		for _, t := range set {
-			n += len(t.Pages)
-		}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	gen := o.gens[o.next]
+	if gen == nil {
+		gen = make(map[keys.Hash]struct{})
+		o.gens[o.next] = gen
 	}
-	gen := make(map[keys.Hash]struct{}, n)
+	clear(gen)
 	for _, set := range [][]connector.RequestTransfers{m.Loads, m.Saves, m.AsyncLoads} {
 		for _, t := range set {
 			for _, p := range t.Pages {
@@ -47,17 +49,13 @@ func (o *offers) record(m connector.Metadata) {
 			}
 		}
 	}
-	o.mu.Lock()
-	o.gens[o.next] = gen
 	o.next = (o.next + 1) % offerGenerations
-	o.mu.Unlock()
 }
 
-func (o *offers) has(h keys.Hash) bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	for _, g := range o.gens {
-		if _, ok := g[h]; ok {
+// hasLocked looks h up from the newest generation back (a step binds what was just built).
+func (o *offers) hasLocked(h keys.Hash) bool {
+	for i := 1; i <= offerGenerations; i++ {
+		if _, ok := o.gens[(o.next-i+offerGenerations)%offerGenerations][h]; ok {
 			return true
 		}
 	}
@@ -87,22 +85,42 @@ func (d *Daemon) checkOffered(e *engine, m connector.Metadata) error {
 		}
 		d.mu.RUnlock()
 	}
-	for _, set := range []struct {
+	sets := []struct {
 		kind string
 		ts   []connector.RequestTransfers
-	}{{"load", m.Loads}, {"save", m.Saves}, {"async load", m.AsyncLoads}} {
+	}{{"load", m.Loads}, {"save", m.Saves}, {"async load", m.AsyncLoads}}
+	n := 0
+	for _, set := range sets {
+		for _, t := range set.ts {
+			n += len(t.Pages)
+		}
+	}
+	// One source's lock at a time (never two at once, so no lock order to get wrong); a page is
+	// offered when any source has it.
+	found := make([]bool, n)
+	for _, src := range sources {
+		src.mu.Lock()
+		i := 0
+		for _, set := range sets {
+			for _, t := range set.ts {
+				for _, p := range t.Pages {
+					if !found[i] {
+						found[i] = src.hasLocked(p.Hash)
+					}
+					i++
+				}
+			}
+		}
+		src.mu.Unlock()
+	}
+	i := 0
+	for _, set := range sets {
 		for _, t := range set.ts {
 			for _, p := range t.Pages {
-				found := false
-				for _, src := range sources {
-					if src.has(p.Hash) {
-						found = true
-						break
-					}
-				}
-				if !found {
+				if !found[i] {
 					return fmt.Errorf("request %.64q: %s of block %x was not offered by a BuildMeta of this deployment; pages move only for blocks the scheduler matched or scheduled under the request's own scope", t.RequestID, set.kind, p.Hash[:])
 				}
+				i++
 			}
 		}
 	}

@@ -164,6 +164,20 @@ func TestLoadByRawHash(t *testing.T) {
 			t.Errorf("bind metadata with %s of a hash never offered: %v, want PermissionDenied", kind, err)
 		}
 	}
+	// A worker-only rank (no scheduler of its own) binds only what schedulers of its deployment
+	// (same namespace, model, world size and uid) offered: under another model, nothing.
+	wmem, err := gpu.NewSharedMemory(8 * 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wmem.Close()
+	if _, err := atk.RegisterSharedMemory(ctx, &enginepb.RegisterRequest{Engine: "thief-worker", ModelKey: "other", Layout: smallLayout(8)}, wmem.FD, 8*64); err != nil {
+		t.Fatal(err)
+	}
+	_, err = atk.BindMeta(ctx, &enginepb.BindMetaRequest{Engine: "thief-worker", Metadata: &enginepb.Metadata{Loads: []*enginepb.RequestTransfers{{RequestId: "steal", Pages: []*enginepb.PageTransfer{{Hash: hash}}}}}})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Errorf("a worker-only rank of another deployment binding the victim's block: %v, want PermissionDenied", err)
+	}
 	if _, err := atk.StartLoad(ctx, &enginepb.EngineRef{Engine: "thief"}); err != nil {
 		t.Errorf("start load: %v", err)
 	}
