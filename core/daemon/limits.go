@@ -51,6 +51,9 @@ type Limits struct {
 	MaxKeysPerLookup int
 	// MaxRequestIDBytes bounds a request id.
 	MaxRequestIDBytes int
+	// MaxStagingBufferBytes bounds staging_buffer_bytes, the host staging an engine rank may
+	// ask for per direction.
+	MaxStagingBufferBytes uint64
 }
 
 // DefaultLimits returns the limits kvctl serve runs with.
@@ -73,6 +76,8 @@ func DefaultLimits() Limits {
 		MaxTokensPerRequest:  1 << 21,
 		MaxKeysPerLookup:     1 << 21,
 		MaxRequestIDBytes:    1024,
+		// The flag's own ceiling is 1 GiB; an engine may ask for up to 4 GiB.
+		MaxStagingBufferBytes: 4 << 30,
 	}
 }
 
@@ -101,6 +106,9 @@ func (l Limits) withDefaults() Limits {
 	set(&l.MaxRequestIDBytes, d.MaxRequestIDBytes)
 	if l.MaxPageBytes == 0 {
 		l.MaxPageBytes = d.MaxPageBytes
+	}
+	if l.MaxStagingBufferBytes == 0 {
+		l.MaxStagingBufferBytes = d.MaxStagingBufferBytes
 	}
 	return l
 }
@@ -185,6 +193,9 @@ func (l Limits) checkRegister(req *enginepb.RegisterRequest) error {
 			return inv(fmt.Errorf("transfer_batch_size %d is negative", v))
 		}
 		return limitError(call, "transfer_batch_size", v, l.MaxTransferBatchSize)
+	}
+	if v := req.GetStagingBufferBytes(); v > l.MaxStagingBufferBytes {
+		return limitError(call, "staging_buffer_bytes", v, l.MaxStagingBufferBytes)
 	}
 	lay := req.GetLayout()
 	if lay == nil {

@@ -65,6 +65,7 @@ func TestRegisterBounds(t *testing.T) {
 		{"tokens per block 2^20", func(r *enginepb.RegisterRequest) { r.Layout.TokensPerBlock = 1 << 20 }, "tokens_per_block 1048576 is above the limit of 65536", true},
 		{"prompt lookahead 2^20", func(r *enginepb.RegisterRequest) { r.PromptLookahead = 1 << 20 }, "prompt_lookahead 1048576 is above the limit of 65536", true},
 		{"transfer batch 2^30", func(r *enginepb.RegisterRequest) { r.TransferBatchSize = 1 << 30 }, "transfer_batch_size 1073741824 is above the limit of 65536", true},
+		{"staging of 64 GiB", func(r *enginepb.RegisterRequest) { r.StagingBufferBytes = 64 << 30 }, "staging_buffer_bytes 68719476736 is above the limit of 4294967296", true},
 		{"page of 2 GiB", func(r *enginepb.RegisterRequest) {
 			r.Layout.Groups[0].Regions[0] = &enginepb.Region{Size: 2 << 30, Stride: 2 << 30}
 		}, "page bytes of layer group 0 2147483648 is above the limit of 1073741824", true},
