@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -151,4 +152,17 @@ func TestDescriptorFlood(t *testing.T) {
 		t.Errorf("unclaimed descriptors were not closed by the timer: %d descriptors open, %d before the flood", fds, fds0)
 	}
 	p.alive(t)
+}
+
+// TestRemoteAdminWarns: --allow-remote-admin starts, but says what it exposes; without it a
+// non-loopback admin address is refused.
+func TestRemoteAdminWarns(t *testing.T) {
+	code, out := serveExit(t, filepath.Join(socketDir(t), "s"), "--admin-addr", "0.0.0.0:0")
+	if code == 0 || !strings.Contains(out, "not loopback") {
+		t.Errorf("a non-loopback admin address without --allow-remote-admin: exit %d\n%s", code, out)
+	}
+	p := startServe(t, serveOpts{args: []string{"--admin-addr", "0.0.0.0:0", "--allow-remote-admin"}})
+	if s := p.stderr.String(); !strings.Contains(s, "exposes the admin API without authentication") || !strings.Contains(s, "/get_all_keys") {
+		t.Errorf("no warning naming what --allow-remote-admin exposes:\n%s", tail(s, 20))
+	}
 }
