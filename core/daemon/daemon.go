@@ -166,11 +166,12 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 	if socket == "" {
 		return errors.New("no engine socket path")
 	}
+	// The folded warnings' last counts are written on the way out.
+	defer d.sec.stop()
 	ln, fdln, adminLn, err := d.listen(socket)
 	if err != nil {
 		return err
 	}
-	defer d.sec.stop()
 
 	gs := grpc.NewServer(
 		grpc.ConnectionTimeout(EngineHandshakeTimeout),
