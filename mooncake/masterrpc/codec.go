@@ -346,8 +346,10 @@ func (d *decoder) expect(code *int32) bool {
 		return true
 	case 0:
 		*code = d.i32()
-		if d.err == nil && *code == 0 {
-			d.fail("an error result with code 0")
+		if d.err == nil && *code >= 0 {
+			// Mooncake's error codes are negative; anything else would read as success or as
+			// a count to a caller.
+			d.fail("an error result with code %d, not a negative error code", *code)
 		}
 		return false
 	default:
