@@ -238,4 +238,3 @@ func TestTwoKvctlProcesses(t *testing.T) {
 		t.Fatalf("bytes_out = %d, want %d", st.BytesOut, count*size)
 	}
 }
-

@@ -224,6 +224,11 @@ func (c *Client) dial(ctx context.Context) (*conn, error) {
 		_ = nc.SetDeadline(dl)
 	}
 	body, err := cn.roundTripSync("ServiceReady", nil)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		err = fmt.Errorf("%w: %s accepted the connection but did not answer ServiceReady within %v (is it the master's --rpc_port?): %w",
+			ErrUnavailable, c.opts.Addr, c.opts.DialTimeout, err)
+	}
 	if err == nil {
 		var version string
 		var code int32
