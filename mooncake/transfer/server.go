@@ -476,15 +476,18 @@ func (s *Server) serveRead(c net.Conn, h Header, r *region, buf []byte) bool {
 		s.refuse(c, h, "region unregistered")
 		return false
 	}
-	if h.V2 && !s.sendStatus(c, StatusOK) {
-		return false
-	}
+	var status [StatusFrameSize]byte
 	for off := 0; off < len(buf); {
 		n := min(len(buf)-off, ioChunk)
 		if err := c.SetWriteDeadline(time.Now().Add(s.opts.WriteTimeout)); err != nil {
 			return false
 		}
-		if _, err := c.Write(buf[off : off+n]); err != nil {
+		// The v2 status frame goes out with the first chunk in one writev.
+		out := net.Buffers{buf[off : off+n]}
+		if off == 0 && h.V2 {
+			out = net.Buffers{AppendStatus(status[:0], StatusOK), buf[:n]}
+		}
+		if _, err := out.WriteTo(c); err != nil {
 			s.stats.aborted.Add(1)
 			return false
 		}

@@ -228,7 +228,8 @@ func TestServerDeadlinesAndTornWrites(t *testing.T) {
 		if _, err := c.Write(header(size, testBase, 0x80)); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(time.Second) // let the server's writes block and its deadline pass
+		// The peer reads nothing until the server has given up on it.
+		waitFor(t, "the server to drop the stalled reader", func() bool { return srv.Stats().Conns == 0 })
 		n, _ := io.Copy(io.Discard, c)
 		if n >= size+8 {
 			t.Fatalf("server delivered all %d bytes to a peer that stalled", n)
