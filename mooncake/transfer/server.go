@@ -26,7 +26,8 @@ const (
 // progress every ReadTimeout / WriteTimeout.
 const ioChunk = 1 << 20
 
-// refusalDrainBytes and refusalDrainTime bound what the server reads and discards after
+// refusalDrainBytes and refusalDrainTime (or ReadTimeout when shorter) bound what the server
+// reads and discards after
 // refusing a request, so that the initiator (still sending a WRITE body) receives the status
 // frame and a clean close instead of a reset that can destroy the frame in flight.
 const (
@@ -519,6 +520,6 @@ func (s *Server) refuse(c net.Conn, h Header, reason string) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.CloseWrite()
 	}
-	_ = c.SetReadDeadline(time.Now().Add(refusalDrainTime))
+	_ = c.SetReadDeadline(time.Now().Add(min(refusalDrainTime, s.opts.ReadTimeout)))
 	_, _ = io.CopyN(io.Discard, c, refusalDrainBytes)
 }
