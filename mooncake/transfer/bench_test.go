@@ -3,6 +3,7 @@ package transfer_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 
 	"github.com/kvctl/kvctl/mooncake/transfer"
@@ -17,14 +18,19 @@ import (
 //   - kvctl->python and python->kvctl: the mixed pairs.
 //
 // Every row's target is in another process than its initiator. The Python rows time b.N
-// transfer_sync_* calls inside the initiator plus one command round trip.
+// transfer_sync_* calls inside the initiator plus one command round trip. cpu-ns/op is the CPU
+// time initiator and target processes used together per transfer (from /proc; the kvctl
+// initiator is this test process), a figure a loaded machine disturbs less than wall time;
+// init-cpu-ns/op and target-cpu-ns/op split it. The Python initiator polls for completion, so
+// its CPU time grows with the wait.
 func BenchmarkTransferLoopback(b *testing.B) {
 	metaURL := startMaster(b)
 	const bufSize = 4 << 20
 	pyTarget := startPyPeer(b, metaURL, uniqueName("pyA"), bufSize)
 	pyInit := startPyPeer(b, metaURL, uniqueName("pyB"), bufSize)
 	kvName := uniqueName("kv")
-	kvAddr := startChildServer(b, bufSize, metaURL, kvName)
+	kvAddr, kvPid := startChildServer(b, bufSize, metaURL, kvName)
+	self := os.Getpid()
 
 	meta, err := transfer.NewMetadataClient(metaURL, transfer.MetadataOptions{})
 	if err != nil {
@@ -41,9 +47,10 @@ func BenchmarkTransferLoopback(b *testing.B) {
 	for _, size := range []int{64 << 10, 1 << 20} {
 		label := fmt.Sprintf("%dKiB", size>>10)
 		buf := make([]byte, size)
-		goRow := func(peer string, addr uint64, op string) func(b *testing.B) {
+		goRow := func(peer string, addr uint64, op string, initiator, target int) func(b *testing.B) {
 			return func(b *testing.B) {
 				b.SetBytes(int64(size))
+				defer cpuPerOp(b, initiator, target)()
 				for b.Loop() {
 					var err error
 					if op == "read" {
@@ -57,9 +64,10 @@ func BenchmarkTransferLoopback(b *testing.B) {
 				}
 			}
 		}
-		pyRow := func(target string, addr uint64, op string) func(b *testing.B) {
+		pyRow := func(target string, addr uint64, op string, initiator, targetPid int) func(b *testing.B) {
 			return func(b *testing.B) {
 				b.SetBytes(int64(size))
+				defer cpuPerOp(b, initiator, targetPid)()
 				out := pyInit.call(b, map[string]any{"op": "bench", "kind": op, "target": target,
 					"off": 0, "addr": addr, "len": size, "n": b.N})
 				if rc, ok := out["rc"]; ok {
@@ -68,10 +76,11 @@ func BenchmarkTransferLoopback(b *testing.B) {
 			}
 		}
 		for _, op := range []string{"read", "write"} {
-			b.Run("kvctl->kvctl/"+op+"/"+label, goRow(kvAddr, childBase, op))
-			b.Run("python->python/"+op+"/"+label, pyRow(pyTarget.Name, pyTarget.Base, op))
-			b.Run("kvctl->python/"+op+"/"+label, goRow(pyEP.Addr, pyTarget.Base, op))
-			b.Run("python->kvctl/"+op+"/"+label, pyRow(kvName, childBase, op))
+			pyT, pyI := pyTarget.cmd.Process.Pid, pyInit.cmd.Process.Pid
+			b.Run("kvctl->kvctl/"+op+"/"+label, goRow(kvAddr, childBase, op, self, kvPid))
+			b.Run("python->python/"+op+"/"+label, pyRow(pyTarget.Name, pyTarget.Base, op, pyI, pyT))
+			b.Run("kvctl->python/"+op+"/"+label, goRow(pyEP.Addr, pyTarget.Base, op, self, pyT))
+			b.Run("python->kvctl/"+op+"/"+label, pyRow(kvName, childBase, op, pyI, kvPid))
 		}
 	}
 }
@@ -80,7 +89,7 @@ func BenchmarkTransferLoopback(b *testing.B) {
 // a batch get or put drives it; the child server is in another process.
 func BenchmarkTransferParallel(b *testing.B) {
 	const bufSize = 16 << 20
-	kvAddr := startChildServer(b, bufSize, "", "")
+	kvAddr, _ := startChildServer(b, bufSize, "", "")
 	cl := transfer.NewClient(transfer.ClientOptions{})
 	b.Cleanup(func() { _ = cl.Close() })
 	for _, size := range []int{64 << 10, 1 << 20} {
@@ -105,5 +114,18 @@ func BenchmarkTransferParallel(b *testing.B) {
 				})
 			})
 		}
+	}
+}
+
+// cpuPerOp samples the CPU time of the initiator and target processes and, when the returned
+// func runs at the end of the benchmark, reports each one's and their sum per op.
+func cpuPerOp(b *testing.B, initiator, target int) func() {
+	i0, t0 := procCPU(b, initiator), procCPU(b, target)
+	return func() {
+		i, t := procCPU(b, initiator)-i0, procCPU(b, target)-t0
+		n := float64(b.N)
+		b.ReportMetric(float64((i+t).Nanoseconds())/n, "cpu-ns/op")
+		b.ReportMetric(float64(i.Nanoseconds())/n, "init-cpu-ns/op")
+		b.ReportMetric(float64(t.Nanoseconds())/n, "target-cpu-ns/op")
 	}
 }

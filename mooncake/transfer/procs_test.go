@@ -2,6 +2,7 @@ package transfer_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -84,7 +85,7 @@ func serveChild() int {
 }
 
 // startChildServer runs the test binary as a kvctl transfer server in its own process.
-func startChildServer(tb testing.TB, size int, metaURL, name string) (addr string) {
+func startChildServer(tb testing.TB, size int, metaURL, name string) (addr string, pid int) {
 	tb.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -93,12 +94,28 @@ func startChildServer(tb testing.TB, size int, metaURL, name string) (addr strin
 	cmd := exec.Command(exe)
 	cmd.Env = append(os.Environ(), serveEnv+"=1", "KVCTL_TRANSFER_TEST_SIZE="+strconv.Itoa(size),
 		"KVCTL_TRANSFER_TEST_META="+metaURL, "KVCTL_TRANSFER_TEST_NAME="+name)
-	line := startLineProc(tb, cmd)
+	p := startProc(tb, cmd)
+	line := p.line(tb)
 	var hello struct{ Addr string }
 	if err := json.Unmarshal([]byte(line), &hello); err != nil || hello.Addr == "" {
 		tb.Fatalf("child server said %q: %v", line, err)
 	}
-	return hello.Addr
+	return hello.Addr, cmd.Process.Pid
+}
+
+// procCPU returns the user+system CPU time a process has used so far, from /proc.
+func procCPU(tb testing.TB, pid int) time.Duration {
+	tb.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	// Fields after the command name, which is in parentheses and may hold spaces.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	const clkTck = 100 // USER_HZ on Linux
+	return time.Duration(utime+stime) * time.Second / clkTck
 }
 
 // lineProc is a child process spoken to in JSON lines.
@@ -109,13 +126,7 @@ type lineProc struct {
 	errLn *strings.Builder
 }
 
-// startLineProc starts cmd in its own process group, kills the group in Cleanup and returns
-// its first stdout line.
-func startLineProc(tb testing.TB, cmd *exec.Cmd) string {
-	p := startProc(tb, cmd)
-	return p.line(tb)
-}
-
+// startProc starts cmd in its own process group and kills the group in Cleanup.
 func startProc(tb testing.TB, cmd *exec.Cmd) *lineProc {
 	tb.Helper()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

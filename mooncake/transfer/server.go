@@ -387,18 +387,22 @@ func (s *Server) serveConn(c net.Conn) {
 	var hdr [HeaderSize]byte
 	for {
 		// The first byte may take IdleTimeout; the rest of the header is a request in flight.
+		// Usually the whole header comes in the first read.
 		if err := c.SetReadDeadline(time.Now().Add(s.opts.IdleTimeout)); err != nil {
 			return
 		}
-		if _, err := io.ReadFull(c, hdr[:1]); err != nil {
+		n, err := io.ReadAtLeast(c, hdr[:], 1)
+		if err != nil {
 			return
 		}
-		if err := c.SetReadDeadline(time.Now().Add(s.opts.ReadTimeout)); err != nil {
-			return
-		}
-		if _, err := io.ReadFull(c, hdr[1:]); err != nil {
-			s.stats.aborted.Add(1)
-			return
+		if n < HeaderSize {
+			if err := c.SetReadDeadline(time.Now().Add(s.opts.ReadTimeout)); err != nil {
+				return
+			}
+			if _, err := io.ReadFull(c, hdr[n:]); err != nil {
+				s.stats.aborted.Add(1)
+				return
+			}
 		}
 		h, _ := DecodeHeader(hdr[:])
 		if !s.serveRequest(c, h) {
