@@ -209,7 +209,9 @@ func TestResponsesFromTheWheel(t *testing.T) {
 	if res, err := decodeBatchVoid(captured(t, "BatchPutEnd", nil).resp); err != nil || fmt.Sprint(res) != "[0 0]" {
 		t.Fatalf("BatchPutEnd = %v %v", res, err)
 	}
-	got := captured(t, "BatchGetReplicaList", func(c capturedCall) bool { return bytes.Contains(c.req, []byte("b2")) && !bytes.Contains(c.req, []byte("nope")) })
+	got := captured(t, "BatchGetReplicaList", func(c capturedCall) bool {
+		return bytes.Contains(c.req, []byte("b2")) && !bytes.Contains(c.req, []byte("nope"))
+	})
 	lists, err := decodeBatchReplicaList(got.resp)
 	if err != nil || len(lists) != 2 || lists[1].List.Replicas[0].Size != 300 || lists[1].List.Replicas[0].Status != ReplicaComplete ||
 		lists[0].List.LeaseTTLms != 10000 || lists[0].List.Replicas[0].Addr != st[0].Replicas[0].Addr {
