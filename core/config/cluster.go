@@ -32,6 +32,12 @@ type ClusterKeys struct {
 	MooncakeConfig string `json:"mooncake-config,omitempty" yaml:"mooncake-config,omitempty"`
 	// PoolTimeout bounds every pool call an engine waits for; 0 takes the daemon's default.
 	PoolTimeout time.Duration `json:"pool-timeout,omitempty" yaml:"pool-timeout,omitempty"`
+	// MasterAdmin is the master's HTTP admin server, where the cluster's segments and
+	// capacity are read; empty takes http://MASTER-HOST:9003 (mooncake_master --metrics_port).
+	MasterAdmin string `json:"master-admin,omitempty" yaml:"master-admin,omitempty"`
+	// TransferPort is the TCP port this host serves its segment on (the Transfer Engine);
+	// 0 picks a free port. Peers connect to it: a firewall must let them.
+	TransferPort int `json:"transfer-port,omitempty" yaml:"transfer-port,omitempty"`
 }
 
 // Serve keys of the mooncake backend, which are also flag names of `kvctl serve`.
@@ -44,7 +50,13 @@ const (
 	ServeKeyDeviceName      = "device-name"
 	ServeKeyMooncakeConfig  = "mooncake-config"
 	ServeKeyPoolTimeout     = "pool-timeout"
+	ServeKeyMasterAdmin     = "master-admin"
+	ServeKeyTransferPort    = "transfer-port"
 )
+
+// DefaultMasterAdminPort is mooncake_master's --metrics_port default, where its HTTP admin
+// server answers.
+const DefaultMasterAdminPort = "9003"
 
 // ProtocolTCP is the one transfer protocol kvctl's Mooncake client speaks.
 const ProtocolTCP = "tcp"
@@ -57,7 +69,7 @@ func (k ClusterKeys) set() []string {
 	var out []string
 	for _, kv := range []struct{ key, v string }{{ServeKeyMaster, k.Master}, {ServeKeyMetadata, k.Metadata},
 		{ServeKeyHostAddress, k.HostAddress}, {ServeKeyLocalBufferSize, k.LocalBufferSize}, {ServeKeyProtocol, k.Protocol},
-		{ServeKeyDeviceName, k.DeviceName}, {ServeKeyMooncakeConfig, k.MooncakeConfig}} {
+		{ServeKeyDeviceName, k.DeviceName}, {ServeKeyMooncakeConfig, k.MooncakeConfig}, {ServeKeyMasterAdmin, k.MasterAdmin}} {
 		if kv.v != "" {
 			out = append(out, kv.key)
 		}
@@ -106,6 +118,14 @@ func (s ServeConfig) validateCluster(d *dec) {
 	}
 	if k.PoolTimeout < 0 {
 		d.at(SeverityError, ServeKeyPoolTimeout, "must not be negative", "for example 5s")
+	}
+	if k.MasterAdmin != "" {
+		if u, err := url.Parse(k.MasterAdmin); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			d.at(SeverityError, ServeKeyMasterAdmin, fmt.Sprintf("%q is not an http:// URL", k.MasterAdmin), "for example http://10.0.0.5:9003")
+		}
+	}
+	if k.TransferPort < 0 || k.TransferPort > 65535 {
+		d.at(SeverityError, ServeKeyTransferPort, fmt.Sprintf("port %d is not between 0 and 65535", k.TransferPort), "0 picks a free port")
 	}
 }
 
@@ -171,6 +191,8 @@ type Cluster struct {
 	DeviceName       string
 	SegmentBytes     int64 // 0 when it is to be sized automatically
 	LocalBufferBytes int64
+	MasterAdmin      string
+	TransferPort     int
 	// Sources names where each setting came from, by serve key: "flag or config", a file's
 	// path, or "default".
 	Sources map[string]string
@@ -274,6 +296,14 @@ func (s ServeConfig) ResolveCluster(read func(string) ([]byte, error)) (Cluster,
 		c.LocalBufferBytes, c.Sources[ServeKeyLocalBufferSize] = DefaultClusterLocalBufferSize, "default"
 	}
 
+	c.TransferPort = s.TransferPort
+	c.MasterAdmin = s.MasterAdmin
+	if c.MasterAdmin == "" {
+		if host, _, err := net.SplitHostPort(c.Master); err == nil && host != "" {
+			c.MasterAdmin = "http://" + net.JoinHostPort(host, DefaultMasterAdminPort)
+		}
+	}
+
 	where := func(key string) string {
 		if src := c.Sources[key]; src != "flag or config" && src != "default" {
 			return " (from " + src + ")"
@@ -342,5 +372,13 @@ func decodeClusterKeys(o *obj, k *ClusterKeys) {
 	o.str(ServeKeyMooncakeConfig, &k.MooncakeConfig, true)
 	if n := o.field(ServeKeyPoolTimeout); n != nil && !isNull(n) {
 		k.PoolTimeout = readDuration(o, ServeKeyPoolTimeout, n)
+	}
+	o.str(ServeKeyMasterAdmin, &k.MasterAdmin, true)
+	if n := o.field(ServeKeyTransferPort); n != nil && !isNull(n) {
+		if n.kind == nodeScalar && n.typ == scalarInt && !n.overflow && n.i >= 0 && n.i <= 65535 {
+			k.TransferPort = int(n.i)
+		} else {
+			o.errAt(n, ServeKeyTransferPort, "want a port number between 0 and 65535, found "+n.describe(), "")
+		}
 	}
 }

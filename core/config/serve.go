@@ -54,7 +54,7 @@ func ServeKeys() []string {
 		ServeKeyStagingBufferBytes, ServeKeyLogLevel, ServeKeyLogFormat, ServeKeyStatsInterval,
 		ServeKeyAllowRemoteAdmin, ServeKeyDrainTimeout,
 		ServeKeyMaster, ServeKeyMetadata, ServeKeyHostAddress, ServeKeyLocalBufferSize, ServeKeyProtocol,
-		ServeKeyDeviceName, ServeKeyMooncakeConfig, ServeKeyPoolTimeout}
+		ServeKeyDeviceName, ServeKeyMooncakeConfig, ServeKeyPoolTimeout, ServeKeyMasterAdmin, ServeKeyTransferPort}
 }
 
 // Pool backends of `kvctl serve`.

@@ -81,8 +81,12 @@ type BackendStatusJSON struct {
 	ClusterSegments      int   `json:"cluster_segments"`
 	ClusterCapacityBytes int64 `json:"cluster_capacity_bytes"`
 	ClusterUsedBytes     int64 `json:"cluster_used_bytes"`
-	// Mounts counts successful Mount calls: more than one means the segment was remounted.
+	// Mounts counts successful Mount calls: more than one means the daemon waited for the
+	// segment again after the master was unreachable.
 	Mounts int64 `json:"mounts"`
+	// SegmentRemounts counts the times the client mounted the segment again on a master that
+	// had lost it (restarted); 0 for the embedded pool.
+	SegmentRemounts int64 `json:"segment_remounts"`
 	// PoolCalls counts calls that failed or timed out, and pages that a save dropped.
 	PoolCallFailures PoolFailuresJSON `json:"pool_call_failures"`
 }
@@ -189,9 +193,9 @@ func (d *Daemon) mountUntilDone(ctx context.Context, m Mounter, where string) bo
 			d.bstate.set(true, true, "")
 			d.ready.Store(!d.draining.Load())
 			if n == 1 {
-				d.log.Info("segment mounted; ready", "master", where, "segment", d.backend.Info.Segment, "bytes", d.backend.Info.SegmentBytes)
+				d.log.Info("segment mounted; ready", "master", where, "segment", d.segmentName(), "bytes", d.backend.Info.SegmentBytes)
 			} else {
-				d.log.Info("segment remounted after the master came back; ready", "master", where, "segment", d.backend.Info.Segment, "mounts", n)
+				d.log.Info("master answers again and lists the segment; ready", "master", where, "segment", d.segmentName(), "mounts", n)
 			}
 			return true
 		}
@@ -224,6 +228,17 @@ func (d *Daemon) tryMount(ctx context.Context, m Mounter, p Pinger) error {
 	return nil
 }
 
+// segmentName is the segment's name as the backend reports it once mounted (a Mooncake
+// client's "host:port"), else the configured one.
+func (d *Daemon) segmentName() string {
+	if n, ok := d.backend.Pool.(interface{ SegmentName() string }); ok {
+		if name := n.SegmentName(); name != "" {
+			return name
+		}
+	}
+	return d.backend.Info.Segment
+}
+
 // unmount removes this host's segment from the pool on shutdown.
 func (d *Daemon) unmount(ctx context.Context) error {
 	m, ok := d.backend.Pool.(Mounter)
@@ -234,11 +249,12 @@ func (d *Daemon) unmount(ctx context.Context) error {
 	if !mounted {
 		return nil
 	}
+	name := d.segmentName()
 	if err := m.Unmount(ctx); err != nil {
-		return fmt.Errorf("unmount segment %s: %w", d.backend.Info.Segment, err)
+		return fmt.Errorf("unmount segment %s: %w", name, err)
 	}
 	d.bstate.set(false, false, "shut down")
-	d.log.Info("segment unmounted", "segment", d.backend.Info.Segment)
+	d.log.Info("segment unmounted", "segment", name)
 	return nil
 }
 
@@ -254,6 +270,10 @@ func (d *Daemon) BackendStatus(ctx context.Context) BackendStatusJSON {
 	mounted, reachable, reason, mounts := d.bstate.get()
 	out := BackendStatusJSON{BackendInfo: d.backend.Info, SegmentMounted: mounted, MasterReachable: reachable,
 		UnreadyReason: reason, Mounts: mounts, PoolCallFailures: d.guard.failures()}
+	out.Segment = d.segmentName()
+	if r, ok := d.backend.Pool.(interface{ Remounts() int64 }); ok {
+		out.SegmentRemounts = r.Remounts()
+	}
 	if reason == "" && !d.ready.Load() {
 		out.UnreadyReason = "not serving"
 		if d.draining.Load() {
