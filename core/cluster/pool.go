@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/masterrpc"
+	"github.com/kvctl/kvctl/mooncake/transfer"
 )
 
 // ErrNotMounted is returned by calls that need the cluster before the segment is mounted.
@@ -151,6 +152,14 @@ func (p *Pool) Remounts() int64 {
 		return n.Remounts()
 	}
 	return 0
+}
+
+// SegmentServerStats counts what peers read from and wrote to this host's segment.
+func (p *Pool) SegmentServerStats() transfer.ServerStats {
+	if n := p.client(); n != nil {
+		return n.SegmentServerStats()
+	}
+	return transfer.ServerStats{}
 }
 
 func failAll[T any](n int, v T) []T {

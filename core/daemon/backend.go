@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/mooncake/transfer"
 )
 
 // Backend kinds, as /v1/stats and the banner name them.
@@ -87,8 +88,20 @@ type BackendStatusJSON struct {
 	// SegmentRemounts counts the times the client mounted the segment again on a master that
 	// had lost it (restarted); 0 for the embedded pool.
 	SegmentRemounts int64 `json:"segment_remounts"`
-	// PoolCalls counts calls that failed or timed out, and pages that a save dropped.
+	// PoolCallFailures counts calls that failed or timed out, and pages that a save dropped.
 	PoolCallFailures PoolFailuresJSON `json:"pool_call_failures"`
+	// SegmentServed counts what peers read from and wrote to this host's segment; absent for
+	// the embedded pool.
+	SegmentServed *SegmentServedJSON `json:"segment_served,omitempty"`
+}
+
+// SegmentServedJSON counts peer transfers of this host's segment. Field names are a
+// compatibility contract.
+type SegmentServedJSON struct {
+	PeerReads    uint64 `json:"peer_reads"`
+	PeerWrites   uint64 `json:"peer_writes"`
+	BytesRead    uint64 `json:"bytes_read_by_peers"`
+	BytesWritten uint64 `json:"bytes_written_by_peers"`
 }
 
 // PoolFailuresJSON counts what the pool did not do for the engines. Field names are a
@@ -271,6 +284,12 @@ func (d *Daemon) BackendStatus(ctx context.Context) BackendStatusJSON {
 	out := BackendStatusJSON{BackendInfo: d.backend.Info, SegmentMounted: mounted, MasterReachable: reachable,
 		UnreadyReason: reason, Mounts: mounts, PoolCallFailures: d.guard.failures()}
 	out.Segment = d.segmentName()
+	if s, ok := d.backend.Pool.(interface {
+		SegmentServerStats() transfer.ServerStats
+	}); ok {
+		st := s.SegmentServerStats()
+		out.SegmentServed = &SegmentServedJSON{PeerReads: st.Reads, PeerWrites: st.Writes, BytesRead: st.BytesRead, BytesWritten: st.BytesWritten}
+	}
 	if r, ok := d.backend.Pool.(interface{ Remounts() int64 }); ok {
 		out.SegmentRemounts = r.Remounts()
 	}
