@@ -46,7 +46,7 @@ func kvctl(t *testing.T) string {
 		kvctlBin = filepath.Join(dir, "kvctl")
 		out, err := exec.Command("go", "build", "-o", kvctlBin, "github.com/kvctl/kvctl/cmd/kvctl").CombinedOutput()
 		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+			buildErr = fmt.Errorf("go build: %w\n%s", err, out)
 		}
 	})
 	if buildErr != nil {
@@ -222,6 +222,10 @@ const (
 
 func simConfig(h *host, name string) enginesim.Config {
 	return enginesim.Config{Socket: h.socket, ModelKey: "cluster-model", Name: name, TokensPerBlock: T, Slots: 512, PageBytes: []int{pageBytes}, Chunk: 8 * T}
+}
+
+func startEngine(ctx context.Context, cfg enginesim.Config) (*enginesim.Engine, error) {
+	return enginesim.Start(ctx, cfg)
 }
 
 func runEngine(t *testing.T, cfg enginesim.Config, reqs []enginesim.Request, running int) enginesim.Result {
