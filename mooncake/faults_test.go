@@ -148,7 +148,7 @@ func TestFaultSegmentOwnerKilled(t *testing.T) {
 	})
 	t.Run("KvctlOwner", func(t *testing.T) {
 		m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{ClientTTL: 2 * time.Second})
-		_, kill := startHelper(t, m, "own", len(keys), size)
+		_, kill := startHelper(t, m, "own", len(keys), size, 1<<20)
 		run(t, m, keys, kill)
 	})
 }

@@ -147,10 +147,11 @@ func TestHelperNativeProcess(t *testing.T) {
 	}
 	var rpcAddr, metaURL, prefix string
 	var count, size int
-	if _, err := fmt.Sscanf(spec, "%s %s %s %d %d", &rpcAddr, &metaURL, &prefix, &count, &size); err != nil {
+	var segment int64
+	if _, err := fmt.Sscanf(spec, "%s %s %s %d %d %d", &rpcAddr, &metaURL, &prefix, &count, &size, &segment); err != nil {
 		t.Fatalf("bad %s %q: %v", helperEnv, spec, err)
 	}
-	n, err := mooncake.NewNative(context.Background(), mooncake.NativeOptions{MasterAddr: rpcAddr, MetadataURL: metaURL, SegmentSize: int64(count*size) + 1<<20})
+	n, err := mooncake.NewNative(context.Background(), mooncake.NativeOptions{MasterAddr: rpcAddr, MetadataURL: metaURL, SegmentSize: segment})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,10 +167,10 @@ func TestHelperNativeProcess(t *testing.T) {
 }
 
 // startHelper runs TestHelperNativeProcess in a child process and waits for it to be ready.
-func startHelper(t *testing.T, m *mooncaketest.Master, prefix string, count, size int) (segment string, kill func()) {
+func startHelper(t testing.TB, m *mooncaketest.Master, prefix string, count, size int, segSize int64) (segment string, kill func()) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperNativeProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %s %s %d %d", helperEnv, m.RPCAddr, m.MetadataURL, prefix, count, size))
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %s %s %d %d %d", helperEnv, m.RPCAddr, m.MetadataURL, prefix, count, size, segSize))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
@@ -206,7 +207,7 @@ func TestTwoKvctlProcesses(t *testing.T) {
 	// This process's segment is too small for any page, so the master places them all in
 	// the helper's segment.
 	n := newNative(t, m, 64<<10)
-	other, _ := startHelper(t, m, "two", count, size)
+	other, _ := startHelper(t, m, "two", count, size, count*size+1<<20)
 	if other == n.SegmentName() {
 		t.Fatalf("both processes named their segment %s", other)
 	}
@@ -238,4 +239,3 @@ func TestTwoKvctlProcesses(t *testing.T) {
 		t.Fatalf("bytes_out = %d, want %d", st.BytesOut, count*size)
 	}
 }
-

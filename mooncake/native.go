@@ -676,3 +676,39 @@ func (n *Native) Stats(ctx context.Context) (Stats, error) {
 	}
 	return st, nil
 }
+
+// Fetch reads one object whole, whatever its size, through the data path: ErrObjectNotFound
+// when the pool does not hold it, ErrInvalidParams when it is larger than limit bytes.
+func (n *Native) Fetch(ctx context.Context, key string, limit int64) ([]byte, Code) {
+	ctx, cancel := n.callCtx(ctx)
+	defer cancel()
+	lists, err := n.rpc.BatchGetReplicaList(ctx, []string{key}, n.opts.Tenant)
+	if err != nil {
+		return nil, rpcCode(err)
+	}
+	if lists[0].Code != 0 {
+		return nil, Code(lists[0].Code)
+	}
+	rep, ok := readable(lists[0].List.Replicas)
+	if !ok {
+		return nil, ErrReplicaNotReady
+	}
+	if rep.Size > uint64(limit) {
+		return nil, ErrInvalidParams
+	}
+	buf := make([]byte, rep.Size)
+	if err := n.transfer(ctx, rep, buf, false); err != nil {
+		n.log.Warn("mooncake fetch transfer failed", "key", key, "segment", rep.Endpoint, "err", err)
+		return nil, ErrRPCFail
+	}
+	n.stats.hits.Add(1)
+	n.stats.bytesOut.Add(int64(rep.Size))
+	return buf, OK
+}
+
+// ServiceReady returns the master's store protocol version.
+func (n *Native) ServiceReady(ctx context.Context) (string, error) {
+	ctx, cancel := n.callCtx(ctx)
+	defer cancel()
+	return n.rpc.ServiceReady(ctx)
+}

@@ -1,6 +1,7 @@
 package masterrpc
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -92,6 +93,7 @@ type result struct {
 
 type conn struct {
 	nc   net.Conn
+	rd   *bufio.Reader // only the read loop (or the handshake before it) reads
 	addr string
 
 	wmu sync.Mutex
@@ -218,12 +220,17 @@ func (c *Client) dial(ctx context.Context) (*conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	cn := &conn{nc: nc, addr: c.opts.Addr, pending: map[uint32]chan result{}}
+	cn := &conn{nc: nc, rd: bufio.NewReaderSize(nc, 64<<10), addr: c.opts.Addr, pending: map[uint32]chan result{}}
 	// The handshake runs before the connection is shared: read its one response inline.
 	if dl, ok := dctx.Deadline(); ok {
 		_ = nc.SetDeadline(dl)
 	}
 	body, err := cn.roundTripSync("ServiceReady", nil)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		err = fmt.Errorf("%w: %s accepted the connection but did not answer ServiceReady within %v (is it the master's --rpc_port?): %w",
+			ErrUnavailable, c.opts.Addr, c.opts.DialTimeout, err)
+	}
 	if err == nil {
 		var version string
 		var code int32
@@ -253,7 +260,7 @@ func (cn *conn) roundTripSync(method string, body []byte) ([]byte, error) {
 		return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, cn.addr, err)
 	}
 	cn.seq = 1
-	h, resp, err := readResponse(cn.nc)
+	h, resp, err := readResponse(cn.rd)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s: %w", method, cn.addr, err)
 	}
@@ -296,7 +303,7 @@ func readResponse(r io.Reader) (respHeader, []byte, error) {
 
 func (c *Client) readLoop(cn *conn) {
 	for {
-		h, body, err := readResponse(cn.nc)
+		h, body, err := readResponse(cn.rd)
 		if err != nil {
 			cn.fail(err)
 			c.mu.Lock()

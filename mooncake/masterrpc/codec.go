@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 )
 
 // ErrDecode reports a message body kvctl could not decode: truncated, with trailing bytes, a
@@ -22,11 +23,26 @@ type literal []byte
 
 // hash returns the type hash struct_pack writes in the first four bytes of a body: the first
 // four bytes of the literal's MD5 read big-endian, low bit cleared, then set to mark that a
-// metainfo byte follows.
+// metainfo byte follows. Hashes are computed once per literal.
 func (l literal) hash() uint32 {
+	hashMu.RLock()
+	h, ok := hashes[string(l)]
+	hashMu.RUnlock()
+	if ok {
+		return h
+	}
 	sum := md5.Sum(l) //nolint:gosec // see import
-	return binary.BigEndian.Uint32(sum[:4])&^1 | 1
+	h = binary.BigEndian.Uint32(sum[:4])&^1 | 1
+	hashMu.Lock()
+	hashes[string(l)] = h
+	hashMu.Unlock()
+	return h
 }
+
+var (
+	hashMu sync.RWMutex
+	hashes = map[string]uint32{}
+)
 
 // Type literal building blocks (struct_pack's codes).
 const (
@@ -81,14 +97,17 @@ var (
 type encoder struct {
 	measure bool
 	maxLen  uint64
+	size    int // measuring: an upper bound of the data's size
 	width   int
 	buf     []byte
 }
 
 func (e *encoder) u8(v uint8) {
-	if !e.measure {
-		e.buf = append(e.buf, v)
+	if e.measure {
+		e.size++
+		return
 	}
+	e.buf = append(e.buf, v)
 }
 
 func (e *encoder) boolean(v bool) {
@@ -100,22 +119,27 @@ func (e *encoder) boolean(v bool) {
 }
 
 func (e *encoder) u32(v uint32) {
-	if !e.measure {
-		e.buf = binary.LittleEndian.AppendUint32(e.buf, v)
+	if e.measure {
+		e.size += 4
+		return
 	}
+	e.buf = binary.LittleEndian.AppendUint32(e.buf, v)
 }
 
 func (e *encoder) i32(v int32) { e.u32(uint32(v)) }
 
 func (e *encoder) u64(v uint64) {
-	if !e.measure {
-		e.buf = binary.LittleEndian.AppendUint64(e.buf, v)
+	if e.measure {
+		e.size += 8
+		return
 	}
+	e.buf = binary.LittleEndian.AppendUint64(e.buf, v)
 }
 
 func (e *encoder) length(n int) {
 	if e.measure {
 		e.maxLen = max(e.maxLen, uint64(n))
+		e.size += 8
 		return
 	}
 	switch e.width {
@@ -132,9 +156,11 @@ func (e *encoder) length(n int) {
 
 func (e *encoder) str(s string) {
 	e.length(len(s))
-	if !e.measure {
-		e.buf = append(e.buf, s...)
+	if e.measure {
+		e.size += len(s)
+		return
 	}
+	e.buf = append(e.buf, s...)
 }
 
 func (e *encoder) strs(v []string) {
@@ -170,7 +196,7 @@ func pack(lit literal, fn func(e *encoder)) []byte {
 	m := &encoder{measure: true}
 	fn(m)
 	width, bits := widthFor(m.maxLen)
-	e := &encoder{width: width, buf: make([]byte, 0, 64)}
+	e := &encoder{width: width, buf: make([]byte, 0, 6+len(lit)+m.size)}
 	e.buf = binary.LittleEndian.AppendUint32(e.buf, lit.hash())
 	e.buf = append(e.buf, 0x04|bits<<3)
 	e.buf = append(e.buf, lit...)

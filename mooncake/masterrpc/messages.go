@@ -307,6 +307,12 @@ func decodeBatchExist(body []byte) ([]int, error) {
 	n := d.length(2)
 	out := make([]int, n)
 	for i := 0; i < n && d.err == nil; i++ {
+		// The common case, a value, inline: has_value 1 and a bool.
+		if b := d.b[d.off:]; len(b) >= 2 && b[0] == 1 && b[1] <= 1 {
+			out[i] = int(b[1])
+			d.off += 2
+			continue
+		}
 		var code int32
 		if d.expect(&code) {
 			if d.boolean() {
