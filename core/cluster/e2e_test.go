@@ -35,7 +35,7 @@ var (
 )
 
 // kvctl builds the kvctl binary once per test run.
-func kvctl(t *testing.T) string {
+func kvctl(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "kvctl-cluster-bin")
@@ -85,7 +85,7 @@ type host struct {
 	exit   int
 }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -97,7 +97,7 @@ func freePort(t *testing.T) int {
 
 // startServe starts `kvctl serve --pool-backend mooncake` against m. It does not wait for
 // readiness: the caller decides what to wait for.
-func startServe(t *testing.T, m *mooncaketest.Master, name string, extra ...string) *host {
+func startServe(t testing.TB, m *mooncaketest.Master, name string, extra ...string) *host {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "kvc")
 	if err != nil {
@@ -149,7 +149,7 @@ func (h *host) kill() {
 }
 
 // stop sends SIGTERM and returns the exit code.
-func (h *host) stop(t *testing.T) int {
+func (h *host) stop(t testing.TB) int {
 	t.Helper()
 	_ = h.cmd.Process.Signal(syscall.SIGTERM)
 	select {
@@ -176,7 +176,7 @@ func (h *host) readyz() (int, string) {
 	return code, body
 }
 
-func (h *host) stats(t *testing.T) daemon.StatsJSON {
+func (h *host) stats(t testing.TB) daemon.StatsJSON {
 	t.Helper()
 	code, body, err := get(h.admin + "/v1/stats")
 	if err != nil || code != 200 {
@@ -190,7 +190,7 @@ func (h *host) stats(t *testing.T) daemon.StatsJSON {
 }
 
 // eventually polls cond until it holds; not holding within the guard fails the test.
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for !cond() {
@@ -201,7 +201,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func (h *host) waitReady(t *testing.T) {
+func (h *host) waitReady(t testing.TB) {
 	t.Helper()
 	eventually(t, h.name+" ready", func() bool {
 		select {
@@ -228,7 +228,7 @@ func startEngine(ctx context.Context, cfg enginesim.Config) (*enginesim.Engine, 
 	return enginesim.Start(ctx, cfg)
 }
 
-func runEngine(t *testing.T, cfg enginesim.Config, reqs []enginesim.Request, running int) enginesim.Result {
+func runEngine(t testing.TB, cfg enginesim.Config, reqs []enginesim.Request, running int) enginesim.Result {
 	t.Helper()
 	ctx := context.Background()
 	e, err := enginesim.Start(ctx, cfg)
