@@ -348,10 +348,80 @@ func TestTwoHostsShareOnePool(t *testing.T) {
 	t.Logf("slice: %d requests, %d blocks (%d distinct); cold on A: %+v; warm on B: %+v; A served %d bytes to B",
 		len(reqs), ideal, distinct, cold, warm, servedA.BytesRead)
 
+	checkStatsCLI(t, m, a, b, 2)
+
 	if code := b.stop(t); code != 0 {
 		t.Errorf("B exited %d after SIGTERM", code)
 	}
 	if code := a.stop(t); code != 0 {
 		t.Errorf("A exited %d after SIGTERM", code)
 	}
+}
+
+// checkStatsCLI runs `kvctl stats --pool MASTER --pool A --pool B -o json`: both hosts report
+// the mooncake backend, their own segments and the cluster's.
+func checkStatsCLI(t *testing.T, m *mooncaketest.Master, a, b *host, segments int) {
+	t.Helper()
+	out, err := exec.Command(kvctl(t), "stats", "--pool", m.AdminURL, "--pool", a.admin, "--pool", b.admin, "-o", "json").Output()
+	if err != nil {
+		t.Fatalf("kvctl stats: %v\n%s", err, out)
+	}
+	var res struct {
+		Sources []struct {
+			Source  string                     `json:"source"`
+			Kind    string                     `json:"kind"`
+			Backend *daemon.BackendStatusJSON `json:"backend"`
+		} `json:"sources"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil || len(res.Sources) != 3 {
+		t.Fatalf("kvctl stats: %v\n%s", err, out)
+	}
+	if res.Sources[0].Kind != "mooncake-master" {
+		t.Errorf("first source is %q, want the master", res.Sources[0].Kind)
+	}
+	for i, h := range []*host{a, b} {
+		s := res.Sources[i+1]
+		if s.Kind != "kvctl-serve" || s.Backend == nil || s.Backend.Kind != "mooncake" || s.Backend.Master != m.RPCAddr ||
+			s.Backend.ClusterSegments != segments || s.Backend.Segment != net.JoinHostPort("127.0.0.1", strconv.Itoa(h.port)) {
+			t.Errorf("kvctl stats of %s: %+v %+v", h.name, s, s.Backend)
+		}
+	}
+}
+
+// TestReplayLiveAcrossHosts: `kvctl replay --target SOCKET` (live mode) of the trace slice against host A, then
+// against host B: B's replay hits what A's saved.
+func TestReplayLiveAcrossHosts(t *testing.T) {
+	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
+	a := startServe(t, m, "A")
+	a.waitReady(t)
+	b := startServe(t, m, "B")
+	b.waitReady(t)
+	replay := func(h *host) map[string]any {
+		out, err := exec.Command(kvctl(t), "replay", "--target", h.socket, "--engines", "2", "--pace", "max",
+			"--limit", "30", "-o", "json", "testdata/conversation-60.jsonl").Output()
+		if err != nil {
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				t.Fatalf("kvctl replay --live against %s: %v\n%s", h.name, err, ee.Stderr)
+			}
+			t.Fatal(err)
+		}
+		var v map[string]any
+		if err := json.Unmarshal(out, &v); err != nil {
+			t.Fatalf("replay output: %v\n%s", err, out)
+		}
+		return v
+	}
+	replay(a)
+	before := b.stats(t).PrefixHoles.HitBlocks
+	replay(b)
+	stB := b.stats(t)
+	if stB.PrefixHoles.HitBlocks <= before || stB.Loads.Pages == 0 || stB.Loads.FailedPages != 0 {
+		t.Fatalf("replay on B after A: hit blocks %d -> %d, loads %+v", before, stB.PrefixHoles.HitBlocks, stB.Loads)
+	}
+	if served := a.stats(t).Backend.SegmentServed; served == nil || served.PeerReads == 0 {
+		t.Fatalf("A served no reads to B: %+v", served)
+	}
+	t.Logf("B: %d hit blocks, %d loaded pages", stB.PrefixHoles.HitBlocks, stB.Loads.Pages)
+	checkStatsCLI(t, m, a, b, 2)
 }
