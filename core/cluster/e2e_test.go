@@ -368,8 +368,8 @@ func checkStatsCLI(t *testing.T, m *mooncaketest.Master, a, b *host, segments in
 	}
 	var res struct {
 		Sources []struct {
-			Source  string                     `json:"source"`
-			Kind    string                     `json:"kind"`
+			Source  string                    `json:"source"`
+			Kind    string                    `json:"kind"`
 			Backend *daemon.BackendStatusJSON `json:"backend"`
 		} `json:"sources"`
 	}
