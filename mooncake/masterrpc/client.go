@@ -93,8 +93,13 @@ type result struct {
 
 type conn struct {
 	nc   net.Conn
-	rd   *bufio.Reader // only the read loop (or the handshake before it) reads
+	rd   *bufio.Reader // read only by the holder of rsem (or the handshake before sharing)
 	addr string
+	// rsem is held by the one caller that reads responses off the connection; it hands each
+	// other caller's response to that caller's channel and gives the role up once its own
+	// has arrived. A lone caller so reads its own response, with no hand-off between
+	// goroutines.
+	rsem chan struct{}
 
 	wmu sync.Mutex
 
@@ -207,7 +212,6 @@ func (c *Client) get(ctx context.Context) (*conn, error) {
 		c.backoff = 0
 		c.gen++
 		c.mu.Unlock()
-		go c.readLoop(cn)
 		return cn, nil
 	}
 }
@@ -220,7 +224,7 @@ func (c *Client) dial(ctx context.Context) (*conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	cn := &conn{nc: nc, rd: bufio.NewReaderSize(nc, 64<<10), addr: c.opts.Addr, pending: map[uint32]chan result{}}
+	cn := &conn{nc: nc, rd: bufio.NewReaderSize(nc, 64<<10), addr: c.opts.Addr, rsem: make(chan struct{}, 1), pending: map[uint32]chan result{}}
 	// The handshake runs before the connection is shared: read its one response inline.
 	if dl, ok := dctx.Deadline(); ok {
 		_ = nc.SetDeadline(dl)
@@ -301,31 +305,63 @@ func readResponse(r io.Reader) (respHeader, []byte, error) {
 	return h, body[:h.Length], nil
 }
 
-func (c *Client) readLoop(cn *conn) {
+// broken drops cn after a read or write error: every call waiting on it fails and the next
+// call reconnects.
+func (c *Client) broken(cn *conn, err error) {
+	cn.fail(err)
+	c.mu.Lock()
+	if c.conn == cn {
+		c.conn = nil
+		c.lastErr = err
+	}
+	c.mu.Unlock()
+}
+
+// readFor reads responses as the connection's reader until the one for ch arrives or ctx ends,
+// delivering the others to their callers. It reports whether it returned ch's result.
+func (c *Client) readFor(ctx context.Context, cn *conn, ch chan result) (result, bool) {
 	for {
+		select {
+		case r := <-ch: // delivered before this caller became the reader
+			return r, true
+		default:
+		}
+		// Wait for the next response no longer than this call may: a timeout before any byte
+		// of it arrived leaves the stream intact for the next reader.
+		dl, _ := ctx.Deadline()
+		_ = cn.nc.SetReadDeadline(dl)
+		if _, err := cn.rd.Peek(1); err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				return result{}, false
+			}
+			c.broken(cn, fmt.Errorf("%w: %s: %w", ErrUnavailable, cn.addr, err))
+			return <-ch, true
+		}
+		// A response has started: read it whole, bounded by the call timeout however the
+		// caller's context ends, since a frame cut in the middle would leave the stream
+		// unusable.
+		_ = cn.nc.SetReadDeadline(time.Now().Add(c.opts.CallTimeout))
 		h, body, err := readResponse(cn.rd)
 		if err != nil {
-			cn.fail(err)
-			c.mu.Lock()
-			if c.conn == cn {
-				c.conn = nil
-				c.lastErr = err
-			}
-			c.mu.Unlock()
-			return
+			c.broken(cn, err)
+			return <-ch, true
 		}
 		cn.mu.Lock()
-		ch, ok := cn.pending[h.Seq]
+		dst, ok := cn.pending[h.Seq]
 		delete(cn.pending, h.Seq)
 		cn.mu.Unlock()
 		if !ok {
-			continue // the caller gave up (timeout); drop the late response
+			continue // its caller gave up (timeout); drop the late response
 		}
+		r := result{body: body}
 		if h.ErrCode != 0 {
-			ch <- result{err: rpcError(cn.addr, h.ErrCode, body)}
-			continue
+			r = result{err: rpcError(cn.addr, h.ErrCode, body)}
 		}
-		ch <- result{body: body}
+		if dst == ch {
+			return r, true
+		}
+		dst <- r
 	}
 }
 
@@ -373,33 +409,54 @@ func (c *Client) call(ctx context.Context, method string, body []byte) ([]byte, 
 	msg := appendRequestHeader(make([]byte, 0, reqHeaderLen+len(body)), seq, functionID(method), len(body))
 	msg = append(msg, body...)
 	cn.wmu.Lock()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = cn.nc.SetWriteDeadline(dl)
+	if err := ctx.Err(); err != nil {
+		cn.wmu.Unlock()
+		cn.mu.Lock()
+		delete(cn.pending, seq)
+		cn.mu.Unlock()
+		return nil, fmt.Errorf("%s: %w: %s: %w", method, ErrUnavailable, cn.addr, err)
 	}
+	// A write cut short would leave the stream unusable for every caller, so it is bounded
+	// by the call timeout, not by this caller's deadline.
+	_ = cn.nc.SetWriteDeadline(time.Now().Add(c.opts.CallTimeout))
 	_, werr := cn.nc.Write(msg)
 	cn.wmu.Unlock()
 	if werr != nil {
 		// A partial write leaves the stream unusable for everyone.
 		err := fmt.Errorf("%w: %s: %w", ErrUnavailable, cn.addr, werr)
-		cn.fail(err)
-		c.mu.Lock()
-		if c.conn == cn {
-			c.conn = nil
-			c.lastErr = err
-		}
-		c.mu.Unlock()
+		c.broken(cn, err)
 		return nil, fmt.Errorf("%s: %w", method, err)
 	}
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			return nil, fmt.Errorf("%s: %w", method, r.err)
+	for {
+		var r result
+		var got bool
+		select {
+		case r = <-ch:
+			got = true
+		case cn.rsem <- struct{}{}:
+			r, got = c.readFor(ctx, cn, ch)
+			<-cn.rsem
+		case <-ctx.Done():
 		}
-		return r.body, nil
-	case <-ctx.Done():
-		cn.mu.Lock()
-		delete(cn.pending, seq)
-		cn.mu.Unlock()
-		return nil, fmt.Errorf("%s: %w: no answer from %s: %w", method, ErrUnavailable, cn.addr, ctx.Err())
+		if got {
+			if r.err != nil {
+				return nil, fmt.Errorf("%s: %w", method, r.err)
+			}
+			return r.body, nil
+		}
+		if ctx.Err() != nil {
+			cn.mu.Lock()
+			_, waiting := cn.pending[seq]
+			delete(cn.pending, seq)
+			cn.mu.Unlock()
+			if !waiting {
+				// Answered (or failed) while giving up: the result is in ch.
+				if r = <-ch; r.err != nil {
+					return nil, fmt.Errorf("%s: %w", method, r.err)
+				}
+				return r.body, nil
+			}
+			return nil, fmt.Errorf("%s: %w: no answer from %s: %w", method, ErrUnavailable, cn.addr, ctx.Err())
+		}
 	}
 }

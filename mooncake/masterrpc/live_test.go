@@ -155,3 +155,60 @@ func TestReconnectAfterMasterRestart(t *testing.T) {
 		t.Fatalf("Ping after remount = %+v, %v; want OK", p, err)
 	}
 }
+
+// TestConcurrentCallsShareOneConnection: many goroutines call at once over the one connection
+// and each gets its own answer, also while some give up on short deadlines.
+func TestConcurrentCallsShareOneConnection(t *testing.T) {
+	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
+	ctx := context.Background()
+	c, err := masterrpc.Dial(ctx, masterrpc.Options{Addr: m.RPCAddr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	_, client := mount(t, c, "127.0.0.1:3", 0x20000, 1<<20)
+	if _, err := c.BatchPutStart(ctx, client, []string{"present"}, []uint64{10}, masterrpc.ReplicateConfig{ReplicaNum: 1}, tenant); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.BatchPutEnd(ctx, client, []string{"present"}, tenant); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 64)
+	for g := 0; g < 16; g++ {
+		go func(g int) {
+			for i := 0; i < 50; i++ {
+				cctx, cancel := context.WithTimeout(ctx, time.Duration(1+(g*i)%3)*time.Millisecond)
+				if g%4 == 0 {
+					cancel()
+					cctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+				}
+				keys := []string{"present", "absent", "present"}[:1+(g+i)%3]
+				got, err := c.BatchExistKey(cctx, keys, tenant)
+				cancel()
+				if err != nil {
+					if g%4 == 0 || !errors.Is(err, masterrpc.ErrUnavailable) {
+						errs <- err
+						return
+					}
+					continue
+				}
+				want := []int{1, 0, 1}[:len(keys)]
+				for j := range want {
+					if got[j] != want[j] {
+						errs <- errors.New("a call got another call's answer")
+						return
+					}
+				}
+			}
+			errs <- nil
+		}(g)
+	}
+	for g := 0; g < 16; g++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := c.BatchExistKey(ctx, []string{"absent", "present"}, tenant); err != nil || got[1] != 1 {
+		t.Fatalf("after the storm: %v %v", got, err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"time"
 )
@@ -140,8 +141,12 @@ func (c *Client) do(ctx context.Context, peer string, op Op, addr uint64, b []by
 		if errors.As(err, &refused) {
 			return err
 		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("transfer %s of %d bytes at %#x on %s: %w (%w)", op, size, addr, peer, ctx.Err(), err)
+		if cerr := ctx.Err(); cerr != nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			// The socket deadline is the ctx deadline; its timer may fire before ctx's own.
+			if cerr == nil {
+				cerr = context.DeadlineExceeded
+			}
+			return fmt.Errorf("transfer %s of %d bytes at %#x on %s: %w (%w)", op, size, addr, peer, cerr, err)
 		}
 		if !replied && reused && attempt == 0 {
 			continue

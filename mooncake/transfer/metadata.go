@@ -178,6 +178,9 @@ func DecodeSegmentDesc(b []byte) (SegmentDesc, error) {
 	if dec.More() {
 		return SegmentDesc{}, fmt.Errorf("%w: trailing data after the JSON object", ErrDescriptor)
 	}
+	if raw.Buffers == nil {
+		raw.Buffers = []BufferDesc{}
+	}
 	d := SegmentDesc{Buffers: raw.Buffers, Timestamp: raw.Timestamp, TCPDataHost: raw.TCPDataHost, RDMAServerName: raw.RDMAServerName}
 	if raw.Name != nil {
 		d.Name = *raw.Name

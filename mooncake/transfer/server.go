@@ -26,7 +26,8 @@ const (
 // progress every ReadTimeout / WriteTimeout.
 const ioChunk = 1 << 20
 
-// refusalDrainBytes and refusalDrainTime bound what the server reads and discards after
+// refusalDrainBytes and refusalDrainTime (or ReadTimeout when shorter) bound what the server
+// reads and discards after
 // refusing a request, so that the initiator (still sending a WRITE body) receives the status
 // frame and a clean close instead of a reset that can destroy the frame in flight.
 const (
@@ -386,18 +387,22 @@ func (s *Server) serveConn(c net.Conn) {
 	var hdr [HeaderSize]byte
 	for {
 		// The first byte may take IdleTimeout; the rest of the header is a request in flight.
+		// Usually the whole header comes in the first read.
 		if err := c.SetReadDeadline(time.Now().Add(s.opts.IdleTimeout)); err != nil {
 			return
 		}
-		if _, err := io.ReadFull(c, hdr[:1]); err != nil {
+		n, err := io.ReadAtLeast(c, hdr[:], 1)
+		if err != nil {
 			return
 		}
-		if err := c.SetReadDeadline(time.Now().Add(s.opts.ReadTimeout)); err != nil {
-			return
-		}
-		if _, err := io.ReadFull(c, hdr[1:]); err != nil {
-			s.stats.aborted.Add(1)
-			return
+		if n < HeaderSize {
+			if err := c.SetReadDeadline(time.Now().Add(s.opts.ReadTimeout)); err != nil {
+				return
+			}
+			if _, err := io.ReadFull(c, hdr[n:]); err != nil {
+				s.stats.aborted.Add(1)
+				return
+			}
 		}
 		h, _ := DecodeHeader(hdr[:])
 		if !s.serveRequest(c, h) {
@@ -476,15 +481,18 @@ func (s *Server) serveRead(c net.Conn, h Header, r *region, buf []byte) bool {
 		s.refuse(c, h, "region unregistered")
 		return false
 	}
-	if h.V2 && !s.sendStatus(c, StatusOK) {
-		return false
-	}
+	var status [StatusFrameSize]byte
 	for off := 0; off < len(buf); {
 		n := min(len(buf)-off, ioChunk)
 		if err := c.SetWriteDeadline(time.Now().Add(s.opts.WriteTimeout)); err != nil {
 			return false
 		}
-		if _, err := c.Write(buf[off : off+n]); err != nil {
+		// The v2 status frame goes out with the first chunk in one writev.
+		out := net.Buffers{buf[off : off+n]}
+		if off == 0 && h.V2 {
+			out = net.Buffers{AppendStatus(status[:0], StatusOK), buf[:n]}
+		}
+		if _, err := out.WriteTo(c); err != nil {
 			s.stats.aborted.Add(1)
 			return false
 		}
@@ -516,6 +524,6 @@ func (s *Server) refuse(c net.Conn, h Header, reason string) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.CloseWrite()
 	}
-	_ = c.SetReadDeadline(time.Now().Add(refusalDrainTime))
+	_ = c.SetReadDeadline(time.Now().Add(min(refusalDrainTime, s.opts.ReadTimeout)))
 	_, _ = io.CopyN(io.Discard, c, refusalDrainBytes)
 }
