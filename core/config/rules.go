@@ -11,10 +11,6 @@ type ruleEnv struct {
 	inherited bool // a client config from MOONCAKE_CONFIG_PATH was restated onto the block
 }
 
-func (t *TRTLLMConfig) worldSize() int64 {
-	return t.TensorParallelSize * t.PipelineParallelSize * t.ContextParallelSize
-}
-
 // hasConnector reports whether kv_connector_config names any connector.
 func (t *TRTLLMConfig) hasConnector() bool {
 	c := t.Connector
