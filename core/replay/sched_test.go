@@ -163,3 +163,49 @@ func TestUnchargedParks(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkSchedulerModel replays the whole conversation trace with each request served at once
+// (the baseline) and with the scheduler model, in the same run.
+func BenchmarkSchedulerModel(b *testing.B) {
+	tr := readTrace(b, conversationTrace(b))
+	for _, sched := range []bool{false, true} {
+		b.Run(fmt.Sprintf("scheduler=%t", sched), func(b *testing.B) {
+			c := DefaultConfig()
+			c.Scheduler = sched
+			for b.Loop() {
+				rep, err := Offline(context.Background(), tr, DefaultParams(), []Config{c})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if s := rep.Runs[0].Scheduler; s != nil {
+					b.ReportMetric(float64(s.Passes), "passes/op")
+				}
+			}
+			b.ReportMetric(float64(len(tr.Requests)), "requests/op")
+		})
+	}
+}
+
+// The scheduler model over the whole conversation trace: every request admitted, nothing
+// failed, nothing preempted with completion reservations, and the hits close to serving each
+// request at once (admission order changes which blocks are local when a request waits).
+func TestSchedulerModelConversationTrace(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replays the whole conversation trace")
+	}
+	tr := readTrace(t, conversationTrace(t))
+	c := DefaultConfig()
+	c.Scheduler = true
+	rep, err := Offline(context.Background(), tr, DefaultParams(), []Config{DefaultConfig(), c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, run := rep.Runs[0], rep.Runs[1]
+	s := run.Scheduler
+	if run.Requests != len(tr.Requests) || run.FailedRequests != 0 || s.Admissions < int64(len(tr.Requests)) || s.Preemptions != 0 {
+		t.Fatalf("requests %d, failed %d, scheduler %+v", run.Requests, run.FailedRequests, *s)
+	}
+	if d := run.HitRate.Total - base.HitRate.Total; d < -0.01 || d > 0.01 {
+		t.Fatalf("total hit rate %.4f with the scheduler model, %.4f without", run.HitRate.Total, base.HitRate.Total)
+	}
+}
