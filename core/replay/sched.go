@@ -71,6 +71,17 @@ type SchedulerCounts struct {
 	PreemptedRequests int64 `json:"preempted_requests"`
 }
 
+// What a rank serves in the scheduler model.
+const (
+	// ServerAggregated ranks run whole requests: a request's completion bound is its prompt,
+	// its output and the generation lead (kvcache.AdmitGeneration), and a refused request's
+	// cache is freed.
+	ServerAggregated = "aggregated"
+	// ServerContext ranks are disaggregated context servers: a request ends with its prompt,
+	// and a first chunk is bound through the end of the prompt (kvcache.AdmitContext).
+	ServerContext = "context"
+)
+
 // Scheduler model defaults.
 const (
 	DefaultMaxNumTokens      = 8192
@@ -143,6 +154,9 @@ func (o *offline) enqueue(i int, q Request, rk int, notBefore time.Duration) {
 	out := q.OutputLength
 	if o.t.Format == FormatMooncake {
 		out = (q.OutputLength*T + TraceBlockTokens - 1) / TraceBlockTokens
+	}
+	if o.c.Server == ServerContext {
+		out = 0 // the generation server decodes
 	}
 	sr := &schedReq{i: i, q: q, pr: pr, mid: kvcache.RequestID(i + 1), t64: slices.Clone(t64), t32: slices.Clone(t32),
 		output: out, queued: max(notBefore, q.Arrival)}
@@ -477,7 +491,11 @@ func (o *offline) admit(r *rank, p *kvcache.Pass, q *schedReq) (ok, deferred boo
 		q.allocated, q.reused, q.epoch, q.firstChunk = true, ar.ReusedTokens, ar.Epoch, chunk
 	}
 	if r.mgr.Reserving() {
-		if err := r.mgr.AdmitGeneration(q.mid, len(q.t32), q.output); err != nil {
+		admit := func() error { return r.mgr.AdmitGeneration(q.mid, len(q.t32), q.output) }
+		if c.Server == ServerContext {
+			admit = func() error { return r.mgr.AdmitContext(q.mid, len(q.t32)) }
+		}
+		if err := admit(); err != nil {
 			if !errors.Is(err, kvcache.ErrNoReservation) {
 				return false, false, fmt.Errorf("request %s: %w", q.q.ID, err)
 			}

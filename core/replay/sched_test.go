@@ -209,3 +209,38 @@ func TestSchedulerModelConversationTrace(t *testing.T) {
 		t.Fatalf("total hit rate %.4f with the scheduler model, %.4f without", run.HitRate.Total, base.HitRate.Total)
 	}
 }
+
+// Seed commit 6 on a disaggregated context server: a connector first chunk is bound through the
+// end of its prompt only, so requests refused as whole requests (prompt + output) are admitted
+// there without a refusal, and nothing is decoded.
+func TestContextServerReservesThroughThePrompt(t *testing.T) {
+	tr := tokenTrace(3, 40, 0, 48, func(int) time.Duration { return 0 })
+	agg := runOne(t, tr, schedConfig(t, "gpu_blocks=10", "max_num_tokens=48"))
+	ctx := runOne(t, tr, schedConfig(t, "gpu_blocks=10", "max_num_tokens=48", "server=context"))
+	a, c := agg.Scheduler, ctx.Scheduler
+	if a.ReservationsRefused == 0 {
+		t.Fatalf("whole requests were never refused: %+v", *a)
+	}
+	if c.ReservationsRefused != 0 || c.Preemptions != 0 || c.Admissions != 3 || c.PeakReservationsHeld == 0 {
+		t.Fatalf("context server: %+v; want no refusal, no preemption, 3 admissions and a bound held across a pass", *c)
+	}
+	if c.Passes >= a.Passes {
+		t.Fatalf("a context server ran %d passes, the aggregated one %d: it decoded", c.Passes, a.Passes)
+	}
+}
+
+// Seed commit 6: a refused request's cache is freed instead of suspending it; the switch keeps
+// it instead. Either way no admitted request is preempted: an unreserved allocation never takes
+// pages an admitted bound counts on (kvcache's headroom rule), so a suspended request only holds
+// pages the others' bounds left over.
+func TestRefusedRequestCacheIsFreed(t *testing.T) {
+	tr := tokenTrace(3, 40, 0, 48, func(int) time.Duration { return 0 })
+	kept := runOne(t, tr, schedConfig(t, "gpu_blocks=10", "free_refused_generation=false")).Scheduler
+	if kept.ReservationsRefused == 0 || kept.RefusedFreed != 0 || kept.Preemptions != 0 {
+		t.Fatalf("kept suspended: %+v; want refusals, none freed, no preemption", *kept)
+	}
+	freed := runOne(t, tr, schedConfig(t, "gpu_blocks=10")).Scheduler
+	if freed.ReservationsRefused == 0 || freed.RefusedFreed != freed.ReservationsRefused || freed.Preemptions != 0 {
+		t.Fatalf("freed: %+v; want every refusal freed and no preemption", *freed)
+	}
+}

@@ -57,6 +57,9 @@ type Config struct {
 	AsyncLoad             bool
 	MaxNumTokens          int
 	MaxBatchSize          int
+	// Server is what a rank serves in the scheduler model: ServerAggregated (whole requests)
+	// or ServerContext (a disaggregated context server: the prompt only).
+	Server string
 
 	// Ranks is the number of attention-DP ranks; Router the placement policy.
 	Ranks  int
@@ -93,6 +96,7 @@ func DefaultConfig() Config {
 		FreeRefusedGeneration: true,
 		MaxNumTokens:          DefaultMaxNumTokens,
 		MaxBatchSize:          DefaultMaxBatchSize,
+		Server:                ServerAggregated,
 		GPUBlocks:             6144,
 	}
 }
@@ -252,6 +256,14 @@ var knobs = map[string]knob{
 	"max_batch_size": {"scheduler: requests a pass may schedule", func(c *Config, v string) (err error) {
 		c.MaxBatchSize, err = parseInt(v, 1)
 		return
+	}},
+	"server": {"scheduler: aggregated (whole requests, bound through the output) or context (disaggregated context server, bound through the prompt)", func(c *Config, v string) error {
+		switch v {
+		case ServerAggregated, ServerContext:
+			c.Server = v
+			return nil
+		}
+		return fmt.Errorf("%q: want aggregated or context", v)
 	}},
 }
 
