@@ -20,8 +20,9 @@ const maxAggregatedKinds = 1024
 
 // aggregator folds repeated warnings: the first warning of a kind in a window is logged as it
 // comes, later ones of that kind are only counted, and when the window ends one line per kind
-// says how many were folded. A kind is the message with its digits blanked plus the logger's
-// own attributes (so two engines' warnings stay apart). Records below WARN pass unchanged.
+// says how many were folded. A kind is the message and the record's attributes with their digits
+// blanked, plus the logger's own attributes (so two engines' warnings stay apart). Records below
+// WARN pass unchanged.
 type aggregator struct {
 	inner    slog.Handler
 	interval time.Duration
@@ -118,7 +119,18 @@ func (h *aggHandler) Handle(ctx context.Context, r slog.Record) error {
 	if r.Level < slog.LevelWarn {
 		return h.inner.Handle(ctx, r)
 	}
-	key := h.scope + "\x00" + r.Level.String() + "\x00" + blankDigits(r.Message)
+	var kb strings.Builder
+	kb.WriteString(h.scope)
+	kb.WriteByte(0)
+	kb.WriteString(r.Level.String())
+	kb.WriteByte(0)
+	kb.WriteString(r.Message)
+	r.Attrs(func(at slog.Attr) bool {
+		kb.WriteByte(' ')
+		kb.WriteString(at.String())
+		return true
+	})
+	key := blankDigits(kb.String())
 	a := h.a
 	a.mu.Lock()
 	k, seen := a.kinds[key]

@@ -96,15 +96,15 @@ func (d *Daemon) listen(socket string) (ln, fdln, adminLn net.Listener, err erro
 			return nil, nil, nil, fmt.Errorf("admin listener: %w", err)
 		}
 	}
-	ln = d.guard(raw, "engine", d.sec.peers.check)
-	fdln = d.guard(rawFD, "descriptor", d.sec.peers.check)
+	ln = d.guardListener(raw, "engine", d.sec.peers.check)
+	fdln = d.guardListener(rawFD, "descriptor", d.sec.peers.check)
 	if rawAdmin != nil {
-		adminLn = d.guard(rawAdmin, "admin", nil)
+		adminLn = d.guardListener(rawAdmin, "admin", nil)
 	}
 	return ln, fdln, adminLn, nil
 }
 
-func (d *Daemon) guard(l net.Listener, name string, check func(net.Conn) error) *guardedListener {
+func (d *Daemon) guardListener(l net.Listener, name string, check func(net.Conn) error) *guardedListener {
 	g := newGuardedListener(l, name, d.sec.maxConns, check, d.log)
 	d.sec.mu.Lock()
 	d.sec.listeners[name] = g

@@ -241,3 +241,23 @@ func FuzzCheckRegister(f *testing.F) {
 		}
 	})
 }
+
+// TestAggregatorKindsByAttributes: the same message about two engines (an attribute of the
+// record) is two kinds; the same message differing only in numbers is one.
+func TestAggregatorKindsByAttributes(t *testing.T) {
+	var buf bytes.Buffer
+	a := newAggregator(slog.NewTextHandler(&buf, nil), time.Hour)
+	log := slog.New(a.handler())
+	log.Error("engine broke the protocol", "engine", "a")
+	log.Error("engine broke the protocol", "engine", "b")
+	log.Warn("connection refused", "err", "peer uid 1000 (pid 17)")
+	log.Warn("connection refused", "err", "peer uid 1001 (pid 18)")
+	a.stop()
+	out := buf.String()
+	if n := strings.Count(out, "engine broke the protocol"); n != 2 {
+		t.Errorf("%d lines for two engines' errors, want 2:\n%s", n, out)
+	}
+	if n := strings.Count(out, "connection refused"); n != 2 || !strings.Contains(out, "repeated=1") {
+		t.Errorf("refusals differing only in numbers: want the first and a count:\n%s", out)
+	}
+}

@@ -173,8 +173,9 @@ func (s *service) StartLoad(ctx context.Context, req *enginepb.EngineRef) (*engi
 	if err != nil {
 		return nil, err
 	}
+	prior := w.Err()
 	if err := w.StartLoad(ctx); err != nil {
-		return nil, statusOf(err)
+		return nil, s.protocolStatus(req.GetEngine(), prior, err)
 	}
 	return &enginepb.Empty{}, nil
 }
@@ -195,9 +196,10 @@ func (s *service) GetFinished(ctx context.Context, req *enginepb.GetFinishedRequ
 	if err != nil {
 		return nil, err
 	}
+	prior := w.Err()
 	saving, loading, err := w.GetFinished(req.GetFinishedGen(), req.GetStartedLoading())
 	if err != nil {
-		return nil, statusOf(err)
+		return nil, s.protocolStatus(req.GetEngine(), prior, err)
 	}
 	return &enginepb.GetFinishedResponse{FinishedSaving: saving, FinishedLoading: loading}, nil
 }
@@ -231,6 +233,9 @@ func (s *service) DropBoundSaves(ctx context.Context, req *enginepb.DropRequest)
 	if err != nil {
 		return nil, err
 	}
-	w.DropBoundSaves(req.GetRequestIds())
+	prior := w.Err()
+	if err := w.DropBoundSaves(req.GetRequestIds()); err != nil {
+		return nil, s.protocolStatus(req.GetEngine(), prior, err)
+	}
 	return &enginepb.Empty{}, nil
 }
