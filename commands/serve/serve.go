@@ -36,7 +36,7 @@ type Options struct {
 	// Cluster holds the mooncake backend's flags (cluster.go).
 	Cluster config.ClusterKeys
 	// Security holds the flags of security.go (--engine-group, --max-conns, ...).
-	Security config.ServeSecurity
+	Security  config.ServeSecurity
 	LogLevel  string
 	LogFormat string
 	// ConfigFile is the config file the flags were read from, if any; it is checked with the
