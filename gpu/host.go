@@ -172,7 +172,7 @@ func recoverFault(err *error, old bool) {
 		runtime.Error
 		Addr() uintptr
 	}); ok {
-		*err = fmt.Errorf("%w at address %#x: %v", ErrMemoryFault, re.Addr(), re)
+		*err = fmt.Errorf("%w at address %#x: %w", ErrMemoryFault, re.Addr(), re)
 		return
 	}
 	panic(v)
