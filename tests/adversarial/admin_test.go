@@ -110,13 +110,13 @@ func TestQueryKeyLoopFromAnotherUser(t *testing.T) {
 // own share, so another engine still registers; unclaimed descriptors expire on a timer even
 // when nothing new arrives.
 func TestDescriptorFlood(t *testing.T) {
-	p := startServe(t, serveOpts{args: []string{"--descriptor-ttl", "2s"}})
+	p := startServe(t, serveOpts{args: []string{"--descriptor-ttl", "5s"}})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	fdPath := engineapi.FDSocketPath(p.socket)
 	_, fds0, _ := procStats(p.cmd.Process.Pid)
 	// The flooder is another process: 300 descriptors, then it waits past the TTL and sends one.
-	cmd := runAs(ctx, 0, "flood-fds", "ADDR="+fdPath, "COUNT=300", "DURATION=4s")
+	cmd := runAs(ctx, 0, "flood-fds", "ADDR="+fdPath, "COUNT=300", "DURATION=7s")
 	out := make(chan string, 1)
 	go func() { b, _ := cmd.CombinedOutput(); out <- string(b) }()
 	time.Sleep(time.Second)
@@ -135,8 +135,9 @@ func TestDescriptorFlood(t *testing.T) {
 	if _, err := fmt.Sscanf(lines[1], "after=%d refused_after=%d", &after, &refusedAfter); err != nil {
 		t.Fatalf("flooder output %q: %v", got, err)
 	}
-	if sent != 16 || refused != 284 || !strings.Contains(first, "unclaimed descriptors") {
-		t.Errorf("one process's unclaimed descriptors: sent %d, refused %d (%q); want 16 and 284", sent, refused, first)
+	// 16 per process; a slow run may see the first ones expire (5 s) and a few more taken.
+	if sent < 16 || sent > 32 || sent+refused != 300 || !strings.Contains(first, "unclaimed descriptors") {
+		t.Errorf("one process's unclaimed descriptors: sent %d, refused %d (%q); want 16 (up to 32 on a slow run) and the rest refused", sent, refused, first)
 	}
 	if after != 1 {
 		t.Errorf("after the TTL the flooder's descriptors had not expired: %s", got)
