@@ -75,7 +75,9 @@ func NewReader(ctx context.Context, rc io.Reader, name string, limit int64) *Rea
 	r := &Reader{ctx: ctx, r: rc, name: name, limit: limit}
 	if c, ok := rc.(io.Closer); ok {
 		r.c = c
-		r.stopWatch = context.AfterFunc(ctx, func() { _ = r.Close() })
+		// closeFile, not Close: the func may run before AfterFunc returns (ctx already done),
+		// and must not read stopWatch.
+		r.stopWatch = context.AfterFunc(ctx, r.closeFile)
 	}
 	return r
 }
@@ -107,13 +109,17 @@ func (r *Reader) Read(p []byte) (int, error) {
 
 // Close closes the underlying file once.
 func (r *Reader) Close() error {
+	if r.stopWatch != nil {
+		r.stopWatch()
+	}
+	r.closeFile()
+	return r.closeErr
+}
+
+func (r *Reader) closeFile() {
 	r.closeOnce.Do(func() {
-		if r.stopWatch != nil {
-			r.stopWatch()
-		}
 		if r.c != nil {
 			r.closeErr = r.c.Close()
 		}
 	})
-	return r.closeErr
 }

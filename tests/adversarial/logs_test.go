@@ -33,7 +33,9 @@ func TestFaultLogsAggregated(t *testing.T) {
 		}
 		reqs = append(reqs, enginesim.Request{ID: "r" + string(rune('a'+i%26)) + strings.Repeat("x", i/26), Tokens: toks})
 	}
+	start := time.Now()
 	res, err := e.Run(ctx, reqs, 64)
+	windows := int(time.Since(start)/(10*time.Second)) + 2 // the daemon's 10 s folding windows the run touched
 	if err != nil {
 		t.Fatalf("run against a full pool: %v", err)
 	}
@@ -67,7 +69,7 @@ func TestFaultLogsAggregated(t *testing.T) {
 	if repeated == 0 {
 		t.Errorf("no count of folded failures was logged:\n%s", tail(log, 20))
 	}
-	if first > 2 {
-		t.Errorf("%d 'failed to save' lines for one engine in one run; want one per interval:\n%s", first, tail(log, 20))
+	if first > windows {
+		t.Errorf("%d 'failed to save' lines for one engine in a run over %d windows; want at most one per window:\n%s", first, windows, tail(log, 20))
 	}
 }
