@@ -27,6 +27,7 @@ func TestClusterFlags(t *testing.T) {
 	if got.Cluster != want || got.PoolBackend != "mooncake" || got.PoolSize != "8GiB" {
 		t.Fatalf("options %+v\nwant cluster %+v", got.Cluster, want)
 	}
+	got.LogLevel, got.LogFormat = "info", "text" // the root command's flags, absent here
 	sc, diags := got.serveConfig()
 	if diags.HasErrors() || sc.Master != want.Master || sc.TransferPort != 15000 {
 		t.Fatalf("serve config %+v %v", sc.ClusterKeys, diags)
