@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -349,6 +350,10 @@ func TestTwoHostsShareOnePool(t *testing.T) {
 		len(reqs), ideal, distinct, cold, warm, servedA.BytesRead)
 
 	checkStatsCLI(t, m, a, b, 2)
+	// The master's read endpoints are the master's: a serve on the cluster points there.
+	if code, body, _ := get(b.admin + "/get_all_keys"); code != 404 || !strings.Contains(body, "Mooncake cluster of master "+m.RPCAddr) {
+		t.Errorf("/get_all_keys on B: %d %q", code, body)
+	}
 
 	if code := b.stop(t); code != 0 {
 		t.Errorf("B exited %d after SIGTERM", code)
