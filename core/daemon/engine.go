@@ -114,7 +114,8 @@ func statusOf(err error) error {
 		code = codes.Canceled
 	case errors.Is(err, context.DeadlineExceeded):
 		code = codes.DeadlineExceeded
-	case errors.Is(err, connector.ErrNotContextOnly), errors.Is(err, connector.ErrNoLayout):
+	case errors.Is(err, connector.ErrNotContextOnly), errors.Is(err, connector.ErrNoLayout),
+		errors.Is(err, connector.ErrMisreportedRequest), errors.Is(err, connector.ErrFailedLoadsNotTaken):
 		code = codes.FailedPrecondition
 	case errors.Is(err, connector.ErrLoadFailed):
 		code = codes.DataLoss
