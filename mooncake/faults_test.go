@@ -3,13 +3,18 @@ package mooncake_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
+	"github.com/kvctl/kvctl/mooncake/transfer"
 )
 
 // checkNeverWrong reads every key and fails on anything but a miss, a failed get, or the
@@ -151,4 +156,56 @@ func TestFaultSegmentOwnerKilled(t *testing.T) {
 		_, kill := startHelper(t, m, "own", len(keys), size, 1<<20)
 		run(t, m, keys, kill)
 	})
+}
+
+// TestFaultHostileTransferPeer: a peer asking kvctl's Transfer Engine server for bytes outside
+// the mounted segment, or to write there, is refused, and the segment keeps serving pages.
+func TestFaultHostileTransferPeer(t *testing.T) {
+	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
+	owner := newNative(t, m, 4<<20)
+	reader := newNative(t, m, 0)
+	ctx := context.Background()
+	const key, size = "hostile/page", 64 << 10
+	if c := owner.BatchPut(ctx, []string{key}, [][]byte{interopPage(key, size)}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
+		t.Fatalf("put = %v", c[0])
+	}
+	te := transfer.NewClient(transfer.ClientOptions{Timeout: 2 * time.Second})
+	t.Cleanup(func() { _ = te.Close() })
+	peer := owner.SegmentName() // host:port of its data server
+	buf := make([]byte, 4096)
+	for _, addr := range []uint64{0, 1 << 20, 1 << 47} {
+		if err := te.Read(ctx, peer, addr, buf); !errors.Is(err, transfer.ErrRefused) {
+			t.Fatalf("read at %#x outside the segment = %v, want a refusal", addr, err)
+		}
+		if err := te.Write(ctx, peer, addr, buf); !errors.Is(err, transfer.ErrRefused) {
+			t.Fatalf("write at %#x outside the segment = %v, want a refusal", addr, err)
+		}
+	}
+	// A range that wraps past 2^64, sent raw (kvctl's own client refuses to send it): the
+	// target answers with the v2 "address rejected" status or closes the connection.
+	c, err := net.Dial("tcp", peer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr := make([]byte, 24)
+	binary.LittleEndian.PutUint64(hdr[0:], 4096)
+	binary.LittleEndian.PutUint64(hdr[8:], ^uint64(0)-100)
+	hdr[16] = 0x80 // READ, framing v2
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write(hdr); err != nil {
+		t.Fatal(err)
+	}
+	status := make([]byte, 8)
+	if _, err := io.ReadFull(c, status); err == nil {
+		if v := binary.LittleEndian.Uint64(status); v>>32 != 0x4D435456 || uint32(v) == 0 {
+			t.Fatalf("status %#x to a wrapping read, want a refusal", v)
+		}
+		if n, _ := c.Read(make([]byte, 1)); n != 0 {
+			t.Fatal("payload bytes followed the refusal")
+		}
+	}
+	_ = c.Close()
+	if hits := checkNeverWrong(t, reader, []string{key}, size); hits != 1 {
+		t.Fatal("the segment stopped serving after the refused requests")
+	}
 }

@@ -63,7 +63,7 @@ func runRPC(ctx context.Context, opts *Options, addr string, layout *hash.Result
 	if err != nil {
 		return rpcError(addr, err)
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	pool := probe.RPCScheme + addr
 	probeOnce := func(ctx context.Context) (*Result, error) {
 		res, err := analyze(ctx, pool, probe.KindMasterRPC, QueryBatchExistKey, layout, func(ctx context.Context, keys []string) ([]bool, error) {
@@ -126,7 +126,7 @@ func RunDump(ctx context.Context, opts *Options) error {
 		}
 		return rpcError(addr, err)
 	}
-	defer n.Close()
+	defer func() { _ = n.Close() }()
 	data, code := n.Fetch(ctx, opts.DumpKey, MaxDumpBytes)
 	switch code {
 	case mooncake.OK:

@@ -59,7 +59,7 @@ func gatherRPC(ctx context.Context, addr string, timeout time.Duration) (Source,
 	if err != nil {
 		return Source{}, err
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	version, err := c.ServiceReady(ctx)
 	if err != nil {
 		return Source{}, err

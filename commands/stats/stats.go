@@ -179,7 +179,10 @@ type Source struct {
 	Evictions   *Evictions            `json:"evictions,omitempty"`
 	PrefixHoles *daemon.HoleStatsJSON `json:"prefix_holes,omitempty"`
 	Loads       *daemon.LoadStatsJSON `json:"loads,omitempty"`
-	Log         *LogLines             `json:"log,omitempty"`
+	// Backend is a kvctl serve's pool backend: its master, this host's segment and the
+	// cluster's capacity (cluster.go).
+	Backend *daemon.BackendStatusJSON `json:"backend,omitempty"`
+	Log     *LogLines                 `json:"log,omitempty"`
 	// Delta is the change of the counters since the previous report of a watch.
 	Delta *Counters `json:"delta,omitempty"`
 }
@@ -303,6 +306,11 @@ func gatherPool(ctx context.Context, t *probe.Target) (Source, error) {
 		return Source{}, err
 	}
 	src := Source{Source: t.Addr(), Kind: kind}
+	if kind == probe.KindServe {
+		if done, err := gatherClusterServe(ctx, t, &src); done || err != nil {
+			return src, err
+		}
+	}
 	m, err := t.Admin.Metrics(ctx)
 	if err != nil {
 		return Source{}, err
@@ -346,8 +354,8 @@ func gatherPool(ctx context.Context, t *probe.Target) (Source, error) {
 		u.HardPinnedObjects, u.GroupedObjects = &p.HardPinned, &p.Grouped
 		g = &Gets{Hits: p.Hits, Misses: p.Misses}
 		ev.ByPass = &EvictionPasses{Pass1: p.EvictedPass1, Pass2: p.EvictedPass2, SoftPinned: p.EvictedSoftPinned, Grouped: p.EvictedGrouped, Failed: p.FailedEvictions}
-		holes, loads := st.PrefixHoles, st.Loads
-		src.PrefixHoles, src.Loads = &holes, &loads
+		holes, loads, backend := st.PrefixHoles, st.Loads, st.Backend
+		src.PrefixHoles, src.Loads, src.Backend = &holes, &loads, &backend
 	case probe.KindMaster:
 		sum, err := t.Admin.MetricsSummary(ctx)
 		if err != nil {
@@ -476,6 +484,9 @@ func rows(res *Result) cmdutil.Table {
 		}
 		n := func(v int64) string { return strconv.FormatInt(v, 10) }
 		add("kind", s.Kind, 0, false)
+		for _, r := range backendRows(s.Backend) {
+			add(r[0], r[1], 0, false)
+		}
 		if s.Version != "" {
 			add("version", s.Version, 0, false)
 		}

@@ -350,18 +350,6 @@ func (d *decoder) str() string {
 	return string(d.take(n))
 }
 
-func (d *decoder) strs() []string {
-	n := d.length(1)
-	if n == 0 {
-		return nil
-	}
-	out := make([]string, 0, n)
-	for i := 0; i < n && d.err == nil; i++ {
-		out = append(out, d.str())
-	}
-	return out
-}
-
 func (d *decoder) uuid() UUID { return UUID{d.u64(), d.u64()} }
 
 // expect reads an expected<T, ErrorCode> discriminator: true when a value follows, false when

@@ -138,16 +138,10 @@ var (
 	respBatchPutStart = vec(expected(vec(tReplica)))
 	respBatchVoid     = vec(expected(prim(litVoid)))
 	respBatchReplicas = vec(expected(tRepList))
-	respReplicaList   = expected(tRepList)
-	respPutStart      = expected(vec(tReplica))
 )
 
 func encodeKeysTenant(keys []string, tenant string) []byte {
 	return pack(litKeysTenant, func(e *encoder) { e.strs(keys); e.str(tenant) })
-}
-
-func encodeKeyTenant(key, tenant string) []byte {
-	return pack(litKeyTenant, func(e *encoder) { e.str(key); e.str(tenant) })
 }
 
 func (e *encoder) segment(s Segment) {

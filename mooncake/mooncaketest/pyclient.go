@@ -157,7 +157,7 @@ func (c *PyClient) Put(key string, value []byte, o PutOptions) int {
 	if err := os.WriteFile(f, value, 0o600); err != nil {
 		c.t.Fatal(err)
 	}
-	defer os.Remove(f)
+	defer func() { _ = os.Remove(f) }()
 	return c.must(map[string]any{"op": "put", "key": key, "file": f, "soft_pin": o.SoftPin,
 		"ttl_ms": o.TTL.Milliseconds(), "hard_pin": o.HardPin, "group": o.Group}).RC
 }
@@ -166,7 +166,7 @@ func (c *PyClient) Put(key string, value []byte, o PutOptions) int {
 func (c *PyClient) Get(key string) []byte {
 	c.t.Helper()
 	f := c.file()
-	defer os.Remove(f)
+	defer func() { _ = os.Remove(f) }()
 	rep := c.must(map[string]any{"op": "get", "key": key, "file": f})
 	b, err := os.ReadFile(f)
 	if err != nil {
