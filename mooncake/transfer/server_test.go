@@ -487,3 +487,15 @@ func (l *lockedLog) lines() []string {
 	defer l.mu.Unlock()
 	return strings.Split(strings.TrimSpace(l.b.String()), "\n")
 }
+
+// ServerStats' JSON field names are a contract (the daemon reports them): add, never rename.
+func TestServerStatsJSONFields(t *testing.T) {
+	b, err := json.Marshal(transfer.ServerStats{Conns: 1, ConnsRejected: 2, Reads: 3, Writes: 4, BytesRead: 5, BytesWritten: 6, Refused: 7, Aborted: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"conns":1,"conns_rejected":2,"reads":3,"writes":4,"bytes_read":5,"bytes_written":6,"refused":7,"aborted":8}`
+	if string(b) != want {
+		t.Fatalf("ServerStats JSON\n got %s\nwant %s", b, want)
+	}
+}
