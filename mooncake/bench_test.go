@@ -162,7 +162,7 @@ func BenchmarkEvictionRound1M(b *testing.B) {
 	b.ReportMetric(float64(n), "objects")
 }
 
-// BenchmarkChecksumBaseline hashes the same pages with BLAKE3 on one goroutine: the other cost
+// BenchmarkChecksumBaseline hashes the same pages with keys.PageChecksum on one goroutine: the other cost
 // every put and every get pays.
 func BenchmarkChecksumBaseline(b *testing.B) {
 	for _, s := range benchSizes {

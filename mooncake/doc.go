@@ -23,8 +23,9 @@
 //     unpinned objects with the oldest lease deadline; pass 2 runs below the lower bound.
 //   - segment: a region of memory the pool allocates pages from, first fit with no padding, so
 //     used bytes are exactly the sum of the stored sizes; fragmentation shows in Stats.
-//   - integrity: every page's BLAKE3-256 checksum (keys.PageChecksum) is taken at put and
-//     checked at get; a mismatch is ErrChecksumMismatch and the bytes must not be used.
+//   - integrity: every page's XXH3-64 checksum (keys.PageChecksum) is taken at put and
+//     checked at get (and by BatchView, in place); a mismatch is ErrChecksumMismatch and the
+//     bytes must not be used.
 //
 // Embedded implements both Pool and Inspector. NewAdminHandler serves an Inspector with the
 // master's admin endpoints and formats (checked against responses recorded from a real

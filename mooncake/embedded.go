@@ -392,8 +392,7 @@ func (e *Embedded) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg
 	forEach(len(work), in, func(j int) {
 		w := work[j]
 		dst := w.o.seg.mem[w.o.off : w.o.off+w.o.size]
-		copy(dst, bufs[w.i])
-		w.o.sum = keys.PageChecksum(dst)
+		w.o.sum = keys.CopyChecksum(dst, bufs[w.i])
 	})
 
 	if len(work) > 0 {
@@ -544,27 +543,58 @@ func (e *Embedded) releaseLocked(o *object) {
 
 // BatchGet implements Pool. A hit grants a read lease (the master's GetReplicaList), then the
 // bytes are copied into bufs[i] outside the lock and verified against the checksum taken at
-// put; a mismatch returns ErrChecksumMismatch and the caller must not use bufs[i].
+// put; a mismatch returns ErrChecksumMismatch and the caller must not use bufs[i]. The check
+// hashes the copy (keys.CopyChecksum), so a fault in the copy itself is caught too.
 func (e *Embedded) BatchGet(ctx context.Context, ks []string, bufs [][]byte) []int64 {
-	out := make([]int64, len(ks))
-	e.c.getCalls.Add(1)
-	e.c.getItems.Add(int64(len(ks)))
 	if len(bufs) != len(ks) {
+		e.c.getCalls.Add(1)
+		e.c.getItems.Add(int64(len(ks)))
+		out := make([]int64, len(ks))
 		for i := range out {
 			out[i] = int64(ErrInvalidParams)
 		}
 		e.c.getFailedItems.Add(int64(len(ks)))
 		return out
 	}
+	out, held, misses := e.acquire(ctx, ks, func(i int) int64 { return int64(len(bufs[i])) })
+	var total int64
+	for _, o := range held {
+		if o != nil {
+			total += o.size
+		}
+	}
+	// The references taken above keep each object's memory in place while it is copied.
+	forEach(len(held), total, func(i int) {
+		o := held[i]
+		if o == nil {
+			return
+		}
+		if keys.CopyChecksum(bufs[i], o.seg.mem[o.off:o.off+o.size]) != o.sum {
+			out[i] = int64(ErrChecksumMismatch)
+			return
+		}
+		out[i] = o.size
+	})
+	e.finishGet(out, held, misses)
+	e.releaseRefs(held)
+	return out
+}
+
+// acquire looks ks up for a get: every readable hit gets a read lease and a reference that keeps
+// its memory in place until releaseRefs. room(i) is how many bytes the caller can take for key
+// i (negative for no limit). out holds the codes of the keys that failed; held the objects of
+// the others.
+func (e *Embedded) acquire(ctx context.Context, ks []string, room func(i int) int64) (out []int64, held []*object, misses int64) {
+	out = make([]int64, len(ks))
+	e.c.getCalls.Add(1)
+	e.c.getItems.Add(int64(len(ks)))
+	held = make([]*object, len(ks))
 	if ctx.Err() != nil {
 		for i := range out {
 			out[i] = int64(ErrRPCFail)
 		}
-		e.c.getFailedItems.Add(int64(len(ks)))
-		return out
+		return out, held, 0
 	}
-	held := make([]*object, len(ks))
-	var misses int64
 	e.mu.Lock()
 	now := e.clock.Now()
 	for i, k := range ks {
@@ -581,7 +611,7 @@ func (e *Embedded) BatchGet(ctx context.Context, ks []string, bufs [][]byte) []i
 		case !o.complete:
 			out[i] = int64(ErrReplicaNotReady)
 			continue
-		case int64(len(bufs[i])) < o.size:
+		case room != nil && room(i) >= 0 && room(i) < o.size:
 			out[i] = int64(ErrInvalidParams)
 			continue
 		}
@@ -590,27 +620,13 @@ func (e *Embedded) BatchGet(ctx context.Context, ks []string, bufs [][]byte) []i
 		held[i] = o
 	}
 	e.mu.Unlock()
+	return out, held, misses
+}
 
-	var total int64
-	for _, o := range held {
-		if o != nil {
-			total += o.size
-		}
-	}
-	// The references taken above keep each object's memory in place while it is copied.
-	forEach(len(held), total, func(i int) {
-		o := held[i]
-		if o == nil {
-			return
-		}
-		n := copy(bufs[i], o.seg.mem[o.off:o.off+o.size])
-		if keys.PageChecksum(bufs[i][:n]) != o.sum {
-			out[i] = int64(ErrChecksumMismatch)
-			return
-		}
-		out[i] = int64(n)
-	})
-	var hits, bytesOut, bad int64
+// finishGet counts a get whose copies or checks are done: out[i] is the size delivered or a
+// negative code.
+func (e *Embedded) finishGet(out []int64, held []*object, misses int64) {
+	var hits, bytesOut, bad, failed int64
 	for i, o := range held {
 		switch {
 		case o == nil:
@@ -621,7 +637,21 @@ func (e *Embedded) BatchGet(ctx context.Context, ks []string, bufs [][]byte) []i
 			bytesOut += out[i]
 		}
 	}
+	for _, v := range out {
+		if v < 0 {
+			failed++
+		}
+	}
+	e.c.hits.Add(hits)
+	e.c.misses.Add(misses)
+	e.c.bytesOut.Add(bytesOut)
+	e.c.checksumErrors.Add(bad)
+	e.c.getFailedItems.Add(failed)
+}
 
+// releaseRefs drops the references acquire took; memory of an object removed meanwhile is
+// released with the last one.
+func (e *Embedded) releaseRefs(held []*object) {
 	e.mu.Lock()
 	for _, o := range held {
 		if o == nil {
@@ -633,18 +663,6 @@ func (e *Embedded) BatchGet(ctx context.Context, ks []string, bufs [][]byte) []i
 		}
 	}
 	e.mu.Unlock()
-	var failed int64
-	for _, v := range out {
-		if v < 0 {
-			failed++
-		}
-	}
-	e.c.hits.Add(hits)
-	e.c.misses.Add(misses)
-	e.c.bytesOut.Add(bytesOut)
-	e.c.checksumErrors.Add(bad)
-	e.c.getFailedItems.Add(failed)
-	return out
 }
 
 // Remove implements Pool. Without force, an object under a read lease, or hard-pinned, is kept
@@ -806,5 +824,9 @@ func mapSegment(size int64) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("map %d bytes: %w", size, err)
 	}
+	// Transparent huge pages make the first write into a fresh segment one fault per 2 MiB
+	// rather than per 4 KiB (docs/perf/pool.md). A kernel without them refuses the advice,
+	// which only costs that speed.
+	_ = unix.Madvise(mem, unix.MADV_HUGEPAGE)
 	return mem, nil
 }
