@@ -90,6 +90,11 @@ type Options struct {
 	// with a one-model draft: only context-only requests are accepted and keys cover
 	// PromptLookahead tokens past each block.
 	SpeculativePrefill bool
+	// StagedLoads copies loaded pages through host staging even when the pool's memory can be
+	// read in place (a mooncake.Viewer pool and a gpu.HostRegistrar mover). By default such a
+	// pool's segments are registered with the mover and each page is verified where it lies
+	// and copied once, straight into engine memory (docs/perf/serve-gpu.md).
+	StagedLoads bool
 
 	// Logger receives the connector's lines; nil uses slog.Default().
 	Logger *slog.Logger

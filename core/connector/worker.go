@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"runtime"
 	"slices"
@@ -53,6 +54,11 @@ type Worker struct {
 	saveQ     *fifo[saveJob]
 	saveMover gpu.Mover
 	saveStage gpu.Staging
+
+	// direct is the pool read in place by loads (nil: loads go through staging); regs hold
+	// the registrations of its memory with the mover's device, released by Close.
+	direct mooncake.Viewer
+	regs   []io.Closer
 
 	asyncQ       *fifo[*asyncLoad]
 	asyncMovers  []gpu.Mover
@@ -226,6 +232,11 @@ func (w *Worker) RegisterLayout(l gpu.Layout) error {
 		}
 	}
 
+	if w.opts.Role.Loads() && !w.opts.StagedLoads {
+		if regs, v := w.registerPoolMemory(); v != nil {
+			w.direct, w.regs = v, regs
+		}
+	}
 	w.loadStage = loadStage
 	if saveMover != nil {
 		w.saveMover, w.saveStage, w.saveQ = saveMover, saveStage, newFIFO[saveJob]()
@@ -240,6 +251,36 @@ func (w *Worker) RegisterLayout(l gpu.Layout) error {
 		}
 	}
 	return nil
+}
+
+// registerPoolMemory registers every region of an in-process pool with the mover, so loads can
+// copy pages straight from pool memory. It returns nil when the pool or the mover cannot do
+// that, or when a registration fails (the failure is logged and loads use staging).
+func (w *Worker) registerPoolMemory() ([]io.Closer, mooncake.Viewer) {
+	v, ok := w.pool.(mooncake.Viewer)
+	if !ok {
+		return nil, nil
+	}
+	r, ok := w.mover.(gpu.HostRegistrar)
+	if !ok {
+		return nil, nil
+	}
+	var regs []io.Closer
+	var total int
+	for _, mem := range v.MemoryRegions() {
+		c, err := r.RegisterHost(mem)
+		if err != nil {
+			for _, c := range regs {
+				_ = c.Close()
+			}
+			w.log.Warn(fmt.Sprintf("mooncake-store loads copy through staging: registering pool memory with the device failed: %v", err))
+			return nil, nil
+		}
+		regs = append(regs, c)
+		total += len(mem)
+	}
+	w.log.Info(fmt.Sprintf("mooncake-store loads read pool memory in place: %d region(s), %.1f MiB registered", len(regs), float64(total)/(1<<20)))
+	return regs, v
 }
 
 // keep records err as the worker's error if it has none yet, and returns the kept error.
@@ -343,7 +384,7 @@ func (w *Worker) StartLoad(ctx context.Context) error {
 	if err != nil {
 		return w.keep(err)
 	}
-	res, err := loadPages(ctx, w.pool, w.mover, stage, w.opts.TransferBatchSize, items, sample)
+	res, err := loadPages(ctx, w.pool, w.direct, w.mover, stage, w.opts.TransferBatchSize, items, sample)
 	if sample != nil {
 		sample.Transfer = time.Since(began)
 		w.stats.RecordLoad(sample)
@@ -683,7 +724,7 @@ func (w *Worker) loadParked(i int, a *asyncLoad, mover gpu.Mover, stage gpu.Stag
 	if err != nil {
 		return true, err
 	}
-	res, err := loadPages(w.ctx, w.pool, mover, stage, w.opts.TransferBatchSize, items, sample)
+	res, err := loadPages(w.ctx, w.pool, w.direct, mover, stage, w.opts.TransferBatchSize, items, sample)
 	if sample != nil {
 		sample.Transfer = time.Since(began)
 	}
@@ -805,5 +846,11 @@ func (w *Worker) Close(ctx context.Context) error {
 			}
 		}
 	}
+	for _, r := range w.regs {
+		if err := r.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("unregister pool memory: %w", err))
+		}
+	}
+	w.regs = nil
 	return errors.Join(errs...)
 }

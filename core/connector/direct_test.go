@@ -1,0 +1,212 @@
+package connector
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/mooncake"
+)
+
+// registeringMover is the host mover double with gpu.HostRegistrar: it counts the live
+// registrations, which a GPU mover would hold as page-locked pool memory.
+type registeringMover struct {
+	*hostMover
+	live, made *atomic.Int32
+}
+
+func (m registeringMover) RegisterHost(mem []byte) (io.Closer, error) {
+	m.live.Add(1)
+	m.made.Add(1)
+	return closerFunc(func() error { m.live.Add(-1); return nil }), nil
+}
+
+func (m registeringMover) Clone() (gpu.Mover, error) {
+	c, _ := m.hostMover.Clone()
+	return registeringMover{c.(*hostMover), m.live, m.made}, nil
+}
+
+type closerFunc func() error
+
+func (f closerFunc) Close() error { return f() }
+
+func newRegisteringMover(l gpu.Layout) registeringMover {
+	return registeringMover{newHostMover(l), new(atomic.Int32), new(atomic.Int32)}
+}
+
+func directHash(i int) keys.Hash {
+	var h keys.Hash
+	h[0], h[1] = 0xD1, byte(i)
+	return h
+}
+
+// pageBytes reads slot's value of group g from the double's memory.
+func pageBytes(m *hostMover, g, slot int, replicated bool) []byte {
+	var out []byte
+	rs := m.layout.Groups[g].Regions
+	if replicated {
+		rs = m.layout.Groups[g].ReplicatedRegions
+	}
+	for _, r := range rs {
+		off := r.Offset + r.Stride*uint64(slot)
+		out = append(out, m.mem[off:off+r.Size]...)
+	}
+	return out
+}
+
+// saveDirectPages saves n pages of both groups (slots 0..n-1, hashes directHash(i)) from an
+// engine whose memory holds a pattern, and returns that engine's mover.
+func saveDirectPages(t *testing.T, pool mooncake.Pool, l gpu.Layout, n int) *hostMover {
+	t.Helper()
+	m := newHostMover(l)
+	for i := range m.mem {
+		m.mem[i] = byte(i*7 + 3)
+	}
+	w, err := NewWorker(baseOptions(), pool, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.RegisterLayout(l); err != nil {
+		t.Fatal(err)
+	}
+	var pages []PageTransfer
+	for i := range n {
+		pages = append(pages, PageTransfer{Hash: directHash(i), Group: 0, Page: i}, PageTransfer{Hash: directHash(i), Group: 1, Page: i})
+	}
+	w.BindMeta(Metadata{Saves: []RequestTransfers{{RequestID: "saver", Pages: pages}}})
+	if err := w.WaitForSave(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		done, _, err := w.GetFinished([]string{"saver"}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(done, "saver") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("saves did not finish")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := w.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestLoadsReadPoolMemoryInPlace loads the same saved pages once straight from the embedded
+// pool's registered memory (the default) and once through staging (StagedLoads): both deliver
+// the saved bytes into the right slots; only the direct worker registers the pool's segment, and
+// Close releases the registration.
+func TestLoadsReadPoolMemoryInPlace(t *testing.T) {
+	const n = 6
+	pool := newEmbPool(t, 1<<20)
+	l := testLayout(16)
+	src := saveDirectPages(t, pool, l, n)
+	for _, staged := range []bool{false, true} {
+		m := newRegisteringMover(l)
+		for i := range m.mem {
+			m.mem[i] = 0xEE
+		}
+		o := baseOptions()
+		o.StagedLoads = staged
+		w, err := NewWorker(o, pool, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.RegisterLayout(l); err != nil {
+			t.Fatal(err)
+		}
+		wantRegs := int32(1)
+		if staged {
+			wantRegs = 0
+		}
+		if got := m.live.Load(); got != wantRegs {
+			t.Fatalf("staged=%v: %d live registrations, want %d", staged, got, wantRegs)
+		}
+		var pages []PageTransfer
+		for i := range n {
+			pages = append(pages, PageTransfer{Hash: directHash(i), Group: 0, Page: 10 - i}, PageTransfer{Hash: directHash(i), Group: 1, Page: 10 - i})
+		}
+		w.BindMeta(Metadata{Loads: []RequestTransfers{{RequestID: "r", Pages: pages}}})
+		if err := w.StartLoad(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if f := w.TakeFailedLoadRequests(); len(f) != 0 {
+			t.Fatalf("staged=%v: failed loads %v", staged, f)
+		}
+		for i := range n {
+			for g := range 2 {
+				if !bytes.Equal(pageBytes(m.hostMover, g, 10-i, false), pageBytes(src, g, i, false)) {
+					t.Fatalf("staged=%v: group %d page %d holds other bytes than were saved", staged, g, i)
+				}
+			}
+			if !bytes.Equal(pageBytes(m.hostMover, 1, 10-i, true), pageBytes(src, 1, i, true)) {
+				t.Fatalf("staged=%v: replicated value of page %d differs", staged, i)
+			}
+		}
+		if err := w.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if got := m.live.Load(); got != 0 {
+			t.Fatalf("staged=%v: %d registrations live after Close", staged, got)
+		}
+	}
+}
+
+// TestDirectLoadNeverDeliversCorruptedPages corrupts one stored page: the request that needs it
+// fails and is handed back, the slot it would have filled keeps its poison, and another
+// request's page in the same call lands.
+func TestDirectLoadNeverDeliversCorruptedPages(t *testing.T) {
+	pool := newEmbPool(t, 1<<20)
+	l := testLayout(16)
+	src := saveDirectPages(t, pool, l, 4)
+	ns := baseOptions().Namespace
+	bad := ns.PageKey(0, testT, l.Groups[0].BytesPerPage(), directHash(2))
+	if !pool.CorruptForTest(bad) {
+		t.Fatalf("no stored page %q", bad)
+	}
+	m := newRegisteringMover(l)
+	for i := range m.mem {
+		m.mem[i] = 0xEE
+	}
+	w, err := NewWorker(baseOptions(), pool, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(context.Background())
+	if err := w.RegisterLayout(l); err != nil {
+		t.Fatal(err)
+	}
+	if m.made.Load() != 1 {
+		t.Fatal("the pool's memory was not registered: the direct path is not under test")
+	}
+	w.BindMeta(Metadata{Loads: []RequestTransfers{
+		{RequestID: "b", Pages: []PageTransfer{{Hash: directHash(2), Group: 0, Page: 12}}},
+		{RequestID: "c", Pages: []PageTransfer{{Hash: directHash(3), Group: 0, Page: 13}}},
+	}})
+	if err := w.StartLoad(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if f := w.TakeFailedLoadRequests(); !slices.Equal(f, []string{"b"}) {
+		t.Fatalf("failed loads %v, want [b]", f)
+	}
+	if got := pageBytes(m.hostMover, 0, 12, false); !bytes.Equal(got, bytes.Repeat([]byte{0xEE}, len(got))) {
+		t.Fatal("bytes of the corrupted page reached engine memory")
+	}
+	if !bytes.Equal(pageBytes(m.hostMover, 0, 13, false), pageBytes(src, 0, 3, false)) {
+		t.Fatal("the good page of the same call did not land")
+	}
+	if st := pool.stats(t); st.ChecksumErrors != 1 {
+		t.Fatalf("pool counted %d checksum errors, want 1", st.ChecksumErrors)
+	}
+}
