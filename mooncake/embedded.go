@@ -296,38 +296,73 @@ func (e *Embedded) BatchIsExist(ctx context.Context, ks []string) []int {
 // is done (the master's PutEnd). A key that is already stored, or whose put is in flight, is
 // OK without a write, as the master's -705 is for the Mooncake client.
 func (e *Embedded) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg ReplicateConfig) []Code {
-	out := make([]Code, len(ks))
-	e.c.putCalls.Add(1)
-	fail := func(c Code) []Code {
-		for i := range out {
-			out[i] = c
-		}
-		e.c.putFailures.Add(int64(len(ks)))
-		e.c.putFailedItems.Add(int64(len(ks)))
-		return out
+	if len(bufs) != len(ks) {
+		e.c.putCalls.Add(1)
+		return e.failPut(make([]Code, len(ks)), ErrInvalidParams)
 	}
-	if len(bufs) != len(ks) || (cfg.GroupIDs != nil && len(cfg.GroupIDs) != len(ks)) {
-		return fail(ErrInvalidParams)
+	r := e.reserve(ctx, ks, func(i int) int64 { return int64(len(bufs[i])) }, cfg)
+	// Each object's memory belongs to this call until it is marked complete, so the copies run
+	// without the lock, spread over the CPUs for large batches.
+	forEach(len(r.work), r.bytes, func(j int) {
+		o := r.work[j].o
+		o.sum = keys.CopyChecksum(o.seg.mem[o.off:o.off+o.size], bufs[r.work[j].i])
+	})
+	return r.commit()
+}
+
+// pendingPut is one new object of a put: the key's index in the call and the object.
+type pendingPut struct {
+	i int
+	o *object
+}
+
+// reservation is the first half of a put (the master's PutStart): memory allocated, objects in
+// the index but not readable.
+type reservation struct {
+	e       *Embedded
+	out     []Code
+	work    []pendingPut
+	bytes   int64
+	softTTL time.Duration
+}
+
+func (e *Embedded) failPut(out []Code, c Code) []Code {
+	for i := range out {
+		out[i] = c
+	}
+	e.c.putFailures.Add(int64(len(out)))
+	e.c.putFailedItems.Add(int64(len(out)))
+	return out
+}
+
+// reserve validates a put and allocates memory for every new key of ks (size(i) bytes each).
+// Keys already stored or in flight are OK and get no memory; keys that failed have their code
+// in out. When the whole call fails, work is empty and the failure already counted.
+func (e *Embedded) reserve(ctx context.Context, ks []string, size func(i int) int64, cfg ReplicateConfig) *reservation {
+	r := &reservation{e: e, out: make([]Code, len(ks))}
+	e.c.putCalls.Add(1)
+	if cfg.GroupIDs != nil && len(cfg.GroupIDs) != len(ks) {
+		e.failPut(r.out, ErrInvalidParams)
+		return r
 	}
 	softTTL, code := e.softPinTTL(cfg)
 	if code != OK {
-		return fail(code)
+		e.failPut(r.out, code)
+		return r
 	}
+	r.softTTL = softTTL
 	if ctx.Err() != nil {
-		return fail(ErrRPCFail)
+		e.failPut(r.out, ErrRPCFail)
+		return r
 	}
-
-	type pending struct {
-		i int
-		o *object
-	}
-	work := make([]pending, 0, len(ks))
+	out := r.out
+	work := make([]pendingPut, 0, len(ks))
 	var evictRetried, allocFailed bool
 
 	e.mu.Lock()
 	for i, k := range ks {
-		size := int64(len(bufs[i]))
-		if !e.validKey(k) || size == 0 {
+		size := size(i)
+		if !e.validKey(k) || size <= 0 {
 			out[i] = ErrInvalidParams
 			continue
 		}
@@ -371,7 +406,8 @@ func (e *Embedded) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg
 		o.idx = len(e.list)
 		e.list = append(e.list, o)
 		e.hist.observe(size)
-		work = append(work, pending{i, o})
+		work = append(work, pendingPut{i, o})
+		r.bytes += size
 	}
 	e.mu.Unlock()
 	if allocFailed {
@@ -382,23 +418,18 @@ func (e *Embedded) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg
 		default:
 		}
 	}
+	r.work = work
+	return r
+}
 
-	var in int64
-	for _, w := range work {
-		in += w.o.size
-	}
-	// Each object's memory belongs to this call until it is marked complete, so the copies run
-	// without the lock, spread over the CPUs for large batches.
-	forEach(len(work), in, func(j int) {
-		w := work[j]
-		dst := w.o.seg.mem[w.o.off : w.o.off+w.o.size]
-		w.o.sum = keys.CopyChecksum(dst, bufs[w.i])
-	})
-
-	if len(work) > 0 {
+// commit makes every reserved object readable (the master's PutEnd), its lease set to now; the
+// checksums must be set. It returns the call's codes.
+func (r *reservation) commit() []Code {
+	e, out := r.e, r.out
+	if len(r.work) > 0 {
 		e.mu.Lock()
 		now := e.clock.Now()
-		for _, w := range work {
+		for _, w := range r.work {
 			o := w.o
 			if o.removed { // force-removed while the copy ran
 				out[w.i] = OK
@@ -406,8 +437,8 @@ func (e *Embedded) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg
 			}
 			o.complete = true
 			o.lease = now
-			if softTTL > 0 {
-				o.softPin = now.Add(softTTL)
+			if r.softTTL > 0 {
+				o.softPin = now.Add(r.softTTL)
 			}
 			out[w.i] = OK
 		}
@@ -419,8 +450,29 @@ func (e *Embedded) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg
 			failed++
 		}
 	}
-	e.c.puts.Add(int64(len(work)))
-	e.c.bytesIn.Add(in)
+	e.c.puts.Add(int64(len(r.work)))
+	e.c.bytesIn.Add(r.bytes)
+	e.c.putFailures.Add(failed)
+	e.c.putFailedItems.Add(failed)
+	return out
+}
+
+// revoke gives a reservation's memory back (the master's PutRevoke): the objects leave the
+// index unread and their keys count as failed puts.
+func (r *reservation) revoke() []Code {
+	e, out := r.e, r.out
+	e.mu.Lock()
+	for _, w := range r.work {
+		e.unlinkLocked(w.o)
+		out[w.i] = ErrRPCFail
+	}
+	e.mu.Unlock()
+	var failed int64
+	for _, c := range out {
+		if c != OK {
+			failed++
+		}
+	}
 	e.c.putFailures.Add(failed)
 	e.c.putFailedItems.Add(failed)
 	return out

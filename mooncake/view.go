@@ -83,4 +83,72 @@ func (e *Embedded) MemoryRegions() [][]byte {
 	return out
 }
 
-var _ Viewer = (*Embedded)(nil)
+// Reserver is implemented by pools whose values live in this process's memory, so a caller
+// can write a value where it will be stored instead of handing over a copy: the connector
+// gathers pages from the GPU straight into reserved pool memory once it is registered with the
+// driver. It is the master's PutStart / PutEnd / PutRevoke in one process.
+type Reserver interface {
+	// BatchPutStart allocates memory for every key of ks not stored yet (sizes[i] bytes) and
+	// returns it to be written; the keys are not readable until PutReservation.End.
+	BatchPutStart(ctx context.Context, ks []string, sizes []int64, cfg ReplicateConfig) *PutReservation
+}
+
+// PutReservation is the result of Reserver.BatchPutStart. Bufs[i] is the memory key i's value
+// is to be written to, nil where there is nothing to write: Codes[i] is OK for a key already
+// stored or in flight (as BatchPut skips it) and a negative Code for a key that failed. Exactly
+// one of End and Revoke must be called once the writes are done or abandoned.
+type PutReservation struct {
+	Bufs  [][]byte
+	Codes []Code
+
+	r    *reservation
+	once sync.Once
+	done []Code
+}
+
+// BatchPutStart implements Reserver. A call with len(sizes) != len(ks) fails every key.
+func (e *Embedded) BatchPutStart(ctx context.Context, ks []string, sizes []int64, cfg ReplicateConfig) *PutReservation {
+	if len(sizes) != len(ks) {
+		e.c.putCalls.Add(1)
+		out := e.failPut(make([]Code, len(ks)), ErrInvalidParams)
+		return &PutReservation{Bufs: make([][]byte, len(ks)), Codes: out, r: &reservation{e: e, out: out}}
+	}
+	r := e.reserve(ctx, ks, func(i int) int64 { return sizes[i] }, cfg)
+	p := &PutReservation{Bufs: make([][]byte, len(ks)), Codes: r.out, r: r}
+	for _, w := range r.work {
+		o := w.o
+		p.Bufs[w.i] = o.seg.mem[o.off : o.off+o.size : o.off+o.size]
+	}
+	return p
+}
+
+// End takes each written value's checksum where it lies (on up to GOMAXPROCS goroutines for
+// large batches) and makes the values readable, with a lease of now. It returns the final code
+// of every key. A second call, or one after Revoke, returns the same codes and does nothing.
+func (p *PutReservation) End() []Code {
+	p.once.Do(func() {
+		r := p.r
+		forEach(len(r.work), r.bytes, func(j int) {
+			o := r.work[j].o
+			o.sum = keys.PageChecksum(o.seg.mem[o.off : o.off+o.size])
+		})
+		p.done = r.commit()
+		p.Bufs = nil
+	})
+	return p.done
+}
+
+// Revoke abandons the reservation: the memory goes back to the pool, nothing becomes readable,
+// and every key that was to be written fails with ErrRPCFail.
+func (p *PutReservation) Revoke() []Code {
+	p.once.Do(func() {
+		p.done = p.r.revoke()
+		p.Bufs = nil
+	})
+	return p.done
+}
+
+var (
+	_ Viewer   = (*Embedded)(nil)
+	_ Reserver = (*Embedded)(nil)
+)

@@ -118,3 +118,62 @@ func TestMemoryRegionsAreTheSegments(t *testing.T) {
 		t.Fatal("the first value of an empty pool is not at the start of its segment")
 	}
 }
+
+// TestBatchPutStartEnd writes values into reserved pool memory: they are unreadable until End,
+// then read back and verify as if put with BatchPut; an existing key gets no memory; a revoked
+// reservation leaves nothing behind and frees its memory.
+func TestBatchPutStartEnd(t *testing.T) {
+	p, _ := newPool(t, nil)
+	mustPut(t, p, "old", 4096, mooncake.ReplicateConfig{})
+	r := p.BatchPutStart(bg, []string{"new", "old", ""}, []int64{3 * unit, 4096, 10}, mooncake.ReplicateConfig{})
+	if r.Codes[0] != mooncake.OK || r.Bufs[0] == nil || len(r.Bufs[0]) != 3*unit {
+		t.Fatalf("new key: code %v, %d bytes of memory", r.Codes[0], len(r.Bufs[0]))
+	}
+	if r.Codes[1] != mooncake.OK || r.Bufs[1] != nil {
+		t.Fatalf("existing key: code %v, memory %v", r.Codes[1], r.Bufs[1] != nil)
+	}
+	if r.Codes[2] != mooncake.ErrInvalidParams || r.Bufs[2] != nil {
+		t.Fatalf("empty key: code %v", r.Codes[2])
+	}
+	want := pattern(3*unit, 4)
+	copy(r.Bufs[0], want)
+	if got := p.BatchGet(bg, []string{"new"}, [][]byte{make([]byte, 3*unit)}); got[0] != int64(mooncake.ErrReplicaNotReady) {
+		t.Fatalf("get before End = %d, want %d", got[0], mooncake.ErrReplicaNotReady)
+	}
+	codes := r.End()
+	if codes[0] != mooncake.OK || codes[1] != mooncake.OK || codes[2] != mooncake.ErrInvalidParams {
+		t.Fatalf("End codes %v", codes)
+	}
+	if again := r.Revoke(); again[0] != mooncake.OK {
+		t.Fatal("Revoke after End changed the outcome")
+	}
+	got := make([]byte, 3*unit)
+	if n := p.BatchGet(bg, []string{"new"}, [][]byte{got}); n[0] != 3*unit || !bytes.Equal(got, want) {
+		t.Fatalf("get after End = %d", n[0])
+	}
+	// A byte changed after End is caught like any corruption: the checksum is of what was
+	// written before End.
+	p.CorruptForTest("new")
+	if n := p.BatchGet(bg, []string{"new"}, [][]byte{got}); n[0] != int64(mooncake.ErrChecksumMismatch) {
+		t.Fatalf("get of a value changed after End = %d", n[0])
+	}
+
+	before, _ := p.Stats(bg)
+	rv := p.BatchPutStart(bg, []string{"gone"}, []int64{8 * unit}, mooncake.ReplicateConfig{})
+	if rv.Bufs[0] == nil {
+		t.Fatal("no memory reserved")
+	}
+	if c := rv.Revoke(); c[0] != mooncake.ErrRPCFail {
+		t.Fatalf("revoked key code %v", c[0])
+	}
+	after, _ := p.Stats(bg)
+	if after.UsedBytes != before.UsedBytes || after.Objects+after.PendingObjects != before.Objects+before.PendingObjects {
+		t.Fatalf("revoke left %d bytes / %d objects behind", after.UsedBytes-before.UsedBytes, after.Objects+after.PendingObjects-before.Objects-before.PendingObjects)
+	}
+	if n := p.BatchIsExist(bg, []string{"gone"}); n[0] != 0 {
+		t.Fatal("a revoked key exists")
+	}
+	if bad := p.BatchPutStart(bg, []string{"a", "b"}, []int64{1}, mooncake.ReplicateConfig{}); bad.Codes[0] != mooncake.ErrInvalidParams || bad.Codes[1] != mooncake.ErrInvalidParams {
+		t.Fatalf("mismatched sizes: %v", bad.Codes)
+	}
+}

@@ -3,6 +3,7 @@ package connector
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"slices"
 	"sync/atomic"
@@ -104,7 +105,7 @@ func saveDirectPages(t *testing.T, pool mooncake.Pool, l gpu.Layout, n int) *hos
 }
 
 // TestLoadsReadPoolMemoryInPlace loads the same saved pages once straight from the embedded
-// pool's registered memory (the default) and once through staging (StagedLoads): both deliver
+// pool's registered memory (the default) and once through staging (StagedTransfers): both deliver
 // the saved bytes into the right slots; only the direct worker registers the pool's segment, and
 // Close releases the registration.
 func TestLoadsReadPoolMemoryInPlace(t *testing.T) {
@@ -118,7 +119,7 @@ func TestLoadsReadPoolMemoryInPlace(t *testing.T) {
 			m.mem[i] = 0xEE
 		}
 		o := baseOptions()
-		o.StagedLoads = staged
+		o.StagedTransfers = staged
 		w, err := NewWorker(o, pool, m)
 		if err != nil {
 			t.Fatal(err)
@@ -208,5 +209,110 @@ func TestDirectLoadNeverDeliversCorruptedPages(t *testing.T) {
 	}
 	if st := pool.stats(t); st.ChecksumErrors != 1 {
 		t.Fatalf("pool counted %d checksum errors, want 1", st.ChecksumErrors)
+	}
+}
+
+// TestSavesWriteIntoPoolMemory saves pages through a worker whose mover can register the
+// embedded pool (the in-place path) and through one that copies through staging: both store the
+// engine's bytes under the same keys, readable and verified, and the in-place worker leaves no
+// reservation behind when a gather fails.
+func TestSavesWriteIntoPoolMemory(t *testing.T) {
+	l := testLayout(16)
+	src := newHostMover(l)
+	for i := range src.mem {
+		src.mem[i] = byte(i*5 + 1)
+	}
+	ns := baseOptions().Namespace
+	stored := map[bool]map[string][]byte{}
+	for _, staged := range []bool{false, true} {
+		pool := newEmbPool(t, 1<<20)
+		m := registeringMover{&hostMover{mem: src.mem, layout: l}, new(atomic.Int32), new(atomic.Int32)}
+		o := baseOptions()
+		o.StagedTransfers = staged
+		w, err := NewWorker(o, pool, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.RegisterLayout(l); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := m.made.Load() > 0, !staged; got != want {
+			t.Fatalf("staged=%v: pool registered %v", staged, got)
+		}
+		var pages []PageTransfer
+		for i := range 5 {
+			pages = append(pages, PageTransfer{Hash: directHash(i), Group: 0, Page: i}, PageTransfer{Hash: directHash(i), Group: 1, Page: i})
+		}
+		w.BindMeta(Metadata{Saves: []RequestTransfers{{RequestID: "s", Pages: pages}}})
+		if err := w.WaitForSave(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			done, _, err := w.GetFinished([]string{"s"}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(done) == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("saves did not finish")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if err := w.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		stored[staged] = map[string][]byte{}
+		for _, k := range pool.keys() {
+			v, ok := pool.get(k)
+			if !ok {
+				t.Fatalf("staged=%v: stored key %q does not read back", staged, k)
+			}
+			stored[staged][k] = v
+		}
+		if len(stored[staged]) != 15 { // 5 pages × (group 0 + group 1 + group 1 replicated)
+			t.Fatalf("staged=%v: %d values stored, want 15", staged, len(stored[staged]))
+		}
+		k := ns.PageKey(0, testT, l.Groups[0].BytesPerPage(), directHash(3))
+		if !bytes.Equal(stored[staged][k], pageBytes(src, 0, 3, false)) {
+			t.Fatalf("staged=%v: stored page differs from the engine's", staged)
+		}
+		if st := pool.stats(t); st.PendingObjects != 0 || st.ChecksumErrors != 0 {
+			t.Fatalf("staged=%v: %d pending objects, %d checksum errors", staged, st.PendingObjects, st.ChecksumErrors)
+		}
+	}
+	for k, v := range stored[true] {
+		if !bytes.Equal(stored[false][k], v) {
+			t.Fatalf("value %q differs between the in-place and the staged save", k)
+		}
+	}
+
+	// A failing gather revokes the reservation: nothing stays pending or allocated.
+	pool := newEmbPool(t, 1<<20)
+	m := registeringMover{newHostMover(l), new(atomic.Int32), new(atomic.Int32)}
+	m.gatherFn = func() error { return errors.New("device lost") }
+	w, err := NewWorker(baseOptions(), pool, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.RegisterLayout(l); err != nil {
+		t.Fatal(err)
+	}
+	w.BindMeta(Metadata{Saves: []RequestTransfers{{RequestID: "s", Pages: []PageTransfer{{Hash: directHash(9), Group: 0, Page: 1}}}}})
+	if err := w.WaitForSave(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for w.Err() == nil && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if w.Err() == nil {
+		t.Fatal("the gather failure was not kept")
+	}
+	_ = w.Close(context.Background())
+	if st := pool.stats(t); st.PendingObjects != 0 || st.UsedBytes != 0 || st.Objects != 0 {
+		t.Fatalf("after a failed gather: %d pending, %d objects, %d bytes used", st.PendingObjects, st.Objects, st.UsedBytes)
 	}
 }

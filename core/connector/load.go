@@ -51,11 +51,12 @@ type loadResult struct {
 	storeCalls   int
 }
 
-// directBatchBytes is the least a load batch moves when pages are read in place: a batch takes
-// at least transfer_batch_size pages and, for small pages, more until it holds this many bytes,
-// since each mover call pays a fixed cost (about 40 µs on an H200) that 64 small pages do not
-// cover (docs/perf/gpu.md). Staged loads are bounded by their slots instead.
-const directBatchBytes = 32 << 20
+// directBatchBytes is what one batch moves when pages are used in place: a load or save batch
+// takes pages until it holds this many bytes, whatever transfer_batch_size says, since each
+// mover call pays a fixed cost (about 40 µs on an H200) that 64 small pages do not cover
+// (docs/perf/gpu.md) and large pages need no more to keep the link busy. Staged transfers are
+// bounded by their slots instead. A variable so the GPU benchmarks can compare sizes.
+var directBatchBytes = 32 << 20
 
 // directBatchMaxPages bounds a batch of pages read in place, whatever their size.
 const directBatchMaxPages = 8192
@@ -118,7 +119,7 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 		if view == nil {
 			return pages >= batch
 		}
-		return pages >= directBatchMaxPages || (pages >= batch && bytes >= directBatchBytes)
+		return pages >= directBatchMaxPages || bytes >= directBatchBytes
 	}
 	set := 0
 	for next := 0; next < len(items); {

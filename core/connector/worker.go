@@ -55,10 +55,12 @@ type Worker struct {
 	saveMover gpu.Mover
 	saveStage gpu.Staging
 
-	// direct is the pool read in place by loads (nil: loads go through staging); regs hold
-	// the registrations of its memory with the mover's device, released by Close.
-	direct mooncake.Viewer
-	regs   []io.Closer
+	// direct is the pool read in place by loads and directPut the pool saves write into in
+	// place (nil: through staging); regs hold the registrations of its memory with the
+	// mover's device, released by Close.
+	direct    mooncake.Viewer
+	directPut mooncake.Reserver
+	regs      []io.Closer
 
 	asyncQ       *fifo[*asyncLoad]
 	asyncMovers  []gpu.Mover
@@ -232,9 +234,9 @@ func (w *Worker) RegisterLayout(l gpu.Layout) error {
 		}
 	}
 
-	if w.opts.Role.Loads() && !w.opts.StagedLoads {
+	if !w.opts.StagedTransfers {
 		if regs, v := w.registerPoolMemory(); v != nil {
-			w.direct, w.regs = v, regs
+			w.direct, w.directPut, w.regs = v, v.(mooncake.Reserver), regs
 		}
 	}
 	w.loadStage = loadStage
@@ -261,6 +263,9 @@ func (w *Worker) registerPoolMemory() ([]io.Closer, mooncake.Viewer) {
 	if !ok {
 		return nil, nil
 	}
+	if _, ok := w.pool.(mooncake.Reserver); !ok {
+		return nil, nil
+	}
 	r, ok := w.mover.(gpu.HostRegistrar)
 	if !ok {
 		return nil, nil
@@ -273,13 +278,13 @@ func (w *Worker) registerPoolMemory() ([]io.Closer, mooncake.Viewer) {
 			for _, c := range regs {
 				_ = c.Close()
 			}
-			w.log.Warn(fmt.Sprintf("mooncake-store loads copy through staging: registering pool memory with the device failed: %v", err))
+			w.log.Warn(fmt.Sprintf("mooncake-store transfers copy through staging: registering pool memory with the device failed: %v", err))
 			return nil, nil
 		}
 		regs = append(regs, c)
 		total += len(mem)
 	}
-	w.log.Info(fmt.Sprintf("mooncake-store loads read pool memory in place: %d region(s), %.1f MiB registered", len(regs), float64(total)/(1<<20)))
+	w.log.Info(fmt.Sprintf("mooncake-store transfers use pool memory in place: %d region(s), %.1f MiB registered", len(regs), float64(total)/(1<<20)))
 	return regs, v
 }
 
@@ -509,7 +514,8 @@ func (w *Worker) saveLoop() {
 }
 
 // save writes one job: per batch, the keys not yet in the pool are gathered into staging slots
-// and put with the rank's ReplicateConfig.
+// and put with the rank's ReplicateConfig, or, when the pool's memory is registered, reserved in
+// the pool, gathered straight into it and committed.
 func (w *Worker) save(job saveJob) error {
 	ctx := w.ctx
 	if job.fence != nil {
@@ -550,6 +556,16 @@ func (w *Worker) save(job saveJob) error {
 		sets = 2
 	}
 	batch := max(1, min(w.opts.TransferBatchSize, w.saveStage.Slots()/sets))
+	if w.directPut != nil {
+		// Written in place: no slots bound the batch, which holds directBatchBytes as a load
+		// batch does, and the next gather always overlaps the last End.
+		sets = 2
+		largest := 1
+		for _, it := range items {
+			largest = max(largest, it.size)
+		}
+		batch = min(directBatchMaxPages, max(1, directBatchBytes/largest))
+	}
 	var failed, attempted, refusedTTL int
 	var inflight chan []mooncake.Code
 	var inflightN int
@@ -607,14 +623,39 @@ func (w *Worker) save(job saveJob) error {
 				gids[j] = chunkGroups[i]
 			}
 		}
-		if err := w.saveMover.Gather(ctx, refs, bufs); err != nil {
-			return fmt.Errorf("gather pages: %w", err)
-		}
-		settle()
 		cfg := w.replicateConfig()
 		cfg.GroupIDs = gids
 		done := make(chan []mooncake.Code, 1)
-		go func() { done <- w.pool.BatchPut(ctx, putKeys, bufs, cfg) }()
+		if w.directPut != nil {
+			// Gather straight into the pool memory reserved for the keys; End takes the
+			// checksums there and makes the values readable.
+			sizes := make([]int64, len(todo))
+			for j, i := range todo {
+				sizes[j] = int64(chunk[i].size)
+			}
+			r := w.directPut.BatchPutStart(ctx, putKeys, sizes, cfg)
+			var gRefs []gpu.PageRef
+			var gBufs [][]byte
+			for j := range todo {
+				if r.Bufs[j] != nil {
+					gRefs, gBufs = append(gRefs, refs[j]), append(gBufs, r.Bufs[j])
+				}
+			}
+			if len(gRefs) > 0 {
+				if err := w.saveMover.Gather(ctx, gRefs, gBufs); err != nil {
+					r.Revoke()
+					return fmt.Errorf("gather pages: %w", err)
+				}
+			}
+			settle()
+			go func() { done <- r.End() }()
+		} else {
+			if err := w.saveMover.Gather(ctx, refs, bufs); err != nil {
+				return fmt.Errorf("gather pages: %w", err)
+			}
+			settle()
+			go func() { done <- w.pool.BatchPut(ctx, putKeys, bufs, cfg) }()
+		}
 		inflight, inflightN = done, len(todo)
 		if sets == 2 {
 			set ^= 1

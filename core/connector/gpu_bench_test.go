@@ -1,0 +1,223 @@
+//go:build cgo && linux
+
+package connector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/mooncake"
+)
+
+// The benchmarks in this file need a CUDA device (they skip without one) and measure the
+// connector's data path on it: the worker with a CUDA mover over device memory and the embedded
+// pool, against the same run's pinned 64 MiB copy over the link. Each loop alternates one
+// transfer of gpuBenchBytes through the worker with the same bytes as one pinned copy, so both
+// see the same machine; they report the two throughputs (GB/s = 10^9 bytes/s) and the ratio.
+
+const (
+	gpuBenchBytes  = 256 << 20 // bytes one load or save moves
+	gpuAnchorChunk = 64 << 20  // the anchor copies in 64 MiB pieces
+)
+
+type gpuBench struct {
+	d      *gpu.CUDADevice
+	mem    *gpu.EngineMemory
+	layout gpu.Layout
+	stream *gpu.Stream
+	pinned *gpu.PinnedBuffer
+	hs     []keys.Hash
+	meta   RequestTransfers
+}
+
+func newGPUBench(b *testing.B, page int) *gpuBench {
+	b.Helper()
+	d, err := gpu.OpenCUDA(0)
+	if errors.Is(err, gpu.ErrNoCUDA) {
+		b.Skip("no CUDA device")
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	g := &gpuBench{d: d}
+	b.Cleanup(func() { _ = d.Close() })
+	pages := gpuBenchBytes / page
+	// Two regions per page, as a K and a V layer would be, so each page is two copies.
+	half := uint64(page / 2)
+	g.layout = gpu.Layout{TokensPerBlock: 32, Groups: []gpu.GroupLayout{{ID: 0, Slots: pages, Regions: []gpu.Region{
+		{Offset: 0, Stride: half, Size: half}, {Offset: half * uint64(pages), Stride: half, Size: half}}}}}
+	if g.mem, err = d.AllocDeviceMemory(uint64(gpuBenchBytes)); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = g.mem.Close() })
+	if g.stream, err = d.NewStream(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = g.stream.Close() })
+	if g.pinned, err = d.AllocPinned(gpuBenchBytes, false); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = g.pinned.Close() })
+	c, _ := keys.NewChain(keys.ChainConfig{TokensPerBlock: 32})
+	g.hs, _ = c.Extend(prompt(7, 0, pages*32))
+	g.meta = RequestTransfers{RequestID: "r"}
+	// Slots in a shuffled order, so no two pages merge into one copy.
+	for i, h := range g.hs {
+		g.meta.Pages = append(g.meta.Pages, PageTransfer{Hash: h, Group: 0, Page: (i * 7919) % pages})
+	}
+	return g
+}
+
+func (g *gpuBench) worker(b *testing.B, pool mooncake.Pool, staged bool) *Worker {
+	b.Helper()
+	m, err := g.d.NewMover(g.mem, g.layout, gpu.CUDAMoverOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	o := benchOptions()
+	o.StagedTransfers = staged
+	o.StagingBufferBytes = 256 << 20
+	w, err := NewWorker(o, pool, m)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := w.RegisterLayout(g.layout); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = w.Close(context.Background()); _ = m.Close() })
+	return w
+}
+
+func (g *gpuBench) anchor(b *testing.B, toDevice bool) time.Duration {
+	t0 := time.Now()
+	if err := g.stream.CopyChunks(toDevice, g.mem.Pointer(), g.pinned.Bytes(), gpuAnchorChunk); err != nil {
+		b.Fatal(err)
+	}
+	return time.Since(t0)
+}
+
+func gpuPool(b *testing.B) *mooncake.Embedded {
+	o := mooncake.DefaultOptions()
+	o.Segments = []mooncake.SegmentSpec{{Name: "gpu-bench", Capacity: 2 * gpuBenchBytes}}
+	o.EvictionPeriod = 0
+	p, err := mooncake.NewEmbedded(o)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+func reportGPU(b *testing.B, name string, conn, anchor time.Duration, anchorName string) {
+	gbs := func(d time.Duration) float64 { return float64(gpuBenchBytes) * float64(b.N) / d.Seconds() / 1e9 }
+	b.ReportMetric(gbs(conn), name+"-GB/s")
+	b.ReportMetric(gbs(anchor), anchorName+"-GB/s")
+	b.ReportMetric(100*anchor.Seconds()/conn.Seconds(), name+"/"+anchorName+"-%")
+}
+
+var gpuBenchPages = []int{64 << 10, 256 << 10, 1 << 20}
+
+// BenchmarkGPULoad loads 256 MiB of pages stored in the embedded pool into device memory through
+// a worker (one synchronous StartLoad), alternating with the pinned H2D 64 MiB copy. "direct"
+// is the default path (pool memory registered, verified in place, one DMA per region); "staged"
+// copies through pinned staging (StagedTransfers).
+func BenchmarkGPULoad(b *testing.B) {
+	for _, page := range gpuBenchPages {
+		for _, mode := range []string{"direct", "direct,batch=8MiB", "direct,batch=16MiB", "direct,batch=64MiB", "staged"} {
+			b.Run(fmt.Sprintf("%dKiB/%s", page>>10, mode), func(b *testing.B) {
+				defer setDirectBatch(mode)()
+				g := newGPUBench(b, page)
+				pool := gpuPool(b)
+				opts := benchOptions()
+				ks := make([]string, len(g.hs))
+				for i, h := range g.hs {
+					ks[i] = opts.Namespace.PageKey(0, 32, uint64(page), h)
+				}
+				fillEmbedded(b, pool, ks, page)
+				w := g.worker(b, pool, mode == "staged")
+				b.ResetTimer()
+				ctx := context.Background()
+				var loadT, anchorT time.Duration
+				for b.Loop() {
+					anchorT += g.anchor(b, true)
+					t0 := time.Now()
+					w.BindMeta(Metadata{Loads: []RequestTransfers{g.meta}})
+					if err := w.StartLoad(ctx); err != nil {
+						b.Fatal(err)
+					}
+					loadT += time.Since(t0)
+				}
+				if f := w.TakeFailedLoadRequests(); len(f) > 0 {
+					b.Fatalf("failed loads %v", f)
+				}
+				reportGPU(b, "load", loadT, anchorT, "h2d")
+			})
+		}
+	}
+}
+
+// BenchmarkGPUSave saves 256 MiB of device pages into an empty embedded pool through a worker
+// (WaitForSave until GetFinished reports the request), alternating with the pinned D2H 64 MiB
+// copy. Each iteration makes a fresh pool and worker outside the timed part; the worker (role
+// both) registers the pool's memory with the device, which also faults it in.
+func BenchmarkGPUSave(b *testing.B) {
+	for _, page := range gpuBenchPages {
+		for _, mode := range []string{"direct", "direct,batch=8MiB", "staged"} {
+			b.Run(fmt.Sprintf("%dKiB/%s", page>>10, mode), func(b *testing.B) {
+				defer setDirectBatch(mode)()
+				g := newGPUBench(b, page)
+				ctx := context.Background()
+				var saveT, anchorT time.Duration
+				for b.Loop() {
+					b.StopTimer()
+					pool := gpuPool(b)
+					w := g.worker(b, pool, mode == "staged")
+					b.StartTimer()
+					anchorT += g.anchor(b, false)
+					t0 := time.Now()
+					w.BindMeta(Metadata{Saves: []RequestTransfers{g.meta}})
+					if err := w.WaitForSave(ctx); err != nil {
+						b.Fatal(err)
+					}
+					for {
+						fs, _, err := w.GetFinished([]string{"r"}, nil)
+						if err != nil {
+							b.Fatal(err)
+						}
+						if len(fs) == 1 {
+							break
+						}
+						time.Sleep(20 * time.Microsecond)
+					}
+					saveT += time.Since(t0)
+					b.StopTimer()
+					if st, _ := pool.Stats(ctx); st.Puts != int64(len(g.hs)) || st.PutFailures != 0 {
+						b.Fatalf("saved %d pages, %d failures", st.Puts, st.PutFailures)
+					}
+					_ = w.Close(ctx)
+					_ = pool.Close()
+					b.StartTimer()
+				}
+				reportGPU(b, "save", saveT, anchorT, "d2h")
+			})
+		}
+	}
+}
+
+// setDirectBatch sets directBatchBytes from a mode's "batch=NMiB" and returns the restore.
+func setDirectBatch(mode string) func() {
+	old := directBatchBytes
+	var mib int
+	if i := strings.Index(mode, "batch="); i >= 0 {
+		if _, err := fmt.Sscanf(mode[i:], "batch=%dMiB", &mib); err == nil && mib > 0 {
+			directBatchBytes = mib << 20
+		}
+	}
+	return func() { directBatchBytes = old }
+}
