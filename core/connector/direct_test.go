@@ -229,6 +229,9 @@ func TestSavesWriteIntoPoolMemory(t *testing.T) {
 		m := registeringMover{&hostMover{mem: src.mem, layout: l}, new(atomic.Int32), new(atomic.Int32)}
 		o := baseOptions()
 		o.StagedTransfers = staged
+		// Staging of two slots per direction: an in-place batch (all 15 values) is larger than
+		// the staging, which it must not touch.
+		o.StagingBufferBytes = 2 * 48
 		w, err := NewWorker(o, pool, m)
 		if err != nil {
 			t.Fatal(err)

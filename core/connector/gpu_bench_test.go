@@ -221,3 +221,64 @@ func setDirectBatch(mode string) func() {
 	}
 	return func() { directBatchBytes = old }
 }
+
+// BenchmarkGPUVerify is a diagnostic of the in-place load's pool side: BatchView over 256 MiB of
+// stored 1 MiB pages in 64 MiB batches, with the pool's memory "plain" (not registered),
+// "registered" with the device, and "registered+dma" (a goroutine copying 256 MiB of other
+// pinned memory to the device in a loop meanwhile, as a load's scatters do).
+func BenchmarkGPUVerify(b *testing.B) {
+	const page = 1 << 20
+	for _, mode := range []string{"plain", "registered", "registered+dma"} {
+		b.Run(mode, func(b *testing.B) {
+			g := newGPUBench(b, page)
+			pool := gpuPool(b)
+			opts := benchOptions()
+			ks := make([]string, len(g.hs))
+			for i, h := range g.hs {
+				ks[i] = opts.Namespace.PageKey(0, 32, page, h)
+			}
+			fillEmbedded(b, pool, ks, page)
+			if mode != "plain" {
+				for _, mem := range pool.MemoryRegions() {
+					r, err := g.d.RegisterHost(mem)
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.Cleanup(func() { _ = r.Close() })
+				}
+			}
+			stop := make(chan struct{})
+			done := make(chan struct{})
+			if mode == "registered+dma" {
+				go func() {
+					defer close(done)
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						_ = g.stream.CopyChunks(true, g.mem.Pointer(), g.pinned.Bytes(), gpuAnchorChunk)
+					}
+				}()
+			} else {
+				close(done)
+			}
+			ctx := context.Background()
+			b.SetBytes(int64(len(ks)) * page)
+			b.ResetTimer()
+			for b.Loop() {
+				for s := 0; s < len(ks); s += 64 {
+					v := pool.BatchView(ctx, ks[s:min(s+64, len(ks))])
+					if v.Codes[0] != page {
+						b.Fatalf("view = %d", v.Codes[0])
+					}
+					v.Release()
+				}
+			}
+			b.StopTimer()
+			close(stop)
+			<-done
+		})
+	}
+}

@@ -617,7 +617,9 @@ func (w *Worker) save(job saveJob) error {
 		}
 		for j, i := range todo {
 			putKeys[j] = chunk[i].key
-			bufs[j] = w.saveStage.Slot(set*batch + j)[:chunk[i].size]
+			if w.directPut == nil { // in place, the pool's reservation is the buffer
+				bufs[j] = w.saveStage.Slot(set*batch + j)[:chunk[i].size]
+			}
 			refs[j] = chunk[i].ref
 			if gids != nil {
 				gids[j] = chunkGroups[i]
