@@ -485,7 +485,18 @@ const parallelMinBytes = 512 << 10
 // forEach calls fn(0..n-1), on up to GOMAXPROCS goroutines when the batch moves at least
 // parallelMinBytes. Each index is handled once; fn must only touch state owned by its index.
 func forEach(n int, bytes int64, fn func(i int)) {
-	workers := runtime.GOMAXPROCS(0)
+	forEachOn(runtime.GOMAXPROCS(0), n, bytes, fn)
+}
+
+// forEachBeside is forEach leaving one CPU free, for the in-place calls (BatchView,
+// PutReservation.End) that run while the caller's GPU copy of the previous batch is being
+// issued: with every CPU hashing, the goroutine that issues that copy waited for the whole
+// batch's hashing, and the copy and the check ran one after the other (docs/perf/serve-gpu.md).
+func forEachBeside(n int, bytes int64, fn func(i int)) {
+	forEachOn(max(1, runtime.GOMAXPROCS(0)-1), n, bytes, fn)
+}
+
+func forEachOn(workers, n int, bytes int64, fn func(i int)) {
 	if workers > n {
 		workers = n
 	}

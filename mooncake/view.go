@@ -44,8 +44,7 @@ func (v *View) Release() {
 	})
 }
 
-// BatchView implements Viewer. The checks of a batch run on up to GOMAXPROCS goroutines, as
-// BatchGet's copies do.
+// BatchView implements Viewer. The checks of a batch run on up to GOMAXPROCS-1 goroutines.
 func (e *Embedded) BatchView(ctx context.Context, ks []string) *View {
 	out, held, misses := e.acquire(ctx, ks, nil)
 	v := &View{Bufs: make([][]byte, len(ks)), Codes: out, e: e, held: held}
@@ -55,7 +54,7 @@ func (e *Embedded) BatchView(ctx context.Context, ks []string) *View {
 			total += o.size
 		}
 	}
-	forEach(len(held), total, func(i int) {
+	forEachBeside(len(held), total, func(i int) {
 		o := held[i]
 		if o == nil {
 			return
@@ -122,13 +121,13 @@ func (e *Embedded) BatchPutStart(ctx context.Context, ks []string, sizes []int64
 	return p
 }
 
-// End takes each written value's checksum where it lies (on up to GOMAXPROCS goroutines for
+// End takes each written value's checksum where it lies (on up to GOMAXPROCS-1 goroutines for
 // large batches) and makes the values readable, with a lease of now. It returns the final code
 // of every key. A second call, or one after Revoke, returns the same codes and does nothing.
 func (p *PutReservation) End() []Code {
 	p.once.Do(func() {
 		r := p.r
-		forEach(len(r.work), r.bytes, func(j int) {
+		forEachBeside(len(r.work), r.bytes, func(j int) {
 			o := r.work[j].o
 			o.sum = keys.PageChecksum(o.seg.mem[o.off : o.off+o.size])
 		})
