@@ -492,8 +492,12 @@ func forEach(n int, bytes int64, fn func(i int)) {
 // PutReservation.End) that run while the caller's GPU copy of the previous batch is being
 // issued: with every CPU hashing, the goroutine that issues that copy waited for the whole
 // batch's hashing, and the copy and the check ran one after the other (docs/perf/serve-gpu.md).
-func forEachBeside(n int, bytes int64, fn func(i int)) {
-	forEachOn(max(1, runtime.GOMAXPROCS(0)-1), n, bytes, fn)
+func (e *Embedded) forEachBeside(n int, bytes int64, fn func(i int)) {
+	w := e.opts.InPlaceWorkers
+	if w <= 0 {
+		w = max(1, runtime.GOMAXPROCS(0)-1)
+	}
+	forEachOn(w, n, bytes, fn)
 }
 
 func forEachOn(workers, n int, bytes int64, fn func(i int)) {

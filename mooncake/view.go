@@ -54,7 +54,7 @@ func (e *Embedded) BatchView(ctx context.Context, ks []string) *View {
 			total += o.size
 		}
 	}
-	forEachBeside(len(held), total, func(i int) {
+	e.forEachBeside(len(held), total, func(i int) {
 		o := held[i]
 		if o == nil {
 			return
@@ -127,7 +127,7 @@ func (e *Embedded) BatchPutStart(ctx context.Context, ks []string, sizes []int64
 func (p *PutReservation) End() []Code {
 	p.once.Do(func() {
 		r := p.r
-		forEachBeside(len(r.work), r.bytes, func(j int) {
+		r.e.forEachBeside(len(r.work), r.bytes, func(j int) {
 			o := r.work[j].o
 			o.sum = keys.PageChecksum(o.seg.mem[o.off : o.off+o.size])
 		})

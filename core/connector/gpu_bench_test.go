@@ -6,11 +6,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/gpu"
 	"github.com/kvctl/kvctl/mooncake"
 )
@@ -74,13 +77,48 @@ func newGPUBench(b *testing.B, page int) *gpuBench {
 	return g
 }
 
+// timedMover records how long Scatter calls take and when they start, to see whether a load's
+// scatters overlap its pool checks.
+type timedMover struct {
+	gpu.Mover
+	mu       sync.Mutex
+	scatters int
+	busy     time.Duration
+}
+
+func (m *timedMover) Scatter(ctx context.Context, src [][]byte, pages []gpu.PageRef) error {
+	t0 := time.Now()
+	err := m.Mover.Scatter(ctx, src, pages)
+	m.mu.Lock()
+	m.scatters++
+	m.busy += time.Since(t0)
+	m.mu.Unlock()
+	return err
+}
+
+func (m *timedMover) RegisterHost(mem []byte) (io.Closer, error) {
+	return m.Mover.(gpu.HostRegistrar).RegisterHost(mem)
+}
+
 func (g *gpuBench) worker(b *testing.B, pool mooncake.Pool, staged bool) *Worker {
+	w, _, _ := g.timedWorker(b, pool, staged)
+	return w
+}
+
+// timedWorker is worker with its mover timed and a stats reporter that keeps phase totals.
+func (g *gpuBench) timedWorker(b *testing.B, pool mooncake.Pool, staged bool) (*Worker, *timedMover, *stats.Reporter) {
 	b.Helper()
-	m, err := g.d.NewMover(g.mem, g.layout, gpu.CUDAMoverOptions{})
+	cm, err := g.d.NewMover(g.mem, g.layout, gpu.CUDAMoverOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	m := &timedMover{Mover: cm}
+	rep, err := stats.NewReporter(stats.ReporterOptions{Logger: quietLogger()})
 	if err != nil {
 		b.Fatal(err)
 	}
 	o := benchOptions()
+	o.Stats = rep
 	o.StagedTransfers = staged
 	o.StagingBufferBytes = 256 << 20
 	w, err := NewWorker(o, pool, m)
@@ -91,7 +129,7 @@ func (g *gpuBench) worker(b *testing.B, pool mooncake.Pool, staged bool) *Worker
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = w.Close(context.Background()); _ = m.Close() })
-	return w
+	return w, m, rep
 }
 
 func (g *gpuBench) anchor(b *testing.B, toDevice bool) time.Duration {
@@ -102,10 +140,15 @@ func (g *gpuBench) anchor(b *testing.B, toDevice bool) time.Duration {
 	return time.Since(t0)
 }
 
-func gpuPool(b *testing.B) *mooncake.Embedded {
+// gpuPool makes the embedded pool of a GPU benchmark; mode may ask for "workers=N" in-place
+// checkers (mooncake.Options.InPlaceWorkers).
+func gpuPool(b *testing.B, mode string) *mooncake.Embedded {
 	o := mooncake.DefaultOptions()
 	o.Segments = []mooncake.SegmentSpec{{Name: "gpu-bench", Capacity: 2 * gpuBenchBytes}}
 	o.EvictionPeriod = 0
+	if i := strings.Index(mode, "workers="); i >= 0 {
+		_, _ = fmt.Sscanf(mode[i:], "workers=%d", &o.InPlaceWorkers)
+	}
 	p, err := mooncake.NewEmbedded(o)
 	if err != nil {
 		b.Fatal(err)
@@ -129,18 +172,19 @@ var gpuBenchPages = []int{64 << 10, 256 << 10, 1 << 20}
 // copies through pinned staging (StagedTransfers).
 func BenchmarkGPULoad(b *testing.B) {
 	for _, page := range gpuBenchPages {
-		for _, mode := range []string{"direct", "direct,batch=8MiB", "direct,batch=16MiB", "direct,batch=64MiB", "staged"} {
+		for _, mode := range []string{"direct", "direct,batch=8MiB", "direct,batch=16MiB", "direct,batch=32MiB",
+			"direct,workers=4", "direct,workers=8", "staged"} {
 			b.Run(fmt.Sprintf("%dKiB/%s", page>>10, mode), func(b *testing.B) {
 				defer setDirectBatch(mode)()
 				g := newGPUBench(b, page)
-				pool := gpuPool(b)
+				pool := gpuPool(b, mode)
 				opts := benchOptions()
 				ks := make([]string, len(g.hs))
 				for i, h := range g.hs {
 					ks[i] = opts.Namespace.PageKey(0, 32, uint64(page), h)
 				}
 				fillEmbedded(b, pool, ks, page)
-				w := g.worker(b, pool, mode == "staged")
+				w, tm, rep := g.timedWorker(b, pool, mode == "staged")
 				b.ResetTimer()
 				ctx := context.Background()
 				var loadT, anchorT time.Duration
@@ -157,6 +201,13 @@ func BenchmarkGPULoad(b *testing.B) {
 					b.Fatalf("failed loads %v", f)
 				}
 				reportGPU(b, "load", loadT, anchorT, "h2d")
+				// Where a load's time goes, per operation: the pool calls (get: checks or
+				// copies), the wait for the last scatter (sync), and the scatters' own time.
+				ph := rep.LoadTotals().Phases
+				perOp := func(d time.Duration) float64 { return d.Seconds() * 1e3 / float64(b.N) }
+				b.ReportMetric(perOp(ph[stats.PhaseGet].Wall), "get-ms/op")
+				b.ReportMetric(perOp(ph[stats.PhaseSync].Wall), "sync-ms/op")
+				b.ReportMetric(perOp(tm.busy), "scatter-ms/op")
 			})
 		}
 	}
@@ -168,7 +219,7 @@ func BenchmarkGPULoad(b *testing.B) {
 // both) registers the pool's memory with the device, which also faults it in.
 func BenchmarkGPUSave(b *testing.B) {
 	for _, page := range gpuBenchPages {
-		for _, mode := range []string{"direct", "direct,batch=8MiB", "staged"} {
+		for _, mode := range []string{"direct", "direct,batch=8MiB", "direct,workers=8", "staged"} {
 			b.Run(fmt.Sprintf("%dKiB/%s", page>>10, mode), func(b *testing.B) {
 				defer setDirectBatch(mode)()
 				g := newGPUBench(b, page)
@@ -176,7 +227,7 @@ func BenchmarkGPUSave(b *testing.B) {
 				var saveT, anchorT time.Duration
 				for b.Loop() {
 					b.StopTimer()
-					pool := gpuPool(b)
+					pool := gpuPool(b, mode)
 					w := g.worker(b, pool, mode == "staged")
 					b.StartTimer()
 					anchorT += g.anchor(b, false)
@@ -225,13 +276,14 @@ func setDirectBatch(mode string) func() {
 // BenchmarkGPUVerify is a diagnostic of the in-place load's pool side: BatchView over 256 MiB of
 // stored 1 MiB pages in 64 MiB batches, with the pool's memory "plain" (not registered),
 // "registered" with the device, and "registered+dma" (a goroutine copying 256 MiB of other
-// pinned memory to the device in a loop meanwhile, as a load's scatters do).
+// pinned memory to the device in a loop meanwhile, as a load's scatters do, whose rate it
+// reports as dma-GB/s); "workers=N" sets the pool's in-place checkers.
 func BenchmarkGPUVerify(b *testing.B) {
 	const page = 1 << 20
-	for _, mode := range []string{"plain", "registered", "registered+dma"} {
+	for _, mode := range []string{"plain", "registered", "registered+dma", "registered+dma,workers=8", "registered+dma,workers=4"} {
 		b.Run(mode, func(b *testing.B) {
 			g := newGPUBench(b, page)
-			pool := gpuPool(b)
+			pool := gpuPool(b, mode)
 			opts := benchOptions()
 			ks := make([]string, len(g.hs))
 			for i, h := range g.hs {
@@ -249,7 +301,9 @@ func BenchmarkGPUVerify(b *testing.B) {
 			}
 			stop := make(chan struct{})
 			done := make(chan struct{})
-			if mode == "registered+dma" {
+			var dmaBytes int64
+			var dmaTime time.Duration
+			if strings.Contains(mode, "+dma") {
 				go func() {
 					defer close(done)
 					for {
@@ -258,7 +312,10 @@ func BenchmarkGPUVerify(b *testing.B) {
 							return
 						default:
 						}
+						t0 := time.Now()
 						_ = g.stream.CopyChunks(true, g.mem.Pointer(), g.pinned.Bytes(), gpuAnchorChunk)
+						dmaTime += time.Since(t0)
+						dmaBytes += gpuBenchBytes
 					}
 				}()
 			} else {
@@ -279,6 +336,10 @@ func BenchmarkGPUVerify(b *testing.B) {
 			b.StopTimer()
 			close(stop)
 			<-done
+			if dmaTime > 0 {
+				// The copy engines' rate while the checks ran (the last copy may end after them).
+				b.ReportMetric(float64(dmaBytes)/dmaTime.Seconds()/1e9, "dma-GB/s")
+			}
 		})
 	}
 }

@@ -56,7 +56,7 @@ type loadResult struct {
 // mover call pays a fixed cost (about 40 µs on an H200) that 64 small pages do not cover
 // (docs/perf/gpu.md) and large pages need no more to keep the link busy. Staged transfers are
 // bounded by their slots instead. A variable so the GPU benchmarks can compare sizes.
-var directBatchBytes = 32 << 20
+var directBatchBytes = 64 << 20
 
 // directBatchMaxPages bounds a batch of pages read in place, whatever their size.
 const directBatchMaxPages = 8192

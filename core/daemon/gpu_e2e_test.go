@@ -47,8 +47,8 @@ type torchSummary struct {
 	// measured by the engine before the cold pass and after the warm pass.
 	Anchor      map[string]float64 `json:"anchor"`
 	AnchorAfter map[string]float64 `json:"anchor_after"`
-	OK             bool                  `json:"ok"`
-	Problems       []string              `json:"problems"`
+	OK          bool               `json:"ok"`
+	Problems    []string           `json:"problems"`
 }
 
 // TestGPUTorchEngine is the end-to-end run with a PyTorch process as the engine: it registers a
