@@ -219,7 +219,7 @@ func BenchmarkGPULoad(b *testing.B) {
 // both) registers the pool's memory with the device, which also faults it in.
 func BenchmarkGPUSave(b *testing.B) {
 	for _, page := range gpuBenchPages {
-		for _, mode := range []string{"direct", "direct,batch=8MiB", "direct,workers=8", "staged"} {
+		for _, mode := range []string{"direct", "direct,batch=8MiB", "direct,batch=64MiB", "direct,workers=8", "staged"} {
 			b.Run(fmt.Sprintf("%dKiB/%s", page>>10, mode), func(b *testing.B) {
 				defer setDirectBatch(mode)()
 				g := newGPUBench(b, page)
@@ -261,16 +261,17 @@ func BenchmarkGPUSave(b *testing.B) {
 	}
 }
 
-// setDirectBatch sets directBatchBytes from a mode's "batch=NMiB" and returns the restore.
+// setDirectBatch sets directBatchBytes and directSaveBatchBytes from a mode's "batch=NMiB" and
+// returns the restore.
 func setDirectBatch(mode string) func() {
-	old := directBatchBytes
+	oldLoad, oldSave := directBatchBytes, directSaveBatchBytes
 	var mib int
 	if i := strings.Index(mode, "batch="); i >= 0 {
 		if _, err := fmt.Sscanf(mode[i:], "batch=%dMiB", &mib); err == nil && mib > 0 {
-			directBatchBytes = mib << 20
+			directBatchBytes, directSaveBatchBytes = mib<<20, mib<<20
 		}
 	}
-	return func() { directBatchBytes = old }
+	return func() { directBatchBytes, directSaveBatchBytes = oldLoad, oldSave }
 }
 
 // BenchmarkGPUVerify is a diagnostic of the in-place load's pool side: BatchView over 256 MiB of

@@ -58,6 +58,10 @@ type loadResult struct {
 // bounded by their slots instead. A variable so the GPU benchmarks can compare sizes.
 var directBatchBytes = 64 << 20
 
+// directSaveBatchBytes is directBatchBytes for saves: measured against 64 MiB on the H200,
+// 32 MiB batches saved 64 KiB to 1 MiB pages 1–6 points of the link faster.
+var directSaveBatchBytes = 32 << 20
+
 // directBatchMaxPages bounds a batch of pages read in place, whatever their size.
 const directBatchMaxPages = 8192
 

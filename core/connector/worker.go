@@ -557,14 +557,14 @@ func (w *Worker) save(job saveJob) error {
 	}
 	batch := max(1, min(w.opts.TransferBatchSize, w.saveStage.Slots()/sets))
 	if w.directPut != nil {
-		// Written in place: no slots bound the batch, which holds directBatchBytes as a load
-		// batch does, and the next gather always overlaps the last End.
+		// Written in place: no slots bound the batch, which holds directSaveBatchBytes, and
+		// the next gather always overlaps the last End.
 		sets = 2
 		largest := 1
 		for _, it := range items {
 			largest = max(largest, it.size)
 		}
-		batch = min(directBatchMaxPages, max(1, directBatchBytes/largest))
+		batch = min(directBatchMaxPages, max(1, directSaveBatchBytes/largest))
 	}
 	var failed, attempted, refusedTTL int
 	var inflight chan []mooncake.Code
