@@ -26,6 +26,10 @@
 //   - integrity: every page's XXH3-64 checksum (keys.PageChecksum) is taken at put and
 //     checked at get (and by BatchView, in place); a mismatch is ErrChecksumMismatch and the
 //     bytes must not be used.
+//   - in place: Embedded is also a Viewer (BatchView leases and checks values where they lie
+//     and returns views of pool memory) and a Reserver (BatchPutStart hands out the memory a
+//     value will live in; End takes its checksum there), so the connector can copy pages between
+//     the GPU and pool memory registered with the driver without a staging copy.
 //
 // Embedded implements both Pool and Inspector. NewAdminHandler serves an Inspector with the
 // master's admin endpoints and formats (checked against responses recorded from a real
