@@ -31,6 +31,10 @@
 //     value will live in; End takes its checksum there), so the connector can copy pages between
 //     the GPU and pool memory registered with the driver without a staging copy.
 //
+// Native implements Pool over a real Mooncake cluster: the master's RPC protocol (package
+// masterrpc) for metadata and the Transfer Engine's TCP transport (package transfer) for bytes;
+// docs/mooncake.md says what it speaks and which release it is proven against.
+//
 // Embedded implements both Pool and Inspector. NewAdminHandler serves an Inspector with the
 // master's admin endpoints and formats (checked against responses recorded from a real
 // master in testdata/http); NewAdminClient talks to a real master or to that handler.

@@ -29,6 +29,9 @@ type Scheduler struct {
 	unconfirmed  map[string]int // request -> block ordinal its last emitted saves end at
 	pendingAsync []RequestTransfers
 	warnedMM     bool
+	// contextOnly holds, in speculative-prefill mode, the requests a lookup accepted as
+	// context-only; BuildMeta refuses a new request outside it (the backstop of seed commit 5).
+	contextOnly map[string]bool
 }
 
 // reqState is what the adapter keeps per request.
@@ -40,6 +43,11 @@ type reqState struct {
 	offerFirst  int // first offered block ordinal
 	offerBlocks int // offered blocks, settled to the honoured part once the allocation is reported
 	offerAsync  bool
+
+	// lookupGen numbers this request's lookups. The pool is asked without the adapter's lock,
+	// so a lookup whose answer arrives after a newer lookup of the same request started (or
+	// after the request was forgotten) leaves the offer alone.
+	lookupGen uint64
 
 	savedUpto       int // blocks below are confirmed saved (or loaded)
 	asyncLoadedUpto int // blocks below came from an asynchronous load and are never saved back
@@ -61,6 +69,7 @@ func NewScheduler(opts Options, pool mooncake.Pool) (*Scheduler, error) {
 		pool:        pool,
 		log:         opts.Logger,
 		reqs:        map[string]*reqState{},
+		contextOnly: map[string]bool{},
 		unconfirmed: map[string]int{},
 	}
 	if opts.Role.Loads() {
@@ -132,7 +141,15 @@ func (s *Scheduler) lookup(ctx context.Context, req Request, numComputed int) (i
 		return 0, false, fmt.Errorf("request %s: %d computed tokens out of %d", req.ID, numComputed, len(req.Tokens))
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	locked := true
+	defer func() {
+		if locked {
+			s.mu.Unlock()
+		}
+	}()
+	if s.opts.SpeculativePrefill {
+		s.contextOnly[req.ID] = true
+	}
 	if keys.Bypassed(req.HasMultimodal, req.Scope) {
 		if !s.warnedMM {
 			s.warnedMM = true
@@ -174,9 +191,23 @@ func (s *Scheduler) lookup(ctx context.Context, req Request, numComputed int) (i
 	if first >= last {
 		return 0, false, nil
 	}
-	hit := s.countPrefixHit(ctx, st.chain.Hashes()[first:last])
+	st.lookupGen++
+	gen := st.lookupGen
+	probeKeys := s.blockKeys(st.chain.Hashes()[first:last])
+	// The pool may be a network round trip away: other requests' lookups, allocations and
+	// metadata of this engine go on meanwhile.
+	s.mu.Unlock()
+	locked = false
+	status := s.pool.BatchIsExist(ctx, probeKeys)
+	hit := s.countPrefixHit(status, last-first)
 	s.stats.TickHoles()
 	if hit == 0 {
+		return 0, false, nil
+	}
+	s.mu.Lock()
+	locked = true
+	if s.reqs[req.ID] != st || st.lookupGen != gen {
+		// A newer lookup of this request, or its end, overtook this one; its answer stands.
 		return 0, false, nil
 	}
 	st.offerFirst, st.offerBlocks, st.offerAsync = first, hit, s.opts.AsyncLoad
@@ -184,23 +215,29 @@ func (s *Scheduler) lookup(ctx context.Context, req Request, numComputed int) (i
 	return hit * T, s.opts.AsyncLoad, nil
 }
 
-// countPrefixHit asks the pool once for every key of every candidate block and returns the
-// number of leading complete blocks. The same answer feeds the hole stats. A failed probe or
-// an answer of the wrong length is a miss.
-func (s *Scheduler) countPrefixHit(ctx context.Context, hashes []keys.Hash) int {
+// blockKeys lists every key of every candidate block, block by block, for one existence probe.
+// It reads only the geometry, which is fixed once the layout is registered.
+func (s *Scheduler) blockKeys(hashes []keys.Hash) []string {
 	g := s.geom
 	all := make([]string, 0, len(hashes)*g.keysPerBlock)
 	for _, h := range hashes {
 		all = s.opts.Namespace.AppendBlockKeys(all, s.opts.TokensPerBlock, g.groups, h)
 	}
-	status := s.pool.BatchIsExist(ctx, all)
-	complete := make([]bool, len(hashes))
-	if len(status) != len(all) {
-		s.log.Warn(fmt.Sprintf("batch_is_exist returned %d results for %d keys; treating as a miss", len(status), len(all)))
+	return all
+}
+
+// countPrefixHit folds the pool's answer for the keys of blocks candidate blocks (blockKeys
+// order) into the number of leading complete blocks. The same answer feeds the hole stats. A
+// failed probe or an answer of the wrong length is a miss.
+func (s *Scheduler) countPrefixHit(status []int, blocks int) int {
+	per := s.geom.keysPerBlock
+	complete := make([]bool, blocks)
+	if len(status) != blocks*per {
+		s.log.Warn(fmt.Sprintf("batch_is_exist returned %d results for %d keys; treating as a miss", len(status), blocks*per))
 	} else {
-		for i := range hashes {
+		for i := range blocks {
 			complete[i] = true
-			for _, v := range status[i*g.keysPerBlock : (i+1)*g.keysPerBlock] {
+			for _, v := range status[i*per : (i+1)*per] {
 				if v != 1 {
 					complete[i] = false
 					break
@@ -292,9 +329,20 @@ func (s *Scheduler) UpdateStateAfterAlloc(reqID string, blockIDsByGroup [][]int,
 // synchronous offer, and saves of the blocks past its save mark that this pass completes
 // (computed position + honoured restore + scheduled tokens), bounded by the blocks that have a
 // hash and a page in every group.
+//
+// In speculative-prefill mode a new request that no lookup accepted as context-only is refused
+// with ErrNotContextOnly before any state is recorded: a request that skipped the lookup could
+// otherwise have its draft KV saved from a pass that may reject draft tokens.
 func (s *Scheduler) BuildMeta(out SchedulerOutput) (Metadata, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.opts.SpeculativePrefill && s.opts.Role.Transfers() {
+		for _, rd := range out.NewRequests {
+			if !rd.Dummy && !s.contextOnly[rd.ID] {
+				return Metadata{}, fmt.Errorf("request %s: %w; it reached the scheduler output without a context-only lookup", rd.ID, ErrNotContextOnly)
+			}
+		}
+	}
 	for _, id := range out.SubmittedSaves {
 		if end, ok := s.unconfirmed[id]; ok {
 			if st := s.reqs[id]; st != nil {
@@ -424,6 +472,7 @@ func (s *Scheduler) RequestReset(reqID string) {
 
 func (s *Scheduler) forget(reqID string) {
 	delete(s.reqs, reqID)
+	delete(s.contextOnly, reqID)
 	delete(s.unconfirmed, reqID)
 	kept := s.pendingAsync[:0]
 	for _, t := range s.pendingAsync {

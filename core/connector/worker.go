@@ -47,6 +47,7 @@ type Worker struct {
 	closedGen   map[string]bool // finished requests waiting for their saves
 	announced   map[string]bool // parked requests the engine said it started loading
 	async       map[string]*asyncLoad
+	protocol    protocolState
 	kept        error
 	closed      bool
 	warnedTTL   bool
@@ -105,6 +106,7 @@ func NewWorker(opts Options, pool mooncake.Pool, mover gpu.Mover) (*Worker, erro
 		closedGen:   map[string]bool{},
 		announced:   map[string]bool{},
 		async:       map[string]*asyncLoad{},
+		protocol:    newProtocolState(),
 	}
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	if opts.Role.Loads() {
@@ -320,6 +322,7 @@ func (w *Worker) Err() error {
 func (w *Worker) BindMeta(meta Metadata) {
 	w.mu.Lock()
 	w.bound = Metadata{Loads: slices.Clone(meta.Loads), Saves: slices.Clone(meta.Saves)}
+	w.protocol.bind(meta)
 	w.mu.Unlock()
 	for _, t := range meta.AsyncLoads {
 		_ = w.StartAsyncLoad(t.RequestID, t.Pages)
@@ -327,14 +330,24 @@ func (w *Worker) BindMeta(meta Metadata) {
 }
 
 // DropBoundSaves removes the given requests' saves from the bound metadata, so a request whose
-// load failed does not publish pages it never computed. It is idempotent.
-func (w *Worker) DropBoundSaves(ids []string) {
+// load failed does not publish pages it never computed. It is idempotent. A request that is
+// neither in the bound pass nor handed back by TakeFailedLoadRequests or
+// TakeFailedAsyncLoadRequests since is a misreported id: nothing is dropped and a fail-stop
+// error wrapping ErrMisreportedRequest is kept and returned.
+func (w *Worker) DropBoundSaves(ids []string) error {
 	if len(ids) == 0 {
-		return
+		return nil
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if err := w.usableLocked(); err != nil {
+		return err
+	}
+	if err := w.protocol.checkDrop(ids); err != nil {
+		return w.keepLocked(err)
+	}
 	w.dropBoundSavesLocked(ids)
+	return nil
 }
 
 func (w *Worker) dropBoundSavesLocked(ids []string) {
@@ -359,6 +372,12 @@ func (w *Worker) dropBoundSavesLocked(ids []string) {
 func (w *Worker) StartLoad(ctx context.Context) error {
 	w.mu.Lock()
 	if err := w.usableLocked(); err != nil {
+		w.mu.Unlock()
+		return err
+	}
+	if len(w.failedSync) > 0 {
+		err := w.keepLocked(fmt.Errorf("%w: StartLoad called again while requests %v, handed back by the previous StartLoad, were never taken; an engine that reads reports_failed_loads must call TakeFailedLoadRequests after every StartLoad",
+			ErrFailedLoadsNotTaken, w.failedSync))
 		w.mu.Unlock()
 		return err
 	}
@@ -441,6 +460,7 @@ func (w *Worker) TakeFailedLoadRequests() []string {
 	defer w.mu.Unlock()
 	ids := w.failedSync
 	w.failedSync = nil
+	w.protocol.handBack(ids)
 	return ids
 }
 
@@ -451,6 +471,7 @@ func (w *Worker) TakeFailedAsyncLoadRequests() []string {
 	defer w.mu.Unlock()
 	ids := w.failedAsync
 	w.failedAsync = nil
+	w.protocol.handBack(ids)
 	return ids
 }
 
@@ -703,6 +724,7 @@ func (w *Worker) StartAsyncLoad(reqID string, pages []PageTransfer) error {
 	}
 	a := &asyncLoad{id: reqID, pages: pages, enqueued: w.opts.Clock()}
 	w.async[reqID] = a
+	w.protocol.finished.remove(reqID)
 	if len(pages) == 0 {
 		a.done = true
 		return nil
@@ -789,14 +811,31 @@ func (w *Worker) loadParked(i int, a *asyncLoad, mover gpu.Mover, stage gpu.Stag
 // GetFinished reports the finished requests whose saves are all done (finishedSaving) and the
 // parked requests whose asynchronous load is done (finishedLoading). A finished request is
 // reported only once it was passed in finishedGen, a parked one only once it was announced in
-// startedLoading; an announced request with no load queued is reported finished and failed. A
-// failed load is then handed out by TakeFailedAsyncLoadRequests.
+// startedLoading. A failed load is then handed out by TakeFailedAsyncLoadRequests, which the
+// engine must call before the next GetFinished. Announcing a request with no asynchronous load
+// queued, or one an earlier GetFinished already reported finished, is a misreported id: the
+// call fails with a fail-stop error wrapping ErrMisreportedRequest rather than act on the wrong
+// request.
 func (w *Worker) GetFinished(finishedGen, startedLoading []string) (finishedSaving, finishedLoading []string, err error) {
 	defer w.stats.TickLoads()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err := w.usableLocked(); err != nil {
 		return nil, nil, err
+	}
+	if len(w.failedAsync) > 0 {
+		return nil, nil, w.keepLocked(fmt.Errorf("%w: GetFinished called again while parked requests %v, whose asynchronous loads failed, were never taken; an engine that reads reports_failed_loads must call TakeFailedAsyncLoadRequests after every GetFinished",
+			ErrFailedLoadsNotTaken, w.failedAsync))
+	}
+	for _, id := range startedLoading {
+		if w.async[id] != nil {
+			continue
+		}
+		why := "no asynchronous load was queued for it"
+		if w.protocol.finished.has(id) {
+			why = "an earlier GetFinished already reported its load finished"
+		}
+		return nil, nil, w.keepLocked(fmt.Errorf("%w: the engine announced request %q as loading asynchronously, but %s", ErrMisreportedRequest, id, why))
 	}
 	for _, id := range finishedGen {
 		w.closedGen[id] = true
@@ -812,19 +851,15 @@ func (w *Worker) GetFinished(finishedGen, startedLoading []string) (finishedSavi
 	}
 	for id := range w.announced {
 		a := w.async[id]
-		switch {
-		case a == nil:
-			finishedLoading = append(finishedLoading, id)
-			w.failedAsync = append(w.failedAsync, id)
-		case a.done:
-			finishedLoading = append(finishedLoading, id)
-			if a.failed {
-				w.failedAsync = append(w.failedAsync, id)
-			}
-			delete(w.async, id)
-		default:
+		if a == nil || !a.done {
 			continue
 		}
+		finishedLoading = append(finishedLoading, id)
+		if a.failed {
+			w.failedAsync = append(w.failedAsync, id)
+		}
+		delete(w.async, id)
+		w.protocol.finished.add(id)
 		delete(w.announced, id)
 	}
 	slices.Sort(finishedSaving)
