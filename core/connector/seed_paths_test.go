@@ -172,14 +172,7 @@ func TestZeroTokenAsyncHonourQueuesEmptyTransfer(t *testing.T) {
 	if err != nil || len(meta.AsyncLoads) != 1 || meta.AsyncLoads[0].RequestID != "r" || len(meta.AsyncLoads[0].Pages) != 0 {
 		t.Fatalf("async transfers %+v, %v; want one empty transfer for r", meta.AsyncLoads, err)
 	}
-	w, err := NewWorker(ao, pool, newHostMover(testLayout(64)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.RegisterLayout(testLayout(64)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	w := newTestWorker(t, ao, pool, 64)
 	w.BindMeta(meta)
 	_, fl, err := w.GetFinished(nil, []string{"r"})
 	if err != nil || len(fl) != 1 || len(w.TakeFailedAsyncLoadRequests()) != 0 {
@@ -261,7 +254,7 @@ func TestLoadPagesAcrossCallsAndShortResults(t *testing.T) {
 	}
 	// Two slot sets of 4: calls of 4 keys. Call 1 (a's values 4..7) comes back short.
 	pool := &scriptedPool{Pool: mem, short: map[int]bool{1: true}}
-	res, err := loadPages(context.Background(), pool, mover, stage, 64, items, nil)
+	res, err := loadPages(context.Background(), pool, nil, mover, stage, 64, items, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

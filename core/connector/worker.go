@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"runtime"
 	"slices"
@@ -54,6 +55,13 @@ type Worker struct {
 	saveQ     *fifo[saveJob]
 	saveMover gpu.Mover
 	saveStage gpu.Staging
+
+	// direct is the pool read in place by loads and directPut the pool saves write into in
+	// place (nil: through staging); regs hold the registrations of its memory with the
+	// mover's device, released by Close.
+	direct    mooncake.Viewer
+	directPut mooncake.Reserver
+	regs      []io.Closer
 
 	asyncQ       *fifo[*asyncLoad]
 	asyncMovers  []gpu.Mover
@@ -228,6 +236,11 @@ func (w *Worker) RegisterLayout(l gpu.Layout) error {
 		}
 	}
 
+	if !w.opts.StagedTransfers {
+		if regs, v := w.registerPoolMemory(); v != nil {
+			w.direct, w.directPut, w.regs = v, v.(mooncake.Reserver), regs
+		}
+	}
 	w.loadStage = loadStage
 	if saveMover != nil {
 		w.saveMover, w.saveStage, w.saveQ = saveMover, saveStage, newFIFO[saveJob]()
@@ -242,6 +255,39 @@ func (w *Worker) RegisterLayout(l gpu.Layout) error {
 		}
 	}
 	return nil
+}
+
+// registerPoolMemory registers every region of an in-process pool with the mover, so loads can
+// copy pages straight from pool memory. It returns nil when the pool or the mover cannot do
+// that, or when a registration fails (the failure is logged and loads use staging).
+func (w *Worker) registerPoolMemory() ([]io.Closer, mooncake.Viewer) {
+	v, ok := w.pool.(mooncake.Viewer)
+	if !ok {
+		return nil, nil
+	}
+	if _, ok := w.pool.(mooncake.Reserver); !ok {
+		return nil, nil
+	}
+	r, ok := w.mover.(gpu.HostRegistrar)
+	if !ok {
+		return nil, nil
+	}
+	var regs []io.Closer
+	var total int
+	for _, mem := range v.MemoryRegions() {
+		c, err := r.RegisterHost(mem)
+		if err != nil {
+			for _, c := range regs {
+				_ = c.Close()
+			}
+			w.log.Warn(fmt.Sprintf("mooncake-store transfers copy through staging: registering pool memory with the device failed: %v", err))
+			return nil, nil
+		}
+		regs = append(regs, c)
+		total += len(mem)
+	}
+	w.log.Info(fmt.Sprintf("mooncake-store transfers use pool memory in place: %d region(s), %.1f MiB registered", len(regs), float64(total)/(1<<20)))
+	return regs, v
 }
 
 // keep records err as the worker's error if it has none yet, and returns the kept error.
@@ -362,7 +408,7 @@ func (w *Worker) StartLoad(ctx context.Context) error {
 	if err != nil {
 		return w.keep(err)
 	}
-	res, err := loadPages(ctx, w.pool, w.mover, stage, w.opts.TransferBatchSize, items, sample)
+	res, err := loadPages(ctx, w.pool, w.direct, w.mover, stage, w.opts.TransferBatchSize, items, sample)
 	if sample != nil {
 		sample.Transfer = time.Since(began)
 		w.stats.RecordLoad(sample)
@@ -489,7 +535,8 @@ func (w *Worker) saveLoop() {
 }
 
 // save writes one job: per batch, the keys not yet in the pool are gathered into staging slots
-// and put with the rank's ReplicateConfig.
+// and put with the rank's ReplicateConfig, or, when the pool's memory is registered, reserved in
+// the pool, gathered straight into it and committed.
 func (w *Worker) save(job saveJob) error {
 	ctx := w.ctx
 	if job.fence != nil {
@@ -530,6 +577,16 @@ func (w *Worker) save(job saveJob) error {
 		sets = 2
 	}
 	batch := max(1, min(w.opts.TransferBatchSize, w.saveStage.Slots()/sets))
+	if w.directPut != nil {
+		// Written in place: no slots bound the batch, which holds directSaveBatchBytes, and
+		// the next gather always overlaps the last End.
+		sets = 2
+		largest := 1
+		for _, it := range items {
+			largest = max(largest, it.size)
+		}
+		batch = min(directBatchMaxPages, max(1, directSaveBatchBytes/largest))
+	}
 	var failed, attempted, refusedTTL int
 	var inflight chan []mooncake.Code
 	var inflightN int
@@ -581,20 +638,47 @@ func (w *Worker) save(job saveJob) error {
 		}
 		for j, i := range todo {
 			putKeys[j] = chunk[i].key
-			bufs[j] = w.saveStage.Slot(set*batch + j)[:chunk[i].size]
+			if w.directPut == nil { // in place, the pool's reservation is the buffer
+				bufs[j] = w.saveStage.Slot(set*batch + j)[:chunk[i].size]
+			}
 			refs[j] = chunk[i].ref
 			if gids != nil {
 				gids[j] = chunkGroups[i]
 			}
 		}
-		if err := w.saveMover.Gather(ctx, refs, bufs); err != nil {
-			return fmt.Errorf("gather pages: %w", err)
-		}
-		settle()
 		cfg := w.replicateConfig()
 		cfg.GroupIDs = gids
 		done := make(chan []mooncake.Code, 1)
-		go func() { done <- w.pool.BatchPut(ctx, putKeys, bufs, cfg) }()
+		if w.directPut != nil {
+			// Gather straight into the pool memory reserved for the keys; End takes the
+			// checksums there and makes the values readable.
+			sizes := make([]int64, len(todo))
+			for j, i := range todo {
+				sizes[j] = int64(chunk[i].size)
+			}
+			r := w.directPut.BatchPutStart(ctx, putKeys, sizes, cfg)
+			var gRefs []gpu.PageRef
+			var gBufs [][]byte
+			for j := range todo {
+				if r.Bufs[j] != nil {
+					gRefs, gBufs = append(gRefs, refs[j]), append(gBufs, r.Bufs[j])
+				}
+			}
+			if len(gRefs) > 0 {
+				if err := w.saveMover.Gather(ctx, gRefs, gBufs); err != nil {
+					r.Revoke()
+					return fmt.Errorf("gather pages: %w", err)
+				}
+			}
+			settle()
+			go func() { done <- r.End() }()
+		} else {
+			if err := w.saveMover.Gather(ctx, refs, bufs); err != nil {
+				return fmt.Errorf("gather pages: %w", err)
+			}
+			settle()
+			go func() { done <- w.pool.BatchPut(ctx, putKeys, bufs, cfg) }()
+		}
 		inflight, inflightN = done, len(todo)
 		if sets == 2 {
 			set ^= 1
@@ -705,7 +789,7 @@ func (w *Worker) loadParked(i int, a *asyncLoad, mover gpu.Mover, stage gpu.Stag
 	if err != nil {
 		return true, err
 	}
-	res, err := loadPages(w.ctx, w.pool, mover, stage, w.opts.TransferBatchSize, items, sample)
+	res, err := loadPages(w.ctx, w.pool, w.direct, mover, stage, w.opts.TransferBatchSize, items, sample)
 	if sample != nil {
 		sample.Transfer = time.Since(began)
 	}
@@ -840,5 +924,11 @@ func (w *Worker) Close(ctx context.Context) error {
 			}
 		}
 	}
+	for _, r := range w.regs {
+		if err := r.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("unregister pool memory: %w", err))
+		}
+	}
+	w.regs = nil
 	return errors.Join(errs...)
 }

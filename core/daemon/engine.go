@@ -227,7 +227,7 @@ func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (*
 			return nil, status.Errorf(codes.FailedPrecondition, "register: open engine memory: %v", err)
 		}
 	}
-	if e.worker, err = connector.NewWorker(opts, d.pool, e.mover); err != nil {
+	if e.worker, err = connector.NewWorker(opts, d.connectorPool(), e.mover); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
 	}
 	if err := e.worker.RegisterLayout(layout); err != nil {

@@ -684,8 +684,9 @@ func (o *offline) startRequest(r *rank, q *schedReq) (float64, error) {
 	return q.loadSec, nil
 }
 
-// contextDone commits q's prompt to the local cache, saves its computed blocks to the pool and
-// records its hits, when its last prompt chunk computed in the pass ending at end.
+// contextDone commits q's prompt to the local cache, saves its computed blocks to the pool,
+// ends the connector's part of the request and records its hits, when its last prompt chunk
+// computed in the pass ending at end.
 func (o *offline) contextDone(r *rank, q *schedReq, end time.Duration) error {
 	id := q.q.ID
 	if err := r.mgr.Commit(q.mid, q.t32); err != nil {
@@ -702,6 +703,11 @@ func (o *offline) contextDone(r *rank, q *schedReq, end time.Duration) error {
 	if err := r.w.WaitForSave(o.ctx); err != nil {
 		return fmt.Errorf("request %s: save: %w", id, err)
 	}
+	// The connector is done with the request: generated tokens are not saved. Its saves join
+	// the ones drain waits for before the next lookup, so no save is in flight during one.
+	if r.sched.RequestFinished(id) {
+		r.saving = append(r.saving, id)
+	}
 	q.phase = phaseGenerating
 	if !q.accounted {
 		q.accounted = true
@@ -711,11 +717,8 @@ func (o *offline) contextDone(r *rank, q *schedReq, end time.Duration) error {
 	return nil
 }
 
-// finishRequest ends q: its saves may still be in flight, its cache is freed.
+// finishRequest ends q and frees its cache.
 func (o *offline) finishRequest(r *rank, q *schedReq, end time.Duration) error {
-	if r.sched.RequestFinished(q.q.ID) {
-		r.saving = append(r.saving, q.q.ID)
-	}
 	if err := r.mgr.Free(q.mid); err != nil {
 		return err
 	}
