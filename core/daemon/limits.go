@@ -54,6 +54,11 @@ type Limits struct {
 	// MaxStagingBufferBytes bounds staging_buffer_bytes, the host staging an engine rank may
 	// ask for per direction.
 	MaxStagingBufferBytes uint64
+	// MaxLiveRequests bounds the requests one scheduler rank tracks at once (looked up and not
+	// yet finished or reset).
+	MaxLiveRequests int
+	// MaxTrackedTokens bounds the tokens one scheduler rank holds over all its live requests.
+	MaxTrackedTokens int
 }
 
 // DefaultLimits returns the limits kvctl serve runs with.
@@ -78,6 +83,8 @@ func DefaultLimits() Limits {
 		MaxRequestIDBytes:    1024,
 		// The flag's own ceiling is 1 GiB; an engine may ask for up to 4 GiB.
 		MaxStagingBufferBytes: 4 << 30,
+		MaxLiveRequests:       1 << 16,
+		MaxTrackedTokens:      1 << 27,
 	}
 }
 
@@ -104,6 +111,8 @@ func (l Limits) withDefaults() Limits {
 	set(&l.MaxTokensPerRequest, d.MaxTokensPerRequest)
 	set(&l.MaxKeysPerLookup, d.MaxKeysPerLookup)
 	set(&l.MaxRequestIDBytes, d.MaxRequestIDBytes)
+	set(&l.MaxLiveRequests, d.MaxLiveRequests)
+	set(&l.MaxTrackedTokens, d.MaxTrackedTokens)
 	if l.MaxPageBytes == 0 {
 		l.MaxPageBytes = d.MaxPageBytes
 	}
@@ -269,7 +278,27 @@ func (d *Daemon) checkLookup(ctx context.Context, name string, r connector.Reque
 	if world < 1 {
 		world = 1
 	}
-	return d.sec.limits.checkRequest("lookup", r.ID, len(r.Tokens), e.layout.TokensPerBlock, len(e.layout.Groups)*(world+1))
+	if err := d.sec.limits.checkRequest("lookup", r.ID, len(r.Tokens), e.layout.TokensPerBlock, len(e.layout.Groups)*(world+1)); err != nil {
+		return err
+	}
+	return d.sec.limits.checkTracked("lookup", e, r.ID, len(r.Tokens), true)
+}
+
+// checkTracked refuses a call that would make the engine's scheduler hold more requests or
+// tokens than the limits: a request it does not track yet (when count is set), or tokens past
+// the total.
+func (l Limits) checkTracked(call string, e *engine, id string, newTokens int, count bool) error {
+	if e.scheduler == nil {
+		return nil
+	}
+	reqs, toks := e.scheduler.Tracked()
+	if count && reqs >= l.MaxLiveRequests && !e.scheduler.Tracks(id) {
+		return status.Errorf(codes.ResourceExhausted, "%s: engine %q tracks %d live requests, the limit; finish or reset some first", call, e.name, reqs)
+	}
+	if toks+newTokens > l.MaxTrackedTokens {
+		return status.Errorf(codes.ResourceExhausted, "%s: engine %q would hold %d tokens over its live requests, above the limit of %d; finish or reset some first", call, e.name, toks+newTokens, l.MaxTrackedTokens)
+	}
+	return nil
 }
 
 // checkBuildMeta applies the request limits to every request of a BuildMeta.

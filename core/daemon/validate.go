@@ -66,8 +66,10 @@ func (d *Daemon) checkBuildMetaShape(ctx context.Context, req *enginepb.BuildMet
 	if err != nil {
 		return err
 	}
+	added := 0
 	for _, set := range [][]*enginepb.RequestData{req.GetNewRequests(), req.GetCachedRequests()} {
 		for _, r := range set {
+			added += len(r.GetNewTokens())
 			if r.GetId() == "" {
 				return status.Error(codes.InvalidArgument, "build meta: a request has no id")
 			}
@@ -79,7 +81,7 @@ func (d *Daemon) checkBuildMetaShape(ctx context.Context, req *enginepb.BuildMet
 			}
 		}
 	}
-	return nil
+	return d.sec.limits.checkTracked("build meta", e, "", added, false)
 }
 
 // checkLookupShape refuses computed tokens outside the prompt.
