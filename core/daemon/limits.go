@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -176,6 +177,9 @@ func (l Limits) checkRegister(req *enginepb.RegisterRequest) error {
 	if err := checkKeyComponent("namespace", req.GetNamespace(), l.MaxNamespaceBytes); err != nil {
 		return inv(err)
 	}
+	if err := checkNamespaceSeparator(req.GetNamespace()); err != nil {
+		return inv(err)
+	}
 	if w := req.GetWorldSize(); w < 0 || int(w) > l.MaxWorldSize {
 		if w < 0 {
 			return inv(fmt.Errorf("world_size %d is negative", w))
@@ -314,6 +318,19 @@ func (d *Daemon) checkBuildMeta(req *enginepb.BuildMetaRequest) error {
 		if len(id) > d.sec.limits.MaxRequestIDBytes {
 			return limitError("build meta", "submitted save id length", len(id), d.sec.limits.MaxRequestIDBytes)
 		}
+	}
+	return nil
+}
+
+// checkNamespaceSeparator refuses a namespace holding '/'. Keys are written exactly as
+// TensorRT-LLM writes them, {namespace}/{model_key}/..., so with a '/' in the namespace two
+// different (namespace, model key) pairs can write the same keys: namespace "ns/x" with model
+// "m" and namespace "ns" with model "x/m" would share every page. Model keys may hold '/' (model
+// names do): once the namespace has none, its end is the first '/' of a key and the pair is read
+// off a key unambiguously, so refusing it here keeps tenants apart without changing a key byte.
+func checkNamespaceSeparator(ns string) error {
+	if i := strings.IndexByte(ns, '/'); i >= 0 {
+		return fmt.Errorf("namespace %q has '/' at byte %d: keys are {namespace}/{model_key}/..., so a '/' in the namespace lets another namespace and model key write the same keys; use a namespace without '/'", ns, i)
 	}
 	return nil
 }

@@ -190,47 +190,52 @@ func TestLoadByRawHash(t *testing.T) {
 }
 
 // TestNamespaceModelSlash: namespace "ns/x" with model "m" and namespace "ns" with model "x/m"
-// would have written the same keys; the second engine must find none of the first's blocks.
+// would write identical keys ({namespace}/{model_key}/...), serving one model's KV to the other.
+// Keys stay byte for byte TensorRT-LLM's, so serve refuses a namespace holding '/' at Register;
+// model keys with '/' are fine, and engines with the same strings still share.
 func TestNamespaceModelSlash(t *testing.T) {
 	p := startServe(t, serveOpts{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	reqs := prompts(5, 6, 16, "a")
-	a, err := enginesim.Start(ctx, enginesim.Config{Socket: p.socket, Namespace: "ns/x", ModelKey: "m", Name: "a", Slots: 256})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close(context.Background())
-	if _, err := a.Run(ctx, reqs, 4); err != nil {
-		t.Fatal(err)
+	if a, err := enginesim.Start(ctx, enginesim.Config{Socket: p.socket, Namespace: "ns/x", ModelKey: "m", Name: "a", Slots: 256}); err == nil {
+		_ = a.Close(context.Background())
+		t.Fatal("namespace ns/x was accepted: its keys can collide with namespace ns and a model key starting x/")
+	} else if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "namespace") {
+		t.Fatalf("namespace ns/x refused with %v, want InvalidArgument naming the namespace", err)
 	}
 	b, err := enginesim.Start(ctx, enginesim.Config{Socket: p.socket, Namespace: "ns", ModelKey: "x/m", Name: "b", Slots: 256})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Close(context.Background())
-	renamed := make([]enginesim.Request, len(reqs))
-	for i, r := range reqs {
-		renamed[i] = enginesim.Request{ID: "b-" + r.ID, Tokens: r.Tokens}
-	}
-	res, err := b.Run(ctx, renamed, 4)
-	if err != nil {
+	if _, err := b.Run(ctx, reqs, 4); err != nil {
 		t.Fatal(err)
 	}
-	if res.MatchedTokens != 0 || res.LoadedBlocks != 0 {
-		t.Errorf("namespace ns + model x/m was served namespace ns/x + model m's KV: %+v", res)
-	}
-	// The same strings do share: a third engine with a's namespace and model hits.
-	c, err := enginesim.Start(ctx, enginesim.Config{Socket: p.socket, Namespace: "ns/x", ModelKey: "m", Name: "c", Slots: 256})
+	// The same strings do share: a second engine with b's namespace and model hits.
+	c, err := enginesim.Start(ctx, enginesim.Config{Socket: p.socket, Namespace: "ns", ModelKey: "x/m", Name: "c", Slots: 256})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close(context.Background())
+	renamed := make([]enginesim.Request, len(reqs))
 	for i, r := range reqs {
 		renamed[i] = enginesim.Request{ID: "c-" + r.ID, Tokens: r.Tokens}
 	}
 	if res, err := c.Run(ctx, renamed, 4); err != nil || res.LoadedBlocks == 0 {
 		t.Errorf("the same namespace and model must share: %+v %v", res, err)
+	}
+	// Another model key under the same namespace shares nothing.
+	d, err := enginesim.Start(ctx, enginesim.Config{Socket: p.socket, Namespace: "ns", ModelKey: "x", Name: "d", Slots: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close(context.Background())
+	for i, r := range reqs {
+		renamed[i] = enginesim.Request{ID: "d-" + r.ID, Tokens: r.Tokens}
+	}
+	if res, err := d.Run(ctx, renamed, 4); err != nil || res.MatchedTokens != 0 || res.LoadedBlocks != 0 {
+		t.Errorf("model x was served model x/m's KV: %+v %v", res, err)
 	}
 }
 
