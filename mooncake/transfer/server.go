@@ -93,6 +93,9 @@ type Server struct {
 
 	staging *weighted
 	bufs    bufferPool
+	// ctx ends at Close, so requests waiting for staging room give up at once.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	connMu sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -154,7 +157,10 @@ func NewServer(opts ServerOptions) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	ctx, cancel := context.WithCancel(context.Background())
 	return &Server{
+		ctx:     ctx,
+		cancel:  cancel,
 		opts:    opts,
 		ln:      ln,
 		log:     log,
@@ -374,6 +380,7 @@ func (s *Server) Close() error {
 		return nil
 	}
 	s.closed = true
+	s.cancel()
 	err := s.ln.Close()
 	for c := range s.conns {
 		_ = c.Close()
@@ -438,7 +445,7 @@ func (s *Server) serveRequest(c net.Conn, h Header) bool {
 		return false
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), s.opts.ReadTimeout)
+	ctx, cancel := context.WithTimeout(s.ctx, s.opts.ReadTimeout)
 	err := s.staging.acquire(ctx, int64(h.Size))
 	cancel()
 	if err != nil {

@@ -228,6 +228,11 @@ func TestServerDeadlinesAndTornWrites(t *testing.T) {
 	})
 	t.Run("reader that never reads", func(t *testing.T) {
 		c := dial(t, srv)
+		// A small fixed receive buffer (no autotuning, which may grow to tcp_rmem's 32 MiB
+		// maximum) leaves the server's writes blocked on the stalled peer.
+		if err := c.(*net.TCPConn).SetReadBuffer(64 << 10); err != nil {
+			t.Fatal(err)
+		}
 		if _, err := c.Write(header(size, testBase, 0x80)); err != nil {
 			t.Fatal(err)
 		}
