@@ -57,6 +57,7 @@
 // # Concurrency and buffers
 //
 // Server and Client are safe for concurrent use. Server.Register hands the server a slice it
-// reads and writes until Unregister returns; Unregister waits for the requests using the region
-// to finish. Client.Read and Client.Write use the caller's slice only until they return.
+// reads and writes until Unregister returns; Unregister waits for copies in flight to or from
+// the region (a READ already copied out still sends its staged bytes). Client.Read and
+// Client.Write use the caller's slice only until they return.
 package transfer
