@@ -216,8 +216,9 @@ func TestInteropPythonEngineAgainstKvctlServer(t *testing.T) {
 			}
 		}
 		after := srv.Stats()
-		if after.Writes-before.Writes != 2 || after.Reads-before.Reads != 2 {
-			t.Errorf("server counted %d writes and %d reads, want 2 each", after.Writes-before.Writes, after.Reads-before.Reads)
+		if after.Writes-before.Writes != 2 || after.Reads-before.Reads != 2 || after.V1Requests-before.V1Requests != 4 {
+			t.Errorf("server counted %d writes, %d reads, %d under v1 framing; want 2, 2, 4",
+				after.Writes-before.Writes, after.Reads-before.Reads, after.V1Requests-before.V1Requests)
 		}
 		// A v1 initiator learns of a refusal only from the close; it must not report success.
 		if rc := v1.transfer(t, "read", name, 0, base+segSize-16, 64); rc == 0 {

@@ -80,6 +80,8 @@ type ServerStats struct {
 	Refused uint64 `json:"refused"`
 	// Aborted counts requests cut off by a deadline or the peer before they completed.
 	Aborted uint64 `json:"aborted"`
+	// V1Requests counts the requests among Reads and Writes that used v1 framing.
+	V1Requests uint64 `json:"v1_requests"`
 }
 
 // Server serves registered memory to Transfer Engine initiators over TCP.
@@ -109,7 +111,7 @@ type Server struct {
 		conns                        atomic.Int64
 		connsRejected, reads, writes atomic.Uint64
 		bytesRead, bytesWritten      atomic.Uint64
-		refused, aborted             atomic.Uint64
+		refused, aborted, v1         atomic.Uint64
 	}
 }
 
@@ -310,6 +312,7 @@ func (s *Server) Stats() ServerStats {
 		BytesWritten:  s.stats.bytesWritten.Load(),
 		Refused:       s.stats.refused.Load(),
 		Aborted:       s.stats.aborted.Load(),
+		V1Requests:    s.stats.v1.Load(),
 	}
 }
 
@@ -481,6 +484,9 @@ func (s *Server) serveWrite(c net.Conn, h Header, r *region, buf []byte) bool {
 	}
 	s.stats.writes.Add(1)
 	s.stats.bytesWritten.Add(h.Size)
+	if !h.V2 {
+		s.stats.v1.Add(1)
+	}
 	if h.V2 {
 		return s.sendStatus(c, StatusOK)
 	}
@@ -511,6 +517,9 @@ func (s *Server) serveRead(c net.Conn, h Header, r *region, buf []byte) bool {
 	}
 	s.stats.reads.Add(1)
 	s.stats.bytesRead.Add(h.Size)
+	if !h.V2 {
+		s.stats.v1.Add(1)
+	}
 	return true
 }
 

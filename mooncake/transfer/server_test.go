@@ -187,7 +187,7 @@ func TestServerPersistentConnection(t *testing.T) {
 		t.Fatalf("read after a v1 write: %q, %v", got, err)
 	}
 	st := srv.Stats()
-	if st.Reads != 3 || st.Writes != 2 || st.BytesWritten != 150008 || st.Refused != 0 {
+	if st.Reads != 3 || st.Writes != 2 || st.BytesWritten != 150008 || st.Refused != 0 || st.V1Requests != 2 {
 		t.Errorf("stats %+v", st)
 	}
 }
@@ -495,11 +495,11 @@ func (l *lockedLog) lines() []string {
 
 // ServerStats' JSON field names are a contract (the daemon reports them): add, never rename.
 func TestServerStatsJSONFields(t *testing.T) {
-	b, err := json.Marshal(transfer.ServerStats{Conns: 1, ConnsRejected: 2, Reads: 3, Writes: 4, BytesRead: 5, BytesWritten: 6, Refused: 7, Aborted: 8})
+	b, err := json.Marshal(transfer.ServerStats{Conns: 1, ConnsRejected: 2, Reads: 3, Writes: 4, BytesRead: 5, BytesWritten: 6, Refused: 7, Aborted: 8, V1Requests: 9})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `{"conns":1,"conns_rejected":2,"reads":3,"writes":4,"bytes_read":5,"bytes_written":6,"refused":7,"aborted":8}`
+	want := `{"conns":1,"conns_rejected":2,"reads":3,"writes":4,"bytes_read":5,"bytes_written":6,"refused":7,"aborted":8,"v1_requests":9}`
 	if string(b) != want {
 		t.Fatalf("ServerStats JSON\n got %s\nwant %s", b, want)
 	}
