@@ -220,13 +220,17 @@ func TestServerDeadlinesAndTornWrites(t *testing.T) {
 		}
 	})
 	t.Run("half body then close", func(t *testing.T) {
+		before := srv.Stats().Aborted
 		c := dial(t, srv)
 		if _, err := c.Write(append(header(1<<20, testBase+4096, 0x01), bytes.Repeat([]byte{2}, 500<<10)...)); err != nil {
 			t.Fatal(err)
 		}
 		_ = c.Close()
+		// Settled before the next subtest counts its own abort.
+		waitFor(t, "the cut-off write to be aborted", func() bool { return srv.Stats().Aborted > before })
 	})
 	t.Run("reader that never reads", func(t *testing.T) {
+		abortedBefore := srv.Stats().Aborted
 		c := dial(t, srv)
 		// A small fixed receive buffer (no autotuning, which may grow to tcp_rmem's 32 MiB
 		// maximum) leaves the server's writes blocked on the stalled peer.
@@ -236,8 +240,9 @@ func TestServerDeadlinesAndTornWrites(t *testing.T) {
 		if _, err := c.Write(header(size, testBase, 0x80)); err != nil {
 			t.Fatal(err)
 		}
-		// The peer reads nothing until the server has given up on it.
-		waitFor(t, "the server to drop the stalled reader", func() bool { return srv.Stats().Conns == 0 })
+		// The peer reads nothing until the server has given up on it (the abort counter is
+		// monotonic; the connection count could read 0 before the server even accepted).
+		waitFor(t, "the server to drop the stalled reader", func() bool { return srv.Stats().Aborted > abortedBefore })
 		n, _ := io.Copy(io.Discard, c)
 		if n >= size+8 {
 			t.Fatalf("server delivered all %d bytes to a peer that stalled", n)
