@@ -4,13 +4,13 @@ package serve
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
+	"github.com/kvctl/kvctl/core/boundedio"
 	"github.com/kvctl/kvctl/core/config"
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/daemon"
@@ -34,7 +34,9 @@ type Options struct {
 	StatsInterval    time.Duration
 	DrainTimeout     time.Duration
 	// Cluster holds the mooncake backend's flags (cluster.go).
-	Cluster   config.ClusterKeys
+	Cluster config.ClusterKeys
+	// Security holds the flags of security.go (--engine-group, --max-conns, ...).
+	Security  config.ServeSecurity
 	LogLevel  string
 	LogFormat string
 	// ConfigFile is the config file the flags were read from, if any; it is checked with the
@@ -61,11 +63,20 @@ With no arguments it runs an embedded pool with the Mooncake master's semantics 
 watermark eviction, soft pins, groups), sized to a quarter of the available memory unless
 --pool-size says otherwise.
 
+With --pool-backend mooncake it joins a Mooncake cluster instead: --master names the master's
+RPC address and --metadata its HTTP metadata server; this host donates --pool-size of memory as
+its segment, served to peers over TCP on --transfer-port and published under --host-address
+(by default the local address of the route to the master). --mooncake-config reads those
+settings from a TensorRT-LLM mooncake.json unchanged; flags win over it. Only protocol tcp is
+spoken. Serve may start before its master: /readyz answers 503 until the segment is mounted,
+and again while the master does not answer, with the reason in /v1/stats; every pool call an
+engine waits for is bounded by --pool-timeout (a lookup past it answers miss).
+
 An admin HTTP server (loopback only unless --allow-remote-admin) serves the Mooncake master's
 read endpoints for the pool, /metrics (Prometheus), /v1/stats, /healthz and /readyz.
 
 On SIGTERM or SIGINT it stops taking calls, flushes queued saves to the pool within
---drain-timeout and exits 0. An invalid config is refused before anything starts, with the
+--drain-timeout, unmounts its segment (removing its metadata) and exits 0. An invalid config is refused before anything starts, with the
 messages of kvctl validate-config.`,
 		Example: `  # run on the embedded pool with the defaults
   kvctl serve
@@ -74,7 +85,14 @@ messages of kvctl validate-config.`,
   kvctl serve --pool-size 64GiB --stats-interval 30s --log-format json
 
   # from a config file whose keys are these flag names
-  kvctl serve --config /etc/kvctl/serve.yaml`,
+  kvctl serve --config /etc/kvctl/serve.yaml
+
+  # join a Mooncake cluster, donating 64 GiB
+  kvctl serve --pool-backend mooncake --master 10.0.0.5:50051 \
+      --metadata http://10.0.0.5:8080/metadata --pool-size 64GiB --transfer-port 15000
+
+  # the same from TensorRT-LLM's mooncake.json (protocol tcp, an HTTP metadata server)
+  kvctl serve --pool-backend mooncake --mooncake-config /etc/trtllm/mooncake.json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts.LogLevel, opts.LogFormat = f.LogLevel, f.LogFormat
@@ -101,6 +119,7 @@ messages of kvctl validate-config.`,
 	fl.DurationVar(&opts.StatsInterval, config.ServeKeyStatsInterval, 0, "log prefix-hole and load stats at most this often (0 = off; metrics are always exported)")
 	fl.DurationVar(&opts.DrainTimeout, config.ServeKeyDrainTimeout, def.DrainTimeout, "how long a shutdown waits for queued saves")
 	addClusterFlags(fl, &opts.Cluster)
+	addSecurityFlags(cmd, opts)
 	_ = cmd.RegisterFlagCompletionFunc(config.ServeKeyPoolBackend, cobra.FixedCompletions([]string{config.PoolBackendEmbedded, config.PoolBackendMooncake}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
@@ -112,7 +131,8 @@ func (o *Options) serveConfig() (config.ServeConfig, config.Diagnostics) {
 		Socket: o.Socket, AdminAddr: o.AdminAddr, AllowRemoteAdmin: o.AllowRemoteAdmin,
 		PoolBackend: o.PoolBackend, Pool: o.Pool, PoolSize: o.PoolSize,
 		LogLevel: o.LogLevel, LogFormat: o.LogFormat, StatsInterval: o.StatsInterval, DrainTimeout: o.DrainTimeout,
-		ClusterKeys: o.Cluster,
+		ClusterKeys:   o.Cluster,
+		ServeSecurity: o.Security,
 	}
 	var diags config.Diagnostics
 	n, err := config.ParseSize(o.StagingBytes, true)
@@ -137,7 +157,7 @@ func report(opts *Options, diags config.Diagnostics) error {
 // Run checks the configuration, starts the daemon and serves until ctx is cancelled.
 func Run(ctx context.Context, opts *Options) error {
 	if opts.ConfigFile != "" {
-		data, err := os.ReadFile(opts.ConfigFile)
+		data, err := boundedio.ReadFile(ctx, opts.ConfigFile, boundedio.MaxConfigBytes)
 		if err != nil {
 			return err
 		}
@@ -151,6 +171,9 @@ func Run(ctx context.Context, opts *Options) error {
 		return err
 	}
 	log := opts.Factory.Logger()
+	if sc.AllowRemoteAdmin && sc.AdminAddr != "" {
+		log.Warn(config.RemoteAdminWarning, "admin_addr", sc.AdminAddr)
+	}
 
 	memAvail := opts.MemAvailable
 	if memAvail == nil {
@@ -215,9 +238,14 @@ func Run(ctx context.Context, opts *Options) error {
 			StagingBufferBytes: sc.StagingBufferBytes,
 			StatsInterval:      sc.StatsInterval,
 		},
-		DrainTimeout: sc.DrainTimeout,
-		Logger:       log,
-		Version:      opts.Factory.Version,
+		DrainTimeout:      sc.DrainTimeout,
+		Logger:            log,
+		Version:           opts.Factory.Version,
+		EngineGroup:       sc.EngineGroup,
+		MaxConns:          sc.MaxConns,
+		AdminGrantsLeases: sc.AdminGrantsLeases,
+		AdminLeaseRate:    sc.AdminLeaseRate,
+		DescriptorTTL:     sc.DescriptorTTL,
 	})
 	if err != nil {
 		return cmdutil.ValidationErrorf("%v", err)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // DefaultNamespace is the namespace of keys when Namespace.Namespace is empty.
@@ -45,11 +46,38 @@ func (n Namespace) Validate() error {
 	return errors.Join(errs...)
 }
 
+// ns is the namespace as it appears in keys: with '%' written "%25" and '/' written "%2F", so
+// that the first '/' of a key always ends the namespace. Without that, namespace "ns/x" with
+// model "m" and namespace "ns" with model "x/m" would write identical keys and serve one
+// model's KV to the other. The model key may hold '/' (model names do): every component after
+// it has a fixed form without '/', so the model key is still read off a key unambiguously.
+// Namespaces without '/' and '%' (every namespace TensorRT-LLM writes) are unchanged.
 func (n Namespace) ns() string {
 	if n.Namespace == "" {
 		return DefaultNamespace
 	}
-	return n.Namespace
+	return EscapeNamespace(n.Namespace)
+}
+
+// EscapeNamespace writes a namespace as it appears in pool keys: '%' as "%25" and '/' as "%2F",
+// everything else unchanged.
+func EscapeNamespace(ns string) string {
+	if !strings.ContainsAny(ns, "/%") {
+		return ns
+	}
+	var b strings.Builder
+	b.Grow(len(ns) + 8)
+	for i := 0; i < len(ns); i++ {
+		switch c := ns[i]; c {
+		case '%':
+			b.WriteString("%25")
+		case '/':
+			b.WriteString("%2F")
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }
 
 // AttentionWorldSize returns the world size that appears in keys: 1 under attention DP.
