@@ -38,6 +38,9 @@ type Options struct {
 	// ConfigFile is the config file the flags were read from, if any; it is checked with the
 	// validate-config loader before anything starts.
 	ConfigFile string
+	// DisaggConfig is TensorRT-LLM's disagg_config.yaml; when set, serve runs the disaggregated
+	// front it describes instead of the connector daemon.
+	DisaggConfig string
 	// MemAvailable reads available memory, for the automatic pool size (tests replace it).
 	MemAvailable func() (uint64, bool)
 	// Ready is called once the daemon accepts connections (tests use it).
@@ -62,6 +65,11 @@ watermark eviction, soft pins, groups), sized to a quarter of the available memo
 An admin HTTP server (loopback only unless --allow-remote-admin) serves the Mooncake master's
 read endpoints for the pool, /metrics (Prometheus), /v1/stats, /healthz and /readyz.
 
+With --disagg-config FILE it runs the disaggregated front instead of the daemon: an
+OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/messages, /v1/models,
+/health, /metrics) that sends each request's context leg to a context server and its generation
+leg to a generation server, as TensorRT-LLM's disagg_config.yaml describes them.
+
 On SIGTERM or SIGINT it stops taking calls, flushes queued saves to the pool within
 --drain-timeout and exits 0. An invalid config is refused before anything starts, with the
 messages of kvctl validate-config.`,
@@ -72,7 +80,10 @@ messages of kvctl validate-config.`,
   kvctl serve --pool-size 64GiB --stats-interval 30s --log-format json
 
   # from a config file whose keys are these flag names
-  kvctl serve --config /etc/kvctl/serve.yaml`,
+  kvctl serve --config /etc/kvctl/serve.yaml
+
+  # the disaggregated OpenAI-compatible front for trtllm-serve context and generation servers
+  kvctl serve --disagg-config disagg_config.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts.LogLevel, opts.LogFormat = f.LogLevel, f.LogFormat
@@ -98,6 +109,7 @@ messages of kvctl validate-config.`,
 	fl.StringVar(&opts.StagingBytes, config.ServeKeyStagingBufferBytes, config.FormatSize(def.StagingBufferBytes), "default host staging per direction for an engine rank (at most 1GiB)")
 	fl.DurationVar(&opts.StatsInterval, config.ServeKeyStatsInterval, 0, "log prefix-hole and load stats at most this often (0 = off; metrics are always exported)")
 	fl.DurationVar(&opts.DrainTimeout, config.ServeKeyDrainTimeout, def.DrainTimeout, "how long a shutdown waits for queued saves")
+	fl.StringVar(&opts.DisaggConfig, FlagDisaggConfig, "", "run the disaggregated front described by TensorRT-LLM's disagg_config.yaml `FILE` instead of the daemon")
 	_ = cmd.RegisterFlagCompletionFunc(config.ServeKeyPoolBackend, cobra.FixedCompletions([]string{config.PoolBackendEmbedded}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
@@ -132,6 +144,9 @@ func report(opts *Options, diags config.Diagnostics) error {
 
 // Run checks the configuration, starts the daemon and serves until ctx is cancelled.
 func Run(ctx context.Context, opts *Options) error {
+	if opts.DisaggConfig != "" {
+		return runDisagg(ctx, opts)
+	}
 	if opts.ConfigFile != "" {
 		data, err := os.ReadFile(opts.ConfigFile)
 		if err != nil {

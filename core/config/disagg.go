@@ -230,12 +230,13 @@ func decodeDisaggServers(d *dec, top *obj, key string) DisaggServers {
 			for i, it := range un.items {
 				p := fmt.Sprintf("%s.urls[%d]", key, i)
 				if it.kind != nodeScalar || it.typ != scalarString {
-					d.bad[p] = true
+					d.bad[key+".urls"] = true
 					d.add(SeverityError, it.line, it.col, p, "want a host:port string, found "+it.describe(), "")
 					continue
 				}
 				u, err := ParseServerURL(it.text)
 				if err != nil {
+					d.bad[key+".urls"] = true
 					d.add(SeverityError, it.line, it.col, p, err.Error(), "write host:port, for example localhost:8001")
 					continue
 				}

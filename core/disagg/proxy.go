@@ -232,8 +232,12 @@ func (p *Proxy) serveModels(w http.ResponseWriter, r *http.Request) {
 		body, err := readBounded(resp.Body, maxModelsResponse)
 		resp.Body.Close()
 		cancel()
-		if err != nil || resp.StatusCode != http.StatusOK {
-			last = fmt.Errorf("%s: status %d: %w", up.addr, resp.StatusCode, err)
+		if err != nil {
+			last = fmt.Errorf("%s: %w", up.addr, err)
+			continue
+		}
+		if resp.StatusCode != http.StatusOK {
+			last = fmt.Errorf("%s: status %d", up.addr, resp.StatusCode)
 			continue
 		}
 		w.Header().Set("Content-Type", "application/json")
