@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime/pprof"
 	"strings"
 	"testing"
 	"time"
@@ -67,7 +68,9 @@ func startProxy(t testing.TB, cfg *config.DisaggConfig, opts disagg.Options) str
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
-			t.Errorf("proxy stopped with %v", err)
+			var b strings.Builder
+			_ = pprof.Lookup("goroutine").WriteTo(&b, 1)
+			t.Errorf("proxy stopped with %v\n%s", err, b.String())
 		}
 	})
 	select {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -88,8 +89,7 @@ type Server struct {
 
 	mu        sync.Mutex
 	stats     Stats
-	ctxSeen   map[string]int
-	resetSeen map[int64]bool
+	ctxSeen map[string]int
 }
 
 // StartContext starts a scripted context server on a free loopback port; t.Cleanup stops it.
@@ -119,7 +119,7 @@ func start(t testing.TB, role string) *Server {
 		t.Fatalf("scripted %s server: %v", role, err)
 	}
 	s := &Server{Addr: ln.Addr().String(), Role: role, ln: ln, TokensOut: 4,
-		ctxSeen: map[string]int{}, resetSeen: map[int64]bool{}}
+		ctxSeen: map[string]int{}}
 	s.stats.IDs = map[int64]int{}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
@@ -338,6 +338,10 @@ func (s *Server) generation(w http.ResponseWriter, r *http.Request) {
 	}
 	var req request
 	if err := json.NewDecoder(io.MultiReader(bytes.NewReader(head), r.Body)).Decode(&req); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) || r.Context().Err() != nil {
+			s.cancelled() // the proxy gave up while the body was on its way
+			return
+		}
 		s.reject(w, "body: "+err.Error())
 		return
 	}
@@ -387,13 +391,16 @@ func headID(head []byte) (int64, bool) {
 	return id, err == nil
 }
 
+// resetIDs are the ids any generation server of this process has reset: a request is reset
+// once, whichever server its retry reaches.
+var resetIDs sync.Map
+
 func (s *Server) firstReset(id int64) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.resetSeen[id] {
+	if _, seen := resetIDs.LoadOrStore(id, true); seen {
 		return false
 	}
-	s.resetSeen[id] = true
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.stats.Resets++
 	s.stats.ResetIDs = append(s.stats.ResetIDs, id)
 	return true
@@ -589,10 +596,10 @@ func (s *Server) messages(w http.ResponseWriter, r *http.Request) {
 
 // Transport returns an HTTP transport for a proxy under test whose sockets have a 16 KiB send
 // buffer, so that a request of a few hundred KiB is still being written when a scripted server
-// resets it. refuse, when not nil, is asked before every dial; when it says so, the dial goes
-// to a loopback port nothing listens on and is refused there. Keep-alives are off when refuse
-// is set, so that every leg dials.
-func Transport(refuse func(addr string) bool, deadAddr string) *http.Transport {
+// resets it. refuse, when not nil, is asked before every request; when it says so, the request
+// goes out on a fresh connection to a loopback port nothing listens on (deadAddr), and its dial
+// is refused there.
+func Transport(refuse func(addr string) bool, deadAddr string) http.RoundTripper {
 	d := &net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, c syscall.RawConn) error {
 		var serr error
 		err := c.Control(func(fd uintptr) {
@@ -603,15 +610,24 @@ func Transport(refuse func(addr string) bool, deadAddr string) *http.Transport {
 		}
 		return serr
 	}}
-	return &http.Transport{
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			if refuse != nil && refuse(addr) {
-				addr = deadAddr
-			}
-			return d.DialContext(ctx, network, addr)
-		},
-		MaxIdleConnsPerHost: 256,
-		DisableKeepAlives:   refuse != nil,
-		DisableCompression:  true,
+	live := &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: 256, DisableCompression: true}
+	if refuse == nil {
+		return live
 	}
+	dead := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return d.DialContext(ctx, network, deadAddr)
+	}}
+	return refusing{live: live, dead: dead, refuse: refuse}
+}
+
+type refusing struct {
+	live, dead http.RoundTripper
+	refuse     func(string) bool
+}
+
+func (r refusing) RoundTrip(req *http.Request) (*http.Response, error) {
+	if r.refuse(req.URL.Host) {
+		return r.dead.RoundTrip(req)
+	}
+	return r.live.RoundTrip(req)
 }
