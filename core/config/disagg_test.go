@@ -61,8 +61,8 @@ func TestDisaggKVTransferTimeout(t *testing.T) {
 	const servers = "context_servers:\n  urls: [\"a:1\"]\ngeneration_servers:\n  urls: [\"b:2\"]\n"
 	for _, tc := range []struct {
 		name, text, from string
-		want            int64
-		err             string
+		want             int64
+		err              string
 	}{
 		{"default", servers, "", 60000, ""},
 		{"top-level transceiver", servers + "cache_transceiver_config:\n  kv_transfer_timeout_ms: 1000\n", "cache_transceiver_config.kv_transfer_timeout_ms", 1000, ""},

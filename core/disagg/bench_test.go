@@ -28,7 +28,9 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		})
 		b.Run(fmt.Sprintf("stream=%v/proxy", stream), func(b *testing.B) {
 			raw, _ := json.Marshal(req)
-			latency(b, func() error { return drain(client.Post(s.URL+disagg.EndpointCompletions, "application/json", bytes.NewReader(raw))) })
+			latency(b, func() error {
+				return drain(client.Post(s.URL+disagg.EndpointCompletions, "application/json", bytes.NewReader(raw)))
+			})
 		})
 	}
 }

@@ -87,8 +87,8 @@ type Server struct {
 	srv *http.Server
 	ln  net.Listener
 
-	mu        sync.Mutex
-	stats     Stats
+	mu      sync.Mutex
+	stats   Stats
 	ctxSeen map[string]int
 }
 
