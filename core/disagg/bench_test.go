@@ -3,6 +3,7 @@ package disagg_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -59,8 +60,11 @@ func direct(c *http.Client, s *setup, req map[string]any) error {
 	dec.UseNumber()
 	err = dec.Decode(&ctxResp)
 	resp.Body.Close()
-	if err != nil || len(ctxResp.Choices) == 0 {
-		return fmt.Errorf("context leg: %v", err)
+	if err != nil {
+		return fmt.Errorf("context leg: %w", err)
+	}
+	if len(ctxResp.Choices) == 0 {
+		return errors.New("context leg: no choices")
 	}
 	gen := map[string]any{}
 	for k, v := range req {
