@@ -29,6 +29,8 @@ const (
 	FaultCtx4xx Fault = "ctx_4xx"
 	// FaultCtxNoParams: the context server answers without disaggregated_params.
 	FaultCtxNoParams Fault = "ctx_no_params"
+	// FaultCtxSlow: the context server takes 500ms to answer (its prefill holds the server).
+	FaultCtxSlow Fault = "ctx_slow"
 	// FaultCtxFinished: the context server finishes the request itself (finish_reason stop).
 	FaultCtxFinished Fault = "ctx_finished"
 	// FaultGenResetWrite: the generation server resets the connection while the request is still
@@ -274,6 +276,13 @@ func (s *Server) context(w http.ResponseWriter, r *http.Request) {
 	case FaultCtx4xx:
 		writeJSONError(w, http.StatusBadRequest, "scripted: the prompt is longer than max_seq_len")
 		return
+	case FaultCtxSlow:
+		select {
+		case <-time.After(500 * time.Millisecond):
+		case <-r.Context().Done():
+			s.cancelled()
+			return
+		}
 	}
 	id := *req.Disagg.DisaggRequestID
 	state := fmt.Sprintf("scripted-ctx:%s:%d:%s", s.Addr, id, fault)
