@@ -65,7 +65,6 @@ func routerYAML(pool string, timeoutMs int) string {
 		"\n    tokens_per_block: 32\n    layer_groups: [\"0:4096\"]\n    lookup_timeout_ms: " + strconv.Itoa(timeoutMs) + "\n"
 }
 
-
 func promptTokens(n int) []int64 {
 	out := make([]int64, n)
 	for i := range out {

@@ -158,17 +158,39 @@ func TestSoak(t *testing.T) {
 	}
 	for k, m := range byKind {
 		want := k[strings.Index(k, "→")+len("→"):]
-		total, right := 0, m[want]
+		total := 0
 		for _, c := range m {
 			total += c
 		}
-		// A request whose generation dials were all refused gets 502; nothing else may differ.
-		if right+m["502"] != total && want != "502" || right != total && want == "502" {
-			t.Errorf("%s: outcomes %v", k, m)
+		// Two other outcomes are the contract working, not failing: 502 when every attempt's
+		// dial was refused (max_retries ran out), and 504 when the loaded machine did not bring
+		// a first token within kv_transfer_timeout_ms. Each is logged above and kept under 1 %.
+		other := 0
+		for got, c := range m {
+			if got != want {
+				other += c
+			}
 		}
-		if right*100 < total*95 {
-			t.Errorf("%s: only %d of %d got %s", k, right, total, want)
+		for u := range unexpected {
+			if strings.HasPrefix(u, k+" ") && !strings.Contains(u, "connection refused") && !strings.Contains(u, "kv_transfer_timeout_ms") {
+				t.Errorf("%s: unexpected outcome %s", k, u)
+			}
 		}
+		if other*100 > total {
+			t.Errorf("%s: %d of %d did not get %s: %v", k, other, total, want, m)
+		}
+	}
+	for _, series := range []string{
+		`kvctl_disagg_retries_total{cause="connect",leg="generation"}`,
+		`kvctl_disagg_retries_total{cause="reset_while_writing",leg="generation"}`,
+		`kvctl_disagg_retries_total{cause="context_status_5xx",leg="context"}`,
+		`kvctl_disagg_timeouts_total{kind="kv_transfer",leg="generation"}`,
+		`kvctl_disagg_first_chunk_failures_total{endpoint="/v1/completions"}`,
+		`kvctl_disagg_first_chunk_failures_total{endpoint="/v1/chat/completions"}`,
+		`kvctl_disagg_client_disconnects_total{endpoint="/v1/completions"}`,
+		`kvctl_disagg_client_disconnects_total{endpoint="/v1/chat/completions"}`,
+	} {
+		t.Logf("%s %v", series, metric(t, url, series))
 	}
 	eventually(t, "every leg to end", func() bool {
 		for _, a := range append(ctxAddrs, genAddrs...) {
