@@ -33,8 +33,10 @@ type Options struct {
 	StagingBytes     string
 	StatsInterval    time.Duration
 	DrainTimeout     time.Duration
-	LogLevel         string
-	LogFormat        string
+	// Cluster holds the mooncake backend's flags (cluster.go).
+	Cluster   config.ClusterKeys
+	LogLevel  string
+	LogFormat string
 	// ConfigFile is the config file the flags were read from, if any; it is checked with the
 	// validate-config loader before anything starts.
 	ConfigFile string
@@ -103,14 +105,15 @@ messages of kvctl validate-config.`,
 	fl.StringVar(&opts.Socket, config.ServeKeySocket, "", "engine API unix socket (default $XDG_RUNTIME_DIR/kvctl/kvctl.sock, else /tmp/kvctl-UID/kvctl.sock)")
 	fl.StringVar(&opts.AdminAddr, config.ServeKeyAdminAddr, def.AdminAddr, "admin HTTP `host:port`; empty turns it off")
 	fl.BoolVar(&opts.AllowRemoteAdmin, config.ServeKeyAllowRemoteAdmin, false, "allow a non-loopback --admin-addr (the admin API has no authentication)")
-	fl.StringVar(&opts.PoolBackend, config.ServeKeyPoolBackend, def.PoolBackend, "pool backend: embedded")
+	fl.StringVar(&opts.PoolBackend, config.ServeKeyPoolBackend, def.PoolBackend, "pool backend: embedded, or mooncake to join a Mooncake cluster")
 	fl.StringVar(&opts.Pool, config.ServeKeyPool, "", "the pool of the mooncake backend: file://PATH/pool.json or host:port")
-	fl.StringVar(&opts.PoolSize, config.ServeKeyPoolSize, "auto", "embedded pool capacity, e.g. 64GiB; auto is a quarter of available memory")
+	fl.StringVar(&opts.PoolSize, config.ServeKeyPoolSize, "auto", "memory this host gives the pool (the embedded pool, or its Mooncake segment), e.g. 64GiB; auto is a quarter of available memory")
 	fl.StringVar(&opts.StagingBytes, config.ServeKeyStagingBufferBytes, config.FormatSize(def.StagingBufferBytes), "default host staging per direction for an engine rank (at most 1GiB)")
 	fl.DurationVar(&opts.StatsInterval, config.ServeKeyStatsInterval, 0, "log prefix-hole and load stats at most this often (0 = off; metrics are always exported)")
 	fl.DurationVar(&opts.DrainTimeout, config.ServeKeyDrainTimeout, def.DrainTimeout, "how long a shutdown waits for queued saves")
 	fl.StringVar(&opts.DisaggConfig, FlagDisaggConfig, "", "run the disaggregated front described by TensorRT-LLM's disagg_config.yaml `FILE` instead of the daemon")
-	_ = cmd.RegisterFlagCompletionFunc(config.ServeKeyPoolBackend, cobra.FixedCompletions([]string{config.PoolBackendEmbedded}, cobra.ShellCompDirectiveNoFileComp))
+	addClusterFlags(fl, &opts.Cluster)
+	_ = cmd.RegisterFlagCompletionFunc(config.ServeKeyPoolBackend, cobra.FixedCompletions([]string{config.PoolBackendEmbedded, config.PoolBackendMooncake}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
 
@@ -121,6 +124,7 @@ func (o *Options) serveConfig() (config.ServeConfig, config.Diagnostics) {
 		Socket: o.Socket, AdminAddr: o.AdminAddr, AllowRemoteAdmin: o.AllowRemoteAdmin,
 		PoolBackend: o.PoolBackend, Pool: o.Pool, PoolSize: o.PoolSize,
 		LogLevel: o.LogLevel, LogFormat: o.LogFormat, StatsInterval: o.StatsInterval, DrainTimeout: o.DrainTimeout,
+		ClusterKeys: o.Cluster,
 	}
 	var diags config.Diagnostics
 	n, err := config.ParseSize(o.StagingBytes, true)
@@ -167,23 +171,44 @@ func Run(ctx context.Context, opts *Options) error {
 	if memAvail == nil {
 		memAvail = gpu.MemAvailable
 	}
-	poolBytes, ok, _ := sc.PoolSizeBytes()
-	if !ok {
+	autoSize := func() (int64, error) {
 		avail, known := memAvail()
 		if !known {
-			return cmdutil.ValidationErrorf("pool-size auto: available memory is unknown here; give --pool-size")
+			return 0, cmdutil.ValidationErrorf("pool-size auto: available memory is unknown here; give --pool-size")
 		}
-		poolBytes = autoPoolSize(avail)
+		return autoPoolSize(avail), nil
 	}
-	if poolBytes < minPoolBytes {
-		return cmdutil.ValidationErrorf("pool-size %s is below the %s minimum", config.FormatSize(poolBytes), config.FormatSize(minPoolBytes))
+	var backend *daemon.Backend
+	var poolBytes int64
+	if sc.PoolBackend == config.PoolBackendMooncake {
+		b, _, cdiags, err := clusterBackend(sc, autoSize, log)
+		if rerr := report(opts, cdiags); rerr != nil {
+			return rerr
+		}
+		if err != nil {
+			return err
+		}
+		backend, poolBytes = b, b.Info.SegmentBytes
+	} else {
+		n, ok, _ := sc.PoolSizeBytes()
+		if !ok {
+			var err error
+			if n, err = autoSize(); err != nil {
+				return err
+			}
+		}
+		if n < minPoolBytes {
+			return cmdutil.ValidationErrorf("pool-size %s is below the %s minimum", config.FormatSize(n), config.FormatSize(minPoolBytes))
+		}
+		poolBytes = n
 	}
+	_, sized, _ := sc.PoolSizeBytes()
 	// The node budget of TensorRT-LLM's mooncake_store (the pool is this node's segment) is a
 	// warning here, for a size the operator chose: a workstation has less than the 32 GiB reserve
 	// it leaves to the engines, and the automatic size is a quarter of what is available.
 	avail, known := memAvail()
 	if _, err := config.CheckNodeBudget(config.BudgetInput{RanksOnNode: 1, SegmentSize: poolBytes, StageThroughHost: true,
-		Role: config.RoleBoth, StagingBufferBytes: sc.StagingBufferBytes, MemAvailable: avail, MemKnown: known}); err != nil && ok {
+		Role: config.RoleBoth, StagingBufferBytes: sc.StagingBufferBytes, MemAvailable: avail, MemKnown: known}); err != nil && sized {
 		log.Warn("node memory budget", "err", err)
 	}
 	if known && uint64(poolBytes) > avail {
@@ -199,6 +224,8 @@ func Run(ctx context.Context, opts *Options) error {
 		AdminAddr:        sc.AdminAddr,
 		AllowRemoteAdmin: sc.AllowRemoteAdmin,
 		Pool:             popts,
+		Backend:          backend,
+		PoolTimeout:      sc.PoolTimeout,
 		Defaults: connector.Options{
 			StagingBufferBytes: sc.StagingBufferBytes,
 			StatsInterval:      sc.StatsInterval,
@@ -250,6 +277,11 @@ func banner(opts *Options, info daemon.Info, inv gpu.Inventory) {
 		admin = "off"
 	} else {
 		admin = "http://" + admin
+	}
+	if info.Backend.Kind == daemon.BackendMooncake {
+		fmt.Fprintf(opts.IO.ErrOut, "kvctl serve %s\n%s  gpus     %s\n  socket   %s\n  admin    %s\n%s",
+			version, clusterBanner(info.Backend), gpus, info.Socket, admin, waitMessage(info.Backend))
+		return
 	}
 	fmt.Fprintf(opts.IO.ErrOut, "kvctl serve %s\n  pool     embedded, %s\n  gpus     %s\n  socket   %s\n  admin    %s\n  ready\n",
 		version, config.FormatSize(info.PoolBytes), gpus, info.Socket, admin)

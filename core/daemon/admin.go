@@ -18,7 +18,6 @@ import (
 // /metrics with the pool's master-named series and kvctl's kvctl_* series, /v1/stats, /healthz
 // and /readyz.
 func (d *Daemon) AdminHandler() http.Handler {
-	master := mooncake.NewAdminHandler(d.pool, mooncake.DefaultAdminHandlerOptions())
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", d.serveMetrics)
 	mux.HandleFunc("GET /v1/stats", d.serveStats)
@@ -30,25 +29,35 @@ func (d *Daemon) AdminHandler() http.Handler {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		if !d.ready.Load() {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = w.Write([]byte("not ready\n"))
+			msg := "not ready\n"
+			if _, _, reason, _ := d.bstate.get(); reason != "" {
+				msg = "not ready: " + reason + "\n"
+			}
+			_, _ = w.Write([]byte(msg))
 			return
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
-	mux.Handle("/", master)
+	// The master's read endpoints are served for a pool that can answer them (the embedded
+	// one); a Mooncake cluster's master serves its own.
+	if insp, ok := d.backend.Pool.(mooncake.Inspector); ok {
+		mux.Handle("/", mooncake.NewAdminHandler(insp, mooncake.DefaultAdminHandlerOptions()))
+	}
 	return mux
 }
 
 func (d *Daemon) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	snap, err := d.pool.Metrics(ctx)
-	if err != nil {
-		http.Error(w, "metrics: "+err.Error(), http.StatusInternalServerError)
-		return
-	}
 	var buf bytes.Buffer
-	buf.Write(mooncake.RenderMasterMetrics(snap))
+	if insp, ok := d.backend.Pool.(mooncake.Inspector); ok {
+		snap, err := insp.Metrics(ctx)
+		if err != nil {
+			http.Error(w, "metrics: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		buf.Write(mooncake.RenderMasterMetrics(snap))
+	}
 	fams, err := d.reg.Gather()
 	if err != nil {
 		http.Error(w, "metrics: "+err.Error(), http.StatusInternalServerError)
@@ -114,9 +123,12 @@ type StatsJSON struct {
 	UptimeSeconds float64        `json:"uptime_seconds"`
 	Ready         bool           `json:"ready"`
 	Pool          mooncake.Stats `json:"pool"`
-	PrefixHoles   HoleStatsJSON  `json:"prefix_holes"`
-	Loads         LoadStatsJSON  `json:"loads"`
-	Engines       []EngineJSON   `json:"engines"`
+	// Backend names the pool backend, its master, this host's segment and the cluster's
+	// capacity, and says why the daemon is not ready when it is not.
+	Backend     BackendStatusJSON `json:"backend"`
+	PrefixHoles HoleStatsJSON     `json:"prefix_holes"`
+	Loads       LoadStatsJSON     `json:"loads"`
+	Engines     []EngineJSON      `json:"engines"`
 }
 
 func holesJSON(h stats.HoleStats) HoleStatsJSON {
@@ -139,11 +151,18 @@ func loadsJSON(t stats.LoadTotals) LoadStatsJSON {
 
 // Stats returns what GET /v1/stats serves.
 func (d *Daemon) Stats(ctx context.Context) (StatsJSON, error) {
-	ps, err := d.pool.Stats(ctx)
-	if err != nil {
-		return StatsJSON{}, err
+	bs := d.BackendStatus(ctx)
+	var ps mooncake.Stats
+	if bs.MasterReachable {
+		sctx, cancel := context.WithTimeout(ctx, d.cfg.PoolTimeout)
+		var err error
+		ps, err = d.pool.Stats(sctx)
+		cancel()
+		if err != nil && !d.backendIsRemote() {
+			return StatsJSON{}, err
+		}
 	}
-	out := StatsJSON{Version: d.cfg.Version, UptimeSeconds: time.Since(d.start).Seconds(), Ready: d.ready.Load(), Pool: ps, Engines: []EngineJSON{}}
+	out := StatsJSON{Version: d.cfg.Version, UptimeSeconds: time.Since(d.start).Seconds(), Ready: d.ready.Load(), Pool: ps, Backend: bs, Engines: []EngineJSON{}}
 	d.mu.RLock()
 	holes, loads := d.retiredHoles, d.retiredLoads
 	for _, e := range d.engines {
