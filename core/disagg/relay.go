@@ -1,6 +1,7 @@
 package disagg
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -177,12 +178,17 @@ func (p *Proxy) relayOnce(w http.ResponseWriter, r *http.Request, l leg, up *ups
 		return "", true
 	}
 	_ = rc.Flush()
+	done := bytes.Equal(data, []byte("[DONE]"))
 	for {
-		raw, _, err := sr.next()
+		raw, data, err := sr.next()
 		if errors.Is(err, io.EOF) {
 			return "", true
 		}
 		if err != nil {
+			if done {
+				// The answer is complete; the client may close before the server's last bytes.
+				return "", true
+			}
 			if r.Context().Err() != nil {
 				p.m.disconnects.WithLabelValues(l.ep).Inc()
 				return "", true
@@ -203,6 +209,7 @@ func (p *Proxy) relayOnce(w http.ResponseWriter, r *http.Request, l leg, up *ups
 			return "", true
 		}
 		_ = rc.Flush()
+		done = done || bytes.Equal(data, []byte("[DONE]"))
 	}
 }
 

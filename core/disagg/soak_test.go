@@ -38,8 +38,8 @@ var soakKinds = []struct {
 	{disaggtest.FaultCtx4xx, false, "400"},
 }
 
-// TestSoak sends KVCTL_DISAGG_SOAK requests (default 1000; docs/disagg.md records a run of
-// 10000) through the proxy with every fault injected at 5 %, and checks that every request got
+// TestSoak sends KVCTL_DISAGG_SOAK requests (default 1000, at most 300 under the race detector;
+// docs/disagg.md records a run of 10000) through the proxy with every fault injected at 5 %, and checks that every request got
 // its answer within the client's timeout and that nothing is left in flight.
 func TestSoak(t *testing.T) {
 	n := 1000
@@ -49,6 +49,10 @@ func TestSoak(t *testing.T) {
 			t.Fatalf("KVCTL_DISAGG_SOAK=%q", s)
 		}
 		n = v
+	}
+	kvTimeout, clientTimeout := "3000", 10*time.Second
+	if raceDetector {
+		n, kvTimeout, clientTimeout = min(n, 300), "10000", 60*time.Second
 	}
 	if testing.Short() {
 		n = min(n, 200)
@@ -77,14 +81,14 @@ func TestSoak(t *testing.T) {
 		}
 		return r
 	}, disaggtest.DeadAddr(t))
-	cfg := loadConfig(t, yamlFor(ctxAddrs, genAddrs, "max_retries: 3\nkv_transfer_timeout_ms: 3000\n"))
+	cfg := loadConfig(t, yamlFor(ctxAddrs, genAddrs, "max_retries: 3\nkv_transfer_timeout_ms: "+kvTimeout+"\n"))
 	url := startProxy(t, cfg, disagg.Options{Transport: tr})
 
 	bigPrompt := make([]int, 48<<10) // 96 KiB of JSON: more than the socket buffers of disaggtest.Transport
 	for i := range bigPrompt {
 		bigPrompt[i] = i % 11
 	}
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	client := &http.Client{Timeout: clientTimeout, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	type outcome struct {
 		kind, got string
 		dur       time.Duration
