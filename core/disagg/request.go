@@ -379,6 +379,8 @@ func (p *Proxy) send(ctx context.Context, up *upstream, path string, payload []b
 	case gotConn.Load() && !wrote.Load() && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed)):
 		return nil, CauseResetWhileWriting, err
 	}
+	p.log.Debug("leg failed where it may have reached the server", "server", up.addr, "connected", gotConn.Load(),
+		"written", wrote.Load(), "err", err)
 	return nil, "", err
 }
 

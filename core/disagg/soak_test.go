@@ -2,6 +2,7 @@ package disagg_test
 
 import (
 	"bufio"
+	"log/slog"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -82,7 +83,13 @@ func TestSoak(t *testing.T) {
 		return r
 	}, disaggtest.DeadAddr(t))
 	cfg := loadConfig(t, yamlFor(ctxAddrs, genAddrs, "max_retries: 3\nkv_transfer_timeout_ms: "+kvTimeout+"\n"))
-	url := startProxy(t, cfg, disagg.Options{Transport: tr})
+	var logs lockedLog
+	url := startProxy(t, cfg, disagg.Options{Transport: tr, Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	defer func() {
+		if t.Failed() {
+			t.Logf("proxy log (may have reached):\n%s", logs.grep("may have reached"))
+		}
+	}()
 
 	bigPrompt := make([]int, 48<<10) // 96 KiB of JSON: more than the socket buffers of disaggtest.Transport
 	for i := range bigPrompt {
@@ -254,4 +261,27 @@ func soakOne(c *http.Client, url string, body map[string]any, leave bool) string
 			return "ok"
 		}
 	}
+}
+
+type lockedLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) grep(s string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, line := range strings.Split(l.b.String(), "\n") {
+		if strings.Contains(line, s) {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
 }
