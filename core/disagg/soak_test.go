@@ -2,11 +2,11 @@ package disagg_test
 
 import (
 	"bufio"
-	"log/slog"
 	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"os"
