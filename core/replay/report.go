@@ -63,6 +63,8 @@ type RunReport struct {
 	RankLoad []RankLoad  `json:"rank_load"`
 	Balance  Balance     `json:"balance"`
 	Wall     WallTimes   `json:"wall"`
+	// Scheduler is what the scheduler model did; set only with --set scheduler=true.
+	Scheduler *SchedulerCounts `json:"scheduler,omitempty"`
 
 	// Timeline feeds --plot; it is not part of the JSON report.
 	Timeline []TimePoint `json:"-"`
