@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -358,10 +359,12 @@ func (p *Proxy) send(ctx context.Context, up *upstream, path string, payload []b
 			}
 		},
 	}
-	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, "http://"+up.addr+path, bytes.NewReader(payload))
+	b := &trackedBody{r: bytes.NewReader(payload)}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, "http://"+up.addr+path, b)
 	if err != nil {
 		return nil, "", err
 	}
+	req.ContentLength = int64(len(payload))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err = p.hc.Do(req)
 	if err == nil {
@@ -375,12 +378,14 @@ func (p *Proxy) send(ctx context.Context, up *upstream, path string, payload []b
 	case !gotConn.Load() && (errors.As(err, &op) && op.Op == "dial" || errors.Is(err, syscall.ECONNREFUSED)):
 		return nil, CauseConnect, err
 	// The transport closes a connection whose read side saw the reset, and its writer then
-	// reports net.ErrClosed: the request was still not fully written.
-	case gotConn.Load() && !wrote.Load() && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed)):
+	// reports net.ErrClosed: the request was still not fully written. The trace's WroteRequest
+	// comes before the transport's last flush, so a body the transport never read to its end
+	// is the other sign that the request was cut short.
+	case gotConn.Load() && (!wrote.Load() || !b.done.Load()) && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed)):
 		return nil, CauseResetWhileWriting, err
 	}
 	p.log.Debug("leg failed where it may have reached the server", "server", up.addr, "connected", gotConn.Load(),
-		"written", wrote.Load(), "err", err)
+		"written", wrote.Load(), "body_read", b.done.Load(), "err", err)
 	return nil, "", err
 }
 
@@ -395,4 +400,18 @@ func (p *Proxy) fail(w http.ResponseWriter, r *http.Request, ep string, anthropi
 		p.log.Warn("request failed", "endpoint", ep, "status", e.Status, "err", e.Error())
 	}
 	writeError(w, anthropic, e.Status, e.Error())
+}
+
+// trackedBody is a request body that records whether the transport read it to its end.
+type trackedBody struct {
+	r    *bytes.Reader
+	done atomic.Bool
+}
+
+func (b *trackedBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if errors.Is(err, io.EOF) {
+		b.done.Store(true)
+	}
+	return n, err
 }
