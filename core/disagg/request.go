@@ -350,21 +350,33 @@ func genRequest(ep string, b body, ctxResp map[string]json.RawMessage, id int64)
 // send posts payload to up. When the request cannot have reached the server, retryCause names
 // why (CauseConnect or CauseResetWhileWriting); otherwise it is "".
 func (p *Proxy) send(ctx context.Context, up *upstream, path string, payload []byte) (resp *http.Response, retryCause string, err error) {
+	// The transport may send the request again on another connection when nothing of it was
+	// written; each attempt starts with GotConn and a fresh body, so the flags below describe
+	// the last attempt.
 	var gotConn, wrote atomic.Bool
+	var body atomic.Pointer[trackedBody]
+	body.Store(&trackedBody{r: bytes.NewReader(payload)})
 	trace := &httptrace.ClientTrace{
-		GotConn: func(httptrace.GotConnInfo) { gotConn.Store(true) },
+		GotConn: func(httptrace.GotConnInfo) {
+			gotConn.Store(true)
+			wrote.Store(false)
+		},
 		WroteRequest: func(i httptrace.WroteRequestInfo) {
 			if i.Err == nil {
 				wrote.Store(true)
 			}
 		},
 	}
-	b := &trackedBody{r: bytes.NewReader(payload)}
-	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, "http://"+up.addr+path, b)
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, "http://"+up.addr+path, body.Load())
 	if err != nil {
 		return nil, "", err
 	}
 	req.ContentLength = int64(len(payload))
+	req.GetBody = func() (io.ReadCloser, error) {
+		b := &trackedBody{r: bytes.NewReader(payload)}
+		body.Store(b)
+		return io.NopCloser(b), nil
+	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err = p.hc.Do(req)
 	if err == nil {
@@ -381,11 +393,11 @@ func (p *Proxy) send(ctx context.Context, up *upstream, path string, payload []b
 	// reports net.ErrClosed: the request was still not fully written. The trace's WroteRequest
 	// comes before the transport's last flush, so a body the transport never read to its end
 	// is the other sign that the request was cut short.
-	case gotConn.Load() && (!wrote.Load() || !b.done.Load()) && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed)):
+	case gotConn.Load() && (!wrote.Load() || !body.Load().done.Load()) && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed)):
 		return nil, CauseResetWhileWriting, err
 	}
 	p.log.Debug("leg failed where it may have reached the server", "server", up.addr, "connected", gotConn.Load(),
-		"written", wrote.Load(), "body_read", b.done.Load(), "err", err)
+		"written", wrote.Load(), "body_read", body.Load().done.Load(), "err", err)
 	return nil, "", err
 }
 
