@@ -70,18 +70,37 @@ func TestSoak(t *testing.T) {
 	var refused atomic.Int64
 	var rmu sync.Mutex
 	rng := rand.New(rand.NewPCG(1, 2))
-	tr := disaggtest.Transport(func(addr string) bool {
-		if !isGen[addr] {
+	refusedBy := map[string]int{}
+	tr := disaggtest.Transport(func(req *http.Request) bool {
+		if !isGen[req.URL.Host] {
 			return false
 		}
 		rmu.Lock()
+		defer rmu.Unlock()
 		r := rng.Float64() < 0.05
-		rmu.Unlock()
 		if r {
 			refused.Add(1)
+			if req.GetBody != nil {
+				if b, err := req.GetBody(); err == nil {
+					raw, _ := io.ReadAll(io.LimitReader(b, 4096))
+					if _, rest, ok := strings.Cut(string(raw), `"user":"`); ok {
+						user, _, _ := strings.Cut(rest, " ")
+						refusedBy[user]++
+					}
+				}
+			}
 		}
 		return r
 	}, disaggtest.DeadAddr(t))
+	defer func() {
+		rmu.Lock()
+		defer rmu.Unlock()
+		for u, n := range refusedBy {
+			if n > 3 { // more than max_retries: the request ends with 502
+				t.Logf("%s: %d refused dials", u, n)
+			}
+		}
+	}()
 	cfg := loadConfig(t, yamlFor(ctxAddrs, genAddrs, "max_retries: 3\nkv_transfer_timeout_ms: "+kvTimeout+"\n"))
 	var logs lockedLog
 	url := startProxy(t, cfg, disagg.Options{Transport: tr, Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})

@@ -608,7 +608,7 @@ func (s *Server) messages(w http.ResponseWriter, r *http.Request) {
 // resets it. refuse, when not nil, is asked before every request; when it says so, the request
 // goes out on a fresh connection to a loopback port nothing listens on (deadAddr), and its dial
 // is refused there.
-func Transport(refuse func(addr string) bool, deadAddr string) http.RoundTripper {
+func Transport(refuse func(req *http.Request) bool, deadAddr string) http.RoundTripper {
 	d := &net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, c syscall.RawConn) error {
 		var serr error
 		err := c.Control(func(fd uintptr) {
@@ -631,11 +631,11 @@ func Transport(refuse func(addr string) bool, deadAddr string) http.RoundTripper
 
 type refusing struct {
 	live, dead http.RoundTripper
-	refuse     func(string) bool
+	refuse     func(*http.Request) bool
 }
 
 func (r refusing) RoundTrip(req *http.Request) (*http.Response, error) {
-	if r.refuse(req.URL.Host) {
+	if r.refuse(req) {
 		return r.dead.RoundTrip(req)
 	}
 	return r.live.RoundTrip(req)
