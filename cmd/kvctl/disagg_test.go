@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,18 +14,8 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/disagg/disaggtest"
+	"github.com/kvctl/kvctl/mooncake/mooncaketest"
 )
-
-// freePort returns a loopback port nothing listens on right now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 // startDisaggServe runs `kvctl serve --disagg-config` in front of scripted servers and returns
 // the front's base URL.
@@ -34,7 +23,7 @@ func startDisaggServe(t *testing.T, extra string) (string, *disaggtest.Server, *
 	t.Helper()
 	c := disaggtest.StartContext(t)
 	g := disaggtest.StartGeneration(t)
-	port := freePort(t)
+	port := mooncaketest.FreePort(t)
 	cfg := filepath.Join(t.TempDir(), "disagg_config.yaml")
 	text := "hostname: 127.0.0.1\nport: " + strconv.Itoa(port) + "\nbackend: pytorch\n" +
 		"context_servers:\n  num_instances: 1\n  urls:\n    - \"" + c.Addr + "\"\n" +
@@ -82,22 +71,6 @@ func startDisaggServe(t *testing.T, extra string) (string, *disaggtest.Server, *
 	return "", nil, nil
 }
 
-// pythonEnv returns the Python of `make pyenv`, skipping (failing under CI=true) without it.
-func pythonEnv(t *testing.T) string {
-	t.Helper()
-	py := filepath.Join(os.Getenv("KVCTL_PYENV"), "bin", "python")
-	if os.Getenv("KVCTL_PYENV") != "" {
-		if _, err := os.Stat(py); err == nil {
-			return py
-		}
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("the Python environment is missing (KVCTL_PYENV=%q); run make pyenv", os.Getenv("KVCTL_PYENV"))
-	}
-	t.Skipf("the Python environment is missing (KVCTL_PYENV=%q); run make pyenv", os.Getenv("KVCTL_PYENV"))
-	return ""
-}
-
 const openAIScript = `
 import json, sys
 import openai
@@ -141,7 +114,9 @@ print(json.dumps(out))
 
 // The real openai Python package, streaming and not, through `kvctl serve --disagg-config`.
 func TestDisaggServeWithOpenAIClient(t *testing.T) {
-	py := pythonEnv(t)
+	// The environment of `make pyenv` holds the pinned openai package beside Mooncake's; without
+	// it the test skips, or fails under CI=true.
+	py := filepath.Join(mooncaketest.PyEnv(t), "bin", "python3")
 	url, c, g := startDisaggServe(t, "kv_transfer_timeout_ms: 500\n")
 	script := filepath.Join(t.TempDir(), "client.py")
 	if err := os.WriteFile(script, []byte(openAIScript), 0o600); err != nil {
