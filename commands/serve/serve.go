@@ -64,6 +64,15 @@ With no arguments it runs an embedded pool with the Mooncake master's semantics 
 watermark eviction, soft pins, groups), sized to a quarter of the available memory unless
 --pool-size says otherwise.
 
+With --pool-backend mooncake it joins a Mooncake cluster instead: --master names the master's
+RPC address and --metadata its HTTP metadata server; this host donates --pool-size of memory as
+its segment, served to peers over TCP on --transfer-port and published under --host-address
+(by default the local address of the route to the master). --mooncake-config reads those
+settings from a TensorRT-LLM mooncake.json unchanged; flags win over it. Only protocol tcp is
+spoken. Serve may start before its master: /readyz answers 503 until the segment is mounted,
+and again while the master does not answer, with the reason in /v1/stats; every pool call an
+engine waits for is bounded by --pool-timeout (a lookup past it answers miss).
+
 An admin HTTP server (loopback only unless --allow-remote-admin) serves the Mooncake master's
 read endpoints for the pool, /metrics (Prometheus), /v1/stats, /healthz and /readyz.
 
@@ -73,7 +82,7 @@ OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/messages, /
 leg to a generation server, as TensorRT-LLM's disagg_config.yaml describes them.
 
 On SIGTERM or SIGINT it stops taking calls, flushes queued saves to the pool within
---drain-timeout and exits 0. An invalid config is refused before anything starts, with the
+--drain-timeout, unmounts its segment (removing its metadata) and exits 0. An invalid config is refused before anything starts, with the
 messages of kvctl validate-config.`,
 		Example: `  # run on the embedded pool with the defaults
   kvctl serve
@@ -83,6 +92,13 @@ messages of kvctl validate-config.`,
 
   # from a config file whose keys are these flag names
   kvctl serve --config /etc/kvctl/serve.yaml
+
+  # join a Mooncake cluster, donating 64 GiB
+  kvctl serve --pool-backend mooncake --master 10.0.0.5:50051 \
+      --metadata http://10.0.0.5:8080/metadata --pool-size 64GiB --transfer-port 15000
+
+  # the same from TensorRT-LLM's mooncake.json (protocol tcp, an HTTP metadata server)
+  kvctl serve --pool-backend mooncake --mooncake-config /etc/trtllm/mooncake.json
 
   # the disaggregated OpenAI-compatible front for trtllm-serve context and generation servers
   kvctl serve --disagg-config disagg_config.yaml`,
@@ -108,7 +124,7 @@ messages of kvctl validate-config.`,
 	fl.StringVar(&opts.PoolBackend, config.ServeKeyPoolBackend, def.PoolBackend, "pool backend: embedded, or mooncake to join a Mooncake cluster")
 	fl.StringVar(&opts.Pool, config.ServeKeyPool, "", "the pool of the mooncake backend: file://PATH/pool.json or host:port")
 	fl.StringVar(&opts.PoolSize, config.ServeKeyPoolSize, "auto", "memory this host gives the pool (the embedded pool, or its Mooncake segment), e.g. 64GiB; auto is a quarter of available memory")
-	fl.StringVar(&opts.StagingBytes, config.ServeKeyStagingBufferBytes, config.FormatSize(def.StagingBufferBytes), "default host staging per direction for an engine rank (at most 1GiB)")
+	fl.StringVar(&opts.StagingBytes, config.ServeKeyStagingBufferBytes, config.FormatSize(def.StagingBufferBytes), "default pinned host staging per direction for an engine rank, split evenly over its async load workers; the node memory check counts it")
 	fl.DurationVar(&opts.StatsInterval, config.ServeKeyStatsInterval, 0, "log prefix-hole and load stats at most this often (0 = off; metrics are always exported)")
 	fl.DurationVar(&opts.DrainTimeout, config.ServeKeyDrainTimeout, def.DrainTimeout, "how long a shutdown waits for queued saves")
 	fl.StringVar(&opts.DisaggConfig, FlagDisaggConfig, "", "run the disaggregated front described by TensorRT-LLM's disagg_config.yaml `FILE` instead of the daemon")

@@ -9,19 +9,26 @@ import (
 	"time"
 )
 
-func newAsyncWorker(t *testing.T) *Worker {
+// newTestWorker returns a worker over pool with a host mover of slots pages per group, its
+// layout registered, closed when the test ends.
+func newTestWorker(t *testing.T, opts Options, pool testPool, slots int) *Worker {
 	t.Helper()
-	opts := baseOptions()
-	opts.AsyncLoad = true
-	w, err := NewWorker(opts, newMemPool(), newHostMover(testLayout(8)))
+	w, err := NewWorker(opts, pool, newHostMover(testLayout(slots)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.RegisterLayout(testLayout(8)); err != nil {
+	if err := w.RegisterLayout(testLayout(slots)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = w.Close(context.Background()) })
 	return w
+}
+
+func newAsyncWorker(t *testing.T) *Worker {
+	t.Helper()
+	opts := baseOptions()
+	opts.AsyncLoad = true
+	return newTestWorker(t, opts, newMemPool(), 8)
 }
 
 // Seed commit 4: a misreported request id is fail-stop. An engine announcing an asynchronous
@@ -77,14 +84,7 @@ func TestRequeuedAsyncLoadIsNotMisreported(t *testing.T) {
 // id is misreported, and nothing is dropped for it.
 func TestDropBoundSavesOutsideTheBatchIsMisreported(t *testing.T) {
 	opts := baseOptions()
-	w, err := NewWorker(opts, newMemPool(), newHostMover(testLayout(8)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.RegisterLayout(testLayout(8)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	w := newTestWorker(t, opts, newMemPool(), 8)
 	meta := Metadata{Saves: []RequestTransfers{{RequestID: "a", Pages: []PageTransfer{{Page: 1}}}, {RequestID: "b", Pages: []PageTransfer{{Page: 2}}}}}
 	w.BindMeta(meta)
 	if err := w.DropBoundSaves([]string{"a"}); err != nil {
@@ -93,7 +93,7 @@ func TestDropBoundSavesOutsideTheBatchIsMisreported(t *testing.T) {
 	if err := w.DropBoundSaves([]string{"a"}); err != nil {
 		t.Fatalf("a repeated drop is idempotent, got %v", err)
 	}
-	err = w.DropBoundSaves([]string{"b", "stranger"})
+	err := w.DropBoundSaves([]string{"b", "stranger"})
 	if !errors.Is(err, ErrMisreportedRequest) || !strings.Contains(err.Error(), `"stranger"`) {
 		t.Fatalf("DropBoundSaves(stranger) = %v, want ErrMisreportedRequest naming it", err)
 	}
@@ -124,21 +124,14 @@ func testFailedLoadsMustBeTaken(t *testing.T, newPool func() testPool) {
 		pool.evict(k)
 	}
 
-	w, err := NewWorker(opts, pool, newHostMover(testLayout(64)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.RegisterLayout(testLayout(64)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	w := newTestWorker(t, opts, pool, 64)
 	ks := cold.metas[0].Saves[0].Pages
 	w.BindMeta(Metadata{Loads: []RequestTransfers{{RequestID: "a", Pages: ks}}})
 	if err := w.StartLoad(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	w.BindMeta(Metadata{})
-	err = w.StartLoad(context.Background())
+	err := w.StartLoad(context.Background())
 	if !errors.Is(err, ErrFailedLoadsNotTaken) || !strings.Contains(err.Error(), "[a]") {
 		t.Fatalf("StartLoad without taking the failed load = %v, want ErrFailedLoadsNotTaken naming a", err)
 	}
@@ -160,14 +153,7 @@ func testFailedAsyncLoadsMustBeTaken(t *testing.T, newPool func() testPool) {
 	}
 	ao := opts
 	ao.AsyncLoad, ao.AsyncLoadWorkers = true, 1
-	w, err := NewWorker(ao, pool, newHostMover(testLayout(64)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.RegisterLayout(testLayout(64)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	w := newTestWorker(t, ao, pool, 64)
 	w.BindMeta(Metadata{AsyncLoads: []RequestTransfers{{RequestID: "a", Pages: cold.metas[0].Saves[0].Pages}}})
 	announce := []string{"a"}
 	deadline := time.Now().Add(10 * time.Second)
@@ -185,7 +171,7 @@ func testFailedAsyncLoadsMustBeTaken(t *testing.T, newPool func() testPool) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	_, _, err = w.GetFinished(nil, nil)
+	_, _, err := w.GetFinished(nil, nil)
 	if !errors.Is(err, ErrFailedLoadsNotTaken) || !strings.Contains(err.Error(), fmt.Sprint([]string{"a"})) {
 		t.Fatalf("GetFinished without taking the failed async load = %v, want ErrFailedLoadsNotTaken naming a", err)
 	}

@@ -172,14 +172,7 @@ func TestZeroTokenAsyncHonourQueuesEmptyTransfer(t *testing.T) {
 	if err != nil || len(meta.AsyncLoads) != 1 || meta.AsyncLoads[0].RequestID != "r" || len(meta.AsyncLoads[0].Pages) != 0 {
 		t.Fatalf("async transfers %+v, %v; want one empty transfer for r", meta.AsyncLoads, err)
 	}
-	w, err := NewWorker(ao, pool, newHostMover(testLayout(64)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.RegisterLayout(testLayout(64)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	w := newTestWorker(t, ao, pool, 64)
 	w.BindMeta(meta)
 	_, fl, err := w.GetFinished(nil, []string{"r"})
 	if err != nil || len(fl) != 1 || len(w.TakeFailedAsyncLoadRequests()) != 0 {

@@ -640,7 +640,7 @@ func (o *offline) replay(progress func(int)) error {
 		if err := o.popEvents(at); err != nil {
 			return err
 		}
-		placed, start, err := o.route(batch, at)
+		placed, start, err := o.route(batch, at, i)
 		if err != nil {
 			return err
 		}
@@ -652,10 +652,10 @@ func (o *offline) replay(progress func(int)) error {
 				}
 				o.closeBucket(span, buckets)
 			}
-			if o.c.Scheduler {
-				o.enqueue(i+k, batch[k], placed[k], start[k])
-			} else if err := o.serve(i+k, batch[k], placed[k], start[k]); err != nil {
-				return err
+			if !o.c.Scheduler { // the scheduler model's requests were enqueued as they were placed
+				if err := o.serve(i+k, batch[k], placed[k], start[k]); err != nil {
+					return err
+				}
 			}
 			if progress != nil && (time.Since(lastProgress) > 50*time.Millisecond || i+k+1 == len(reqs)) {
 				progress(i + k + 1)
@@ -726,7 +726,10 @@ func (o *offline) occupancy() float64 {
 
 // route places a batch, waiting for modelled finishes while a capped router cannot place a
 // request; it returns each request's rank and the earliest modelled start.
-func (o *offline) route(batch []Request, at time.Duration) ([]int, []time.Duration, error) {
+//
+// Under the scheduler model a placed request is handed to its rank at once (first is the
+// batch's trace position), so that the passes a capped router waits on can run it.
+func (o *offline) route(batch []Request, at time.Duration, first int) ([]int, []time.Duration, error) {
 	ranks := make([]int, len(batch))
 	starts := make([]time.Duration, len(batch))
 	todo := make([]int, len(batch))
@@ -750,6 +753,9 @@ func (o *offline) route(batch []Request, at time.Duration) ([]int, []time.Durati
 				continue
 			}
 			ranks[k], starts[k] = pl[n].Rank, when
+			if o.c.Scheduler {
+				o.enqueue(first+k, batch[k], pl[n].Rank, when)
+			}
 			o.ranks[pl[n].Rank].load.EstimatedTokens += int64(pl[n].Estimate)
 		}
 		todo = left

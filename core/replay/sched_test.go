@@ -244,3 +244,31 @@ func TestRefusedRequestCacheIsFreed(t *testing.T) {
 		t.Fatalf("freed: %+v; want every refusal freed and no preemption", *freed)
 	}
 }
+
+// With several ranks and a router capped at two active requests per rank, a request the router
+// cannot place waits for the scheduler model's passes to finish one (runUntilEvent); every
+// request is served on some rank and admission queries are off under attention DP.
+func TestSchedulerModelWithCappedRouter(t *testing.T) {
+	tr := tokenTrace(8, 40, 16, 32, func(int) time.Duration { return 0 })
+	c := schedConfig(t, "ranks=2")
+	p := DefaultParams()
+	p.MaxActiveRequests = 2
+	rep, err := Offline(context.Background(), tr, p, []Config{c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := rep.Runs[0]
+	s := run.Scheduler
+	if run.Requests != 8 || run.FailedRequests != 0 || s.Admissions != 8 || s.AdmissionQueries != 0 {
+		t.Fatalf("requests %d, failed %d, scheduler %+v; want 8 served and no admission query under attention DP", run.Requests, run.FailedRequests, *s)
+	}
+	for _, rl := range run.RankLoad {
+		if rl.Requests != 4 {
+			t.Fatalf("rank loads %+v, want 4 requests each under a cap of 2", run.RankLoad)
+		}
+	}
+	// Requests placed after a slot freed started later: the last TTFT is past the first decode.
+	if run.Latency.P99TTFTSec <= run.Latency.P50TTFTSec {
+		t.Fatalf("TTFT p50 %.3fs, p99 %.3fs: nobody waited for a router slot", run.Latency.P50TTFTSec, run.Latency.P99TTFTSec)
+	}
+}
