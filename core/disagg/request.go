@@ -194,7 +194,10 @@ func (p *Proxy) contextLeg(ctx context.Context, ep string, b body, id int64, ri 
 		cb["disaggregated_params"] = mustJSON(dp)
 		cb["stream"] = json.RawMessage("false")
 		delete(cb, "stream_options")
-		res, err := p.ctxPick.pick(ctx, ri, exclude)
+		// A capped router waits for a free server no longer than a leg may take.
+		pctx, pcancel := context.WithTimeout(ctx, p.reqTimeout)
+		res, err := p.ctxPick.pick(pctx, ri, exclude)
+		pcancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, id, &LegError{Role: RoleContext, Status: 499, Message: "the client went away", Err: errClientGone}

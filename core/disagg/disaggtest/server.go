@@ -31,6 +31,8 @@ const (
 	FaultCtxNoParams Fault = "ctx_no_params"
 	// FaultCtxSlow: the context server takes 500ms to answer (its prefill holds the server).
 	FaultCtxSlow Fault = "ctx_slow"
+	// FaultCtxStall: the context server takes 3s to answer.
+	FaultCtxStall Fault = "ctx_stall"
 	// FaultCtxFinished: the context server finishes the request itself (finish_reason stop).
 	FaultCtxFinished Fault = "ctx_finished"
 	// FaultGenResetWrite: the generation server resets the connection while the request is still
@@ -276,9 +278,13 @@ func (s *Server) context(w http.ResponseWriter, r *http.Request) {
 	case FaultCtx4xx:
 		writeJSONError(w, http.StatusBadRequest, "scripted: the prompt is longer than max_seq_len")
 		return
-	case FaultCtxSlow:
+	case FaultCtxSlow, FaultCtxStall:
+		d := 500 * time.Millisecond
+		if fault == FaultCtxStall {
+			d = 3 * time.Second
+		}
 		select {
-		case <-time.After(500 * time.Millisecond):
+		case <-time.After(d):
 		case <-r.Context().Done():
 			s.cancelled()
 			return
