@@ -259,7 +259,7 @@ func decodeDisaggServers(d *dec, top *obj, key string) DisaggServers {
 	var tpb *int64
 	kv.intPtr("tokens_per_block", &tpb, intExact, 1)
 	if rn := o.field("router"); rn != nil && !isNull(rn) {
-		s.Router = decodeDisaggRouter(d, o.child("router"), key)
+		s.Router = decodeDisaggRouter(d, o.child("router"))
 	}
 	r := &s.Router
 	if r.MaxActiveRequests == 0 && maxBatch != nil {
@@ -275,7 +275,7 @@ func decodeDisaggServers(d *dec, top *obj, key string) DisaggServers {
 	return s
 }
 
-func decodeDisaggRouter(d *dec, o *obj, section string) DisaggRouter {
+func decodeDisaggRouter(d *dec, o *obj) DisaggRouter {
 	r := DisaggRouter{Type: RouterRoundRobin, LookupTimeoutMs: DefaultPoolLookupTimeoutMs, WorldSize: 1}
 	if o.str("type", &r.Type, false) {
 		known := false
@@ -345,7 +345,6 @@ func decodeDisaggRouter(d *dec, o *obj, section string) DisaggRouter {
 				"for example layer_groups: [\"0:65536\"], as kvctl hash --layer-group takes them")
 		}
 	}
-	_ = section
 	return r
 }
 
