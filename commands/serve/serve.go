@@ -4,13 +4,13 @@ package serve
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
+	"github.com/kvctl/kvctl/core/boundedio"
 	"github.com/kvctl/kvctl/core/config"
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/daemon"
@@ -34,7 +34,9 @@ type Options struct {
 	StatsInterval    time.Duration
 	DrainTimeout     time.Duration
 	// Cluster holds the mooncake backend's flags (cluster.go).
-	Cluster   config.ClusterKeys
+	Cluster config.ClusterKeys
+	// Security holds the flags of security.go (--engine-group, --max-conns, ...).
+	Security  config.ServeSecurity
 	LogLevel  string
 	LogFormat string
 	// ConfigFile is the config file the flags were read from, if any; it is checked with the
@@ -129,6 +131,7 @@ messages of kvctl validate-config.`,
 	fl.DurationVar(&opts.DrainTimeout, config.ServeKeyDrainTimeout, def.DrainTimeout, "how long a shutdown waits for queued saves")
 	fl.StringVar(&opts.DisaggConfig, FlagDisaggConfig, "", "run the disaggregated front described by TensorRT-LLM's disagg_config.yaml `FILE` instead of the daemon")
 	addClusterFlags(fl, &opts.Cluster)
+	addSecurityFlags(cmd, opts)
 	_ = cmd.RegisterFlagCompletionFunc(config.ServeKeyPoolBackend, cobra.FixedCompletions([]string{config.PoolBackendEmbedded, config.PoolBackendMooncake}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
@@ -140,7 +143,8 @@ func (o *Options) serveConfig() (config.ServeConfig, config.Diagnostics) {
 		Socket: o.Socket, AdminAddr: o.AdminAddr, AllowRemoteAdmin: o.AllowRemoteAdmin,
 		PoolBackend: o.PoolBackend, Pool: o.Pool, PoolSize: o.PoolSize,
 		LogLevel: o.LogLevel, LogFormat: o.LogFormat, StatsInterval: o.StatsInterval, DrainTimeout: o.DrainTimeout,
-		ClusterKeys: o.Cluster,
+		ClusterKeys:   o.Cluster,
+		ServeSecurity: o.Security,
 	}
 	var diags config.Diagnostics
 	n, err := config.ParseSize(o.StagingBytes, true)
@@ -168,7 +172,7 @@ func Run(ctx context.Context, opts *Options) error {
 		return runDisagg(ctx, opts)
 	}
 	if opts.ConfigFile != "" {
-		data, err := os.ReadFile(opts.ConfigFile)
+		data, err := boundedio.ReadFile(ctx, opts.ConfigFile, boundedio.MaxConfigBytes)
 		if err != nil {
 			return err
 		}
@@ -182,6 +186,9 @@ func Run(ctx context.Context, opts *Options) error {
 		return err
 	}
 	log := opts.Factory.Logger()
+	if sc.AllowRemoteAdmin && sc.AdminAddr != "" {
+		log.Warn(config.RemoteAdminWarning, "admin_addr", sc.AdminAddr)
+	}
 
 	memAvail := opts.MemAvailable
 	if memAvail == nil {
@@ -246,9 +253,14 @@ func Run(ctx context.Context, opts *Options) error {
 			StagingBufferBytes: sc.StagingBufferBytes,
 			StatsInterval:      sc.StatsInterval,
 		},
-		DrainTimeout: sc.DrainTimeout,
-		Logger:       log,
-		Version:      opts.Factory.Version,
+		DrainTimeout:      sc.DrainTimeout,
+		Logger:            log,
+		Version:           opts.Factory.Version,
+		EngineGroup:       sc.EngineGroup,
+		MaxConns:          sc.MaxConns,
+		AdminGrantsLeases: sc.AdminGrantsLeases,
+		AdminLeaseRate:    sc.AdminLeaseRate,
+		DescriptorTTL:     sc.DescriptorTTL,
 	})
 	if err != nil {
 		return cmdutil.ValidationErrorf("%v", err)
