@@ -469,13 +469,20 @@ func (w *Worker) saveLoop() {
 
 // save writes one job: per batch, the keys not yet in the pool are gathered into staging slots
 // and put with the rank's ReplicateConfig.
-func (w *Worker) save(job saveJob) error {
+func (w *Worker) save(job saveJob) (err error) {
 	ctx := w.ctx
 	if job.fence != nil {
 		if err := job.fence.Wait(ctx); err != nil {
 			return fmt.Errorf("save fence: %w", err)
 		}
 	}
+	var sample stats.SaveSample
+	began := time.Now()
+	defer func() {
+		sample.Duration = time.Since(began)
+		sample.Err = err != nil
+		w.stats.RecordSave(sample)
+	}()
 	g := w.geom
 	T := w.opts.TokensPerBlock
 	ns := w.opts.Namespace
@@ -512,6 +519,7 @@ func (w *Worker) save(job saveJob) error {
 	var failed, attempted, refusedTTL int
 	var inflight chan []mooncake.Code
 	var inflightN int
+	var inflightSizes []int
 	settle := func() {
 		if inflight == nil {
 			return
@@ -522,17 +530,27 @@ func (w *Worker) save(job saveJob) error {
 		for j := range inflightN {
 			if len(codes) != inflightN {
 				failed++
+				sample.FailedPages++
 				continue
 			}
-			if c := codes[j]; c < 0 && c != mooncake.ErrObjectAlreadyExists {
+			switch c := codes[j]; {
+			case c == mooncake.ErrObjectAlreadyExists:
+				sample.SkippedPages++
+			case c == mooncake.ErrInvalidParams:
 				failed++
-				if c == mooncake.ErrInvalidParams {
-					refusedTTL++
-				}
+				refusedTTL++
+				sample.RefusedPages++
+			case c < 0:
+				failed++
+				sample.FailedPages++
+			default:
+				sample.PutPages++
+				sample.PutBytes += int64(inflightSizes[j])
 			}
 		}
 	}
 	defer settle()
+	sample.Pages = int64(len(items))
 	set := 0
 	for start := 0; start < len(items); start += batch {
 		chunk := items[start:min(start+batch, len(items))]
@@ -548,6 +566,7 @@ func (w *Worker) save(job saveJob) error {
 				todo = append(todo, i)
 			}
 		}
+		sample.SkippedPages += int64(len(chunk) - len(todo))
 		if len(todo) == 0 {
 			continue
 		}
@@ -574,7 +593,11 @@ func (w *Worker) save(job saveJob) error {
 		cfg.GroupIDs = gids
 		done := make(chan []mooncake.Code, 1)
 		go func() { done <- w.pool.BatchPut(ctx, putKeys, bufs, cfg) }()
-		inflight, inflightN = done, len(todo)
+		sizes := make([]int, len(todo))
+		for j, i := range todo {
+			sizes[j] = chunk[i].size
+		}
+		inflight, inflightN, inflightSizes = done, len(todo), sizes
 		if sets == 2 {
 			set ^= 1
 		} else {

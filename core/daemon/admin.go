@@ -1,14 +1,11 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
 	"sort"
 	"time"
-
-	"github.com/prometheus/common/expfmt"
 
 	"github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/mooncake"
@@ -20,7 +17,7 @@ import (
 func (d *Daemon) AdminHandler() http.Handler {
 	master := mooncake.NewAdminHandler(d.pool, mooncake.DefaultAdminHandlerOptions())
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /metrics", d.serveMetrics)
+	mux.Handle("GET /metrics", d.metricsHandler())
 	mux.HandleFunc("GET /v1/stats", d.serveStats)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -37,32 +34,6 @@ func (d *Daemon) AdminHandler() http.Handler {
 	})
 	mux.Handle("/", master)
 	return mux
-}
-
-func (d *Daemon) serveMetrics(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
-	defer cancel()
-	snap, err := d.pool.Metrics(ctx)
-	if err != nil {
-		http.Error(w, "metrics: "+err.Error(), http.StatusInternalServerError)
-		return
-	}
-	var buf bytes.Buffer
-	buf.Write(mooncake.RenderMasterMetrics(snap))
-	fams, err := d.reg.Gather()
-	if err != nil {
-		http.Error(w, "metrics: "+err.Error(), http.StatusInternalServerError)
-		return
-	}
-	enc := expfmt.NewEncoder(&buf, expfmt.NewFormat(expfmt.TypeTextPlain))
-	for _, f := range fams {
-		if err := enc.Encode(f); err != nil {
-			http.Error(w, "metrics: "+err.Error(), http.StatusInternalServerError)
-			return
-		}
-	}
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	_, _ = w.Write(buf.Bytes())
 }
 
 // HoleStatsJSON is the prefix-hole stats part of /v1/stats.

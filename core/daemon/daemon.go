@@ -44,6 +44,10 @@ type Config struct {
 
 	Logger  *slog.Logger
 	Version string
+
+	// EngineSeriesRetention is how long the per-engine metric series of an engine that left
+	// are still exported (DefaultEngineSeriesRetention when zero).
+	EngineSeriesRetention time.Duration
 }
 
 // DefaultDrainTimeout is how long a shutdown waits for queued saves.
@@ -76,6 +80,7 @@ type Daemon struct {
 	ready    atomic.Bool
 	draining atomic.Bool
 	calls    callCounters
+	met      *daemonMetrics
 }
 
 // New builds a daemon and its embedded pool. It listens on nothing until Run.
@@ -108,6 +113,8 @@ func New(cfg Config) (*Daemon, error) {
 		engines: map[string]*engine{},
 	}
 	d.calls.register(d.reg)
+	d.met = newDaemonMetrics(d, cfg.EngineSeriesRetention)
+	d.met.register(d.reg, pool, cfg.Version)
 	return d, nil
 }
 
@@ -279,6 +286,7 @@ func (d *Daemon) closeEngines(ctx context.Context) error {
 
 // retire folds an engine's final stats into the daemon's totals.
 func (d *Daemon) retire(e *engine) {
+	d.met.retire(e)
 	h, l := e.reporter.HoleTotals(), e.reporter.LoadTotals()
 	d.mu.Lock()
 	defer d.mu.Unlock()

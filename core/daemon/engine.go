@@ -34,6 +34,7 @@ type engine struct {
 	since     time.Time
 	layout    gpu.Layout
 	conn      uint64 // the engine connection it registered over
+	rank      int
 }
 
 // checkTransfers refuses metadata that names a layer group or page slot outside the engine's
@@ -89,6 +90,8 @@ func (c *callCounters) register(r prometheus.Registerer) {
 func (d *Daemon) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	method := info.FullMethod[strings.LastIndexByte(info.FullMethod, '/')+1:]
 	d.calls.calls.WithLabelValues(method).Inc()
+	began := time.Now()
+	defer func() { d.met.callDur.WithLabelValues(method).Observe(time.Since(began).Seconds()) }()
 	if d.draining.Load() {
 		d.calls.errors.WithLabelValues(method, codes.Unavailable.String()).Inc()
 		return nil, status.Error(codes.Unavailable, "kvctl serve is shutting down")
@@ -172,7 +175,7 @@ func (d *Daemon) register(conn uint64, req *enginepb.RegisterRequest) (*engine, 
 		return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
 	}
 
-	e := &engine{name: req.GetEngine(), modelKey: req.GetModelKey(), shard: opts.Namespace.Shard(), role: opts.Role, since: time.Now(), layout: layout, conn: conn}
+	e := &engine{name: req.GetEngine(), modelKey: req.GetModelKey(), shard: opts.Namespace.Shard(), role: opts.Role, since: time.Now(), layout: layout, conn: conn, rank: opts.Namespace.Rank}
 	ok := false
 	defer func() {
 		if !ok {
@@ -181,10 +184,9 @@ func (d *Daemon) register(conn uint64, req *enginepb.RegisterRequest) (*engine, 
 	}()
 
 	reporter, err := stats.NewReporter(stats.ReporterOptions{
-		Interval:    opts.StatsInterval,
-		Logger:      d.log.With("engine", e.name),
-		Registerer:  d.reg,
-		ConstLabels: prometheus.Labels{"engine": e.name},
+		Interval: opts.StatsInterval,
+		Logger:   d.log.With("engine", e.name),
+		Observer: d.met,
 	})
 	if err != nil {
 		return nil, status.Errorf(codes.AlreadyExists, "register: stats for engine %q: %v", e.name, err)
@@ -227,6 +229,7 @@ func (d *Daemon) register(conn uint64, req *enginepb.RegisterRequest) (*engine, 
 		return nil, status.Errorf(codes.AlreadyExists, "engine %q is already registered; unregister it first", e.name)
 	}
 	d.engines[e.name] = e
+	d.met.track(e)
 	ok = true
 	return e, nil
 }
