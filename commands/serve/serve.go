@@ -33,6 +33,8 @@ type Options struct {
 	StagingBytes     string
 	StatsInterval    time.Duration
 	DrainTimeout     time.Duration
+	MetricsAddr      string
+	EngineMetricsTTL time.Duration
 	LogLevel         string
 	LogFormat        string
 	// ConfigFile is the config file the flags were read from, if any; it is checked with the
@@ -61,6 +63,8 @@ watermark eviction, soft pins, groups), sized to a quarter of the available memo
 
 An admin HTTP server (loopback only unless --allow-remote-admin) serves the Mooncake master's
 read endpoints for the pool, /metrics (Prometheus), /v1/stats, /healthz and /readyz.
+--metrics-addr opens a second listener, which may bind any address, serving only /metrics,
+/healthz and /readyz: point Prometheus and kubelet probes there, never at the admin API.
 
 On SIGTERM or SIGINT it stops taking calls, flushes queued saves to the pool within
 --drain-timeout and exits 0. An invalid config is refused before anything starts, with the
@@ -98,6 +102,8 @@ messages of kvctl validate-config.`,
 	fl.StringVar(&opts.StagingBytes, config.ServeKeyStagingBufferBytes, config.FormatSize(def.StagingBufferBytes), "default host staging per direction for an engine rank (at most 1GiB)")
 	fl.DurationVar(&opts.StatsInterval, config.ServeKeyStatsInterval, 0, "log prefix-hole and load stats at most this often (0 = off; metrics are always exported)")
 	fl.DurationVar(&opts.DrainTimeout, config.ServeKeyDrainTimeout, def.DrainTimeout, "how long a shutdown waits for queued saves")
+	fl.StringVar(&opts.MetricsAddr, config.ServeKeyMetricsAddr, "", "metrics and health listener `host:port` serving only /metrics, /healthz and /readyz (any address; empty turns it off)")
+	fl.DurationVar(&opts.EngineMetricsTTL, config.ServeKeyEngineMetricsTTL, def.EngineMetricsRetention, "how long the per-rank metric series of an engine that left are still exported")
 	_ = cmd.RegisterFlagCompletionFunc(config.ServeKeyPoolBackend, cobra.FixedCompletions([]string{config.PoolBackendEmbedded}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
@@ -109,6 +115,7 @@ func (o *Options) serveConfig() (config.ServeConfig, config.Diagnostics) {
 		Socket: o.Socket, AdminAddr: o.AdminAddr, AllowRemoteAdmin: o.AllowRemoteAdmin,
 		PoolBackend: o.PoolBackend, Pool: o.Pool, PoolSize: o.PoolSize,
 		LogLevel: o.LogLevel, LogFormat: o.LogFormat, StatsInterval: o.StatsInterval, DrainTimeout: o.DrainTimeout,
+		MetricsAddr: o.MetricsAddr, EngineMetricsRetention: o.EngineMetricsTTL,
 	}
 	var diags config.Diagnostics
 	n, err := config.ParseSize(o.StagingBytes, true)
@@ -183,14 +190,16 @@ func Run(ctx context.Context, opts *Options) error {
 		Socket:           sc.Socket,
 		AdminAddr:        sc.AdminAddr,
 		AllowRemoteAdmin: sc.AllowRemoteAdmin,
+		MetricsAddr:      sc.MetricsAddr,
 		Pool:             popts,
 		Defaults: connector.Options{
 			StagingBufferBytes: sc.StagingBufferBytes,
 			StatsInterval:      sc.StatsInterval,
 		},
-		DrainTimeout: sc.DrainTimeout,
-		Logger:       log,
-		Version:      opts.Factory.Version,
+		DrainTimeout:          sc.DrainTimeout,
+		EngineSeriesRetention: sc.EngineMetricsRetention,
+		Logger:                log,
+		Version:               opts.Factory.Version,
 	})
 	if err != nil {
 		return cmdutil.ValidationErrorf("%v", err)
@@ -236,6 +245,10 @@ func banner(opts *Options, info daemon.Info, inv gpu.Inventory) {
 	} else {
 		admin = "http://" + admin
 	}
-	fmt.Fprintf(opts.IO.ErrOut, "kvctl serve %s\n  pool     embedded, %s\n  gpus     %s\n  socket   %s\n  admin    %s\n  ready\n",
-		version, config.FormatSize(info.PoolBytes), gpus, info.Socket, admin)
+	metrics := "off"
+	if info.MetricsAddr != "" {
+		metrics = "http://" + info.MetricsAddr + "/metrics"
+	}
+	fmt.Fprintf(opts.IO.ErrOut, "kvctl serve %s\n  pool     embedded, %s\n  gpus     %s\n  socket   %s\n  admin    %s\n  metrics  %s\n  ready\n",
+		version, config.FormatSize(info.PoolBytes), gpus, info.Socket, admin, metrics)
 }

@@ -24,6 +24,11 @@ type ServeConfig struct {
 	AllowRemoteAdmin bool `json:"allow-remote-admin" yaml:"allow-remote-admin"`
 	// DrainTimeout bounds how long a stopping daemon waits for queued saves.
 	DrainTimeout time.Duration `json:"drain-timeout" yaml:"drain-timeout"`
+	// MetricsAddr is the metrics and health listener (/metrics, /healthz, /readyz only); it
+	// may bind any address. "" turns it off.
+	MetricsAddr string `json:"metrics-addr,omitempty" yaml:"metrics-addr,omitempty"`
+	// EngineMetricsRetention is how long an engine's per-rank series outlive it.
+	EngineMetricsRetention time.Duration `json:"engine-metrics-retention,omitempty" yaml:"engine-metrics-retention,omitempty"`
 }
 
 // Serve config keys, which are also the flag names of `kvctl serve`.
@@ -39,6 +44,8 @@ const (
 	ServeKeyStatsInterval      = "stats-interval"
 	ServeKeyAllowRemoteAdmin   = "allow-remote-admin"
 	ServeKeyDrainTimeout       = "drain-timeout"
+	ServeKeyMetricsAddr        = "metrics-addr"
+	ServeKeyEngineMetricsTTL   = "engine-metrics-retention"
 )
 
 // globalKeys are kvctl's global flags, which may share the config file with serve's keys.
@@ -48,7 +55,7 @@ var globalKeys = []string{"output", "no-color"}
 func ServeKeys() []string {
 	return []string{ServeKeySocket, ServeKeyAdminAddr, ServeKeyPoolBackend, ServeKeyPool, ServeKeyPoolSize,
 		ServeKeyStagingBufferBytes, ServeKeyLogLevel, ServeKeyLogFormat, ServeKeyStatsInterval,
-		ServeKeyAllowRemoteAdmin, ServeKeyDrainTimeout}
+		ServeKeyAllowRemoteAdmin, ServeKeyDrainTimeout, ServeKeyMetricsAddr, ServeKeyEngineMetricsTTL}
 }
 
 // Pool backends of `kvctl serve`.
@@ -66,6 +73,8 @@ func DefaultServeConfig() ServeConfig {
 		LogLevel:           "info",
 		LogFormat:          "text",
 		DrainTimeout:       30 * time.Second,
+		// Matches daemon.DefaultEngineSeriesRetention.
+		EngineMetricsRetention: 15 * time.Minute,
 	}
 }
 
@@ -98,6 +107,16 @@ func (s ServeConfig) validate(d *dec) {
 		if _, port, err := net.SplitHostPort(s.AdminAddr); err != nil || port == "" {
 			d.at(SeverityError, ServeKeyAdminAddr, fmt.Sprintf("%q is not host:port", s.AdminAddr), "for example 127.0.0.1:9480")
 		}
+	}
+	if s.MetricsAddr != "" {
+		if _, port, err := net.SplitHostPort(s.MetricsAddr); err != nil || port == "" {
+			d.at(SeverityError, ServeKeyMetricsAddr, fmt.Sprintf("%q is not host:port", s.MetricsAddr), "for example :9481 or 0.0.0.0:9481")
+		} else if s.AdminAddr != "" && s.MetricsAddr == s.AdminAddr {
+			d.at(SeverityError, ServeKeyMetricsAddr, "the metrics listener needs an address of its own, not the admin address", "for example :9481")
+		}
+	}
+	if s.EngineMetricsRetention < 0 {
+		d.at(SeverityError, ServeKeyEngineMetricsTTL, "must not be negative", "for example 15m")
 	}
 	switch s.PoolBackend {
 	case PoolBackendEmbedded:
@@ -172,6 +191,10 @@ func decodeServe(d *dec, root *node) *ServeConfig {
 	}
 	if n := o.field(ServeKeyDrainTimeout); n != nil && !isNull(n) {
 		s.DrainTimeout = readDuration(o, ServeKeyDrainTimeout, n)
+	}
+	o.str(ServeKeyMetricsAddr, &s.MetricsAddr, true)
+	if n := o.field(ServeKeyEngineMetricsTTL); n != nil && !isNull(n) {
+		s.EngineMetricsRetention = readDuration(o, ServeKeyEngineMetricsTTL, n)
 	}
 	if v, ok := o.boolv(ServeKeyAllowRemoteAdmin, boolStrict); ok {
 		s.AllowRemoteAdmin = v

@@ -30,6 +30,9 @@ type Config struct {
 	// loopback is refused unless AllowRemoteAdmin is set.
 	AdminAddr        string
 	AllowRemoteAdmin bool
+	// MetricsAddr is the metrics and health listener's host:port (any address); "" disables
+	// it. It serves only /metrics, /healthz and /readyz.
+	MetricsAddr string
 
 	// Pool holds the embedded pool's options (mooncake.DefaultOptions when zero).
 	Pool mooncake.Options
@@ -58,7 +61,9 @@ type Info struct {
 	Socket    string
 	FDSocket  string
 	AdminAddr string
-	PoolBytes int64
+	// MetricsAddr is the metrics listener's address; "" when there is none.
+	MetricsAddr string
+	PoolBytes   int64
 }
 
 // Daemon is a running `kvctl serve`.
@@ -163,6 +168,16 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 		}
 	}
 
+	metricsLn, err := d.listenMetrics()
+	if err != nil {
+		_ = ln.Close()
+		_ = fdln.Close()
+		if adminLn != nil {
+			_ = adminLn.Close()
+		}
+		return err
+	}
+
 	gs := grpc.NewServer(
 		grpc.MaxRecvMsgSize(engineapi.MaxMessageBytes),
 		grpc.MaxSendMsgSize(engineapi.MaxMessageBytes),
@@ -172,7 +187,7 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 	enginepb.RegisterEngineServer(gs, &service{d: d})
 
 	var wg sync.WaitGroup
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	serveCtx, stopServe := context.WithCancel(context.Background())
 	defer stopServe()
 	wg.Add(1)
@@ -201,9 +216,14 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 		}()
 	}
 
+	metricsSrv := d.serveMetricsListener(metricsLn, &wg, errc)
+
 	info := Info{Socket: socket, FDSocket: engineapi.FDSocketPath(socket), PoolBytes: d.capacity()}
 	if adminLn != nil {
 		info.AdminAddr = adminLn.Addr().String()
+	}
+	if metricsLn != nil {
+		info.MetricsAddr = metricsLn.Addr().String()
 	}
 	d.ready.Store(true)
 	if ready != nil {
@@ -234,6 +254,9 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 	d.fds.Close()
 	if hs != nil {
 		_ = hs.Shutdown(drainCtx)
+	}
+	if metricsSrv != nil {
+		_ = metricsSrv.Shutdown(drainCtx)
 	}
 	wg.Wait()
 	if err := d.pool.Close(); err != nil && drainErr == nil {

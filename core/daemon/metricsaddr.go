@@ -1,0 +1,75 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// MetricsHandler serves the metrics and health listener: /metrics, /healthz and /readyz and
+// nothing else, so a scraper or a kubelet probe reaching it learns no keys and changes
+// nothing. Every other path is 404.
+func (d *Daemon) MetricsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", d.metricsHandler())
+	mux.HandleFunc("GET /healthz", d.serveHealthz)
+	mux.HandleFunc("GET /readyz", d.serveReadyz)
+	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "not found: this listener serves only /metrics, /healthz and /readyz", http.StatusNotFound)
+	})
+	return mux
+}
+
+func (d *Daemon) serveHealthz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = w.Write([]byte("ok\n"))
+}
+
+func (d *Daemon) serveReadyz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if !d.ready.Load() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte("not ready\n"))
+		return
+	}
+	_, _ = w.Write([]byte("ready\n"))
+}
+
+// listenMetrics opens the metrics listener when one is configured; nil when not.
+func (d *Daemon) listenMetrics() (net.Listener, error) {
+	if d.cfg.MetricsAddr == "" {
+		return nil, nil
+	}
+	ln, err := net.Listen("tcp", d.cfg.MetricsAddr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listener: %w", err)
+	}
+	return ln, nil
+}
+
+// serveMetricsListener serves ln until the returned server is shut down; an error other than
+// a shutdown goes to errc.
+func (d *Daemon) serveMetricsListener(ln net.Listener, wg *sync.WaitGroup, errc chan<- error) *http.Server {
+	if ln == nil {
+		return nil
+	}
+	hs := &http.Server{
+		Handler:           d.MetricsHandler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("metrics http: %w", err)
+		}
+	}()
+	return hs
+}
