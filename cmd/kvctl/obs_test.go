@@ -86,3 +86,15 @@ func TestServeMetricsListener(t *testing.T) {
 		t.Errorf("admin /v1/stats: %d", code)
 	}
 }
+
+// TestServeQuietMemory starts the real binary with a small chosen pool and with the automatic
+// size: neither fits badly on this machine, so neither start may warn about memory.
+func TestServeQuietMemory(t *testing.T) {
+	for _, size := range []string{"128MiB", "auto"} {
+		p := startServe(t, shortSocket(t), "--pool-size", size)
+		bannerValue(t, p, "ready")
+		if s := p.stderr.String(); strings.Contains(s, "memory budget") || strings.Contains(s, "KiB") || strings.Contains(s, "larger than the memory") {
+			t.Errorf("--pool-size %s warned about memory:\n%s", size, s)
+		}
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/engineapi"
+	"github.com/kvctl/kvctl/core/sysmem"
 	"github.com/kvctl/kvctl/gpu"
 	"github.com/kvctl/kvctl/mooncake"
 )
@@ -59,7 +60,8 @@ and their memory (GPU memory through pinned staging on a GPU host, shared memory
 
 With no arguments it runs an embedded pool with the Mooncake master's semantics (leases,
 watermark eviction, soft pins, groups), sized to a quarter of the available memory unless
---pool-size says otherwise.
+--pool-size says otherwise. In a container the available memory is bounded by the cgroup
+(v2 or v1) memory limit.
 
 An admin HTTP server (loopback only unless --allow-remote-admin) serves the Mooncake master's
 read endpoints for the pool, /metrics (Prometheus), /v1/stats, /healthz and /readyz.
@@ -155,37 +157,31 @@ func Run(ctx context.Context, opts *Options) error {
 	}
 	log := opts.Factory.Logger()
 
-	memAvail := opts.MemAvailable
+	memAvail, memSource := opts.MemAvailable, "test"
 	if memAvail == nil {
-		memAvail = gpu.MemAvailable
+		mi := sysmem.System()
+		memAvail, memSource = mi.Available, mi.Source()
 	}
+	avail, known := memAvail()
 	poolBytes, ok, _ := sc.PoolSizeBytes()
 	if !ok {
-		avail, known := memAvail()
 		if !known {
 			return cmdutil.ValidationErrorf("pool-size auto: available memory is unknown here; give --pool-size")
 		}
 		poolBytes = autoPoolSize(avail)
+		log.Debug("pool sized automatically", "pool", gib(poolBytes), "available", gib(int64(min(avail, 1<<62))), "available_from", memSource)
 	}
 	if poolBytes < minPoolBytes {
 		return cmdutil.ValidationErrorf("pool-size %s is below the %s minimum", config.FormatSize(poolBytes), config.FormatSize(minPoolBytes))
 	}
-	// The node budget of TensorRT-LLM's mooncake_store (the pool is this node's segment) is a
-	// warning here, for a size the operator chose: a workstation has less than the 32 GiB reserve
-	// it leaves to the engines, and the automatic size is a quarter of what is available.
-	avail, known := memAvail()
-	if _, err := config.CheckNodeBudget(config.BudgetInput{RanksOnNode: 1, SegmentSize: poolBytes, StageThroughHost: true,
-		Role: config.RoleBoth, StagingBufferBytes: sc.StagingBufferBytes, MemAvailable: avail, MemKnown: known}); err != nil && ok {
-		log.Warn("node memory budget", "err", err)
-	}
-	if known && uint64(poolBytes) > avail {
-		log.Warn("the pool is larger than the available memory; pages will be swapped or the daemon killed",
-			"pool", config.FormatSize(poolBytes), "available", config.FormatSize(int64(avail)))
+	inv, _ := gpu.Discover()
+	mc := memoryCheck{Pool: poolBytes, Staging: sc.StagingBufferBytes, Avail: avail, Known: known, Source: memSource, GPUs: len(inv.GPUs), Chosen: ok}
+	for _, w := range mc.warnings() {
+		log.Warn(w.Msg, w.Args...)
 	}
 
 	popts := mooncake.DefaultOptions()
 	popts.Segments = []mooncake.SegmentSpec{{Name: "kvctl-embedded-0", Capacity: poolBytes}}
-	inv, _ := gpu.Discover()
 	d, err := daemon.New(daemon.Config{
 		Socket:           sc.Socket,
 		AdminAddr:        sc.AdminAddr,
@@ -218,7 +214,8 @@ func Run(ctx context.Context, opts *Options) error {
 
 const minPoolBytes = 16 << 20
 
-// autoPoolSize is a quarter of available memory, in whole MiB: enough to be useful on a
+// autoPoolSize is a quarter of the memory this process may take (the host's available memory
+// bounded by its cgroup's limit), in whole MiB: enough to be useful on a
 // workstation, small enough to leave the engines theirs.
 func autoPoolSize(avail uint64) int64 {
 	return int64(avail/4) &^ (1<<20 - 1)
