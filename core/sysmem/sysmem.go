@@ -106,7 +106,7 @@ func readFile(fsys fs.FS, name string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	var buf bytes.Buffer
 	_, err = buf.ReadFrom(&limitedReader{f: f, n: maxFileBytes})
 	return buf.Bytes(), err
