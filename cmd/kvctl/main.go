@@ -40,6 +40,11 @@ func run(args []string) int {
 	if ctx.Err() != nil && code == cmdutil.ExitFailure {
 		code = cmdutil.ExitInterrupted
 	}
+	if !cmdutil.IsSilent(err) && f.LogFormat == "json" {
+		// With JSON logs every line on stderr is JSON, the final error included.
+		f.Logger().Error(err.Error(), "exit_code", code)
+		return code
+	}
 	if !cmdutil.IsSilent(err) {
 		fmt.Fprintf(ios.ErrOut, "kvctl: %v\n", err)
 		if code == cmdutil.ExitUsage {

@@ -4,6 +4,7 @@ package serve
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"time"
@@ -131,6 +132,14 @@ func (o *Options) serveConfig() (config.ServeConfig, config.Diagnostics) {
 
 func report(opts *Options, diags config.Diagnostics) error {
 	for _, d := range diags {
+		if opts.LogFormat == "json" {
+			lvl := slog.LevelWarn
+			if d.Severity == config.SeverityError {
+				lvl = slog.LevelError
+			}
+			opts.Factory.Logger().Log(context.Background(), lvl, "config: "+d.Message, "file", d.File, "line", d.Line, "column", d.Column, "key", d.Path, "hint", d.Hint)
+			continue
+		}
 		fmt.Fprintf(opts.IO.ErrOut, "%s\n", d.String())
 	}
 	if diags.HasErrors() {
@@ -245,6 +254,12 @@ func banner(opts *Options, info daemon.Info, inv gpu.Inventory) {
 	metrics := "off"
 	if info.MetricsAddr != "" {
 		metrics = "http://" + info.MetricsAddr + "/metrics"
+	}
+	if opts.LogFormat == "json" {
+		// One record, so that every line on stderr is JSON.
+		opts.Factory.Logger().Info("kvctl serve ready", "version", version, "pool_backend", "embedded",
+			"pool_bytes", info.PoolBytes, "gpus", gpus, "socket", info.Socket, "admin", admin, "metrics", metrics)
+		return
 	}
 	fmt.Fprintf(opts.IO.ErrOut, "kvctl serve %s\n  pool     embedded, %s\n  gpus     %s\n  socket   %s\n  admin    %s\n  metrics  %s\n  ready\n",
 		version, config.FormatSize(info.PoolBytes), gpus, info.Socket, admin, metrics)

@@ -180,7 +180,7 @@ func (s *Scheduler) lookup(ctx context.Context, req Request, numComputed int) (i
 		return 0, false, nil
 	}
 	st.offerFirst, st.offerBlocks, st.offerAsync = first, hit, s.opts.AsyncLoad
-	s.log.Debug(fmt.Sprintf("mooncake-store matched %d blocks (%d tokens) for request %s", hit, hit*T, req.ID))
+	s.log.Debug("mooncake-store matched blocks", "request", req.ID, "blocks", hit, "tokens", hit*T)
 	return hit * T, s.opts.AsyncLoad, nil
 }
 
@@ -196,7 +196,7 @@ func (s *Scheduler) countPrefixHit(ctx context.Context, hashes []keys.Hash) int 
 	status := s.pool.BatchIsExist(ctx, all)
 	complete := make([]bool, len(hashes))
 	if len(status) != len(all) {
-		s.log.Warn(fmt.Sprintf("batch_is_exist returned %d results for %d keys; treating as a miss", len(status), len(all)))
+		s.log.Warn("batch_is_exist returned a wrong number of results; treating as a miss", "results", len(status), "keys", len(all))
 	} else {
 		for i := range hashes {
 			complete[i] = true

@@ -168,7 +168,7 @@ func (w *Worker) RegisterLayout(l gpu.Layout) error {
 		if err != nil {
 			return nil, fmt.Errorf("%s staging: %w", label, err)
 		}
-		w.log.Info(fmt.Sprintf("mooncake-store %s staging: %d slots x %d B = %.1f MiB", label, p.SlotsPerWorker, p.SlotBytes, float64(p.BytesPerWorker)/(1<<20)))
+		w.log.Info("mooncake-store staging", "direction", label, "slots", p.SlotsPerWorker, "slot_bytes", p.SlotBytes, "bytes", p.BytesPerWorker)
 		cleanup = append(cleanup, func() { _ = st.Close() })
 		return st, nil
 	}
@@ -302,7 +302,7 @@ func (w *Worker) dropBoundSavesLocked(ids []string) {
 		return false
 	})
 	if len(w.bound.Saves) != before {
-		w.log.Debug(fmt.Sprintf("mooncake-store dropped the saves of requests %v (%d entries) from this pass", ids, entries))
+		w.log.Debug("mooncake-store dropped saves from this pass", "requests", ids, "entries", entries)
 	}
 }
 
@@ -351,7 +351,7 @@ func (w *Worker) StartLoad(ctx context.Context) error {
 	if err != nil {
 		return w.keep(fmt.Errorf("load: %w", err))
 	}
-	w.log.Debug(fmt.Sprintf("mooncake-store rank %d loaded %d pages", w.opts.Namespace.Rank, len(items)-res.failedPages))
+	w.log.Debug("mooncake-store loaded pages", "rank", w.opts.Namespace.Rank, "pages", len(items)-res.failedPages)
 	if len(res.failed) == 0 {
 		return nil
 	}
@@ -363,8 +363,8 @@ func (w *Worker) StartLoad(ctx context.Context) error {
 	if !w.recover {
 		return w.keep(w.fatalLoadError(res, len(ids)))
 	}
-	w.log.Warn(fmt.Sprintf("mooncake-store rank %d failed to load %d page(s) for %d request(s); they are restarted without the offered prefix. First failure: %q",
-		w.opts.Namespace.Rank, res.failedPages, len(ids), res.firstMissing))
+	w.log.Warn("mooncake-store failed to load pages; the requests are restarted without the offered prefix",
+		"rank", w.opts.Namespace.Rank, "failed_pages", res.failedPages, "requests", len(ids), "first_failure", res.firstMissing)
 	w.mu.Lock()
 	w.failedSync = append(w.failedSync, ids...)
 	w.dropBoundSavesLocked(ids)
@@ -606,7 +606,7 @@ func (w *Worker) save(job saveJob) (err error) {
 	}
 	settle()
 	if failed > 0 {
-		w.log.Warn(fmt.Sprintf("mooncake-store rank %d failed to save %d of %d pages", ns.Rank, failed, attempted))
+		w.log.Warn("mooncake-store failed to save pages", "rank", ns.Rank, "failed_pages", failed, "attempted_pages", attempted)
 	}
 	if w.opts.SoftPinTTL > 0 && attempted > 0 && refusedTTL == attempted {
 		w.mu.Lock()
@@ -614,7 +614,8 @@ func (w *Worker) save(job saveJob) (err error) {
 		w.warnedTTL = true
 		w.mu.Unlock()
 		if warn {
-			w.log.Warn(fmt.Sprintf("mooncake-store: the pool refused every page of a save under soft_pin_ttl %v; a TTL above the master's max_kv_soft_pin_ttl (24 h by default) makes it refuse every put", w.opts.SoftPinTTL))
+			w.log.Warn("mooncake-store: the pool refused every page of a save under soft_pin_ttl; a TTL above the master's max_kv_soft_pin_ttl (24 h by default) makes it refuse every put",
+				"soft_pin_ttl", w.opts.SoftPinTTL)
 		}
 	}
 	return nil
@@ -713,15 +714,15 @@ func (w *Worker) loadParked(i int, a *asyncLoad, mover gpu.Mover, stage gpu.Stag
 	if err != nil {
 		return true, fmt.Errorf("request %s: asynchronous load: %w", a.id, err)
 	}
-	w.log.Debug(fmt.Sprintf("mooncake-store rank %d worker %d loaded %d pages for parked request %s", w.opts.Namespace.Rank, i, len(items)-res.failedPages, a.id))
+	w.log.Debug("mooncake-store loaded pages for a parked request", "rank", w.opts.Namespace.Rank, "load_worker", i, "pages", len(items)-res.failedPages, "request", a.id)
 	if len(res.failed) == 0 {
 		return false, nil
 	}
 	if !w.recover {
 		return true, w.fatalLoadError(res, 1)
 	}
-	w.log.Warn(fmt.Sprintf("mooncake-store rank %d failed to load %d page(s) for parked request %s; it is restarted without the offered prefix. First failure: %q",
-		w.opts.Namespace.Rank, res.failedPages, a.id, res.firstMissing))
+	w.log.Warn("mooncake-store failed to load pages for a parked request; it is restarted without the offered prefix",
+		"rank", w.opts.Namespace.Rank, "failed_pages", res.failedPages, "request", a.id, "first_failure", res.firstMissing)
 	return true, nil
 }
 
@@ -796,7 +797,7 @@ func (w *Worker) Close(ctx context.Context) error {
 	}
 	if asyncQ != nil {
 		if skipped := asyncQ.close(false); len(skipped) > 0 {
-			w.log.Info(fmt.Sprintf("mooncake-store skipped %d queued asynchronous loads at shutdown", len(skipped)))
+			w.log.Info("mooncake-store skipped queued asynchronous loads at shutdown", "loads", len(skipped))
 		}
 	}
 	joined := make(chan struct{})
