@@ -124,10 +124,18 @@ per run. A progress bar goes to standard error when it is a terminal.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts.Trace = args[0]
 			opts.OutputFormat = cmdutil.OutputFormat(cmd)
-			if opts.Live {
-				if opts.Target != "" {
+			if opts.Live && opts.Target != "" {
+				// What the command line says wins over the environment and the config file.
+				switch live, target := cmdutil.FromCommandLine(cmd, "live"), cmdutil.FromCommandLine(cmd, "target"); {
+				case live == target:
 					return cmdutil.FlagErrorf("--live and --target both name the daemon; give one")
+				case target:
+					opts.Live = false
+				default:
+					opts.Target = ""
 				}
+			}
+			if opts.Live {
 				opts.Target = engineapi.DefaultSocketPath(f.Getenv)
 			}
 			if err := check(opts); err != nil {
@@ -212,8 +220,9 @@ func check(o *Options) error {
 func params(o *Options) (replay.Params, replay.Config, error) {
 	p := replay.DefaultParams()
 	c := replay.DefaultConfig()
+	// Sizes are binary (64MiB) as everywhere in kvctl; bandwidths may be decimal (25GB a second).
 	size := func(flag, v string) (int64, error) {
-		n, err := config.ParseSize(v, false)
+		n, err := config.ParseSize(v, flag == "page-size")
 		if err != nil || n <= 0 {
 			return 0, cmdutil.FlagErrorf("invalid --%s %q: want a positive size such as 64MiB", flag, v)
 		}

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
 	"github.com/kvctl/kvctl/core/config"
@@ -42,6 +44,12 @@ type Options struct {
 	// ConfigFile is the config file the flags were read from, if any; it is checked with the
 	// validate-config loader before anything starts.
 	ConfigFile string
+	// OtherKeys are the flag names of kvctl's other commands, which a shared config file may
+	// hold: serve passes over them and still refuses any other unknown key.
+	OtherKeys []string
+	// Sources maps a flag set from the environment or the config file to where it came from,
+	// so that a bad value is blamed on the right place.
+	Sources map[string]string
 	// MemAvailable reads available memory, for the automatic pool size (tests replace it).
 	MemAvailable func() (uint64, bool)
 	// Ready is called once the daemon accepts connections (tests use it).
@@ -80,14 +88,27 @@ messages of kvctl validate-config.`,
 
   # from a config file whose keys are these flag names
   kvctl serve --config /etc/kvctl/serve.yaml`,
-		Args: cobra.NoArgs,
+		Args:        cobra.NoArgs,
+		Annotations: map[string]string{cmdutil.OwnConfigCheck: "true"},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts.LogLevel, opts.LogFormat = f.LogLevel, f.LogFormat
 			if f.Config != nil {
 				opts.ConfigFile = f.Config.ConfigFileUsed()
 			}
+			opts.OtherKeys = cmdutil.AllFlagNames(cmd)
+			opts.Sources = map[string]string{}
+			cmd.Flags().VisitAll(func(fl *pflag.Flag) {
+				if src := cmdutil.FlagSource(cmd, fl.Name); src != "" {
+					opts.Sources[fl.Name] = src
+				}
+			})
 			if opts.Socket == "" {
 				opts.Socket = engineapi.DefaultSocketPath(f.Getenv)
+			} else if dir := filepath.Dir(opts.Socket); dir != "" {
+				// An explicit socket's folder must exist: creating it silently would hide a typo.
+				if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+					return cmdutil.ValidationErrorf("--socket %s: its folder %s does not exist; create it or pick another path", opts.Socket, dir)
+				}
 			}
 			if runF != nil {
 				return runF(cmd.Context(), opts)
@@ -103,10 +124,10 @@ messages of kvctl validate-config.`,
 	fl.StringVar(&opts.Pool, config.ServeKeyPool, "", "the pool of the mooncake backend: file://PATH/pool.json or host:port")
 	fl.StringVar(&opts.PoolSize, config.ServeKeyPoolSize, "auto", "embedded pool capacity, e.g. 64GiB; auto is a quarter of available memory")
 	fl.StringVar(&opts.StagingBytes, config.ServeKeyStagingBufferBytes, config.FormatSize(def.StagingBufferBytes), "default host staging per direction for an engine rank (at most 1GiB)")
-	fl.DurationVar(&opts.StatsInterval, config.ServeKeyStatsInterval, 0, "log prefix-hole and load stats at most this often (0 = off; metrics are always exported)")
-	fl.DurationVar(&opts.DrainTimeout, config.ServeKeyDrainTimeout, def.DrainTimeout, "how long a shutdown waits for queued saves")
+	cmdutil.DurationVar(fl, &opts.StatsInterval, config.ServeKeyStatsInterval, 0, "log prefix-hole and load stats at most this often (0 = off; metrics are always exported)")
+	cmdutil.DurationVar(fl, &opts.DrainTimeout, config.ServeKeyDrainTimeout, def.DrainTimeout, "how long a shutdown waits for queued saves")
 	fl.StringVar(&opts.MetricsAddr, config.ServeKeyMetricsAddr, "", "metrics and health listener `host:port` serving only /metrics, /healthz and /readyz (any address; empty turns it off)")
-	fl.DurationVar(&opts.EngineMetricsTTL, config.ServeKeyEngineMetricsTTL, def.EngineMetricsRetention, "how long the per-rank metric series of an engine that left are still exported")
+	cmdutil.DurationVar(fl, &opts.EngineMetricsTTL, config.ServeKeyEngineMetricsTTL, def.EngineMetricsRetention, "how long the per-rank metric series of an engine that left are still exported")
 	_ = cmd.RegisterFlagCompletionFunc(config.ServeKeyPoolBackend, cobra.FixedCompletions([]string{config.PoolBackendEmbedded}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
@@ -155,12 +176,17 @@ func Run(ctx context.Context, opts *Options) error {
 		if err != nil {
 			return err
 		}
-		_, diags := config.Load(opts.ConfigFile, data, config.LoadOptions{Kind: config.KindServe})
+		_, diags := config.Load(opts.ConfigFile, data, config.LoadOptions{Kind: config.KindServe, OtherKeys: opts.OtherKeys})
 		if err := report(opts, diags); err != nil {
 			return err
 		}
 	}
 	sc, diags := opts.serveConfig()
+	for i, d := range diags {
+		if src := opts.Sources[d.Path]; src != "" && d.File == "" {
+			diags[i].Message += " (set by " + src + ")"
+		}
+	}
 	if err := report(opts, diags); err != nil {
 		return err
 	}

@@ -165,7 +165,7 @@ func (s ServeConfig) validate(d *dec) {
 	}
 }
 
-func decodeServe(d *dec, root *node) *ServeConfig {
+func decodeServe(d *dec, root *node, otherKeys []string) *ServeConfig {
 	s := DefaultServeConfig()
 	o := d.object(root, "")
 	o.str(ServeKeySocket, &s.Socket, true)
@@ -200,6 +200,9 @@ func decodeServe(d *dec, root *node) *ServeConfig {
 		s.AllowRemoteAdmin = v
 	}
 	for _, k := range globalKeys {
+		o.field(k)
+	}
+	for _, k := range otherKeys {
 		o.field(k)
 	}
 	o.rest(SeverityError, "")
