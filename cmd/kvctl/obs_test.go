@@ -227,3 +227,37 @@ func TestJSONErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestWatchInterrupt stops `kvctl stats --watch` with SIGINT: exit 130 and no "context
+// canceled" on stderr.
+func TestWatchInterrupt(t *testing.T) {
+	p := startServe(t, shortSocket(t))
+	cmd := exec.Command("kvctl", "stats", "--watch", "1s", "--pool", p.admin)
+	cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+t.TempDir())
+	var stdout, stderr lockedBuilder
+	cmd.Stdout, cmd.Stderr = writerOf(&stdout), writerOf(&stderr)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(stdout.String(), "kvctl-serve"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no watch report in 10s:\n%s\n%s", stdout.String(), stderr.String())
+		}
+	}
+	_ = cmd.Process.Signal(os.Interrupt)
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 130 {
+		t.Errorf("exit %v, want 130", err)
+	}
+	if strings.Contains(stderr.String(), "context canceled") {
+		t.Errorf("stderr after Ctrl-C: %q", stderr.String())
+	}
+}
+
+type builderWriter struct{ b *lockedBuilder }
+
+func (w builderWriter) Write(p []byte) (int, error) { w.b.WriteString(string(p)); return len(p), nil }
+
+func writerOf(b *lockedBuilder) io.Writer { return builderWriter{b} }
