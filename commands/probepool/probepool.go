@@ -188,6 +188,8 @@ type Result struct {
 	Blocks          []Block `json:"blocks"`
 	Holes           []Hole  `json:"holes"`
 	Summary         Summary `json:"summary"`
+	// Diagnosis is the likely reason for a miss, as a stable code and a sentence.
+	Diagnosis *probe.Diagnosis `json:"diagnosis,omitempty"`
 }
 
 // Run probes the pool once, or every --watch seconds until ctx is done.
@@ -346,6 +348,7 @@ func Probe(ctx context.Context, target *probe.Target, layout *hash.Result, renew
 	res.Summary.HoleBlocks = int(a.Stats.HoleBlocks)
 	res.Summary.MissingBlocks = a.MissingTail
 	res.Summary.RecomputedStoredTokens = a.Stats.RecomputedStoredTokens
+	res.Diagnosis = diagnose(ctx, target, res, all)
 	return res, nil
 }
 
@@ -447,6 +450,7 @@ func writeFooter(w io.Writer, res *Result, color bool) error {
 	}
 	b.WriteString(paint(color, c, line))
 	b.WriteByte('\n')
+	writeDiagnosis(&b, res)
 	_, err := io.WriteString(w, b.String())
 	return err
 }
