@@ -11,9 +11,9 @@ import (
 	"github.com/kvctl/kvctl/mooncake"
 )
 
-// AdminHandler serves the admin HTTP API: the Mooncake master's read endpoints over the pool,
-// /metrics with the pool's master-named series and kvctl's kvctl_* series, /v1/stats, /healthz
-// and /readyz.
+// AdminHandler serves the admin HTTP API: the status page at /, the Mooncake master's read
+// endpoints over the pool, /metrics with the pool's master-named series and kvctl's kvctl_*
+// series, /v1/stats, /healthz and /readyz.
 func (d *Daemon) AdminHandler() http.Handler {
 	master := mooncake.NewAdminHandler(d.pool, mooncake.DefaultAdminHandlerOptions())
 	mux := http.NewServeMux()
@@ -21,6 +21,7 @@ func (d *Daemon) AdminHandler() http.Handler {
 	mux.HandleFunc("GET /v1/stats", d.serveStats)
 	mux.HandleFunc("GET /healthz", d.serveHealthz)
 	mux.HandleFunc("GET /readyz", d.serveReadyz)
+	mux.HandleFunc("GET /{$}", d.serveStatus)
 	mux.Handle("/", master)
 	return mux
 }
@@ -60,6 +61,7 @@ type LoadStatsJSON struct {
 type EngineJSON struct {
 	Engine       string        `json:"engine"`
 	ModelKey     string        `json:"model_key"`
+	Rank         int           `json:"rank"`
 	Shard        string        `json:"shard"`
 	Role         string        `json:"role"`
 	Scheduler    bool          `json:"scheduler"`
@@ -77,6 +79,9 @@ type StatsJSON struct {
 	PrefixHoles   HoleStatsJSON  `json:"prefix_holes"`
 	Loads         LoadStatsJSON  `json:"loads"`
 	Engines       []EngineJSON   `json:"engines"`
+	// HitRates and Saves are added by the metrics code (metrics.go).
+	HitRates HitRatesJSON  `json:"hit_rates"`
+	Saves    SaveStatsJSON `json:"saves"`
 }
 
 func holesJSON(h stats.HoleStats) HoleStatsJSON {
@@ -111,7 +116,7 @@ func (d *Daemon) Stats(ctx context.Context) (StatsJSON, error) {
 		holes.Add(h)
 		loads.Merge(l)
 		out.Engines = append(out.Engines, EngineJSON{
-			Engine: e.name, ModelKey: e.modelKey, Shard: e.shard, Role: string(e.role),
+			Engine: e.name, ModelKey: e.modelKey, Rank: e.rank, Shard: e.shard, Role: string(e.role),
 			Scheduler: e.scheduler != nil, RegisteredAt: e.since.UTC(),
 			PrefixHoles: holesJSON(h), Loads: loadsJSON(l),
 		})
@@ -119,6 +124,7 @@ func (d *Daemon) Stats(ctx context.Context) (StatsJSON, error) {
 	d.mu.RUnlock()
 	sort.Slice(out.Engines, func(i, j int) bool { return out.Engines[i].Engine < out.Engines[j].Engine })
 	out.PrefixHoles, out.Loads = holesJSON(holes), loadsJSON(loads)
+	d.met.fillStats(&out)
 	return out, nil
 }
 

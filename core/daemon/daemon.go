@@ -217,6 +217,8 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 	}
 
 	metricsSrv := d.serveMetricsListener(metricsLn, &wg, errc)
+	wg.Add(1)
+	go func() { defer wg.Done(); d.met.runHistory(serveCtx) }()
 
 	info := Info{Socket: socket, FDSocket: engineapi.FDSocketPath(socket), PoolBytes: d.capacity()}
 	if adminLn != nil {

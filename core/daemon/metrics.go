@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -87,6 +88,9 @@ type daemonMetrics struct {
 	loadDur   prometheus.Histogram
 	saveDur   prometheus.Histogram
 	callDur   *prometheus.HistogramVec
+
+	lookups lookupCounters
+	history history
 
 	mu      sync.Mutex
 	live    map[*engine]seriesKey
@@ -175,6 +179,7 @@ func (m *daemonMetrics) register(reg *prometheus.Registry, pool mooncake.Inspect
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfo(version),
 	)
+	m.registerLookupCounters(reg)
 	for _, md := range enginepb.Engine_ServiceDesc.Methods {
 		m.callDur.WithLabelValues(md.MethodName)
 		m.d.calls.calls.WithLabelValues(md.MethodName)
@@ -353,4 +358,76 @@ func (d *Daemon) metricsHandler() http.Handler {
 		ErrorHandling:     promhttp.ContinueOnError,
 		Timeout:           30 * time.Second,
 	})
+}
+
+// HitRatesJSON is where the prompt tokens of Lookup calls came from: the engine's own cache
+// (local), the pool, or neither (computed). Rates are fractions of the prompt tokens, 0 to 1.
+type HitRatesJSON struct {
+	Lookups      int64   `json:"lookups"`
+	PromptTokens int64   `json:"prompt_tokens"`
+	LocalTokens  int64   `json:"local_tokens"`
+	PoolTokens   int64   `json:"pool_tokens"`
+	Local        float64 `json:"local"`
+	Pool         float64 `json:"pool"`
+	Total        float64 `json:"total"`
+}
+
+// SaveStatsJSON is the save part of /v1/stats.
+type SaveStatsJSON struct {
+	Saves        int64   `json:"saves"`
+	FailedSaves  int64   `json:"failed_saves"`
+	Pages        int64   `json:"pages"`
+	SkippedPages int64   `json:"skipped_pages"`
+	PutPages     int64   `json:"put_pages"`
+	PutBytes     int64   `json:"put_bytes"`
+	FailedPages  int64   `json:"failed_pages"`
+	RefusedPages int64   `json:"refused_pages"`
+	Seconds      float64 `json:"seconds"`
+}
+
+// lookupCounters count the prompt tokens of Lookup calls by where they came from.
+type lookupCounters struct {
+	lookups, prompt, local, pool atomic.Int64
+}
+
+// countLookup records one Lookup: a prompt of prompt tokens, local of them computed by the
+// engine already, pool more matched in the pool.
+func (m *daemonMetrics) countLookup(prompt, local, pool int) {
+	local = min(max(local, 0), prompt)
+	pool = min(max(pool, 0), prompt-local)
+	m.lookups.lookups.Add(1)
+	m.lookups.prompt.Add(int64(prompt))
+	m.lookups.local.Add(int64(local))
+	m.lookups.pool.Add(int64(pool))
+}
+
+func (m *daemonMetrics) hitRates() HitRatesJSON {
+	h := HitRatesJSON{Lookups: m.lookups.lookups.Load(), PromptTokens: m.lookups.prompt.Load(), LocalTokens: m.lookups.local.Load(), PoolTokens: m.lookups.pool.Load()}
+	if h.PromptTokens > 0 {
+		p := float64(h.PromptTokens)
+		h.Local, h.Pool = float64(h.LocalTokens)/p, float64(h.PoolTokens)/p
+		h.Total = float64(h.LocalTokens+h.PoolTokens) / p
+	}
+	return h
+}
+
+// fillStats adds what only the metrics code keeps to a /v1/stats answer.
+func (m *daemonMetrics) fillStats(s *StatsJSON) {
+	s.HitRates = m.hitRates()
+	total, _ := m.snapshot()
+	t := total.saves
+	s.Saves = SaveStatsJSON{Saves: t.Saves, FailedSaves: t.FailedSaves, Pages: t.Pages, SkippedPages: t.SkippedPages,
+		PutPages: t.PutPages, PutBytes: t.PutBytes, FailedPages: t.FailedPages, RefusedPages: t.RefusedPages, Seconds: t.Duration.Seconds()}
+}
+
+func (m *daemonMetrics) registerLookupCounters(reg *prometheus.Registry) {
+	counter := func(name, help string, v *atomic.Int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) })
+	}
+	reg.MustRegister(
+		counter("kvctl_lookup_calls_total", "Lookup calls answered (AdmissionQuery not counted).", &m.lookups.lookups),
+		counter("kvctl_lookup_prompt_tokens_total", "Prompt tokens of Lookup calls.", &m.lookups.prompt),
+		counter("kvctl_lookup_local_tokens_total", "Prompt tokens of Lookup calls the engine had computed already (its own cache).", &m.lookups.local),
+		counter("kvctl_lookup_pool_tokens_total", "Prompt tokens of Lookup calls matched in the pool.", &m.lookups.pool),
+	)
 }

@@ -243,6 +243,15 @@ func TestMetricContract(t *testing.T) {
 	if hits, _ := value(after, "kvctl_prefix_hit_blocks_total", nil); hits != float64(st.PrefixHoles.HitBlocks) || hits == 0 {
 		t.Errorf("kvctl_prefix_hit_blocks_total = %v, /v1/stats says %d", hits, st.PrefixHoles.HitBlocks)
 	}
+	if pt, _ := value(after, "kvctl_lookup_pool_tokens_total", nil); pt == 0 || pt != float64(st.HitRates.PoolTokens) {
+		t.Errorf("kvctl_lookup_pool_tokens_total = %v, /v1/stats hit_rates.pool_tokens = %d", pt, st.HitRates.PoolTokens)
+	}
+	if st.HitRates.PromptTokens == 0 || st.HitRates.Total < st.HitRates.Pool || st.HitRates.Total > 1 {
+		t.Errorf("hit rates %+v", st.HitRates)
+	}
+	if st.Saves.PutPages == 0 || len(st.Engines) != 2 || st.Engines[1].Rank != 1 {
+		t.Errorf("/v1/stats saves %+v, engines %+v", st.Saves, st.Engines)
+	}
 	if pages, _ := value(after, "kvctl_load_pages_total", nil); pages != float64(st.Loads.Pages) {
 		t.Errorf("kvctl_load_pages_total = %v, /v1/stats says %d", pages, st.Loads.Pages)
 	}

@@ -76,6 +76,9 @@ func (s *service) lookup(ctx context.Context, req *enginepb.LookupRequest, admis
 	began := time.Now()
 	n, async, err := call(ctx, r, int(req.GetNumComputedTokens()))
 	s.d.met.lookupDur.Observe(time.Since(began).Seconds())
+	if err == nil && !admission {
+		s.d.met.countLookup(len(r.Tokens), int(req.GetNumComputedTokens()), n)
+	}
 	if err != nil {
 		return nil, statusOf(err)
 	}
