@@ -168,7 +168,7 @@ func (c *AdminClient) Health(ctx context.Context) (Health, error) {
 // read lease and counts as a get; use BatchQueryKeys to look without side effects. A missing
 // key gives an error that wraps ErrKeyNotFound.
 func (c *AdminClient) QueryKey(ctx context.Context, key string) ([]ReplicaDesc, error) {
-	path := "/query_key?key=" + url.QueryEscape(key)
+	path := "/query_key?key=" + masterQueryEscape(key)
 	body, _, err := c.get(ctx, path, http.StatusOK)
 	if err != nil {
 		return nil, err
@@ -210,7 +210,7 @@ func (c *AdminClient) BatchQueryKeys(ctx context.Context, keys []string) (map[st
 	}
 	esc := make([]string, len(keys))
 	for i, k := range keys {
-		esc[i] = url.QueryEscape(k)
+		esc[i] = masterQueryEscape(k)
 	}
 	path := "/batch_query_keys?keys=" + strings.Join(esc, ",")
 	body, _, err := c.get(ctx, path, http.StatusOK)
@@ -261,7 +261,7 @@ func (c *AdminClient) AllSegments(ctx context.Context) ([]string, error) {
 // QuerySegment calls /query_segment. An unknown segment gives an error that wraps
 // ErrSegmentNotFound (the master answers 500 "Failed to query segment").
 func (c *AdminClient) QuerySegment(ctx context.Context, name string) (Segment, error) {
-	path := "/query_segment?segment=" + url.QueryEscape(name)
+	path := "/query_segment?segment=" + masterQueryEscape(name)
 	body, _, err := c.get(ctx, path, http.StatusOK)
 	if err != nil {
 		return Segment{}, err
@@ -601,7 +601,7 @@ func (c *AdminClient) SegmentStatus(ctx context.Context, segment string) (string
 		Success    bool   `json:"success"`
 		StatusName string `json:"status_name"`
 	}
-	path := "/api/v1/segments/status?segment=" + url.QueryEscape(segment)
+	path := "/api/v1/segments/status?segment=" + masterQueryEscape(segment)
 	if err := c.getJSON(ctx, path, &r); err != nil {
 		return "", err
 	}
@@ -610,3 +610,15 @@ func (c *AdminClient) SegmentStatus(ctx context.Context, segment string) (string
 	}
 	return r.StatusName, nil
 }
+
+// masterQueryEscape escapes a query value for the real master, whose HTTP server does not
+// percent-decode query values: "/query_segment?segment=127.0.0.1%3A12345" finds no segment.
+// Characters RFC 3986 allows in a query as they are (":", "/", "@" and the sub-delimiters
+// other than "&", "+" and "=") are sent unescaped, so segment names and most keys arrive
+// intact; the rest are escaped as url.QueryEscape does.
+func masterQueryEscape(s string) string {
+	return queryUnescaper.Replace(url.QueryEscape(s))
+}
+
+var queryUnescaper = strings.NewReplacer("%3A", ":", "%2F", "/", "%40", "@", "%21", "!", "%24", "$",
+	"%27", "'", "%28", "(", "%29", ")", "%2A", "*", "%2C", ",", "%3B", ";")

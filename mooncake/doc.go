@@ -26,6 +26,10 @@
 //   - integrity: every page's BLAKE3-256 checksum (keys.PageChecksum) is taken at put and
 //     checked at get; a mismatch is ErrChecksumMismatch and the bytes must not be used.
 //
+// Native implements Pool over a real Mooncake cluster: the master's RPC protocol (package
+// masterrpc) for metadata and the Transfer Engine's TCP transport (package transfer) for bytes;
+// docs/mooncake.md says what it speaks and which release it is proven against.
+//
 // Embedded implements both Pool and Inspector. NewAdminHandler serves an Inspector with the
 // master's admin endpoints and formats (checked against responses recorded from a real
 // master in testdata/http); NewAdminClient talks to a real master or to that handler.

@@ -10,22 +10,25 @@ import (
 
 // diagnose explains what res missed, reading the pool's key listing (bounded) only when the
 // probe's own answer cannot tell.
-func diagnose(ctx context.Context, target *probe.Target, res *Result, keys []string) *probe.Diagnosis {
+func diagnose(ctx context.Context, listing func(context.Context) ([]string, error), res *Result) *probe.Diagnosis {
+	var keys []string
 	in := probe.MissInput{
 		Tokens: res.Tokens, TokensPerBlock: res.TokensPerBlock,
 		Blocks: res.Summary.Blocks, HitBlocks: res.Summary.HitBlocks,
 		Holes: res.Summary.Holes, MissingBlocks: res.Summary.MissingBlocks,
-		KeysPresent: res.Summary.KeysPresent, Bypassed: res.Bypassed, Keys: keys,
+		KeysPresent: res.Summary.KeysPresent, Bypassed: res.Bypassed,
 	}
 	for _, b := range res.Blocks {
 		for _, k := range b.Keys {
+			keys = append(keys, k.Key)
 			in.Present = append(in.Present, k.Present)
 		}
 	}
+	in.Keys = keys
 	if len(res.Holes) > 0 {
 		in.FirstHoleBlock = res.Holes[0].StartBlock
 	}
-	return probe.DiagnoseMiss(ctx, in, target.Admin.AllKeys, 0)
+	return probe.DiagnoseMiss(ctx, in, listing, 0)
 }
 
 // writeDiagnosis adds the diagnosis line under the table, unless every block hit.

@@ -34,6 +34,11 @@ type Options struct {
 	Timeout      time.Duration
 	OutputFormat string
 
+	// DumpKey, Out and Metadata serve --dump-key: fetch one object through the data path.
+	DumpKey  string
+	Out      string
+	Metadata string
+
 	// Now stamps watch headers.
 	Now func() time.Time
 	// Iterations stops a watch after that many reports (0: until the context is done).
@@ -58,11 +63,20 @@ with a TensorRT-LLM YAML, mooncake.json or pool.json plus the layer-group page s
 counts as present only if every key a lookup needs exists: the sharded key of every peer shard
 of every layer group, plus the replicated keys.
 
---pool is a Mooncake master's HTTP admin address (port 9003 by default) or a kvctl serve admin
-address, as http://host:port or host:port; the two are told apart by /v1/stats. Keys are looked
-up with the read-only /batch_query_keys, which grants no lease and moves no counter.
---renew-leases asks /query_key key by key instead, which grants each present key a read lease
-as an engine's lookup does.
+--pool is one of:
+  - a Mooncake master's HTTP admin address (port 9003 by default) or a kvctl serve admin
+    address, as http://host:port or host:port; the two are told apart by /v1/stats. Keys are
+    looked up with the read-only /batch_query_keys, which grants no lease and moves no
+    counter. --renew-leases asks /query_key key by key instead, which grants each present
+    key a read lease as an engine's lookup does.
+  - a Mooncake master's RPC address (--rpc_port, 50051 by default), as rpc://host:port, or
+    host:port when that port does not answer HTTP. Keys are looked up with the master's
+    BatchExistKey, as an engine's connector does, which grants each present key a read lease.
+
+--dump-key KEY --out FILE fetches one stored object through the data path, as an engine would
+load it, and writes its bytes unchanged to FILE ("-" for standard output). It needs the
+master's RPC address in --pool and its HTTP metadata server (--metadata, by default port 8080
+on the master's host), and exits 3 when the pool does not hold KEY.
 
 The hit is the run of leading complete blocks. A hole is a run of incomplete blocks after it
 with a complete block behind it; the complete blocks behind a hole are stored but recomputed,
@@ -81,6 +95,13 @@ for smoke tests.`,
   kvctl probe-pool --pool http://127.0.0.1:9480 --from-config llm_api.yaml \
       --layer-group 0:131072 --tokens-file prompt.json -o json
 
+  # the same, asking the master over its RPC port
+  kvctl probe-pool --pool rpc://10.0.0.5:50051 --tokens-file prompt.json \
+      --model-key llama-3-8b --world-size 4 --layer-group 0:65536
+
+  # save one stored page for inspection
+  kvctl probe-pool --pool rpc://10.0.0.5:50051 --dump-key 'trtllm/llama/0/abcd' --out page.bin
+
   # CI smoke test: at least 3 blocks must hit
   kvctl probe-pool --pool 127.0.0.1:9480 --model-key m --layer-group 0:4096 \
       --tokens-per-block 4 --expect-hit 3 0 1 2 3 4 5 6 7 8 9 10 11`,
@@ -88,6 +109,18 @@ for smoke tests.`,
 			opts.OutputFormat = cmdutil.OutputFormat(cmd)
 			opts.Keys.OutputFormat = opts.OutputFormat
 			opts.HasExpectHit = cmd.Flags().Changed("expect-hit")
+			if opts.DumpKey != "" || cmd.Flags().Changed("dump-key") {
+				if err := checkDumpFlags(opts, args); err != nil {
+					return err
+				}
+				if runF != nil {
+					return runF(opts)
+				}
+				return RunDump(cmd.Context(), opts)
+			}
+			if opts.Out != "" {
+				return cmdutil.FlagErrorf("--out names the file --dump-key writes; give --dump-key KEY")
+			}
 			if err := hash.BindKeyFlags(cmd, args, opts.Keys); err != nil {
 				return err
 			}
@@ -118,7 +151,8 @@ for smoke tests.`,
 	fl.BoolVar(&opts.RenewLeases, "renew-leases", false, "look keys up with /query_key, which grants each present key a read lease, instead of the read-only /batch_query_keys")
 	cmdutil.SecondsVar(fl, &opts.Watch, "watch", 0, "probe again at this interval (5s, 1m, or a number of seconds) until interrupted")
 	fl.IntVar(&opts.ExpectHit, "expect-hit", 0, "exit 3 when fewer than `N` blocks hit")
-	cmdutil.DurationVar(fl, &opts.Timeout, "timeout", probe.DefaultTimeout, "bound on each HTTP request to the pool")
+	cmdutil.DurationVar(fl, &opts.Timeout, "timeout", probe.DefaultTimeout, "bound on each request to the pool")
+	addDumpFlags(cmd, opts)
 	return cmd
 }
 
@@ -212,9 +246,19 @@ func Run(ctx context.Context, opts *Options) error {
 	if err != nil {
 		return err
 	}
+	if addr, ok := probe.ExplicitRPC(opts.Pool); ok {
+		return runRPC(ctx, opts, addr, layout)
+	}
 	target, err := probe.NewTarget(opts.Pool, opts.Timeout)
 	if err != nil {
 		return cmdutil.FlagErrorf("--pool: %v", err)
+	}
+	if _, err := target.Kind(ctx); errors.Is(err, mooncake.ErrUnreachable) && probe.LooksLikeRPC(opts.Pool, err) {
+		// Not HTTP: perhaps the master's RPC port.
+		if c, rerr := probe.DialMaster(ctx, opts.Pool, opts.Timeout); rerr == nil {
+			_ = c.Close()
+			return runRPC(ctx, opts, opts.Pool, layout)
+		}
 	}
 	if opts.Watch <= 0 {
 		res, err := Probe(ctx, target, layout, opts.RenewLeases)
@@ -229,10 +273,16 @@ func Run(ctx context.Context, opts *Options) error {
 		}
 		return nil
 	}
-	return watch(ctx, opts, target, layout)
+	return watch(ctx, opts, target.Addr(), func(ctx context.Context) (*Result, error) {
+		res, err := Probe(ctx, target, layout, opts.RenewLeases)
+		if err != nil {
+			return nil, poolError(target, err)
+		}
+		return res, nil
+	})
 }
 
-func watch(ctx context.Context, opts *Options, target *probe.Target, layout *hash.Result) error {
+func watch(ctx context.Context, opts *Options, addr string, probeOnce func(context.Context) (*Result, error)) error {
 	sleep := opts.Sleep
 	if sleep == nil {
 		sleep = cmdutil.SleepContext
@@ -244,20 +294,21 @@ func watch(ctx context.Context, opts *Options, target *probe.Target, layout *has
 	interval := time.Duration(opts.Watch) * time.Second
 	tty := opts.IO.IsStdoutTTY()
 	for n := 1; ; n++ {
-		res, err := Probe(ctx, target, layout, opts.RenewLeases)
+		res, err := probeOnce(ctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		var ee *cmdutil.ExitError
 		switch {
-		case err != nil && errors.Is(err, mooncake.ErrUnreachable):
+		case err != nil && errors.As(err, &ee) && ee.Code == cmdutil.ExitUnreachable:
 			// A watch outlives a pool restart: say so and try again next interval.
-			fmt.Fprintf(opts.IO.ErrOut, "%s: %v\n", now().Format(time.TimeOnly), poolError(target, err))
+			fmt.Fprintf(opts.IO.ErrOut, "%s: %v\n", now().Format(time.TimeOnly), err)
 		case err != nil:
-			return poolError(target, err)
+			return err
 		default:
 			if tty {
 				fmt.Fprint(opts.IO.Out, "\x1b[H\x1b[2J")
-				fmt.Fprintf(opts.IO.Out, "every %ds: %s  %s\n\n", opts.Watch, target.Addr(), now().Format(time.DateTime))
+				fmt.Fprintf(opts.IO.Out, "every %ds: %s  %s\n\n", opts.Watch, addr, now().Format(time.DateTime))
 			} else if n > 1 {
 				sep := "\n"
 				if opts.OutputFormat == cmdutil.FormatYAML {
@@ -286,21 +337,34 @@ func Probe(ctx context.Context, target *probe.Target, layout *hash.Result, renew
 	if err != nil {
 		return nil, err
 	}
+	query := "batch_query_keys"
+	if renewLeases {
+		query = "query_key"
+	}
+	res, err := analyze(ctx, target.Addr(), kind, query, layout, func(ctx context.Context, keys []string) ([]bool, error) {
+		return target.Exists(ctx, keys, renewLeases)
+	})
+	if err != nil {
+		return nil, err
+	}
+	res.Diagnosis = diagnose(ctx, target.Admin.AllKeys, res)
+	return res, nil
+}
+
+// analyze asks exists about every key of layout and reports blocks, holes and the summary.
+func analyze(ctx context.Context, pool, kind, query string, layout *hash.Result, exists func(context.Context, []string) ([]bool, error)) (*Result, error) {
 	res := &Result{
-		Pool: target.Addr(), Target: kind, Query: "batch_query_keys",
+		Pool: pool, Target: kind, Query: query,
 		Format: layout.Format, Namespace: layout.Namespace, ModelKey: layout.ModelKey,
 		Tokens: layout.Tokens, TokensPerBlock: layout.TokensPerBlock, PromptLookahead: layout.PromptLookahead,
 		UncoveredTokens: layout.UncoveredTokens, Bypassed: layout.Bypassed,
 		Blocks: []Block{}, Holes: []Hole{},
 	}
-	if renewLeases {
-		res.Query = "query_key"
-	}
 	var all []string
 	for _, b := range layout.Blocks {
 		all = append(all, b.Keys...)
 	}
-	present, err := target.Exists(ctx, all, renewLeases)
+	present, err := exists(ctx, all)
 	if err != nil {
 		return nil, err
 	}
@@ -348,7 +412,6 @@ func Probe(ctx context.Context, target *probe.Target, layout *hash.Result, renew
 	res.Summary.HoleBlocks = int(a.Stats.HoleBlocks)
 	res.Summary.MissingBlocks = a.MissingTail
 	res.Summary.RecomputedStoredTokens = a.Stats.RecomputedStoredTokens
-	res.Diagnosis = diagnose(ctx, target, res, all)
 	return res, nil
 }
 

@@ -39,8 +39,10 @@ type Options struct {
 	DrainTimeout     time.Duration
 	MetricsAddr      string
 	EngineMetricsTTL time.Duration
-	LogLevel         string
-	LogFormat        string
+	// Cluster holds the mooncake backend's flags (cluster.go).
+	Cluster   config.ClusterKeys
+	LogLevel  string
+	LogFormat string
 	// ConfigFile is the config file the flags were read from, if any; it is checked with the
 	// validate-config loader before anything starts.
 	ConfigFile string
@@ -120,15 +122,16 @@ messages of kvctl validate-config.`,
 	fl.StringVar(&opts.Socket, config.ServeKeySocket, "", "engine API unix socket (default $XDG_RUNTIME_DIR/kvctl/kvctl.sock, else /tmp/kvctl-UID/kvctl.sock)")
 	fl.StringVar(&opts.AdminAddr, config.ServeKeyAdminAddr, def.AdminAddr, "admin HTTP `host:port`; empty turns it off")
 	fl.BoolVar(&opts.AllowRemoteAdmin, config.ServeKeyAllowRemoteAdmin, false, "allow a non-loopback --admin-addr (the admin API has no authentication)")
-	fl.StringVar(&opts.PoolBackend, config.ServeKeyPoolBackend, def.PoolBackend, "pool backend: embedded")
+	fl.StringVar(&opts.PoolBackend, config.ServeKeyPoolBackend, def.PoolBackend, "pool backend: embedded, or mooncake to join a Mooncake cluster")
 	fl.StringVar(&opts.Pool, config.ServeKeyPool, "", "the pool of the mooncake backend: file://PATH/pool.json or host:port")
-	fl.StringVar(&opts.PoolSize, config.ServeKeyPoolSize, "auto", "embedded pool capacity, e.g. 64GiB; auto is a quarter of available memory")
+	fl.StringVar(&opts.PoolSize, config.ServeKeyPoolSize, "auto", "memory this host gives the pool (the embedded pool, or its Mooncake segment), e.g. 64GiB; auto is a quarter of available memory")
 	fl.StringVar(&opts.StagingBytes, config.ServeKeyStagingBufferBytes, config.FormatSize(def.StagingBufferBytes), "default host staging per direction for an engine rank (at most 1GiB)")
 	cmdutil.DurationVar(fl, &opts.StatsInterval, config.ServeKeyStatsInterval, 0, "log prefix-hole and load stats at most this often (0 = off; metrics are always exported)")
 	cmdutil.DurationVar(fl, &opts.DrainTimeout, config.ServeKeyDrainTimeout, def.DrainTimeout, "how long a shutdown waits for queued saves")
 	fl.StringVar(&opts.MetricsAddr, config.ServeKeyMetricsAddr, "", "metrics and health listener `host:port` serving only /metrics, /healthz and /readyz (any address; empty turns it off)")
 	cmdutil.DurationVar(fl, &opts.EngineMetricsTTL, config.ServeKeyEngineMetricsTTL, def.EngineMetricsRetention, "how long the per-rank metric series of an engine that left are still exported")
-	_ = cmd.RegisterFlagCompletionFunc(config.ServeKeyPoolBackend, cobra.FixedCompletions([]string{config.PoolBackendEmbedded}, cobra.ShellCompDirectiveNoFileComp))
+	addClusterFlags(fl, &opts.Cluster)
+	_ = cmd.RegisterFlagCompletionFunc(config.ServeKeyPoolBackend, cobra.FixedCompletions([]string{config.PoolBackendEmbedded, config.PoolBackendMooncake}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
 
@@ -140,6 +143,7 @@ func (o *Options) serveConfig() (config.ServeConfig, config.Diagnostics) {
 		PoolBackend: o.PoolBackend, Pool: o.Pool, PoolSize: o.PoolSize,
 		LogLevel: o.LogLevel, LogFormat: o.LogFormat, StatsInterval: o.StatsInterval, DrainTimeout: o.DrainTimeout,
 		MetricsAddr: o.MetricsAddr, EngineMetricsRetention: o.EngineMetricsTTL,
+		ClusterKeys: o.Cluster,
 	}
 	var diags config.Diagnostics
 	n, err := config.ParseSize(o.StagingBytes, true)
@@ -197,20 +201,43 @@ func Run(ctx context.Context, opts *Options) error {
 		mi := sysmem.System()
 		memAvail, memSource = mi.Available, mi.Source()
 	}
-	avail, known := memAvail()
-	poolBytes, ok, _ := sc.PoolSizeBytes()
-	if !ok {
+	autoSize := func() (int64, error) {
+		avail, known := memAvail()
 		if !known {
-			return cmdutil.ValidationErrorf("pool-size auto: available memory is unknown here; give --pool-size")
+			return 0, cmdutil.ValidationErrorf("pool-size auto: available memory is unknown here; give --pool-size")
 		}
-		poolBytes = autoPoolSize(avail)
-		log.Debug("pool sized automatically", "pool", gib(poolBytes), "available", gib(int64(min(avail, 1<<62))), "available_from", memSource)
+		n := autoPoolSize(avail)
+		log.Debug("pool sized automatically", "pool", gib(n), "available", gib(int64(min(avail, 1<<62))), "available_from", memSource)
+		return n, nil
 	}
-	if poolBytes < minPoolBytes {
-		return cmdutil.ValidationErrorf("pool-size %s is below the %s minimum", config.FormatSize(poolBytes), config.FormatSize(minPoolBytes))
+	var backend *daemon.Backend
+	var poolBytes int64
+	if sc.PoolBackend == config.PoolBackendMooncake {
+		b, _, cdiags, err := clusterBackend(sc, autoSize, log)
+		if rerr := report(opts, cdiags); rerr != nil {
+			return rerr
+		}
+		if err != nil {
+			return err
+		}
+		backend, poolBytes = b, b.Info.SegmentBytes
+	} else {
+		n, ok, _ := sc.PoolSizeBytes()
+		if !ok {
+			var err error
+			if n, err = autoSize(); err != nil {
+				return err
+			}
+		}
+		if n < minPoolBytes {
+			return cmdutil.ValidationErrorf("pool-size %s is below the %s minimum", config.FormatSize(n), config.FormatSize(minPoolBytes))
+		}
+		poolBytes = n
 	}
+	_, sized, _ := sc.PoolSizeBytes()
+	avail, known := memAvail()
 	inv, _ := gpu.Discover()
-	mc := memoryCheck{Pool: poolBytes, Staging: sc.StagingBufferBytes, Avail: avail, Known: known, Source: memSource, GPUs: len(inv.GPUs), Chosen: ok}
+	mc := memoryCheck{Pool: poolBytes, Staging: sc.StagingBufferBytes, Avail: avail, Known: known, Source: memSource, GPUs: len(inv.GPUs), Chosen: sized}
 	for _, w := range mc.warnings() {
 		log.Warn(w.Msg, w.Args...)
 	}
@@ -223,6 +250,8 @@ func Run(ctx context.Context, opts *Options) error {
 		AllowRemoteAdmin: sc.AllowRemoteAdmin,
 		MetricsAddr:      sc.MetricsAddr,
 		Pool:             popts,
+		Backend:          backend,
+		PoolTimeout:      sc.PoolTimeout,
 		Defaults: connector.Options{
 			StagingBufferBytes: sc.StagingBufferBytes,
 			StatsInterval:      sc.StatsInterval,
@@ -283,8 +312,17 @@ func banner(opts *Options, info daemon.Info, inv gpu.Inventory) {
 	}
 	if opts.LogFormat == "json" {
 		// One record, so that every line on stderr is JSON.
-		opts.Factory.Logger().Info("kvctl serve ready", "version", version, "pool_backend", "embedded",
-			"pool_bytes", info.PoolBytes, "gpus", gpus, "socket", info.Socket, "admin", admin, "metrics", metrics)
+		args := []any{"version", version, "pool_backend", string(info.Backend.Kind), "pool_bytes", info.PoolBytes,
+			"gpus", gpus, "socket", info.Socket, "admin", admin, "metrics", metrics}
+		if info.Backend.Kind == daemon.BackendMooncake {
+			args = append(args, "master", info.Backend.Master, "segment", info.Backend.Segment)
+		}
+		opts.Factory.Logger().Info("kvctl serve ready", args...)
+		return
+	}
+	if info.Backend.Kind == daemon.BackendMooncake {
+		fmt.Fprintf(opts.IO.ErrOut, "kvctl serve %s\n%s  gpus     %s\n  socket   %s\n  admin    %s\n  metrics  %s\n%s",
+			version, clusterBanner(info.Backend), gpus, info.Socket, admin, metrics, waitMessage(info.Backend))
 		return
 	}
 	fmt.Fprintf(opts.IO.ErrOut, "kvctl serve %s\n  pool     embedded, %s\n  gpus     %s\n  socket   %s\n  admin    %s\n  metrics  %s\n  ready\n",

@@ -52,6 +52,11 @@ stats and the load-phase breakdown.
 gives capacity, keys, hits and evictions (/metrics, /metrics/summary, /get_segments_detail). The
 two are told apart by /v1/stats. Addresses are http://host:port or host:port.
 
+--pool may also be a Mooncake master's RPC address (--rpc_port, 50051 by default), written
+rpc://host:port, or host:port when that port does not answer HTTP. The master's RPC service has
+no statistics calls: this reports whether it serves, its store protocol version and its storage
+configuration (kind mooncake-master-rpc); ask its HTTP admin address for the figures.
+
 --from-log FILE (repeatable) reads the "prefix-hole stats" and "load stats" lines a connector
 logs once per stats interval: kvctl's own lines (slog text or JSON) and the seed connector's
 lines (the same messages followed by key=value fields, under any logger prefix), as well as
@@ -64,6 +69,7 @@ pool that does not answer is reported on standard error and asked again at the n
 		Example: `  kvctl stats --pool 127.0.0.1:9480
   kvctl stats --pool 127.0.0.1:9480 --pool 10.0.0.5:9003 -o json
   kvctl stats --watch 5s --pool 127.0.0.1:9480
+  kvctl stats --pool rpc://10.0.0.5:50051
   kvctl stats --from-log serve.log`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -84,10 +90,10 @@ pool that does not answer is reported on standard error and asked again at the n
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringArrayVar(&opts.Pools, "pool", nil, "a kvctl serve or Mooncake master admin address, `URL` http://host:port (repeatable)")
+	fl.StringArrayVar(&opts.Pools, "pool", nil, "a kvctl serve or Mooncake master admin address, `URL` http://host:port, or a master's RPC address rpc://host:port (repeatable)")
 	fl.StringArrayVar(&opts.FromLog, "from-log", nil, "read the connector's stats lines from `FILE` (repeatable)")
 	cmdutil.SecondsVar(fl, &opts.Watch, "watch", 0, "report again at this interval (5s, 1m, or a number of seconds), with the change since the previous report")
-	cmdutil.DurationVar(fl, &opts.Timeout, "timeout", probe.DefaultTimeout, "bound on each HTTP request to a pool")
+	cmdutil.DurationVar(fl, &opts.Timeout, "timeout", probe.DefaultTimeout, "bound on each request to a pool")
 	return cmd
 }
 
@@ -173,7 +179,10 @@ type Source struct {
 	Evictions   *Evictions            `json:"evictions,omitempty"`
 	PrefixHoles *daemon.HoleStatsJSON `json:"prefix_holes,omitempty"`
 	Loads       *daemon.LoadStatsJSON `json:"loads,omitempty"`
-	Log         *LogLines             `json:"log,omitempty"`
+	// Backend is a kvctl serve's pool backend: its master, this host's segment and the
+	// cluster's capacity (cluster.go).
+	Backend *daemon.BackendStatusJSON `json:"backend,omitempty"`
+	Log     *LogLines                 `json:"log,omitempty"`
 	// Delta is the change of the counters since the previous report of a watch.
 	Delta *Counters `json:"delta,omitempty"`
 }
@@ -191,13 +200,17 @@ func Run(ctx context.Context, opts *Options) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	targets := make([]*probe.Target, len(opts.Pools))
+	targets := make([]Pool, len(opts.Pools))
 	for i, p := range opts.Pools {
+		if addr, ok := probe.ExplicitRPC(p); ok {
+			targets[i] = Pool{RPCAddr: addr, Timeout: opts.Timeout}
+			continue
+		}
 		t, err := probe.NewTarget(p, opts.Timeout)
 		if err != nil {
 			return cmdutil.FlagErrorf("--pool: %v", err)
 		}
-		targets[i] = t
+		targets[i] = Pool{Target: t, Timeout: opts.Timeout}
 	}
 	if opts.Watch <= 0 {
 		res, err := Gather(ctx, targets, opts.FromLog)
@@ -209,7 +222,7 @@ func Run(ctx context.Context, opts *Options) error {
 	return watch(ctx, opts, targets)
 }
 
-func watch(ctx context.Context, opts *Options, targets []*probe.Target) error {
+func watch(ctx context.Context, opts *Options, targets []Pool) error {
 	sleep := opts.Sleep
 	if sleep == nil {
 		sleep = cmdutil.SleepContext
@@ -268,12 +281,12 @@ func watch(ctx context.Context, opts *Options, targets []*probe.Target) error {
 }
 
 // Gather reads every pool and log once.
-func Gather(ctx context.Context, targets []*probe.Target, logs []string) (*Result, error) {
+func Gather(ctx context.Context, targets []Pool, logs []string) (*Result, error) {
 	res := &Result{Sources: []Source{}}
-	for _, t := range targets {
-		s, err := gatherPool(ctx, t)
+	for _, p := range targets {
+		s, err := gatherAny(ctx, p)
 		if err != nil {
-			return nil, poolError(t, err)
+			return nil, err
 		}
 		res.Sources = append(res.Sources, s)
 	}
@@ -293,6 +306,11 @@ func gatherPool(ctx context.Context, t *probe.Target) (Source, error) {
 		return Source{}, err
 	}
 	src := Source{Source: t.Addr(), Kind: kind}
+	if kind == probe.KindServe {
+		if done, err := gatherClusterServe(ctx, t, &src); done || err != nil {
+			return src, err
+		}
+	}
 	m, err := t.Admin.Metrics(ctx)
 	if err != nil {
 		return Source{}, err
@@ -336,8 +354,8 @@ func gatherPool(ctx context.Context, t *probe.Target) (Source, error) {
 		u.HardPinnedObjects, u.GroupedObjects = &p.HardPinned, &p.Grouped
 		g = &Gets{Hits: p.Hits, Misses: p.Misses}
 		ev.ByPass = &EvictionPasses{Pass1: p.EvictedPass1, Pass2: p.EvictedPass2, SoftPinned: p.EvictedSoftPinned, Grouped: p.EvictedGrouped, Failed: p.FailedEvictions}
-		holes, loads := st.PrefixHoles, st.Loads
-		src.PrefixHoles, src.Loads = &holes, &loads
+		holes, loads, backend := st.PrefixHoles, st.Loads, st.Backend
+		src.PrefixHoles, src.Loads, src.Backend = &holes, &loads, &backend
 	case probe.KindMaster:
 		sum, err := t.Admin.MetricsSummary(ctx)
 		if err != nil {
@@ -466,6 +484,9 @@ func rows(res *Result) cmdutil.Table {
 		}
 		n := func(v int64) string { return strconv.FormatInt(v, 10) }
 		add("kind", s.Kind, 0, false)
+		for _, r := range backendRows(s.Backend) {
+			add(r[0], r[1], 0, false)
+		}
 		if s.Version != "" {
 			add("version", s.Version, 0, false)
 		}

@@ -152,6 +152,7 @@ func Run(opts *Options) error {
 			return err
 		}
 		f, diags := config.Load(display, data, lopts)
+		diags = append(diags, clusterDiagnostics(f, diags, readFile)...)
 		files = append(files, loaded{f, diags})
 		fr := FileResult{File: display, Diagnostics: []config.Diagnostic(diags)}
 		if fr.Diagnostics == nil {

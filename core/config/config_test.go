@@ -366,8 +366,8 @@ func TestServeDefaultsValid(t *testing.T) {
 	}
 	s.PoolBackend, s.LogFormat = PoolBackendMooncake, "xml"
 	ds := s.Validate()
-	if len(ds.Errors()) != 3 || ds.Errors()[0].Path != ServeKeyPoolBackend || ds.Errors()[1].Path != ServeKeyPool {
-		t.Errorf("mooncake (not built), without pool, and bad format: %v", ds)
+	if len(ds.Errors()) != 2 || ds.Errors()[0].Path != ServeKeyMaster || ds.Errors()[1].Path != ServeKeyLogFormat {
+		t.Errorf("mooncake without a master, and bad format: %v", ds)
 	}
 	f := mustLoad(t, "testdata/valid/serve.yaml", LoadOptions{})
 	if n, ok, err := f.Serve.PoolSizeBytes(); !ok || err != nil || n != 64<<30 || f.Serve.StatsInterval.Seconds() != 30 {

@@ -179,7 +179,7 @@ var (
 		"async_load_workers", "enable_ssd_offload", "cache_prefix"}
 	manifestMarkers = []string{"metrics_port", "eviction_ratio"}
 	serveMarkers    = []string{"socket", "admin-addr", "pool-backend", "pool-size", "staging-buffer-bytes",
-		"log-level", "log-format", "stats-interval"}
+		"log-level", "log-format", "stats-interval", "master", "host-address", "local-buffer-size", "mooncake-config", "pool-timeout"}
 )
 
 // DetectKind tells what a config file is: by the keys at its top level first, by its name

@@ -15,7 +15,7 @@ type ServeConfig struct {
 	AdminAddr          string        `json:"admin-addr" yaml:"admin-addr"` // admin HTTP; "" turns it off
 	PoolBackend        string        `json:"pool-backend" yaml:"pool-backend"`
 	Pool               string        `json:"pool,omitempty" yaml:"pool,omitempty"` // mooncake backend: file://<manifest> or host:port
-	PoolSize           string        `json:"pool-size" yaml:"pool-size"`           // embedded backend capacity; "" = auto
+	PoolSize           string        `json:"pool-size" yaml:"pool-size"`           // memory this host gives the pool; "" = auto
 	StagingBufferBytes int64         `json:"staging-buffer-bytes" yaml:"staging-buffer-bytes"`
 	LogLevel           string        `json:"log-level" yaml:"log-level"`
 	LogFormat          string        `json:"log-format" yaml:"log-format"`
@@ -29,6 +29,10 @@ type ServeConfig struct {
 	MetricsAddr string `json:"metrics-addr,omitempty" yaml:"metrics-addr,omitempty"`
 	// EngineMetricsRetention is how long an engine's per-rank series outlive it.
 	EngineMetricsRetention time.Duration `json:"engine-metrics-retention,omitempty" yaml:"engine-metrics-retention,omitempty"`
+
+	// The mooncake backend's keys (cluster.go): the master, the metadata server, this host's
+	// address and donated memory, the transfer settings, and an existing mooncake.json.
+	ClusterKeys `yaml:",inline"`
 }
 
 // Serve config keys, which are also the flag names of `kvctl serve`.
@@ -55,7 +59,9 @@ var globalKeys = []string{"output", "no-color"}
 func ServeKeys() []string {
 	return []string{ServeKeySocket, ServeKeyAdminAddr, ServeKeyPoolBackend, ServeKeyPool, ServeKeyPoolSize,
 		ServeKeyStagingBufferBytes, ServeKeyLogLevel, ServeKeyLogFormat, ServeKeyStatsInterval,
-		ServeKeyAllowRemoteAdmin, ServeKeyDrainTimeout, ServeKeyMetricsAddr, ServeKeyEngineMetricsTTL}
+		ServeKeyAllowRemoteAdmin, ServeKeyDrainTimeout, ServeKeyMetricsAddr, ServeKeyEngineMetricsTTL,
+		ServeKeyMaster, ServeKeyMetadata, ServeKeyHostAddress, ServeKeyLocalBufferSize, ServeKeyProtocol,
+		ServeKeyDeviceName, ServeKeyMooncakeConfig, ServeKeyPoolTimeout, ServeKeyMasterAdmin, ServeKeyTransferPort}
 }
 
 // Pool backends of `kvctl serve`.
@@ -78,7 +84,8 @@ func DefaultServeConfig() ServeConfig {
 	}
 }
 
-// PoolSizeBytes is the embedded pool's capacity; ok is false for "" (sized automatically).
+// PoolSizeBytes is the memory this host gives the pool (the embedded pool, or its segment of a
+// Mooncake cluster); ok is false for "" or "auto" (sized automatically).
 func (s ServeConfig) PoolSizeBytes() (n int64, ok bool, err error) {
 	if s.PoolSize == "" || s.PoolSize == "auto" {
 		return 0, false, nil
@@ -123,17 +130,14 @@ func (s ServeConfig) validate(d *dec) {
 		if s.Pool != "" {
 			d.at(SeverityWarning, ServeKeyPool, "pool is read only by the mooncake backend", "")
 		}
+		s.warnUnused(d)
 	case PoolBackendMooncake:
-		d.at(SeverityError, ServeKeyPoolBackend, "the mooncake backend needs the native Mooncake data path, which this build does not include",
-			"use pool-backend: embedded; probe-pool and stats already work against a Mooncake master's HTTP API")
-		if s.Pool == "" {
-			d.at(SeverityError, ServeKeyPool, "the mooncake backend needs pool", "write file:///path/pool.json or host:port")
-		} else if _, _, err := ParsePoolRef(s.Pool); err != nil {
-			d.at(SeverityError, ServeKeyPool, err.Error(), "write file:///path/pool.json or host:port")
+		if s.Pool != "" {
+			if _, _, err := ParsePoolRef(s.Pool); err != nil {
+				d.at(SeverityError, ServeKeyPool, err.Error(), "write file:///path/pool.json or host:port")
+			}
 		}
-		if s.PoolSize != "" {
-			d.at(SeverityWarning, ServeKeyPoolSize, "pool-size is read only by the embedded backend", "")
-		}
+		s.validateCluster(d)
 	default:
 		d.at(SeverityError, ServeKeyPoolBackend, fmt.Sprintf("unknown pool backend %q", s.PoolBackend), "use embedded or mooncake")
 	}
@@ -199,6 +203,7 @@ func decodeServe(d *dec, root *node, otherKeys []string) *ServeConfig {
 	if v, ok := o.boolv(ServeKeyAllowRemoteAdmin, boolStrict); ok {
 		s.AllowRemoteAdmin = v
 	}
+	decodeClusterKeys(o, &s.ClusterKeys)
 	for _, k := range globalKeys {
 		o.field(k)
 	}

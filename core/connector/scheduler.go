@@ -41,6 +41,11 @@ type reqState struct {
 	offerBlocks int // offered blocks, settled to the honoured part once the allocation is reported
 	offerAsync  bool
 
+	// lookupGen numbers this request's lookups. The pool is asked without the adapter's lock,
+	// so a lookup whose answer arrives after a newer lookup of the same request started (or
+	// after the request was forgotten) leaves the offer alone.
+	lookupGen uint64
+
 	savedUpto       int // blocks below are confirmed saved (or loaded)
 	asyncLoadedUpto int // blocks below came from an asynchronous load and are never saved back
 	emittedSaves    bool
@@ -132,7 +137,12 @@ func (s *Scheduler) lookup(ctx context.Context, req Request, numComputed int) (i
 		return 0, false, fmt.Errorf("request %s: %d computed tokens out of %d", req.ID, numComputed, len(req.Tokens))
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	locked := true
+	defer func() {
+		if locked {
+			s.mu.Unlock()
+		}
+	}()
 	if keys.Bypassed(req.HasMultimodal, req.Scope) {
 		if !s.warnedMM {
 			s.warnedMM = true
@@ -174,9 +184,23 @@ func (s *Scheduler) lookup(ctx context.Context, req Request, numComputed int) (i
 	if first >= last {
 		return 0, false, nil
 	}
-	hit := s.countPrefixHit(ctx, st.chain.Hashes()[first:last])
+	st.lookupGen++
+	gen := st.lookupGen
+	probeKeys := s.blockKeys(st.chain.Hashes()[first:last])
+	// The pool may be a network round trip away: other requests' lookups, allocations and
+	// metadata of this engine go on meanwhile.
+	s.mu.Unlock()
+	locked = false
+	status := s.pool.BatchIsExist(ctx, probeKeys)
+	hit := s.countPrefixHit(status, last-first)
 	s.stats.TickHoles()
 	if hit == 0 {
+		return 0, false, nil
+	}
+	s.mu.Lock()
+	locked = true
+	if s.reqs[req.ID] != st || st.lookupGen != gen {
+		// A newer lookup of this request, or its end, overtook this one; its answer stands.
 		return 0, false, nil
 	}
 	st.offerFirst, st.offerBlocks, st.offerAsync = first, hit, s.opts.AsyncLoad
@@ -184,23 +208,29 @@ func (s *Scheduler) lookup(ctx context.Context, req Request, numComputed int) (i
 	return hit * T, s.opts.AsyncLoad, nil
 }
 
-// countPrefixHit asks the pool once for every key of every candidate block and returns the
-// number of leading complete blocks. The same answer feeds the hole stats. A failed probe or
-// an answer of the wrong length is a miss.
-func (s *Scheduler) countPrefixHit(ctx context.Context, hashes []keys.Hash) int {
+// blockKeys lists every key of every candidate block, block by block, for one existence probe.
+// It reads only the geometry, which is fixed once the layout is registered.
+func (s *Scheduler) blockKeys(hashes []keys.Hash) []string {
 	g := s.geom
 	all := make([]string, 0, len(hashes)*g.keysPerBlock)
 	for _, h := range hashes {
 		all = s.opts.Namespace.AppendBlockKeys(all, s.opts.TokensPerBlock, g.groups, h)
 	}
-	status := s.pool.BatchIsExist(ctx, all)
-	complete := make([]bool, len(hashes))
-	if len(status) != len(all) {
-		s.log.Warn("batch_is_exist returned a wrong number of results; treating as a miss", "results", len(status), "keys", len(all))
+	return all
+}
+
+// countPrefixHit folds the pool's answer for the keys of blocks candidate blocks (blockKeys
+// order) into the number of leading complete blocks. The same answer feeds the hole stats. A
+// failed probe or an answer of the wrong length is a miss.
+func (s *Scheduler) countPrefixHit(status []int, blocks int) int {
+	per := s.geom.keysPerBlock
+	complete := make([]bool, blocks)
+	if len(status) != blocks*per {
+		s.log.Warn("batch_is_exist returned a wrong number of results; treating as a miss", "results", len(status), "keys", blocks*per)
 	} else {
-		for i := range hashes {
+		for i := range blocks {
 			complete[i] = true
-			for _, v := range status[i*g.keysPerBlock : (i+1)*g.keysPerBlock] {
+			for _, v := range status[i*per : (i+1)*per] {
 				if v != 1 {
 					complete[i] = false
 					break

@@ -15,14 +15,17 @@ import (
 // endpoints over the pool, /metrics with the pool's master-named series and kvctl's kvctl_*
 // series, /v1/stats, /healthz and /readyz.
 func (d *Daemon) AdminHandler() http.Handler {
-	master := mooncake.NewAdminHandler(d.pool, mooncake.DefaultAdminHandlerOptions())
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", d.metricsHandler())
 	mux.HandleFunc("GET /v1/stats", d.serveStats)
 	mux.HandleFunc("GET /healthz", d.serveHealthz)
 	mux.HandleFunc("GET /readyz", d.serveReadyz)
 	mux.HandleFunc("GET /{$}", d.serveStatus)
-	mux.Handle("/", master)
+	// The master's read endpoints are served for a pool that can answer them (the embedded
+	// one); a Mooncake cluster's master serves its own.
+	if insp, ok := d.backend.Pool.(mooncake.Inspector); ok {
+		mux.Handle("/", mooncake.NewAdminHandler(insp, mooncake.DefaultAdminHandlerOptions()))
+	}
 	return mux
 }
 
@@ -76,9 +79,12 @@ type StatsJSON struct {
 	UptimeSeconds float64        `json:"uptime_seconds"`
 	Ready         bool           `json:"ready"`
 	Pool          mooncake.Stats `json:"pool"`
-	PrefixHoles   HoleStatsJSON  `json:"prefix_holes"`
-	Loads         LoadStatsJSON  `json:"loads"`
-	Engines       []EngineJSON   `json:"engines"`
+	// Backend names the pool backend, its master, this host's segment and the cluster's
+	// capacity, and says why the daemon is not ready when it is not.
+	Backend     BackendStatusJSON `json:"backend"`
+	PrefixHoles HoleStatsJSON     `json:"prefix_holes"`
+	Loads       LoadStatsJSON     `json:"loads"`
+	Engines     []EngineJSON      `json:"engines"`
 	// HitRates and Saves are added by the metrics code (metrics.go).
 	HitRates HitRatesJSON  `json:"hit_rates"`
 	Saves    SaveStatsJSON `json:"saves"`
@@ -104,11 +110,18 @@ func loadsJSON(t stats.LoadTotals) LoadStatsJSON {
 
 // Stats returns what GET /v1/stats serves.
 func (d *Daemon) Stats(ctx context.Context) (StatsJSON, error) {
-	ps, err := d.pool.Stats(ctx)
-	if err != nil {
-		return StatsJSON{}, err
+	bs := d.BackendStatus(ctx)
+	var ps mooncake.Stats
+	if bs.MasterReachable {
+		sctx, cancel := context.WithTimeout(ctx, d.cfg.PoolTimeout)
+		var err error
+		ps, err = d.pool.Stats(sctx)
+		cancel()
+		if err != nil && !d.backendIsRemote() {
+			return StatsJSON{}, err
+		}
 	}
-	out := StatsJSON{Version: d.cfg.Version, UptimeSeconds: time.Since(d.start).Seconds(), Ready: d.ready.Load(), Pool: ps, Engines: []EngineJSON{}}
+	out := StatsJSON{Version: d.cfg.Version, UptimeSeconds: time.Since(d.start).Seconds(), Ready: d.ready.Load(), Pool: ps, Backend: bs, Engines: []EngineJSON{}}
 	d.mu.RLock()
 	holes, loads := d.retiredHoles, d.retiredLoads
 	for _, e := range d.engines {

@@ -34,8 +34,19 @@ type Config struct {
 	// it. It serves only /metrics, /healthz and /readyz.
 	MetricsAddr string
 
-	// Pool holds the embedded pool's options (mooncake.DefaultOptions when zero).
+	// Pool holds the embedded pool's options (mooncake.DefaultOptions when zero); it is read
+	// only when Backend is nil.
 	Pool mooncake.Options
+	// Backend, when set, is the pool to serve from instead of an embedded one (a Mooncake
+	// cluster). The daemon closes it on shutdown.
+	Backend *Backend
+	// PoolTimeout bounds every pool call an engine waits for (DefaultPoolTimeout when zero).
+	PoolTimeout time.Duration
+	// HealthInterval is how often a backend that can be pinged is (DefaultHealthInterval).
+	HealthInterval time.Duration
+	// MountRetry is the first wait between tries to mount the segment; it doubles up to 10 s
+	// (DefaultMountRetry when zero).
+	MountRetry time.Duration
 
 	// Defaults fills the connector settings an engine leaves zero in Register.
 	Defaults connector.Options
@@ -64,16 +75,22 @@ type Info struct {
 	// MetricsAddr is the metrics listener's address; "" when there is none.
 	MetricsAddr string
 	PoolBytes   int64
+	// Backend describes the pool backend.
+	Backend BackendInfo
 }
 
 // Daemon is a running `kvctl serve`.
 type Daemon struct {
 	cfg   Config
 	log   *slog.Logger
-	pool  *mooncake.Embedded
-	fds   *engineapi.FDRegistry
-	reg   *prometheus.Registry
-	start time.Time
+	pool  mooncake.Pool // the backend's pool behind the guard
+	guard *guardedPool
+	// backend is what the daemon serves from; bstate is what the supervisor knows of it.
+	backend Backend
+	bstate  backendState
+	fds     *engineapi.FDRegistry
+	reg     *prometheus.Registry
+	start   time.Time
 
 	mu      sync.RWMutex
 	engines map[string]*engine
@@ -104,27 +121,55 @@ func New(cfg Config) (*Daemon, error) {
 			return nil, err
 		}
 	}
-	pool, err := mooncake.NewEmbedded(cfg.Pool)
-	if err != nil {
-		return nil, fmt.Errorf("embedded pool: %w", err)
+	if cfg.PoolTimeout <= 0 {
+		cfg.PoolTimeout = DefaultPoolTimeout
+	}
+	if cfg.HealthInterval <= 0 {
+		cfg.HealthInterval = DefaultHealthInterval
+	}
+	if cfg.MountRetry <= 0 {
+		cfg.MountRetry = DefaultMountRetry
+	}
+	var backend Backend
+	if cfg.Backend != nil {
+		if cfg.Backend.Pool == nil {
+			return nil, errors.New("backend without a pool")
+		}
+		backend = *cfg.Backend
+	} else {
+		pool, err := mooncake.NewEmbedded(cfg.Pool)
+		if err != nil {
+			return nil, fmt.Errorf("embedded pool: %w", err)
+		}
+		backend = Backend{Pool: pool, Info: embeddedInfo(cfg.Pool)}
 	}
 	d := &Daemon{
 		cfg:     cfg,
 		log:     cfg.Logger,
-		pool:    pool,
+		backend: backend,
 		fds:     engineapi.NewFDRegistry(),
 		reg:     prometheus.NewRegistry(),
 		start:   time.Now(),
 		engines: map[string]*engine{},
 	}
 	d.calls.register(d.reg)
+	d.guard = newGuardedPool(backend.Pool, cfg.PoolTimeout, d.reg)
+	d.pool = d.guard
 	d.met = newDaemonMetrics(d, cfg.EngineSeriesRetention)
-	d.met.register(d.reg, pool, cfg.Version)
+	insp, _ := backend.Pool.(mooncake.Inspector)
+	d.met.register(d.reg, insp, cfg.Version)
 	return d, nil
 }
 
-// Pool is the daemon's pool.
-func (d *Daemon) Pool() *mooncake.Embedded { return d.pool }
+// Pool is the daemon's embedded pool, or nil when it serves from another backend (see
+// Backend).
+func (d *Daemon) Pool() *mooncake.Embedded {
+	e, _ := d.backend.Pool.(*mooncake.Embedded)
+	return e
+}
+
+// Backend is the pool backend the daemon serves from, unwrapped.
+func (d *Daemon) Backend() Backend { return d.backend }
 
 func checkLoopback(addr string) error {
 	host, _, err := net.SplitHostPort(addr)
@@ -220,14 +265,23 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 	wg.Add(1)
 	go func() { defer wg.Done(); d.met.runHistory(serveCtx) }()
 
-	info := Info{Socket: socket, FDSocket: engineapi.FDSocketPath(socket), PoolBytes: d.capacity()}
+	info := Info{Socket: socket, FDSocket: engineapi.FDSocketPath(socket), PoolBytes: d.backend.Info.SegmentBytes, Backend: d.backend.Info}
 	if adminLn != nil {
 		info.AdminAddr = adminLn.Addr().String()
 	}
 	if metricsLn != nil {
 		info.MetricsAddr = metricsLn.Addr().String()
 	}
-	d.ready.Store(true)
+	// An embedded pool is ready at once; a remote one once its segment is mounted.
+	superviseCtx, stopSupervise := context.WithCancel(ctx)
+	defer stopSupervise()
+	supervised := make(chan struct{})
+	if d.backendIsRemote() {
+		go func() { defer close(supervised); d.supervise(superviseCtx) }()
+	} else {
+		d.supervise(superviseCtx)
+		close(supervised)
+	}
 	if ready != nil {
 		ready(info)
 	}
@@ -237,8 +291,10 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 	case <-ctx.Done():
 	case runErr = <-errc:
 	}
-	d.ready.Store(false)
 	d.draining.Store(true)
+	stopSupervise()
+	<-supervised
+	d.ready.Store(false)
 	d.log.Info("draining", "engines", d.engineCount(), "deadline", d.cfg.DrainTimeout)
 
 	drainCtx, cancel := context.WithTimeout(context.Background(), d.cfg.DrainTimeout)
@@ -261,7 +317,10 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 		_ = metricsSrv.Shutdown(drainCtx)
 	}
 	wg.Wait()
-	if err := d.pool.Close(); err != nil && drainErr == nil {
+	if err := d.unmount(drainCtx); err != nil {
+		drainErr = errors.Join(drainErr, err)
+	}
+	if err := d.closeBackend(); err != nil && drainErr == nil {
 		drainErr = err
 	}
 	if drainErr != nil {
@@ -272,12 +331,23 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 	return errors.Join(runErr, drainErr)
 }
 
-func (d *Daemon) capacity() int64 {
-	var n int64
-	for _, s := range d.cfg.Pool.Segments {
-		n += s.Capacity
+// embeddedInfo describes an embedded pool: its segments are all this host's.
+func embeddedInfo(o mooncake.Options) BackendInfo {
+	info := BackendInfo{Kind: BackendEmbedded}
+	for i, s := range o.Segments {
+		if i == 0 {
+			info.Segment = s.Name
+		}
+		info.SegmentBytes += s.Capacity
 	}
-	return n
+	return info
+}
+
+// backendIsRemote reports whether the backend has a segment to mount or a master to ping.
+func (d *Daemon) backendIsRemote() bool {
+	_, m := d.backend.Pool.(Mounter)
+	_, p := d.backend.Pool.(Pinger)
+	return m || p
 }
 
 func (d *Daemon) engineCount() int {

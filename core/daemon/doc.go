@@ -11,7 +11,13 @@
 //     registration lives as long as the engine connection that made it: an engine whose
 //     connection closes without Unregister (a crashed process) is drained and released.
 //   - drain: on shutdown the daemon stops taking calls, then closes every worker against one
-//     deadline, so that queued saves reach the pool, and closes the pool last.
+//     deadline, so that queued saves reach the pool, unmounts this host's segment and closes
+//     the pool last.
+//   - backend: the pool the daemon serves from, behind the mooncake.Pool interface: the
+//     embedded pool, or a Mooncake cluster client whose segment (the memory this host donates)
+//     must be mounted with the master before the daemon is ready. The daemon supervises it:
+//     it retries the mount while the master is away, is unready while pings fail, remounts
+//     after an outage, and bounds every pool call an engine waits for by the pool timeout.
 //
 // Alongside, an admin HTTP server answers the Mooncake master's read endpoints for the pool
 // (so Mooncake tooling and `kvctl probe-pool` work against it), /metrics in Prometheus text

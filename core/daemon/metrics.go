@@ -170,11 +170,16 @@ func newDaemonMetrics(d *Daemon, retention time.Duration) *daemonMetrics {
 	return m
 }
 
-// register adds every collector of the daemon's /metrics to reg.
+// register adds every collector of the daemon's /metrics to reg; pool is nil for a backend
+// that keeps no master-named metrics.
 func (m *daemonMetrics) register(reg *prometheus.Registry, pool mooncake.Inspector, version string) {
+	if pool != nil {
+		// The master-named families, for a pool that keeps them (the embedded one); a Mooncake
+		// cluster's master exports its own.
+		reg.MustRegister(mooncake.NewMasterCollector(pool))
+	}
 	reg.MustRegister(
 		m, m.lookupDur, m.loadDur, m.saveDur, m.callDur,
-		mooncake.NewMasterCollector(pool),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfo(version),

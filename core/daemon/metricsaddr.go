@@ -32,7 +32,11 @@ func (d *Daemon) serveReadyz(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	if !d.ready.Load() {
 		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = w.Write([]byte("not ready\n"))
+		msg := "not ready\n"
+		if _, _, reason, _ := d.bstate.get(); reason != "" {
+			msg = "not ready: " + reason + "\n"
+		}
+		_, _ = w.Write([]byte(msg))
 		return
 	}
 	_, _ = w.Write([]byte("ready\n"))

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"html/template"
 	"net/http"
@@ -104,8 +105,13 @@ type phaseRow struct {
 	Share     float64 // of all phases' wall time, 0-100
 }
 
-// backendName names the pool backend the status page shows.
-func (d *Daemon) backendName() string { return "embedded" }
+// backendName names the pool backend the status page shows, with its master for a cluster.
+func (d *Daemon) backendName() string {
+	if d.backend.Info.Master != "" {
+		return d.backend.Info.Kind + " (master " + d.backend.Info.Master + ")"
+	}
+	return d.backend.Info.Kind
+}
 
 func (d *Daemon) serveStatus(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
@@ -117,10 +123,14 @@ func (d *Daemon) serveStatus(w http.ResponseWriter, r *http.Request) {
 	}
 	page.Uptime = time.Since(d.start).Truncate(time.Second).String()
 	st, err := d.Stats(ctx)
+	if _, reachable, reason, _ := d.bstate.get(); err == nil && d.backendIsRemote() && !reachable {
+		err = errors.New(reason)
+	}
 	if err != nil {
 		page.PoolError = err.Error()
-	} else {
-		page.PoolHealthy = true
+	}
+	page.PoolHealthy = err == nil
+	if err == nil || st.Pool.CapacityBytes > 0 {
 		page.Stats = st
 		if st.Pool.CapacityBytes > 0 {
 			page.UsedPct = 100 * float64(st.Pool.UsedBytes) / float64(st.Pool.CapacityBytes)

@@ -1,0 +1,89 @@
+package serve
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+
+	"github.com/spf13/pflag"
+
+	"github.com/kvctl/kvctl/commands/cmdutil"
+	"github.com/kvctl/kvctl/core/cluster"
+	"github.com/kvctl/kvctl/core/config"
+	"github.com/kvctl/kvctl/core/daemon"
+	"github.com/kvctl/kvctl/mooncake"
+)
+
+// addClusterFlags registers the mooncake backend's flags, which are also serve config keys.
+func addClusterFlags(fl *pflag.FlagSet, k *config.ClusterKeys) {
+	fl.StringVar(&k.Master, config.ServeKeyMaster, "", "mooncake backend: the master's RPC `host:port` (its --rpc_port, 50051 by default)")
+	fl.StringVar(&k.Metadata, config.ServeKeyMetadata, "", "mooncake backend: the HTTP metadata server `URL`, e.g. http://MASTER:8080/metadata")
+	fl.StringVar(&k.HostAddress, config.ServeKeyHostAddress, "", "mooncake backend: the `address` peers reach this host at (default: the local address of the route to the master)")
+	fl.IntVar(&k.TransferPort, config.ServeKeyTransferPort, 0, "mooncake backend: TCP `port` this host serves its segment to peers on (0 = a free port)")
+	fl.StringVar(&k.LocalBufferSize, config.ServeKeyLocalBufferSize, "", "mooncake backend: the client's transfer buffer size, as mooncake.json's local_buffer_size (default 16MiB)")
+	fl.StringVar(&k.Protocol, config.ServeKeyProtocol, "", "mooncake backend: transfer protocol; only tcp")
+	fl.StringVar(&k.DeviceName, config.ServeKeyDeviceName, "", "mooncake backend: RDMA device names, accepted from mooncake.json and unused by tcp")
+	fl.StringVar(&k.MooncakeConfig, config.ServeKeyMooncakeConfig, "", "mooncake backend: read master, metadata, segment and buffer sizes from a TensorRT-LLM mooncake.json `FILE`; flags win over it")
+	fl.StringVar(&k.MasterAdmin, config.ServeKeyMasterAdmin, "", "mooncake backend: the master's HTTP admin `URL`, for the cluster's segments (default http://MASTER-HOST:9003)")
+	fl.DurationVar(&k.PoolTimeout, config.ServeKeyPoolTimeout, 0, "longest an engine waits for one pool call; a lookup past it answers miss (default 5s)")
+}
+
+// clusterBackend resolves the mooncake backend's settings and builds the pool. It dials
+// nothing: the daemon mounts the segment once the master answers. autoSize sizes the segment
+// when neither pool-size nor mooncake.json does.
+func clusterBackend(sc config.ServeConfig, autoSize func() (int64, error), log *slog.Logger) (*daemon.Backend, config.Cluster, config.Diagnostics, error) {
+	c, diags := sc.ResolveCluster(nil)
+	if diags.HasErrors() {
+		return nil, c, diags, nil
+	}
+	if c.SegmentBytes == 0 {
+		n, err := autoSize()
+		if err != nil {
+			return nil, c, diags, err
+		}
+		c.SegmentBytes = n
+	}
+	if c.SegmentBytes < minPoolBytes {
+		return nil, c, diags, cmdutil.ValidationErrorf("pool-size %s is below the %s minimum segment", config.FormatSize(c.SegmentBytes), config.FormatSize(minPoolBytes))
+	}
+	if c.HostAddress == "" {
+		host, err := config.RouteAddress(c.Master)
+		if err != nil {
+			return nil, c, diags, cmdutil.ValidationErrorf("host-address: %v; give --host-address", err)
+		}
+		c.HostAddress, c.Sources[config.ServeKeyHostAddress] = host, "route to the master"
+	}
+	dataAddr := ""
+	segment := net.JoinHostPort(c.HostAddress, "(port chosen at mount)")
+	if c.TransferPort > 0 {
+		dataAddr = net.JoinHostPort(c.HostAddress, strconv.Itoa(c.TransferPort))
+		segment = dataAddr
+	}
+	timeout := sc.PoolTimeout
+	if timeout <= 0 {
+		timeout = daemon.DefaultPoolTimeout
+	}
+	p, err := cluster.New(cluster.Options{Logger: log, Native: mooncake.NativeOptions{
+		MasterAddr: c.Master, MetadataURL: c.Metadata, AdminURL: c.MasterAdmin, SegmentSize: c.SegmentBytes,
+		Host: c.HostAddress, DataAddr: dataAddr, CallTimeout: timeout, Logger: log,
+	}})
+	if err != nil {
+		return nil, c, diags, cmdutil.ValidationErrorf("%v", err)
+	}
+	return &daemon.Backend{Pool: p, Info: daemon.BackendInfo{
+		Kind: daemon.BackendMooncake, Master: c.Master, Metadata: c.Metadata, HostAddress: c.HostAddress,
+		Protocol: c.Protocol, Segment: segment, SegmentBytes: c.SegmentBytes, LocalBufferBytes: c.LocalBufferBytes,
+	}}, c, diags, nil
+}
+
+// clusterBanner is the backend part of the startup banner.
+func clusterBanner(info daemon.BackendInfo) string {
+	return fmt.Sprintf("  pool     mooncake, master %s, metadata %s\n  segment  %s, %s donated, transfer %s\n",
+		info.Master, info.Metadata, info.Segment, config.FormatSize(info.SegmentBytes), info.Protocol)
+}
+
+// waitMessage says what a mooncake serve waits for before /readyz answers 200.
+func waitMessage(info daemon.BackendInfo) string {
+	return fmt.Sprintf("  listening; ready once the segment is mounted with the master at %s (GET /readyz)\n", info.Master)
+}

@@ -1,0 +1,183 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/kvctl/kvctl/core/enginesim"
+	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/mooncake/mooncaketest"
+)
+
+// Load throughput from a peer's segment: four engines on host B load prompts that host A
+// saved (every page lives in A's segment), against Mooncake's data path without kvctl serve in
+// between: a native client in this process getting the same pages with four goroutines, in
+// batches of the connector's transfer batch size, in the same run against the same master and
+// segment.
+//
+//	go test -run XXX -bench BenchmarkLoadFromPeer -benchtime 5x ./core/cluster/
+const (
+	benchEngines  = 4
+	benchReqs     = 8  // requests per engine
+	benchBlocks   = 64 // blocks per request
+	benchPage     = 64 << 10
+	benchBatch    = 64 // connector.DefaultTransferBatchSize
+	benchSegment  = "512MiB"
+	benchStaging  = "16MiB"
+	benchModelKey = "cluster-model"
+)
+
+func benchPrompts(engine int) []enginesim.Request {
+	var out []enginesim.Request
+	for r := range benchReqs {
+		toks := make([]int64, benchBlocks*T+1)
+		for i := range toks {
+			toks[i] = int64(engine*1_000_000 + r*10_000 + i + 1)
+		}
+		out = append(out, enginesim.Request{ID: fmt.Sprintf("e%d-r%d", engine, r), Tokens: toks})
+	}
+	return out
+}
+
+func BenchmarkLoadFromPeer(b *testing.B) {
+	m := mooncaketest.StartMaster(b, mooncaketest.MasterOptions{})
+	a := startServe(b, m, "A", "--pool-size", benchSegment, "--staging-buffer-bytes", benchStaging)
+	a.waitReady(b)
+	cfg := func(h *host, name string) enginesim.Config {
+		return enginesim.Config{Socket: h.socket, ModelKey: benchModelKey, Name: name, TokensPerBlock: T, Slots: benchReqs * (benchBlocks + 1),
+			PageBytes: []int{benchPage}, Chunk: benchBlocks*T + 1, SkipVerify: true}
+	}
+	for e := range benchEngines {
+		runEngine(b, cfg(a, fmt.Sprint("cold", e)), benchPrompts(e), benchReqs)
+	}
+	bh := startServe(b, m, "B", "--pool-size", "64MiB", "--staging-buffer-bytes", benchStaging)
+	bh.waitReady(b)
+	ctx := context.Background()
+	admin, err := mooncake.NewAdminClient(m.AdminURL, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	keys, err := admin.AllKeys(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pages := benchEngines * benchReqs * benchBlocks
+	if len(keys) != pages {
+		b.Fatalf("the pool holds %d keys, want %d", len(keys), pages)
+	}
+	total := int64(pages) * benchPage
+
+	b.Run(fmt.Sprintf("serve/engines=%d", benchEngines), func(b *testing.B) {
+		engines := make([]*enginesim.Engine, benchEngines)
+		for e := range engines {
+			eng, err := enginesim.Start(ctx, cfg(bh, fmt.Sprintf("warm%d-%d", e, b.N)))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer eng.Close(ctx)
+			engines[e] = eng
+		}
+		b.SetBytes(total)
+		b.ResetTimer()
+		for i := range b.N {
+			var wg sync.WaitGroup
+			errs := make(chan error, benchEngines)
+			for e, eng := range engines {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					res, err := eng.Run(ctx, renamed(benchPrompts(e), fmt.Sprint(i)), benchReqs)
+					if err == nil && res.LoadedBlocks != benchReqs*benchBlocks {
+						err = fmt.Errorf("engine %d loaded %d blocks, want %d", e, res.LoadedBlocks, benchReqs*benchBlocks)
+					}
+					errs <- err
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	})
+
+	st := bh.stats(b)
+	if st.Loads.TransferSeconds > 0 {
+		b.Logf("B's connector loads: %d loads, %d pages, %.0f MB/s per load while loading (landed bytes / summed transfer wall time)",
+			st.Loads.Loads, st.Loads.Pages, float64(st.Loads.LandedBytes)/st.Loads.TransferSeconds/1e6)
+	}
+	b.Run(fmt.Sprintf("native-get/goroutines=%d", benchEngines), func(b *testing.B) {
+		n, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer n.Close()
+		// The same split as the engines: each goroutine gets one engine's pages.
+		perEngine := make([][]string, benchEngines)
+		for _, k := range keys {
+			perEngine[len(k)%benchEngines] = append(perEngine[len(k)%benchEngines], k)
+		}
+		// Keys all have one length; deal them round-robin instead.
+		if len(perEngine[0]) == len(keys) {
+			perEngine = make([][]string, benchEngines)
+			for i, k := range keys {
+				perEngine[i%benchEngines] = append(perEngine[i%benchEngines], k)
+			}
+		}
+		bufs := make([][][]byte, benchEngines)
+		for g := range bufs {
+			bufs[g] = make([][]byte, benchBatch)
+			for j := range bufs[g] {
+				bufs[g][j] = make([]byte, benchPage)
+			}
+		}
+		b.SetBytes(total)
+		b.ResetTimer()
+		for range b.N {
+			var wg sync.WaitGroup
+			var failed sync.Map
+			for g := range benchEngines {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					ks := perEngine[g]
+					for s := 0; s < len(ks); s += benchBatch {
+						batch := ks[s:min(s+benchBatch, len(ks))]
+						for j, got := range n.BatchGet(ctx, batch, bufs[g][:len(batch)]) {
+							if got != benchPage {
+								failed.Store(batch[j], got)
+							}
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			failed.Range(func(k, v any) bool {
+				b.Fatalf("get %s: %v", k, v)
+				return false
+			})
+		}
+	})
+
+	// What one engine lookup costs underneath: one existence probe of a request's keys.
+	b.Run(fmt.Sprintf("native-exist/keys=%d", benchBlocks), func(b *testing.B) {
+		n, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer n.Close()
+		ks := keys[:benchBlocks]
+		b.ResetTimer()
+		for range b.N {
+			for _, v := range n.BatchIsExist(ctx, ks) {
+				if v != 1 {
+					b.Fatalf("exist: %d", v)
+				}
+			}
+		}
+	})
+}

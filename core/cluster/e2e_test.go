@@ -1,0 +1,427 @@
+package cluster_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvctl/kvctl/core/daemon"
+	"github.com/kvctl/kvctl/core/enginesim"
+	"github.com/kvctl/kvctl/mooncake/mooncaketest"
+)
+
+// These tests run the real thing: a real mooncake_master and real `kvctl serve` processes on
+// loopback, each with its own engine socket, admin port, segment and transfer port, driven by
+// simulated engines that check every loaded byte.
+
+var (
+	buildOnce sync.Once
+	kvctlBin  string
+	buildErr  error
+)
+
+// kvctl builds the kvctl binary once per test run.
+func kvctl(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "kvctl-cluster-bin")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		kvctlBin = filepath.Join(dir, "kvctl")
+		out, err := exec.Command("go", "build", "-o", kvctlBin, "github.com/kvctl/kvctl/cmd/kvctl").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %w\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return kvctlBin
+}
+
+// lockedBuffer collects a process's output.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// host is one `kvctl serve` process.
+type host struct {
+	name   string
+	socket string
+	admin  string // http://127.0.0.1:PORT
+	port   int    // transfer port
+	cmd    *exec.Cmd
+	out    *lockedBuffer
+	done   chan struct{}
+	exit   int
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// startServe starts `kvctl serve --pool-backend mooncake` against m. It does not wait for
+// readiness: the caller decides what to wait for.
+func startServe(t testing.TB, m *mooncaketest.Master, name string, extra ...string) *host {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "kvc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	h := &host{name: name, socket: filepath.Join(dir, "s.sock"), port: freePort(t), out: &lockedBuffer{}, done: make(chan struct{})}
+	adminPort := freePort(t)
+	h.admin = fmt.Sprintf("http://127.0.0.1:%d", adminPort)
+	args := append([]string{"serve", "--pool-backend", "mooncake",
+		"--master", m.RPCAddr, "--metadata", m.MetadataURL, "--master-admin", m.AdminURL,
+		"--pool-size", "64MiB", "--staging-buffer-bytes", "8MiB",
+		"--transfer-port", strconv.Itoa(h.port), "--socket", h.socket,
+		"--admin-addr", fmt.Sprintf("127.0.0.1:%d", adminPort), "--pool-timeout", "2s"}, extra...)
+	h.cmd = exec.Command(kvctl(t), args...)
+	h.cmd.Stdout, h.cmd.Stderr = h.out, h.out
+	h.cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+dir, "NO_COLOR=1")
+	h.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := h.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		err := h.cmd.Wait()
+		h.exit = 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			h.exit = ee.ExitCode()
+		} else if err != nil {
+			h.exit = -1
+		}
+		close(h.done)
+	}()
+	t.Cleanup(func() {
+		h.kill()
+		if t.Failed() {
+			t.Logf("kvctl serve %s output:\n%s", h.name, h.out.String())
+		}
+	})
+	return h
+}
+
+func (h *host) kill() {
+	select {
+	case <-h.done:
+	default:
+		_ = h.cmd.Process.Kill()
+		<-h.done
+	}
+}
+
+// stop sends SIGTERM and returns the exit code.
+func (h *host) stop(t testing.TB) int {
+	t.Helper()
+	_ = h.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-h.done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("kvctl serve %s did not exit after SIGTERM", h.name)
+	}
+	return h.exit
+}
+
+func get(url string) (int, string, error) {
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+func (h *host) readyz() (int, string) {
+	code, body, _ := get(h.admin + "/readyz")
+	return code, body
+}
+
+func (h *host) stats(t testing.TB) daemon.StatsJSON {
+	t.Helper()
+	code, body, err := get(h.admin + "/v1/stats")
+	if err != nil || code != 200 {
+		t.Fatalf("%s /v1/stats: %d %v %s", h.name, code, err, body)
+	}
+	var st daemon.StatsJSON
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// eventually polls cond until it holds; not holding within the guard fails the test.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not happen", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (h *host) waitReady(t testing.TB) {
+	t.Helper()
+	eventually(t, h.name+" ready", func() bool {
+		select {
+		case <-h.done:
+			t.Fatalf("kvctl serve %s exited with %d:\n%s", h.name, h.exit, h.out.String())
+		default:
+		}
+		c, _ := h.readyz()
+		return c == 200
+	})
+}
+
+// Engine geometry of the simulated engines: T tokens per block, one layer group of pageBytes.
+const (
+	T         = 16
+	pageBytes = 4096
+)
+
+func simConfig(h *host, name string) enginesim.Config {
+	return enginesim.Config{Socket: h.socket, ModelKey: "cluster-model", Name: name, TokensPerBlock: T, Slots: 512, PageBytes: []int{pageBytes}, Chunk: 8 * T}
+}
+
+func startEngine(ctx context.Context, cfg enginesim.Config) (*enginesim.Engine, error) {
+	return enginesim.Start(ctx, cfg)
+}
+
+func runEngine(t testing.TB, cfg enginesim.Config, reqs []enginesim.Request, running int) enginesim.Result {
+	t.Helper()
+	ctx := context.Background()
+	e, err := enginesim.Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.Run(ctx, reqs, running)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// traceRequests reads the conversation trace slice: each 512-token block of the trace
+// (hash_id) becomes T tokens derived from its hash id, so requests that share hash-id prefixes
+// share token prefixes; one unique token ends each prompt, so every block is offerable.
+func traceRequests(t *testing.T, n int) ([]enginesim.Request, [][]int64) {
+	t.Helper()
+	f, err := os.Open("testdata/conversation-60.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var reqs []enginesim.Request
+	var ids [][]int64
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() && len(reqs) < n {
+		var r struct {
+			HashIDs []int64 `json:"hash_ids"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatal(err)
+		}
+		toks := make([]int64, 0, len(r.HashIDs)*T+1)
+		for _, h := range r.HashIDs {
+			for i := range T {
+				toks = append(toks, 1+h*T+int64(i))
+			}
+		}
+		toks = append(toks, 1_000_000_000+int64(len(reqs)))
+		reqs = append(reqs, enginesim.Request{ID: fmt.Sprintf("t%03d", len(reqs)), Tokens: toks})
+		ids = append(ids, r.HashIDs)
+	}
+	return reqs, ids
+}
+
+func renamed(reqs []enginesim.Request, suffix string) []enginesim.Request {
+	out := make([]enginesim.Request, len(reqs))
+	for i, q := range reqs {
+		out[i] = enginesim.Request{ID: q.ID + "-" + suffix, Tokens: q.Tokens}
+	}
+	return out
+}
+
+func distinctBlocks(ids [][]int64) int {
+	seen := map[string]bool{}
+	for _, r := range ids {
+		for b := range r {
+			seen[fmt.Sprint(r[:b+1])] = true
+		}
+	}
+	return len(seen)
+}
+
+// TestTwoHostsShareOnePool: host A replays a slice of the conversation trace cold; host B,
+// joined afterwards, replays it warm. B's hits are the ideal reuse of the slice (every block
+// but none computed), every loaded byte is checked by the engine, and B's bytes came out of
+// A's segment: A's transfer server served them to a peer, B's own segment holds nothing.
+func TestTwoHostsShareOnePool(t *testing.T) {
+	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
+	reqs, ids := traceRequests(t, 40)
+	a := startServe(t, m, "A")
+	a.waitReady(t)
+	cold := runEngine(t, simConfig(a, "cold"), reqs, 4)
+	if cold.ComputedBlocks == 0 {
+		t.Fatalf("cold run computed nothing: %+v", cold)
+	}
+	stA := a.stats(t)
+	distinct := distinctBlocks(ids)
+	if stA.Backend.PoolCallFailures.DroppedSavePages != 0 {
+		t.Fatalf("A dropped saves: %+v", stA.Backend.PoolCallFailures)
+	}
+
+	b := startServe(t, m, "B")
+	b.waitReady(t)
+	st := b.stats(t)
+	if st.Backend.ClusterSegments != 2 || st.Backend.ClusterCapacityBytes != 2*64<<20 {
+		t.Fatalf("B sees the cluster as %d segments, %d bytes; want 2 and %d", st.Backend.ClusterSegments, st.Backend.ClusterCapacityBytes, 2*64<<20)
+	}
+	warm := runEngine(t, simConfig(b, "warm"), renamed(reqs, "warm"), 4)
+	ideal := 0
+	for _, r := range ids {
+		ideal += len(r)
+	}
+	if warm.LoadedBlocks != ideal || warm.MatchedTokens != ideal*T || warm.Restarts != 0 || warm.ComputedBlocks != 0 {
+		t.Fatalf("warm run on B: %+v; want all %d blocks loaded, none computed", warm, ideal)
+	}
+	stA, stB := a.stats(t), b.stats(t)
+	if stB.PrefixHoles.HitBlocks != int64(ideal) {
+		t.Errorf("B's hit blocks %d, want the ideal %d", stB.PrefixHoles.HitBlocks, ideal)
+	}
+	servedA, servedB := stA.Backend.SegmentServed, stB.Backend.SegmentServed
+	if servedA == nil || servedB == nil {
+		t.Fatal("segment_served missing from /v1/stats")
+	}
+	if servedA.BytesRead < uint64(ideal*pageBytes) || servedB.BytesRead != 0 {
+		t.Errorf("A served %d bytes to peers and B %d; want A >= %d (every loaded page), B 0", servedA.BytesRead, servedB.BytesRead, ideal*pageBytes)
+	}
+	// The master holds one object per distinct block of the slice: A saved each once.
+	if keys, ok, err := m.Metric(context.Background(), "master_key_count"); err != nil || !ok || int(keys) != distinct {
+		t.Errorf("master_key_count %v (%t, %v), want %d distinct blocks", keys, ok, err, distinct)
+	}
+	t.Logf("slice: %d requests, %d blocks (%d distinct); cold on A: %+v; warm on B: %+v; A served %d bytes to B",
+		len(reqs), ideal, distinct, cold, warm, servedA.BytesRead)
+
+	checkStatsCLI(t, m, a, b, 2)
+
+	if code := b.stop(t); code != 0 {
+		t.Errorf("B exited %d after SIGTERM", code)
+	}
+	if code := a.stop(t); code != 0 {
+		t.Errorf("A exited %d after SIGTERM", code)
+	}
+}
+
+// checkStatsCLI runs `kvctl stats --pool MASTER --pool A --pool B -o json`: both hosts report
+// the mooncake backend, their own segments and the cluster's.
+func checkStatsCLI(t *testing.T, m *mooncaketest.Master, a, b *host, segments int) {
+	t.Helper()
+	out, err := exec.Command(kvctl(t), "stats", "--pool", m.AdminURL, "--pool", a.admin, "--pool", b.admin, "-o", "json").Output()
+	if err != nil {
+		t.Fatalf("kvctl stats: %v\n%s", err, out)
+	}
+	var res struct {
+		Sources []struct {
+			Source  string                    `json:"source"`
+			Kind    string                    `json:"kind"`
+			Backend *daemon.BackendStatusJSON `json:"backend"`
+		} `json:"sources"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil || len(res.Sources) != 3 {
+		t.Fatalf("kvctl stats: %v\n%s", err, out)
+	}
+	if res.Sources[0].Kind != "mooncake-master" {
+		t.Errorf("first source is %q, want the master", res.Sources[0].Kind)
+	}
+	for i, h := range []*host{a, b} {
+		s := res.Sources[i+1]
+		if s.Kind != "kvctl-serve" || s.Backend == nil || s.Backend.Kind != "mooncake" || s.Backend.Master != m.RPCAddr ||
+			s.Backend.ClusterSegments != segments || s.Backend.Segment != net.JoinHostPort("127.0.0.1", strconv.Itoa(h.port)) {
+			t.Errorf("kvctl stats of %s: %+v %+v", h.name, s, s.Backend)
+		}
+	}
+}
+
+// TestReplayLiveAcrossHosts: `kvctl replay --target SOCKET` (live mode) of the trace slice against host A, then
+// against host B: B's replay hits what A's saved.
+func TestReplayLiveAcrossHosts(t *testing.T) {
+	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
+	a := startServe(t, m, "A")
+	a.waitReady(t)
+	b := startServe(t, m, "B")
+	b.waitReady(t)
+	replay := func(h *host) map[string]any {
+		out, err := exec.Command(kvctl(t), "replay", "--target", h.socket, "--engines", "2", "--pace", "max",
+			"--limit", "30", "-o", "json", "testdata/conversation-60.jsonl").Output()
+		if err != nil {
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				t.Fatalf("kvctl replay --live against %s: %v\n%s", h.name, err, ee.Stderr)
+			}
+			t.Fatal(err)
+		}
+		var v map[string]any
+		if err := json.Unmarshal(out, &v); err != nil {
+			t.Fatalf("replay output: %v\n%s", err, out)
+		}
+		return v
+	}
+	replay(a)
+	before := b.stats(t).PrefixHoles.HitBlocks
+	replay(b)
+	stB := b.stats(t)
+	if stB.PrefixHoles.HitBlocks <= before || stB.Loads.Pages == 0 || stB.Loads.FailedPages != 0 {
+		t.Fatalf("replay on B after A: hit blocks %d -> %d, loads %+v", before, stB.PrefixHoles.HitBlocks, stB.Loads)
+	}
+	if served := a.stats(t).Backend.SegmentServed; served == nil || served.PeerReads == 0 {
+		t.Fatalf("A served no reads to B: %+v", served)
+	}
+	t.Logf("B: %d hit blocks, %d loaded pages", stB.PrefixHoles.HitBlocks, stB.Loads.Pages)
+	checkStatsCLI(t, m, a, b, 2)
+}

@@ -1,0 +1,219 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/mooncake/masterrpc"
+	"github.com/kvctl/kvctl/mooncake/transfer"
+)
+
+// ErrNotMounted is returned by calls that need the cluster before the segment is mounted.
+var ErrNotMounted = errors.New("not joined to the Mooncake cluster yet: the segment is not mounted")
+
+// Options configure a Pool.
+type Options struct {
+	// Native is the client configuration: master, metadata server, admin URL, segment size,
+	// host address, transfer address and call timeout.
+	Native mooncake.NativeOptions
+	// Logger receives mount events; nil discards them.
+	Logger *slog.Logger
+}
+
+// Pool is a Mooncake cluster as the daemon serves from it. It implements mooncake.Pool and
+// the daemon's Mounter and Pinger hooks. It is safe for concurrent use.
+type Pool struct {
+	opts  Options
+	log   *slog.Logger
+	probe *masterrpc.Client
+	admin *mooncake.AdminClient
+
+	mu     sync.RWMutex
+	native *mooncake.Native
+	closed bool
+}
+
+// New returns a Pool that joins the cluster on its first successful Mount. It dials nothing.
+func New(opts Options) (*Pool, error) {
+	if opts.Native.MasterAddr == "" {
+		return nil, errors.New("cluster: no master address")
+	}
+	if opts.Native.MetadataURL == "" {
+		return nil, errors.New("cluster: no metadata server")
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	p := &Pool{opts: opts, log: log,
+		probe: masterrpc.New(masterrpc.Options{Addr: opts.Native.MasterAddr, CallTimeout: opts.Native.CallTimeout,
+			DialTimeout: opts.Native.CallTimeout, MaxBackoff: 500 * time.Millisecond})}
+	if opts.Native.AdminURL != "" {
+		a, err := mooncake.NewAdminClient(opts.Native.AdminURL, nil)
+		if err != nil {
+			return nil, fmt.Errorf("cluster: master admin URL: %w", err)
+		}
+		p.admin = a
+	}
+	return p, nil
+}
+
+func (p *Pool) client() *mooncake.Native {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.native
+}
+
+// Ping asks the master whether it serves (its ServiceReady call).
+func (p *Pool) Ping(ctx context.Context) error {
+	_, err := p.probe.ServiceReady(ctx)
+	return err
+}
+
+// Mount joins the cluster: the first time it starts the Transfer Engine server, publishes the
+// segment on the metadata server and mounts it with the master. Later calls (after the master
+// was unreachable) succeed once the master lists the segment again; the client's heartbeat
+// remounts it on a master that lost it.
+func (p *Pool) Mount(ctx context.Context) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return errors.New("cluster: closed")
+	}
+	n := p.native
+	if n == nil {
+		var err error
+		n, err = mooncake.NewNative(ctx, p.opts.Native)
+		if err != nil {
+			p.mu.Unlock()
+			return err
+		}
+		p.native = n
+		p.mu.Unlock()
+		p.log.Info("joined the Mooncake cluster", "master", p.opts.Native.MasterAddr, "segment", n.SegmentName(), "bytes", p.opts.Native.SegmentSize)
+		return nil
+	}
+	p.mu.Unlock()
+	if p.admin == nil || n.SegmentName() == "" {
+		return nil
+	}
+	// Wait for the heartbeat's remount: the master must list the segment again.
+	for {
+		_, err := p.admin.QuerySegment(ctx, n.SegmentName())
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, mooncake.ErrSegmentNotFound) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("segment %s is not mounted again yet: %w", n.SegmentName(), ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Unmount leaves the cluster: the segment is unmounted (the master drops the pages stored in
+// it), its metadata removed and its server stopped. Data calls fail afterwards.
+func (p *Pool) Unmount(context.Context) error {
+	p.mu.Lock()
+	n := p.native
+	p.native, p.closed = nil, true
+	p.mu.Unlock()
+	if n == nil {
+		return nil
+	}
+	return n.Close()
+}
+
+// Close leaves the cluster when still joined and closes the master probe.
+func (p *Pool) Close() error {
+	err := p.Unmount(context.Background())
+	return errors.Join(err, p.probe.Close())
+}
+
+// SegmentName is this host's segment ("host:port"), or "" before it is mounted.
+func (p *Pool) SegmentName() string {
+	if n := p.client(); n != nil {
+		return n.SegmentName()
+	}
+	return ""
+}
+
+// Remounts counts the times the segment was mounted again after the master lost it.
+func (p *Pool) Remounts() int64 {
+	if n := p.client(); n != nil {
+		return n.Remounts()
+	}
+	return 0
+}
+
+// SegmentServerStats counts what peers read from and wrote to this host's segment.
+func (p *Pool) SegmentServerStats() transfer.ServerStats {
+	if n := p.client(); n != nil {
+		return n.SegmentServerStats()
+	}
+	return transfer.ServerStats{}
+}
+
+func failAll[T any](n int, v T) []T {
+	out := make([]T, n)
+	for i := range out {
+		out[i] = v
+	}
+	return out
+}
+
+// BatchIsExist asks the master; before the segment is mounted every key fails.
+func (p *Pool) BatchIsExist(ctx context.Context, keys []string) []int {
+	if n := p.client(); n != nil {
+		return n.BatchIsExist(ctx, keys)
+	}
+	return failAll(len(keys), int(mooncake.ErrRPCFail))
+}
+
+// BatchPut stores through the cluster; before the segment is mounted every key fails.
+func (p *Pool) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg mooncake.ReplicateConfig) []mooncake.Code {
+	if n := p.client(); n != nil {
+		return n.BatchPut(ctx, keys, bufs, cfg)
+	}
+	return failAll(len(keys), mooncake.ErrRPCFail)
+}
+
+// BatchGet reads from whichever segment holds each page; before the mount every key fails.
+func (p *Pool) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []int64 {
+	if n := p.client(); n != nil {
+		return n.BatchGet(ctx, keys, bufs)
+	}
+	return failAll(len(keys), int64(mooncake.ErrRPCFail))
+}
+
+// Remove deletes one object through the master.
+func (p *Pool) Remove(ctx context.Context, key string, force bool) mooncake.Code {
+	if n := p.client(); n != nil {
+		return n.Remove(ctx, key, force)
+	}
+	return mooncake.ErrRPCFail
+}
+
+// Segments lists every segment of the cluster (from the master's admin API).
+func (p *Pool) Segments(ctx context.Context) ([]mooncake.Segment, error) {
+	if n := p.client(); n != nil {
+		return n.Segments(ctx)
+	}
+	return nil, ErrNotMounted
+}
+
+// Stats returns this host's client counters and the cluster's capacity and occupancy.
+func (p *Pool) Stats(ctx context.Context) (mooncake.Stats, error) {
+	if n := p.client(); n != nil {
+		return n.Stats(ctx)
+	}
+	return mooncake.Stats{}, ErrNotMounted
+}

@@ -1,0 +1,249 @@
+package connector
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvctl/kvctl/mooncake"
+)
+
+// A remote pool answers after a network round trip. These tests put the embedded pool behind
+// wrappers that hold calls inside the pool, and check that no engine call waits for another
+// one's pool call.
+
+// guard bounds how long a test waits for something that must happen; reaching it is a failure
+// (a call blocked behind another's pool call), never a timing measurement.
+const guard = 20 * time.Second
+
+// gatedPool holds every BatchIsExist inside the pool until the gate opens, and reports each
+// arrival.
+type gatedPool struct {
+	*embPool
+	arrived chan struct{}
+	gate    chan struct{}
+}
+
+func (p *gatedPool) BatchIsExist(ctx context.Context, keys []string) []int {
+	p.arrived <- struct{}{}
+	<-p.gate
+	return p.embPool.BatchIsExist(ctx, keys)
+}
+
+// latencyPool adds a fixed delay to every data call, as a remote pool's round trip does, and
+// records how many calls were inside the pool at once.
+type latencyPool struct {
+	*embPool
+	delay    time.Duration
+	inflight atomic.Int64
+	peak     atomic.Int64
+}
+
+func (p *latencyPool) enter() func() {
+	n := p.inflight.Add(1)
+	for {
+		m := p.peak.Load()
+		if n <= m || p.peak.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	time.Sleep(p.delay)
+	return func() { p.inflight.Add(-1) }
+}
+
+func (p *latencyPool) BatchIsExist(ctx context.Context, keys []string) []int {
+	defer p.enter()()
+	return p.embPool.BatchIsExist(ctx, keys)
+}
+
+func (p *latencyPool) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []int64 {
+	defer p.enter()()
+	return p.embPool.BatchGet(ctx, keys, bufs)
+}
+
+func (p *latencyPool) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg mooncake.ReplicateConfig) []mooncake.Code {
+	defer p.enter()()
+	return p.embPool.BatchPut(ctx, keys, bufs, cfg)
+}
+
+// waitOrFail runs f and fails the test when it has not returned within guard.
+func waitOrFail(t *testing.T, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { defer close(done); f() }()
+	select {
+	case <-done:
+	case <-time.After(guard):
+		t.Fatalf("%s did not return while another lookup's pool call was in flight: the scheduler holds its lock across the pool call", what)
+	}
+}
+
+// TestSchedulerCallsProceedDuringLookupPoolCall parks one lookup inside the pool and checks
+// that the same engine's other scheduler calls, on other requests, still return.
+func TestSchedulerCallsProceedDuringLookupPoolCall(t *testing.T) {
+	pool := &gatedPool{embPool: newEmbPool(t, embTestCapacity), arrived: make(chan struct{}, 16), gate: make(chan struct{})}
+	// A warm pool: request "b" finds its blocks.
+	warmup := newEngine(t, pool.embPool, baseOptions(), 1, 64)
+	warmup.add("b", prompt(2, 0, 21))
+	warmup.mustRun()
+
+	s, err := NewScheduler(baseOptions(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RegisterLayout(testLayout(64)); err != nil {
+		t.Fatal(err)
+	}
+	slow := make(chan error, 1)
+	go func() {
+		_, _, err := s.Lookup(context.Background(), Request{ID: "a", Tokens: prompt(1, 0, 21), ContextOnly: true}, 0)
+		slow <- err
+	}()
+	select {
+	case <-pool.arrived:
+	case <-time.After(guard):
+		t.Fatal("the first lookup never reached the pool")
+	}
+	// "a" is now inside the pool. Request "c" has no full block to look up, so it never calls
+	// the pool; its lookup, allocation, metadata and finish must not wait for "a".
+	waitOrFail(t, "Lookup of another request", func() {
+		if _, _, err := s.Lookup(context.Background(), Request{ID: "c", Tokens: prompt(3, 0, 3), ContextOnly: true}, 0); err != nil {
+			t.Error(err)
+		}
+	})
+	waitOrFail(t, "UpdateStateAfterAlloc", func() {
+		if err := s.UpdateStateAfterAlloc("c", [][]int{{0}, {0}}, 0); err != nil {
+			t.Error(err)
+		}
+	})
+	waitOrFail(t, "BuildMeta", func() {
+		if _, err := s.BuildMeta(SchedulerOutput{}); err != nil {
+			t.Error(err)
+		}
+	})
+	waitOrFail(t, "RequestFinished", func() { s.RequestFinished("c") })
+	close(pool.gate)
+	if err := <-slow; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestConcurrentLookupsMeetInsidePool has n lookups of one scheduler inside the pool at the same
+// time: the pool releases none of them until all n have arrived, so a scheduler that serialised
+// its pool calls would never get past the first.
+func TestConcurrentLookupsMeetInsidePool(t *testing.T) {
+	const n = 8
+	pool := &gatedPool{embPool: newEmbPool(t, embTestCapacity), arrived: make(chan struct{}, n), gate: make(chan struct{})}
+	warmup := newEngine(t, pool.embPool, baseOptions(), 1, 256)
+	for i := range n {
+		warmup.add(fmt.Sprint("w", i), prompt(int64(i+1), 8, 17))
+	}
+	warmup.mustRun()
+
+	s, err := NewScheduler(baseOptions(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RegisterLayout(testLayout(256)); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	matched := make([]int, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m, _, err := s.Lookup(context.Background(), Request{ID: fmt.Sprint("r", i), Tokens: prompt(int64(i+1), 8, 17), ContextOnly: true}, 0)
+			if err != nil {
+				t.Error(err)
+			}
+			matched[i] = m
+		}()
+	}
+	for i := range n {
+		select {
+		case <-pool.arrived:
+		case <-time.After(guard):
+			t.Fatalf("only %d of %d concurrent lookups reached the pool: lookups are serialised", i, n)
+		}
+	}
+	close(pool.gate)
+	wg.Wait()
+	for i, m := range matched {
+		if m != 16 {
+			t.Errorf("lookup %d matched %d tokens, want 16 (4 full blocks)", i, m)
+		}
+	}
+}
+
+// TestSupersededLookupLeavesNewerOffer checks the one ordering the unlocked pool call opens: an
+// older lookup of a request that returns after a newer one must not overwrite the newer offer.
+func TestSupersededLookupLeavesNewerOffer(t *testing.T) {
+	pool := &gatedPool{embPool: newEmbPool(t, embTestCapacity), arrived: make(chan struct{}, 4), gate: make(chan struct{})}
+	warmup := newEngine(t, pool.embPool, baseOptions(), 1, 64)
+	warmup.add("w", prompt(1, 0, 21))
+	warmup.mustRun()
+	s, err := NewScheduler(baseOptions(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RegisterLayout(testLayout(64)); err != nil {
+		t.Fatal(err)
+	}
+	req := Request{ID: "a", Tokens: prompt(1, 0, 21), ContextOnly: true}
+	older := make(chan int, 1)
+	go func() {
+		m, _, _ := s.Lookup(context.Background(), req, 0)
+		older <- m
+	}()
+	<-pool.arrived
+	// The newer lookup starts after 4 computed tokens, so its offer begins at block 1.
+	newer := make(chan int, 1)
+	go func() {
+		m, _, _ := s.Lookup(context.Background(), req, 4)
+		newer <- m
+	}()
+	<-pool.arrived
+	close(pool.gate)
+	if m := <-newer; m != 16 {
+		t.Fatalf("newer lookup matched %d tokens, want 16", m)
+	}
+	<-older
+	s.mu.Lock()
+	first, blocks := s.reqs["a"].offerFirst, s.reqs["a"].offerBlocks
+	s.mu.Unlock()
+	if first != 1 || blocks != 4 {
+		t.Fatalf("offer is blocks [%d, %d), want the newer lookup's [1, 5)", first, first+blocks)
+	}
+}
+
+// TestManyEnginesAgainstSlowPool runs four engines at once on one pool that answers every call
+// after a delay: each runs cold, then warm, and every loaded page is checked byte for byte by
+// the engine harness. Run with -race.
+func TestManyEnginesAgainstSlowPool(t *testing.T) {
+	pool := &latencyPool{embPool: newEmbPool(t, 256<<10), delay: 500 * time.Microsecond}
+	t.Run("group", func(t *testing.T) {
+		for i := range 4 {
+			t.Run(fmt.Sprint("engine-", i), func(t *testing.T) {
+				t.Parallel()
+				cold := newEngine(t, pool, baseOptions(), 1, 256)
+				for j := range 4 {
+					cold.add(fmt.Sprint("c", j), prompt(int64(10*i+j+1), 12, 29))
+				}
+				cold.mustRun()
+				warm := newEngine(t, pool, baseOptions(), 1, 256)
+				for j := range 4 {
+					warm.add(fmt.Sprint("w", j), prompt(int64(10*i+j+1), 12, 29))
+				}
+				warm.mustRun()
+				if warm.loadedBlocks != 4*7 {
+					t.Errorf("warm engine %d loaded %d blocks, want %d", i, warm.loadedBlocks, 4*7)
+				}
+			})
+		}
+	})
+	t.Logf("peak pool calls in flight at once: %d", pool.peak.Load())
+}

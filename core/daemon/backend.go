@@ -1,0 +1,316 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/mooncake/transfer"
+)
+
+// Backend kinds, as /v1/stats and the banner name them.
+const (
+	BackendEmbedded = "embedded"
+	BackendMooncake = "mooncake"
+)
+
+// Backend is the pool a Daemon serves from and what the operator configured it with. A nil
+// Config.Backend makes the daemon build an embedded pool from Config.Pool.
+//
+// Pool may implement these optional interfaces, which the daemon discovers at run time:
+//   - Mounter: the host's segment joins the pool only once Mount succeeds (a remote master may
+//     be down when serve starts); the daemon is not ready until then, retries, and calls Mount
+//     again after the master was unreachable, since a restarted master has forgotten it.
+//   - Pinger: the daemon pings it every HealthInterval and is unready while it fails.
+//   - mooncake.Inspector: the admin API serves the master's read endpoints and metrics for it.
+//   - io.Closer-like Close() error: called last on shutdown.
+type Backend struct {
+	Pool mooncake.Pool
+	Info BackendInfo
+}
+
+// BackendInfo describes the backend for the banner, /v1/stats and `kvctl stats`. Field names
+// are a compatibility contract.
+type BackendInfo struct {
+	// Kind is BackendEmbedded or BackendMooncake.
+	Kind string `json:"kind"`
+	// Master is the Mooncake master's host:port; empty for the embedded pool.
+	Master string `json:"master,omitempty"`
+	// Metadata is the Transfer Engine metadata server URL (or P2PHANDSHAKE).
+	Metadata string `json:"metadata,omitempty"`
+	// HostAddress is the address peers reach this host's segment at.
+	HostAddress string `json:"host_address,omitempty"`
+	// Protocol is the transfer protocol ("tcp").
+	Protocol string `json:"protocol,omitempty"`
+	// Segment names the memory this host donates to the pool.
+	Segment string `json:"segment"`
+	// SegmentBytes is that memory's size.
+	SegmentBytes int64 `json:"segment_bytes"`
+	// LocalBufferBytes is the client's registered transfer buffer; 0 for the embedded pool.
+	LocalBufferBytes int64 `json:"local_buffer_bytes,omitempty"`
+}
+
+// Mounter is a backend whose host segment must be registered with a master before the daemon
+// is ready. Mount must succeed when the segment is already mounted, and remount it after the
+// master lost it (restarted). Unmount removes the segment and this host's metadata. Both are
+// safe for concurrent use with the pool's data calls.
+type Mounter interface {
+	Mount(ctx context.Context) error
+	Unmount(ctx context.Context) error
+}
+
+// Pinger is a backend that can tell whether its master answers.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
+// BackendStatusJSON is the "backend" object of /v1/stats. Field names are a compatibility
+// contract.
+type BackendStatusJSON struct {
+	BackendInfo
+	// SegmentMounted is true once this host's segment is part of the pool.
+	SegmentMounted bool `json:"segment_mounted"`
+	// MasterReachable is false while pings to the master fail (always true when embedded).
+	MasterReachable bool `json:"master_reachable"`
+	// UnreadyReason says why /readyz answers 503; empty when ready.
+	UnreadyReason string `json:"unready_reason,omitempty"`
+	// ClusterSegments and ClusterCapacityBytes sum every segment of the pool, this host's and
+	// its peers'; ClusterUsedBytes is what they hold.
+	ClusterSegments      int   `json:"cluster_segments"`
+	ClusterCapacityBytes int64 `json:"cluster_capacity_bytes"`
+	ClusterUsedBytes     int64 `json:"cluster_used_bytes"`
+	// Mounts counts successful Mount calls: more than one means the daemon waited for the
+	// segment again after the master was unreachable.
+	Mounts int64 `json:"mounts"`
+	// SegmentRemounts counts the times the client mounted the segment again on a master that
+	// had lost it (restarted); 0 for the embedded pool.
+	SegmentRemounts int64 `json:"segment_remounts"`
+	// PoolCallFailures counts calls that failed or timed out, and pages that a save dropped.
+	PoolCallFailures PoolFailuresJSON `json:"pool_call_failures"`
+	// SegmentServed counts what peers read from and wrote to this host's segment; absent for
+	// the embedded pool.
+	SegmentServed *SegmentServedJSON `json:"segment_served,omitempty"`
+}
+
+// SegmentServedJSON counts peer transfers of this host's segment. Field names are a
+// compatibility contract.
+type SegmentServedJSON struct {
+	PeerReads    uint64 `json:"peer_reads"`
+	PeerWrites   uint64 `json:"peer_writes"`
+	BytesRead    uint64 `json:"bytes_read_by_peers"`
+	BytesWritten uint64 `json:"bytes_written_by_peers"`
+}
+
+// PoolFailuresJSON counts what the pool did not do for the engines. Field names are a
+// compatibility contract.
+type PoolFailuresJSON struct {
+	// Timeouts are pool calls cut off at the daemon's pool timeout.
+	Timeouts int64 `json:"timeouts"`
+	// LookupKeys are keys whose existence probe failed (answered as a miss).
+	LookupKeys int64 `json:"lookup_keys"`
+	// DroppedSavePages are pages a save did not store (the engine goes on; the page is missing).
+	DroppedSavePages int64 `json:"dropped_save_pages"`
+	// LoadPages are pages a load did not get; their requests are restarted.
+	LoadPages int64 `json:"load_pages"`
+}
+
+// Defaults of the backend supervision.
+const (
+	DefaultPoolTimeout    = 5 * time.Second
+	DefaultHealthInterval = 2 * time.Second
+	DefaultMountRetry     = time.Second
+	maxMountRetry         = 10 * time.Second
+)
+
+// backendState is what the supervisor knows of the backend.
+type backendState struct {
+	mu        sync.Mutex
+	mounted   bool
+	reachable bool
+	reason    string
+	mounts    int64
+}
+
+func (s *backendState) set(mounted, reachable bool, reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mounted, s.reachable, s.reason = mounted, reachable, reason
+}
+
+func (s *backendState) get() (mounted, reachable bool, reason string, mounts int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mounted, s.reachable, s.reason, s.mounts
+}
+
+// supervise mounts the backend's segment, retrying while the master is away, keeps the
+// daemon's readiness in step with the master's reachability, and remounts after an outage.
+// It returns when ctx is done.
+func (d *Daemon) supervise(ctx context.Context) {
+	m, _ := d.backend.Pool.(Mounter)
+	p, _ := d.backend.Pool.(Pinger)
+	if m == nil && p == nil {
+		d.bstate.set(true, true, "")
+		d.ready.Store(!d.draining.Load())
+		return
+	}
+	where := d.backend.Info.Master
+	if !d.mountUntilDone(ctx, m, where) {
+		return
+	}
+	if p == nil {
+		return
+	}
+	t := time.NewTicker(d.cfg.HealthInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, d.cfg.PoolTimeout)
+		err := p.Ping(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			continue
+		}
+		reason := fmt.Sprintf("master %s unreachable: %v", where, err)
+		d.log.Warn("the Mooncake master does not answer; lookups answer miss and saves are dropped until it is back", "master", where, "err", err)
+		d.ready.Store(false)
+		d.bstate.set(false, false, reason)
+		if !d.mountUntilDone(ctx, m, where) {
+			return
+		}
+	}
+}
+
+// mountUntilDone pings (when it can) and mounts until both succeed, backing off between tries;
+// it reports false when ctx ended first.
+func (d *Daemon) mountUntilDone(ctx context.Context, m Mounter, where string) bool {
+	p, _ := d.backend.Pool.(Pinger)
+	wait := d.cfg.MountRetry
+	for attempt := 1; ; attempt++ {
+		err := d.tryMount(ctx, m, p)
+		if err == nil {
+			d.bstate.mu.Lock()
+			d.bstate.mounts++
+			n := d.bstate.mounts
+			d.bstate.mu.Unlock()
+			d.bstate.set(true, true, "")
+			d.ready.Store(!d.draining.Load())
+			if n == 1 {
+				d.log.Info("segment mounted; ready", "master", where, "segment", d.segmentName(), "bytes", d.backend.Info.SegmentBytes)
+			} else {
+				d.log.Info("master answers again and lists the segment; ready", "master", where, "segment", d.segmentName(), "mounts", n)
+			}
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		reason := fmt.Sprintf("waiting for the Mooncake master %s: %v", where, err)
+		d.bstate.set(false, false, reason)
+		d.log.Warn("waiting for the Mooncake master; retrying", "master", where, "attempt", attempt, "retry_in", wait, "err", err)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, maxMountRetry)
+	}
+}
+
+func (d *Daemon) tryMount(ctx context.Context, m Mounter, p Pinger) error {
+	cctx, cancel := context.WithTimeout(ctx, d.cfg.PoolTimeout)
+	defer cancel()
+	if p != nil {
+		if err := p.Ping(cctx); err != nil {
+			return err
+		}
+	}
+	if m != nil {
+		return m.Mount(cctx)
+	}
+	return nil
+}
+
+// segmentName is the segment's name as the backend reports it once mounted (a Mooncake
+// client's "host:port"), else the configured one.
+func (d *Daemon) segmentName() string {
+	if n, ok := d.backend.Pool.(interface{ SegmentName() string }); ok {
+		if name := n.SegmentName(); name != "" {
+			return name
+		}
+	}
+	return d.backend.Info.Segment
+}
+
+// unmount removes this host's segment from the pool on shutdown.
+func (d *Daemon) unmount(ctx context.Context) error {
+	m, ok := d.backend.Pool.(Mounter)
+	if !ok {
+		return nil
+	}
+	mounted, _, _, _ := d.bstate.get()
+	if !mounted {
+		return nil
+	}
+	name := d.segmentName()
+	if err := m.Unmount(ctx); err != nil {
+		return fmt.Errorf("unmount segment %s: %w", name, err)
+	}
+	d.bstate.set(false, false, "shut down")
+	d.log.Info("segment unmounted", "segment", name)
+	return nil
+}
+
+func (d *Daemon) closeBackend() error {
+	if c, ok := d.backend.Pool.(interface{ Close() error }); ok {
+		return c.Close()
+	}
+	return nil
+}
+
+// BackendStatus returns the "backend" object of /v1/stats.
+func (d *Daemon) BackendStatus(ctx context.Context) BackendStatusJSON {
+	mounted, reachable, reason, mounts := d.bstate.get()
+	out := BackendStatusJSON{BackendInfo: d.backend.Info, SegmentMounted: mounted, MasterReachable: reachable,
+		UnreadyReason: reason, Mounts: mounts, PoolCallFailures: d.guard.failures()}
+	out.Segment = d.segmentName()
+	if s, ok := d.backend.Pool.(interface {
+		SegmentServerStats() transfer.ServerStats
+	}); ok {
+		st := s.SegmentServerStats()
+		out.SegmentServed = &SegmentServedJSON{PeerReads: st.Reads, PeerWrites: st.Writes, BytesRead: st.BytesRead, BytesWritten: st.BytesWritten}
+	}
+	if r, ok := d.backend.Pool.(interface{ Remounts() int64 }); ok {
+		out.SegmentRemounts = r.Remounts()
+	}
+	if reason == "" && !d.ready.Load() {
+		out.UnreadyReason = "not serving"
+		if d.draining.Load() {
+			out.UnreadyReason = "shutting down"
+		}
+	}
+	if reachable {
+		cctx, cancel := context.WithTimeout(ctx, d.cfg.PoolTimeout)
+		defer cancel()
+		if segs, err := d.pool.Segments(cctx); err == nil {
+			out.ClusterSegments = len(segs)
+			for _, s := range segs {
+				out.ClusterCapacityBytes += s.Capacity
+				out.ClusterUsedBytes += s.Used
+			}
+		} else if !errors.Is(err, context.Canceled) {
+			d.log.Debug("segments", "err", err)
+		}
+	}
+	return out
+}

@@ -1,0 +1,144 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvctl/kvctl/mooncake"
+)
+
+// guardedPool is the pool as the connectors see it: every call carries the daemon's pool
+// timeout, and what failed is counted. An existence probe that outlives the timeout is also
+// abandoned (it holds no caller buffer), so a lookup answers miss on time even from a pool that
+// ignores its context; puts and gets read or fill the caller's buffers and so are only ever cut
+// off through their context.
+type guardedPool struct {
+	mooncake.Pool
+	timeout time.Duration
+
+	timeouts, lookupKeys, droppedPages, loadPages atomic.Int64
+	m                                             guardMetrics
+}
+
+type guardMetrics struct {
+	timeouts *prometheus.CounterVec
+	failed   *prometheus.CounterVec
+}
+
+// Metric names of the pool guard. They are a contract (pinned in tests).
+const (
+	metricPoolTimeouts   = "kvctl_pool_call_timeouts_total"
+	metricPoolFailedKeys = "kvctl_pool_failed_keys_total"
+)
+
+func newGuardedPool(p mooncake.Pool, timeout time.Duration, reg prometheus.Registerer) *guardedPool {
+	g := &guardedPool{Pool: p, timeout: timeout}
+	g.m.timeouts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPoolTimeouts,
+		Help: "Pool calls cut off at the pool timeout, by operation."}, []string{"op"})
+	g.m.failed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPoolFailedKeys,
+		Help: "Keys a pool call failed for, by operation: exist answered as a miss, put dropped, get restarted."}, []string{"op"})
+	reg.MustRegister(g.m.timeouts, g.m.failed)
+	return g
+}
+
+func (g *guardedPool) failures() PoolFailuresJSON {
+	if g == nil {
+		return PoolFailuresJSON{}
+	}
+	return PoolFailuresJSON{Timeouts: g.timeouts.Load(), LookupKeys: g.lookupKeys.Load(),
+		DroppedSavePages: g.droppedPages.Load(), LoadPages: g.loadPages.Load()}
+}
+
+func (g *guardedPool) timedOut(op string, ctx context.Context) {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		g.timeouts.Add(1)
+		g.m.timeouts.WithLabelValues(op).Inc()
+	}
+}
+
+func (g *guardedPool) failed(op string, ctr *atomic.Int64, n int) {
+	if n > 0 {
+		ctr.Add(int64(n))
+		g.m.failed.WithLabelValues(op).Add(float64(n))
+	}
+}
+
+// BatchIsExist probes within the timeout; past it every key answers ErrRPCFail.
+func (g *guardedPool) BatchIsExist(ctx context.Context, keys []string) []int {
+	ctx, cancel := context.WithTimeout(ctx, g.timeout)
+	defer cancel()
+	done := make(chan []int, 1)
+	go func() { done <- g.Pool.BatchIsExist(ctx, keys) }()
+	var out []int
+	select {
+	case out = <-done:
+	case <-ctx.Done():
+		out = make([]int, len(keys))
+		for i := range out {
+			out[i] = int(mooncake.ErrRPCFail)
+		}
+	}
+	g.timedOut("exist", ctx)
+	bad := 0
+	for _, v := range out {
+		if v < 0 {
+			bad++
+		}
+	}
+	if len(out) != len(keys) {
+		bad = len(keys)
+	}
+	g.failed("exist", &g.lookupKeys, bad)
+	return out
+}
+
+// BatchPut stores within the timeout and counts the pages it dropped.
+func (g *guardedPool) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg mooncake.ReplicateConfig) []mooncake.Code {
+	ctx, cancel := context.WithTimeout(ctx, g.timeout)
+	defer cancel()
+	out := g.Pool.BatchPut(ctx, keys, bufs, cfg)
+	g.timedOut("put", ctx)
+	bad := 0
+	for _, c := range out {
+		if c < 0 && c != mooncake.ErrObjectAlreadyExists {
+			bad++
+		}
+	}
+	if len(out) != len(keys) {
+		bad = len(keys)
+	}
+	g.failed("put", &g.droppedPages, bad)
+	return out
+}
+
+// BatchGet loads within the timeout and counts the pages it did not get.
+func (g *guardedPool) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []int64 {
+	ctx, cancel := context.WithTimeout(ctx, g.timeout)
+	defer cancel()
+	out := g.Pool.BatchGet(ctx, keys, bufs)
+	g.timedOut("get", ctx)
+	bad := 0
+	for _, n := range out {
+		if n < 0 {
+			bad++
+		}
+	}
+	if len(out) != len(keys) {
+		bad = len(keys)
+	}
+	g.failed("get", &g.loadPages, bad)
+	return out
+}
+
+// Remove deletes within the timeout.
+func (g *guardedPool) Remove(ctx context.Context, key string, force bool) mooncake.Code {
+	ctx, cancel := context.WithTimeout(ctx, g.timeout)
+	defer cancel()
+	c := g.Pool.Remove(ctx, key, force)
+	g.timedOut("remove", ctx)
+	return c
+}

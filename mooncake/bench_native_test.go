@@ -1,0 +1,109 @@
+package mooncake_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/mooncake/mooncaketest"
+)
+
+// benchSegment is the memory the page-holding process of each pair contributes.
+const benchSegment = 512 << 20
+
+// BenchmarkInterop measures kvctl's Native client against Mooncake's own Python client on the
+// same real master in the same run. Each pair is two processes: one holds the segment (a
+// kvctl helper process / a Python client) and the other, the one timed, has none, so every
+// put and get crosses the Transfer Engine over loopback. The Python rows time the loop inside
+// the Python process (reported as inproc-ns/op; ns/op adds one driver round trip per run).
+//
+//	go test -run '^$' -bench BenchmarkInterop -benchtime 200x ./mooncake/
+func BenchmarkInterop(b *testing.B) {
+	m := mooncaketest.StartMaster(b, mooncaketest.MasterOptions{})
+	startHelper(b, m, "bench-holder", 0, 0, benchSegment)
+	kv := newNative(b, m, 0)
+	pyHolder := mooncaketest.StartClient(b, m, mooncaketest.ClientOptions{SegmentSize: benchSegment})
+	py := mooncaketest.StartClient(b, m, mooncaketest.ClientOptions{LocalBufferSize: 64 << 20})
+	_ = pyHolder
+	ctx := context.Background()
+	run := 0
+	for _, size := range []int{64 << 10, 1 << 20} {
+		name := fmt.Sprintf("%dKiB", size>>10)
+		// Pages stay in the pool for the get rows; a run never stores more than the segment.
+		n := func(b *testing.B) int {
+			if b.N*size > benchSegment/2 {
+				b.Fatalf("%d pages of %d bytes do not fit the %d-byte segment: use a smaller -benchtime", b.N, size, benchSegment)
+			}
+			return b.N
+		}
+		run++
+		kvPrefix := fmt.Sprintf("kv/%d/%d", run, size)
+		pyPrefix := fmt.Sprintf("py/%d/%d", run, size)
+		var kvPut, pyPut int
+		b.Run("put/"+name+"/kvctl", func(b *testing.B) {
+			page := interopPage(kvPrefix, size)
+			kvPut = n(b)
+			b.SetBytes(int64(size))
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if c := kv.BatchPut(ctx, []string{fmt.Sprintf("%s/%d/%d", kvPrefix, b.N, i)}, [][]byte{page}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
+					b.Fatalf("put = %v", c[0])
+				}
+			}
+			kvPrefix = fmt.Sprintf("%s/%d", kvPrefix, b.N)
+		})
+		b.Run("put/"+name+"/python", func(b *testing.B) {
+			pyPut = n(b)
+			b.SetBytes(int64(size))
+			b.ResetTimer()
+			d := py.BenchPut(fmt.Sprintf("%s/%d", pyPrefix, b.N), size, b.N)
+			b.ReportMetric(float64(d.Nanoseconds())/float64(b.N), "inproc-ns/op")
+			pyPrefix = fmt.Sprintf("%s/%d", pyPrefix, b.N)
+		})
+		b.Run("get/"+name+"/kvctl", func(b *testing.B) {
+			dst := make([]byte, size)
+			b.SetBytes(int64(size))
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				key := fmt.Sprintf("%s/%d", kvPrefix, i%kvPut)
+				if got := kv.BatchGet(ctx, []string{key}, [][]byte{dst}); got[0] != int64(size) {
+					b.Fatalf("get %s = %d", key, got[0])
+				}
+			}
+		})
+		b.Run("get/"+name+"/python", func(b *testing.B) {
+			if b.N > pyPut {
+				b.Skipf("only %d pages stored", pyPut)
+			}
+			b.SetBytes(int64(size))
+			b.ResetTimer()
+			d := py.BenchGet(pyPrefix, size, b.N)
+			b.ReportMetric(float64(d.Nanoseconds())/float64(b.N), "inproc-ns/op")
+		})
+	}
+	// BatchExistKey of 3,000 keys, half of them present.
+	keys := make([]string, 3000)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("exist/%d", i)
+	}
+	py.BenchPut("exist", 64, 1500)
+	// Two rounds, in both orders, so neither client always finds the leases the other
+	// just granted.
+	kvExist := func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			res := kv.BatchIsExist(ctx, keys)
+			if res[0] != 1 || res[2999] != 0 {
+				b.Fatalf("BatchIsExist = %d .. %d", res[0], res[2999])
+			}
+		}
+	}
+	pyExist := func(b *testing.B) {
+		d := py.BenchExist(keys, b.N)
+		b.ReportMetric(float64(d.Nanoseconds())/float64(b.N), "inproc-ns/op")
+	}
+	b.Run("batch_exist/3000/kvctl", kvExist)
+	b.Run("batch_exist/3000/python", pyExist)
+	b.Run("batch_exist/3000/python-again", pyExist)
+	b.Run("batch_exist/3000/kvctl-again", kvExist)
+}

@@ -1,0 +1,462 @@
+package masterrpc
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+)
+
+// ProtocolVersion is the store protocol version kvctl speaks: what the master's ServiceReady
+// returns in MooncakeRelease. Mooncake's own client refuses a master that answers anything
+// else, and so does kvctl.
+const ProtocolVersion = "2.0.0"
+
+// MooncakeRelease is the Mooncake release whose master kvctl is proven against.
+const MooncakeRelease = "0.3.13.post1"
+
+var (
+	// ErrProtocol reports a master whose framing or message types kvctl does not know.
+	ErrProtocol = errors.New("mooncake master protocol mismatch")
+	// ErrUnavailable reports a master that cannot be reached or dropped the connection.
+	ErrUnavailable = errors.New("mooncake master unreachable")
+	// ErrClosed reports a call on a closed Client.
+	ErrClosed = errors.New("master client closed")
+)
+
+// VersionError reports a master that answered ServiceReady with another store protocol
+// version.
+type VersionError struct {
+	Addr   string
+	Master string
+}
+
+func (e *VersionError) Error() string {
+	return fmt.Sprintf("mooncake master at %s speaks store protocol %q; kvctl speaks %q (Mooncake %s)",
+		e.Addr, e.Master, ProtocolVersion, MooncakeRelease)
+}
+
+// Unwrap makes a VersionError an ErrProtocol.
+func (e *VersionError) Unwrap() error { return ErrProtocol }
+
+// CodeError is an error code the master returned for a call (a Mooncake ErrorCode).
+type CodeError struct {
+	Method string
+	Code   int32
+}
+
+func (e *CodeError) Error() string {
+	return fmt.Sprintf("mooncake master %s: error code %d", e.Method, e.Code)
+}
+
+// Options configure a Client.
+type Options struct {
+	// Addr is the master's RPC address, host:port (mooncake_master --rpc_port).
+	Addr string
+	// CallTimeout bounds a call whose context has no deadline; 10 s when zero.
+	CallTimeout time.Duration
+	// DialTimeout bounds connecting and the ServiceReady handshake; 5 s when zero.
+	DialTimeout time.Duration
+	// MinBackoff and MaxBackoff bound the wait between failed connection attempts, which
+	// doubles from MinBackoff (50 ms) to MaxBackoff (2 s). Calls made while waiting fail at
+	// once with ErrUnavailable instead of queueing behind a dead master.
+	MinBackoff time.Duration
+	MaxBackoff time.Duration
+}
+
+// Client is a coro_rpc client of mooncake_master over one TCP connection. Calls from many
+// goroutines share the connection: each request carries its own sequence number and
+// responses are matched to callers by it, so a slow call does not hold the others. When the
+// connection breaks, calls in flight fail with ErrUnavailable and the next call reconnects
+// (after a backoff) and repeats the version handshake. Client is safe for concurrent use.
+type Client struct {
+	opts Options
+
+	mu       sync.Mutex
+	conn     *conn
+	dialing  chan struct{}
+	nextDial time.Time
+	backoff  time.Duration
+	lastErr  error
+	gen      uint64
+	closed   bool
+}
+
+type result struct {
+	body []byte
+	err  error
+}
+
+type conn struct {
+	nc   net.Conn
+	rd   *bufio.Reader // read only by the holder of rsem (or the handshake before sharing)
+	addr string
+	// rsem is held by the one caller that reads responses off the connection; it hands each
+	// other caller's response to that caller's channel and gives the role up once its own
+	// has arrived. A lone caller so reads its own response, with no hand-off between
+	// goroutines.
+	rsem chan struct{}
+
+	wmu sync.Mutex
+
+	mu      sync.Mutex
+	seq     uint32
+	pending map[uint32]chan result
+	err     error
+}
+
+// Dial connects to the master at opts.Addr and checks that it speaks ProtocolVersion. A
+// master of another version is a *VersionError; a peer that is not a Mooncake master is an
+// ErrProtocol error; an unreachable one ErrUnavailable.
+func Dial(ctx context.Context, opts Options) (*Client, error) {
+	c := New(opts)
+	if _, err := c.get(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// New returns a Client that connects on its first call.
+func New(opts Options) *Client {
+	if opts.CallTimeout <= 0 {
+		opts.CallTimeout = 10 * time.Second
+	}
+	if opts.DialTimeout <= 0 {
+		opts.DialTimeout = 5 * time.Second
+	}
+	if opts.MinBackoff <= 0 {
+		opts.MinBackoff = 50 * time.Millisecond
+	}
+	if opts.MaxBackoff < opts.MinBackoff {
+		opts.MaxBackoff = max(2*time.Second, opts.MinBackoff)
+	}
+	return &Client{opts: opts}
+}
+
+// Addr returns the master address the client talks to.
+func (c *Client) Addr() string { return c.opts.Addr }
+
+// Generation counts the connections the client has made; it changes after a reconnect, when
+// a segment owner must check that its segments are still mounted.
+func (c *Client) Generation() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gen
+}
+
+// Close closes the connection; calls in flight fail with ErrClosed.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	cn := c.conn
+	c.conn = nil
+	c.mu.Unlock()
+	if cn != nil {
+		cn.fail(ErrClosed)
+	}
+	return nil
+}
+
+func (c *Client) get(ctx context.Context) (*conn, error) {
+	for {
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return nil, ErrClosed
+		}
+		if c.conn != nil {
+			cn := c.conn
+			c.mu.Unlock()
+			return cn, nil
+		}
+		if ch := c.dialing; ch != nil {
+			c.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, c.opts.Addr, ctx.Err())
+			}
+		}
+		if wait := time.Until(c.nextDial); wait > 0 {
+			last := c.lastErr
+			c.mu.Unlock()
+			return nil, fmt.Errorf("%w: %s (next attempt in %v): %w", ErrUnavailable, c.opts.Addr, wait.Round(time.Millisecond), last)
+		}
+		ch := make(chan struct{})
+		c.dialing = ch
+		c.mu.Unlock()
+
+		cn, err := c.dial(ctx)
+
+		c.mu.Lock()
+		c.dialing = nil
+		close(ch)
+		if err != nil {
+			c.lastErr = err
+			c.backoff = min(max(2*c.backoff, c.opts.MinBackoff), c.opts.MaxBackoff)
+			c.nextDial = time.Now().Add(c.backoff)
+			c.mu.Unlock()
+			return nil, err
+		}
+		if c.closed {
+			c.mu.Unlock()
+			cn.fail(ErrClosed)
+			return nil, ErrClosed
+		}
+		c.conn = cn
+		c.backoff = 0
+		c.gen++
+		c.mu.Unlock()
+		return cn, nil
+	}
+}
+
+func (c *Client) dial(ctx context.Context) (*conn, error) {
+	dctx, cancel := context.WithTimeout(ctx, c.opts.DialTimeout)
+	defer cancel()
+	var d net.Dialer
+	nc, err := d.DialContext(dctx, "tcp", c.opts.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	cn := &conn{nc: nc, rd: bufio.NewReaderSize(nc, 64<<10), addr: c.opts.Addr, rsem: make(chan struct{}, 1), pending: map[uint32]chan result{}}
+	// The handshake runs before the connection is shared: read its one response inline.
+	if dl, ok := dctx.Deadline(); ok {
+		_ = nc.SetDeadline(dl)
+	}
+	body, err := cn.roundTripSync("ServiceReady", nil)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		err = fmt.Errorf("%w: %s accepted the connection but did not answer ServiceReady within %v (is it the master's --rpc_port?): %w",
+			ErrUnavailable, c.opts.Addr, c.opts.DialTimeout, err)
+	}
+	if err == nil {
+		var version string
+		var code int32
+		version, code, err = decodeString(body)
+		switch {
+		case err != nil:
+			err = fmt.Errorf("%w: mooncake master at %s answered ServiceReady with a body kvctl cannot read (%w); kvctl speaks store protocol %q (Mooncake %s)",
+				ErrProtocol, c.opts.Addr, err, ProtocolVersion, MooncakeRelease)
+		case code != 0:
+			err = fmt.Errorf("%w: %s: master not ready: %w", ErrUnavailable, c.opts.Addr, &CodeError{Method: "ServiceReady", Code: code})
+		case version != ProtocolVersion:
+			err = &VersionError{Addr: c.opts.Addr, Master: version}
+		}
+	}
+	if err != nil {
+		_ = nc.Close()
+		return nil, err
+	}
+	_ = nc.SetDeadline(time.Time{})
+	return cn, nil
+}
+
+// roundTripSync sends one request and reads its response on a connection no one else uses.
+func (cn *conn) roundTripSync(method string, body []byte) ([]byte, error) {
+	msg := appendRequestHeader(nil, 0, functionID(method), len(body))
+	if _, err := cn.nc.Write(append(msg, body...)); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, cn.addr, err)
+	}
+	cn.seq = 1
+	h, resp, err := readResponse(cn.rd)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %s: %w", method, cn.addr, err)
+	}
+	if h.Seq != 0 {
+		return nil, fmt.Errorf("%w: %s: response sequence %d to request 0", ErrProtocol, cn.addr, h.Seq)
+	}
+	if h.ErrCode != 0 {
+		return nil, rpcError(cn.addr, h.ErrCode, resp)
+	}
+	return resp, nil
+}
+
+func rpcError(addr string, code uint8, body []byte) error {
+	msg := body
+	if len(msg) > 200 {
+		msg = msg[:200]
+	}
+	return fmt.Errorf("%w: master at %s refused the call with coro_rpc error %d: %q (kvctl speaks Mooncake %s)",
+		ErrProtocol, addr, code, msg, MooncakeRelease)
+}
+
+func readResponse(r io.Reader) (respHeader, []byte, error) {
+	var hb [respHeaderLen]byte
+	if _, err := io.ReadFull(r, hb[:]); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+			return respHeader{}, nil, fmt.Errorf("%w: connection closed", ErrUnavailable)
+		}
+		return respHeader{}, nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	h, err := parseRespHeader(hb[:])
+	if err != nil {
+		return h, nil, err
+	}
+	body := make([]byte, int(h.Length)+int(h.AttachLen))
+	if _, err := io.ReadFull(r, body); err != nil {
+		return h, nil, fmt.Errorf("%w: reading a %d-byte response: %w", ErrUnavailable, len(body), err)
+	}
+	return h, body[:h.Length], nil
+}
+
+// broken drops cn after a read or write error: every call waiting on it fails and the next
+// call reconnects.
+func (c *Client) broken(cn *conn, err error) {
+	cn.fail(err)
+	c.mu.Lock()
+	if c.conn == cn {
+		c.conn = nil
+		c.lastErr = err
+	}
+	c.mu.Unlock()
+}
+
+// readFor reads responses as the connection's reader until the one for ch arrives or ctx ends,
+// delivering the others to their callers. It reports whether it returned ch's result.
+func (c *Client) readFor(ctx context.Context, cn *conn, ch chan result) (result, bool) {
+	for {
+		select {
+		case r := <-ch: // delivered before this caller became the reader
+			return r, true
+		default:
+		}
+		// Wait for the next response no longer than this call may: a timeout before any byte
+		// of it arrived leaves the stream intact for the next reader.
+		dl, _ := ctx.Deadline()
+		_ = cn.nc.SetReadDeadline(dl)
+		if _, err := cn.rd.Peek(1); err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				return result{}, false
+			}
+			c.broken(cn, fmt.Errorf("%w: %s: %w", ErrUnavailable, cn.addr, err))
+			return <-ch, true
+		}
+		// A response has started: read it whole, bounded by the call timeout however the
+		// caller's context ends, since a frame cut in the middle would leave the stream
+		// unusable.
+		_ = cn.nc.SetReadDeadline(time.Now().Add(c.opts.CallTimeout))
+		h, body, err := readResponse(cn.rd)
+		if err != nil {
+			c.broken(cn, err)
+			return <-ch, true
+		}
+		cn.mu.Lock()
+		dst, ok := cn.pending[h.Seq]
+		delete(cn.pending, h.Seq)
+		cn.mu.Unlock()
+		if !ok {
+			continue // its caller gave up (timeout); drop the late response
+		}
+		r := result{body: body}
+		if h.ErrCode != 0 {
+			r = result{err: rpcError(cn.addr, h.ErrCode, body)}
+		}
+		if dst == ch {
+			return r, true
+		}
+		dst <- r
+	}
+}
+
+// fail closes the connection and fails every call waiting on it.
+func (cn *conn) fail(err error) {
+	cn.mu.Lock()
+	if cn.err == nil {
+		cn.err = err
+	}
+	pending := cn.pending
+	cn.pending = map[uint32]chan result{}
+	cn.mu.Unlock()
+	_ = cn.nc.Close()
+	for _, ch := range pending {
+		ch <- result{err: err}
+	}
+}
+
+// call sends one request and waits for its response body.
+func (c *Client) call(ctx context.Context, method string, body []byte) ([]byte, error) {
+	if len(body) > maxRequestBody {
+		return nil, fmt.Errorf("%s: request of %d bytes, above the %d-byte bound", method, len(body), maxRequestBody)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.opts.CallTimeout)
+		defer cancel()
+	}
+	cn, err := c.get(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", method, err)
+	}
+	ch := make(chan result, 1)
+	cn.mu.Lock()
+	if cn.err != nil {
+		err := cn.err
+		cn.mu.Unlock()
+		return nil, fmt.Errorf("%s: %w", method, err)
+	}
+	seq := cn.seq
+	cn.seq++
+	cn.pending[seq] = ch
+	cn.mu.Unlock()
+
+	msg := appendRequestHeader(make([]byte, 0, reqHeaderLen+len(body)), seq, functionID(method), len(body))
+	msg = append(msg, body...)
+	cn.wmu.Lock()
+	if err := ctx.Err(); err != nil {
+		cn.wmu.Unlock()
+		cn.mu.Lock()
+		delete(cn.pending, seq)
+		cn.mu.Unlock()
+		return nil, fmt.Errorf("%s: %w: %s: %w", method, ErrUnavailable, cn.addr, err)
+	}
+	// A write cut short would leave the stream unusable for every caller, so it is bounded
+	// by the call timeout, not by this caller's deadline.
+	_ = cn.nc.SetWriteDeadline(time.Now().Add(c.opts.CallTimeout))
+	_, werr := cn.nc.Write(msg)
+	cn.wmu.Unlock()
+	if werr != nil {
+		// A partial write leaves the stream unusable for everyone.
+		err := fmt.Errorf("%w: %s: %w", ErrUnavailable, cn.addr, werr)
+		c.broken(cn, err)
+		return nil, fmt.Errorf("%s: %w", method, err)
+	}
+	for {
+		var r result
+		var got bool
+		select {
+		case r = <-ch:
+			got = true
+		case cn.rsem <- struct{}{}:
+			r, got = c.readFor(ctx, cn, ch)
+			<-cn.rsem
+		case <-ctx.Done():
+		}
+		if got {
+			if r.err != nil {
+				return nil, fmt.Errorf("%s: %w", method, r.err)
+			}
+			return r.body, nil
+		}
+		if ctx.Err() != nil {
+			cn.mu.Lock()
+			_, waiting := cn.pending[seq]
+			delete(cn.pending, seq)
+			cn.mu.Unlock()
+			if !waiting {
+				// Answered (or failed) while giving up: the result is in ch.
+				if r = <-ch; r.err != nil {
+					return nil, fmt.Errorf("%s: %w", method, r.err)
+				}
+				return r.body, nil
+			}
+			return nil, fmt.Errorf("%s: %w: no answer from %s: %w", method, ErrUnavailable, cn.addr, ctx.Err())
+		}
+	}
+}

@@ -1,0 +1,714 @@
+package mooncake
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvctl/kvctl/mooncake/masterrpc"
+	"github.com/kvctl/kvctl/mooncake/transfer"
+)
+
+// NativeOptions configure a Native pool client.
+type NativeOptions struct {
+	// MasterAddr is the master's RPC address, host:port (mooncake_master --rpc_port).
+	MasterAddr string
+	// MetadataURL is the HTTP metadata server where segments are published and resolved,
+	// "http://host:port/metadata" (mooncake_master --enable_http_metadata_server).
+	MetadataURL string
+	// AdminURL is the master's HTTP admin/metrics address ("http://host:9003"). It is
+	// optional: with it Segments lists every segment of the pool and Stats reports the pool's
+	// object count and occupancy; without it both cover only this client's own segment.
+	AdminURL string
+	// SegmentSize is the memory this client contributes to the pool and serves to peers over
+	// the Transfer Engine; 0 contributes none (the client only reads and writes others').
+	SegmentSize int64
+	// Host is the address peers reach this client's segment at; 127.0.0.1 when empty. It
+	// also names the segment, "host:port", as Mooncake's TCP clients do.
+	Host string
+	// DataAddr is where the Transfer Engine server listens; Host with a free port when empty.
+	DataAddr string
+	// Tenant is the Mooncake tenant of every key; "default" when empty.
+	Tenant string
+	// CallTimeout bounds each master call and each transfer whose context has no deadline
+	// (10 s when zero).
+	CallTimeout time.Duration
+	// Heartbeat is how often a segment owner pings the master (1 s when zero, as Mooncake's
+	// client). The master unmounts a segment whose owner is silent for its --client_ttl.
+	Heartbeat time.Duration
+	// Transfers bounds the Transfer Engine transfers one batch runs at once (8 when zero).
+	Transfers int
+	// Logger receives heartbeat and remount events; nil discards them.
+	Logger *slog.Logger
+}
+
+// Native is a Mooncake store client in Go: it speaks the master's RPC protocol for
+// metadata and the Transfer Engine's TCP protocol for bytes, mounts an optional segment of its
+// own and serves it to peers (other kvctl processes or Mooncake's own clients). It implements
+// Pool; pages are stored exactly as given, with no envelope, so Mooncake's own client reads
+// what Native writes and the other way round.
+//
+// A put is BatchPutStart (the master allocates replicas), Transfer Engine WRITEs into them,
+// then BatchPutEnd; a failed write is revoked, so a reader never sees a half-written page.
+// Native is safe for concurrent use.
+type Native struct {
+	opts   NativeOptions
+	rpc    *masterrpc.Client
+	meta   *transfer.MetadataClient
+	te     *transfer.Client
+	srv    *transfer.Server
+	admin  *AdminClient
+	log    *slog.Logger
+	client masterrpc.UUID
+
+	seg     masterrpc.Segment
+	mounted bool
+
+	epMu      sync.Mutex
+	endpoints map[string]string // segment name → TE data address
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+	once sync.Once
+
+	remounts atomic.Int64
+	stats    nativeStats
+}
+
+type nativeStats struct {
+	hits, misses, puts, skipped, putFailures atomic.Int64
+	bytesIn, bytesOut, existProbes           atomic.Int64
+}
+
+// segmentBase is where Native places its segment in the absolute address space peers use.
+// Peers only ever see addresses the master hands out inside [base, base+size); a per-process
+// random base keeps an address meant for one segment from being valid in another.
+func segmentBase() uint64 {
+	var b [2]byte
+	_, _ = rand.Read(b[:])
+	return 0x1000_0000_0000 + uint64(binary.LittleEndian.Uint16(b[:])&0x0fff)<<32
+}
+
+func newUUID() masterrpc.UUID {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return masterrpc.UUID{binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])}
+}
+
+// NewNative connects to the master, checks its protocol version, and when SegmentSize > 0
+// starts the Transfer Engine server, publishes the segment on the metadata server and mounts
+// it. An unreachable master is an error wrapping masterrpc.ErrUnavailable; a master of
+// another version one wrapping masterrpc.ErrProtocol.
+func NewNative(ctx context.Context, opts NativeOptions) (*Native, error) {
+	if opts.MasterAddr == "" {
+		return nil, errors.New("mooncake native: no master RPC address")
+	}
+	if opts.MetadataURL == "" {
+		return nil, errors.New("mooncake native: no metadata server URL")
+	}
+	if opts.SegmentSize < 0 {
+		return nil, fmt.Errorf("mooncake native: segment size %d is negative", opts.SegmentSize)
+	}
+	if opts.Host == "" {
+		opts.Host = "127.0.0.1"
+	}
+	if opts.Tenant == "" {
+		opts.Tenant = masterrpc.DefaultTenant
+	}
+	if opts.CallTimeout <= 0 {
+		opts.CallTimeout = 10 * time.Second
+	}
+	if opts.Heartbeat <= 0 {
+		opts.Heartbeat = time.Second
+	}
+	if opts.Transfers <= 0 {
+		opts.Transfers = 8
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	meta, err := transfer.NewMetadataClient(opts.MetadataURL, transfer.MetadataOptions{Timeout: opts.CallTimeout})
+	if err != nil {
+		return nil, err
+	}
+	n := &Native{
+		opts:      opts,
+		meta:      meta,
+		te:        transfer.NewClient(transfer.ClientOptions{Timeout: opts.CallTimeout}),
+		log:       log,
+		client:    newUUID(),
+		endpoints: map[string]string{},
+		stop:      make(chan struct{}),
+	}
+	if opts.AdminURL != "" {
+		if n.admin, err = NewAdminClient(opts.AdminURL, nil); err != nil {
+			return nil, err
+		}
+	}
+	n.rpc, err = masterrpc.Dial(ctx, masterrpc.Options{Addr: opts.MasterAddr, CallTimeout: opts.CallTimeout})
+	if err != nil {
+		return nil, fmt.Errorf("mooncake native: %w", err)
+	}
+	if _, err := n.rpc.GetStorageConfig(ctx); err != nil {
+		_ = n.rpc.Close()
+		return nil, fmt.Errorf("mooncake native: %w", err)
+	}
+	if opts.SegmentSize > 0 {
+		if err := n.mount(ctx); err != nil {
+			n.shutdown(ctx)
+			return nil, err
+		}
+		n.wg.Add(1)
+		go n.heartbeat()
+	}
+	return n, nil
+}
+
+func (n *Native) mount(ctx context.Context) error {
+	addr := n.opts.DataAddr
+	if addr == "" {
+		addr = net.JoinHostPort(n.opts.Host, "0")
+	}
+	srv, err := transfer.NewServer(transfer.ServerOptions{Addr: addr, Logger: n.opts.Logger})
+	if err != nil {
+		return fmt.Errorf("mooncake native: transfer engine server: %w", err)
+	}
+	n.srv = srv
+	go func() { _ = srv.Serve() }()
+	mem := make([]byte, n.opts.SegmentSize)
+	base := segmentBase()
+	if err := srv.Register(base, mem); err != nil {
+		return fmt.Errorf("mooncake native: %w", err)
+	}
+	port := srv.Port()
+	name := net.JoinHostPort(n.opts.Host, strconv.Itoa(port))
+	desc := transfer.SegmentDesc{
+		Name:            name,
+		Protocol:        transfer.ProtocolTCP,
+		Buffers:         []transfer.BufferDesc{{Name: "cpu:0", Addr: base, Length: uint64(len(mem))}},
+		TCPDataPort:     port,
+		TCPProtoVersion: 2,
+		Timestamp:       time.Now().Format("2006-01-02 15:04:05.000000"),
+	}
+	if err := n.meta.PublishSegment(ctx, desc, n.opts.Host, port); err != nil {
+		return fmt.Errorf("mooncake native: publishing segment %s: %w", name, err)
+	}
+	n.seg = masterrpc.Segment{ID: newUUID(), Name: name, Base: base, Size: uint64(len(mem)), TEEndpoint: name, Protocol: transfer.ProtocolTCP}
+	if err := n.rpc.MountSegment(ctx, n.seg, n.client); err != nil {
+		_ = n.meta.RemoveSegment(ctx, name)
+		return fmt.Errorf("mooncake native: mounting segment %s: %w", name, err)
+	}
+	n.mounted = true
+	return nil
+}
+
+// heartbeat pings the master and remounts the segment when the master has lost it (after
+// a restart, or after it timed the client out).
+func (n *Native) heartbeat() {
+	defer n.wg.Done()
+	t := time.NewTicker(n.opts.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), n.opts.CallTimeout)
+		p, err := n.rpc.Ping(ctx, n.client)
+		if err == nil && p.ClientStatus != masterrpc.ClientOK {
+			err = n.rpc.ReMountSegment(ctx, []masterrpc.Segment{n.seg}, n.client)
+			if err == nil {
+				n.remounts.Add(1)
+				n.log.Info("mooncake segment remounted", "segment", n.seg.Name, "master", n.opts.MasterAddr)
+			}
+		}
+		cancel()
+		if err != nil {
+			n.log.Warn("mooncake heartbeat failed", "master", n.opts.MasterAddr, "err", err)
+		}
+	}
+}
+
+// SegmentName returns the name of this client's mounted segment ("" when it has none).
+func (n *Native) SegmentName() string { return n.seg.Name }
+
+// Remounts counts the times the segment was mounted again after the master lost it.
+func (n *Native) Remounts() int64 { return n.remounts.Load() }
+
+// Close unmounts the segment (the master drops the objects stored in it), removes its
+// metadata and stops serving it. It is safe to call more than once.
+func (n *Native) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), n.opts.CallTimeout)
+	defer cancel()
+	n.shutdown(ctx)
+	return nil
+}
+
+func (n *Native) shutdown(ctx context.Context) {
+	n.once.Do(func() {
+		close(n.stop)
+		n.wg.Wait()
+		if n.mounted {
+			if err := n.rpc.UnmountSegment(ctx, n.seg.ID, n.client); err != nil {
+				n.log.Warn("mooncake unmount failed", "segment", n.seg.Name, "err", err)
+			}
+		}
+		if n.seg.Name != "" {
+			_ = n.meta.RemoveSegment(ctx, n.seg.Name)
+		}
+		if n.srv != nil {
+			_ = n.srv.Close()
+		}
+		_ = n.te.Close()
+		_ = n.rpc.Close()
+	})
+}
+
+func (n *Native) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, n.opts.CallTimeout)
+}
+
+// rpcCode maps a failed master call to the Code every key of the batch gets.
+func rpcCode(err error) Code {
+	var ce *masterrpc.CodeError
+	if errors.As(err, &ce) {
+		return Code(ce.Code)
+	}
+	return ErrRPCFail
+}
+
+// BatchIsExist asks the master which keys hold a complete object.
+func (n *Native) BatchIsExist(ctx context.Context, keys []string) []int {
+	out := make([]int, len(keys))
+	if len(keys) == 0 {
+		return out
+	}
+	n.stats.existProbes.Add(int64(len(keys)))
+	ctx, cancel := n.callCtx(ctx)
+	defer cancel()
+	res, err := n.rpc.BatchExistKey(ctx, keys, n.opts.Tenant)
+	if err != nil {
+		n.log.Warn("mooncake BatchExistKey failed", "err", err)
+		for i := range out {
+			out[i] = int(rpcCode(err))
+		}
+		return out
+	}
+	copy(out, res)
+	return out
+}
+
+// config maps kvctl's per-put options onto Mooncake's ReplicateConfig for the given keys'
+// group ids.
+func (n *Native) config(cfg ReplicateConfig, groups []string) masterrpc.ReplicateConfig {
+	rc := masterrpc.ReplicateConfig{ReplicaNum: 1, SoftPinAction: uint8(cfg.SoftPinAction), WithHardPin: cfg.HardPin}
+	if cfg.SoftPinTTL > 0 {
+		rc.HasSoftPinTTL = true
+		rc.SoftPinTTLms = uint64(max(cfg.SoftPinTTL.Milliseconds(), 1))
+	}
+	if groups != nil {
+		rc.HasGroupIDs = true
+		rc.GroupIDs = groups
+	}
+	return rc
+}
+
+// BatchPut stores each buffer under its key: the master allocates the replicas, the bytes go
+// to them over the Transfer Engine (or straight into this client's segment when the master
+// placed them there), and only then does the put end. A key that already exists is OK
+// without a write, as Mooncake's client treats OBJECT_ALREADY_EXISTS.
+func (n *Native) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg ReplicateConfig) []Code {
+	out := make([]Code, len(keys))
+	fail := func(c Code) []Code {
+		for i := range out {
+			out[i] = c
+		}
+		return out
+	}
+	if len(bufs) != len(keys) || (cfg.GroupIDs != nil && len(cfg.GroupIDs) != len(keys)) ||
+		(cfg.SoftPinTTL != 0 && cfg.SoftPinAction != SoftPinEnable) || cfg.SoftPinTTL < 0 || cfg.SoftPinAction > SoftPinDisable {
+		n.stats.putFailures.Add(int64(len(keys)))
+		return fail(ErrInvalidParams)
+	}
+	// One master call per distinct key: a later duplicate in the batch shares the first's
+	// result, as it would have found the key existing.
+	first := make(map[string]int, len(keys))
+	var idx []int
+	for i, k := range keys {
+		switch {
+		case k == "" || len(bufs[i]) == 0:
+			out[i] = ErrInvalidParams
+			n.stats.putFailures.Add(1)
+			continue
+		}
+		if _, dup := first[k]; dup {
+			continue
+		}
+		first[k] = i
+		idx = append(idx, i)
+	}
+	if len(idx) > 0 {
+		n.putUnique(ctx, keys, bufs, cfg, idx, out)
+	}
+	for i, k := range keys {
+		if j, ok := first[k]; ok && j != i {
+			out[i] = out[j]
+			if out[j] == OK {
+				n.stats.skipped.Add(1)
+			}
+		}
+	}
+	return out
+}
+
+func (n *Native) putUnique(ctx context.Context, keys []string, bufs [][]byte, cfg ReplicateConfig, idx []int, out []Code) {
+	ctx, cancel := n.callCtx(ctx)
+	defer cancel()
+	ks := make([]string, len(idx))
+	sizes := make([]uint64, len(idx))
+	var groups []string
+	if cfg.GroupIDs != nil {
+		groups = make([]string, len(idx))
+	}
+	for j, i := range idx {
+		ks[j] = keys[i]
+		sizes[j] = uint64(len(bufs[i]))
+		if groups != nil {
+			groups[j] = cfg.GroupIDs[i]
+		}
+	}
+	started, err := n.rpc.BatchPutStart(ctx, n.client, ks, sizes, n.config(cfg, groups), n.opts.Tenant)
+	if err != nil {
+		n.log.Warn("mooncake BatchPutStart failed", "err", err)
+		for _, i := range idx {
+			out[i] = rpcCode(err)
+		}
+		n.stats.putFailures.Add(int64(len(idx)))
+		return
+	}
+	writeErr := make([]error, len(idx))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, n.opts.Transfers)
+	for j, i := range idx {
+		r := started[j]
+		switch {
+		case r.Code == int32(ErrObjectAlreadyExists):
+			out[i] = OK
+			n.stats.skipped.Add(1)
+			continue
+		case r.Code != 0:
+			out[i] = Code(r.Code)
+			n.stats.putFailures.Add(1)
+			continue
+		case len(r.Replicas) == 0:
+			writeErr[j] = errors.New("master allocated no replica")
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(j int, buf []byte, reps []masterrpc.Replica) {
+			defer func() { <-sem; wg.Done() }()
+			for _, rep := range reps {
+				if err := n.transfer(ctx, rep, buf, true); err != nil {
+					writeErr[j] = err
+					return
+				}
+			}
+		}(j, bufs[i], r.Replicas)
+	}
+	wg.Wait()
+	var endKeys, revokeKeys []string
+	var endIdx, revokeIdx []int
+	for j, i := range idx {
+		if started[j].Code != 0 {
+			continue
+		}
+		if writeErr[j] != nil {
+			n.log.Warn("mooncake put transfer failed; revoking", "key", ks[j], "err", writeErr[j])
+			revokeKeys, revokeIdx = append(revokeKeys, ks[j]), append(revokeIdx, i)
+			continue
+		}
+		endKeys, endIdx = append(endKeys, ks[j]), append(endIdx, i)
+	}
+	if len(revokeKeys) > 0 {
+		if _, err := n.rpc.BatchPutRevoke(ctx, n.client, revokeKeys, n.opts.Tenant); err != nil {
+			// The master discards unfinished puts by itself (put_start_discard_timeout_sec);
+			// the keys never became readable.
+			n.log.Warn("mooncake BatchPutRevoke failed", "err", err)
+		}
+		for _, i := range revokeIdx {
+			out[i] = ErrRPCFail
+		}
+		n.stats.putFailures.Add(int64(len(revokeIdx)))
+	}
+	if len(endKeys) == 0 {
+		return
+	}
+	ends, err := n.rpc.BatchPutEnd(ctx, n.client, endKeys, n.opts.Tenant)
+	for j, i := range endIdx {
+		switch {
+		case err != nil:
+			out[i] = rpcCode(err)
+		case ends[j] != 0:
+			out[i] = Code(ends[j])
+		default:
+			out[i] = OK
+			n.stats.puts.Add(1)
+			n.stats.bytesIn.Add(int64(len(bufs[i])))
+			continue
+		}
+		n.stats.putFailures.Add(1)
+	}
+}
+
+// transfer moves buf to (write) or from (read) one memory replica.
+func (n *Native) transfer(ctx context.Context, rep masterrpc.Replica, buf []byte, write bool) error {
+	if rep.Kind != masterrpc.ReplicaMemory {
+		return fmt.Errorf("replica %d is not in memory (kind %d); kvctl reads and writes memory replicas only", rep.ID, rep.Kind)
+	}
+	if rep.Protocol != transfer.ProtocolTCP {
+		return fmt.Errorf("replica %d in segment %q uses protocol %q; kvctl speaks only tcp", rep.ID, rep.Endpoint, rep.Protocol)
+	}
+	if rep.Size != uint64(len(buf)) {
+		return fmt.Errorf("replica %d holds %d bytes, the page has %d", rep.ID, rep.Size, len(buf))
+	}
+	if n.srv != nil && rep.Endpoint == n.seg.Name {
+		if write {
+			return n.srv.WriteAt(rep.Addr, buf)
+		}
+		return n.srv.ReadAt(rep.Addr, buf)
+	}
+	peer, err := n.resolve(ctx, rep.Endpoint)
+	if err != nil {
+		return err
+	}
+	if write {
+		err = n.te.Write(ctx, peer, rep.Addr, buf)
+	} else {
+		err = n.te.Read(ctx, peer, rep.Addr, buf)
+	}
+	if err != nil {
+		// The peer may have restarted on another port: look it up again next time.
+		n.epMu.Lock()
+		delete(n.endpoints, rep.Endpoint)
+		n.epMu.Unlock()
+	}
+	return err
+}
+
+func (n *Native) resolve(ctx context.Context, segment string) (string, error) {
+	n.epMu.Lock()
+	addr, ok := n.endpoints[segment]
+	n.epMu.Unlock()
+	if ok {
+		return addr, nil
+	}
+	ep, err := n.meta.Resolve(ctx, segment)
+	if err != nil {
+		return "", fmt.Errorf("segment %q: %w", segment, err)
+	}
+	if ep.ProtoVersion < 2 {
+		return "", fmt.Errorf("segment %q speaks Transfer Engine TCP framing v%d; kvctl needs v2", segment, ep.ProtoVersion)
+	}
+	n.epMu.Lock()
+	if len(n.endpoints) > 4096 {
+		clear(n.endpoints)
+	}
+	n.endpoints[segment] = ep.Addr
+	n.epMu.Unlock()
+	return ep.Addr, nil
+}
+
+// BatchGet copies each object into bufs[i] over the Transfer Engine (or from this client's
+// own segment) and returns its length or a negative Code.
+func (n *Native) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []int64 {
+	out := make([]int64, len(keys))
+	if len(keys) == 0 {
+		return out
+	}
+	if len(bufs) != len(keys) {
+		for i := range out {
+			out[i] = int64(ErrInvalidParams)
+		}
+		return out
+	}
+	ctx, cancel := n.callCtx(ctx)
+	defer cancel()
+	lists, err := n.rpc.BatchGetReplicaList(ctx, keys, n.opts.Tenant)
+	if err != nil {
+		n.log.Warn("mooncake BatchGetReplicaList failed", "err", err)
+		for i := range out {
+			out[i] = int64(rpcCode(err))
+		}
+		return out
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, n.opts.Transfers)
+	for i, l := range lists {
+		if l.Code != 0 {
+			out[i] = int64(l.Code)
+			if l.Code == int32(ErrObjectNotFound) {
+				n.stats.misses.Add(1)
+			}
+			continue
+		}
+		rep, ok := readable(l.List.Replicas)
+		switch {
+		case !ok:
+			out[i] = int64(ErrReplicaNotReady)
+			continue
+		case rep.Size > uint64(len(bufs[i])):
+			out[i] = int64(ErrInvalidParams)
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(i int, rep masterrpc.Replica) {
+			defer func() { <-sem; wg.Done() }()
+			dst := bufs[i][:rep.Size]
+			if err := n.transfer(ctx, rep, dst, false); err != nil {
+				n.log.Warn("mooncake get transfer failed", "key", keys[i], "segment", rep.Endpoint, "err", err)
+				out[i] = int64(ErrRPCFail)
+				return
+			}
+			out[i] = int64(rep.Size)
+			n.stats.hits.Add(1)
+			n.stats.bytesOut.Add(int64(rep.Size))
+		}(i, rep)
+	}
+	wg.Wait()
+	return out
+}
+
+// readable picks the first complete memory replica.
+func readable(reps []masterrpc.Replica) (masterrpc.Replica, bool) {
+	for _, r := range reps {
+		if r.Kind == masterrpc.ReplicaMemory && r.Status == masterrpc.ReplicaComplete {
+			return r, true
+		}
+	}
+	return masterrpc.Replica{}, false
+}
+
+// Remove deletes one object through the master.
+func (n *Native) Remove(ctx context.Context, key string, force bool) Code {
+	ctx, cancel := n.callCtx(ctx)
+	defer cancel()
+	code, err := n.rpc.Remove(ctx, key, force, n.opts.Tenant)
+	if err != nil {
+		return rpcCode(err)
+	}
+	return Code(code)
+}
+
+// Segments lists the pool's segments from the master's admin API when AdminURL is set, else
+// this client's own segment (its used bytes unknown, reported as 0).
+func (n *Native) Segments(ctx context.Context) ([]Segment, error) {
+	if n.admin == nil {
+		if n.seg.Name == "" {
+			return nil, nil
+		}
+		return []Segment{{Name: n.seg.Name, Capacity: int64(n.seg.Size)}}, nil
+	}
+	names, err := n.admin.AllSegments(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Segment, 0, len(names))
+	for _, name := range names {
+		s, err := n.admin.QuerySegment(ctx, name)
+		if errors.Is(err, ErrSegmentNotFound) {
+			continue // unmounted between the two calls
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// Stats returns this client's counters and, from Segments and (with AdminURL) the master's
+// metrics, the pool's capacity, occupancy and object count.
+func (n *Native) Stats(ctx context.Context) (Stats, error) {
+	st := Stats{
+		Hits:            n.stats.hits.Load(),
+		Misses:          n.stats.misses.Load(),
+		Puts:            n.stats.puts.Load(),
+		SkippedExisting: n.stats.skipped.Load(),
+		PutFailures:     n.stats.putFailures.Load(),
+		BytesIn:         n.stats.bytesIn.Load(),
+		BytesOut:        n.stats.bytesOut.Load(),
+		ExistProbes:     n.stats.existProbes.Load(),
+	}
+	segs, err := n.Segments(ctx)
+	if err != nil {
+		return st, err
+	}
+	for _, s := range segs {
+		st.CapacityBytes += s.Capacity
+		st.UsedBytes += s.Used
+	}
+	if n.admin != nil {
+		m, err := n.admin.Metrics(ctx)
+		if err != nil {
+			return st, err
+		}
+		if v, ok := m.Value("master_key_count"); ok {
+			st.Objects = int64(v)
+		}
+		if v, ok := m.Value("master_soft_pin_key_count"); ok {
+			st.SoftPinned = int64(v)
+		}
+	}
+	return st, nil
+}
+
+// Fetch reads one object whole, whatever its size, through the data path: ErrObjectNotFound
+// when the pool does not hold it, ErrInvalidParams when it is larger than limit bytes.
+func (n *Native) Fetch(ctx context.Context, key string, limit int64) ([]byte, Code) {
+	ctx, cancel := n.callCtx(ctx)
+	defer cancel()
+	lists, err := n.rpc.BatchGetReplicaList(ctx, []string{key}, n.opts.Tenant)
+	if err != nil {
+		return nil, rpcCode(err)
+	}
+	if lists[0].Code != 0 {
+		return nil, Code(lists[0].Code)
+	}
+	rep, ok := readable(lists[0].List.Replicas)
+	if !ok {
+		return nil, ErrReplicaNotReady
+	}
+	if rep.Size > uint64(limit) {
+		return nil, ErrInvalidParams
+	}
+	buf := make([]byte, rep.Size)
+	if err := n.transfer(ctx, rep, buf, false); err != nil {
+		n.log.Warn("mooncake fetch transfer failed", "key", key, "segment", rep.Endpoint, "err", err)
+		return nil, ErrRPCFail
+	}
+	n.stats.hits.Add(1)
+	n.stats.bytesOut.Add(int64(rep.Size))
+	return buf, OK
+}
+
+// ServiceReady returns the master's store protocol version.
+func (n *Native) ServiceReady(ctx context.Context) (string, error) {
+	ctx, cancel := n.callCtx(ctx)
+	defer cancel()
+	return n.rpc.ServiceReady(ctx)
+}
