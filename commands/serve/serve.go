@@ -312,7 +312,7 @@ func banner(opts *Options, info daemon.Info, inv gpu.Inventory) {
 	}
 	if opts.LogFormat == "json" {
 		// One record, so that every line on stderr is JSON.
-		args := []any{"version", version, "pool_backend", string(info.Backend.Kind), "pool_bytes", info.PoolBytes,
+		args := []any{"version", version, "pool_backend", info.Backend.Kind, "pool_bytes", info.PoolBytes,
 			"gpus", gpus, "socket", info.Socket, "admin", admin, "metrics", metrics}
 		if info.Backend.Kind == daemon.BackendMooncake {
 			args = append(args, "master", info.Backend.Master, "segment", info.Backend.Segment)
