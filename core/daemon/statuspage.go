@@ -233,6 +233,10 @@ var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap
 	"num":   func(n int64) string { return strconv.FormatInt(n, 10) },
 	"f":     func(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) },
 	"ago":   func(t time.Time) string { return time.Since(t).Truncate(time.Second).String() },
+	// barWidth is the occupancy bar's CSS width; its value is a number the page computed.
+	"barWidth": func(pct float64) template.CSS {
+		return template.CSS("width: " + strconv.FormatFloat(min(max(pct, 0), 100), 'f', 1, 64) + "%") //nolint:gosec // a number, not input
+	},
 }).Parse(statusHTML))
 
 const statusHTML = `<!DOCTYPE html>
@@ -278,7 +282,7 @@ svg .grid { stroke: var(--muted); stroke-width: 1; stroke-dasharray: 4 4; opacit
 <div class="grid">
 <section>
 <h2>Pool</h2>
-<div class="bar" title="occupancy"><span style="width: {{pct1 .UsedPct}}"></span></div>
+<div class="bar" title="occupancy"><span id="occupancy-bar" style="{{barWidth .UsedPct}}"></span></div>
 <table>
 <tr><td>used</td><td class="n" id="pool-used" data-value="{{.Stats.Pool.UsedBytes}}">{{bytes .Stats.Pool.UsedBytes}} ({{pct1 .UsedPct}})</td></tr>
 <tr><td>capacity</td><td class="n" id="pool-capacity" data-value="{{.Stats.Pool.CapacityBytes}}">{{bytes .Stats.Pool.CapacityBytes}}</td></tr>

@@ -1,6 +1,7 @@
 package daemon_test
 
 import (
+	"fmt"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -45,6 +46,9 @@ func TestStatusPage(t *testing.T) {
 		if !strings.Contains(page, want) {
 			t.Errorf("status page lacks %s", want)
 		}
+	}
+	if want := fmt.Sprintf(`id="occupancy-bar" style="width: %.1f%%"`, 100*float64(st.Pool.UsedBytes)/float64(st.Pool.CapacityBytes)); !strings.Contains(page, want) {
+		t.Errorf("status page lacks %s", want)
 	}
 	if strings.Contains(strings.ToLower(page), "<script") {
 		t.Error("status page has a script")
