@@ -22,6 +22,8 @@ import (
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/daemon/daemontest"
+	"github.com/kvctl/kvctl/core/engineapi"
+	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/enginesim"
 	"github.com/kvctl/kvctl/mooncake"
 )
@@ -214,8 +216,21 @@ func TestMetricContract(t *testing.T) {
 	}
 
 	replayColdWarm(t, r)
+	// One call that fails, as an engine that lost its registration makes, so that the error
+	// family is part of the contract too.
+	c, err := engineapi.Dial(r.Info.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Lookup(context.Background(), &enginepb.LookupRequest{Engine: "nobody", Request: &enginepb.Request{Id: "x"}}); err == nil {
+		t.Fatal("a lookup by an unregistered engine succeeded")
+	}
 	after := scrape(t, base)
 	checkGolden(t, "metrics-after-replay.txt", contractNames(after))
+	if n, _ := value(after, "kvctl_engine_call_errors_total", map[string]string{"method": "Lookup", "code": "NotFound"}); n != 1 {
+		t.Errorf("kvctl_engine_call_errors_total{Lookup,NotFound} = %v, want 1", n)
+	}
 	for _, f := range after {
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
