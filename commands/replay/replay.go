@@ -99,8 +99,10 @@ engines, at the trace's pace (--pace trace, scaled by --speed) or as fast as pos
 (--pace max), and reports the same hit figures with requests per second; its bytes are the
 bytes the daemon moved, pages of --sim-page-size.
 
---plot FILE.png draws hit rate (top) and pool occupancy (bottom) over trace time, one colour
-per run. A progress bar goes to standard error when it is a terminal.`,
+--plot FILE.png draws hit rate (top) and pool occupancy (bottom) over trace time, with a title,
+axes in seconds and percent, and a legend naming each run's --set combination; every run has a
+colour and a dash pattern of its own. -o json carries the same timeline (runs[].timeline) for
+plotting elsewhere. A progress bar goes to standard error when it is a terminal.`,
 		Example: `  # the conversation trace with an unlimited pool
   kvctl replay conversation_trace.jsonl
 
