@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kvctl/kvctl/gpu"
 )
 
@@ -67,6 +69,12 @@ type moverVariant struct {
 	opts   gpu.CUDAMoverOptions
 	batch  int  // pages per call
 	bounce bool // buffers in ordinary Go memory instead of pinned staging
+	// batchBytes, when set, raises the pages per call until a call moves this many bytes (the
+	// connector's rule for loads read in place).
+	batchBytes int
+	// registered puts the buffers in ordinary mapped memory registered with RegisterHost, as
+	// the pool's segments are when loads read them in place.
+	registered bool
 }
 
 // BenchmarkMover moves batches of pages at random slots of 1 GiB of engine memory between pinned
@@ -75,13 +83,27 @@ type moverVariant struct {
 // default options and transfer_batch_size's default of 64 pages.
 func BenchmarkMover(b *testing.B) {
 	benchMover(b, []moverVariant{
-		{"default", gpu.CUDAMoverOptions{}, 64, false},
-		{"batch=256", gpu.CUDAMoverOptions{}, 256, false},
-		{"streams=8", gpu.CUDAMoverOptions{Streams: 8}, 64, false},
-		{"streams=1", gpu.CUDAMoverOptions{Streams: 1}, 64, false},
-		{"percopy,streams=1", gpu.CUDAMoverOptions{PerCopy: true, Streams: 1}, 64, false},
-		{"percopy,streams=4", gpu.CUDAMoverOptions{PerCopy: true, Streams: 4}, 64, false},
-		{"go-memory", gpu.CUDAMoverOptions{}, 64, true},
+		{name: "default", batch: 64},
+		{name: "batch=256", batch: 256},
+		{name: "streams=8", opts: gpu.CUDAMoverOptions{Streams: 8}, batch: 64},
+		{name: "streams=1", opts: gpu.CUDAMoverOptions{Streams: 1}, batch: 64},
+		{name: "percopy,streams=1", opts: gpu.CUDAMoverOptions{PerCopy: true, Streams: 1}, batch: 64},
+		{name: "percopy,streams=4", opts: gpu.CUDAMoverOptions{PerCopy: true, Streams: 4}, batch: 64},
+		{name: "go-memory", batch: 64, bounce: true},
+	})
+}
+
+// BenchmarkMoverConnector is the mover as the connector drives it now that loads read the pool
+// in place: buffers in ordinary mapped memory registered with the device (the pool's segments),
+// default options, and 64 MiB per call (the connector's in-place batch; at least 64 pages).
+// "staging" is the same batch from pinned staging slots, to show registered memory moves as
+// fast; the 32 MiB and 64-page rows show what the batch size is worth.
+func BenchmarkMoverConnector(b *testing.B) {
+	benchMover(b, []moverVariant{
+		{name: "registered,64MiB", batch: 64, batchBytes: 64 << 20, registered: true},
+		{name: "staging,64MiB", batch: 64, batchBytes: 64 << 20},
+		{name: "registered,32MiB", batch: 64, batchBytes: 32 << 20, registered: true},
+		{name: "registered,64pages", batch: 64, registered: true},
 	})
 }
 
@@ -104,21 +126,41 @@ func benchMover(b *testing.B, variants []moverVariant) {
 						b.Fatal(err)
 					}
 					defer m.Close()
-					st, err := m.NewStaging(v.batch, sz.n)
+					batch := v.batch
+					if v.batchBytes > 0 {
+						batch = max(batch, v.batchBytes/sz.n)
+					}
+					st, err := m.NewStaging(batch, sz.n)
 					if err != nil {
 						b.Fatal(err)
 					}
 					defer st.Close()
-					bufs := make([][]byte, v.batch)
+					var host []byte
+					if v.registered {
+						host, err = unix.Mmap(-1, 0, batch*sz.n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+						if err != nil {
+							b.Fatal(err)
+						}
+						defer unix.Munmap(host)
+						reg, err := d.RegisterHost(host)
+						if err != nil {
+							b.Fatal(err)
+						}
+						defer reg.Close()
+					}
+					bufs := make([][]byte, batch)
 					for i := range bufs {
-						if v.bounce {
+						switch {
+						case v.bounce:
 							bufs[i] = make([]byte, sz.n)
-						} else {
+						case v.registered:
+							bufs[i] = host[i*sz.n : (i+1)*sz.n]
+						default:
 							bufs[i] = st.Slot(i)
 						}
 					}
 					order := rand.New(rand.NewPCG(uint64(sz.n), 1)).Perm(slots)
-					pages := make([]gpu.PageRef, v.batch)
+					pages := make([]gpu.PageRef, batch)
 					ctx, next := context.Background(), 0
 					for b.Loop() {
 						for i := range pages {
@@ -134,7 +176,7 @@ func benchMover(b *testing.B, variants []moverVariant) {
 							b.Fatal(err)
 						}
 					}
-					reportGBs(b, v.batch*sz.n)
+					reportGBs(b, batch*sz.n)
 				})
 			}
 		}

@@ -357,3 +357,85 @@ func TestCUDAImportErrors(t *testing.T) {
 		t.Error("unknown kind accepted")
 	}
 }
+
+// TestCUDARegisterHost registers ordinary mapped memory (as the connector registers the pool's
+// segments), scatters pages from it and gathers them back into it, checks the bytes on the
+// device, and checks the registration count: a second registration of the same range is
+// counted, one of another size at the same address refused, and the range stays usable until
+// the last Close.
+func TestCUDARegisterHost(t *testing.T) {
+	d := openCUDA(t)
+	const size = 1 << 20
+	l := twoRegionLayout(size)
+	mem, err := d.AllocDeviceMemory(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	m, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{BounceBytes: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	host, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(host)
+	r1, err := m.(gpu.HostRegistrar).RegisterHost(host)
+	if err != nil {
+		t.Fatalf("register: %v", err)
+	}
+	r2, err := d.RegisterHost(host)
+	if err != nil {
+		t.Fatalf("second registration: %v", err)
+	}
+	if _, err := d.RegisterHost(host[:size/2]); err == nil {
+		t.Fatal("a registration of another size at the same address was accepted")
+	}
+	want := pattern(size, 5)
+	copy(host, want)
+	slots := l.Groups[0].Slots
+	var pages []gpu.PageRef
+	var bufs [][]byte
+	for s := range slots {
+		pages = append(pages, gpu.PageRef{Slot: s})
+		bufs = append(bufs, host[s*8192:(s+1)*8192])
+	}
+	ctx := context.Background()
+	if err := m.Scatter(ctx, bufs, pages); err != nil {
+		t.Fatalf("scatter from registered memory: %v", err)
+	}
+	if err := r1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r1.Close(); err != nil { // a second Close of one holder does nothing
+		t.Fatal(err)
+	}
+	got := make([]byte, size)
+	if err := mem.CopyOut(0, got); err != nil {
+		t.Fatal(err)
+	}
+	// Page s's value is its two 4 KiB regions: memory [8192s, 8192s+4096) and [8192s+4096, 8192(s+1)).
+	if !bytes.Equal(got, want) {
+		t.Fatal("device memory differs from the registered host bytes scattered into it")
+	}
+	clear(host)
+	if err := m.Gather(ctx, pages, bufs); err != nil { // still registered through r2
+		t.Fatalf("gather into registered memory: %v", err)
+	}
+	if !bytes.Equal(host, want) {
+		t.Fatal("gathered bytes differ")
+	}
+	if err := r2.Close(); err != nil {
+		t.Fatalf("unregister: %v", err)
+	}
+	// Unregistered memory still works, through the bounce buffer.
+	clear(host)
+	if err := m.Gather(ctx, pages, bufs); err != nil {
+		t.Fatalf("gather after unregistering: %v", err)
+	}
+	if !bytes.Equal(host, want) {
+		t.Fatal("gathered bytes differ after unregistering")
+	}
+}

@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -9,8 +10,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// MaxStagingBytes is the most pinned staging memory one direction (loads or saves) may take.
-const MaxStagingBytes = 1 << 30
+// ErrStagingTooSmall is wrapped by PlanStaging's error when a worker's share of the staging
+// budget holds no page.
+var ErrStagingTooSmall = errors.New("staging budget too small")
 
 // StagingPlan is the geometry of a staging pool: how wide a slot is, how many slots each worker
 // gets and how many pages one transfer may move.
@@ -33,10 +35,12 @@ type StagingPlan struct {
 func (p StagingPlan) TotalBytes() int64 { return p.BytesPerWorker * int64(p.Workers) }
 
 // PlanStaging computes the staging pool of one direction for layout: slots as wide as the
-// largest page value, num_slots = max(1, min(transferBatch, budget/slot)) where budget is
-// stagingBytes capped at MaxStagingBytes. With workers > 1 (asynchronous loads) every worker
-// gets an even share of the budget but keeps at least min(64, transferBatch) slots, and a share
-// below one page is reported in Warnings.
+// largest page value, and stagingBytes (staging_buffer_bytes, which replaces the old fixed
+// 1 GiB ceiling) split evenly over the workers (async_load_workers, or 1 for synchronous
+// transfers); each worker gets min(transferBatch, share/slot) slots. The pinned memory is
+// therefore never more than stagingBytes, the amount the node memory check counts for the
+// direction. A share below one page is refused, since even one slot would pin more than was
+// counted.
 func PlanStaging(layout Layout, transferBatch int, stagingBytes int64, workers int) (StagingPlan, error) {
 	if transferBatch < 1 {
 		return StagingPlan{}, fmt.Errorf("staging: transfer_batch_size must be at least 1, got %d", transferBatch)
@@ -55,22 +59,12 @@ func PlanStaging(layout Layout, transferBatch int, stagingBytes int64, workers i
 		return StagingPlan{}, fmt.Errorf("staging: layout has no page bytes")
 	}
 	p := StagingPlan{SlotBytes: slot, Workers: workers}
-	budget := stagingBytes
-	if budget > MaxStagingBytes {
-		p.Warnings = append(p.Warnings, fmt.Sprintf("staging_buffer_bytes %d is above the %d-byte limit per direction; using the limit", stagingBytes, int64(MaxStagingBytes)))
-		budget = MaxStagingBytes
+	share := stagingBytes / int64(workers)
+	if share < slot {
+		return StagingPlan{}, fmt.Errorf("%w: staging_buffer_bytes %d gives each of %d worker(s) %d bytes, less than one %d-byte page; raise it to at least %d",
+			ErrStagingTooSmall, stagingBytes, workers, share, slot, slot*int64(workers))
 	}
-	share := budget / int64(workers)
-	slots := max(1, min(int64(transferBatch), share/slot))
-	if workers > 1 {
-		if share < slot {
-			p.Warnings = append(p.Warnings, fmt.Sprintf("each of %d async load workers gets %d staging bytes, less than one %d-byte page", workers, share, slot))
-		}
-		if floor := int64(min(64, transferBatch)); slots < floor {
-			p.Warnings = append(p.Warnings, fmt.Sprintf("raising each async load worker's staging pool from %d to %d slots (%d bytes each, above its share of %d)", slots, floor, floor*slot, share))
-			slots = floor
-		}
-	}
+	slots := min(int64(transferBatch), share/slot)
 	p.SlotsPerWorker = int(slots)
 	p.BytesPerWorker = slots * slot
 	p.Batch = min(transferBatch, p.SlotsPerWorker)

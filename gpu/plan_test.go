@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"errors"
 	"strings"
 	"testing"
 )
@@ -30,11 +31,10 @@ func TestPlanStaging(t *testing.T) {
 		{"batch fits", layoutOf(MiB, 2*MiB), 64, 1 << 30, 1, 2 * MiB, 64, 64, ""},
 		{"budget lowers the batch", layoutOf(MiB), 64, 16 * MiB, 1, MiB, 16, 16, "lowered to 16"},
 		{"replicated page is widest", withReplicated, 8, 1 << 30, 1, 3 * MiB, 8, 8, ""},
-		{"at least one slot", layoutOf(4 * MiB), 64, MiB, 1, 4 * MiB, 1, 1, "lowered to 1"},
-		{"budget capped at 1 GiB", layoutOf(64 * MiB), 64, 4 << 30, 1, 64 * MiB, 16, 16, "above the"},
+		{"budget above 1 GiB is used whole", layoutOf(64 * MiB), 64, 4 << 30, 1, 64 * MiB, 64, 64, ""},
 		{"async share", layoutOf(MiB), 256, 1 << 30, 4, MiB, 256, 256, ""},
-		{"async floor of 64 slots", layoutOf(8 * MiB), 128, 1 << 30, 4, 8 * MiB, 64, 64, "raising"},
-		{"async floor follows a small batch", layoutOf(64 * MiB), 4, 1 << 30, 32, 64 * MiB, 4, 4, "less than one"},
+		{"async share below the batch", layoutOf(8 * MiB), 128, 1 << 30, 4, 8 * MiB, 32, 32, "lowered to 32"},
+		{"async share of 2 GiB", layoutOf(8 * MiB), 256, 2 << 30, 4, 8 * MiB, 64, 64, "lowered to 64"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -44,6 +44,9 @@ func TestPlanStaging(t *testing.T) {
 			}
 			if p.SlotBytes != c.slot || p.SlotsPerWorker != c.slots || p.Batch != c.effBat {
 				t.Fatalf("got slot %d, %d slots, batch %d; want %d, %d, %d", p.SlotBytes, p.SlotsPerWorker, p.Batch, c.slot, c.slots, c.effBat)
+			}
+			if p.TotalBytes() > c.budget {
+				t.Fatalf("plan pins %d bytes, more than the %d the node budget counts", p.TotalBytes(), c.budget)
 			}
 			if p.BytesPerWorker != p.SlotBytes*int64(p.SlotsPerWorker) || p.TotalBytes() != p.BytesPerWorker*int64(c.workers) {
 				t.Fatalf("bytes per worker %d, total %d", p.BytesPerWorker, p.TotalBytes())
@@ -61,6 +64,16 @@ func TestPlanStaging(t *testing.T) {
 	}{{0, 1, 1}, {1, 0, 1}, {1, 1, 0}} {
 		if _, err := PlanStaging(layoutOf(4096), bad.batch, bad.budget, bad.workers); err == nil {
 			t.Errorf("PlanStaging(batch %d, budget %d, workers %d) succeeded", bad.batch, bad.budget, bad.workers)
+		}
+	}
+	// A share below one page is refused: one slot would pin more than the budget counts.
+	for _, small := range []struct {
+		budget  int64
+		workers int
+	}{{MiB, 1}, {32 * MiB, 32}, {4*MiB*32 - 1, 32}} {
+		_, err := PlanStaging(layoutOf(4*MiB), 4, small.budget, small.workers)
+		if !errors.Is(err, ErrStagingTooSmall) || !strings.Contains(err.Error(), "less than one") {
+			t.Errorf("PlanStaging(budget %d, %d workers) = %v, want ErrStagingTooSmall", small.budget, small.workers, err)
 		}
 	}
 	if _, err := PlanStaging(Layout{}, 1, 1, 1); err == nil {

@@ -1,7 +1,11 @@
 package mooncake_test
 
 import (
+	"bytes"
 	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/kvctl/kvctl/core/keys"
@@ -62,68 +66,179 @@ func BenchmarkBatchIsExist1024(b *testing.B) {
 	}
 }
 
+// benchCallers are the caller counts the put, get and copy benchmarks run at: one goroutine and
+// one per CPU. Each caller moves its own 32 MiB batch per operation, so an operation moves
+// callers × 32 MiB.
+func benchCallers() []int {
+	if n := runtime.GOMAXPROCS(0); n > 1 {
+		return []int{1, n}
+	}
+	return []int{1}
+}
+
+// runCallers runs one operation: fn(c) on each of callers goroutines, and waits for all.
+func runCallers(callers int, fn func(c int)) {
+	if callers == 1 {
+		fn(0)
+		return
+	}
+	var wg sync.WaitGroup
+	for c := range callers {
+		wg.Go(func() { fn(c) })
+	}
+	wg.Wait()
+}
+
+// callerPages gives every caller its own keys (same contents).
+func callerPages(callers, size int) ([][]string, [][]byte) {
+	ks, bufs := benchPages(size)
+	out := make([][]string, callers)
+	for c := range out {
+		out[c] = make([]string, len(ks))
+		for i, k := range ks {
+			out[c][i] = fmt.Sprintf("c%d/%s", c, k)
+		}
+	}
+	return out, bufs
+}
+
+// BenchmarkBatchPut puts a 32 MiB batch per caller into an empty pool (the removal between
+// operations is not timed).
 func BenchmarkBatchPut(b *testing.B) {
-	for _, s := range benchSizes {
-		b.Run(s.name, func(b *testing.B) {
-			p := benchPool(b, benchBatchBytes)
-			ks, bufs := benchPages(s.size)
-			b.SetBytes(benchBatchBytes)
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				for j, c := range p.BatchPut(bg, ks, bufs, mooncake.ReplicateConfig{}) {
-					if c != mooncake.OK {
-						b.Fatalf("put %s = %v", ks[j], c)
+	for _, callers := range benchCallers() {
+		for _, s := range benchSizes {
+			b.Run(fmt.Sprintf("%s/callers=%d", s.name, callers), func(b *testing.B) {
+				p := benchPool(b, int64(callers)*benchBatchBytes)
+				ks, bufs := callerPages(callers, s.size)
+				b.SetBytes(int64(callers) * benchBatchBytes)
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					runCallers(callers, func(c int) {
+						for j, code := range p.BatchPut(bg, ks[c], bufs, mooncake.ReplicateConfig{}) {
+							if code != mooncake.OK {
+								b.Errorf("put %s = %v", ks[c][j], code)
+								return
+							}
+						}
+					})
+					b.StopTimer()
+					for c := range ks {
+						for _, k := range ks[c] {
+							p.Remove(bg, k, true)
+						}
 					}
+					b.StartTimer()
 				}
-				b.StopTimer()
-				for _, k := range ks {
-					p.Remove(bg, k, true)
-				}
-				b.StartTimer()
-			}
-		})
+			})
+		}
 	}
 }
 
+// BenchmarkBatchGet gets a stored 32 MiB batch per caller into caller buffers.
 func BenchmarkBatchGet(b *testing.B) {
-	for _, s := range benchSizes {
-		b.Run(s.name, func(b *testing.B) {
-			p := benchPool(b, benchBatchBytes)
-			ks, bufs := benchPages(s.size)
-			p.BatchPut(bg, ks, bufs, mooncake.ReplicateConfig{})
-			dst := make([][]byte, len(ks))
-			for i := range dst {
-				dst[i] = make([]byte, s.size)
-			}
-			b.SetBytes(benchBatchBytes)
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				for j, n := range p.BatchGet(bg, ks, dst) {
-					if n != int64(s.size) {
-						b.Fatalf("get %s = %d", ks[j], n)
+	for _, callers := range benchCallers() {
+		for _, s := range benchSizes {
+			b.Run(fmt.Sprintf("%s/callers=%d", s.name, callers), func(b *testing.B) {
+				p := benchPool(b, int64(callers)*benchBatchBytes)
+				ks, bufs := callerPages(callers, s.size)
+				dst := make([][][]byte, callers)
+				for c := range dst {
+					p.BatchPut(bg, ks[c], bufs, mooncake.ReplicateConfig{})
+					dst[c] = make([][]byte, len(bufs))
+					for i := range dst[c] {
+						dst[c][i] = bytes.Repeat([]byte{1}, s.size) // resident before timing
 					}
 				}
-			}
-		})
+				b.SetBytes(int64(callers) * benchBatchBytes)
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					runCallers(callers, func(c int) {
+						for j, n := range p.BatchGet(bg, ks[c], dst[c]) {
+							if n != int64(s.size) {
+								b.Errorf("get %s = %d", ks[c][j], n)
+								return
+							}
+						}
+					})
+				}
+			})
+		}
 	}
 }
 
-// BenchmarkCopyBaseline copies the same pages between the same kind of buffers with copy: the
-// bound a pool that copies each byte once could reach on this machine.
-func BenchmarkCopyBaseline(b *testing.B) {
-	for _, s := range benchSizes {
-		b.Run(s.name, func(b *testing.B) {
-			_, src := benchPages(s.size)
-			dst := make([]byte, benchBatchBytes)
-			b.SetBytes(benchBatchBytes)
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				for j, page := range src {
-					copy(dst[j*s.size:], page)
+// BenchmarkBatchView leases and verifies a stored 32 MiB batch per caller in place (what a load
+// does when the pool's memory is registered with the GPU): a read of every byte, no copy.
+func BenchmarkBatchView(b *testing.B) {
+	for _, callers := range benchCallers() {
+		for _, s := range benchSizes {
+			b.Run(fmt.Sprintf("%s/callers=%d", s.name, callers), func(b *testing.B) {
+				p := benchPool(b, int64(callers)*benchBatchBytes)
+				ks, bufs := callerPages(callers, s.size)
+				for c := range ks {
+					p.BatchPut(bg, ks[c], bufs, mooncake.ReplicateConfig{})
 				}
+				b.SetBytes(int64(callers) * benchBatchBytes)
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					runCallers(callers, func(c int) {
+						v := p.BatchView(bg, ks[c])
+						for j, n := range v.Codes {
+							if n != int64(s.size) {
+								b.Errorf("view %s = %d", ks[c][j], n)
+							}
+						}
+						v.Release()
+					})
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkCopyBaseline copies the same pages between the same kind of buffers with copy, per
+// caller, spreading each 32 MiB batch over the CPUs exactly as the pool spreads a batch's copies
+// (one goroutine per CPU, pages handed out in order): the bound a pool that copies each byte once
+// could reach on this machine with the same goroutines. Compare BatchPut and BatchGet with the
+// row of the same size and caller count.
+func BenchmarkCopyBaseline(b *testing.B) {
+	for _, callers := range benchCallers() {
+		for _, s := range benchSizes {
+			b.Run(fmt.Sprintf("%s/callers=%d", s.name, callers), func(b *testing.B) {
+				_, src := benchPages(s.size)
+				dst := make([][]byte, callers)
+				for c := range dst {
+					dst[c] = bytes.Repeat([]byte{1}, benchBatchBytes) // resident before timing
+				}
+				b.SetBytes(int64(callers) * benchBatchBytes)
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					runCallers(callers, func(c int) {
+						spread(len(src), func(j int) { copy(dst[c][j*s.size:], src[j]) })
+					})
+				}
+			})
+		}
+	}
+}
+
+// spread calls fn(0..n-1) on GOMAXPROCS goroutines taking indices in order, as the pool's batch
+// calls do for batches of 512 KiB and more (all the batches here).
+func spread(n int, fn func(i int)) {
+	workers := min(runtime.GOMAXPROCS(0), n)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				fn(i)
 			}
 		})
 	}
+	wg.Wait()
 }
 
 // BenchmarkEvictionRound1M times one eviction round over 1M stored objects (64-byte values),
@@ -162,7 +277,7 @@ func BenchmarkEvictionRound1M(b *testing.B) {
 	b.ReportMetric(float64(n), "objects")
 }
 
-// BenchmarkChecksumBaseline hashes the same pages with BLAKE3 on one goroutine: the other cost
+// BenchmarkChecksumBaseline hashes the same pages with keys.PageChecksum on one goroutine: the other cost
 // every put and every get pays.
 func BenchmarkChecksumBaseline(b *testing.B) {
 	for _, s := range benchSizes {

@@ -23,8 +23,13 @@
 //     unpinned objects with the oldest lease deadline; pass 2 runs below the lower bound.
 //   - segment: a region of memory the pool allocates pages from, first fit with no padding, so
 //     used bytes are exactly the sum of the stored sizes; fragmentation shows in Stats.
-//   - integrity: every page's BLAKE3-256 checksum (keys.PageChecksum) is taken at put and
-//     checked at get; a mismatch is ErrChecksumMismatch and the bytes must not be used.
+//   - integrity: every page's XXH3-64 checksum (keys.PageChecksum) is taken at put and
+//     checked at get (and by BatchView, in place); a mismatch is ErrChecksumMismatch and the
+//     bytes must not be used.
+//   - in place: Embedded is also a Viewer (BatchView leases and checks values where they lie
+//     and returns views of pool memory) and a Reserver (BatchPutStart hands out the memory a
+//     value will live in; End takes its checksum there), so the connector can copy pages between
+//     the GPU and pool memory registered with the driver without a staging copy.
 //
 // Native implements Pool over a real Mooncake cluster: the master's RPC protocol (package
 // masterrpc) for metadata and the Transfer Engine's TCP transport (package transfer) for bytes;

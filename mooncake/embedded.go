@@ -296,38 +296,73 @@ func (e *Embedded) BatchIsExist(ctx context.Context, ks []string) []int {
 // is done (the master's PutEnd). A key that is already stored, or whose put is in flight, is
 // OK without a write, as the master's -705 is for the Mooncake client.
 func (e *Embedded) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg ReplicateConfig) []Code {
-	out := make([]Code, len(ks))
-	e.c.putCalls.Add(1)
-	fail := func(c Code) []Code {
-		for i := range out {
-			out[i] = c
-		}
-		e.c.putFailures.Add(int64(len(ks)))
-		e.c.putFailedItems.Add(int64(len(ks)))
-		return out
+	if len(bufs) != len(ks) {
+		e.c.putCalls.Add(1)
+		return e.failPut(make([]Code, len(ks)), ErrInvalidParams)
 	}
-	if len(bufs) != len(ks) || (cfg.GroupIDs != nil && len(cfg.GroupIDs) != len(ks)) {
-		return fail(ErrInvalidParams)
+	r := e.reserve(ctx, ks, func(i int) int64 { return int64(len(bufs[i])) }, cfg)
+	// Each object's memory belongs to this call until it is marked complete, so the copies run
+	// without the lock, spread over the CPUs for large batches.
+	forEach(len(r.work), r.bytes, func(j int) {
+		o := r.work[j].o
+		o.sum = keys.CopyChecksum(o.seg.mem[o.off:o.off+o.size], bufs[r.work[j].i])
+	})
+	return r.commit()
+}
+
+// pendingPut is one new object of a put: the key's index in the call and the object.
+type pendingPut struct {
+	i int
+	o *object
+}
+
+// reservation is the first half of a put (the master's PutStart): memory allocated, objects in
+// the index but not readable.
+type reservation struct {
+	e       *Embedded
+	out     []Code
+	work    []pendingPut
+	bytes   int64
+	softTTL time.Duration
+}
+
+func (e *Embedded) failPut(out []Code, c Code) []Code {
+	for i := range out {
+		out[i] = c
+	}
+	e.c.putFailures.Add(int64(len(out)))
+	e.c.putFailedItems.Add(int64(len(out)))
+	return out
+}
+
+// reserve validates a put and allocates memory for every new key of ks (size(i) bytes each).
+// Keys already stored or in flight are OK and get no memory; keys that failed have their code
+// in out. When the whole call fails, work is empty and the failure already counted.
+func (e *Embedded) reserve(ctx context.Context, ks []string, size func(i int) int64, cfg ReplicateConfig) *reservation {
+	r := &reservation{e: e, out: make([]Code, len(ks))}
+	e.c.putCalls.Add(1)
+	if cfg.GroupIDs != nil && len(cfg.GroupIDs) != len(ks) {
+		e.failPut(r.out, ErrInvalidParams)
+		return r
 	}
 	softTTL, code := e.softPinTTL(cfg)
 	if code != OK {
-		return fail(code)
+		e.failPut(r.out, code)
+		return r
 	}
+	r.softTTL = softTTL
 	if ctx.Err() != nil {
-		return fail(ErrRPCFail)
+		e.failPut(r.out, ErrRPCFail)
+		return r
 	}
-
-	type pending struct {
-		i int
-		o *object
-	}
-	work := make([]pending, 0, len(ks))
+	out := r.out
+	work := make([]pendingPut, 0, len(ks))
 	var evictRetried, allocFailed bool
 
 	e.mu.Lock()
 	for i, k := range ks {
-		size := int64(len(bufs[i]))
-		if !e.validKey(k) || size == 0 {
+		size := size(i)
+		if !e.validKey(k) || size <= 0 {
 			out[i] = ErrInvalidParams
 			continue
 		}
@@ -371,7 +406,8 @@ func (e *Embedded) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg
 		o.idx = len(e.list)
 		e.list = append(e.list, o)
 		e.hist.observe(size)
-		work = append(work, pending{i, o})
+		work = append(work, pendingPut{i, o})
+		r.bytes += size
 	}
 	e.mu.Unlock()
 	if allocFailed {
@@ -382,24 +418,18 @@ func (e *Embedded) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg
 		default:
 		}
 	}
+	r.work = work
+	return r
+}
 
-	var in int64
-	for _, w := range work {
-		in += w.o.size
-	}
-	// Each object's memory belongs to this call until it is marked complete, so the copies run
-	// without the lock, spread over the CPUs for large batches.
-	forEach(len(work), in, func(j int) {
-		w := work[j]
-		dst := w.o.seg.mem[w.o.off : w.o.off+w.o.size]
-		copy(dst, bufs[w.i])
-		w.o.sum = keys.PageChecksum(dst)
-	})
-
-	if len(work) > 0 {
+// commit makes every reserved object readable (the master's PutEnd), its lease set to now; the
+// checksums must be set. It returns the call's codes.
+func (r *reservation) commit() []Code {
+	e, out := r.e, r.out
+	if len(r.work) > 0 {
 		e.mu.Lock()
 		now := e.clock.Now()
-		for _, w := range work {
+		for _, w := range r.work {
 			o := w.o
 			if o.removed { // force-removed while the copy ran
 				out[w.i] = OK
@@ -407,8 +437,8 @@ func (e *Embedded) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg
 			}
 			o.complete = true
 			o.lease = now
-			if softTTL > 0 {
-				o.softPin = now.Add(softTTL)
+			if r.softTTL > 0 {
+				o.softPin = now.Add(r.softTTL)
 			}
 			out[w.i] = OK
 		}
@@ -420,8 +450,29 @@ func (e *Embedded) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg
 			failed++
 		}
 	}
-	e.c.puts.Add(int64(len(work)))
-	e.c.bytesIn.Add(in)
+	e.c.puts.Add(int64(len(r.work)))
+	e.c.bytesIn.Add(r.bytes)
+	e.c.putFailures.Add(failed)
+	e.c.putFailedItems.Add(failed)
+	return out
+}
+
+// revoke gives a reservation's memory back (the master's PutRevoke): the objects leave the
+// index unread and their keys count as failed puts.
+func (r *reservation) revoke() []Code {
+	e, out := r.e, r.out
+	e.mu.Lock()
+	for _, w := range r.work {
+		e.unlinkLocked(w.o)
+		out[w.i] = ErrRPCFail
+	}
+	e.mu.Unlock()
+	var failed int64
+	for _, c := range out {
+		if c != OK {
+			failed++
+		}
+	}
 	e.c.putFailures.Add(failed)
 	e.c.putFailedItems.Add(failed)
 	return out
@@ -434,7 +485,22 @@ const parallelMinBytes = 512 << 10
 // forEach calls fn(0..n-1), on up to GOMAXPROCS goroutines when the batch moves at least
 // parallelMinBytes. Each index is handled once; fn must only touch state owned by its index.
 func forEach(n int, bytes int64, fn func(i int)) {
-	workers := runtime.GOMAXPROCS(0)
+	forEachOn(runtime.GOMAXPROCS(0), n, bytes, fn)
+}
+
+// forEachBeside is forEach leaving one CPU free, for the in-place calls (BatchView,
+// PutReservation.End) that run while the caller's GPU copy of the previous batch is being
+// issued: with every CPU hashing, the goroutine that issues that copy waited for the whole
+// batch's hashing, and the copy and the check ran one after the other (docs/perf/serve-gpu.md).
+func (e *Embedded) forEachBeside(n int, bytes int64, fn func(i int)) {
+	w := e.opts.InPlaceWorkers
+	if w <= 0 {
+		w = max(1, runtime.GOMAXPROCS(0)-1)
+	}
+	forEachOn(w, n, bytes, fn)
+}
+
+func forEachOn(workers, n int, bytes int64, fn func(i int)) {
 	if workers > n {
 		workers = n
 	}
@@ -544,27 +610,58 @@ func (e *Embedded) releaseLocked(o *object) {
 
 // BatchGet implements Pool. A hit grants a read lease (the master's GetReplicaList), then the
 // bytes are copied into bufs[i] outside the lock and verified against the checksum taken at
-// put; a mismatch returns ErrChecksumMismatch and the caller must not use bufs[i].
+// put; a mismatch returns ErrChecksumMismatch and the caller must not use bufs[i]. The check
+// hashes the copy (keys.CopyChecksum), so a fault in the copy itself is caught too.
 func (e *Embedded) BatchGet(ctx context.Context, ks []string, bufs [][]byte) []int64 {
-	out := make([]int64, len(ks))
-	e.c.getCalls.Add(1)
-	e.c.getItems.Add(int64(len(ks)))
 	if len(bufs) != len(ks) {
+		e.c.getCalls.Add(1)
+		e.c.getItems.Add(int64(len(ks)))
+		out := make([]int64, len(ks))
 		for i := range out {
 			out[i] = int64(ErrInvalidParams)
 		}
 		e.c.getFailedItems.Add(int64(len(ks)))
 		return out
 	}
+	out, held, misses := e.acquire(ctx, ks, func(i int) int64 { return int64(len(bufs[i])) })
+	var total int64
+	for _, o := range held {
+		if o != nil {
+			total += o.size
+		}
+	}
+	// The references taken above keep each object's memory in place while it is copied.
+	forEach(len(held), total, func(i int) {
+		o := held[i]
+		if o == nil {
+			return
+		}
+		if keys.CopyChecksum(bufs[i], o.seg.mem[o.off:o.off+o.size]) != o.sum {
+			out[i] = int64(ErrChecksumMismatch)
+			return
+		}
+		out[i] = o.size
+	})
+	e.finishGet(out, held, misses)
+	e.releaseRefs(held)
+	return out
+}
+
+// acquire looks ks up for a get: every readable hit gets a read lease and a reference that keeps
+// its memory in place until releaseRefs. room(i) is how many bytes the caller can take for key
+// i (negative for no limit). out holds the codes of the keys that failed; held the objects of
+// the others.
+func (e *Embedded) acquire(ctx context.Context, ks []string, room func(i int) int64) (out []int64, held []*object, misses int64) {
+	out = make([]int64, len(ks))
+	e.c.getCalls.Add(1)
+	e.c.getItems.Add(int64(len(ks)))
+	held = make([]*object, len(ks))
 	if ctx.Err() != nil {
 		for i := range out {
 			out[i] = int64(ErrRPCFail)
 		}
-		e.c.getFailedItems.Add(int64(len(ks)))
-		return out
+		return out, held, 0
 	}
-	held := make([]*object, len(ks))
-	var misses int64
 	e.mu.Lock()
 	now := e.clock.Now()
 	for i, k := range ks {
@@ -581,7 +678,7 @@ func (e *Embedded) BatchGet(ctx context.Context, ks []string, bufs [][]byte) []i
 		case !o.complete:
 			out[i] = int64(ErrReplicaNotReady)
 			continue
-		case int64(len(bufs[i])) < o.size:
+		case room != nil && room(i) >= 0 && room(i) < o.size:
 			out[i] = int64(ErrInvalidParams)
 			continue
 		}
@@ -590,27 +687,13 @@ func (e *Embedded) BatchGet(ctx context.Context, ks []string, bufs [][]byte) []i
 		held[i] = o
 	}
 	e.mu.Unlock()
+	return out, held, misses
+}
 
-	var total int64
-	for _, o := range held {
-		if o != nil {
-			total += o.size
-		}
-	}
-	// The references taken above keep each object's memory in place while it is copied.
-	forEach(len(held), total, func(i int) {
-		o := held[i]
-		if o == nil {
-			return
-		}
-		n := copy(bufs[i], o.seg.mem[o.off:o.off+o.size])
-		if keys.PageChecksum(bufs[i][:n]) != o.sum {
-			out[i] = int64(ErrChecksumMismatch)
-			return
-		}
-		out[i] = int64(n)
-	})
-	var hits, bytesOut, bad int64
+// finishGet counts a get whose copies or checks are done: out[i] is the size delivered or a
+// negative code.
+func (e *Embedded) finishGet(out []int64, held []*object, misses int64) {
+	var hits, bytesOut, bad, failed int64
 	for i, o := range held {
 		switch {
 		case o == nil:
@@ -621,7 +704,21 @@ func (e *Embedded) BatchGet(ctx context.Context, ks []string, bufs [][]byte) []i
 			bytesOut += out[i]
 		}
 	}
+	for _, v := range out {
+		if v < 0 {
+			failed++
+		}
+	}
+	e.c.hits.Add(hits)
+	e.c.misses.Add(misses)
+	e.c.bytesOut.Add(bytesOut)
+	e.c.checksumErrors.Add(bad)
+	e.c.getFailedItems.Add(failed)
+}
 
+// releaseRefs drops the references acquire took; memory of an object removed meanwhile is
+// released with the last one.
+func (e *Embedded) releaseRefs(held []*object) {
 	e.mu.Lock()
 	for _, o := range held {
 		if o == nil {
@@ -633,18 +730,6 @@ func (e *Embedded) BatchGet(ctx context.Context, ks []string, bufs [][]byte) []i
 		}
 	}
 	e.mu.Unlock()
-	var failed int64
-	for _, v := range out {
-		if v < 0 {
-			failed++
-		}
-	}
-	e.c.hits.Add(hits)
-	e.c.misses.Add(misses)
-	e.c.bytesOut.Add(bytesOut)
-	e.c.checksumErrors.Add(bad)
-	e.c.getFailedItems.Add(failed)
-	return out
 }
 
 // Remove implements Pool. Without force, an object under a read lease, or hard-pinned, is kept
@@ -806,5 +891,9 @@ func mapSegment(size int64) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("map %d bytes: %w", size, err)
 	}
+	// Transparent huge pages make the first write into a fresh segment one fault per 2 MiB
+	// rather than per 4 KiB (docs/perf/pool.md). A kernel without them refuses the advice,
+	// which only costs that speed.
+	_ = unix.Madvise(mem, unix.MADV_HUGEPAGE)
 	return mem, nil
 }

@@ -110,6 +110,12 @@ func TestFaultMasterRestartMidPut(t *testing.T) {
 	if hits := checkNeverWrong(t, writer, okAfter, size); hits != len(okAfter) {
 		t.Fatalf("%d of %d pages put after the restart read back", hits, len(okAfter))
 	}
+	// A client that starts after the restart has no cached address for the owner's segment:
+	// it resolves it from the metadata the owner published again when it remounted.
+	late := newNative(t, m, 0)
+	if hits := checkNeverWrong(t, late, okAfter, size); hits != len(okAfter) {
+		t.Fatalf("a client started after the restart read %d of %d pages", hits, len(okAfter))
+	}
 }
 
 // TestFaultSegmentOwnerKilled: the process holding the pages dies. Reads of its pages fail or

@@ -128,6 +128,9 @@ func codeName(c Code) string {
 	case ErrUnavailableInThisMode:
 		return "UNAVAILABLE_IN_CURRENT_MODE"
 	}
+	if n, ok := masterCodeNames[c]; ok {
+		return n
+	}
 	return "UNKNOWN_ERROR"
 }
 

@@ -105,7 +105,10 @@ func kvctlToPython(t *testing.T, n *mooncake.Native, py *mooncaketest.PyClient, 
 // TestInteropExistRemoveAcrossClients: existence and removal agree between the two clients,
 // including the master's read-lease rule on Remove.
 func TestInteropExistRemoveAcrossClients(t *testing.T) {
-	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{LeaseTTL: 300 * time.Millisecond})
+	// A lease long enough that a loaded machine cannot let it lapse between the Python get
+	// and kvctl's Remove.
+	const lease = 2 * time.Second
+	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{LeaseTTL: lease})
 	py := mooncaketest.StartClient(t, m, mooncaketest.ClientOptions{SegmentSize: 16 << 20})
 	n := newNative(t, m, 16<<20)
 	ctx := context.Background()
@@ -123,7 +126,7 @@ func TestInteropExistRemoveAcrossClients(t *testing.T) {
 	if c := n.Remove(ctx, "x/kv", false); c != mooncake.ErrObjectHasLease {
 		t.Fatalf("kvctl Remove under a read lease = %v", c)
 	}
-	time.Sleep(400 * time.Millisecond)
+	time.Sleep(lease + 200*time.Millisecond)
 	if c := n.Remove(ctx, "x/kv", false); c != mooncake.OK {
 		t.Fatalf("kvctl Remove after the lease = %v", c)
 	}

@@ -70,6 +70,7 @@ type Native struct {
 	client masterrpc.UUID
 
 	seg     masterrpc.Segment
+	desc    transfer.SegmentDesc
 	mounted bool
 
 	epMu      sync.Mutex
@@ -191,7 +192,7 @@ func (n *Native) mount(ctx context.Context) error {
 	}
 	port := srv.Port()
 	name := net.JoinHostPort(n.opts.Host, strconv.Itoa(port))
-	desc := transfer.SegmentDesc{
+	n.desc = transfer.SegmentDesc{
 		Name:            name,
 		Protocol:        transfer.ProtocolTCP,
 		Buffers:         []transfer.BufferDesc{{Name: "cpu:0", Addr: base, Length: uint64(len(mem))}},
@@ -199,7 +200,7 @@ func (n *Native) mount(ctx context.Context) error {
 		TCPProtoVersion: 2,
 		Timestamp:       time.Now().Format("2006-01-02 15:04:05.000000"),
 	}
-	if err := n.meta.PublishSegment(ctx, desc, n.opts.Host, port); err != nil {
+	if err := n.meta.PublishSegment(ctx, n.desc, n.opts.Host, port); err != nil {
 		return fmt.Errorf("mooncake native: publishing segment %s: %w", name, err)
 	}
 	n.seg = masterrpc.Segment{ID: newUUID(), Name: name, Base: base, Size: uint64(len(mem)), TEEndpoint: name, Protocol: transfer.ProtocolTCP}
@@ -226,7 +227,13 @@ func (n *Native) heartbeat() {
 		ctx, cancel := context.WithTimeout(context.Background(), n.opts.CallTimeout)
 		p, err := n.rpc.Ping(ctx, n.client)
 		if err == nil && p.ClientStatus != masterrpc.ClientOK {
-			err = n.rpc.ReMountSegment(ctx, []masterrpc.Segment{n.seg}, n.client)
+			// A master that lost the segment may also have lost its metadata (the metadata
+			// server runs inside mooncake_master): publish it again before mounting, so peers
+			// that did not cache the old answer can resolve the segment.
+			err = n.meta.PublishSegment(ctx, n.desc, n.opts.Host, n.desc.TCPDataPort)
+			if err == nil {
+				err = n.rpc.ReMountSegment(ctx, []masterrpc.Segment{n.seg}, n.client)
+			}
 			if err == nil {
 				n.remounts.Add(1)
 				n.log.Info("mooncake segment remounted", "segment", n.seg.Name, "master", n.opts.MasterAddr)

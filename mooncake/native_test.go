@@ -36,3 +36,30 @@ func TestNativeConformance(t *testing.T) {
 		return newNative(t, m, 64<<20)
 	})
 }
+
+// TestCodesPinned pins the values and names of the master's error codes: they are the
+// master's contract and the JSON kvctl prints carries them.
+func TestCodesPinned(t *testing.T) {
+	for _, c := range []struct {
+		code  mooncake.Code
+		value int32
+		name  string
+	}{
+		{mooncake.ErrNoAvailableHandle, -200, "NO_AVAILABLE_HANDLE"},
+		{mooncake.ErrSegmentNotFoundCode, -101, "SEGMENT_NOT_FOUND"},
+		{mooncake.ErrInvalidVersion, -300, "INVALID_VERSION"},
+		{mooncake.ErrObjectNotFound, -704, "OBJECT_NOT_FOUND"},
+		{mooncake.ErrObjectAlreadyExists, -705, "OBJECT_ALREADY_EXISTS"},
+		{mooncake.ErrObjectHasLease, -706, "OBJECT_HAS_LEASE"},
+		{mooncake.ErrReplicaIsGone, -712, "REPLICA_IS_GONE"},
+		{mooncake.ErrChecksumMismatch, -800, "CHECKSUM_MISMATCH"},
+		{mooncake.ErrMooncakeChecksum, -801, "CHECKSUM_MISMATCH"},
+		{mooncake.ErrRPCFail, -900, "RPC_FAIL"},
+		{mooncake.ErrRPCTimeout, -901, "RPC_TIMEOUT"},
+		{mooncake.ErrTenantQuotaExceeded, -1700, "TENANT_QUOTA_EXCEEDED"},
+	} {
+		if int32(c.code) != c.value || c.code.String() != c.name {
+			t.Errorf("code %d %s, want %d %s", c.code, c.code, c.value, c.name)
+		}
+	}
+}

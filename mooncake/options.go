@@ -65,6 +65,10 @@ type Options struct {
 	SyncEvictOnAllocFailure bool
 	// MaxKeyLength bounds key length; longer keys are refused with ErrInvalidParams.
 	MaxKeyLength int
+	// InPlaceWorkers is how many goroutines check one BatchView or PutReservation.End batch;
+	// 0 means GOMAXPROCS-1. Those checks read pool memory while the GPU's copy engines read or
+	// write it too, so fewer checkers can leave the copies more of the memory's bandwidth.
+	InPlaceWorkers int
 	// Clock is the time source; nil means the wall clock.
 	Clock Clock
 }

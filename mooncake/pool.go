@@ -21,7 +21,7 @@ const (
 	ErrObjectAlreadyExists   Code = -705
 	ErrObjectHasLease        Code = -706
 	ErrLeaseExpired          Code = -707
-	ErrChecksumMismatch      Code = -800 // kvctl only: a stored page failed its BLAKE3 check
+	ErrChecksumMismatch      Code = -800 // kvctl only: a stored page failed its checksum (keys.PageChecksum)
 	ErrRPCFail               Code = -900
 	ErrUnavailableInThisMode Code = -1011
 )

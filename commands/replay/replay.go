@@ -94,6 +94,15 @@ varies slowest), for example --set soft_pin_ttl_ms=0,600000 --set group_blocks=f
 Keys:
   ` + strings.Join(replay.SettingHelp(), "\n  ") + `
 
+--set scheduler=true runs each rank's scheduling passes over its KV cache instead of serving
+every request at once: a token budget (max_num_tokens) and request slots (max_batch_size) per
+pass, chunked prefill, one token per generation request per pass, admissions in arrival order
+with completion reservations (completion_reservation), connector queries at admission
+(admission_query) with deferrals (max_offer_deferrals), asynchronous loads (async_load) and
+uncharged parks (max_uncharged_parks). A request that finds no page preempts the most recently
+admitted one. The table gains ADMITTED, DEFERRED, WAITED, RESERVED_PEAK and PREEMPTED; the JSON
+report a "scheduler" object per run.
+
 Live (--target SOCKET, or --live for kvctl serve's default socket) drives a running kvctl serve's engine API with --engines simulated
 engines, at the trace's pace (--pace trace, scaled by --speed) or as fast as possible
 (--pace max), and reports the same hit figures with requests per second; its bytes are the
@@ -348,6 +357,28 @@ func rows(rep *replay.Report) cmdutil.Table {
 			strconv.FormatFloat(r.Latency.P50TTFTSec, 'f', 3, 64) + "s",
 			strconv.FormatFloat(r.Balance.BusyMaxOverMean, 'f', 3, 64),
 		})
+	}
+	return schedulerColumns(rep, t)
+}
+
+// schedulerColumns adds the scheduler model's counts when a run used it (--set scheduler=true).
+func schedulerColumns(rep *replay.Report, t cmdutil.Table) cmdutil.Table {
+	on := false
+	for _, r := range rep.Runs {
+		on = on || r.Scheduler != nil
+	}
+	if !on {
+		return t
+	}
+	t.Header = append(t.Header, "ADMITTED", "DEFERRED", "WAITED", "RESERVED_PEAK", "PREEMPTED")
+	for i, r := range rep.Runs {
+		s := r.Scheduler
+		if s == nil {
+			t.Rows[i] = append(t.Rows[i], "-", "-", "-", "-", "-")
+			continue
+		}
+		t.Rows[i] = append(t.Rows[i], strconv.FormatInt(s.Admissions, 10), strconv.FormatInt(s.Deferrals, 10),
+			strconv.FormatInt(s.RequestsWaited, 10), strconv.FormatInt(s.PeakReservationsHeld, 10), strconv.FormatInt(s.Preemptions, 10))
 	}
 	return t
 }

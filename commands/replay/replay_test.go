@@ -1,7 +1,9 @@
 package replay
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -111,5 +113,59 @@ func TestRunTableAndProgress(t *testing.T) {
 	}
 	if !strings.Contains(errOut.String(), "50/50 requests") {
 		t.Fatalf("no progress bar on a terminal: %q", errOut)
+	}
+}
+
+// The scheduler model's table columns and JSON fields are a contract.
+func TestSchedulerModelReport(t *testing.T) {
+	base := func(format string) (*Options, *bytes.Buffer) {
+		ios, _, out, _ := cmdutil.Test()
+		return &Options{IO: ios, Trace: "../../core/replay/testdata/conversation_head500.jsonl", Format: "auto", Limit: 40,
+			PoolSize: "unlimited", Ranks: 1, Router: "work-aware", GPU: 256, TokensPerBlock: 16, PageSize: "64MiB",
+			SimPageSize: 64, LoadBandwidth: "25GB", SaveBandwidth: "25GB", PrefillRate: 50000, DecodeRate: 50,
+			Seed: 1, Pace: PaceTrace, Engines: 1, Speed: 1, OutputFormat: format,
+			Sets: []string{"scheduler=true", "completion_reservation=false,true"}}, out
+	}
+	o, out := base(cmdutil.FormatTable)
+	if err := Run(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 || !strings.HasSuffix(lines[0], "\tADMITTED\tDEFERRED\tWAITED\tRESERVED_PEAK\tPREEMPTED") {
+		t.Fatalf("table:\n%s", out)
+	}
+	o, out = base(cmdutil.FormatJSON)
+	if err := Run(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Runs []struct {
+			Scheduler map[string]any `json:"scheduler"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"passes", "admissions", "admission_queries", "offers_covered", "deferrals", "offers_shrunk",
+		"uncharged_parks", "parked", "reservations_refused", "refused_freed", "peak_reservations_held",
+		"peak_reserved_blocks", "requests_waited", "wait_passes", "preemptions", "preempted_requests"}
+	if len(rep.Runs) != 2 {
+		t.Fatalf("%d runs", len(rep.Runs))
+	}
+	for _, r := range rep.Runs {
+		for _, k := range want {
+			if _, ok := r.Scheduler[k]; !ok {
+				t.Fatalf("scheduler object lacks %q: %v", k, r.Scheduler)
+			}
+		}
+		if len(r.Scheduler) != len(want) {
+			t.Fatalf("scheduler object has %d fields, want %d: %v", len(r.Scheduler), len(want), r.Scheduler)
+		}
+		if r.Scheduler["admissions"].(float64) < 40 {
+			t.Fatalf("%v admissions for 40 requests", r.Scheduler["admissions"])
+		}
+	}
+	if rep.Runs[1].Scheduler["preemptions"].(float64) != 0 {
+		t.Fatalf("with completion reservations %v requests were preempted", rep.Runs[1].Scheduler["preemptions"])
 	}
 }

@@ -125,7 +125,7 @@ messages of kvctl validate-config.`,
 	fl.StringVar(&opts.PoolBackend, config.ServeKeyPoolBackend, def.PoolBackend, "pool backend: embedded, or mooncake to join a Mooncake cluster")
 	fl.StringVar(&opts.Pool, config.ServeKeyPool, "", "the pool of the mooncake backend: file://PATH/pool.json or host:port")
 	fl.StringVar(&opts.PoolSize, config.ServeKeyPoolSize, "auto", "memory this host gives the pool (the embedded pool, or its Mooncake segment), e.g. 64GiB; auto is a quarter of available memory")
-	fl.StringVar(&opts.StagingBytes, config.ServeKeyStagingBufferBytes, config.FormatSize(def.StagingBufferBytes), "default host staging per direction for an engine rank (at most 1GiB)")
+	fl.StringVar(&opts.StagingBytes, config.ServeKeyStagingBufferBytes, config.FormatSize(def.StagingBufferBytes), "default pinned host staging per direction for an engine rank, split evenly over its async load workers; the node memory check counts it")
 	cmdutil.DurationVar(fl, &opts.StatsInterval, config.ServeKeyStatsInterval, 0, "log prefix-hole and load stats at most this often (0 = off; metrics are always exported)")
 	cmdutil.DurationVar(fl, &opts.DrainTimeout, config.ServeKeyDrainTimeout, def.DrainTimeout, "how long a shutdown waits for queued saves")
 	fl.StringVar(&opts.MetricsAddr, config.ServeKeyMetricsAddr, "", "metrics and health listener `host:port` serving only /metrics, /healthz and /readyz (any address; empty turns it off)")

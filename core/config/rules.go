@@ -11,10 +11,6 @@ type ruleEnv struct {
 	inherited bool // a client config from MOONCAKE_CONFIG_PATH was restated onto the block
 }
 
-func (t *TRTLLMConfig) worldSize() int64 {
-	return t.TensorParallelSize * t.PipelineParallelSize * t.ContextParallelSize
-}
-
 // hasConnector reports whether kv_connector_config names any connector.
 func (t *TRTLLMConfig) hasConnector() bool {
 	c := t.Connector
@@ -34,7 +30,7 @@ func (t *TRTLLMConfig) SlidingWindow() bool {
 
 func (t *TRTLLMConfig) rules(d *dec, env ruleEnv) {
 	t.ruleAlignment(d)
-	t.ruleWorkAwareRouting(d)
+	t.ruleWorkAwareRouting(d, env)
 	t.ruleCompletionReservation(d, env)
 	if t.Connector == nil {
 		return
@@ -53,6 +49,8 @@ func (t *TRTLLMConfig) rules(d *dec, env ruleEnv) {
 	if !mooncake {
 		return
 	}
+	t.ruleFailedLoads(d, env)
+	t.ruleAttentionDPAggregated(d, env)
 	t.ruleMooncakeStartup(d, env)
 	t.ruleTierOverrides(d, env)
 	if store != nil {
@@ -71,7 +69,7 @@ func (t *TRTLLMConfig) ruleAlignment(d *dec) {
 }
 
 // Seed commit 20: work-aware routing excludes the KV-cache-aware router and conversation affinity.
-func (t *TRTLLMConfig) ruleWorkAwareRouting(d *dec) {
+func (t *TRTLLMConfig) ruleWorkAwareRouting(d *dec, env ruleEnv) {
 	a := t.AttentionDP
 	if !a.EnableWorkAwareRouting {
 		return
@@ -87,9 +85,13 @@ func (t *TRTLLMConfig) ruleWorkAwareRouting(d *dec) {
 	if !t.EnableAttentionDP {
 		d.at(SeverityWarning, pADP+".enable_work_aware_routing", "work-aware routing places requests only under attention DP", "set enable_attention_dp: true")
 	}
-	if !t.hasConnector() {
+	switch {
+	case !t.hasConnector():
 		d.at(SeverityWarning, pADP+".enable_work_aware_routing",
 			"work-aware routing needs a KV connector that moves KV; the default router is used", "")
+	case t.Connector.IsMooncakeStore() && !env.role.Transfers():
+		d.at(SeverityWarning, pADP+".enable_work_aware_routing",
+			"work-aware routing needs a KV connector that moves KV, and mooncake_store role "+string(env.role)+" moves none; the default router is used", "")
 	}
 }
 
@@ -101,6 +103,7 @@ func (t *TRTLLMConfig) ruleSpeculative(d *dec, env ruleEnv, mooncake bool) {
 		return
 	}
 	if mooncake && !env.role.Transfers() {
+		t.ruleSpeculativeCapacity(d, env)
 		return
 	}
 	if !mooncake {
@@ -130,7 +133,9 @@ func (t *TRTLLMConfig) ruleSpeculative(d *dec, env ruleEnv, mooncake bool) {
 	case t.UseKVCacheManagerV2 != nil && !*t.UseKVCacheManagerV2:
 		d.at(SeverityError, "use_kv_cache_manager_v2", mode+"it needs KVCacheManagerV2", "set use_kv_cache_manager_v2: true")
 	case t.UseKVCacheManagerV2 == nil:
-		d.atFirst(SeverityWarning, "use_kv_cache_manager_v2", mode+"it needs KVCacheManagerV2, and an automatic choice that resolves to V1 is refused",
+		// The engine refuses an automatic choice that resolves to V1, and which manager "auto"
+		// picks is decided only at startup, so a file can be proven valid only with an explicit true.
+		d.atFirst(SeverityError, "use_kv_cache_manager_v2", mode+"it needs KVCacheManagerV2, and use_kv_cache_manager_v2 left at auto may resolve to V1, which is refused",
 			"set use_kv_cache_manager_v2: true", pSpec)
 	}
 	if s.SeparateDraftKVCache {
@@ -149,6 +154,12 @@ func (t *TRTLLMConfig) ruleAdmissionQuery(d *dec, env ruleEnv, mooncake bool) {
 	}
 	if !t.DisableOverlapScheduler {
 		d.at(SeverityError, pAdmit, "admission_query needs the overlap scheduler disabled", "set disable_overlap_scheduler: true")
+	}
+	// Seed commit 7: the query is asked by the KVCacheV2Scheduler, which runs only with
+	// KVCacheManagerV2.
+	if t.UseKVCacheManagerV2 != nil && !*t.UseKVCacheManagerV2 {
+		d.at(SeverityError, pAdmit, "admission_query needs the KVCacheV2Scheduler, which runs only with KVCacheManagerV2; use_kv_cache_manager_v2 is false",
+			"set use_kv_cache_manager_v2: true")
 	}
 	ignored := func(why string) {
 		d.at(SeverityWarning, pAdmit, "admission_query is ignored "+why, "")
@@ -243,11 +254,6 @@ func (t *TRTLLMConfig) ruleStoreBlock(d *dec, env ruleEnv, b *MooncakeStoreBlock
 		d.at(SeverityError, pStoreF+"model_key", "model_key is required: every rank resolves it at startup and it has no default",
 			"name the model, for example its served name and revision")
 	}
-	if boolOr(b.AsyncLoad, false) && !t.EnableAttentionDP && t.worldSize() > 1 {
-		d.at(SeverityError, pStoreF+"async_load",
-			fmt.Sprintf("async loads need attention DP or a single rank, found %d ranks without attention DP", t.worldSize()),
-			"enable attention DP or turn async_load off")
-	}
 	if b.AsyncLoadWorkers != nil && !boolOr(b.AsyncLoad, false) {
 		d.at(SeverityWarning, pStoreF+"async_load_workers", "async_load_workers has no effect unless async_load is true", "")
 	}
@@ -270,4 +276,48 @@ func (t *TRTLLMConfig) ruleStoreBlock(d *dec, env ruleEnv, b *MooncakeStoreBlock
 		d.at(SeverityWarning, pStoreF+"stage_through_host",
 			"stage_through_host is forced back to true for role "+string(env.role)+": zero-copy registration is not available", "")
 	}
+}
+
+// Seed commit 5 with 14: a capacity role addresses no page and skips the drafter allow-list of
+// the store, but the executor still lets speculative decoding run next to the connector only in
+// its one-model form, so a capacity server runs one-model MTP or EAGLE3 and nothing else.
+func (t *TRTLLMConfig) ruleSpeculativeCapacity(d *dec, env ruleEnv) {
+	s := t.Speculative
+	const why = "a capacity-role server runs speculative decoding next to its connector only as one-model MTP or EAGLE3: "
+	switch {
+	case !s.IsMTP() && !s.IsEagle3():
+		d.at(SeverityError, pSpec+".decoding_type", why+"found "+quote(s.DecodingType), "use MTP or Eagle3")
+	case s.IsMTP() && !s.OneModel():
+		d.at(SeverityError, pSpec+".mtp_eagle_one_model", why+"MTP must run as one model", "set mtp_eagle_one_model: true")
+	case s.IsEagle3() && !s.OneModel():
+		d.at(SeverityError, pSpec+".eagle3_one_model", why+"EAGLE3 must run as one model", "set eagle3_one_model: true")
+	}
+	if s.SeparateDraftKVCache {
+		d.at(SeverityError, pSpec+".use_separate_draft_kv_cache", why+"a separate draft KV cache is not one-model speculation", "share the target KV cache")
+	}
+}
+
+// Seed commits 4 and 11: mooncake_store's worker declares reports_failed_loads for every role
+// that loads, and the manager refuses that declaration together with prefix reservations,
+// whose completion protocol has no failure outcome. A capacity role's declaration is masked.
+func (t *TRTLLMConfig) ruleFailedLoads(d *dec, env ruleEnv) {
+	if !env.role.Loads() || !t.PrefixAwareScheduling {
+		return
+	}
+	d.atFirst(SeverityError, "scheduler_config.enable_prefix_aware_scheduling",
+		"mooncake_store role "+string(env.role)+" declares reports_failed_loads, which is refused together with prefix reservations: their completion protocol has no failure outcome",
+		"turn enable_prefix_aware_scheduling off, or use role producer or capacity", "scheduler_config")
+}
+
+// Seed commit 12: aggregated serving under attention DP is not supported yet. When the
+// attention-DP gate skips a prepared pass, a generation page already reported to the connector
+// can be reassigned without the connector hearing of it. Disaggregated context servers and
+// roles that save nothing are unaffected.
+func (t *TRTLLMConfig) ruleAttentionDPAggregated(d *dec, env ruleEnv) {
+	if !t.EnableAttentionDP || !env.role.Saves() || t.CacheTransceiverBackend != "" {
+		return
+	}
+	d.atFirst(SeverityWarning, "enable_attention_dp",
+		"aggregated serving under attention DP is not supported yet: a generation page already reported to mooncake_store can be reassigned when the attention-DP gate skips a prepared pass",
+		"run disaggregated (set cache_transceiver_config.backend) or use a role that saves nothing", pADP+".enable_attention_dp", pADP)
 }

@@ -10,7 +10,7 @@ import (
 )
 
 // The benchmarks in this file run the worker against the embedded pool (mooncake.Embedded),
-// which copies and BLAKE3-checks every page on put and get. Each one alternates, within one
+// which copies and checksums (keys.CopyChecksum) every page on put and get. Each one alternates, within one
 // benchmark loop, the connector's transfer and the pool's raw batch call on the same 256 pages
 // of 64 KiB, so that both see the same machine load; they report the two throughputs and their
 // ratio as custom metrics (MB = 10^6 bytes).

@@ -103,6 +103,7 @@ type simReq struct {
 	loaded      int // blocks restored from the pool over the request's life
 	restarts    int
 	savedRanks  map[int]bool
+	loadedRanks map[int]bool // ranks that reported the parked load finished
 }
 
 type simRank struct {
@@ -420,6 +421,11 @@ func (e *engine) step() error {
 			}
 		}
 	}
+	// Under tensor parallelism the runtime acts on a parked request once every rank reported
+	// its load finished (the intersection over ranks); a failure is handed back on rank 0 only,
+	// since it is fatal on a tensor-parallel rank.
+	failedAsync := map[string]bool{}
+	var loadedEverywhere []string
 	for i, rk := range e.ranks {
 		fs, fl, err := rk.w.GetFinished(finishedGen, started)
 		if err != nil {
@@ -428,25 +434,32 @@ func (e *engine) step() error {
 		for _, id := range fs {
 			e.byID[id].savedRanks[i] = true
 		}
-		if i != 0 {
-			continue
-		}
-		failedAsync := map[string]bool{}
 		for _, id := range rk.w.TakeFailedAsyncLoadRequests() {
 			failedAsync[id] = true
 		}
 		for _, id := range fl {
 			r := e.byID[id]
-			if failedAsync[id] {
-				e.restart(r)
-				continue
+			if r.loadedRanks == nil {
+				r.loadedRanks = map[int]bool{}
 			}
-			r.phase, r.computed, r.written = phaseRunning, r.matched, r.matched/testT
-			for b := range r.written {
-				e.checkBlock(r, b, "after an asynchronous load")
-				e.loadedBlocks++
-				r.loaded++
+			r.loadedRanks[i] = true
+			if len(r.loadedRanks) == len(e.ranks) {
+				loadedEverywhere = append(loadedEverywhere, id)
 			}
+		}
+	}
+	for _, id := range loadedEverywhere {
+		r := e.byID[id]
+		r.loadedRanks = nil
+		if failedAsync[id] {
+			e.restart(r)
+			continue
+		}
+		r.phase, r.computed, r.written = phaseRunning, r.matched, r.matched/testT
+		for b := range r.written {
+			e.checkBlock(r, b, "after an asynchronous load")
+			e.loadedBlocks++
+			r.loaded++
 		}
 	}
 	for _, r := range e.reqs {

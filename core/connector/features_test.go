@@ -96,36 +96,6 @@ func testAsyncLoadFailureIsHandedBack(t *testing.T, newPool func() testPool) {
 	}
 }
 
-func TestAnnouncedLoadNeverStartedFails(t *testing.T) {
-	opts := baseOptions()
-	opts.AsyncLoad = true
-	w, err := NewWorker(opts, newMemPool(), newHostMover(testLayout(8)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.RegisterLayout(testLayout(8)); err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close(context.Background())
-	_, fl, err := w.GetFinished(nil, []string{"ghost"})
-	if err != nil || len(fl) != 1 || fl[0] != "ghost" {
-		t.Fatalf("GetFinished = %v, %v", fl, err)
-	}
-	if got := w.TakeFailedAsyncLoadRequests(); len(got) != 1 || got[0] != "ghost" {
-		t.Fatalf("failed async = %v", got)
-	}
-	if got := w.TakeFailedAsyncLoadRequests(); len(got) != 0 {
-		t.Fatalf("take did not clear: %v", got)
-	}
-	// An empty transfer is done at once.
-	if err := w.StartAsyncLoad("empty", nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, fl, _ := w.GetFinished(nil, []string{"empty"}); len(fl) != 1 || len(w.TakeFailedAsyncLoadRequests()) != 0 {
-		t.Fatalf("empty transfer: finished %v", fl)
-	}
-}
-
 func TestSavesReemittedWhenSaveStepSkipped(t *testing.T) {
 	poolKinds(t, testSavesReemittedWhenSaveStepSkipped)
 }

@@ -51,26 +51,48 @@ type loadResult struct {
 	storeCalls   int
 }
 
-// loadPages gets pages from the pool into staging slots, batch by batch, and scatters the
-// slots that landed into engine memory. Once a request loses a page its remaining pages are
-// not fetched. A result list of the wrong length fails every page of the batch. The returned
-// error is for what is not a page miss (the mover, a cancelled context); page misses are in the
-// result.
+// directBatchBytes is what one batch moves when pages are used in place: a load or save batch
+// takes pages until it holds this many bytes, whatever transfer_batch_size says, since each
+// mover call pays a fixed cost (about 40 µs on an H200) that 64 small pages do not cover
+// (docs/perf/gpu.md) and large pages need no more to keep the link busy. Staged transfers are
+// bounded by their slots instead. A variable so the GPU benchmarks can compare sizes.
+var directBatchBytes = 64 << 20
+
+// directSaveBatchBytes is directBatchBytes for saves: measured against 64 MiB on the H200,
+// 32 MiB batches saved 64 KiB to 1 MiB pages 1–6 points of the link faster.
+var directSaveBatchBytes = 32 << 20
+
+// directBatchMaxPages bounds a batch of pages read in place, whatever their size.
+const directBatchMaxPages = 8192
+
+// loadPages gets pages from the pool and scatters the ones that landed into engine memory, batch
+// by batch. Once a request loses a page its remaining pages are not fetched. A result list of
+// the wrong length fails every page of the batch. The returned error is for what is not a page
+// miss (the mover, a cancelled context); page misses are in the result.
 //
-// With two or more staging slots, the slots are used as two sets so that the scatter of one
-// batch overlaps the pool get of the next, as a GPU copy on a stream overlaps the host: unstage
+// With view set, the pool's memory is registered with the mover: each batch is leased and
+// verified in place (BatchView) and scattered straight from pool memory, and its view is
+// released once that scatter is done. Otherwise the pool copies each batch into staging slots
+// (BatchGet), used as two sets when there are two or more slots. Either way the scatter of one
+// batch overlaps the get of the next, as a GPU copy on a stream overlaps the host: unstage
 // records issuing a scatter and sync the wait for it. At most one scatter is in flight (a Mover
-// is not safe for concurrent use), a set is written again only after its scatter is done, and
-// every scatter is done before loadPages returns, so no write into a failed request's pages is
-// in flight when it is reported.
-func loadPages(ctx context.Context, pool mooncake.Pool, mover gpu.Mover, stage gpu.Staging, batch int, items []pageIO, sample *stats.LoadSample) (res loadResult, err error) {
+// is not safe for concurrent use), a staging set is written again only after its scatter is
+// done, and every scatter is done before loadPages returns, so no write into a failed request's
+// pages is in flight when it is reported.
+func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mover gpu.Mover, stage gpu.Staging, batch int, items []pageIO, sample *stats.LoadSample) (res loadResult, err error) {
 	res.failed = map[int]bool{}
 	sets := 1
-	if stage.Slots() >= 2 {
-		sets = 2
+	if view != nil {
+		sets = 2 // no slots to share: one batch is verified while the previous one is scattered
+	} else {
+		if stage.Slots() >= 2 {
+			sets = 2
+		}
+		batch = max(1, min(batch, stage.Slots()/sets))
 	}
-	batch = max(1, min(batch, stage.Slots()/sets))
+	batch = max(1, batch)
 	var inflight chan error // the scatter in flight, if any
+	var inflightRelease func()
 	wait := func() error {
 		if inflight == nil {
 			return nil
@@ -79,6 +101,10 @@ func loadPages(ctx context.Context, pool mooncake.Pool, mover gpu.Mover, stage g
 		err := <-inflight
 		sample.End(stats.PhaseSync, m)
 		inflight = nil
+		if inflightRelease != nil {
+			inflightRelease()
+			inflightRelease = nil
+		}
 		if err != nil {
 			return fmt.Errorf("scatter loaded pages: %w", err)
 		}
@@ -93,6 +119,15 @@ func loadPages(ctx context.Context, pool mooncake.Pool, mover gpu.Mover, stage g
 			sample.FailedPages += int64(res.failedPages)
 		}
 	}()
+	// In place, the first batch holds a quarter of directBatchBytes: its check is the one that
+	// no scatter overlaps, so the copy engines start sooner.
+	target := directBatchBytes / 4
+	full := func(pages, bytes int) bool {
+		if view == nil {
+			return pages >= batch
+		}
+		return pages >= directBatchMaxPages || bytes >= target
+	}
 	set := 0
 	for next := 0; next < len(items); {
 		if err := ctx.Err(); err != nil {
@@ -100,24 +135,38 @@ func loadPages(ctx context.Context, pool mooncake.Pool, mover gpu.Mover, stage g
 		}
 		m := sample.Start()
 		keys := make([]string, 0, batch)
-		bufs := make([][]byte, 0, batch)
+		var bufs [][]byte
+		if view == nil {
+			bufs = make([][]byte, 0, batch)
+		}
 		owners := make([]*pageIO, 0, batch)
-		for ; next < len(items) && len(keys) < batch; next++ {
+		for bytes := 0; next < len(items) && !full(len(keys), bytes); next++ {
 			it := &items[next]
 			if res.failed[it.req] {
 				continue
 			}
 			keys = append(keys, it.key)
-			bufs = append(bufs, stage.Slot(set*batch + len(bufs))[:it.size])
+			if view == nil {
+				bufs = append(bufs, stage.Slot(set*batch + len(bufs))[:it.size])
+			}
 			owners = append(owners, it)
+			bytes += it.size
 		}
 		sample.End(stats.PhaseDescribe, m)
+		target = directBatchBytes
 		if len(keys) == 0 {
 			continue
 		}
 
 		m = sample.Start()
-		got := pool.BatchGet(ctx, keys, bufs)
+		var got []int64
+		var release func()
+		if view != nil {
+			v := view.BatchView(ctx, keys)
+			got, bufs, release = v.Codes, v.Bufs, v.Release
+		} else {
+			got = pool.BatchGet(ctx, keys, bufs)
+		}
 		sample.End(stats.PhaseGet, m)
 		res.storeCalls++
 		if sample != nil {
@@ -128,7 +177,7 @@ func loadPages(ctx context.Context, pool mooncake.Pool, mover gpu.Mover, stage g
 		srcs := make([][]byte, 0, len(keys))
 		refs := make([]gpu.PageRef, 0, len(keys))
 		for i, it := range owners {
-			if len(got) == len(keys) && got[i] == int64(it.size) {
+			if len(got) == len(keys) && got[i] == int64(it.size) && len(bufs) == len(keys) && len(bufs[i]) == it.size {
 				srcs = append(srcs, bufs[i])
 				refs = append(refs, it.ref)
 				res.landedBytes += int64(it.size)
@@ -141,14 +190,19 @@ func loadPages(ctx context.Context, pool mooncake.Pool, mover gpu.Mover, stage g
 			res.failed[it.req] = true
 		}
 		if err := wait(); err != nil {
+			if release != nil {
+				release()
+			}
 			return res, err
 		}
 		if len(srcs) > 0 {
 			m = sample.Start()
 			done := make(chan error, 1)
 			go func() { done <- mover.Scatter(ctx, srcs, refs) }()
-			inflight = done
+			inflight, inflightRelease = done, release
 			sample.End(stats.PhaseUnstage, m)
+		} else if release != nil {
+			release()
 		}
 		if sets == 2 {
 			set ^= 1

@@ -84,4 +84,14 @@ var (
 	ErrLoadFailed = errors.New("load failed")
 	// ErrClosed is returned by calls after Close.
 	ErrClosed = errors.New("connector closed")
+	// ErrMisreportedRequest is wrapped by the fail-stop error for a request id an engine named
+	// against the protocol: an asynchronous load announced for a request with no load queued or
+	// whose load was already reported finished, or saves dropped for a request outside the
+	// bound pass that was not handed back for a restart.
+	ErrMisreportedRequest = errors.New("misreported request id")
+	// ErrFailedLoadsNotTaken is wrapped by the fail-stop error for an engine that went on
+	// without taking the requests a load failure handed back: an engine reading
+	// reports_failed_loads must call TakeFailedLoadRequests after every StartLoad and
+	// TakeFailedAsyncLoadRequests after every GetFinished.
+	ErrFailedLoadsNotTaken = errors.New("failed loads not taken")
 )

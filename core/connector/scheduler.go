@@ -29,6 +29,9 @@ type Scheduler struct {
 	unconfirmed  map[string]int // request -> block ordinal its last emitted saves end at
 	pendingAsync []RequestTransfers
 	warnedMM     bool
+	// contextOnly holds, in speculative-prefill mode, the requests a lookup accepted as
+	// context-only; BuildMeta refuses a new request outside it (the backstop of seed commit 5).
+	contextOnly map[string]bool
 }
 
 // reqState is what the adapter keeps per request.
@@ -66,6 +69,7 @@ func NewScheduler(opts Options, pool mooncake.Pool) (*Scheduler, error) {
 		pool:        pool,
 		log:         opts.Logger,
 		reqs:        map[string]*reqState{},
+		contextOnly: map[string]bool{},
 		unconfirmed: map[string]int{},
 	}
 	if opts.Role.Loads() {
@@ -143,6 +147,9 @@ func (s *Scheduler) lookup(ctx context.Context, req Request, numComputed int) (i
 			s.mu.Unlock()
 		}
 	}()
+	if s.opts.SpeculativePrefill {
+		s.contextOnly[req.ID] = true
+	}
 	if keys.Bypassed(req.HasMultimodal, req.Scope) {
 		if !s.warnedMM {
 			s.warnedMM = true
@@ -322,9 +329,20 @@ func (s *Scheduler) UpdateStateAfterAlloc(reqID string, blockIDsByGroup [][]int,
 // synchronous offer, and saves of the blocks past its save mark that this pass completes
 // (computed position + honoured restore + scheduled tokens), bounded by the blocks that have a
 // hash and a page in every group.
+//
+// In speculative-prefill mode a new request that no lookup accepted as context-only is refused
+// with ErrNotContextOnly before any state is recorded: a request that skipped the lookup could
+// otherwise have its draft KV saved from a pass that may reject draft tokens.
 func (s *Scheduler) BuildMeta(out SchedulerOutput) (Metadata, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.opts.SpeculativePrefill && s.opts.Role.Transfers() {
+		for _, rd := range out.NewRequests {
+			if !rd.Dummy && !s.contextOnly[rd.ID] {
+				return Metadata{}, fmt.Errorf("request %s: %w; it reached the scheduler output without a context-only lookup", rd.ID, ErrNotContextOnly)
+			}
+		}
+	}
 	for _, id := range out.SubmittedSaves {
 		if end, ok := s.unconfirmed[id]; ok {
 			if st := s.reqs[id]; st != nil {
@@ -454,6 +472,7 @@ func (s *Scheduler) RequestReset(reqID string) {
 
 func (s *Scheduler) forget(reqID string) {
 	delete(s.reqs, reqID)
+	delete(s.contextOnly, reqID)
 	delete(s.unconfirmed, reqID)
 	kept := s.pendingAsync[:0]
 	for _, t := range s.pendingAsync {

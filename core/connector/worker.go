@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"runtime"
 	"slices"
@@ -46,6 +47,7 @@ type Worker struct {
 	closedGen   map[string]bool // finished requests waiting for their saves
 	announced   map[string]bool // parked requests the engine said it started loading
 	async       map[string]*asyncLoad
+	protocol    protocolState
 	kept        error
 	closed      bool
 	warnedTTL   bool
@@ -53,6 +55,13 @@ type Worker struct {
 	saveQ     *fifo[saveJob]
 	saveMover gpu.Mover
 	saveStage gpu.Staging
+
+	// direct is the pool read in place by loads and directPut the pool saves write into in
+	// place (nil: through staging); regs hold the registrations of its memory with the
+	// mover's device, released by Close.
+	direct    mooncake.Viewer
+	directPut mooncake.Reserver
+	regs      []io.Closer
 
 	asyncQ       *fifo[*asyncLoad]
 	asyncMovers  []gpu.Mover
@@ -97,6 +106,7 @@ func NewWorker(opts Options, pool mooncake.Pool, mover gpu.Mover) (*Worker, erro
 		closedGen:   map[string]bool{},
 		announced:   map[string]bool{},
 		async:       map[string]*asyncLoad{},
+		protocol:    newProtocolState(),
 	}
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	if opts.Role.Loads() {
@@ -226,6 +236,11 @@ func (w *Worker) RegisterLayout(l gpu.Layout) error {
 		}
 	}
 
+	if !w.opts.StagedTransfers {
+		if regs, v := w.registerPoolMemory(); v != nil {
+			w.direct, w.directPut, w.regs = v, v.(mooncake.Reserver), regs
+		}
+	}
 	w.loadStage = loadStage
 	if saveMover != nil {
 		w.saveMover, w.saveStage, w.saveQ = saveMover, saveStage, newFIFO[saveJob]()
@@ -240,6 +255,39 @@ func (w *Worker) RegisterLayout(l gpu.Layout) error {
 		}
 	}
 	return nil
+}
+
+// registerPoolMemory registers every region of an in-process pool with the mover, so loads can
+// copy pages straight from pool memory. It returns nil when the pool or the mover cannot do
+// that, or when a registration fails (the failure is logged and loads use staging).
+func (w *Worker) registerPoolMemory() ([]io.Closer, mooncake.Viewer) {
+	v, ok := w.pool.(mooncake.Viewer)
+	if !ok {
+		return nil, nil
+	}
+	if _, ok := w.pool.(mooncake.Reserver); !ok {
+		return nil, nil
+	}
+	r, ok := w.mover.(gpu.HostRegistrar)
+	if !ok {
+		return nil, nil
+	}
+	var regs []io.Closer
+	var total int
+	for _, mem := range v.MemoryRegions() {
+		c, err := r.RegisterHost(mem)
+		if err != nil {
+			for _, c := range regs {
+				_ = c.Close()
+			}
+			w.log.Warn("mooncake-store transfers copy through staging: registering pool memory with the device failed", "err", err)
+			return nil, nil
+		}
+		regs = append(regs, c)
+		total += len(mem)
+	}
+	w.log.Info("mooncake-store transfers use pool memory in place", "regions", len(regs), "registered_bytes", total)
+	return regs, v
 }
 
 // keep records err as the worker's error if it has none yet, and returns the kept error.
@@ -274,6 +322,7 @@ func (w *Worker) Err() error {
 func (w *Worker) BindMeta(meta Metadata) {
 	w.mu.Lock()
 	w.bound = Metadata{Loads: slices.Clone(meta.Loads), Saves: slices.Clone(meta.Saves)}
+	w.protocol.bind(meta)
 	w.mu.Unlock()
 	for _, t := range meta.AsyncLoads {
 		_ = w.StartAsyncLoad(t.RequestID, t.Pages)
@@ -281,14 +330,24 @@ func (w *Worker) BindMeta(meta Metadata) {
 }
 
 // DropBoundSaves removes the given requests' saves from the bound metadata, so a request whose
-// load failed does not publish pages it never computed. It is idempotent.
-func (w *Worker) DropBoundSaves(ids []string) {
+// load failed does not publish pages it never computed. It is idempotent. A request that is
+// neither in the bound pass nor handed back by TakeFailedLoadRequests or
+// TakeFailedAsyncLoadRequests since is a misreported id: nothing is dropped and a fail-stop
+// error wrapping ErrMisreportedRequest is kept and returned.
+func (w *Worker) DropBoundSaves(ids []string) error {
 	if len(ids) == 0 {
-		return
+		return nil
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if err := w.usableLocked(); err != nil {
+		return err
+	}
+	if err := w.protocol.checkDrop(ids); err != nil {
+		return w.keepLocked(err)
+	}
 	w.dropBoundSavesLocked(ids)
+	return nil
 }
 
 func (w *Worker) dropBoundSavesLocked(ids []string) {
@@ -313,6 +372,12 @@ func (w *Worker) dropBoundSavesLocked(ids []string) {
 func (w *Worker) StartLoad(ctx context.Context) error {
 	w.mu.Lock()
 	if err := w.usableLocked(); err != nil {
+		w.mu.Unlock()
+		return err
+	}
+	if len(w.failedSync) > 0 {
+		err := w.keepLocked(fmt.Errorf("%w: StartLoad called again while requests %v, handed back by the previous StartLoad, were never taken; an engine that reads reports_failed_loads must call TakeFailedLoadRequests after every StartLoad",
+			ErrFailedLoadsNotTaken, w.failedSync))
 		w.mu.Unlock()
 		return err
 	}
@@ -343,7 +408,7 @@ func (w *Worker) StartLoad(ctx context.Context) error {
 	if err != nil {
 		return w.keep(err)
 	}
-	res, err := loadPages(ctx, w.pool, w.mover, stage, w.opts.TransferBatchSize, items, sample)
+	res, err := loadPages(ctx, w.pool, w.direct, w.mover, stage, w.opts.TransferBatchSize, items, sample)
 	if sample != nil {
 		sample.Transfer = time.Since(began)
 		w.stats.RecordLoad(sample)
@@ -395,6 +460,7 @@ func (w *Worker) TakeFailedLoadRequests() []string {
 	defer w.mu.Unlock()
 	ids := w.failedSync
 	w.failedSync = nil
+	w.protocol.handBack(ids)
 	return ids
 }
 
@@ -405,6 +471,7 @@ func (w *Worker) TakeFailedAsyncLoadRequests() []string {
 	defer w.mu.Unlock()
 	ids := w.failedAsync
 	w.failedAsync = nil
+	w.protocol.handBack(ids)
 	return ids
 }
 
@@ -468,7 +535,8 @@ func (w *Worker) saveLoop() {
 }
 
 // save writes one job: per batch, the keys not yet in the pool are gathered into staging slots
-// and put with the rank's ReplicateConfig.
+// and put with the rank's ReplicateConfig, or, when the pool's memory is registered, reserved in
+// the pool, gathered straight into it and committed.
 func (w *Worker) save(job saveJob) (err error) {
 	ctx := w.ctx
 	if job.fence != nil {
@@ -516,6 +584,16 @@ func (w *Worker) save(job saveJob) (err error) {
 		sets = 2
 	}
 	batch := max(1, min(w.opts.TransferBatchSize, w.saveStage.Slots()/sets))
+	if w.directPut != nil {
+		// Written in place: no slots bound the batch, which holds directSaveBatchBytes, and
+		// the next gather always overlaps the last End.
+		sets = 2
+		largest := 1
+		for _, it := range items {
+			largest = max(largest, it.size)
+		}
+		batch = min(directBatchMaxPages, max(1, directSaveBatchBytes/largest))
+	}
 	var failed, attempted, refusedTTL int
 	var inflight chan []mooncake.Code
 	var inflightN int
@@ -579,20 +657,47 @@ func (w *Worker) save(job saveJob) (err error) {
 		}
 		for j, i := range todo {
 			putKeys[j] = chunk[i].key
-			bufs[j] = w.saveStage.Slot(set*batch + j)[:chunk[i].size]
+			if w.directPut == nil { // in place, the pool's reservation is the buffer
+				bufs[j] = w.saveStage.Slot(set*batch + j)[:chunk[i].size]
+			}
 			refs[j] = chunk[i].ref
 			if gids != nil {
 				gids[j] = chunkGroups[i]
 			}
 		}
-		if err := w.saveMover.Gather(ctx, refs, bufs); err != nil {
-			return fmt.Errorf("gather pages: %w", err)
-		}
-		settle()
 		cfg := w.replicateConfig()
 		cfg.GroupIDs = gids
 		done := make(chan []mooncake.Code, 1)
-		go func() { done <- w.pool.BatchPut(ctx, putKeys, bufs, cfg) }()
+		if w.directPut != nil {
+			// Gather straight into the pool memory reserved for the keys; End takes the
+			// checksums there and makes the values readable.
+			sizes := make([]int64, len(todo))
+			for j, i := range todo {
+				sizes[j] = int64(chunk[i].size)
+			}
+			r := w.directPut.BatchPutStart(ctx, putKeys, sizes, cfg)
+			var gRefs []gpu.PageRef
+			var gBufs [][]byte
+			for j := range todo {
+				if r.Bufs[j] != nil {
+					gRefs, gBufs = append(gRefs, refs[j]), append(gBufs, r.Bufs[j])
+				}
+			}
+			if len(gRefs) > 0 {
+				if err := w.saveMover.Gather(ctx, gRefs, gBufs); err != nil {
+					r.Revoke()
+					return fmt.Errorf("gather pages: %w", err)
+				}
+			}
+			settle()
+			go func() { done <- r.End() }()
+		} else {
+			if err := w.saveMover.Gather(ctx, refs, bufs); err != nil {
+				return fmt.Errorf("gather pages: %w", err)
+			}
+			settle()
+			go func() { done <- w.pool.BatchPut(ctx, putKeys, bufs, cfg) }()
+		}
 		sizes := make([]int, len(todo))
 		for j, i := range todo {
 			sizes[j] = chunk[i].size
@@ -643,6 +748,7 @@ func (w *Worker) StartAsyncLoad(reqID string, pages []PageTransfer) error {
 	}
 	a := &asyncLoad{id: reqID, pages: pages, enqueued: w.opts.Clock()}
 	w.async[reqID] = a
+	w.protocol.finished.remove(reqID)
 	if len(pages) == 0 {
 		a.done = true
 		return nil
@@ -707,7 +813,7 @@ func (w *Worker) loadParked(i int, a *asyncLoad, mover gpu.Mover, stage gpu.Stag
 	if err != nil {
 		return true, err
 	}
-	res, err := loadPages(w.ctx, w.pool, mover, stage, w.opts.TransferBatchSize, items, sample)
+	res, err := loadPages(w.ctx, w.pool, w.direct, mover, stage, w.opts.TransferBatchSize, items, sample)
 	if sample != nil {
 		sample.Transfer = time.Since(began)
 	}
@@ -729,14 +835,31 @@ func (w *Worker) loadParked(i int, a *asyncLoad, mover gpu.Mover, stage gpu.Stag
 // GetFinished reports the finished requests whose saves are all done (finishedSaving) and the
 // parked requests whose asynchronous load is done (finishedLoading). A finished request is
 // reported only once it was passed in finishedGen, a parked one only once it was announced in
-// startedLoading; an announced request with no load queued is reported finished and failed. A
-// failed load is then handed out by TakeFailedAsyncLoadRequests.
+// startedLoading. A failed load is then handed out by TakeFailedAsyncLoadRequests, which the
+// engine must call before the next GetFinished. Announcing a request with no asynchronous load
+// queued, or one an earlier GetFinished already reported finished, is a misreported id: the
+// call fails with a fail-stop error wrapping ErrMisreportedRequest rather than act on the wrong
+// request.
 func (w *Worker) GetFinished(finishedGen, startedLoading []string) (finishedSaving, finishedLoading []string, err error) {
 	defer w.stats.TickLoads()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err := w.usableLocked(); err != nil {
 		return nil, nil, err
+	}
+	if len(w.failedAsync) > 0 {
+		return nil, nil, w.keepLocked(fmt.Errorf("%w: GetFinished called again while parked requests %v, whose asynchronous loads failed, were never taken; an engine that reads reports_failed_loads must call TakeFailedAsyncLoadRequests after every GetFinished",
+			ErrFailedLoadsNotTaken, w.failedAsync))
+	}
+	for _, id := range startedLoading {
+		if w.async[id] != nil {
+			continue
+		}
+		why := "no asynchronous load was queued for it"
+		if w.protocol.finished.has(id) {
+			why = "an earlier GetFinished already reported its load finished"
+		}
+		return nil, nil, w.keepLocked(fmt.Errorf("%w: the engine announced request %q as loading asynchronously, but %s", ErrMisreportedRequest, id, why))
 	}
 	for _, id := range finishedGen {
 		w.closedGen[id] = true
@@ -752,19 +875,15 @@ func (w *Worker) GetFinished(finishedGen, startedLoading []string) (finishedSavi
 	}
 	for id := range w.announced {
 		a := w.async[id]
-		switch {
-		case a == nil:
-			finishedLoading = append(finishedLoading, id)
-			w.failedAsync = append(w.failedAsync, id)
-		case a.done:
-			finishedLoading = append(finishedLoading, id)
-			if a.failed {
-				w.failedAsync = append(w.failedAsync, id)
-			}
-			delete(w.async, id)
-		default:
+		if a == nil || !a.done {
 			continue
 		}
+		finishedLoading = append(finishedLoading, id)
+		if a.failed {
+			w.failedAsync = append(w.failedAsync, id)
+		}
+		delete(w.async, id)
+		w.protocol.finished.add(id)
 		delete(w.announced, id)
 	}
 	slices.Sort(finishedSaving)
@@ -829,5 +948,11 @@ func (w *Worker) Close(ctx context.Context) error {
 			}
 		}
 	}
+	for _, r := range w.regs {
+		if err := r.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("unregister pool memory: %w", err))
+		}
+	}
+	w.regs = nil
 	return errors.Join(errs...)
 }

@@ -117,7 +117,8 @@ func statusOf(err error) error {
 		code = codes.Canceled
 	case errors.Is(err, context.DeadlineExceeded):
 		code = codes.DeadlineExceeded
-	case errors.Is(err, connector.ErrNotContextOnly), errors.Is(err, connector.ErrNoLayout):
+	case errors.Is(err, connector.ErrNotContextOnly), errors.Is(err, connector.ErrNoLayout),
+		errors.Is(err, connector.ErrMisreportedRequest), errors.Is(err, connector.ErrFailedLoadsNotTaken):
 		code = codes.FailedPrecondition
 	case errors.Is(err, connector.ErrLoadFailed):
 		code = codes.DataLoss
@@ -208,7 +209,7 @@ func (d *Daemon) register(conn uint64, req *enginepb.RegisterRequest) (*engine, 
 			return nil, status.Errorf(codes.FailedPrecondition, "register: open engine memory: %v", err)
 		}
 	}
-	if e.worker, err = connector.NewWorker(opts, d.pool, e.mover); err != nil {
+	if e.worker, err = connector.NewWorker(opts, d.connectorPool(), e.mover); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
 	}
 	if err := e.worker.RegisterLayout(layout); err != nil {

@@ -43,8 +43,12 @@ type torchSummary struct {
 	Warm           torchPass             `json:"warm"`
 	ExpectedLoaded int                   `json:"expected_warm_loaded_blocks"`
 	DaemonLoads    *daemon.LoadStatsJSON `json:"daemon_loads"`
-	OK             bool                  `json:"ok"`
-	Problems       []string              `json:"problems"`
+	// Anchor and AnchorAfter are the pinned 64 MiB copies (h2d_64mib_gbs, d2h_64mib_gbs)
+	// measured by the engine before the cold pass and after the warm pass.
+	Anchor      map[string]float64 `json:"anchor"`
+	AnchorAfter map[string]float64 `json:"anchor_after"`
+	OK          bool               `json:"ok"`
+	Problems    []string           `json:"problems"`
 }
 
 // TestGPUTorchEngine is the end-to-end run with a PyTorch process as the engine: it registers a
@@ -121,6 +125,10 @@ func TestGPUTorchEngine(t *testing.T) {
 			if d := sum.DaemonLoads; d != nil && d.TransferSeconds > 0 {
 				line += fmt.Sprintf("; daemon: %d pages, %d bytes landed in %.3fs of transfers: %.0f pages/s, %.2f GB/s",
 					d.Pages, d.LandedBytes, d.TransferSeconds, float64(d.Pages)/d.TransferSeconds, float64(d.LandedBytes)/d.TransferSeconds/1e9)
+			}
+			if h2d := (sum.Anchor["h2d_64mib_gbs"] + sum.AnchorAfter["h2d_64mib_gbs"]) / 2; h2d > 0 && w.StartLoadSeconds > 0 {
+				line += fmt.Sprintf("; pinned H2D 64 MiB %.2f / %.2f GB/s (before / after): StartLoad at %.1f %% of their mean",
+					sum.Anchor["h2d_64mib_gbs"], sum.AnchorAfter["h2d_64mib_gbs"], 100*float64(w.LoadedBytes)/w.StartLoadSeconds/1e9/h2d)
 			}
 			t.Log(line)
 		})

@@ -158,8 +158,9 @@ func (s *service) StartLoad(ctx context.Context, req *enginepb.EngineRef) (*engi
 	if err != nil {
 		return nil, err
 	}
+	prior := w.Err()
 	if err := w.StartLoad(ctx); err != nil {
-		return nil, statusOf(err)
+		return nil, s.protocolStatus(req.GetEngine(), prior, err)
 	}
 	return &enginepb.Empty{}, nil
 }
@@ -180,9 +181,10 @@ func (s *service) GetFinished(_ context.Context, req *enginepb.GetFinishedReques
 	if err != nil {
 		return nil, err
 	}
+	prior := w.Err()
 	saving, loading, err := w.GetFinished(req.GetFinishedGen(), req.GetStartedLoading())
 	if err != nil {
-		return nil, statusOf(err)
+		return nil, s.protocolStatus(req.GetEngine(), prior, err)
 	}
 	return &enginepb.GetFinishedResponse{FinishedSaving: saving, FinishedLoading: loading}, nil
 }
@@ -216,6 +218,9 @@ func (s *service) DropBoundSaves(_ context.Context, req *enginepb.DropRequest) (
 	if err != nil {
 		return nil, err
 	}
-	w.DropBoundSaves(req.GetRequestIds())
+	prior := w.Err()
+	if err := w.DropBoundSaves(req.GetRequestIds()); err != nil {
+		return nil, s.protocolStatus(req.GetEngine(), prior, err)
+	}
 	return &enginepb.Empty{}, nil
 }

@@ -44,6 +44,14 @@ type Config struct {
 	// that time the daemon rather than the simulator; tests leave it false so that every
 	// loaded byte is checked.
 	SkipVerify bool
+	// AsyncLoad registers every rank with async_load: a pool hit parks the request while each
+	// rank's load workers fetch its shard, and the request resumes once every rank reported it
+	// finished. AsyncLoadWorkers is passed to Register (0: the daemon's default).
+	AsyncLoad        bool
+	AsyncLoadWorkers int
+	// AfterBuild, when set, sees every pass's metadata after it is built and before any rank
+	// binds it: tests use it to lose pages between a lookup and its load.
+	AfterBuild func(meta *enginepb.Metadata)
 }
 
 func (c *Config) defaults() {
@@ -82,6 +90,7 @@ type Result struct {
 	LoadedBlocks   int `json:"loaded_blocks"`   // blocks restored from the pool, checked byte for byte
 	ComputedBlocks int `json:"computed_blocks"` // blocks the engine computed
 	Restarts       int `json:"restarts"`        // requests restarted after a failed load
+	Parked         int `json:"parked"`          // requests parked for an asynchronous load
 }
 
 type rank struct {
@@ -92,13 +101,15 @@ type rank struct {
 
 type req struct {
 	Request
-	phase     int
-	pages     [][]int
-	sentPages int
-	computed  int
-	restore   int
-	written   int
-	saved     map[int]bool
+	phase      int
+	pages      [][]int
+	sentPages  int
+	computed   int
+	restore    int
+	written    int
+	saved      map[int]bool
+	loaded     map[int]bool // ranks that reported a parked load finished
+	loadFailed bool         // a rank handed the parked load back as failed
 }
 
 const (
@@ -106,6 +117,7 @@ const (
 	phaseRunning
 	phaseSaving
 	phaseDone
+	phaseParked
 )
 
 // Engine is a registered simulated engine.
@@ -160,6 +172,7 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 			Engine: rk.name, ModelKey: cfg.ModelKey, WorldSize: int32(cfg.World), Rank: int32(r),
 			Role: "both", Scheduler: r == 0, Layout: layoutPB(layout),
 			GroupBlocks: cfg.GroupBlocks, SoftPinTtlMs: cfg.SoftPinTTLms,
+			AsyncLoad: cfg.AsyncLoad, AsyncLoadWorkers: int32(cfg.AsyncLoadWorkers),
 		}
 		if cfg.Memory == MemoryCUDAFD {
 			_, err = rk.client.RegisterCUDAFD(ctx, req, rk.mem.fd, rk.mem.size, rk.mem.device)
@@ -366,7 +379,7 @@ func (e *Engine) Run(ctx context.Context, reqs []Request, maxRunning int) (Resul
 		done, running := true, 0
 		for _, r := range all {
 			done = done && r.phase == phaseDone
-			if r.phase == phaseRunning || r.phase == phaseSaving {
+			if r.phase == phaseRunning || r.phase == phaseSaving || r.phase == phaseParked {
 				running++
 			}
 		}
@@ -376,6 +389,7 @@ func (e *Engine) Run(ctx context.Context, reqs []Request, maxRunning int) (Resul
 		res.Passes++
 
 		// Admit waiting requests.
+		var started []string
 		for _, r := range all {
 			if r.phase != phaseWaiting || (maxRunning > 0 && running >= maxRunning) {
 				continue
@@ -392,6 +406,12 @@ func (e *Engine) Run(ctx context.Context, reqs []Request, maxRunning int) (Resul
 				return res, fmt.Errorf("allocation report %s: %w", r.ID, err)
 			}
 			r.phase, r.restore = phaseRunning, h
+			if lr.GetAsync() {
+				// Parked: out of the batch until every rank's load finished.
+				r.phase, r.restore, r.computed, r.loaded = phaseParked, 0, h, map[int]bool{}
+				started = append(started, r.ID)
+				res.Parked++
+			}
 			res.MatchedTokens += h
 			running++
 		}
@@ -425,6 +445,9 @@ func (e *Engine) Run(ctx context.Context, reqs []Request, maxRunning int) (Resul
 		meta, err := sched.client.BuildMeta(ctx, bm)
 		if err != nil {
 			return res, fmt.Errorf("build metadata: %w", err)
+		}
+		if e.cfg.AfterBuild != nil {
+			e.cfg.AfterBuild(meta)
 		}
 		failed := map[string]bool{}
 		for _, rk := range e.ranks {
@@ -497,7 +520,7 @@ func (e *Engine) Run(ctx context.Context, reqs []Request, maxRunning int) (Resul
 			if _, err := rk.client.WaitForSave(ctx, &enginepb.EngineRef{Engine: rk.name}); err != nil {
 				return res, fmt.Errorf("wait for save on %s: %w", rk.name, err)
 			}
-			gf, err := rk.client.GetFinished(ctx, &enginepb.GetFinishedRequest{Engine: rk.name, FinishedGen: finishedGen})
+			gf, err := rk.client.GetFinished(ctx, &enginepb.GetFinishedRequest{Engine: rk.name, FinishedGen: finishedGen, StartedLoading: started})
 			if err != nil {
 				return res, err
 			}
@@ -506,6 +529,45 @@ func (e *Engine) Run(ctx context.Context, reqs []Request, maxRunning int) (Resul
 					r.saved[ri] = true
 				}
 			}
+			fa, err := rk.client.TakeFailedAsyncLoads(ctx, &enginepb.EngineRef{Engine: rk.name})
+			if err != nil {
+				return res, err
+			}
+			for _, id := range fa.GetIds() {
+				if r := byID[id]; r != nil {
+					r.loadFailed = true
+				}
+			}
+			for _, id := range gf.GetFinishedLoading() {
+				if r := byID[id]; r != nil && r.phase == phaseParked {
+					r.loaded[ri] = true
+				}
+			}
+		}
+		// A parked request resumes once every rank reported its load (under tensor
+		// parallelism the runtime acts on the intersection over ranks).
+		for _, r := range all {
+			if r.phase != phaseParked || len(r.loaded) < len(e.ranks) {
+				continue
+			}
+			if r.loadFailed {
+				if _, err := sched.client.RequestReset(ctx, &enginepb.RequestRef{Engine: sched.name, RequestId: r.ID}); err != nil {
+					return res, err
+				}
+				e.release(r)
+				res.MatchedTokens -= r.computed
+				*r = req{Request: r.Request, saved: map[int]bool{}}
+				res.Restarts++
+				continue
+			}
+			for b := range r.computed / T {
+				if err := e.checkBlock(ctx, r, b); err != nil {
+					return res, err
+				}
+				res.LoadedBlocks++
+			}
+			r.written = r.computed / T
+			r.phase, r.loaded = phaseRunning, nil
 		}
 		idle := true
 		for _, r := range all {
@@ -516,6 +578,7 @@ func (e *Engine) Run(ctx context.Context, reqs []Request, maxRunning int) (Resul
 			if r.phase == phaseRunning || r.phase == phaseWaiting {
 				idle = false
 			}
+
 		}
 		if idle {
 			// Only saves in flight: give the daemon's save goroutines a moment.

@@ -91,3 +91,25 @@ func (m *Manager) CheckReservations() error {
 	}
 	return nil
 }
+
+// ResizeFirstChunk grows request id's allocation to numTokens for a first chunk that has not
+// been consumed yet. When the pools cannot cover it, the request keeps what it held and its
+// completion bound is released (seed commit 6), so a chunk that is given back does not keep
+// headroom from the requests admitted after it.
+func (m *Manager) ResizeFirstChunk(id RequestID, numTokens int) error {
+	r, err := m.req(id)
+	if err != nil {
+		return err
+	}
+	if err := m.grow(id, r, numTokens); err != nil {
+		delete(m.bounds, id)
+		return err
+	}
+	return nil
+}
+
+// ReservationsHeld returns how many admitted requests hold a completion bound and how many
+// blocks those requests may still take beyond the pages they hold.
+func (m *Manager) ReservationsHeld() (requests, blocks int) {
+	return len(m.bounds), m.outstandingAll()
+}

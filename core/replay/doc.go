@@ -29,6 +29,14 @@
 // (LoadBandwidth, SaveBandwidth) and a prefill rate, and feed the router and the rank balance,
 // not the cache.
 //
+// Scheduler model (Config.Scheduler, --set scheduler=true): instead of serving each request at
+// once, every rank runs scheduling passes over its KV cache manager in virtual time, as the
+// seed's KVCacheV2Scheduler does: a token budget and request slots per pass, chunked prefill,
+// one token per generation request per pass, admission in arrival order against completion
+// reservations, connector queries at admission with deferrals, asynchronous parks admitted
+// without a charge, and preemption of the most recently admitted request when a request finds
+// no page. SchedulerCounts reports what it did; sched.go describes each rule.
+//
 // Page payloads: offline, a page holds SimPageBytes bytes (64 by default) in engine memory and
 // the pool; bytes moved and transfer times are scaled to PageBytes, the real page size.
 //

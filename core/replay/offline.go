@@ -294,6 +294,10 @@ type rank struct {
 	saving []string      // finished requests whose saves are not confirmed done
 	busy   time.Duration // modelled: when the rank's prefill queue drains
 	load   RankLoad
+	// sch is the rank's scheduler model (--set scheduler=true); nil serves each request at once.
+	sch *rankSched
+	// queries reports admission-time connector queries in force on this rank.
+	queries bool
 }
 
 func (r *rank) close() {
@@ -349,6 +353,9 @@ func newRank(idx int, p Params, c Config, pool mooncake.Pool, clock *mooncake.Ma
 		Logger:            logger,
 		Clock:             clock.Now,
 	}
+	if c.Scheduler && c.AsyncLoad {
+		opts.AsyncLoad, opts.AsyncLoadWorkers = true, 1
+	}
 	if r.sched, err = connector.NewScheduler(opts, pool); err != nil {
 		return nil, err
 	}
@@ -377,8 +384,20 @@ func newRank(idx int, p Params, c Config, pool mooncake.Pool, clock *mooncake.Ma
 		ReuseMatchBackoff:    c.DraftLookahead,
 		DraftPromptLookahead: c.DraftLookahead,
 	}
+	if c.Scheduler {
+		// The scheduler model's switches: the connector's requires_completion_reservation, and
+		// kv_connector_config.admission_query.
+		decl.RequiresCompletionReservation = boolPtr(c.CompletionReservation)
+		if c.AdmissionQuery {
+			kc.AdmissionQuery = &kvcache.AdmissionQueryConfig{MaxOfferDeferrals: c.MaxOfferDeferrals, MaxUnchargedParks: c.MaxUnchargedParks}
+		}
+	}
 	if r.mgr, err = kvcache.New(kc, decl, kvcache.Options{AttentionDP: c.Ranks > 1}); err != nil {
 		return nil, err
+	}
+	if c.Scheduler {
+		r.sch = &rankSched{}
+		r.queries = kvcache.AdmissionQueryApplies(kc, decl, c.Ranks > 1)
 	}
 	ids := make([]int, slots)
 	for i := range ids {
@@ -537,6 +556,9 @@ func (o *offline) setup() error {
 	o.run = RunReport{
 		Name: c.Name, Settings: c.Settings, Ranks: c.Ranks, Router: c.Router, PoolBytes: c.PoolBytes,
 	}
+	if c.Scheduler {
+		o.run.Scheduler = &SchedulerCounts{}
+	}
 	if o.run.Settings == nil {
 		o.run.Settings = []Setting{}
 	}
@@ -606,6 +628,11 @@ func (o *offline) replay(progress func(int)) error {
 		}
 		batch := reqs[i:j]
 		at := batch[0].Arrival
+		if o.c.Scheduler {
+			if err := o.runPasses(at); err != nil {
+				return err
+			}
+		}
 		if err := o.drain(); err != nil {
 			return err
 		}
@@ -613,7 +640,7 @@ func (o *offline) replay(progress func(int)) error {
 		if err := o.popEvents(at); err != nil {
 			return err
 		}
-		placed, start, err := o.route(batch, at)
+		placed, start, err := o.route(batch, at, i)
 		if err != nil {
 			return err
 		}
@@ -625,8 +652,10 @@ func (o *offline) replay(progress func(int)) error {
 				}
 				o.closeBucket(span, buckets)
 			}
-			if err := o.serve(i+k, batch[k], placed[k], start[k]); err != nil {
-				return err
+			if !o.c.Scheduler { // the scheduler model's requests were enqueued as they were placed
+				if err := o.serve(i+k, batch[k], placed[k], start[k]); err != nil {
+					return err
+				}
 			}
 			if progress != nil && (time.Since(lastProgress) > 50*time.Millisecond || i+k+1 == len(reqs)) {
 				progress(i + k + 1)
@@ -634,6 +663,11 @@ func (o *offline) replay(progress func(int)) error {
 			}
 		}
 		i = j
+	}
+	if o.c.Scheduler {
+		if err := o.runPasses(math.MaxInt64); err != nil {
+			return err
+		}
 	}
 	if err := o.drain(); err != nil {
 		return err
@@ -692,7 +726,10 @@ func (o *offline) occupancy() float64 {
 
 // route places a batch, waiting for modelled finishes while a capped router cannot place a
 // request; it returns each request's rank and the earliest modelled start.
-func (o *offline) route(batch []Request, at time.Duration) ([]int, []time.Duration, error) {
+//
+// Under the scheduler model a placed request is handed to its rank at once (first is the
+// batch's trace position), so that the passes a capped router waits on can run it.
+func (o *offline) route(batch []Request, at time.Duration, first int) ([]int, []time.Duration, error) {
 	ranks := make([]int, len(batch))
 	starts := make([]time.Duration, len(batch))
 	todo := make([]int, len(batch))
@@ -717,11 +754,19 @@ func (o *offline) route(batch []Request, at time.Duration) ([]int, []time.Durati
 				continue
 			}
 			ranks[k], starts[k] = pl[n].Rank, when
+			if o.c.Scheduler {
+				o.enqueue(first+k, batch[k], pl[n].Rank, when)
+			}
 			o.ranks[pl[n].Rank].load.EstimatedTokens += int64(pl[n].Estimate)
 		}
 		todo = left
 		if len(todo) == 0 {
 			break
+		}
+		if len(o.ev) == 0 && o.c.Scheduler {
+			if _, err := o.runUntilEvent(); err != nil {
+				return nil, nil, err
+			}
 		}
 		if len(o.ev) == 0 {
 			return nil, nil, fmt.Errorf("%d requests cannot be placed and no request is running", len(todo))
@@ -866,7 +911,32 @@ func (o *offline) serve(i int, q Request, rk int, notBefore time.Duration) error
 		local, fromPool = 0, 0
 	}
 
-	// Accounting, in trace tokens.
+	computed := o.countHits(i, q, pr, local, fromPool, loadedPages)
+	// Modelled time on the rank.
+	pageBytes := float64(o.p.PageBytes)
+	loadSec := float64(loadedPages) * pageBytes / o.p.LoadBandwidth
+	prefillSec := float64(computed) / o.p.PrefillTokensPerSecond
+	start := max(notBefore, q.Arrival, r.busy)
+	ctxEnd := start + seconds(loadSec+prefillSec)
+	r.busy = ctxEnd
+	o.run.Time.LoadSec += loadSec
+	o.run.Time.PrefillSec += prefillSec
+	o.run.Time.QueueSec += (start - q.Arrival).Seconds()
+	o.ttfts = append(o.ttfts, (ctxEnd - q.Arrival).Seconds())
+	o.push(ctxEnd, q.ID, false)
+	o.push(ctxEnd+seconds(float64(q.OutputLength)/o.p.DecodeTokensPerSecond), q.ID, true)
+
+	r.load.Requests++
+	r.load.InputTokens += int64(q.InputLength)
+	r.load.RecomputedTokens += computed
+	r.load.BusySec += loadSec + prefillSec
+	return nil
+}
+
+// countHits records request q's (trace position i) hits and moves in the run's token, block
+// and timeline counts, and returns the trace tokens it recomputed.
+func (o *offline) countHits(i int, q Request, pr prepared, local, fromPool, loadedPages int) int64 {
+	T := o.p.TokensPerBlock
 	in := int64(q.InputLength)
 	localReal := pr.realTokens(o.t.Format, local, T)
 	totalReal := pr.realTokens(o.t.Format, local+fromPool, T)
@@ -887,26 +957,7 @@ func (o *offline) serve(i int, q Request, rk int, notBefore time.Duration) error
 	o.bucketAcc.local += localReal
 	o.bucketAcc.pool += poolReal
 	o.bucketN++
-
-	// Modelled time on the rank.
-	pageBytes := float64(o.p.PageBytes)
-	loadSec := float64(loadedPages) * pageBytes / o.p.LoadBandwidth
-	prefillSec := float64(computed) / o.p.PrefillTokensPerSecond
-	start := max(notBefore, q.Arrival, r.busy)
-	ctxEnd := start + seconds(loadSec+prefillSec)
-	r.busy = ctxEnd
-	o.run.Time.LoadSec += loadSec
-	o.run.Time.PrefillSec += prefillSec
-	o.run.Time.QueueSec += (start - q.Arrival).Seconds()
-	o.ttfts = append(o.ttfts, (ctxEnd - q.Arrival).Seconds())
-	o.push(ctxEnd, q.ID, false)
-	o.push(ctxEnd+seconds(float64(q.OutputLength)/o.p.DecodeTokensPerSecond), q.ID, true)
-
-	r.load.Requests++
-	r.load.InputTokens += in
-	r.load.RecomputedTokens += computed
-	r.load.BusySec += loadSec + prefillSec
-	return nil
+	return computed
 }
 
 // drain waits until every rank's finished requests have their saves done, so that the pool

@@ -63,6 +63,8 @@ type RunReport struct {
 	RankLoad []RankLoad  `json:"rank_load"`
 	Balance  Balance     `json:"balance"`
 	Wall     WallTimes   `json:"wall"`
+	// Scheduler is what the scheduler model did; set only with --set scheduler=true.
+	Scheduler *SchedulerCounts `json:"scheduler,omitempty"`
 
 	// Timeline is the run over trace time, in equal intervals: what --plot draws, in -o json
 	// so that anyone can plot it again.

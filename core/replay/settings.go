@@ -46,6 +46,21 @@ type Config struct {
 	AllowEvictSoftPinned bool
 	ExistRenewsLease     bool
 
+	// Scheduler runs each rank's scheduling passes over its KV cache (see SchedulerCounts);
+	// the fields after it are its switches.
+	Scheduler             bool
+	CompletionReservation bool
+	AdmissionQuery        bool
+	MaxOfferDeferrals     int
+	MaxUnchargedParks     int
+	FreeRefusedGeneration bool
+	AsyncLoad             bool
+	MaxNumTokens          int
+	MaxBatchSize          int
+	// Server is what a rank serves in the scheduler model: ServerAggregated (whole requests)
+	// or ServerContext (a disaggregated context server: the prompt only).
+	Server string
+
 	// Ranks is the number of attention-DP ranks; Router the placement policy.
 	Ranks  int
 	Router string
@@ -74,7 +89,15 @@ func DefaultConfig() Config {
 		ExistRenewsLease:     d.ExistRenewsLease,
 		Ranks:                1,
 		Router:               router.PolicyWorkAware,
-		GPUBlocks:            6144,
+
+		CompletionReservation: true,
+		AdmissionQuery:        true,
+		MaxOfferDeferrals:     DefaultMaxOfferDeferrals,
+		FreeRefusedGeneration: true,
+		MaxNumTokens:          DefaultMaxNumTokens,
+		MaxBatchSize:          DefaultMaxBatchSize,
+		Server:                ServerAggregated,
+		GPUBlocks:             6144,
 	}
 }
 
@@ -198,6 +221,50 @@ var knobs = map[string]knob{
 	"gpu_blocks": {"each rank's local KV cache in blocks", func(c *Config, v string) (err error) {
 		c.GPUBlocks, err = parseInt(v, 1)
 		return
+	}},
+	"scheduler": {"run each rank's scheduling passes: admissions, chunked prefill, decode, preemption (true/false)", func(c *Config, v string) (err error) {
+		c.Scheduler, err = parseBool(v)
+		return
+	}},
+	"completion_reservation": {"scheduler: the connector's requires_completion_reservation (true/false)", func(c *Config, v string) (err error) {
+		c.CompletionReservation, err = parseBool(v)
+		return
+	}},
+	"admission_query": {"scheduler: ask the connector at admission (true/false; off with more than one rank)", func(c *Config, v string) (err error) {
+		c.AdmissionQuery, err = parseBool(v)
+		return
+	}},
+	"max_offer_deferrals": {"scheduler: passes a first chunk may be deferred for an offer the pool cannot cover", func(c *Config, v string) (err error) {
+		c.MaxOfferDeferrals, err = parseInt(v, 0)
+		return
+	}},
+	"max_uncharged_parks": {"scheduler: parking chunks per pass admitted without a token charge", func(c *Config, v string) (err error) {
+		c.MaxUnchargedParks, err = parseInt(v, 0)
+		return
+	}},
+	"free_refused_generation": {"scheduler: free a refused request's cache instead of keeping it suspended (true/false)", func(c *Config, v string) (err error) {
+		c.FreeRefusedGeneration, err = parseBool(v)
+		return
+	}},
+	"async_load": {"scheduler: load pool hits asynchronously; the chunk parks meanwhile (true/false)", func(c *Config, v string) (err error) {
+		c.AsyncLoad, err = parseBool(v)
+		return
+	}},
+	"max_num_tokens": {"scheduler: token budget of a pass", func(c *Config, v string) (err error) {
+		c.MaxNumTokens, err = parseInt(v, 1)
+		return
+	}},
+	"max_batch_size": {"scheduler: requests a pass may schedule", func(c *Config, v string) (err error) {
+		c.MaxBatchSize, err = parseInt(v, 1)
+		return
+	}},
+	"server": {"scheduler: aggregated (whole requests, bound through the output) or context (disaggregated context server, bound through the prompt)", func(c *Config, v string) error {
+		switch v {
+		case ServerAggregated, ServerContext:
+			c.Server = v
+			return nil
+		}
+		return fmt.Errorf("%q: want aggregated or context", v)
 	}},
 }
 

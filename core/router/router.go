@@ -89,6 +89,10 @@ type Router struct {
 	held   map[string]*held
 	convs  *lru[string, int] // conversation -> previous prompt length
 	ests   *lru[string, int] // request -> estimate, for children
+	// unplaced keeps the estimate of a request Route left Unplaced, so that routing it again
+	// charges the estimate made in routing order rather than re-estimating it against the
+	// conversation length it recorded itself.
+	unplaced *lru[string, int]
 }
 
 // New returns a router for cfg.
@@ -125,6 +129,8 @@ func New(cfg Config) (*Router, error) {
 		held:   map[string]*held{},
 		convs:  newLRU[string, int](cfg.ConversationCapacity),
 		ests:   newLRU[string, int](cfg.RequestCapacity),
+
+		unplaced: newLRU[string, int](cfg.RequestCapacity),
 	}, nil
 }
 
@@ -172,6 +178,11 @@ func (r *Router) Route(reqs []Request) ([]Placement, error) {
 		}
 	}
 	for i, q := range reqs {
+		if e, ok := r.unplaced.peek(q.ID); ok {
+			// Estimated when it was first routed; its conversation was recorded then.
+			out[i] = Placement{ID: q.ID, Rank: Unplaced, Estimate: e}
+			continue
+		}
 		e := r.Estimate(q)
 		out[i] = Placement{ID: q.ID, Rank: Unplaced, Estimate: e}
 		r.ests.put(q.ID, e)
@@ -200,6 +211,7 @@ func (r *Router) Route(reqs []Request) ([]Placement, error) {
 			}
 		}
 		if best == Unplaced {
+			r.unplaced.put(reqs[i].ID, out[i].Estimate)
 			continue
 		}
 		out[i].Rank = best
@@ -209,6 +221,7 @@ func (r *Router) Route(reqs []Request) ([]Placement, error) {
 }
 
 func (r *Router) charge(id string, rank, estimate int) {
+	r.unplaced.remove(id)
 	r.held[id] = &held{rank: rank, estimate: estimate, context: true}
 	r.load[rank] += estimate
 	r.active[rank]++
@@ -287,6 +300,13 @@ func (l *lru[K, V]) put(k K, v V) {
 		old := l.order.Back()
 		l.order.Remove(old)
 		delete(l.items, old.Value.(*entry[K, V]).k)
+	}
+}
+
+func (l *lru[K, V]) remove(k K) {
+	if e, ok := l.items[k]; ok {
+		l.order.Remove(e)
+		delete(l.items, k)
 	}
 }
 

@@ -139,7 +139,7 @@ func TestHostileMasterAfterStartUp(t *testing.T) {
 			return frame(seq, 0, b)
 		}
 	})
-	c, err := Dial(context.Background(), Options{Addr: addr, CallTimeout: 300 * time.Millisecond})
+	c, err := Dial(context.Background(), Options{Addr: addr, CallTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,7 @@ func mount(t *testing.T, c *masterrpc.Client, name string, base, size uint64) (m
 // master allocated inside the mounted segment, revoke, remove with its lease rule, segment
 // listing and the heartbeat.
 func TestLiveMasterCalls(t *testing.T) {
-	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{LeaseTTL: 200 * time.Millisecond})
+	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{LeaseTTL: 5 * time.Second})
 	ctx := context.Background()
 	c, err := masterrpc.Dial(ctx, masterrpc.Options{Addr: m.RPCAddr})
 	if err != nil {

@@ -279,3 +279,38 @@ func TestClientConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// With staging room for one request, concurrent requests wait their turn instead of being
+// refused, and every one completes with the right bytes.
+func TestServerStagingPressure(t *testing.T) {
+	const page = 1 << 20
+	srv, _ := startServer(t, transfer.ServerOptions{MaxRequestSize: page, StagingBytes: page}, 8*page)
+	cl := transfer.NewClient(transfer.ClientOptions{})
+	defer cl.Close()
+	peer := srv.Addr().String()
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			want := randomBytes(uint64(1000+g), page)
+			addr := testBase + uint64(g)*page
+			if err := cl.Write(context.Background(), peer, addr, want); err != nil {
+				t.Error(err)
+				return
+			}
+			got := make([]byte, page)
+			if err := cl.Read(context.Background(), peer, addr, got); err != nil {
+				t.Error(err)
+				return
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("page %d read back different bytes", g)
+			}
+		}()
+	}
+	wg.Wait()
+	if st := srv.Stats(); st.Refused != 0 || st.Writes != 8 || st.Reads != 8 {
+		t.Errorf("stats %+v: want 8 writes, 8 reads, no refusals", st)
+	}
+}

@@ -8,8 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvctl/kvctl/mooncake/mooncaketest"
 	"github.com/kvctl/kvctl/mooncake/transfer"
 )
 
@@ -195,59 +194,12 @@ func (w *limitedWriter) Write(p []byte) (int, error) {
 
 // pyenv returns the Python environment with the pinned Mooncake wheel, skipping (or failing
 // under CI=true) when it is absent.
-func pyenv(tb testing.TB) string {
-	tb.Helper()
-	dir := os.Getenv("KVCTL_PYENV")
-	if dir != "" {
-		if _, err := os.Stat(filepath.Join(dir, "bin", "mooncake_master")); err == nil {
-			return dir
-		}
-	}
-	msg := fmt.Sprintf("the real Mooncake is not installed (KVCTL_PYENV=%q): run make pyenv, or export KVCTL_PYENV=$PWD/.cache/pyenv", dir)
-	if os.Getenv("CI") == "true" {
-		tb.Fatal(msg)
-	}
-	tb.Skip(msg)
-	return ""
-}
+func pyenv(tb testing.TB) string { return mooncaketest.PyEnv(tb) }
 
-func freePort(tb testing.TB) int {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// startMaster starts a real mooncake_master with its HTTP metadata server on free loopback
-// ports and returns the metadata URL.
+// startMaster starts a real mooncake_master on free loopback ports and returns its HTTP
+// metadata server's URL.
 func startMaster(tb testing.TB) string {
-	tb.Helper()
-	env := pyenv(tb)
-	for attempt := 0; ; attempt++ {
-		rpc, meta, metrics := freePort(tb), freePort(tb), freePort(tb)
-		cmd := exec.Command(filepath.Join(env, "bin", "mooncake_master"),
-			"--rpc_address=127.0.0.1", "--rpc_port="+strconv.Itoa(rpc),
-			"--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
-			"--http_metadata_server_port="+strconv.Itoa(meta), "--metrics_port="+strconv.Itoa(metrics))
-		p := startProc(tb, cmd)
-		url := fmt.Sprintf("http://127.0.0.1:%d/metadata", meta)
-		deadline := time.Now().Add(20 * time.Second)
-		for time.Now().Before(deadline) {
-			resp, err := http.Get(url + "?key=kvctl-probe")
-			if err == nil {
-				resp.Body.Close()
-				return url
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		if attempt == 2 {
-			tb.Fatalf("mooncake_master did not serve metadata on %s; stderr:\n%s", url, tail(p.errLn.String()))
-		}
-	}
+	return mooncaketest.StartMaster(tb, mooncaketest.MasterOptions{}).MetadataURL
 }
 
 // pyPeer is a real Mooncake TransferEngine (Python, TCP) owning one registered buffer.

@@ -58,7 +58,8 @@ type ServerOptions struct {
 	// StagingBytes bounds the memory all in-flight requests stage at once (see the package
 	// documentation). It is raised to MaxRequestSize when smaller.
 	StagingBytes int64
-	// Logger receives one line per refused request; nil discards them.
+	// Logger receives a line per refused request, at most one a second (each says how many
+	// refusals went unlogged before it); nil discards them.
 	Logger *slog.Logger
 }
 
@@ -97,6 +98,9 @@ type Server struct {
 	conns  map[net.Conn]struct{}
 	closed bool
 	wg     sync.WaitGroup
+
+	lastRefusalLog   atomic.Int64 // unix nanoseconds of the last refusal logged
+	unloggedRefusals atomic.Uint64
 
 	stats struct {
 		conns                        atomic.Int64
@@ -516,8 +520,16 @@ func (s *Server) sendStatus(c net.Conn, code uint32) bool {
 // sees the close), then a bounded drain so the frame is not lost to a reset.
 func (s *Server) refuse(c net.Conn, h Header, reason string) {
 	s.stats.refused.Add(1)
-	s.log.Warn("transfer request refused", "peer", c.RemoteAddr().String(), "op", h.Op().String(),
-		"addr", fmt.Sprintf("%#x", h.Addr), "size", h.Size, "v2", h.V2, "reason", reason)
+	// A hostile peer can send refusals as fast as it connects: log at most one a second and
+	// say how many went unlogged since.
+	now := time.Now().UnixNano()
+	if last := s.lastRefusalLog.Load(); now-last >= int64(time.Second) && s.lastRefusalLog.CompareAndSwap(last, now) {
+		s.log.Warn("transfer request refused", "peer", c.RemoteAddr().String(), "op", h.Op().String(),
+			"addr", fmt.Sprintf("%#x", h.Addr), "size", h.Size, "v2", h.V2, "reason", reason,
+			"unlogged_refusals", s.unloggedRefusals.Swap(0))
+	} else {
+		s.unloggedRefusals.Add(1)
+	}
 	if h.V2 {
 		s.sendStatus(c, StatusAddrRejected)
 	}

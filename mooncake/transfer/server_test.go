@@ -3,9 +3,12 @@ package transfer_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -415,5 +418,84 @@ func TestServerUnregisterUnderTraffic(t *testing.T) {
 	err := cl.Read(ctx, peer, testBase, make([]byte, 16))
 	if !errors.Is(err, transfer.ErrRefused) {
 		t.Fatalf("read after Unregister: %v, want a refusal", err)
+	}
+}
+
+// A flood of refused requests is logged at most once a second, each line counting the
+// refusals it stands for.
+func TestServerRefusalLogIsBounded(t *testing.T) {
+	var logBuf lockedLog
+	srv, mem := startServer(t, transfer.ServerOptions{Logger: slog.New(slog.NewJSONHandler(&logBuf, nil))}, 1<<20)
+	start := time.Now()
+	const flood = 30
+	for range flood {
+		c := dial(t, srv)
+		if _, err := c.Write(header(16, 8, 0x80)); err != nil {
+			t.Fatal(err)
+		}
+		readAll(t, c)
+	}
+	elapsed := time.Since(start)
+	lines := logBuf.lines()
+	if len(lines) < 1 || float64(len(lines)) > 1+elapsed.Seconds()+1 {
+		t.Fatalf("%d refusal log lines for %d refusals in %v", len(lines), flood, elapsed)
+	}
+	if !strings.Contains(lines[0], `"reason":"range not inside one registered region"`) || !strings.Contains(lines[0], `"addr":"0x8"`) {
+		t.Errorf("refusal line %s does not say what was refused", lines[0])
+	}
+	time.Sleep(1100 * time.Millisecond)
+	c := dial(t, srv)
+	if _, err := c.Write(header(16, 8, 0x80)); err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, c)
+	// Every refusal is either a line or counted by a later line (the last one is logged: it
+	// came more than a second after the one before).
+	all := logBuf.lines()
+	accounted := len(all)
+	for _, l := range all {
+		var rec struct {
+			Unlogged *int `json:"unlogged_refusals"`
+		}
+		if err := json.Unmarshal([]byte(l), &rec); err != nil || rec.Unlogged == nil {
+			t.Fatalf("log line %s: %v", l, err)
+		}
+		accounted += *rec.Unlogged
+	}
+	if accounted != flood+1 {
+		t.Errorf("%d lines account for %d refusals, want %d", len(all), accounted, flood+1)
+	}
+	if srv.Stats().Refused != flood+1 {
+		t.Errorf("refused %d, want %d", srv.Stats().Refused, flood+1)
+	}
+	assertServes(t, srv, mem)
+}
+
+type lockedLog struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) lines() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Split(strings.TrimSpace(l.b.String()), "\n")
+}
+
+// ServerStats' JSON field names are a contract (the daemon reports them): add, never rename.
+func TestServerStatsJSONFields(t *testing.T) {
+	b, err := json.Marshal(transfer.ServerStats{Conns: 1, ConnsRejected: 2, Reads: 3, Writes: 4, BytesRead: 5, BytesWritten: 6, Refused: 7, Aborted: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"conns":1,"conns_rejected":2,"reads":3,"writes":4,"bytes_read":5,"bytes_written":6,"refused":7,"aborted":8}`
+	if string(b) != want {
+		t.Fatalf("ServerStats JSON\n got %s\nwant %s", b, want)
 	}
 }

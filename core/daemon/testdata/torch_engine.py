@@ -407,6 +407,28 @@ class Engine:
         self.api.call("Unregister", engine=self.name, timeout=120)
 
 
+def pinned_anchor(torch, nbytes=64 << 20, reps=20):
+    """The same run's link anchor: GB/s (10^9 bytes/s) of one pinned nbytes copy host->device and
+    device->host, median of reps timed with CUDA events after three warm-up copies."""
+    host = torch.randint(0, 256, (nbytes,), dtype=torch.uint8).pin_memory()
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    out = {}
+    for name, dst, src in (("h2d", dev, host), ("d2h", host, dev)):
+        times = []
+        for i in range(reps + 3):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            dst.copy_(src, non_blocking=True)
+            b.record()
+            b.synchronize()
+            if i >= 3:
+                times.append(a.elapsed_time(b) / 1e3)
+        times.sort()
+        out[name + "_64mib_gbs"] = nbytes / times[len(times) // 2] / 1e9
+    del host, dev
+    return out
+
+
 def new_memory(args):
     piece = args.page_bytes // args.layers
     if args.memory == "cuda":
@@ -453,6 +475,7 @@ def main():
 
         summary["torch"] = torch.__version__
         summary["gpu"] = torch.cuda.get_device_name()
+        summary["anchor"] = pinned_anchor(torch)
 
     # Cold pass: computes and saves every block.
     mem = new_memory(args)
@@ -475,6 +498,10 @@ def main():
     mem.close()
     api.close()
 
+    if args.memory == "cuda":
+        # Measured again after the passes: the anchor brackets the loads.
+        after = pinned_anchor(torch)
+        summary["anchor_after"] = after
     w = summary["warm"]
     problems = []
     if summary["cold"]["mismatched_blocks"] or w["mismatched_blocks"]:

@@ -1,0 +1,383 @@
+//go:build cgo && linux
+
+package connector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/core/stats"
+	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/mooncake"
+)
+
+// The benchmarks in this file need a CUDA device (they skip without one) and measure the
+// connector's data path on it: the worker with a CUDA mover over device memory and the embedded
+// pool, against the same run's pinned 64 MiB copy over the link. Each loop alternates one
+// transfer of gpuBenchBytes through the worker with the same bytes as one pinned copy, so both
+// see the same machine; they report the two throughputs (GB/s = 10^9 bytes/s) and the ratio.
+
+const (
+	gpuBenchBytes  = 256 << 20 // bytes one load or save moves
+	gpuAnchorChunk = 64 << 20  // the anchor copies in 64 MiB pieces
+)
+
+type gpuBench struct {
+	d      *gpu.CUDADevice
+	mem    *gpu.EngineMemory
+	layout gpu.Layout
+	stream *gpu.Stream
+	pinned *gpu.PinnedBuffer
+	hs     []keys.Hash
+	meta   RequestTransfers
+}
+
+func newGPUBench(b *testing.B, page int) *gpuBench {
+	b.Helper()
+	d, err := gpu.OpenCUDA(0)
+	if errors.Is(err, gpu.ErrNoCUDA) {
+		b.Skip("no CUDA device")
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	g := &gpuBench{d: d}
+	b.Cleanup(func() { _ = d.Close() })
+	pages := gpuBenchBytes / page
+	// Two regions per page, as a K and a V layer would be, so each page is two copies.
+	half := uint64(page / 2)
+	g.layout = gpu.Layout{TokensPerBlock: 32, Groups: []gpu.GroupLayout{{ID: 0, Slots: pages, Regions: []gpu.Region{
+		{Offset: 0, Stride: half, Size: half}, {Offset: half * uint64(pages), Stride: half, Size: half}}}}}
+	if g.mem, err = d.AllocDeviceMemory(uint64(gpuBenchBytes)); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = g.mem.Close() })
+	if g.stream, err = d.NewStream(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = g.stream.Close() })
+	if g.pinned, err = d.AllocPinned(gpuBenchBytes, false); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = g.pinned.Close() })
+	c, _ := keys.NewChain(keys.ChainConfig{TokensPerBlock: 32})
+	g.hs, _ = c.Extend(prompt(7, 0, pages*32))
+	g.meta = RequestTransfers{RequestID: "r"}
+	// Slots in a shuffled order, so no two pages merge into one copy.
+	for i, h := range g.hs {
+		g.meta.Pages = append(g.meta.Pages, PageTransfer{Hash: h, Group: 0, Page: (i * 7919) % pages})
+	}
+	return g
+}
+
+// timedMover records how long Scatter calls take and when they start, to see whether a load's
+// scatters overlap its pool checks.
+type timedMover struct {
+	gpu.Mover
+	mu       sync.Mutex
+	scatters int
+	busy     time.Duration
+}
+
+func (m *timedMover) Scatter(ctx context.Context, src [][]byte, pages []gpu.PageRef) error {
+	t0 := time.Now()
+	err := m.Mover.Scatter(ctx, src, pages)
+	m.mu.Lock()
+	m.scatters++
+	m.busy += time.Since(t0)
+	m.mu.Unlock()
+	return err
+}
+
+func (m *timedMover) RegisterHost(mem []byte) (io.Closer, error) {
+	return m.Mover.(gpu.HostRegistrar).RegisterHost(mem)
+}
+
+func (g *gpuBench) worker(b *testing.B, pool mooncake.Pool, staged bool) *Worker {
+	w, _, _ := g.timedWorker(b, pool, staged)
+	return w
+}
+
+// timedWorker is worker with its mover timed and a stats reporter that keeps phase totals.
+func (g *gpuBench) timedWorker(b *testing.B, pool mooncake.Pool, staged bool) (*Worker, *timedMover, *stats.Reporter) {
+	b.Helper()
+	cm, err := g.d.NewMover(g.mem, g.layout, gpu.CUDAMoverOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	m := &timedMover{Mover: cm}
+	rep, err := stats.NewReporter(stats.ReporterOptions{Logger: quietLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	o := benchOptions()
+	o.Stats = rep
+	o.StagedTransfers = staged
+	o.StagingBufferBytes = 256 << 20
+	w, err := NewWorker(o, pool, m)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := w.RegisterLayout(g.layout); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = w.Close(context.Background()); _ = m.Close() })
+	return w, m, rep
+}
+
+func (g *gpuBench) anchor(b *testing.B, toDevice bool) time.Duration {
+	t0 := time.Now()
+	if err := g.stream.CopyChunks(toDevice, g.mem.Pointer(), g.pinned.Bytes(), gpuAnchorChunk); err != nil {
+		b.Fatal(err)
+	}
+	return time.Since(t0)
+}
+
+// gpuPool makes the embedded pool of a GPU benchmark; mode may ask for "workers=N" in-place
+// checkers (mooncake.Options.InPlaceWorkers).
+func gpuPool(b *testing.B, mode string) *mooncake.Embedded {
+	o := mooncake.DefaultOptions()
+	o.Segments = []mooncake.SegmentSpec{{Name: "gpu-bench", Capacity: 2 * gpuBenchBytes}}
+	o.EvictionPeriod = 0
+	if i := strings.Index(mode, "workers="); i >= 0 {
+		_, _ = fmt.Sscanf(mode[i:], "workers=%d", &o.InPlaceWorkers)
+	}
+	p, err := mooncake.NewEmbedded(o)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// uncheckedPool is the embedded pool with BatchView answered from views taken once at set-up
+// and never checked again: the in-place load with its checks taken out, to measure what they
+// cost. Benchmarks only.
+type uncheckedPool struct {
+	*mooncake.Embedded
+	views map[string][]byte
+}
+
+func newUncheckedPool(b *testing.B, p *mooncake.Embedded, ks []string) *uncheckedPool {
+	v := p.BatchView(context.Background(), ks) // held for the pool's life
+	u := &uncheckedPool{Embedded: p, views: map[string][]byte{}}
+	for i, k := range ks {
+		if v.Codes[i] < 0 {
+			b.Fatalf("view %s = %d", k, v.Codes[i])
+		}
+		u.views[k] = v.Bufs[i]
+	}
+	return u
+}
+
+func (u *uncheckedPool) BatchView(_ context.Context, ks []string) *mooncake.View {
+	v := &mooncake.View{Bufs: make([][]byte, len(ks)), Codes: make([]int64, len(ks))}
+	for i, k := range ks {
+		if buf, ok := u.views[k]; ok {
+			v.Bufs[i], v.Codes[i] = buf, int64(len(buf))
+		} else {
+			v.Codes[i] = int64(mooncake.ErrObjectNotFound)
+		}
+	}
+	return v
+}
+
+func reportGPU(b *testing.B, name string, conn, anchor time.Duration, anchorName string) {
+	gbs := func(d time.Duration) float64 { return float64(gpuBenchBytes) * float64(b.N) / d.Seconds() / 1e9 }
+	b.ReportMetric(gbs(conn), name+"-GB/s")
+	b.ReportMetric(gbs(anchor), anchorName+"-GB/s")
+	b.ReportMetric(100*anchor.Seconds()/conn.Seconds(), name+"/"+anchorName+"-%")
+}
+
+var gpuBenchPages = []int{64 << 10, 256 << 10, 1 << 20}
+
+// BenchmarkGPULoad loads 256 MiB of pages stored in the embedded pool into device memory through
+// a worker (one synchronous StartLoad), alternating with the pinned H2D 64 MiB copy. "nocheck"
+// is the in-place load with the pool's checks taken out (uncheckedPool). "direct"
+// is the default path (pool memory registered, verified in place, one DMA per region); "staged"
+// copies through pinned staging (StagedTransfers).
+func BenchmarkGPULoad(b *testing.B) {
+	for _, page := range gpuBenchPages {
+		for _, mode := range []string{"direct", "direct,nocheck", "direct,batch=8MiB", "direct,batch=16MiB", "direct,batch=32MiB",
+			"direct,workers=4", "direct,workers=8", "staged"} {
+			b.Run(fmt.Sprintf("%dKiB/%s", page>>10, mode), func(b *testing.B) {
+				defer setDirectBatch(mode)()
+				g := newGPUBench(b, page)
+				pool := gpuPool(b, mode)
+				opts := benchOptions()
+				ks := make([]string, len(g.hs))
+				for i, h := range g.hs {
+					ks[i] = opts.Namespace.PageKey(0, 32, uint64(page), h)
+				}
+				fillEmbedded(b, pool, ks, page)
+				var lp mooncake.Pool = pool
+				if strings.Contains(mode, "nocheck") {
+					lp = newUncheckedPool(b, pool, ks)
+				}
+				w, tm, rep := g.timedWorker(b, lp, mode == "staged")
+				b.ResetTimer()
+				ctx := context.Background()
+				var loadT, anchorT time.Duration
+				for b.Loop() {
+					anchorT += g.anchor(b, true)
+					t0 := time.Now()
+					w.BindMeta(Metadata{Loads: []RequestTransfers{g.meta}})
+					if err := w.StartLoad(ctx); err != nil {
+						b.Fatal(err)
+					}
+					loadT += time.Since(t0)
+				}
+				if f := w.TakeFailedLoadRequests(); len(f) > 0 {
+					b.Fatalf("failed loads %v", f)
+				}
+				reportGPU(b, "load", loadT, anchorT, "h2d")
+				// Where a load's time goes, per operation: the pool calls (get: checks or
+				// copies), the wait for the last scatter (sync), and the scatters' own time.
+				ph := rep.LoadTotals().Phases
+				perOp := func(d time.Duration) float64 { return d.Seconds() * 1e3 / float64(b.N) }
+				b.ReportMetric(perOp(ph[stats.PhaseGet].Wall), "get-ms/op")
+				b.ReportMetric(perOp(ph[stats.PhaseSync].Wall), "sync-ms/op")
+				b.ReportMetric(perOp(tm.busy), "scatter-ms/op")
+			})
+		}
+	}
+}
+
+// BenchmarkGPUSave saves 256 MiB of device pages into an empty embedded pool through a worker
+// (WaitForSave until GetFinished reports the request), alternating with the pinned D2H 64 MiB
+// copy. Each iteration makes a fresh pool and worker outside the timed part; the worker (role
+// both) registers the pool's memory with the device, which also faults it in.
+func BenchmarkGPUSave(b *testing.B) {
+	for _, page := range gpuBenchPages {
+		for _, mode := range []string{"direct", "direct,batch=8MiB", "direct,batch=64MiB", "direct,workers=8", "staged"} {
+			b.Run(fmt.Sprintf("%dKiB/%s", page>>10, mode), func(b *testing.B) {
+				defer setDirectBatch(mode)()
+				g := newGPUBench(b, page)
+				ctx := context.Background()
+				var saveT, anchorT time.Duration
+				for b.Loop() {
+					b.StopTimer()
+					pool := gpuPool(b, mode)
+					w := g.worker(b, pool, mode == "staged")
+					b.StartTimer()
+					anchorT += g.anchor(b, false)
+					t0 := time.Now()
+					w.BindMeta(Metadata{Saves: []RequestTransfers{g.meta}})
+					if err := w.WaitForSave(ctx); err != nil {
+						b.Fatal(err)
+					}
+					for {
+						fs, _, err := w.GetFinished([]string{"r"}, nil)
+						if err != nil {
+							b.Fatal(err)
+						}
+						if len(fs) == 1 {
+							break
+						}
+						time.Sleep(20 * time.Microsecond)
+					}
+					saveT += time.Since(t0)
+					b.StopTimer()
+					if st, _ := pool.Stats(ctx); st.Puts != int64(len(g.hs)) || st.PutFailures != 0 {
+						b.Fatalf("saved %d pages, %d failures", st.Puts, st.PutFailures)
+					}
+					_ = w.Close(ctx)
+					_ = pool.Close()
+					b.StartTimer()
+				}
+				reportGPU(b, "save", saveT, anchorT, "d2h")
+			})
+		}
+	}
+}
+
+// setDirectBatch sets directBatchBytes and directSaveBatchBytes from a mode's "batch=NMiB" and
+// returns the restore.
+func setDirectBatch(mode string) func() {
+	oldLoad, oldSave := directBatchBytes, directSaveBatchBytes
+	var mib int
+	if i := strings.Index(mode, "batch="); i >= 0 {
+		if _, err := fmt.Sscanf(mode[i:], "batch=%dMiB", &mib); err == nil && mib > 0 {
+			directBatchBytes, directSaveBatchBytes = mib<<20, mib<<20
+		}
+	}
+	return func() { directBatchBytes, directSaveBatchBytes = oldLoad, oldSave }
+}
+
+// BenchmarkGPUVerify is a diagnostic of the in-place load's pool side: BatchView over 256 MiB of
+// stored 1 MiB pages in 64 MiB batches, with the pool's memory "plain" (not registered),
+// "registered" with the device, and "registered+dma" (a goroutine copying 256 MiB of other
+// pinned memory to the device in a loop meanwhile, as a load's scatters do, whose rate it
+// reports as dma-GB/s); "workers=N" sets the pool's in-place checkers.
+func BenchmarkGPUVerify(b *testing.B) {
+	const page = 1 << 20
+	for _, mode := range []string{"plain", "registered", "registered+dma", "registered+dma,workers=8", "registered+dma,workers=4"} {
+		b.Run(mode, func(b *testing.B) {
+			g := newGPUBench(b, page)
+			pool := gpuPool(b, mode)
+			opts := benchOptions()
+			ks := make([]string, len(g.hs))
+			for i, h := range g.hs {
+				ks[i] = opts.Namespace.PageKey(0, 32, page, h)
+			}
+			fillEmbedded(b, pool, ks, page)
+			if mode != "plain" {
+				for _, mem := range pool.MemoryRegions() {
+					r, err := g.d.RegisterHost(mem)
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.Cleanup(func() { _ = r.Close() })
+				}
+			}
+			stop := make(chan struct{})
+			done := make(chan struct{})
+			var dmaBytes int64
+			var dmaTime time.Duration
+			if strings.Contains(mode, "+dma") {
+				go func() {
+					defer close(done)
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						t0 := time.Now()
+						_ = g.stream.CopyChunks(true, g.mem.Pointer(), g.pinned.Bytes(), gpuAnchorChunk)
+						dmaTime += time.Since(t0)
+						dmaBytes += gpuBenchBytes
+					}
+				}()
+			} else {
+				close(done)
+			}
+			ctx := context.Background()
+			b.SetBytes(int64(len(ks)) * page)
+			b.ResetTimer()
+			for b.Loop() {
+				for s := 0; s < len(ks); s += 64 {
+					v := pool.BatchView(ctx, ks[s:min(s+64, len(ks))])
+					if v.Codes[0] != page {
+						b.Fatalf("view = %d", v.Codes[0])
+					}
+					v.Release()
+				}
+			}
+			b.StopTimer()
+			close(stop)
+			<-done
+			if dmaTime > 0 {
+				// The copy engines' rate while the checks ran (the last copy may end after them).
+				b.ReportMetric(float64(dmaBytes)/dmaTime.Seconds()/1e9, "dma-GB/s")
+			}
+		})
+	}
+}

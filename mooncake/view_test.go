@@ -1,0 +1,179 @@
+package mooncake_test
+
+import (
+	"bytes"
+	"context"
+	"testing"
+
+	"github.com/kvctl/kvctl/mooncake"
+)
+
+func pattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = seed + byte(i*13+i>>8)
+	}
+	return b
+}
+
+// TestBatchViewReturnsVerifiedPoolMemory checks that a view holds the stored bytes, that misses
+// and bad keys get the codes BatchGet gives them, and that the view counts as a get.
+func TestBatchViewReturnsVerifiedPoolMemory(t *testing.T) {
+	p, _ := newPool(t, nil)
+	a, b := pattern(3*unit, 1), pattern(unit+17, 2)
+	if c := p.BatchPut(bg, []string{"a", "b"}, [][]byte{a, b}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK || c[1] != mooncake.OK {
+		t.Fatalf("put: %v", c)
+	}
+	v := p.BatchView(bg, []string{"a", "missing", "b", ""})
+	defer v.Release()
+	want := []int64{int64(len(a)), int64(mooncake.ErrObjectNotFound), int64(len(b)), int64(mooncake.ErrInvalidParams)}
+	for i, c := range v.Codes {
+		if c != want[i] {
+			t.Fatalf("codes %v, want %v", v.Codes, want)
+		}
+	}
+	if !bytes.Equal(v.Bufs[0], a) || !bytes.Equal(v.Bufs[2], b) || v.Bufs[1] != nil || v.Bufs[3] != nil {
+		t.Fatal("view bytes differ from what was put")
+	}
+	if cap(v.Bufs[0]) != len(a) {
+		t.Fatalf("view capacity %d reaches past the value (%d)", cap(v.Bufs[0]), len(a))
+	}
+	st, _ := p.Stats(bg)
+	if st.Hits != 2 || st.Misses != 1 || st.BytesOut != int64(len(a)+len(b)) {
+		t.Fatalf("hits %d misses %d bytes out %d", st.Hits, st.Misses, st.BytesOut)
+	}
+}
+
+// TestBatchViewRefusesCorruptedPages: a corrupted value is never offered; the others of the
+// batch are.
+func TestBatchViewRefusesCorruptedPages(t *testing.T) {
+	p, _ := newPool(t, nil)
+	mustPut(t, p, "bad", 4096, mooncake.ReplicateConfig{})
+	mustPut(t, p, "good", 4096, mooncake.ReplicateConfig{})
+	p.CorruptForTest("bad")
+	v := p.BatchView(bg, []string{"bad", "good"})
+	defer v.Release()
+	if v.Codes[0] != int64(mooncake.ErrChecksumMismatch) || v.Bufs[0] != nil {
+		t.Fatalf("corrupted page: code %d, buffer offered %v", v.Codes[0], v.Bufs[0] != nil)
+	}
+	if v.Codes[1] != 4096 || v.Bufs[1] == nil {
+		t.Fatalf("good page: code %d", v.Codes[1])
+	}
+	st, _ := p.Stats(bg)
+	if st.ChecksumErrors != 1 {
+		t.Fatalf("checksum errors %d, want 1", st.ChecksumErrors)
+	}
+}
+
+// TestBatchViewHoldsMemoryUntilRelease: a value force-removed while viewed keeps its memory
+// (a new put cannot take it) until the view is released.
+func TestBatchViewHoldsMemoryUntilRelease(t *testing.T) {
+	p, _ := newPool(t, nil)
+	full := 64 * unit
+	orig := pattern(full, 9)
+	if c := p.BatchPut(bg, []string{"all"}, [][]byte{orig}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
+		t.Fatalf("put: %v", c)
+	}
+	v := p.BatchView(bg, []string{"all"})
+	if c := p.Remove(bg, "all", true); c != mooncake.OK {
+		t.Fatalf("force remove: %v", c)
+	}
+	if c := p.BatchPut(bg, []string{"other"}, [][]byte{pattern(full, 3)}, mooncake.ReplicateConfig{}); c[0] != mooncake.ErrNoAvailableHandle {
+		t.Fatalf("put into viewed memory = %v, want %v", c[0], mooncake.ErrNoAvailableHandle)
+	}
+	if !bytes.Equal(v.Bufs[0], orig) {
+		t.Fatal("viewed bytes changed while the view was held")
+	}
+	v.Release()
+	v.Release() // a second release is harmless
+	if c := p.BatchPut(bg, []string{"other"}, [][]byte{pattern(full, 3)}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
+		t.Fatalf("put after release = %v", c[0])
+	}
+}
+
+// TestBatchViewCancelledContext fails every key without leasing anything.
+func TestBatchViewCancelledContext(t *testing.T) {
+	p, _ := newPool(t, nil)
+	mustPut(t, p, "a", 4096, mooncake.ReplicateConfig{})
+	ctx, cancel := context.WithCancel(bg)
+	cancel()
+	v := p.BatchView(ctx, []string{"a"})
+	defer v.Release()
+	if v.Codes[0] != int64(mooncake.ErrRPCFail) || v.Bufs[0] != nil {
+		t.Fatalf("code %d", v.Codes[0])
+	}
+}
+
+func TestMemoryRegionsAreTheSegments(t *testing.T) {
+	p, _ := newPool(t, nil)
+	rs := p.MemoryRegions()
+	if len(rs) != 1 || len(rs[0]) != 64*unit {
+		t.Fatalf("regions %d, first %d bytes", len(rs), len(rs[0]))
+	}
+	mustPut(t, p, "a", 4096, mooncake.ReplicateConfig{})
+	v := p.BatchView(bg, []string{"a"})
+	defer v.Release()
+	base := &rs[0][0]
+	if &v.Bufs[0][0] != base {
+		t.Fatal("the first value of an empty pool is not at the start of its segment")
+	}
+}
+
+// TestBatchPutStartEnd writes values into reserved pool memory: they are unreadable until End,
+// then read back and verify as if put with BatchPut; an existing key gets no memory; a revoked
+// reservation leaves nothing behind and frees its memory.
+func TestBatchPutStartEnd(t *testing.T) {
+	p, _ := newPool(t, nil)
+	mustPut(t, p, "old", 4096, mooncake.ReplicateConfig{})
+	r := p.BatchPutStart(bg, []string{"new", "old", ""}, []int64{3 * unit, 4096, 10}, mooncake.ReplicateConfig{})
+	if r.Codes[0] != mooncake.OK || r.Bufs[0] == nil || len(r.Bufs[0]) != 3*unit {
+		t.Fatalf("new key: code %v, %d bytes of memory", r.Codes[0], len(r.Bufs[0]))
+	}
+	if r.Codes[1] != mooncake.OK || r.Bufs[1] != nil {
+		t.Fatalf("existing key: code %v, memory %v", r.Codes[1], r.Bufs[1] != nil)
+	}
+	if r.Codes[2] != mooncake.ErrInvalidParams || r.Bufs[2] != nil {
+		t.Fatalf("empty key: code %v", r.Codes[2])
+	}
+	want := pattern(3*unit, 4)
+	copy(r.Bufs[0], want)
+	if got := p.BatchGet(bg, []string{"new"}, [][]byte{make([]byte, 3*unit)}); got[0] != int64(mooncake.ErrReplicaNotReady) {
+		t.Fatalf("get before End = %d, want %d", got[0], mooncake.ErrReplicaNotReady)
+	}
+	codes := r.End()
+	if codes[0] != mooncake.OK || codes[1] != mooncake.OK || codes[2] != mooncake.ErrInvalidParams {
+		t.Fatalf("End codes %v", codes)
+	}
+	if again := r.Revoke(); again[0] != mooncake.OK {
+		t.Fatal("Revoke after End changed the outcome")
+	}
+	got := make([]byte, 3*unit)
+	if n := p.BatchGet(bg, []string{"new"}, [][]byte{got}); n[0] != 3*unit || !bytes.Equal(got, want) {
+		t.Fatalf("get after End = %d", n[0])
+	}
+	// A byte changed after End is caught like any corruption: the checksum is of what was
+	// written before End.
+	p.CorruptForTest("new")
+	if n := p.BatchGet(bg, []string{"new"}, [][]byte{got}); n[0] != int64(mooncake.ErrChecksumMismatch) {
+		t.Fatalf("get of a value changed after End = %d", n[0])
+	}
+
+	before, _ := p.Stats(bg)
+	rv := p.BatchPutStart(bg, []string{"gone"}, []int64{8 * unit}, mooncake.ReplicateConfig{})
+	if rv.Bufs[0] == nil {
+		t.Fatal("no memory reserved")
+	}
+	if c := rv.Revoke(); c[0] != mooncake.ErrRPCFail {
+		t.Fatalf("revoked key code %v", c[0])
+	}
+	after, _ := p.Stats(bg)
+	if after.UsedBytes != before.UsedBytes || after.Objects+after.PendingObjects != before.Objects+before.PendingObjects {
+		t.Fatalf("revoke left %d bytes / %d objects behind", after.UsedBytes-before.UsedBytes, after.Objects+after.PendingObjects-before.Objects-before.PendingObjects)
+	}
+	if n := p.BatchIsExist(bg, []string{"gone"}); n[0] != 0 {
+		t.Fatal("a revoked key exists")
+	}
+	if bad := p.BatchPutStart(bg, []string{"a", "b"}, []int64{1}, mooncake.ReplicateConfig{}); bad.Codes[0] != mooncake.ErrInvalidParams || bad.Codes[1] != mooncake.ErrInvalidParams {
+		t.Fatalf("mismatched sizes: %v", bad.Codes)
+	}
+}
