@@ -88,9 +88,17 @@ func TestServeMetricsListener(t *testing.T) {
 			t.Errorf("metrics listener %s leaks pool contents: %q", path, body)
 		}
 	}
-	// The admin API still answers on its own loopback address.
-	if code, _, _ := httpGet(t, "http://"+p.admin+"/v1/stats"); code != 200 {
-		t.Errorf("admin /v1/stats: %d", code)
+	// The admin API still answers on its own loopback address, with the version the banner
+	// printed.
+	code, body, _ = httpGet(t, "http://"+p.admin+"/v1/stats")
+	var st struct {
+		Version string `json:"version"`
+	}
+	if err := json.Unmarshal([]byte(body), &st); code != 200 || err != nil || st.Version != "dev" || !strings.Contains(p.stderr.String(), "kvctl serve dev\n") {
+		t.Errorf("admin /v1/stats: %d, version %q (%v); banner:\n%s", code, st.Version, err, p.stderr)
+	}
+	if code, body, _ := httpGet(t, base+"/metrics"); code != 200 || !strings.Contains(body, `kvctl_build_info{goversion="`) || !strings.Contains(body, `version="dev"`) {
+		t.Errorf("kvctl_build_info lacks version dev")
 	}
 }
 
