@@ -82,6 +82,76 @@ func BenchmarkInterop(b *testing.B) {
 			b.ReportMetric(float64(d.Nanoseconds())/float64(b.N), "inproc-ns/op")
 		})
 	}
+	// Batches of 16 pages of 64 KiB: the paths both clients run in parallel inside one call
+	// (kvctl: up to NativeOptions.Transfers transfers at once; Python: put_batch and
+	// batch_get_buffer).
+	const batch, bsize = 16, 64 << 10
+	// Every run puts under keys of its own (a put of an existing key writes nothing); the get
+	// rows read the last put run's keys.
+	var kvBatches, pyBatches, kvRound, pyRound int
+	b.Run("put_batch/16x64KiB/kvctl", func(b *testing.B) {
+		if b.N*batch*bsize > benchSegment/2 {
+			b.Fatalf("use a smaller -benchtime")
+		}
+		kvRound++
+		kvBatches = b.N
+		keys := make([]string, batch)
+		bufs := make([][]byte, batch)
+		for j := range bufs {
+			bufs[j] = interopPage(fmt.Sprint("batch", j), bsize)
+		}
+		b.SetBytes(batch * bsize)
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			for j := range keys {
+				keys[j] = fmt.Sprintf("kvb/%d/%d/%d", kvRound, i, j)
+			}
+			for _, c := range kv.BatchPut(ctx, keys, bufs, mooncake.ReplicateConfig{}) {
+				if c != mooncake.OK {
+					b.Fatalf("put = %v", c)
+				}
+			}
+		}
+	})
+	b.Run("put_batch/16x64KiB/python", func(b *testing.B) {
+		if b.N*batch*bsize > benchSegment/2 {
+			b.Fatalf("use a smaller -benchtime")
+		}
+		pyRound++
+		pyBatches = b.N
+		b.SetBytes(batch * bsize)
+		b.ResetTimer()
+		d := py.BenchPutBatch(fmt.Sprintf("pyb/%d", pyRound), bsize, b.N, batch)
+		b.ReportMetric(float64(d.Nanoseconds())/float64(b.N), "inproc-ns/op")
+	})
+	b.Run("get_batch/16x64KiB/kvctl", func(b *testing.B) {
+		keys := make([]string, batch)
+		dst := make([][]byte, batch)
+		for j := range dst {
+			dst[j] = make([]byte, bsize)
+		}
+		b.SetBytes(batch * bsize)
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			for j := range keys {
+				keys[j] = fmt.Sprintf("kvb/%d/%d/%d", kvRound, i%kvBatches, j)
+			}
+			for j, got := range kv.BatchGet(ctx, keys, dst) {
+				if got != bsize {
+					b.Fatalf("get %s = %d", keys[j], got)
+				}
+			}
+		}
+	})
+	b.Run("get_batch/16x64KiB/python", func(b *testing.B) {
+		if b.N > pyBatches {
+			b.Skipf("only %d batches stored", pyBatches)
+		}
+		b.SetBytes(batch * bsize)
+		b.ResetTimer()
+		d := py.BenchGetBatch(fmt.Sprintf("pyb/%d", pyRound), bsize, b.N, batch)
+		b.ReportMetric(float64(d.Nanoseconds())/float64(b.N), "inproc-ns/op")
+	})
 	// BatchExistKey of 3,000 keys, half of them present.
 	keys := make([]string, 3000)
 	for i := range keys {

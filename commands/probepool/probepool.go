@@ -147,7 +147,7 @@ for smoke tests.`,
 	}
 	hash.AddKeyFlags(cmd, opts.Keys)
 	fl := cmd.Flags()
-	fl.StringVar(&opts.Pool, "pool", "", "the pool's admin address: a Mooncake master (`URL` http://host:9003) or a kvctl serve admin address")
+	fl.StringVar(&opts.Pool, "pool", "", "the pool: a Mooncake master's admin address (`URL` http://host:9003), its RPC address (rpc://host:50051) or a kvctl serve admin address")
 	fl.BoolVar(&opts.RenewLeases, "renew-leases", false, "look keys up with /query_key, which grants each present key a read lease, instead of the read-only /batch_query_keys")
 	cmdutil.SecondsVar(fl, &opts.Watch, "watch", 0, "probe again at this interval (5s, 1m, or a number of seconds) until interrupted")
 	fl.IntVar(&opts.ExpectHit, "expect-hit", 0, "exit 3 when fewer than `N` blocks hit")

@@ -52,9 +52,9 @@ func rpcError(addr string, err error) error {
 	case errors.Is(err, context.Canceled):
 		return err
 	case errors.Is(err, masterrpc.ErrUnavailable):
-		return cmdutil.Unreachable(fmt.Errorf("mooncake master %s is unreachable: %w", addr, err))
+		return cmdutil.Unreachable(fmt.Errorf("pool %s%s: %w", probe.RPCScheme, addr, err))
 	}
-	return fmt.Errorf("mooncake master %s: %w", addr, err)
+	return fmt.Errorf("pool %s%s: %w", probe.RPCScheme, addr, err)
 }
 
 // runRPC probes a master through its RPC address, once or every --watch seconds.

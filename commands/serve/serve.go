@@ -74,13 +74,22 @@ watermark eviction, soft pins, groups), sized to a quarter of the available memo
 --pool-size says otherwise. In a container the available memory is bounded by the cgroup
 (v2 or v1) memory limit.
 
+With --pool-backend mooncake it joins a Mooncake cluster instead: --master names the master's
+RPC address and --metadata its HTTP metadata server; this host donates --pool-size of memory as
+its segment, served to peers over TCP on --transfer-port and published under --host-address
+(by default the local address of the route to the master). --mooncake-config reads those
+settings from a TensorRT-LLM mooncake.json unchanged; flags win over it. Only protocol tcp is
+spoken. Serve may start before its master: /readyz answers 503 until the segment is mounted,
+and again while the master does not answer, with the reason in /v1/stats; every pool call an
+engine waits for is bounded by --pool-timeout (a lookup past it answers miss).
+
 An admin HTTP server (loopback only unless --allow-remote-admin) serves the Mooncake master's
 read endpoints for the pool, /metrics (Prometheus), /v1/stats, /healthz and /readyz.
 --metrics-addr opens a second listener, which may bind any address, serving only /metrics,
 /healthz and /readyz: point Prometheus and kubelet probes there, never at the admin API.
 
 On SIGTERM or SIGINT it stops taking calls, flushes queued saves to the pool within
---drain-timeout and exits 0. An invalid config is refused before anything starts, with the
+--drain-timeout, unmounts its segment (removing its metadata) and exits 0. An invalid config is refused before anything starts, with the
 messages of kvctl validate-config.`,
 		Example: `  # run on the embedded pool with the defaults
   kvctl serve
@@ -89,7 +98,14 @@ messages of kvctl validate-config.`,
   kvctl serve --pool-size 64GiB --stats-interval 30s --log-format json
 
   # from a config file whose keys are these flag names
-  kvctl serve --config /etc/kvctl/serve.yaml`,
+  kvctl serve --config /etc/kvctl/serve.yaml
+
+  # join a Mooncake cluster, donating 64 GiB
+  kvctl serve --pool-backend mooncake --master 10.0.0.5:50051 \
+      --metadata http://10.0.0.5:8080/metadata --pool-size 64GiB --transfer-port 15000
+
+  # the same from TensorRT-LLM's mooncake.json (protocol tcp, an HTTP metadata server)
+  kvctl serve --pool-backend mooncake --mooncake-config /etc/trtllm/mooncake.json`,
 		Args:        cobra.NoArgs,
 		Annotations: map[string]string{cmdutil.OwnConfigCheck: "true"},
 		RunE: func(cmd *cobra.Command, _ []string) error {

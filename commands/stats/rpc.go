@@ -47,9 +47,9 @@ func rpcError(addr string, err error) error {
 	case errors.Is(err, context.Canceled):
 		return err
 	case errors.Is(err, masterrpc.ErrUnavailable):
-		return cmdutil.Unreachable(fmt.Errorf("mooncake master %s is unreachable: %w", addr, err))
+		return cmdutil.Unreachable(fmt.Errorf("pool %s%s: %w", probe.RPCScheme, addr, err))
 	}
-	return fmt.Errorf("mooncake master %s: %w", addr, err)
+	return fmt.Errorf("pool %s%s: %w", probe.RPCScheme, addr, err)
 }
 
 // gatherRPC reports what a master's RPC service tells: that it serves, its store protocol

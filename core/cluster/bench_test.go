@@ -14,16 +14,19 @@ import (
 // Load throughput from a peer's segment: four engines on host B load prompts that host A
 // saved (every page lives in A's segment), against Mooncake's data path without kvctl serve in
 // between: a native client in this process getting the same pages with four goroutines, in
-// batches of the connector's transfer batch size, in the same run against the same master and
+// batches of the connector's effective get batch, in the same run against the same master and
 // segment.
 //
 //	go test -run XXX -bench BenchmarkLoadFromPeer -benchtime 5x ./core/cluster/
 const (
-	benchEngines  = 4
-	benchReqs     = 8  // requests per engine
-	benchBlocks   = 64 // blocks per request
-	benchPage     = 64 << 10
-	benchBatch    = 64 // connector.DefaultTransferBatchSize
+	benchEngines = 4
+	benchReqs    = 8  // requests per engine
+	benchBlocks  = 64 // blocks per request
+	benchPage    = 64 << 10
+	// benchBatch is the connector's effective get batch here: transfer_batch_size 64 caps the
+	// staging at 64 slots (gpu.PlanStaging, as TensorRT-LLM sizes it), and the load
+	// double-buffers them, so each pool get carries 32 pages.
+	benchBatch    = 32
 	benchSegment  = "512MiB"
 	benchStaging  = "16MiB"
 	benchModelKey = "cluster-model"

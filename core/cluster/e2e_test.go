@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -349,6 +350,10 @@ func TestTwoHostsShareOnePool(t *testing.T) {
 		len(reqs), ideal, distinct, cold, warm, servedA.BytesRead)
 
 	checkStatsCLI(t, m, a, b, 2)
+	// The master's read endpoints are the master's: a serve on the cluster points there.
+	if code, body, _ := get(b.admin + "/get_all_keys"); code != 404 || !strings.Contains(body, "Mooncake cluster of master "+m.RPCAddr) {
+		t.Errorf("/get_all_keys on B: %d %q", code, body)
+	}
 
 	if code := b.stop(t); code != 0 {
 		t.Errorf("B exited %d after SIGTERM", code)
@@ -424,4 +429,70 @@ func TestReplayLiveAcrossHosts(t *testing.T) {
 	}
 	t.Logf("B: %d hit blocks, %d loaded pages", stB.PrefixHoles.HitBlocks, stB.Loads.Pages)
 	checkStatsCLI(t, m, a, b, 2)
+}
+
+// TestFourEnginesEachHost: four engines at once on host A save their share of the trace slice,
+// then four at once on host B load it, every loaded byte checked: many engines' lookups, loads
+// and saves go on concurrently against the real master and a peer's segment.
+func TestFourEnginesEachHost(t *testing.T) {
+	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
+	reqs, ids := traceRequests(t, 48)
+	a := startServe(t, m, "A")
+	a.waitReady(t)
+	b := startServe(t, m, "B")
+	b.waitReady(t)
+	const engines = 4
+	share := func(e int) []enginesim.Request {
+		var out []enginesim.Request
+		for i := e; i < len(reqs); i += engines {
+			out = append(out, reqs[i])
+		}
+		return out
+	}
+	run := func(h *host, phase string) []enginesim.Result {
+		res := make([]enginesim.Result, engines)
+		var wg sync.WaitGroup
+		errs := make(chan error, engines)
+		for e := range engines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx := context.Background()
+				eng, err := enginesim.Start(ctx, simConfig(h, fmt.Sprintf("%s%d", phase, e)))
+				if err != nil {
+					errs <- err
+					return
+				}
+				defer eng.Close(ctx)
+				r, err := eng.Run(ctx, renamed(share(e), phase), 4)
+				if err != nil {
+					errs <- fmt.Errorf("%s engine %d: %w", phase, e, err)
+				}
+				res[e] = r
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		return res
+	}
+	run(a, "cold")
+	loaded, want := 0, 0
+	for _, r := range run(b, "warm") {
+		loaded += r.LoadedBlocks
+		if r.Restarts != 0 {
+			t.Errorf("a warm engine restarted %d requests", r.Restarts)
+		}
+	}
+	for _, r := range ids[:len(reqs)] {
+		want += len(r)
+	}
+	if loaded != want {
+		t.Fatalf("four warm engines on B loaded %d blocks, want all %d", loaded, want)
+	}
+	if f := b.stats(t).Backend.PoolCallFailures; f != (daemon.PoolFailuresJSON{}) {
+		t.Fatalf("pool failures on B: %+v", f)
+	}
 }

@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -166,5 +167,37 @@ func TestRealSIGTERM(t *testing.T) {
 	}
 	if keys, ok, _ := m.Metric(ctx, "master_key_count"); !ok || keys != 0 {
 		t.Fatalf("master holds %v keys after the only segment left, want 0", keys)
+	}
+}
+
+// TestRealMasterRestartWithoutAdmin: with a master admin address that does not answer, serve
+// still serves and, after a master restart, becomes ready again once its client has remounted
+// the segment; it warns that the cluster's capacity is unknown.
+func TestRealMasterRestartWithoutAdmin(t *testing.T) {
+	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
+	nowhere := "http://127.0.0.1:" + strconv.Itoa(freePort(t))
+	a := startServe(t, m, "A", "--master-admin", nowhere)
+	a.waitReady(t)
+	reqs, _ := traceRequests(t, 4)
+	runEngine(t, simConfig(a, "before"), reqs, 4)
+	before := a.stats(t).Backend.SegmentRemounts
+	m.Kill()
+	eventually(t, "unready after the master died", func() bool { c, _ := a.readyz(); return c == 503 })
+	m.Restart()
+	a.waitReady(t)
+	st := a.stats(t)
+	if st.Backend.SegmentRemounts <= before || st.Backend.ClusterSegments != 0 {
+		t.Fatalf("after the restart: %+v (remounts before %d)", st.Backend, before)
+	}
+	if !strings.Contains(a.out.String(), "the master's admin server does not answer") {
+		t.Fatal("no warning about the master's admin server")
+	}
+	runEngine(t, simConfig(a, "after-cold"), renamed(reqs, "after-cold"), 4)
+	warm := runEngine(t, simConfig(a, "after-warm"), renamed(reqs, "after-warm"), 4)
+	if warm.LoadedBlocks == 0 {
+		t.Fatalf("no loads after the restart: %+v", warm)
+	}
+	if code := a.stop(t); code != 0 {
+		t.Fatalf("exit %d", code)
 	}
 }

@@ -36,6 +36,15 @@ type Pool struct {
 	mu     sync.RWMutex
 	native *mooncake.Native
 	closed bool
+
+	adminWarn sync.Once
+	// outage is set when a ping failed: the remount count then, and when the first Mount
+	// after it began, so that Mount waits for the segment to be back.
+	outage struct {
+		active   bool
+		remounts int64
+		since    time.Time
+	}
 }
 
 // New returns a Pool that joins the cluster on its first successful Mount. It dials nothing.
@@ -72,6 +81,13 @@ func (p *Pool) client() *mooncake.Native {
 // Ping asks the master whether it serves (its ServiceReady call).
 func (p *Pool) Ping(ctx context.Context) error {
 	_, err := p.probe.ServiceReady(ctx)
+	if err != nil {
+		p.mu.Lock()
+		if !p.outage.active && p.native != nil {
+			p.outage.active, p.outage.remounts, p.outage.since = true, p.native.Remounts(), time.Time{}
+		}
+		p.mu.Unlock()
+	}
 	return err
 }
 
@@ -98,18 +114,39 @@ func (p *Pool) Mount(ctx context.Context) error {
 		p.log.Info("joined the Mooncake cluster", "master", p.opts.Native.MasterAddr, "segment", n.SegmentName(), "bytes", p.opts.Native.SegmentSize)
 		return nil
 	}
-	p.mu.Unlock()
-	if p.admin == nil || n.SegmentName() == "" {
+	if !p.outage.active || n.SegmentName() == "" {
+		p.mu.Unlock()
 		return nil
 	}
-	// Wait for the heartbeat's remount: the master must list the segment again.
+	if p.outage.since.IsZero() {
+		p.outage.since = time.Now()
+	}
+	remounts, grace := p.outage.remounts, p.outage.since.Add(2*p.heartbeat())
+	p.mu.Unlock()
+	// Wait for the heartbeat's remount: the master must list the segment again. Without an
+	// admin server that answers, wait for the client to report a remount since the outage,
+	// for at most two heartbeats (a master that only lost the connection still has the
+	// segment).
+	back := func() error {
+		p.mu.Lock()
+		p.outage.active = false
+		p.mu.Unlock()
+		return nil
+	}
 	for {
-		_, err := p.admin.QuerySegment(ctx, n.SegmentName())
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, mooncake.ErrSegmentNotFound) {
-			return err
+		if p.admin != nil {
+			_, err := p.admin.QuerySegment(ctx, n.SegmentName())
+			if err == nil {
+				return back()
+			}
+			if !errors.Is(err, mooncake.ErrSegmentNotFound) {
+				p.warnAdmin(err)
+				if n.Remounts() > remounts || time.Now().After(grace) {
+					return back()
+				}
+			}
+		} else if n.Remounts() > remounts || time.Now().After(grace) {
+			return back()
 		}
 		select {
 		case <-ctx.Done():
@@ -117,6 +154,22 @@ func (p *Pool) Mount(ctx context.Context) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+func (p *Pool) heartbeat() time.Duration {
+	if p.opts.Native.Heartbeat > 0 {
+		return p.opts.Native.Heartbeat
+	}
+	return time.Second
+}
+
+// warnAdmin reports, once, that the master's admin server does not answer: the cluster's
+// segments and capacity are then unknown, and remounts are judged by the client alone.
+func (p *Pool) warnAdmin(err error) {
+	p.adminWarn.Do(func() {
+		p.log.Warn("the master's admin server does not answer; give --master-admin for the cluster's segments and capacity",
+			"admin", p.opts.Native.AdminURL, "err", err)
+	})
 }
 
 // Unmount leaves the cluster: the segment is unmounted (the master drops the pages stored in

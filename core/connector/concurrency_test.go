@@ -69,6 +69,19 @@ func (p *latencyPool) BatchPut(ctx context.Context, keys []string, bufs [][]byte
 	return p.embPool.BatchPut(ctx, keys, bufs, cfg)
 }
 
+// schedulerOver is a scheduler adapter over pool with the test layout of slots page slots.
+func schedulerOver(t *testing.T, pool mooncake.Pool, slots int) *Scheduler {
+	t.Helper()
+	s, err := NewScheduler(baseOptions(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RegisterLayout(testLayout(slots)); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // waitOrFail runs f and fails the test when it has not returned within guard.
 func waitOrFail(t *testing.T, what string, f func()) {
 	t.Helper()
@@ -90,13 +103,7 @@ func TestSchedulerCallsProceedDuringLookupPoolCall(t *testing.T) {
 	warmup.add("b", prompt(2, 0, 21))
 	warmup.mustRun()
 
-	s, err := NewScheduler(baseOptions(), pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.RegisterLayout(testLayout(64)); err != nil {
-		t.Fatal(err)
-	}
+	s := schedulerOver(t, pool, 64)
 	slow := make(chan error, 1)
 	go func() {
 		_, _, err := s.Lookup(context.Background(), Request{ID: "a", Tokens: prompt(1, 0, 21), ContextOnly: true}, 0)
@@ -143,13 +150,7 @@ func TestConcurrentLookupsMeetInsidePool(t *testing.T) {
 	}
 	warmup.mustRun()
 
-	s, err := NewScheduler(baseOptions(), pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.RegisterLayout(testLayout(256)); err != nil {
-		t.Fatal(err)
-	}
+	s := schedulerOver(t, pool, 256)
 	var wg sync.WaitGroup
 	matched := make([]int, n)
 	for i := range n {
@@ -186,13 +187,7 @@ func TestSupersededLookupLeavesNewerOffer(t *testing.T) {
 	warmup := newEngine(t, pool.embPool, baseOptions(), 1, 64)
 	warmup.add("w", prompt(1, 0, 21))
 	warmup.mustRun()
-	s, err := NewScheduler(baseOptions(), pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.RegisterLayout(testLayout(64)); err != nil {
-		t.Fatal(err)
-	}
+	s := schedulerOver(t, pool, 64)
 	req := Request{ID: "a", Tokens: prompt(1, 0, 21), ContextOnly: true}
 	older := make(chan int, 1)
 	go func() {

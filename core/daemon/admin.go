@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"sort"
 	"time"
@@ -25,8 +26,19 @@ func (d *Daemon) AdminHandler() http.Handler {
 	// one); a Mooncake cluster's master serves its own.
 	if insp, ok := d.backend.Pool.(mooncake.Inspector); ok {
 		mux.Handle("/", mooncake.NewAdminHandler(insp, mooncake.DefaultAdminHandlerOptions()))
+	} else {
+		mux.HandleFunc("/", d.askTheMaster)
 	}
 	return mux
+}
+
+// askTheMaster answers the master's read endpoints on a serve whose pool is a Mooncake
+// cluster: the master's own admin server has them.
+func (d *Daemon) askTheMaster(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(http.StatusNotFound)
+	_, _ = fmt.Fprintf(w, "%s: this kvctl serve's pool is the Mooncake cluster of master %s; its admin server (mooncake_master --metrics_port, 9003 by default) answers the pool's endpoints; this one serves the status page (/), /v1/stats, /metrics, /healthz and /readyz\n",
+		r.URL.Path, d.backend.Info.Master)
 }
 
 // HoleStatsJSON is the prefix-hole stats part of /v1/stats.

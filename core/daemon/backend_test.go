@@ -244,6 +244,16 @@ func TestMasterOutageWhileEnginesRun(t *testing.T) {
 	if f.LookupKeys == 0 || f.DroppedSavePages == 0 {
 		t.Fatalf("outage not counted: %+v", f)
 	}
+	// The same counts under the pinned metric names.
+	_, metrics := getText(t, "http://"+r.Info.AdminAddr+"/metrics")
+	for _, series := range []string{
+		fmt.Sprintf("kvctl_pool_failed_keys_total{op=\"exist\"} %d\n", f.LookupKeys),
+		fmt.Sprintf("kvctl_pool_failed_keys_total{op=\"put\"} %d\n", f.DroppedSavePages),
+	} {
+		if !strings.Contains(metrics, series) {
+			t.Errorf("/metrics lacks %q", series)
+		}
+	}
 
 	p.down.Store(false)
 	eventually(t, "ready again", func() bool { c, _ := readyz(t, r); return c == 200 })
@@ -279,6 +289,9 @@ func TestPoolTimeoutBoundsLookup(t *testing.T) {
 	}
 	if st := stats(t, r); st.Backend.PoolCallFailures.Timeouts == 0 {
 		t.Fatalf("timeouts not counted: %+v", st.Backend.PoolCallFailures)
+	}
+	if _, metrics := getText(t, "http://"+r.Info.AdminAddr+"/metrics"); !strings.Contains(metrics, `kvctl_pool_call_timeouts_total{op="exist"}`) {
+		t.Error("/metrics lacks kvctl_pool_call_timeouts_total{op=\"exist\"}")
 	}
 }
 
@@ -335,6 +348,9 @@ func TestBackendJSONContract(t *testing.T) {
 		"segment_remounts"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("backend fields\n got %v\nwant %v", got, want)
+	}
+	if sv, _ := json.Marshal(daemon.SegmentServedJSON{}); string(sv) != `{"peer_reads":0,"peer_writes":0,"bytes_read_by_peers":0,"bytes_written_by_peers":0}` {
+		t.Fatalf("segment_served: %s", sv)
 	}
 	f, _ := json.Marshal(daemon.PoolFailuresJSON{})
 	if string(f) != `{"timeouts":0,"lookup_keys":0,"dropped_save_pages":0,"load_pages":0}` {

@@ -219,6 +219,28 @@ func (c *PyClient) BenchGet(prefix string, size, n int) time.Duration {
 	return time.Duration(rep.NS)
 }
 
+// BenchPutBatch runs n put_batch calls of batch values of size bytes each, under keys
+// prefix/i/j, inside the Python process and returns the time the loop took there.
+func (c *PyClient) BenchPutBatch(prefix string, size, n, batch int) time.Duration {
+	c.t.Helper()
+	rep := c.must(map[string]any{"op": "bench_put_batch", "prefix": prefix, "size": size, "n": n, "batch": batch})
+	if rep.RC != 0 {
+		c.t.Fatalf("python bench_put_batch: %d batches failed", -rep.RC)
+	}
+	return time.Duration(rep.NS)
+}
+
+// BenchGetBatch runs n batch_get_buffer calls over the keys BenchPutBatch stored and returns
+// the time the loop took inside the Python process.
+func (c *PyClient) BenchGetBatch(prefix string, size, n, batch int) time.Duration {
+	c.t.Helper()
+	rep := c.must(map[string]any{"op": "bench_get_batch", "prefix": prefix, "size": size, "n": n, "batch": batch})
+	if rep.RC != 0 {
+		c.t.Fatalf("python bench_get_batch: %d values missing or of the wrong size", -rep.RC)
+	}
+	return time.Duration(rep.NS)
+}
+
 // BenchExist calls batch_is_exist(keys) n times inside the Python process and returns the
 // time the loop took there.
 func (c *PyClient) BenchExist(keys []string, n int) time.Duration {

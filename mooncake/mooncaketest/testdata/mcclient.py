@@ -9,6 +9,7 @@ printed representations: "put" reads the value from "file", "get" writes it to "
 Requests: {"op": "put", "key", "file", "soft_pin", "ttl_ms", "hard_pin", "group"},
 {"op": "get", "key", "file"}, {"op": "is_exist", "key"}, {"op": "batch_is_exist", "keys"},
 {"op": "remove", "key", "force"}, {"op": "bench_put"|"bench_get", "prefix", "size", "n"},
+{"op": "bench_put_batch"|"bench_get_batch", "prefix", "size", "n", "batch"},
 {"op": "bench_exist", "keys", "n"}, {"op": "quit"}. Replies carry "rc" and op-specific fields;
 a request that raised carries "error".
 """
@@ -90,6 +91,28 @@ def main():
                 for i in range(n):
                     if len(store.get("%s/%d" % (req["prefix"], i))) != size:
                         bad += 1
+                rep["ns"] = time.perf_counter_ns() - start
+                rep["rc"] = -bad
+            elif op == "bench_put_batch":
+                data = os.urandom(int(req["size"]))
+                n, batch = int(req["n"]), int(req["batch"])
+                start = time.perf_counter_ns()
+                failed = 0
+                for i in range(n):
+                    keys = ["%s/%d/%d" % (req["prefix"], i, j) for j in range(batch)]
+                    if store.put_batch(keys, [data] * batch) != 0:
+                        failed += 1
+                rep["ns"] = time.perf_counter_ns() - start
+                rep["rc"] = -failed
+            elif op == "bench_get_batch":
+                n, batch, size = int(req["n"]), int(req["batch"]), int(req["size"])
+                start = time.perf_counter_ns()
+                bad = 0
+                for i in range(n):
+                    keys = ["%s/%d/%d" % (req["prefix"], i, j) for j in range(batch)]
+                    for h in store.batch_get_buffer(keys):
+                        if h is None or h.size() != size:
+                            bad += 1
                 rep["ns"] = time.perf_counter_ns() - start
                 rep["rc"] = -bad
             elif op == "bench_exist":
