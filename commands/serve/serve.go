@@ -83,7 +83,8 @@ spoken. Serve may start before its master: /readyz answers 503 until the segment
 and again while the master does not answer, with the reason in /v1/stats; every pool call an
 engine waits for is bounded by --pool-timeout (a lookup past it answers miss).
 
-An admin HTTP server (loopback only unless --allow-remote-admin) serves the Mooncake master's
+An admin HTTP server (loopback only unless --allow-remote-admin) serves a status page at / (open
+it in a browser: pool occupancy, hit rates, holes, load phases, engines), the Mooncake master's
 read endpoints for the pool, /metrics (Prometheus), /v1/stats, /healthz and /readyz.
 --metrics-addr opens a second listener, which may bind any address, serving only /metrics,
 /healthz and /readyz: point Prometheus and kubelet probes there, never at the admin API.
