@@ -171,7 +171,7 @@ plotting elsewhere. A progress bar goes to standard error when it is a terminal.
 	fl.IntVar(&opts.Ranks, "ranks", c.Ranks, "attention-DP ranks (engines) offline")
 	fl.StringVar(&opts.Router, "router", c.Router, "rank placement: "+strings.Join(router.Policies, " or "))
 	fl.IntVar(&opts.GPU, "gpu-blocks", c.GPUBlocks, "each rank's local KV cache, in blocks")
-	fl.IntVar(&opts.TokensPerBlock, "tokens-per-block", p.TokensPerBlock, "replay block size: tokens per Mooncake block, or per block of a token trace")
+	fl.IntVar(&opts.TokensPerBlock, "tokens-per-block", 32, "replay block size: tokens per Mooncake block, or per block of a token trace (32, as kvctl hash and TensorRT-LLM)")
 	fl.StringVar(&opts.PageSize, "page-size", "64MiB", "real bytes of one block's page")
 	fl.IntVar(&opts.SimPageSize, "sim-page-size", p.SimPageBytes, "bytes a page actually holds (offline, and the live engines' registered page size)")
 	fl.StringVar(&opts.LoadBandwidth, "load-bandwidth", "25GB", "pool to engine bytes per second")
