@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
+	"github.com/kvctl/kvctl/core/boundedio"
 	"github.com/kvctl/kvctl/core/config"
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/daemon"
@@ -40,7 +41,9 @@ type Options struct {
 	MetricsAddr      string
 	EngineMetricsTTL time.Duration
 	// Cluster holds the mooncake backend's flags (cluster.go).
-	Cluster   config.ClusterKeys
+	Cluster config.ClusterKeys
+	// Security holds the flags of security.go (--engine-group, --max-conns, ...).
+	Security  config.ServeSecurity
 	LogLevel  string
 	LogFormat string
 	// ConfigFile is the config file the flags were read from, if any; it is checked with the
@@ -148,6 +151,7 @@ messages of kvctl validate-config.`,
 	fl.StringVar(&opts.MetricsAddr, config.ServeKeyMetricsAddr, "", "metrics and health listener `host:port` serving only /metrics, /healthz and /readyz (any address; empty turns it off)")
 	cmdutil.DurationVar(fl, &opts.EngineMetricsTTL, config.ServeKeyEngineMetricsTTL, def.EngineMetricsRetention, "how long the per-rank metric series of an engine that left are still exported")
 	addClusterFlags(fl, &opts.Cluster)
+	addSecurityFlags(cmd, opts)
 	_ = cmd.RegisterFlagCompletionFunc(config.ServeKeyPoolBackend, cobra.FixedCompletions([]string{config.PoolBackendEmbedded, config.PoolBackendMooncake}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
@@ -160,7 +164,8 @@ func (o *Options) serveConfig() (config.ServeConfig, config.Diagnostics) {
 		PoolBackend: o.PoolBackend, Pool: o.Pool, PoolSize: o.PoolSize,
 		LogLevel: o.LogLevel, LogFormat: o.LogFormat, StatsInterval: o.StatsInterval, DrainTimeout: o.DrainTimeout,
 		MetricsAddr: o.MetricsAddr, EngineMetricsRetention: o.EngineMetricsTTL,
-		ClusterKeys: o.Cluster,
+		ClusterKeys:   o.Cluster,
+		ServeSecurity: o.Security,
 	}
 	var diags config.Diagnostics
 	n, err := config.ParseSize(o.StagingBytes, true)
@@ -193,7 +198,7 @@ func report(opts *Options, diags config.Diagnostics) error {
 // Run checks the configuration, starts the daemon and serves until ctx is cancelled.
 func Run(ctx context.Context, opts *Options) error {
 	if opts.ConfigFile != "" {
-		data, err := os.ReadFile(opts.ConfigFile)
+		data, err := boundedio.ReadFile(ctx, opts.ConfigFile, boundedio.MaxConfigBytes)
 		if err != nil {
 			return err
 		}
@@ -212,6 +217,9 @@ func Run(ctx context.Context, opts *Options) error {
 		return err
 	}
 	log := opts.Factory.Logger()
+	if sc.AllowRemoteAdmin && sc.AdminAddr != "" {
+		log.Warn(config.RemoteAdminWarning, "admin_addr", sc.AdminAddr)
+	}
 
 	memAvail, memSource := opts.MemAvailable, "test"
 	if memAvail == nil {
@@ -277,6 +285,11 @@ func Run(ctx context.Context, opts *Options) error {
 		EngineSeriesRetention: sc.EngineMetricsRetention,
 		Logger:                log,
 		Version:               opts.Factory.Version,
+		EngineGroup:           sc.EngineGroup,
+		MaxConns:              sc.MaxConns,
+		AdminGrantsLeases:     sc.AdminGrantsLeases,
+		AdminLeaseRate:        sc.AdminLeaseRate,
+		DescriptorTTL:         sc.DescriptorTTL,
 	})
 	if err != nil {
 		return cmdutil.ValidationErrorf("%v", err)

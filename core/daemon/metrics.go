@@ -361,7 +361,7 @@ func (d *Daemon) metricsHandler() http.Handler {
 	return promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{
 		EnableOpenMetrics: true,
 		ErrorHandling:     promhttp.ContinueOnError,
-		Timeout:           30 * time.Second,
+		Timeout:           20 * time.Second, // under the listeners' 30 s write timeout
 	})
 }
 

@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"sync"
-	"time"
 )
 
 // MetricsHandler serves the metrics and health listener: /metrics, /healthz and /readyz and
@@ -51,7 +50,8 @@ func (d *Daemon) listenMetrics() (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("metrics listener: %w", err)
 	}
-	return ln, nil
+	// The same connection cap as the other listeners: it may face any network.
+	return d.guardListener(ln, "metrics", nil), nil
 }
 
 // serveMetricsListener serves ln until the returned server is shut down; an error other than
@@ -62,11 +62,12 @@ func (d *Daemon) serveMetricsListener(ln net.Listener, wg *sync.WaitGroup, errc 
 	}
 	hs := &http.Server{
 		Handler:           d.MetricsHandler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      60 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
+		ReadHeaderTimeout: AdminReadHeaderTimeout,
+		ReadTimeout:       AdminReadTimeout,
+		WriteTimeout:      AdminWriteTimeout,
+		IdleTimeout:       AdminIdleTimeout,
+		MaxHeaderBytes:    AdminMaxHeaderBytes,
+		ErrorLog:          slogErrorLog(d.log),
 	}
 	wg.Add(1)
 	go func() {
