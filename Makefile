@@ -91,12 +91,12 @@ verify: tools
 	@echo '== gofmt'; out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	@echo '== go vet'; $(GO) vet ./...
 	@echo '== golangci-lint'; $(LINT) run ./...
-	@echo '== go mod tidy'; cp go.mod /tmp/kvctl-go.mod.bak; cp go.sum /tmp/kvctl-go.sum.bak; \
+	@echo '== go mod tidy'; bak=$$(mktemp -d); cp go.mod go.sum $$bak/; \
 		$(GO) mod tidy; \
-		if ! cmp -s go.mod /tmp/kvctl-go.mod.bak || ! cmp -s go.sum /tmp/kvctl-go.sum.bak; then \
-			diff -u /tmp/kvctl-go.mod.bak go.mod; \
-			cp /tmp/kvctl-go.mod.bak go.mod; cp /tmp/kvctl-go.sum.bak go.sum; \
-			echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; fi
+		if ! cmp -s go.mod $$bak/go.mod || ! cmp -s go.sum $$bak/go.sum; then \
+			diff -u $$bak/go.mod go.mod; \
+			cp $$bak/go.mod go.mod; cp $$bak/go.sum go.sum; rm -rf $$bak; \
+			echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; fi; rm -rf $$bak
 	@echo '== generated docs'; tmp=$$(mktemp -d); $(GO) run ./cmd/gendocs -man $$tmp/man -completions $$tmp/completions && \
 		diff -r man $$tmp/man && diff -r completions $$tmp/completions || { echo "man pages or completions are stale: run make docs"; rm -rf $$tmp; exit 1; }; rm -rf $$tmp
 	@echo '== generated protobuf'; if command -v protoc >/dev/null; then tmp=$$(mktemp -d); \

@@ -9,8 +9,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/cobra/doc"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
@@ -42,9 +44,11 @@ func run(manDir, compDir string) error {
 			return err
 		}
 	}
-	// A fixed date keeps the pages reproducible from one build to the next.
+	// A fixed date keeps the pages reproducible from one build to the next. The title is left
+	// empty so that each page is titled after its command (KVCTL-SERVE(1), ...).
 	date := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	hdr := &doc.GenManHeader{Title: "KVCTL", Section: "1", Source: "kvctl", Manual: "kvctl manual", Date: &date}
+	hdr := &doc.GenManHeader{Section: "1", Source: "kvctl", Manual: "kvctl manual", Date: &date}
+	preformatExitCodes(cmd)
 	if err := doc.GenManTree(cmd, hdr, manDir); err != nil {
 		return fmt.Errorf("man pages: %w", err)
 	}
@@ -68,4 +72,18 @@ func run(manDir, compDir string) error {
 		}
 	}
 	return nil
+}
+
+// preformatExitCodes indents the exit-code table of every command's help as a block of
+// preformatted text, so that man keeps its rows instead of filling them into one paragraph.
+func preformatExitCodes(cmd *cobra.Command) {
+	for _, c := range cmd.Commands() {
+		preformatExitCodes(c)
+	}
+	lines := strings.Split(cmdutil.ExitCodesHelp, "\n")
+	for i := 1; i < len(lines); i++ {
+		lines[i] = "    " + strings.TrimLeft(lines[i], " ")
+	}
+	pre := lines[0] + "\n\n" + strings.Join(lines[1:], "\n")
+	cmd.Long = strings.Replace(cmd.Long, cmdutil.ExitCodesHelp, pre, 1)
 }

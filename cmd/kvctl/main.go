@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
 	"github.com/kvctl/kvctl/commands/root"
+	versioncmd "github.com/kvctl/kvctl/commands/version"
 )
 
 // Set by the linker: -X main.version=... -X main.commit=...
@@ -29,7 +31,9 @@ func run(args []string) int {
 	defer stop()
 
 	ios := cmdutil.System()
-	f := &cmdutil.Factory{IOStreams: ios, Version: version, Commit: commit, Now: time.Now, Getenv: os.Getenv}
+	// One version everywhere: the banner, /v1/stats, kvctl_build_info and kvctl version.
+	info := versioncmd.Get(version, commit)
+	f := &cmdutil.Factory{IOStreams: ios, Version: info.Version, Commit: info.Commit, Now: time.Now, Getenv: os.Getenv}
 	cmd := root.NewCmdRoot(f)
 	cmd.SetContext(ctx)
 	err := root.Execute(cmd, args)
@@ -40,14 +44,24 @@ func run(args []string) int {
 	if ctx.Err() != nil && code == cmdutil.ExitFailure {
 		code = cmdutil.ExitInterrupted
 	}
+	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		// Interrupted (Ctrl-C on --watch): the exit code says so; "context canceled" says nothing.
+		return cmdutil.ExitInterrupted
+	}
+	if !cmdutil.IsSilent(err) && f.LogFormat == "json" {
+		// With JSON logs every line on stderr is JSON, the final error included.
+		f.Logger().Error(err.Error(), "exit_code", code)
+		return code
+	}
 	if !cmdutil.IsSilent(err) {
 		fmt.Fprintf(ios.ErrOut, "kvctl: %v\n", err)
 		if code == cmdutil.ExitUsage {
+			// One line on where to get help, so that the error stays on screen.
+			path := "kvctl"
 			if c, _, ferr := cmd.Find(args); ferr == nil && c != nil {
-				fmt.Fprintf(ios.ErrOut, "\n%s", c.UsageString())
-			} else {
-				fmt.Fprintf(ios.ErrOut, "\n%s", cmd.UsageString())
+				path = c.CommandPath()
 			}
+			fmt.Fprintf(ios.ErrOut, "Run '%s --help' for usage.\n", path)
 		}
 	}
 	return code

@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -77,6 +79,12 @@ func LoadConfig(cmd *cobra.Command, explicit string, getenv func(string) string)
 		}
 	}
 
+	if v.ConfigFileUsed() != "" && cmd.Annotations[OwnConfigCheck] == "" {
+		if err := checkKeys(cmd.Root(), v); err != nil {
+			return nil, err
+		}
+	}
+
 	var errs []error
 	apply := func(fl *pflag.Flag) {
 		if fl.Changed || fl.Name == "config" || fl.Name == "help" {
@@ -87,30 +95,140 @@ func LoadConfig(cmd *cobra.Command, explicit string, getenv func(string) string)
 		if !v.IsSet(fl.Name) {
 			return
 		}
+		src := source(v, fl.Name)
 		val := v.Get(fl.Name)
-		var s string
+		var err error
 		switch x := val.(type) {
 		case []any:
 			parts := make([]string, len(x))
 			for i, p := range x {
 				parts[i] = fmt.Sprint(p)
 			}
-			s = strings.Join(parts, ",")
+			// A YAML list for a repeatable flag: each item is one value, commas and all.
+			if sv, ok := fl.Value.(pflag.SliceValue); ok {
+				err = sv.Replace(parts)
+			} else {
+				err = fl.Value.Set(strings.Join(parts, ","))
+			}
 		default:
-			s = fmt.Sprint(x)
+			err = fl.Value.Set(fmt.Sprint(x))
 		}
-		if err := fl.Value.Set(s); err != nil {
-			errs = append(errs, fmt.Errorf("%s (from %s): %w", fl.Name, source(v, fl.Name), err))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s %s: %w", src, describeSetting(src, fl.Name), err))
 			return
 		}
 		fl.Changed = true
+		if fl.Annotations == nil {
+			fl.Annotations = map[string][]string{}
+		}
+		fl.Annotations[sourceAnnotation] = []string{src}
 	}
 	cmd.Flags().VisitAll(apply)
 	cmd.InheritedFlags().VisitAll(apply)
 	if len(errs) > 0 {
-		return nil, &FlagError{Err: errors.Join(errs...)}
+		return nil, &ExitError{Code: ExitUsage, Err: errors.Join(errs...)}
 	}
 	return v, nil
+}
+
+// OwnConfigCheck is a command annotation: the command checks the config file's keys itself
+// (with places and suggestions), so LoadConfig leaves them to it.
+const OwnConfigCheck = "kvctl-own-config-check"
+
+// sourceAnnotation marks a flag whose value came from the environment or the config file; its
+// value names which.
+const sourceAnnotation = "kvctl-source"
+
+// FlagSource names where flag name of cmd got its value: "" for the command line or its
+// default, else the environment variable (KVCTL_POOL_SIZE) or the config file's path.
+func FlagSource(cmd *cobra.Command, name string) string {
+	fl := cmd.Flags().Lookup(name)
+	if fl == nil {
+		return ""
+	}
+	if s := fl.Annotations[sourceAnnotation]; len(s) > 0 {
+		return s[0]
+	}
+	return ""
+}
+
+// FromCommandLine reports whether flag name of cmd was given on the command line.
+func FromCommandLine(cmd *cobra.Command, name string) bool {
+	fl := cmd.Flags().Lookup(name)
+	return fl != nil && fl.Changed && FlagSource(cmd, name) == ""
+}
+
+func describeSetting(src, name string) string {
+	if strings.HasPrefix(src, EnvPrefix+"_") {
+		return "(for --" + name + ")"
+	}
+	return "key " + strconv.Quote(name)
+}
+
+// checkKeys refuses a config file key that is no flag of any kvctl command: a file shared by
+// several commands may hold every command's keys, and each command ignores the others', but
+// a misspelt key is an error.
+func checkKeys(root *cobra.Command, v *viper.Viper) error {
+	known := map[string]bool{"config": true}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		c.Flags().VisitAll(func(fl *pflag.Flag) { known[fl.Name] = true })
+		c.PersistentFlags().VisitAll(func(fl *pflag.Flag) { known[fl.Name] = true })
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
+	var bad []string
+	seen := map[string]bool{}
+	for _, k := range v.AllKeys() {
+		top, _, _ := strings.Cut(k, ".")
+		if !known[top] && !seen[top] && fileHasKey(v, top) {
+			seen[top] = true
+			bad = append(bad, strconv.Quote(top))
+		}
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	sort.Strings(bad)
+	return &ExitError{Code: ExitValidation, Err: fmt.Errorf("config file %s: unknown key %s: no kvctl command has such a flag", v.ConfigFileUsed(), strings.Join(bad, ", "))}
+}
+
+// fileHasKey tells a key of the config file from one viper only knows from the environment.
+func fileHasKey(v *viper.Viper, key string) bool {
+	return v.InConfig(key)
+}
+
+// AllFlagNames lists the flag names of every command of the tree cmd belongs to, except
+// those of cmd itself: the keys a shared config file may hold for other commands.
+func AllFlagNames(cmd *cobra.Command) []string {
+	own := map[string]bool{}
+	cmd.Flags().VisitAll(func(fl *pflag.Flag) { own[fl.Name] = true })
+	set := map[string]bool{}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		c.Flags().VisitAll(func(fl *pflag.Flag) {
+			if !own[fl.Name] {
+				set[fl.Name] = true
+			}
+		})
+		c.PersistentFlags().VisitAll(func(fl *pflag.Flag) {
+			if !own[fl.Name] {
+				set[fl.Name] = true
+			}
+		})
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(cmd.Root())
+	out := make([]string, 0, len(set))
+	for k := range set {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 func source(v *viper.Viper, name string) string {

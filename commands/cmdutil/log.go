@@ -46,7 +46,18 @@ func NewLogger(w io.Writer, level, format string) *slog.Logger {
 	}
 	opts := &slog.HandlerOptions{Level: lvl}
 	if format == "json" {
+		opts.ReplaceAttr = jsonDuration
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// jsonDuration writes a time.Duration attribute as a Go duration string ("1.5s", "30s"):
+// slog's JSON handler would write a bare count of nanoseconds, which reads as seconds or
+// milliseconds depending on who reads it.
+func jsonDuration(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.String(a.Key, a.Value.Duration().String())
+	}
+	return a
 }

@@ -449,5 +449,17 @@ func rows(res *Result) cmdutil.Table {
 			t.Rows = append(t.Rows, append(append([]string(nil), base...), k))
 		}
 	}
+	if res.UncoveredTokens > 0 {
+		// The tail after the last full block gets no hash; say so rather than leave it out.
+		end := 0
+		if n := len(res.Blocks); n > 0 {
+			end = res.Blocks[n-1].End
+		}
+		row := []string{"-", fmt.Sprintf("%d-%d", end, end+res.UncoveredTokens), fmt.Sprintf("(uncovered: %d tokens, no hash)", res.UncoveredTokens)}
+		if withKeys {
+			row = append(row, "-")
+		}
+		t.Rows = append(t.Rows, row)
+	}
 	return t
 }

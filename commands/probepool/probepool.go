@@ -92,7 +92,7 @@ for smoke tests.`,
       --model-key llama-3-8b --world-size 4 --layer-group 0:65536
 
   # the key layout from the engine's YAML, as JSON
-  kvctl probe-pool --pool http://127.0.0.1:9100 --from-config llm_api.yaml \
+  kvctl probe-pool --pool http://127.0.0.1:9480 --from-config llm_api.yaml \
       --layer-group 0:131072 --tokens-file prompt.json -o json
 
   # the same, asking the master over its RPC port
@@ -103,7 +103,7 @@ for smoke tests.`,
   kvctl probe-pool --pool rpc://10.0.0.5:50051 --dump-key 'trtllm/llama/0/abcd' --out page.bin
 
   # CI smoke test: at least 3 blocks must hit
-  kvctl probe-pool --pool 127.0.0.1:9100 --model-key m --layer-group 0:4096 \
+  kvctl probe-pool --pool 127.0.0.1:9480 --model-key m --layer-group 0:4096 \
       --tokens-per-block 4 --expect-hit 3 0 1 2 3 4 5 6 7 8 9 10 11`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts.OutputFormat = cmdutil.OutputFormat(cmd)
@@ -128,7 +128,7 @@ for smoke tests.`,
 				return cmdutil.FlagErrorf("--pool is required: a Mooncake master or kvctl serve admin address, host:port")
 			}
 			if opts.Watch < 0 {
-				return cmdutil.FlagErrorf("--watch %d: want a number of seconds, at least 1", opts.Watch)
+				return cmdutil.FlagErrorf("--watch %ds: want an interval of at least 1s", opts.Watch)
 			}
 			if opts.HasExpectHit && opts.ExpectHit < 0 {
 				return cmdutil.FlagErrorf("--expect-hit %d: must not be negative", opts.ExpectHit)
@@ -149,9 +149,9 @@ for smoke tests.`,
 	fl := cmd.Flags()
 	fl.StringVar(&opts.Pool, "pool", "", "the pool: a Mooncake master's admin address (`URL` http://host:9003), its RPC address (rpc://host:50051) or a kvctl serve admin address")
 	fl.BoolVar(&opts.RenewLeases, "renew-leases", false, "look keys up with /query_key, which grants each present key a read lease, instead of the read-only /batch_query_keys")
-	fl.IntVar(&opts.Watch, "watch", 0, "probe again every `N` seconds until interrupted")
+	cmdutil.SecondsVar(fl, &opts.Watch, "watch", 0, "probe again at this interval (5s, 1m, or a number of seconds) until interrupted")
 	fl.IntVar(&opts.ExpectHit, "expect-hit", 0, "exit 3 when fewer than `N` blocks hit")
-	fl.DurationVar(&opts.Timeout, "timeout", probe.DefaultTimeout, "bound on each request to the pool")
+	cmdutil.DurationVar(fl, &opts.Timeout, "timeout", probe.DefaultTimeout, "bound on each request to the pool")
 	addDumpFlags(cmd, opts)
 	return cmd
 }
@@ -222,6 +222,8 @@ type Result struct {
 	Blocks          []Block `json:"blocks"`
 	Holes           []Hole  `json:"holes"`
 	Summary         Summary `json:"summary"`
+	// Diagnosis is the likely reason for a miss, as a stable code and a sentence.
+	Diagnosis *probe.Diagnosis `json:"diagnosis,omitempty"`
 }
 
 // Run probes the pool once, or every --watch seconds until ctx is done.
@@ -339,9 +341,14 @@ func Probe(ctx context.Context, target *probe.Target, layout *hash.Result, renew
 	if renewLeases {
 		query = "query_key"
 	}
-	return analyze(ctx, target.Addr(), kind, query, layout, func(ctx context.Context, keys []string) ([]bool, error) {
+	res, err := analyze(ctx, target.Addr(), kind, query, layout, func(ctx context.Context, keys []string) ([]bool, error) {
 		return target.Exists(ctx, keys, renewLeases)
 	})
+	if err != nil {
+		return nil, err
+	}
+	res.Diagnosis = diagnose(ctx, target.Admin.AllKeys, res)
+	return res, nil
 }
 
 // analyze asks exists about every key of layout and reports blocks, holes and the summary.
@@ -418,11 +425,11 @@ func poolError(target *probe.Target, err error) error {
 		if isTimeout(err) {
 			return cmdutil.Unreachable(fmt.Errorf("pool %s did not answer within %s (--timeout): %w", target.Addr(), target.Timeout, err))
 		}
-		return cmdutil.Unreachable(fmt.Errorf("pool %s is unreachable: %w", target.Addr(), err))
+		return cmdutil.Unreachable(cmdutil.Briefly(fmt.Sprintf("pool %s is unreachable", target.Addr()), err))
 	case errors.Is(err, mooncake.ErrMalformedResponse):
 		return fmt.Errorf("pool %s sent a response kvctl cannot read: %w", target.Addr(), err)
 	}
-	return fmt.Errorf("pool %s: %w", target.Addr(), err)
+	return cmdutil.Briefly(fmt.Sprintf("pool %s", target.Addr()), err)
 }
 
 func isTimeout(err error) bool {
@@ -506,6 +513,7 @@ func writeFooter(w io.Writer, res *Result, color bool) error {
 	}
 	b.WriteString(paint(color, c, line))
 	b.WriteByte('\n')
+	writeDiagnosis(&b, res)
 	_, err := io.WriteString(w, b.String())
 	return err
 }

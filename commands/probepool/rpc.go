@@ -72,6 +72,9 @@ func runRPC(ctx context.Context, opts *Options, addr string, layout *hash.Result
 		if err != nil {
 			return nil, rpcError(addr, err)
 		}
+		res.Diagnosis = diagnose(ctx, func(context.Context) ([]string, error) {
+			return nil, errors.New("a master's RPC address lists no keys; probe its HTTP admin address (port 9003) to say more")
+		}, res)
 		return res, nil
 	}
 	if opts.Watch > 0 {

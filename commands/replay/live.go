@@ -11,6 +11,10 @@ import (
 )
 
 func runLive(ctx context.Context, opts *Options, tr *replay.Trace, p replay.Params, c replay.Config) (*replay.Report, error) {
+	// Say what to do about a daemon that is not there, rather than which of its sockets failed.
+	if fi, err := os.Stat(opts.Target); err != nil || fi.Mode().Type() != os.ModeSocket {
+		return nil, cmdutil.Unreachable(fmt.Errorf("no kvctl serve is listening on %s: start `kvctl serve` or pass --target with its socket", opts.Target))
+	}
 	lo := replay.LiveOptions{Socket: opts.Target, Engines: opts.Engines, AsFastAsPossible: opts.Pace == PaceMax, Speed: opts.Speed}
 	rep, err := replay.Live(ctx, tr, p, c, lo)
 	if errors.Is(err, replay.ErrUnreachable) {

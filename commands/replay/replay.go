@@ -108,8 +108,10 @@ engines, at the trace's pace (--pace trace, scaled by --speed) or as fast as pos
 (--pace max), and reports the same hit figures with requests per second; its bytes are the
 bytes the daemon moved, pages of --sim-page-size.
 
---plot FILE.png draws hit rate (top) and pool occupancy (bottom) over trace time, one colour
-per run. A progress bar goes to standard error when it is a terminal.`,
+--plot FILE.png draws hit rate (top) and pool occupancy (bottom) over trace time, with a title,
+axes in seconds and percent, and a legend naming each run's --set combination; every run has a
+colour and a dash pattern of its own. -o json carries the same timeline (runs[].timeline) for
+plotting elsewhere. A progress bar goes to standard error when it is a terminal.`,
 		Example: `  # the conversation trace with an unlimited pool
   kvctl replay conversation_trace.jsonl
 
@@ -133,10 +135,18 @@ per run. A progress bar goes to standard error when it is a terminal.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts.Trace = args[0]
 			opts.OutputFormat = cmdutil.OutputFormat(cmd)
-			if opts.Live {
-				if opts.Target != "" {
+			if opts.Live && opts.Target != "" {
+				// What the command line says wins over the environment and the config file.
+				switch live, target := cmdutil.FromCommandLine(cmd, "live"), cmdutil.FromCommandLine(cmd, "target"); {
+				case live == target:
 					return cmdutil.FlagErrorf("--live and --target both name the daemon; give one")
+				case target:
+					opts.Live = false
+				default:
+					opts.Target = ""
 				}
+			}
+			if opts.Live {
 				opts.Target = engineapi.DefaultSocketPath(f.Getenv)
 			}
 			if err := check(opts); err != nil {
@@ -161,7 +171,7 @@ per run. A progress bar goes to standard error when it is a terminal.`,
 	fl.IntVar(&opts.Ranks, "ranks", c.Ranks, "attention-DP ranks (engines) offline")
 	fl.StringVar(&opts.Router, "router", c.Router, "rank placement: "+strings.Join(router.Policies, " or "))
 	fl.IntVar(&opts.GPU, "gpu-blocks", c.GPUBlocks, "each rank's local KV cache, in blocks")
-	fl.IntVar(&opts.TokensPerBlock, "tokens-per-block", p.TokensPerBlock, "replay block size: tokens per Mooncake block, or per block of a token trace")
+	fl.IntVar(&opts.TokensPerBlock, "tokens-per-block", 32, "replay block size: tokens per Mooncake block, or per block of a token trace (32, as kvctl hash and TensorRT-LLM)")
 	fl.StringVar(&opts.PageSize, "page-size", "64MiB", "real bytes of one block's page")
 	fl.IntVar(&opts.SimPageSize, "sim-page-size", p.SimPageBytes, "bytes a page actually holds (offline, and the live engines' registered page size)")
 	fl.StringVar(&opts.LoadBandwidth, "load-bandwidth", "25GB", "pool to engine bytes per second")
@@ -221,8 +231,9 @@ func check(o *Options) error {
 func params(o *Options) (replay.Params, replay.Config, error) {
 	p := replay.DefaultParams()
 	c := replay.DefaultConfig()
+	// Sizes are binary (64MiB) as everywhere in kvctl; bandwidths may be decimal (25GB a second).
 	size := func(flag, v string) (int64, error) {
-		n, err := config.ParseSize(v, false)
+		n, err := config.ParseSize(v, flag == "page-size")
 		if err != nil || n <= 0 {
 			return 0, cmdutil.FlagErrorf("invalid --%s %q: want a positive size such as 64MiB", flag, v)
 		}

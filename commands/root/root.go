@@ -59,6 +59,9 @@ environment, then the file, then the default.`,
 			return nil
 		},
 	}
+	// kvctl --version prints what kvctl version prints first.
+	cmd.Version = version.Get(f.Version, f.Commit).Version
+	cmd.SetVersionTemplate("kvctl {{.Version}}\n")
 	cmd.SetIn(f.IOStreams.In)
 	cmd.SetOut(f.IOStreams.Out)
 	cmd.SetErr(f.IOStreams.ErrOut)

@@ -11,7 +11,7 @@ import (
 )
 
 // FlagDisaggConfig is the flag that turns serve into the disaggregated front.
-const FlagDisaggConfig = "disagg-config"
+const FlagDisaggConfig = config.ServeKeyDisaggConfig
 
 // maxDisaggConfigBytes bounds the disagg_config.yaml serve reads.
 const maxDisaggConfigBytes = 4 << 20

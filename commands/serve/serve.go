@@ -4,10 +4,14 @@ package serve
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
 	"github.com/kvctl/kvctl/core/boundedio"
@@ -15,6 +19,7 @@ import (
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/engineapi"
+	"github.com/kvctl/kvctl/core/sysmem"
 	"github.com/kvctl/kvctl/gpu"
 	"github.com/kvctl/kvctl/mooncake"
 )
@@ -33,6 +38,8 @@ type Options struct {
 	StagingBytes     string
 	StatsInterval    time.Duration
 	DrainTimeout     time.Duration
+	MetricsAddr      string
+	EngineMetricsTTL time.Duration
 	// Cluster holds the mooncake backend's flags (cluster.go).
 	Cluster config.ClusterKeys
 	// Security holds the flags of security.go (--engine-group, --max-conns, ...).
@@ -45,6 +52,12 @@ type Options struct {
 	// DisaggConfig is TensorRT-LLM's disagg_config.yaml; when set, serve runs the disaggregated
 	// front it describes instead of the connector daemon.
 	DisaggConfig string
+	// OtherKeys are the flag names of kvctl's other commands, which a shared config file may
+	// hold: serve passes over them and still refuses any other unknown key.
+	OtherKeys []string
+	// Sources maps a flag set from the environment or the config file to where it came from,
+	// so that a bad value is blamed on the right place.
+	Sources map[string]string
 	// MemAvailable reads available memory, for the automatic pool size (tests replace it).
 	MemAvailable func() (uint64, bool)
 	// Ready is called once the daemon accepts connections (tests use it).
@@ -64,7 +77,8 @@ and their memory (GPU memory through pinned staging on a GPU host, shared memory
 
 With no arguments it runs an embedded pool with the Mooncake master's semantics (leases,
 watermark eviction, soft pins, groups), sized to a quarter of the available memory unless
---pool-size says otherwise.
+--pool-size says otherwise. In a container the available memory is bounded by the cgroup
+(v2 or v1) memory limit.
 
 With --pool-backend mooncake it joins a Mooncake cluster instead: --master names the master's
 RPC address and --metadata its HTTP metadata server; this host donates --pool-size of memory as
@@ -75,8 +89,11 @@ spoken. Serve may start before its master: /readyz answers 503 until the segment
 and again while the master does not answer, with the reason in /v1/stats; every pool call an
 engine waits for is bounded by --pool-timeout (a lookup past it answers miss).
 
-An admin HTTP server (loopback only unless --allow-remote-admin) serves the Mooncake master's
+An admin HTTP server (loopback only unless --allow-remote-admin) serves a status page at / (open
+it in a browser: pool occupancy, hit rates, holes, load phases, engines), the Mooncake master's
 read endpoints for the pool, /metrics (Prometheus), /v1/stats, /healthz and /readyz.
+--metrics-addr opens a second listener, which may bind any address, serving only /metrics,
+/healthz and /readyz: point Prometheus and kubelet probes there, never at the admin API.
 
 With --disagg-config FILE it runs the disaggregated front instead of the daemon: an
 OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/messages, /v1/models,
@@ -104,14 +121,27 @@ messages of kvctl validate-config.`,
 
   # the disaggregated OpenAI-compatible front for trtllm-serve context and generation servers
   kvctl serve --disagg-config disagg_config.yaml`,
-		Args: cobra.NoArgs,
+		Args:        cobra.NoArgs,
+		Annotations: map[string]string{cmdutil.OwnConfigCheck: "true"},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts.LogLevel, opts.LogFormat = f.LogLevel, f.LogFormat
 			if f.Config != nil {
 				opts.ConfigFile = f.Config.ConfigFileUsed()
 			}
+			opts.OtherKeys = cmdutil.AllFlagNames(cmd)
+			opts.Sources = map[string]string{}
+			cmd.Flags().VisitAll(func(fl *pflag.Flag) {
+				if src := cmdutil.FlagSource(cmd, fl.Name); src != "" {
+					opts.Sources[fl.Name] = src
+				}
+			})
 			if opts.Socket == "" {
 				opts.Socket = engineapi.DefaultSocketPath(f.Getenv)
+			} else if dir := filepath.Dir(opts.Socket); dir != "" {
+				// An explicit socket's folder must exist: creating it silently would hide a typo.
+				if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+					return cmdutil.ValidationErrorf("--socket %s: its folder %s does not exist; create it or pick another path", opts.Socket, dir)
+				}
 			}
 			if runF != nil {
 				return runF(cmd.Context(), opts)
@@ -127,8 +157,10 @@ messages of kvctl validate-config.`,
 	fl.StringVar(&opts.Pool, config.ServeKeyPool, "", "the pool of the mooncake backend: file://PATH/pool.json or host:port")
 	fl.StringVar(&opts.PoolSize, config.ServeKeyPoolSize, "auto", "memory this host gives the pool (the embedded pool, or its Mooncake segment), e.g. 64GiB; auto is a quarter of available memory")
 	fl.StringVar(&opts.StagingBytes, config.ServeKeyStagingBufferBytes, config.FormatSize(def.StagingBufferBytes), "default pinned host staging per direction for an engine rank, split evenly over its async load workers; the node memory check counts it")
-	fl.DurationVar(&opts.StatsInterval, config.ServeKeyStatsInterval, 0, "log prefix-hole and load stats at most this often (0 = off; metrics are always exported)")
-	fl.DurationVar(&opts.DrainTimeout, config.ServeKeyDrainTimeout, def.DrainTimeout, "how long a shutdown waits for queued saves")
+	cmdutil.DurationVar(fl, &opts.StatsInterval, config.ServeKeyStatsInterval, 0, "log prefix-hole and load stats at most this often (0 = off; metrics are always exported)")
+	cmdutil.DurationVar(fl, &opts.DrainTimeout, config.ServeKeyDrainTimeout, def.DrainTimeout, "how long a shutdown waits for queued saves")
+	fl.StringVar(&opts.MetricsAddr, config.ServeKeyMetricsAddr, "", "metrics and health listener `host:port` serving only /metrics, /healthz and /readyz (any address; empty turns it off)")
+	cmdutil.DurationVar(fl, &opts.EngineMetricsTTL, config.ServeKeyEngineMetricsTTL, def.EngineMetricsRetention, "how long the per-rank metric series of an engine that left are still exported")
 	fl.StringVar(&opts.DisaggConfig, FlagDisaggConfig, "", "run the disaggregated front described by TensorRT-LLM's disagg_config.yaml `FILE` instead of the daemon")
 	addClusterFlags(fl, &opts.Cluster)
 	addSecurityFlags(cmd, opts)
@@ -143,6 +175,7 @@ func (o *Options) serveConfig() (config.ServeConfig, config.Diagnostics) {
 		Socket: o.Socket, AdminAddr: o.AdminAddr, AllowRemoteAdmin: o.AllowRemoteAdmin,
 		PoolBackend: o.PoolBackend, Pool: o.Pool, PoolSize: o.PoolSize,
 		LogLevel: o.LogLevel, LogFormat: o.LogFormat, StatsInterval: o.StatsInterval, DrainTimeout: o.DrainTimeout,
+		MetricsAddr: o.MetricsAddr, EngineMetricsRetention: o.EngineMetricsTTL,
 		ClusterKeys:   o.Cluster,
 		ServeSecurity: o.Security,
 	}
@@ -158,6 +191,14 @@ func (o *Options) serveConfig() (config.ServeConfig, config.Diagnostics) {
 
 func report(opts *Options, diags config.Diagnostics) error {
 	for _, d := range diags {
+		if opts.LogFormat == "json" {
+			lvl := slog.LevelWarn
+			if d.Severity == config.SeverityError {
+				lvl = slog.LevelError
+			}
+			opts.Factory.Logger().Log(context.Background(), lvl, "config: "+d.Message, "file", d.File, "line", d.Line, "column", d.Column, "key", d.Path, "hint", d.Hint)
+			continue
+		}
 		fmt.Fprintf(opts.IO.ErrOut, "%s\n", d.String())
 	}
 	if diags.HasErrors() {
@@ -176,12 +217,17 @@ func Run(ctx context.Context, opts *Options) error {
 		if err != nil {
 			return err
 		}
-		_, diags := config.Load(opts.ConfigFile, data, config.LoadOptions{Kind: config.KindServe})
+		_, diags := config.Load(opts.ConfigFile, data, config.LoadOptions{Kind: config.KindServe, OtherKeys: opts.OtherKeys})
 		if err := report(opts, diags); err != nil {
 			return err
 		}
 	}
 	sc, diags := opts.serveConfig()
+	for i, d := range diags {
+		if src := opts.Sources[d.Path]; src != "" && d.File == "" {
+			diags[i].Message += " (set by " + src + ")"
+		}
+	}
 	if err := report(opts, diags); err != nil {
 		return err
 	}
@@ -190,16 +236,19 @@ func Run(ctx context.Context, opts *Options) error {
 		log.Warn(config.RemoteAdminWarning, "admin_addr", sc.AdminAddr)
 	}
 
-	memAvail := opts.MemAvailable
+	memAvail, memSource := opts.MemAvailable, "test"
 	if memAvail == nil {
-		memAvail = gpu.MemAvailable
+		mi := sysmem.System()
+		memAvail, memSource = mi.Available, mi.Source()
 	}
 	autoSize := func() (int64, error) {
 		avail, known := memAvail()
 		if !known {
 			return 0, cmdutil.ValidationErrorf("pool-size auto: available memory is unknown here; give --pool-size")
 		}
-		return autoPoolSize(avail), nil
+		n := autoPoolSize(avail)
+		log.Debug("pool sized automatically", "pool", gib(n), "available", gib(int64(min(avail, 1<<62))), "available_from", memSource)
+		return n, nil
 	}
 	var backend *daemon.Backend
 	var poolBytes int64
@@ -226,26 +275,20 @@ func Run(ctx context.Context, opts *Options) error {
 		poolBytes = n
 	}
 	_, sized, _ := sc.PoolSizeBytes()
-	// The node budget of TensorRT-LLM's mooncake_store (the pool is this node's segment) is a
-	// warning here, for a size the operator chose: a workstation has less than the 32 GiB reserve
-	// it leaves to the engines, and the automatic size is a quarter of what is available.
 	avail, known := memAvail()
-	if _, err := config.CheckNodeBudget(config.BudgetInput{RanksOnNode: 1, SegmentSize: poolBytes, StageThroughHost: true,
-		Role: config.RoleBoth, StagingBufferBytes: sc.StagingBufferBytes, MemAvailable: avail, MemKnown: known}); err != nil && sized {
-		log.Warn("node memory budget", "err", err)
-	}
-	if known && uint64(poolBytes) > avail {
-		log.Warn("the pool is larger than the available memory; pages will be swapped or the daemon killed",
-			"pool", config.FormatSize(poolBytes), "available", config.FormatSize(int64(avail)))
+	inv, _ := gpu.Discover()
+	mc := memoryCheck{Pool: poolBytes, Staging: sc.StagingBufferBytes, Avail: avail, Known: known, Source: memSource, GPUs: len(inv.GPUs), Chosen: sized}
+	for _, w := range mc.warnings() {
+		log.Warn(w.Msg, w.Args...)
 	}
 
 	popts := mooncake.DefaultOptions()
 	popts.Segments = []mooncake.SegmentSpec{{Name: "kvctl-embedded-0", Capacity: poolBytes}}
-	inv, _ := gpu.Discover()
 	d, err := daemon.New(daemon.Config{
 		Socket:           sc.Socket,
 		AdminAddr:        sc.AdminAddr,
 		AllowRemoteAdmin: sc.AllowRemoteAdmin,
+		MetricsAddr:      sc.MetricsAddr,
 		Pool:             popts,
 		Backend:          backend,
 		PoolTimeout:      sc.PoolTimeout,
@@ -253,14 +296,15 @@ func Run(ctx context.Context, opts *Options) error {
 			StagingBufferBytes: sc.StagingBufferBytes,
 			StatsInterval:      sc.StatsInterval,
 		},
-		DrainTimeout:      sc.DrainTimeout,
-		Logger:            log,
-		Version:           opts.Factory.Version,
-		EngineGroup:       sc.EngineGroup,
-		MaxConns:          sc.MaxConns,
-		AdminGrantsLeases: sc.AdminGrantsLeases,
-		AdminLeaseRate:    sc.AdminLeaseRate,
-		DescriptorTTL:     sc.DescriptorTTL,
+		DrainTimeout:          sc.DrainTimeout,
+		EngineSeriesRetention: sc.EngineMetricsRetention,
+		Logger:                log,
+		Version:               opts.Factory.Version,
+		EngineGroup:           sc.EngineGroup,
+		MaxConns:              sc.MaxConns,
+		AdminGrantsLeases:     sc.AdminGrantsLeases,
+		AdminLeaseRate:        sc.AdminLeaseRate,
+		DescriptorTTL:         sc.DescriptorTTL,
 	})
 	if err != nil {
 		return cmdutil.ValidationErrorf("%v", err)
@@ -279,7 +323,8 @@ func Run(ctx context.Context, opts *Options) error {
 
 const minPoolBytes = 16 << 20
 
-// autoPoolSize is a quarter of available memory, in whole MiB: enough to be useful on a
+// autoPoolSize is a quarter of the memory this process may take (the host's available memory
+// bounded by its cgroup's limit), in whole MiB: enough to be useful on a
 // workstation, small enough to leave the engines theirs.
 func autoPoolSize(avail uint64) int64 {
 	return int64(avail/4) &^ (1<<20 - 1)
@@ -306,11 +351,25 @@ func banner(opts *Options, info daemon.Info, inv gpu.Inventory) {
 	} else {
 		admin = "http://" + admin
 	}
-	if info.Backend.Kind == daemon.BackendMooncake {
-		fmt.Fprintf(opts.IO.ErrOut, "kvctl serve %s\n%s  gpus     %s\n  socket   %s\n  admin    %s\n%s",
-			version, clusterBanner(info.Backend), gpus, info.Socket, admin, waitMessage(info.Backend))
+	metrics := "off"
+	if info.MetricsAddr != "" {
+		metrics = "http://" + info.MetricsAddr + "/metrics"
+	}
+	if opts.LogFormat == "json" {
+		// One record, so that every line on stderr is JSON.
+		args := []any{"version", version, "pool_backend", info.Backend.Kind, "pool_bytes", info.PoolBytes,
+			"gpus", gpus, "socket", info.Socket, "admin", admin, "metrics", metrics}
+		if info.Backend.Kind == daemon.BackendMooncake {
+			args = append(args, "master", info.Backend.Master, "segment", info.Backend.Segment)
+		}
+		opts.Factory.Logger().Info("kvctl serve ready", args...)
 		return
 	}
-	fmt.Fprintf(opts.IO.ErrOut, "kvctl serve %s\n  pool     embedded, %s\n  gpus     %s\n  socket   %s\n  admin    %s\n  ready\n",
-		version, config.FormatSize(info.PoolBytes), gpus, info.Socket, admin)
+	if info.Backend.Kind == daemon.BackendMooncake {
+		fmt.Fprintf(opts.IO.ErrOut, "kvctl serve %s\n%s  gpus     %s\n  socket   %s\n  admin    %s\n  metrics  %s\n%s",
+			version, clusterBanner(info.Backend), gpus, info.Socket, admin, metrics, waitMessage(info.Backend))
+		return
+	}
+	fmt.Fprintf(opts.IO.ErrOut, "kvctl serve %s\n  pool     embedded, %s\n  gpus     %s\n  socket   %s\n  admin    %s\n  metrics  %s\n  ready\n",
+		version, config.FormatSize(info.PoolBytes), gpus, info.Socket, admin, metrics)
 }

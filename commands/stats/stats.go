@@ -66,9 +66,9 @@ lines are skipped and counted. A file with no stats lines exits 3.
 --watch N reports again every N seconds until interrupted, with each counter's change since the
 previous report: on a terminal the report is redrawn in place, otherwise one follows another. A
 pool that does not answer is reported on standard error and asked again at the next interval.`,
-		Example: `  kvctl stats --pool 127.0.0.1:9100
-  kvctl stats --pool 127.0.0.1:9100 --pool 10.0.0.5:9003 -o json
-  kvctl stats --watch 5 --pool 127.0.0.1:9100
+		Example: `  kvctl stats --pool 127.0.0.1:9480
+  kvctl stats --pool 127.0.0.1:9480 --pool 10.0.0.5:9003 -o json
+  kvctl stats --watch 5s --pool 127.0.0.1:9480
   kvctl stats --pool rpc://10.0.0.5:50051
   kvctl stats --from-log serve.log`,
 		Args: cobra.NoArgs,
@@ -78,7 +78,7 @@ pool that does not answer is reported on standard error and asked again at the n
 				return cmdutil.FlagErrorf("nothing to report on: give --pool URL or --from-log FILE")
 			}
 			if opts.Watch < 0 {
-				return cmdutil.FlagErrorf("--watch %d: want a number of seconds, at least 1", opts.Watch)
+				return cmdutil.FlagErrorf("--watch %ds: want an interval of at least 1s", opts.Watch)
 			}
 			if opts.Timeout <= 0 {
 				return cmdutil.FlagErrorf("--timeout %v: must be positive", opts.Timeout)
@@ -92,8 +92,8 @@ pool that does not answer is reported on standard error and asked again at the n
 	fl := cmd.Flags()
 	fl.StringArrayVar(&opts.Pools, "pool", nil, "a kvctl serve or Mooncake master admin address, `URL` http://host:port, or a master's RPC address rpc://host:port (repeatable)")
 	fl.StringArrayVar(&opts.FromLog, "from-log", nil, "read the connector's stats lines from `FILE` (repeatable)")
-	fl.IntVar(&opts.Watch, "watch", 0, "report again every `N` seconds, with the change since the previous report")
-	fl.DurationVar(&opts.Timeout, "timeout", probe.DefaultTimeout, "bound on each request to a pool")
+	cmdutil.SecondsVar(fl, &opts.Watch, "watch", 0, "report again at this interval (5s, 1m, or a number of seconds), with the change since the previous report")
+	cmdutil.DurationVar(fl, &opts.Timeout, "timeout", probe.DefaultTimeout, "bound on each request to a pool")
 	return cmd
 }
 
@@ -444,11 +444,11 @@ func poolError(t *probe.Target, err error) error {
 		if strings.Contains(s, "Timeout exceeded") || strings.Contains(s, "deadline exceeded") || strings.Contains(s, "i/o timeout") {
 			return cmdutil.Unreachable(fmt.Errorf("pool %s did not answer within %s (--timeout): %w", t.Addr(), t.Timeout, err))
 		}
-		return cmdutil.Unreachable(fmt.Errorf("pool %s is unreachable: %w", t.Addr(), err))
+		return cmdutil.Unreachable(cmdutil.Briefly(fmt.Sprintf("pool %s is unreachable", t.Addr()), err))
 	case errors.Is(err, mooncake.ErrMalformedResponse):
 		return fmt.Errorf("pool %s sent a response kvctl cannot read: %w", t.Addr(), err)
 	}
-	return fmt.Errorf("pool %s: %w", t.Addr(), err)
+	return cmdutil.Briefly(fmt.Sprintf("pool %s", t.Addr()), err)
 }
 
 func bytesHuman(n int64) string {

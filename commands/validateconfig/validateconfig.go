@@ -238,7 +238,11 @@ func print(opts *Options, res Result) error {
 		if !fr.Valid {
 			state = "INVALID"
 		}
-		fmt.Fprintf(w, "%s: %s (%s): %s, %s\n", fr.File, state, fr.Kind, plural(fr.Errors, "error"), plural(fr.Warnings, "warning"))
+		kind := " (" + fr.Kind + ")"
+		if fr.Kind == "" {
+			kind = "" // the file did not parse far enough to tell its kind
+		}
+		fmt.Fprintf(w, "%s: %s%s: %s, %s\n", fr.File, state, kind, plural(fr.Errors, "error"), plural(fr.Warnings, "warning"))
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kvctl/kvctl/core/sysmem"
 	"github.com/kvctl/kvctl/gpu"
 )
 
@@ -68,9 +69,14 @@ func satMul(a, b int64) int64 {
 
 func satAdd(a, b int64) int64 { return min(a+b, 1<<62) }
 
-// SystemMemAvailable reads the node's available memory (MemAvailable of /proc/meminfo, else
-// free pages); ok is false where neither can be read.
-func SystemMemAvailable() (uint64, bool) { return gpu.MemAvailable() }
+// SystemMemAvailable reads the memory this process may take: MemAvailable of /proc/meminfo
+// bounded by its cgroup's memory limit (else free pages); ok is false where none can be read.
+func SystemMemAvailable() (uint64, bool) {
+	if v, ok := sysmem.Available(); ok {
+		return v, true
+	}
+	return gpu.MemAvailable()
+}
 
 // nodeBudget runs the check for a loaded file and records its outcome at path.
 func nodeBudget(d *dec, opts LoadOptions, path string, in BudgetInput) {

@@ -26,6 +26,9 @@ type LoadOptions struct {
 	Env func(string) string
 	// ReadFile reads the inherited client config; nil uses os.ReadFile.
 	ReadFile func(string) ([]byte, error)
+	// OtherKeys are keys a serve config file may hold for other commands (their flag names,
+	// when the file is shared): they are passed over, while any other unknown key is refused.
+	OtherKeys []string
 }
 
 // File is one loaded config file. Exactly one of the kind pointers is set when the file
@@ -99,7 +102,7 @@ func Load(name string, data []byte, opts LoadOptions) (f *File, diags Diagnostic
 	case KindManifest:
 		f.Manifest = decodeManifest(d, root)
 	case KindServe:
-		f.Serve = decodeServe(d, root)
+		f.Serve = decodeServe(d, root, opts.OtherKeys)
 	case KindDisagg:
 		f.Disagg = decodeDisagg(d, root)
 	default:

@@ -24,6 +24,14 @@ type ServeConfig struct {
 	AllowRemoteAdmin bool `json:"allow-remote-admin" yaml:"allow-remote-admin"`
 	// DrainTimeout bounds how long a stopping daemon waits for queued saves.
 	DrainTimeout time.Duration `json:"drain-timeout" yaml:"drain-timeout"`
+	// MetricsAddr is the metrics and health listener (/metrics, /healthz, /readyz only); it
+	// may bind any address. "" turns it off.
+	MetricsAddr string `json:"metrics-addr,omitempty" yaml:"metrics-addr,omitempty"`
+	// DisaggConfig is TensorRT-LLM's disagg_config.yaml: serve runs the disaggregated front it
+	// describes instead of the connector daemon.
+	DisaggConfig string `json:"disagg-config,omitempty" yaml:"disagg-config,omitempty"`
+	// EngineMetricsRetention is how long an engine's per-rank series outlive it.
+	EngineMetricsRetention time.Duration `json:"engine-metrics-retention,omitempty" yaml:"engine-metrics-retention,omitempty"`
 
 	// The mooncake backend's keys (cluster.go): the master, the metadata server, this host's
 	// address and donated memory, the transfer settings, and an existing mooncake.json.
@@ -45,6 +53,9 @@ const (
 	ServeKeyStatsInterval      = "stats-interval"
 	ServeKeyAllowRemoteAdmin   = "allow-remote-admin"
 	ServeKeyDrainTimeout       = "drain-timeout"
+	ServeKeyMetricsAddr        = "metrics-addr"
+	ServeKeyEngineMetricsTTL   = "engine-metrics-retention"
+	ServeKeyDisaggConfig       = "disagg-config"
 )
 
 // globalKeys are kvctl's global flags, which may share the config file with serve's keys.
@@ -54,7 +65,7 @@ var globalKeys = []string{"output", "no-color"}
 func ServeKeys() []string {
 	return append([]string{ServeKeySocket, ServeKeyAdminAddr, ServeKeyPoolBackend, ServeKeyPool, ServeKeyPoolSize,
 		ServeKeyStagingBufferBytes, ServeKeyLogLevel, ServeKeyLogFormat, ServeKeyStatsInterval,
-		ServeKeyAllowRemoteAdmin, ServeKeyDrainTimeout,
+		ServeKeyAllowRemoteAdmin, ServeKeyDrainTimeout, ServeKeyMetricsAddr, ServeKeyEngineMetricsTTL, ServeKeyDisaggConfig,
 		ServeKeyMaster, ServeKeyMetadata, ServeKeyHostAddress, ServeKeyLocalBufferSize, ServeKeyProtocol,
 		ServeKeyDeviceName, ServeKeyMooncakeConfig, ServeKeyPoolTimeout, ServeKeyMasterAdmin, ServeKeyTransferPort}, serveSecurityKeys()...)
 }
@@ -74,6 +85,8 @@ func DefaultServeConfig() ServeConfig {
 		LogLevel:           "info",
 		LogFormat:          "text",
 		DrainTimeout:       30 * time.Second,
+		// Matches daemon.DefaultEngineSeriesRetention.
+		EngineMetricsRetention: 15 * time.Minute,
 	}
 }
 
@@ -107,6 +120,16 @@ func (s ServeConfig) validate(d *dec) {
 		if _, port, err := net.SplitHostPort(s.AdminAddr); err != nil || port == "" {
 			d.at(SeverityError, ServeKeyAdminAddr, fmt.Sprintf("%q is not host:port", s.AdminAddr), "for example 127.0.0.1:9480")
 		}
+	}
+	if s.MetricsAddr != "" {
+		if _, port, err := net.SplitHostPort(s.MetricsAddr); err != nil || port == "" {
+			d.at(SeverityError, ServeKeyMetricsAddr, fmt.Sprintf("%q is not host:port", s.MetricsAddr), "for example :9481 or 0.0.0.0:9481")
+		} else if s.AdminAddr != "" && s.MetricsAddr == s.AdminAddr {
+			d.at(SeverityError, ServeKeyMetricsAddr, "the metrics listener needs an address of its own, not the admin address", "for example :9481")
+		}
+	}
+	if s.EngineMetricsRetention < 0 {
+		d.at(SeverityError, ServeKeyEngineMetricsTTL, "must not be negative", "for example 15m")
 	}
 	switch s.PoolBackend {
 	case PoolBackendEmbedded:
@@ -153,7 +176,7 @@ func (s ServeConfig) validate(d *dec) {
 	s.validateSecurity(d)
 }
 
-func decodeServe(d *dec, root *node) *ServeConfig {
+func decodeServe(d *dec, root *node, otherKeys []string) *ServeConfig {
 	s := DefaultServeConfig()
 	o := d.object(root, "")
 	o.str(ServeKeySocket, &s.Socket, true)
@@ -180,12 +203,20 @@ func decodeServe(d *dec, root *node) *ServeConfig {
 	if n := o.field(ServeKeyDrainTimeout); n != nil && !isNull(n) {
 		s.DrainTimeout = readDuration(o, ServeKeyDrainTimeout, n)
 	}
+	o.str(ServeKeyMetricsAddr, &s.MetricsAddr, true)
+	o.str(ServeKeyDisaggConfig, &s.DisaggConfig, true)
+	if n := o.field(ServeKeyEngineMetricsTTL); n != nil && !isNull(n) {
+		s.EngineMetricsRetention = readDuration(o, ServeKeyEngineMetricsTTL, n)
+	}
 	if v, ok := o.boolv(ServeKeyAllowRemoteAdmin, boolStrict); ok {
 		s.AllowRemoteAdmin = v
 	}
 	decodeClusterKeys(o, &s.ClusterKeys)
 	decodeServeSecurity(o, &s.ServeSecurity)
 	for _, k := range globalKeys {
+		o.field(k)
+	}
+	for _, k := range otherKeys {
 		o.field(k)
 	}
 	o.rest(SeverityError, "")

@@ -211,7 +211,7 @@ func (s *Scheduler) lookup(ctx context.Context, req Request, numComputed int) (i
 		return 0, false, nil
 	}
 	st.offerFirst, st.offerBlocks, st.offerAsync = first, hit, s.opts.AsyncLoad
-	s.log.Debug(fmt.Sprintf("mooncake-store matched %d blocks (%d tokens) for request %s", hit, hit*T, req.ID))
+	s.log.Debug("mooncake-store matched blocks", "request", req.ID, "blocks", hit, "tokens", hit*T)
 	return hit * T, s.opts.AsyncLoad, nil
 }
 
@@ -233,7 +233,7 @@ func (s *Scheduler) countPrefixHit(status []int, blocks int) int {
 	per := s.geom.keysPerBlock
 	complete := make([]bool, blocks)
 	if len(status) != blocks*per {
-		s.log.Warn(fmt.Sprintf("batch_is_exist returned %d results for %d keys; treating as a miss", len(status), blocks*per))
+		s.log.Warn("batch_is_exist returned a wrong number of results; treating as a miss", "results", len(status), "keys", blocks*per)
 	} else {
 		for i := range blocks {
 			complete[i] = true

@@ -365,7 +365,7 @@ func TestCloseSkipsQueuedLoadsAndFlushesStats(t *testing.T) {
 	// Let Close skip the queue, then let the active load finish.
 	for {
 		logMu.Lock()
-		skipped := strings.Contains(buf.String(), "skipped 2 queued asynchronous loads at shutdown")
+		skipped := strings.Contains(buf.String(), `msg="mooncake-store skipped queued asynchronous loads at shutdown" loads=2`)
 		logMu.Unlock()
 		if skipped {
 			break

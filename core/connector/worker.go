@@ -178,7 +178,7 @@ func (w *Worker) RegisterLayout(l gpu.Layout) error {
 		if err != nil {
 			return nil, fmt.Errorf("%s staging: %w", label, err)
 		}
-		w.log.Info(fmt.Sprintf("mooncake-store %s staging: %d slots x %d B = %.1f MiB", label, p.SlotsPerWorker, p.SlotBytes, float64(p.BytesPerWorker)/(1<<20)))
+		w.log.Info("mooncake-store staging", "direction", label, "slots", p.SlotsPerWorker, "slot_bytes", p.SlotBytes, "bytes", p.BytesPerWorker)
 		cleanup = append(cleanup, func() { _ = st.Close() })
 		return st, nil
 	}
@@ -280,13 +280,13 @@ func (w *Worker) registerPoolMemory() ([]io.Closer, mooncake.Viewer) {
 			for _, c := range regs {
 				_ = c.Close()
 			}
-			w.log.Warn(fmt.Sprintf("mooncake-store transfers copy through staging: registering pool memory with the device failed: %v", err))
+			w.log.Warn("mooncake-store transfers copy through staging: registering pool memory with the device failed", "err", err)
 			return nil, nil
 		}
 		regs = append(regs, c)
 		total += len(mem)
 	}
-	w.log.Info(fmt.Sprintf("mooncake-store transfers use pool memory in place: %d region(s), %.1f MiB registered", len(regs), float64(total)/(1<<20)))
+	w.log.Info("mooncake-store transfers use pool memory in place", "regions", len(regs), "registered_bytes", total)
 	return regs, v
 }
 
@@ -361,7 +361,7 @@ func (w *Worker) dropBoundSavesLocked(ids []string) {
 		return false
 	})
 	if len(w.bound.Saves) != before {
-		w.log.Debug(fmt.Sprintf("mooncake-store dropped the saves of requests %v (%d entries) from this pass", ids, entries))
+		w.log.Debug("mooncake-store dropped saves from this pass", "requests", ids, "entries", entries)
 	}
 }
 
@@ -416,7 +416,7 @@ func (w *Worker) StartLoad(ctx context.Context) error {
 	if err != nil {
 		return w.keep(fmt.Errorf("load: %w", err))
 	}
-	w.log.Debug(fmt.Sprintf("mooncake-store rank %d loaded %d pages", w.opts.Namespace.Rank, len(items)-res.failedPages))
+	w.log.Debug("mooncake-store loaded pages", "rank", w.opts.Namespace.Rank, "pages", len(items)-res.failedPages)
 	if len(res.failed) == 0 {
 		return nil
 	}
@@ -428,8 +428,8 @@ func (w *Worker) StartLoad(ctx context.Context) error {
 	if !w.recover {
 		return w.keep(w.fatalLoadError(res, len(ids)))
 	}
-	w.log.Warn(fmt.Sprintf("mooncake-store rank %d failed to load %d page(s) for %d request(s); they are restarted without the offered prefix. First failure: %q",
-		w.opts.Namespace.Rank, res.failedPages, len(ids), res.firstMissing))
+	w.log.Warn("mooncake-store failed to load pages; the requests are restarted without the offered prefix",
+		"rank", w.opts.Namespace.Rank, "failed_pages", res.failedPages, "requests", len(ids), "first_failure", res.firstMissing)
 	w.mu.Lock()
 	w.failedSync = append(w.failedSync, ids...)
 	w.dropBoundSavesLocked(ids)
@@ -537,13 +537,20 @@ func (w *Worker) saveLoop() {
 // save writes one job: per batch, the keys not yet in the pool are gathered into staging slots
 // and put with the rank's ReplicateConfig, or, when the pool's memory is registered, reserved in
 // the pool, gathered straight into it and committed.
-func (w *Worker) save(job saveJob) error {
+func (w *Worker) save(job saveJob) (err error) {
 	ctx := w.ctx
 	if job.fence != nil {
 		if err := job.fence.Wait(ctx); err != nil {
 			return fmt.Errorf("save fence: %w", err)
 		}
 	}
+	var sample stats.SaveSample
+	began := time.Now()
+	defer func() {
+		sample.Duration = time.Since(began)
+		sample.Err = err != nil
+		w.stats.RecordSave(sample)
+	}()
 	g := w.geom
 	T := w.opts.TokensPerBlock
 	ns := w.opts.Namespace
@@ -590,6 +597,7 @@ func (w *Worker) save(job saveJob) error {
 	var failed, attempted, refusedTTL int
 	var inflight chan []mooncake.Code
 	var inflightN int
+	var inflightSizes []int
 	settle := func() {
 		if inflight == nil {
 			return
@@ -600,17 +608,27 @@ func (w *Worker) save(job saveJob) error {
 		for j := range inflightN {
 			if len(codes) != inflightN {
 				failed++
+				sample.FailedPages++
 				continue
 			}
-			if c := codes[j]; c < 0 && c != mooncake.ErrObjectAlreadyExists {
+			switch c := codes[j]; {
+			case c == mooncake.ErrObjectAlreadyExists:
+				sample.SkippedPages++
+			case c == mooncake.ErrInvalidParams:
 				failed++
-				if c == mooncake.ErrInvalidParams {
-					refusedTTL++
-				}
+				refusedTTL++
+				sample.RefusedPages++
+			case c < 0:
+				failed++
+				sample.FailedPages++
+			default:
+				sample.PutPages++
+				sample.PutBytes += int64(inflightSizes[j])
 			}
 		}
 	}
 	defer settle()
+	sample.Pages = int64(len(items))
 	set := 0
 	for start := 0; start < len(items); start += batch {
 		chunk := items[start:min(start+batch, len(items))]
@@ -626,6 +644,7 @@ func (w *Worker) save(job saveJob) error {
 				todo = append(todo, i)
 			}
 		}
+		sample.SkippedPages += int64(len(chunk) - len(todo))
 		if len(todo) == 0 {
 			continue
 		}
@@ -679,7 +698,11 @@ func (w *Worker) save(job saveJob) error {
 			settle()
 			go func() { done <- w.pool.BatchPut(ctx, putKeys, bufs, cfg) }()
 		}
-		inflight, inflightN = done, len(todo)
+		sizes := make([]int, len(todo))
+		for j, i := range todo {
+			sizes[j] = chunk[i].size
+		}
+		inflight, inflightN, inflightSizes = done, len(todo), sizes
 		if sets == 2 {
 			set ^= 1
 		} else {
@@ -688,7 +711,7 @@ func (w *Worker) save(job saveJob) error {
 	}
 	settle()
 	if failed > 0 {
-		w.log.Warn(fmt.Sprintf("mooncake-store rank %d failed to save %d of %d pages", ns.Rank, failed, attempted))
+		w.log.Warn("mooncake-store failed to save pages", "rank", ns.Rank, "failed_pages", failed, "attempted_pages", attempted)
 	}
 	if w.opts.SoftPinTTL > 0 && attempted > 0 && refusedTTL == attempted {
 		w.mu.Lock()
@@ -696,7 +719,8 @@ func (w *Worker) save(job saveJob) error {
 		w.warnedTTL = true
 		w.mu.Unlock()
 		if warn {
-			w.log.Warn(fmt.Sprintf("mooncake-store: the pool refused every page of a save under soft_pin_ttl %v; a TTL above the master's max_kv_soft_pin_ttl (24 h by default) makes it refuse every put", w.opts.SoftPinTTL))
+			w.log.Warn("mooncake-store: the pool refused every page of a save under soft_pin_ttl; a TTL above the master's max_kv_soft_pin_ttl (24 h by default) makes it refuse every put",
+				"soft_pin_ttl", w.opts.SoftPinTTL)
 		}
 	}
 	return nil
@@ -796,15 +820,15 @@ func (w *Worker) loadParked(i int, a *asyncLoad, mover gpu.Mover, stage gpu.Stag
 	if err != nil {
 		return true, fmt.Errorf("request %s: asynchronous load: %w", a.id, err)
 	}
-	w.log.Debug(fmt.Sprintf("mooncake-store rank %d worker %d loaded %d pages for parked request %s", w.opts.Namespace.Rank, i, len(items)-res.failedPages, a.id))
+	w.log.Debug("mooncake-store loaded pages for a parked request", "rank", w.opts.Namespace.Rank, "load_worker", i, "pages", len(items)-res.failedPages, "request", a.id)
 	if len(res.failed) == 0 {
 		return false, nil
 	}
 	if !w.recover {
 		return true, w.fatalLoadError(res, 1)
 	}
-	w.log.Warn(fmt.Sprintf("mooncake-store rank %d failed to load %d page(s) for parked request %s; it is restarted without the offered prefix. First failure: %q",
-		w.opts.Namespace.Rank, res.failedPages, a.id, res.firstMissing))
+	w.log.Warn("mooncake-store failed to load pages for a parked request; it is restarted without the offered prefix",
+		"rank", w.opts.Namespace.Rank, "failed_pages", res.failedPages, "request", a.id, "first_failure", res.firstMissing)
 	return true, nil
 }
 
@@ -892,7 +916,7 @@ func (w *Worker) Close(ctx context.Context) error {
 	}
 	if asyncQ != nil {
 		if skipped := asyncQ.close(false); len(skipped) > 0 {
-			w.log.Info(fmt.Sprintf("mooncake-store skipped %d queued asynchronous loads at shutdown", len(skipped)))
+			w.log.Info("mooncake-store skipped queued asynchronous loads at shutdown", "loads", len(skipped))
 		}
 	}
 	joined := make(chan struct{})

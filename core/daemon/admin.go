@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,36 +8,20 @@ import (
 	"sort"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-
 	"github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
-// AdminHandler serves the admin HTTP API: the Mooncake master's read endpoints over the pool,
-// /metrics with the pool's master-named series and kvctl's kvctl_* series, /v1/stats, /healthz
-// and /readyz.
+// AdminHandler serves the admin HTTP API: the status page at /, the Mooncake master's read
+// endpoints over the pool, /metrics with the pool's master-named series and kvctl's kvctl_*
+// series, /v1/stats, /healthz and /readyz.
 func (d *Daemon) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /metrics", d.serveMetrics)
+	mux.Handle("GET /metrics", d.metricsHandler())
 	mux.HandleFunc("GET /v1/stats", d.serveStats)
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if !d.ready.Load() {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			msg := "not ready\n"
-			if _, _, reason, _ := d.bstate.get(); reason != "" {
-				msg = "not ready: " + reason + "\n"
-			}
-			_, _ = w.Write([]byte(msg))
-			return
-		}
-		_, _ = w.Write([]byte("ready\n"))
-	})
+	mux.HandleFunc("GET /healthz", d.serveHealthz)
+	mux.HandleFunc("GET /readyz", d.serveReadyz)
+	mux.HandleFunc("GET /{$}", d.serveStatus)
 	// The master's read endpoints are served for a pool that can answer them (the embedded
 	// one); a Mooncake cluster's master serves its own.
 	if insp, ok := d.backend.Pool.(mooncake.Inspector); ok {
@@ -56,36 +39,8 @@ func (d *Daemon) AdminHandler() http.Handler {
 func (d *Daemon) askTheMaster(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.WriteHeader(http.StatusNotFound)
-	_, _ = fmt.Fprintf(w, "%s: this kvctl serve's pool is the Mooncake cluster of master %s; its admin server (mooncake_master --metrics_port, 9003 by default) answers the pool's endpoints; this one serves /v1/stats, /metrics, /healthz and /readyz\n",
+	_, _ = fmt.Fprintf(w, "%s: this kvctl serve's pool is the Mooncake cluster of master %s; its admin server (mooncake_master --metrics_port, 9003 by default) answers the pool's endpoints; this one serves the status page (/), /v1/stats, /metrics, /healthz and /readyz\n",
 		r.URL.Path, d.backend.Info.Master)
-}
-
-func (d *Daemon) serveMetrics(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
-	defer cancel()
-	var buf bytes.Buffer
-	if insp, ok := d.backend.Pool.(mooncake.Inspector); ok {
-		snap, err := insp.Metrics(ctx)
-		if err != nil {
-			http.Error(w, "metrics: "+err.Error(), http.StatusInternalServerError)
-			return
-		}
-		buf.Write(mooncake.RenderMasterMetrics(snap))
-	}
-	fams, err := d.reg.Gather()
-	if err != nil {
-		http.Error(w, "metrics: "+err.Error(), http.StatusInternalServerError)
-		return
-	}
-	enc := expfmt.NewEncoder(&buf, expfmt.NewFormat(expfmt.TypeTextPlain))
-	for _, f := range fams {
-		if err := enc.Encode(f); err != nil {
-			http.Error(w, "metrics: "+err.Error(), http.StatusInternalServerError)
-			return
-		}
-	}
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	_, _ = w.Write(buf.Bytes())
 }
 
 // HoleStatsJSON is the prefix-hole stats part of /v1/stats.
@@ -123,6 +78,7 @@ type LoadStatsJSON struct {
 type EngineJSON struct {
 	Engine       string        `json:"engine"`
 	ModelKey     string        `json:"model_key"`
+	Rank         int           `json:"rank"`
 	Shard        string        `json:"shard"`
 	Role         string        `json:"role"`
 	Scheduler    bool          `json:"scheduler"`
@@ -143,6 +99,9 @@ type StatsJSON struct {
 	PrefixHoles HoleStatsJSON     `json:"prefix_holes"`
 	Loads       LoadStatsJSON     `json:"loads"`
 	Engines     []EngineJSON      `json:"engines"`
+	// HitRates and Saves are added by the metrics code (metrics.go).
+	HitRates HitRatesJSON  `json:"hit_rates"`
+	Saves    SaveStatsJSON `json:"saves"`
 }
 
 func holesJSON(h stats.HoleStats) HoleStatsJSON {
@@ -184,7 +143,7 @@ func (d *Daemon) Stats(ctx context.Context) (StatsJSON, error) {
 		holes.Add(h)
 		loads.Merge(l)
 		out.Engines = append(out.Engines, EngineJSON{
-			Engine: e.name, ModelKey: e.modelKey, Shard: e.shard, Role: string(e.role),
+			Engine: e.name, ModelKey: e.modelKey, Rank: e.rank, Shard: e.shard, Role: string(e.role),
 			Scheduler: e.scheduler != nil, RegisteredAt: e.since.UTC(),
 			PrefixHoles: holesJSON(h), Loads: loadsJSON(l),
 		})
@@ -192,6 +151,7 @@ func (d *Daemon) Stats(ctx context.Context) (StatsJSON, error) {
 	d.mu.RUnlock()
 	sort.Slice(out.Engines, func(i, j int) bool { return out.Engines[i].Engine < out.Engines[j].Engine })
 	out.PrefixHoles, out.Loads = holesJSON(holes), loadsJSON(loads)
+	d.met.fillStats(&out)
 	return out, nil
 }
 

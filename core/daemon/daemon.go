@@ -30,6 +30,9 @@ type Config struct {
 	// loopback is refused unless AllowRemoteAdmin is set.
 	AdminAddr        string
 	AllowRemoteAdmin bool
+	// MetricsAddr is the metrics and health listener's host:port (any address); "" disables
+	// it. It serves only /metrics, /healthz and /readyz.
+	MetricsAddr string
 
 	// Pool holds the embedded pool's options (mooncake.DefaultOptions when zero); it is read
 	// only when Backend is nil.
@@ -55,6 +58,10 @@ type Config struct {
 
 	Logger  *slog.Logger
 	Version string
+
+	// EngineSeriesRetention is how long the per-engine metric series of an engine that left
+	// are still exported (DefaultEngineSeriesRetention when zero).
+	EngineSeriesRetention time.Duration
 
 	// Security settings (see limits.go and docs/SECURITY.md).
 
@@ -87,7 +94,9 @@ type Info struct {
 	Socket    string
 	FDSocket  string
 	AdminAddr string
-	PoolBytes int64
+	// MetricsAddr is the metrics listener's address; "" when there is none.
+	MetricsAddr string
+	PoolBytes   int64
 	// Backend describes the pool backend.
 	Backend BackendInfo
 }
@@ -115,6 +124,7 @@ type Daemon struct {
 	ready    atomic.Bool
 	draining atomic.Bool
 	calls    callCounters
+	met      *daemonMetrics
 
 	sec *security
 }
@@ -174,6 +184,9 @@ func New(cfg Config) (*Daemon, error) {
 	d.calls.register(d.reg)
 	d.guard = newGuardedPool(backend.Pool, cfg.PoolTimeout, d.reg)
 	d.pool = d.guard
+	d.met = newDaemonMetrics(d, cfg.EngineSeriesRetention)
+	insp, _ := backend.Pool.(mooncake.Inspector)
+	d.met.register(d.reg, insp, cfg.Version)
 	return d, nil
 }
 
@@ -217,6 +230,16 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 		return err
 	}
 
+	metricsLn, err := d.listenMetrics()
+	if err != nil {
+		_ = ln.Close()
+		_ = fdln.Close()
+		if adminLn != nil {
+			_ = adminLn.Close()
+		}
+		return err
+	}
+
 	gs := grpc.NewServer(
 		grpc.ConnectionTimeout(EngineHandshakeTimeout),
 		grpc.Creds(peerCreds{}),
@@ -228,7 +251,7 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 	enginepb.RegisterEngineServer(gs, &service{d: d})
 
 	var wg sync.WaitGroup
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	serveCtx, stopServe := context.WithCancel(context.Background())
 	defer stopServe()
 	wg.Add(1)
@@ -257,9 +280,16 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 		}()
 	}
 
+	metricsSrv := d.serveMetricsListener(metricsLn, &wg, errc)
+	wg.Add(1)
+	go func() { defer wg.Done(); d.met.runHistory(serveCtx) }()
+
 	info := Info{Socket: socket, FDSocket: engineapi.FDSocketPath(socket), PoolBytes: d.backend.Info.SegmentBytes, Backend: d.backend.Info}
 	if adminLn != nil {
 		info.AdminAddr = adminLn.Addr().String()
+	}
+	if metricsLn != nil {
+		info.MetricsAddr = metricsLn.Addr().String()
 	}
 	// An embedded pool is ready at once; a remote one once its segment is mounted.
 	superviseCtx, stopSupervise := context.WithCancel(ctx)
@@ -301,6 +331,9 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 	d.fds.Close()
 	if hs != nil {
 		_ = hs.Shutdown(drainCtx)
+	}
+	if metricsSrv != nil {
+		_ = metricsSrv.Shutdown(drainCtx)
 	}
 	wg.Wait()
 	if err := d.unmount(drainCtx); err != nil {
@@ -367,6 +400,7 @@ func (d *Daemon) closeEngines(ctx context.Context) error {
 
 // retire folds an engine's final stats into the daemon's totals.
 func (d *Daemon) retire(e *engine) {
+	d.met.retire(e)
 	h, l := e.reporter.HoleTotals(), e.reporter.LoadTotals()
 	d.mu.Lock()
 	defer d.mu.Unlock()

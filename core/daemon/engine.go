@@ -35,6 +35,7 @@ type engine struct {
 	since     time.Time
 	layout    gpu.Layout
 	conn      uint64 // the engine connection it registered over
+	rank      int
 	deploy    deployment
 	offers    *offers // pages its BuildMeta calls offered (scheduler ranks)
 }
@@ -92,6 +93,8 @@ func (c *callCounters) register(r prometheus.Registerer) {
 func (d *Daemon) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	method := info.FullMethod[strings.LastIndexByte(info.FullMethod, '/')+1:]
 	d.calls.calls.WithLabelValues(method).Inc()
+	began := time.Now()
+	defer func() { d.met.callDur.WithLabelValues(method).Observe(time.Since(began).Seconds()) }()
 	if d.draining.Load() {
 		d.calls.errors.WithLabelValues(method, codes.Unavailable.String()).Inc()
 		return nil, status.Error(codes.Unavailable, "kvctl serve is shutting down")
@@ -187,6 +190,7 @@ func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (*
 	}
 
 	e := &engine{name: req.GetEngine(), modelKey: req.GetModelKey(), shard: opts.Namespace.Shard(), role: opts.Role, since: time.Now(), layout: layout, conn: conn,
+		rank:   opts.Namespace.Rank,
 		deploy: deployment{namespace: req.GetNamespace(), model: req.GetModelKey(), world: opts.Namespace.WorldSize, uid: uidOf(ctx)}, offers: &offers{}}
 	ok := false
 	defer func() {
@@ -196,10 +200,9 @@ func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (*
 	}()
 
 	reporter, err := stats.NewReporter(stats.ReporterOptions{
-		Interval:    opts.StatsInterval,
-		Logger:      d.log.With("engine", e.name),
-		Registerer:  d.reg,
-		ConstLabels: prometheus.Labels{"engine": e.name},
+		Interval: opts.StatsInterval,
+		Logger:   d.log.With("engine", e.name),
+		Observer: d.met,
 	})
 	if err != nil {
 		return nil, status.Errorf(codes.AlreadyExists, "register: stats for engine %q: %v", e.name, err)
@@ -248,6 +251,7 @@ func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (*
 		return nil, status.Errorf(codes.AlreadyExists, "engine %q is already registered; unregister it first", e.name)
 	}
 	d.engines[e.name] = e
+	d.met.track(e)
 	ok = true
 	return e, nil
 }

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -75,7 +76,12 @@ func (s *service) lookup(ctx context.Context, req *enginepb.LookupRequest, admis
 	if admission {
 		call = sc.AdmissionQuery
 	}
+	began := time.Now()
 	n, async, err := call(ctx, r, int(req.GetNumComputedTokens()))
+	s.d.met.lookupDur.Observe(time.Since(began).Seconds())
+	if err == nil && !admission {
+		s.d.met.countLookup(len(r.Tokens), int(req.GetNumComputedTokens()), n)
+	}
 	if err != nil {
 		return nil, requestStatusOf(err)
 	}

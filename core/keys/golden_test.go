@@ -361,6 +361,9 @@ func TestGoldenCopyIsCurrent(t *testing.T) {
 	shared := filepath.Join("..", "..", "..", "shared", "testdata", "golden-keys.json")
 	want, err := os.ReadFile(shared)
 	if errors.Is(err, fs.ErrNotExist) {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s is not beside this checkout: CI runs with ../shared beside it", shared)
+		}
 		t.Skipf("%s is not beside this checkout", shared)
 	}
 	if err != nil {

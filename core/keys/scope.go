@@ -50,6 +50,11 @@ func ParseMultimodal(s string) ([MultimodalDigestSize]byte, error) {
 	var d [MultimodalDigestSize]byte
 	t := strings.TrimSpace(s)
 	if !strings.Contains(t, ",") {
+		// 64 characters of [0-9a-f] are always hex, even when every one is a decimal digit.
+		if len(t) == 2*MultimodalDigestSize && isHex(t) {
+			_, err := hex.Decode(d[:], []byte(t))
+			return d, err
+		}
 		if _, err := strconv.ParseInt(t, 10, 64); err == nil {
 			return d, fmt.Errorf("multimodal digest %q: want 8 comma-separated int32 chunks or %d hex characters, got 1 chunk", s, 2*MultimodalDigestSize)
 		}
@@ -143,4 +148,14 @@ func seedOf(h hash.Hash, sum []byte, f Format, s Scope, lookahead int) Hash {
 		copy(seed[:], h.Sum(sum[:0]))
 	}
 	return seed
+}
+
+func isHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') && (c < 'A' || c > 'F') {
+			return false
+		}
+	}
+	return true
 }

@@ -1,123 +1,125 @@
 package replay
 
 import (
-	"image"
+	"fmt"
 	"image/color"
-	"image/png"
 	"io"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 )
 
-// plotColors are the runs' line colours, in run order (cycled past eight runs).
+// Plot size and look.
+const (
+	PlotWidth  = 24 * vg.Centimeter
+	PlotHeight = 18 * vg.Centimeter
+	plotDPI    = 96
+)
+
+// plotColors are told apart by people with the common colour-vision deficiencies (Okabe-Ito).
 var plotColors = []color.RGBA{
-	{0x1f, 0x77, 0xb4, 0xff}, {0xd6, 0x27, 0x28, 0xff}, {0x2c, 0xa0, 0x2c, 0xff}, {0xff, 0x7f, 0x0e, 0xff},
-	{0x94, 0x67, 0xbd, 0xff}, {0x8c, 0x56, 0x4b, 0xff}, {0xe3, 0x77, 0xc2, 0xff}, {0x17, 0xbe, 0xcf, 0xff},
+	{0x00, 0x72, 0xb2, 0xff}, {0xd5, 0x5e, 0x00, 0xff}, {0x00, 0x9e, 0x73, 0xff}, {0xcc, 0x79, 0xa7, 0xff},
+	{0xe6, 0x9f, 0x00, 0xff}, {0x56, 0xb4, 0xe9, 0xff}, {0x00, 0x00, 0x00, 0xff}, {0xf0, 0xe4, 0x42, 0xff},
 }
 
-// WritePlot draws the report's timelines as a PNG: the top panel is the total hit rate (local
-// plus pool) of the requests that arrived in each interval, the bottom panel the pool's
-// occupancy at the end of each interval; both run from 0 to 1 over the trace's duration, with
-// grid lines at every quarter. Each run has its colour, in run order.
-func WritePlot(w io.Writer, rep *Report) error {
-	const (
-		width, height = 960, 600
-		margin        = 24
-		gap           = 24
-	)
-	img := image.NewRGBA(image.Rect(0, 0, width, height))
-	fillRect(img, img.Bounds(), color.RGBA{0xff, 0xff, 0xff, 0xff})
-	panelH := (height - 2*margin - gap) / 2
-	panels := []image.Rectangle{
-		image.Rect(margin, margin, width-margin, margin+panelH),
-		image.Rect(margin, margin+panelH+gap, width-margin, margin+2*panelH+gap),
-	}
-	grid := color.RGBA{0xdd, 0xdd, 0xdd, 0xff}
-	axis := color.RGBA{0x44, 0x44, 0x44, 0xff}
-	for _, p := range panels {
-		for q := 1; q < 4; q++ {
-			y := p.Max.Y - (p.Dy()*q)/4
-			line(img, p.Min.X, y, p.Max.X, y, grid)
-			x := p.Min.X + (p.Dx()*q)/4
-			line(img, x, p.Min.Y, x, p.Max.Y, grid)
+// plotDashes give each run a line style of its own as well, so that two runs with the same
+// figures stay visible and the plot reads in grey.
+var plotDashes = [][]vg.Length{
+	nil, {vg.Points(6), vg.Points(3)}, {vg.Points(2), vg.Points(2)}, {vg.Points(8), vg.Points(3), vg.Points(2), vg.Points(3)},
+	{vg.Points(12), vg.Points(4)}, {vg.Points(1), vg.Points(3)},
+}
+
+// LineStyle is the style of run i's lines.
+func LineStyle(i int) draw.LineStyle {
+	return draw.LineStyle{Color: plotColors[i%len(plotColors)], Width: vg.Points(1.6), Dashes: plotDashes[i%len(plotDashes)]}
+}
+
+// RunLabel names a run in the legend: its --set combination, or "baseline" without one.
+func RunLabel(r RunReport) string {
+	if len(r.Settings) == 0 {
+		if r.Name != "" {
+			return r.Name
 		}
-		line(img, p.Min.X, p.Min.Y, p.Min.X, p.Max.Y, axis)
-		line(img, p.Min.X, p.Max.Y, p.Max.X, p.Max.Y, axis)
-		line(img, p.Min.X, p.Min.Y, p.Max.X, p.Min.Y, grid)
-		line(img, p.Max.X, p.Min.Y, p.Max.X, p.Max.Y, grid)
+		return "baseline"
 	}
+	parts := make([]string, len(r.Settings))
+	for i, s := range r.Settings {
+		parts[i] = s.Key + "=" + s.Value
+	}
+	return strings.Join(parts, " ")
+}
+
+// Plots returns the two plots WritePlot draws, top first: the total hit rate and the pool
+// occupancy of every run over trace time. Both have a title, axis labels with units, tick
+// labels and a legend naming each run. lines[k] are plot k's lines, one per run that has points,
+// in run order.
+func Plots(rep *Report) (plots []*plot.Plot, lines [][]*plotter.Line, err error) {
+	hit := plot.New()
+	occ := plot.New()
+	name := rep.Trace.Name
+	if name == "" {
+		name = "trace"
+	}
+	hit.Title.Text = fmt.Sprintf("kvctl replay of %s: hit rate", name)
+	hit.X.Label.Text = "trace time (s)"
+	hit.Y.Label.Text = "hit rate (% of input tokens)"
+	occ.Title.Text = "pool occupancy"
+	occ.X.Label.Text = "trace time (s)"
+	occ.Y.Label.Text = "pool occupancy (% of capacity)"
+	for _, p := range []*plot.Plot{hit, occ} {
+		p.Y.Min, p.Y.Max = 0, 100
+		p.Add(plotter.NewGrid())
+		p.Legend.Top = true
+		p.Legend.Left = false
+		p.Legend.ThumbnailWidth = vg.Points(28)
+	}
+	lines = make([][]*plotter.Line, 2)
 	for i, run := range rep.Runs {
-		c := plotColors[i%len(plotColors)]
-		n := len(run.Timeline)
-		if n == 0 {
-			continue
-		}
-		series := []func(TimePoint) (float64, bool){
-			func(tp TimePoint) (float64, bool) { return tp.LocalRate + tp.PoolRate, tp.Requests > 0 },
-			func(tp TimePoint) (float64, bool) { return tp.Occupancy, true },
-		}
-		for k, f := range series {
-			p := panels[k]
-			px, py, have := 0, 0, false
-			for j, tp := range run.Timeline {
-				v, ok := f(tp)
-				if !ok {
-					continue
-				}
-				v = min(max(v, 0), 1)
-				x := p.Min.X + int(float64(p.Dx())*float64(j+1)/float64(n))
-				y := p.Max.Y - int(float64(p.Dy())*v)
-				if have {
-					line(img, px, py, x, y, c)
-				} else {
-					fillRect(img, image.Rect(x-1, y-1, x+2, y+2), c)
-				}
-				px, py, have = x, y, true
+		var hits, occs plotter.XYs
+		for _, tp := range run.Timeline {
+			if tp.Requests > 0 {
+				hits = append(hits, plotter.XY{X: tp.AtSec, Y: 100 * min(max(tp.LocalRate+tp.PoolRate, 0), 1)})
 			}
+			occs = append(occs, plotter.XY{X: tp.AtSec, Y: 100 * min(max(tp.Occupancy, 0), 1)})
+		}
+		label := RunLabel(run)
+		for k, s := range []struct {
+			p   *plot.Plot
+			xys plotter.XYs
+		}{{hit, hits}, {occ, occs}} {
+			if len(s.xys) == 0 {
+				continue
+			}
+			l, err := plotter.NewLine(s.xys)
+			if err != nil {
+				return nil, nil, fmt.Errorf("run %s: %w", label, err)
+			}
+			l.LineStyle = LineStyle(i)
+			s.p.Add(l)
+			s.p.Legend.Add(label, l)
+			lines[k] = append(lines[k], l)
 		}
 	}
-	return png.Encode(w, img)
+	return []*plot.Plot{hit, occ}, lines, nil
 }
 
-func fillRect(img *image.RGBA, r image.Rectangle, c color.RGBA) {
-	r = r.Intersect(img.Bounds())
-	for y := r.Min.Y; y < r.Max.Y; y++ {
-		for x := r.Min.X; x < r.Max.X; x++ {
-			img.SetRGBA(x, y, c)
-		}
+// WritePlot draws hit rate (top) and pool occupancy (bottom) over trace time as a PNG, one
+// line style per run, with a legend naming each run's --set combination.
+func WritePlot(w io.Writer, rep *Report) error {
+	plots, _, err := Plots(rep)
+	if err != nil {
+		return err
 	}
-}
-
-// line draws from (x0, y0) to (x1, y1), two pixels thick (Bresenham).
-func line(img *image.RGBA, x0, y0, x1, y1 int, c color.RGBA) {
-	dx, dy := abs(x1-x0), -abs(y1-y0)
-	sx, sy := 1, 1
-	if x0 > x1 {
-		sx = -1
-	}
-	if y0 > y1 {
-		sy = -1
-	}
-	err := dx + dy
-	for {
-		img.SetRGBA(x0, y0, c)
-		img.SetRGBA(x0, y0+1, c)
-		if x0 == x1 && y0 == y1 {
-			return
-		}
-		e2 := 2 * err
-		if e2 >= dy {
-			err += dy
-			x0 += sx
-		}
-		if e2 <= dx {
-			err += dx
-			y0 += sy
-		}
-	}
-}
-
-func abs(v int) int {
-	if v < 0 {
-		return -v
-	}
-	return v
+	img := vgimg.NewWith(vgimg.UseWH(PlotWidth, PlotHeight), vgimg.UseDPI(plotDPI), vgimg.UseBackgroundColor(color.White))
+	dc := draw.New(img)
+	tiles := draw.Tiles{Rows: 2, Cols: 1, PadX: vg.Millimeter, PadY: 4 * vg.Millimeter, PadTop: 2 * vg.Millimeter, PadBottom: 2 * vg.Millimeter, PadLeft: 2 * vg.Millimeter, PadRight: 4 * vg.Millimeter}
+	canvases := plot.Align([][]*plot.Plot{{plots[0]}, {plots[1]}}, tiles, dc)
+	plots[0].Draw(canvases[0][0])
+	plots[1].Draw(canvases[1][0])
+	_, err = vgimg.PngCanvas{Canvas: img}.WriteTo(w)
+	return err
 }

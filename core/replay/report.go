@@ -66,8 +66,9 @@ type RunReport struct {
 	// Scheduler is what the scheduler model did; set only with --set scheduler=true.
 	Scheduler *SchedulerCounts `json:"scheduler,omitempty"`
 
-	// Timeline feeds --plot; it is not part of the JSON report.
-	Timeline []TimePoint `json:"-"`
+	// Timeline is the run over trace time, in equal intervals: what --plot draws, in -o json
+	// so that anyone can plot it again.
+	Timeline []TimePoint `json:"timeline"`
 }
 
 // TokenCounts are in trace tokens.
@@ -171,9 +172,9 @@ type WallTimes struct {
 // TimePoint is one interval of the timeline: hit rates of the requests that arrived in it and
 // pool occupancy at its end.
 type TimePoint struct {
-	AtSec     float64
-	Requests  int
-	LocalRate float64
-	PoolRate  float64
-	Occupancy float64
+	AtSec     float64 `json:"at_seconds"`
+	Requests  int     `json:"requests"`
+	LocalRate float64 `json:"local_hit_rate"`
+	PoolRate  float64 `json:"pool_hit_rate"`
+	Occupancy float64 `json:"occupancy"`
 }

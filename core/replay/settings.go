@@ -143,7 +143,8 @@ func ParsePoolSize(v string) (int64, error) {
 	if strings.EqualFold(v, "unlimited") {
 		return 0, nil
 	}
-	n, err := config.ParseSize(v, false)
+	// Strict, as serve's --pool-size: a decimal unit (GB) is refused, not read as 1000-based.
+	n, err := config.ParseSize(v, true)
 	if err != nil {
 		return 0, err
 	}

@@ -24,6 +24,8 @@ type ReporterOptions struct {
 	// engines and ranks, so each reporter registers under ConstLabels that tell it apart.
 	Registerer  prometheus.Registerer
 	ConstLabels prometheus.Labels
+	// Observer, when set, gets the duration of every recorded load and save.
+	Observer Observer
 }
 
 // Reporter keeps a connector's prefix-hole and load-phase stats, logs each kind at most once
@@ -41,6 +43,8 @@ type Reporter struct {
 	lastLoadLine time.Time
 
 	loads LoadStats
+	saves saveStats
+	obs   Observer
 
 	reg       prometheus.Registerer
 	collected []prometheus.Collector
@@ -60,7 +64,7 @@ func NewReporter(o ReporterOptions) (*Reporter, error) {
 	if o.Interval < 0 {
 		return nil, fmt.Errorf("stats interval %v: must not be negative", o.Interval)
 	}
-	r := &Reporter{interval: o.Interval, log: o.Logger, now: o.Now, reg: o.Registerer}
+	r := &Reporter{interval: o.Interval, log: o.Logger, now: o.Now, reg: o.Registerer, obs: o.Observer}
 	if r.log == nil {
 		r.log = slog.Default()
 	}
@@ -151,6 +155,9 @@ func (r *Reporter) RecordLoad(s *LoadSample) {
 		return
 	}
 	r.loads.Record(s)
+	if r.obs != nil {
+		r.obs.ObserveLoad(s.Transfer, s.FailedPages > 0)
+	}
 	r.m.loads.Inc()
 	r.m.pages.Add(float64(s.Pages))
 	r.m.storeCalls.Add(float64(s.StoreCalls))

@@ -1,0 +1,37 @@
+package config
+
+import (
+	"testing"
+	"time"
+)
+
+// TestServeMetricsKeys pins the metrics listener's and the engine series retention's keys:
+// read from a file, checked like the flags.
+func TestServeMetricsKeys(t *testing.T) {
+	f, ds := Load("serve.yaml", []byte("metrics-addr: \":9481\"\nengine-metrics-retention: 90\n"), LoadOptions{Kind: KindServe})
+	if ds.HasErrors() || f.Serve == nil {
+		t.Fatalf("valid metrics keys refused: %v", ds)
+	}
+	if f.Serve.MetricsAddr != ":9481" || f.Serve.EngineMetricsRetention != 90*time.Second {
+		t.Errorf("read %+v", f.Serve)
+	}
+	if DefaultServeConfig().EngineMetricsRetention != 15*time.Minute {
+		t.Errorf("default engine-metrics-retention %v, want 15m", DefaultServeConfig().EngineMetricsRetention)
+	}
+	for _, tt := range []struct {
+		name string
+		s    func(*ServeConfig)
+		path string
+	}{
+		{"not host:port", func(s *ServeConfig) { s.MetricsAddr = "9481" }, ServeKeyMetricsAddr},
+		{"the admin address", func(s *ServeConfig) { s.MetricsAddr = s.AdminAddr }, ServeKeyMetricsAddr},
+		{"negative retention", func(s *ServeConfig) { s.EngineMetricsRetention = -time.Second }, ServeKeyEngineMetricsTTL},
+	} {
+		s := DefaultServeConfig()
+		tt.s(&s)
+		errs := s.Validate().Errors()
+		if len(errs) != 1 || errs[0].Path != tt.path {
+			t.Errorf("%s: %v, want one error at %s", tt.name, errs, tt.path)
+		}
+	}
+}
