@@ -46,6 +46,14 @@ type NativeOptions struct {
 	Heartbeat time.Duration
 	// Transfers bounds the Transfer Engine transfers one batch runs at once (8 when zero).
 	Transfers int
+	// PeerConns bounds the Transfer Engine connections to one peer's segment, across every
+	// batch in flight (32 when zero): at most that many transfers to a peer run at once, and
+	// as many connections are kept open for reuse between batches. Several batches run at
+	// once (one per engine load), each up to Transfers transfers; were fewer connections kept
+	// than run, every batch beyond the first would dial again, a TCP handshake and an accept
+	// on the peer per page. The bound also keeps a host from taking more than its share of a
+	// peer's connection limit (transfer.DefaultMaxConns).
+	PeerConns int
 	// Logger receives heartbeat and remount events; nil discards them.
 	Logger *slog.Logger
 }
@@ -75,6 +83,9 @@ type Native struct {
 
 	epMu      sync.Mutex
 	endpoints map[string]string // segment name → TE data address
+
+	slotMu sync.Mutex
+	slots  map[string]chan struct{} // TE data address → its PeerConns transfer slots
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -133,6 +144,9 @@ func NewNative(ctx context.Context, opts NativeOptions) (*Native, error) {
 	if opts.Transfers <= 0 {
 		opts.Transfers = 8
 	}
+	if opts.PeerConns <= 0 {
+		opts.PeerConns = 32
+	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -144,10 +158,11 @@ func NewNative(ctx context.Context, opts NativeOptions) (*Native, error) {
 	n := &Native{
 		opts:      opts,
 		meta:      meta,
-		te:        transfer.NewClient(transfer.ClientOptions{Timeout: opts.CallTimeout}),
+		te:        transfer.NewClient(transfer.ClientOptions{Timeout: opts.CallTimeout, MaxIdlePerPeer: opts.PeerConns}),
 		log:       log,
 		client:    newUUID(),
 		endpoints: map[string]string{},
+		slots:     map[string]chan struct{}{},
 		stop:      make(chan struct{}),
 	}
 	if opts.AdminURL != "" {
@@ -502,11 +517,18 @@ func (n *Native) transfer(ctx context.Context, rep masterrpc.Replica, buf []byte
 	if err != nil {
 		return err
 	}
+	slot := n.peerSlots(peer)
+	select {
+	case slot <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for a transfer slot to %s: %w", peer, ctx.Err())
+	}
 	if write {
 		err = n.te.Write(ctx, peer, rep.Addr, buf)
 	} else {
 		err = n.te.Read(ctx, peer, rep.Addr, buf)
 	}
+	<-slot
 	if err != nil {
 		// The peer may have restarted on another port: look it up again next time.
 		n.epMu.Lock()
@@ -514,6 +536,23 @@ func (n *Native) transfer(ctx context.Context, rep masterrpc.Replica, buf []byte
 		n.epMu.Unlock()
 	}
 	return err
+}
+
+// peerSlots returns the semaphore that bounds the transfers to one peer's data address.
+func (n *Native) peerSlots(peer string) chan struct{} {
+	n.slotMu.Lock()
+	defer n.slotMu.Unlock()
+	s, ok := n.slots[peer]
+	if !ok {
+		if len(n.slots) > 4096 {
+			// Addresses of peers long gone: a fresh map only lets transfers to a peer whose
+			// semaphore was dropped run beside the ones still holding the old one, once.
+			clear(n.slots)
+		}
+		s = make(chan struct{}, n.opts.PeerConns)
+		n.slots[peer] = s
+	}
+	return s
 }
 
 func (n *Native) resolve(ctx context.Context, segment string) (string, error) {

@@ -112,6 +112,13 @@ func BenchmarkLoadFromPeer(b *testing.B) {
 	if st.Loads.TransferSeconds > 0 {
 		b.Logf("B's connector loads: %d loads, %d pages, %.0f MB/s per load while loading (landed bytes / summed transfer wall time)",
 			st.Loads.Loads, st.Loads.Pages, float64(st.Loads.LandedBytes)/st.Loads.TransferSeconds/1e6)
+		// Where a load's wall time goes, per load (phase walls summed over loads / loads).
+		phases := ""
+		for _, ph := range []string{"describe", "get", "unstage", "sync"} {
+			phases += fmt.Sprintf(" %s %.1f ms (cpu %.1f ms)", ph, 1e3*st.Loads.Phases[ph].WallSeconds/float64(st.Loads.Loads),
+				1e3*st.Loads.Phases[ph].CPUSeconds/float64(st.Loads.Loads))
+		}
+		b.Logf("B's load phases per load (%.1f ms each, %d store calls):%s", 1e3*st.Loads.TransferSeconds/float64(st.Loads.Loads), st.Loads.StoreCalls, phases)
 	}
 	b.Run(fmt.Sprintf("native-get/goroutines=%d", benchEngines), func(b *testing.B) {
 		n, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL})

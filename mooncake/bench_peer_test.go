@@ -1,0 +1,85 @@
+package mooncake_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/mooncake/mooncaketest"
+)
+
+// BenchmarkNativePeerConns measures gets from one peer's segment (a helper process) with four
+// goroutines, 32 pages of 64 KiB per get and 8 transfers per get, for several PeerConns bounds
+// in the same run: below 32 the four gets in flight queue for connections, at 32 they all run
+// and no batch dials.
+//
+//	go test -run '^$' -bench BenchmarkNativePeerConns -benchtime 5x -count 3 ./mooncake/
+func BenchmarkNativePeerConns(b *testing.B) {
+	const (
+		goroutines = 4
+		batch      = 32
+		perG       = 128
+		page       = 64 << 10
+	)
+	m := mooncaketest.StartMaster(b, mooncaketest.MasterOptions{})
+	startHelper(b, m, "peer-conns-holder", 0, 0, 256<<20)
+	w := newNative(b, m, 0)
+	ctx := context.Background()
+	keys := make([][]string, goroutines)
+	buf := make([]byte, page)
+	for g := range keys {
+		for i := range perG {
+			k := fmt.Sprintf("peer-conns/%d/%d", g, i)
+			buf[0], buf[1] = byte(g), byte(i)
+			if c := w.BatchPut(ctx, []string{k}, [][]byte{buf}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
+				b.Fatalf("put %s: %v", k, c[0])
+			}
+			keys[g] = append(keys[g], k)
+		}
+	}
+	for _, conns := range []int{8, 16, 32} {
+		b.Run(fmt.Sprintf("peer-conns=%d", conns), func(b *testing.B) {
+			r, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL,
+				Transfers: 8, PeerConns: conns})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer r.Close()
+			bufs := make([][][]byte, goroutines)
+			for g := range bufs {
+				bufs[g] = make([][]byte, batch)
+				for j := range bufs[g] {
+					bufs[g][j] = make([]byte, page)
+				}
+			}
+			b.SetBytes(goroutines * perG * page)
+			b.ResetTimer()
+			for range b.N {
+				var wg sync.WaitGroup
+				errs := make(chan error, goroutines)
+				for g := range goroutines {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for s := 0; s < perG; s += batch {
+							ks := keys[g][s : s+batch]
+							for j, n := range r.BatchGet(ctx, ks, bufs[g]) {
+								if n != page || bufs[g][j][0] != byte(g) || bufs[g][j][1] != byte(s+j) {
+									errs <- fmt.Errorf("get %s: %d bytes, tag %d/%d", ks[j], n, bufs[g][j][0], bufs[g][j][1])
+									return
+								}
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
