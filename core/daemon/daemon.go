@@ -200,12 +200,10 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 		}
 	}
 
-	gs := grpc.NewServer(
-		grpc.MaxRecvMsgSize(engineapi.MaxMessageBytes),
-		grpc.MaxSendMsgSize(engineapi.MaxMessageBytes),
+	gs := grpc.NewServer(append(engineapi.ServerOptions(),
 		grpc.ChainUnaryInterceptor(d.intercept),
 		grpc.StatsHandler(&connTracker{ended: d.connEnded}),
-	)
+	)...)
 	enginepb.RegisterEngineServer(gs, &service{d: d})
 
 	var wg sync.WaitGroup
