@@ -1,0 +1,77 @@
+package engineapi
+
+import (
+	"slices"
+	"testing"
+
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvctl/kvctl/core/engineapi/enginepb"
+)
+
+// TestCodecRoundTrip decodes what the codec encodes, from one buffer and from the many a
+// message read off the socket in frames arrives in, and refuses what is not a protobuf message.
+func TestCodecRoundTrip(t *testing.T) {
+	toks := make([]int64, 32<<10)
+	for i := range toks {
+		toks[i] = int64(i*7919) - 5
+	}
+	small := &enginepb.LookupRequest{Engine: "e/rank0", Request: &enginepb.Request{Id: "a", Tokens: []int64{1, 2}}}
+	big := &enginepb.LookupRequest{Engine: "e/rank0", Request: &enginepb.Request{Id: "b", TokensPacked: PackTokens(nil, toks)}, NumComputedTokens: 64}
+	for _, m := range []*enginepb.LookupRequest{small, big} {
+		data, err := codec{}.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		flat := data.Materialize()
+		data.Free()
+		// The same bytes split as frames of 16 KiB and of 1000 bytes, and in one piece.
+		for _, frame := range []int{len(flat), 16 << 10, 1000} {
+			var bs mem.BufferSlice
+			for off := 0; off < len(flat); off += frame {
+				bs = append(bs, mem.SliceBuffer(slices.Clone(flat[off:min(off+frame, len(flat))])))
+			}
+			var got enginepb.LookupRequest
+			if err := (codec{}).Unmarshal(bs, &got); err != nil {
+				t.Fatalf("frames of %d: %v", frame, err)
+			}
+			if !proto.Equal(&got, m) {
+				t.Fatalf("frames of %d: decoded message differs", frame)
+			}
+		}
+	}
+	if _, err := (codec{}).Marshal("not a message"); err == nil {
+		t.Error("Marshal of a string succeeded")
+	}
+	if err := (codec{}).Unmarshal(mem.BufferSlice{mem.SliceBuffer([]byte{1})}, new(int)); err == nil {
+		t.Error("Unmarshal into an int succeeded")
+	}
+	var r enginepb.Request
+	if err := (codec{}).Unmarshal(mem.BufferSlice{mem.SliceBuffer([]byte{0x4a, 0x05, 1})}, &r); err == nil {
+		t.Error("Unmarshal of a truncated field succeeded")
+	}
+}
+
+// TestDirtyPool checks the size classes: Get returns the length asked for with a power-of-two
+// capacity that holds it, and Put keeps only buffers of a class's capacity.
+func TestDirtyPool(t *testing.T) {
+	p := newDirtyPool()
+	for _, n := range []int{0, 1, 256, 257, 4096, 100000, 1 << 24} {
+		b := p.Get(n)
+		if len(*b) != n || cap(*b) < n || cap(*b)&(cap(*b)-1) != 0 {
+			t.Errorf("Get(%d): len %d cap %d", n, len(*b), cap(*b))
+		}
+		p.Put(b)
+	}
+	if b := p.Get(1<<24 + 1); len(*b) != 1<<24+1 {
+		t.Errorf("Get over the largest class: len %d", len(*b))
+	}
+	odd := make([]byte, 3000)
+	p.Put(&odd) // not a class's capacity: dropped, not handed out later as a smaller class
+	for range 10 {
+		if b := p.Get(2048); cap(*b) != 2048 {
+			t.Fatalf("Get(2048) cap %d", cap(*b))
+		}
+	}
+}
