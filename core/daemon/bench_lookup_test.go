@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/engineapi"
@@ -65,6 +68,17 @@ func BenchmarkLookupRoundTrip32k(b *testing.B) {
 			return int(resp.GetMatchedTokens()), err
 		}
 	}
+	// transportOnly sends the same packed prompt to an engine that is not registered: the daemon
+	// decodes the message and answers NotFound, so this is the socket's share without the lookup.
+	transportOnly := func(id string) (int, error) {
+		req := &enginepb.LookupRequest{Engine: "nobody", Request: &enginepb.Request{Id: id, ContextOnly: true}}
+		engineapi.SetRequestTokens(req.Request, prompt)
+		_, err := c.Lookup(ctx, req)
+		if status.Code(err) != codes.NotFound {
+			return 0, fmt.Errorf("lookup for an unknown engine: %v", err)
+		}
+		return want, nil
+	}
 	for _, m := range []struct {
 		name string
 		fn   lookupFn
@@ -72,6 +86,7 @@ func BenchmarkLookupRoundTrip32k(b *testing.B) {
 		{"in-process", inproc},
 		{"socket-packed", overSocket(true)},
 		{"socket-repeated", overSocket(false)},
+		{"socket-transport-only", transportOnly},
 	} {
 		b.Run(m.name, func(b *testing.B) {
 			lat := make([]time.Duration, 0, 4096)

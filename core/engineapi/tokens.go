@@ -52,6 +52,19 @@ func growBytes(b []byte, n int) []byte {
 	return nb
 }
 
+// TokensView returns tokens in the tokens_packed encoding for sending. On a little-endian
+// machine it is a view of tokens' own memory, so nothing is copied: tokens must not change
+// while the request holding the view is in use. Elsewhere it is PackTokens(nil, tokens).
+func TokensView(tokens []int64) []byte {
+	if len(tokens) == 0 {
+		return nil
+	}
+	if littleEndian {
+		return unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), len(tokens)*TokenBytes)
+	}
+	return PackTokens(nil, tokens)
+}
+
 // UnpackTokens decodes packed (the tokens_packed encoding) into dst, reusing dst's backing
 // array when it is large enough, and returns the tokens. It fails with ErrPackedTokens when
 // len(packed) is not a multiple of TokenBytes or holds more than MaxRequestTokens tokens; it
@@ -113,9 +126,9 @@ func RequestTokens(r *enginepb.Request) ([]int64, error) {
 	return UnpackTokens(nil, packed)
 }
 
-// SetRequestTokens stores tokens in r as tokens_packed, reusing r's previous tokens_packed
-// buffer, and clears the repeated field.
+// SetRequestTokens stores tokens in r as tokens_packed (a TokensView: tokens must not change
+// while r is in use) and clears the repeated field.
 func SetRequestTokens(r *enginepb.Request, tokens []int64) {
 	r.Tokens = nil
-	r.TokensPacked = PackTokens(r.TokensPacked[:0], tokens)
+	r.TokensPacked = TokensView(tokens)
 }

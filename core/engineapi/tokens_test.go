@@ -106,9 +106,13 @@ func TestRequestTokens(t *testing.T) {
 	if got, err := RequestTokens(&back); err != nil || !slices.Equal(got, toks) {
 		t.Errorf("after a round trip: %v, %v", got, err)
 	}
+	r.Tokens = toks
 	SetRequestTokens(r, toks[:1])
-	if len(r.Tokens) != 0 || len(r.TokensPacked) != 8 {
-		t.Errorf("SetRequestTokens reuse: tokens %v, packed %d bytes", r.Tokens, len(r.TokensPacked))
+	if len(r.Tokens) != 0 || !bytes.Equal(r.TokensPacked, PackTokens(nil, toks[:1])) {
+		t.Errorf("SetRequestTokens: tokens %v, packed %x", r.Tokens, r.TokensPacked)
+	}
+	if !bytes.Equal(TokensView(toks), PackTokens(nil, toks)) || TokensView(nil) != nil {
+		t.Errorf("TokensView(%v) = %x", toks, TokensView(toks))
 	}
 }
 
