@@ -75,7 +75,7 @@ func BenchmarkLookupRoundTrip32k(b *testing.B) {
 		engineapi.SetRequestTokens(req.Request, prompt)
 		_, err := c.Lookup(ctx, req)
 		if status.Code(err) != codes.NotFound {
-			return 0, fmt.Errorf("lookup for an unknown engine: %v", err)
+			return 0, fmt.Errorf("lookup for an unknown engine: %w", err)
 		}
 		return want, nil
 	}
