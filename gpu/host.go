@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 
@@ -27,19 +29,26 @@ type SharedMemory struct {
 	Data []byte
 }
 
-// NewSharedMemory creates size bytes of shared memory, mapped into this process. The caller owns
-// FD and the mapping; Close releases both.
+// NewSharedMemory creates size bytes of shared memory, mapped into this process. The memfd is
+// sealed with F_SEAL_SHRINK and F_SEAL_GROW, as kvctl serve requires of engine memory. The caller
+// owns FD and the mapping; Close releases both.
 func NewSharedMemory(size int64) (*SharedMemory, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("shared memory: size must be positive, got %d", size)
 	}
-	fd, err := unix.MemfdCreate("kvctl-engine-kv", unix.MFD_CLOEXEC)
+	fd, err := unix.MemfdCreate("kvctl-engine-kv", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("shared memory: memfd_create: %w", err)
 	}
 	if err := unix.Ftruncate(fd, size); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("shared memory: resize to %d bytes: %w", size, err)
+	}
+	// kvctl serve refuses engine memory that could shrink: a file truncated under a mapping
+	// faults (SIGBUS) in whoever touches the lost pages.
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shared memory: seal against shrinking: %w", err)
 	}
 	data, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
@@ -120,24 +129,53 @@ func (h *hostMover) check(ctx context.Context) error {
 	return ctx.Err()
 }
 
-func (h *hostMover) Gather(ctx context.Context, pages []PageRef, dst [][]byte) error {
+func (h *hostMover) Gather(ctx context.Context, pages []PageRef, dst [][]byte) (err error) {
 	if err := h.check(ctx); err != nil {
 		return err
 	}
+	defer recoverFault(&err, debug.SetPanicOnFault(true))
 	mem := h.mem.data
 	return walkPages(h.layout, pages, dst, func(p int, eo, vo, n uint64) {
 		copy(dst[p][vo:vo+n], mem[eo:eo+n])
 	})
 }
 
-func (h *hostMover) Scatter(ctx context.Context, src [][]byte, pages []PageRef) error {
+func (h *hostMover) Scatter(ctx context.Context, src [][]byte, pages []PageRef) (err error) {
 	if err := h.check(ctx); err != nil {
 		return err
 	}
+	defer recoverFault(&err, debug.SetPanicOnFault(true))
 	mem := h.mem.data
 	return walkPages(h.layout, pages, src, func(p int, eo, vo, n uint64) {
 		copy(mem[eo:eo+n], src[p][vo:vo+n])
 	})
+}
+
+// ErrMemoryFault is wrapped by a copy's error when touching engine memory faulted (SIGBUS: the
+// file under the mapping lost pages). The copy fails; the process does not.
+var ErrMemoryFault = errors.New("engine memory fault")
+
+// recoverFault turns a memory fault during a copy into ErrMemoryFault. Use it as
+//
+//	defer recoverFault(&err, debug.SetPanicOnFault(true))
+//
+// so that the goroutine panics on a fault (instead of the process dying) for the copy's
+// duration; it restores the previous setting and recovers only the runtime's fault panics.
+func recoverFault(err *error, old bool) {
+	debug.SetPanicOnFault(old)
+	v := recover()
+	if v == nil {
+		return
+	}
+	// A fault under SetPanicOnFault panics with a runtime.Error that also says where.
+	if re, ok := v.(interface {
+		runtime.Error
+		Addr() uintptr
+	}); ok {
+		*err = fmt.Errorf("%w at address %#x: %w", ErrMemoryFault, re.Addr(), re)
+		return
+	}
+	panic(v)
 }
 
 func (h *hostMover) NewStaging(slots int, slotBytes int) (Staging, error) {

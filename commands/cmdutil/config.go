@@ -1,6 +1,7 @@
 package cmdutil
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -55,14 +56,21 @@ func LoadConfig(cmd *cobra.Command, explicit string, getenv func(string) string)
 	}
 	if path != "" {
 		v.SetConfigFile(path)
-		if filepath.Ext(path) == "" {
-			v.SetConfigType("yaml")
+		typ := strings.TrimPrefix(filepath.Ext(path), ".")
+		if typ == "" {
+			typ = "yaml"
 		}
-		if err := v.ReadInConfig(); err != nil {
+		v.SetConfigType(typ)
+		// Read through a hard limit (a config named /dev/zero or a FIFO must neither exhaust
+		// memory nor hang), interrupted by SIGINT/SIGTERM through the command's context.
+		if err := readConfigBounded(cmd.Context(), v, path); err != nil {
 			var pe *fs.PathError
 			switch {
 			case errors.As(err, &pe) && errors.Is(pe.Err, fs.ErrNotExist) && !required:
 			case errors.Is(err, os.ErrNotExist) && !required:
+			case errors.Is(err, context.Canceled):
+				// Interrupted (SIGINT/SIGTERM) while reading: exit 130, not "invalid".
+				return nil, fmt.Errorf("config file %s: %w", path, err)
 			default:
 				return nil, &ExitError{Code: ExitValidation, Err: fmt.Errorf("config file %s: %w", path, err)}
 			}

@@ -107,7 +107,7 @@ func startServe(t *testing.T) (*daemon.Daemon, string) {
 	po := mooncake.DefaultOptions()
 	po.Segments = []mooncake.SegmentSpec{{Name: "seg0", Capacity: 16 << 20}}
 	po.EvictionPeriod = 0
-	r := daemontest.Start(t, daemon.Config{Pool: po})
+	r := daemontest.Start(t, daemon.Config{Pool: po, AdminGrantsLeases: true})
 	return r.Daemon, r.Info.AdminAddr
 }
 

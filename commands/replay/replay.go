@@ -271,7 +271,7 @@ func Run(ctx context.Context, opts *Options) error {
 	if err != nil {
 		return cmdutil.FlagErrorf("%v", err)
 	}
-	tr, err := readTrace(opts)
+	tr, err := readTrace(ctx, opts)
 	if err != nil {
 		return err
 	}
@@ -309,8 +309,8 @@ func Run(ctx context.Context, opts *Options) error {
 	return cmdutil.Print(opts.IO, opts.OutputFormat, rep, func() cmdutil.Table { return rows(rep) })
 }
 
-func readTrace(opts *Options) (*replay.Trace, error) {
-	ro := replay.ReadOptions{Format: opts.Format, SkipBad: opts.SkipBad}
+func readTrace(ctx context.Context, opts *Options) (*replay.Trace, error) {
+	ro := replay.ReadOptions{Format: opts.Format, SkipBad: opts.SkipBad, Context: ctx}
 	var tr *replay.Trace
 	var err error
 	if opts.Trace == "-" {

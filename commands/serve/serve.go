@@ -4,13 +4,13 @@ package serve
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
+	"github.com/kvctl/kvctl/core/boundedio"
 	"github.com/kvctl/kvctl/core/config"
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/daemon"
@@ -34,7 +34,9 @@ type Options struct {
 	StatsInterval    time.Duration
 	DrainTimeout     time.Duration
 	// Cluster holds the mooncake backend's flags (cluster.go).
-	Cluster   config.ClusterKeys
+	Cluster config.ClusterKeys
+	// Security holds the flags of security.go (--engine-group, --max-conns, ...).
+	Security  config.ServeSecurity
 	LogLevel  string
 	LogFormat string
 	// ConfigFile is the config file the flags were read from, if any; it is checked with the
@@ -117,6 +119,7 @@ messages of kvctl validate-config.`,
 	fl.DurationVar(&opts.StatsInterval, config.ServeKeyStatsInterval, 0, "log prefix-hole and load stats at most this often (0 = off; metrics are always exported)")
 	fl.DurationVar(&opts.DrainTimeout, config.ServeKeyDrainTimeout, def.DrainTimeout, "how long a shutdown waits for queued saves")
 	addClusterFlags(fl, &opts.Cluster)
+	addSecurityFlags(cmd, opts)
 	_ = cmd.RegisterFlagCompletionFunc(config.ServeKeyPoolBackend, cobra.FixedCompletions([]string{config.PoolBackendEmbedded, config.PoolBackendMooncake}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
@@ -128,7 +131,8 @@ func (o *Options) serveConfig() (config.ServeConfig, config.Diagnostics) {
 		Socket: o.Socket, AdminAddr: o.AdminAddr, AllowRemoteAdmin: o.AllowRemoteAdmin,
 		PoolBackend: o.PoolBackend, Pool: o.Pool, PoolSize: o.PoolSize,
 		LogLevel: o.LogLevel, LogFormat: o.LogFormat, StatsInterval: o.StatsInterval, DrainTimeout: o.DrainTimeout,
-		ClusterKeys: o.Cluster,
+		ClusterKeys:   o.Cluster,
+		ServeSecurity: o.Security,
 	}
 	var diags config.Diagnostics
 	n, err := config.ParseSize(o.StagingBytes, true)
@@ -153,7 +157,7 @@ func report(opts *Options, diags config.Diagnostics) error {
 // Run checks the configuration, starts the daemon and serves until ctx is cancelled.
 func Run(ctx context.Context, opts *Options) error {
 	if opts.ConfigFile != "" {
-		data, err := os.ReadFile(opts.ConfigFile)
+		data, err := boundedio.ReadFile(ctx, opts.ConfigFile, boundedio.MaxConfigBytes)
 		if err != nil {
 			return err
 		}
@@ -167,6 +171,9 @@ func Run(ctx context.Context, opts *Options) error {
 		return err
 	}
 	log := opts.Factory.Logger()
+	if sc.AllowRemoteAdmin && sc.AdminAddr != "" {
+		log.Warn(config.RemoteAdminWarning, "admin_addr", sc.AdminAddr)
+	}
 
 	memAvail := opts.MemAvailable
 	if memAvail == nil {
@@ -231,9 +238,14 @@ func Run(ctx context.Context, opts *Options) error {
 			StagingBufferBytes: sc.StagingBufferBytes,
 			StatsInterval:      sc.StatsInterval,
 		},
-		DrainTimeout: sc.DrainTimeout,
-		Logger:       log,
-		Version:      opts.Factory.Version,
+		DrainTimeout:      sc.DrainTimeout,
+		Logger:            log,
+		Version:           opts.Factory.Version,
+		EngineGroup:       sc.EngineGroup,
+		MaxConns:          sc.MaxConns,
+		AdminGrantsLeases: sc.AdminGrantsLeases,
+		AdminLeaseRate:    sc.AdminLeaseRate,
+		DescriptorTTL:     sc.DescriptorTTL,
 	})
 	if err != nil {
 		return cmdutil.ValidationErrorf("%v", err)

@@ -3,6 +3,7 @@
 package validateconfig
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
+	"github.com/kvctl/kvctl/core/boundedio"
 	"github.com/kvctl/kvctl/core/config"
 )
 
@@ -31,6 +33,8 @@ type Options struct {
 	// ReadFile and MemAvailable are replaced in tests.
 	ReadFile     func(string) ([]byte, error)
 	MemAvailable func() (uint64, bool)
+	// Context interrupts a read (SIGINT/SIGTERM); nil is context.Background().
+	Context context.Context
 }
 
 // NewCmdValidateConfig returns `kvctl validate-config`. runF replaces the run function in tests.
@@ -68,6 +72,7 @@ check (segments and staging against available memory less 32 GiB).`,
 			opts.Files = args
 			opts.OutputFormat = cmdutil.OutputFormat(cmd)
 			opts.Getenv = f.Getenv
+			opts.Context = cmd.Context()
 			if opts.Kind != "" {
 				if _, err := config.ParseKind(opts.Kind); err != nil {
 					return cmdutil.FlagErrorf("--kind: %v", err)
@@ -128,9 +133,21 @@ type loaded struct {
 // Run checks every file and prints the result. It returns a validation error (exit 3) when any
 // file is invalid.
 func Run(opts *Options) error {
+	ctx := opts.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	readFile := opts.ReadFile
 	if readFile == nil {
-		readFile = os.ReadFile
+		// Through a hard limit whatever stat says: /dev/zero, a FIFO or a file that grows must
+		// not be read without end.
+		readFile = func(name string) ([]byte, error) {
+			data, err := boundedio.ReadFile(ctx, name, maxFileBytes)
+			if errors.Is(err, boundedio.ErrTooLarge) {
+				return nil, cmdutil.ValidationErrorf("%s: larger than %d bytes; not a config file", name, maxFileBytes)
+			}
+			return data, err
+		}
 	}
 	lopts := config.LoadOptions{
 		Kind:         config.Kind(opts.Kind),
@@ -273,7 +290,7 @@ func render(opts *Options, files []loaded, res Result) error {
 			if !filepath.IsAbs(path) && yaml.Name != "<stdin>" {
 				path = filepath.Join(filepath.Dir(yaml.Name), path)
 			}
-			data, err := os.ReadFile(path)
+			data, err := boundedio.ReadFile(context.Background(), path, boundedio.MaxConfigBytes)
 			if err != nil {
 				return fmt.Errorf("pool manifest named by %s: %w", yaml.Name, err)
 			}

@@ -1,10 +1,12 @@
 package config
 
 import (
+	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/kvctl/kvctl/core/boundedio"
 )
 
 // EnvConfigPath names the inherited client config that wins over a YAML block.
@@ -134,7 +136,9 @@ func loadTRTLLM(d *dec, f *File, opts LoadOptions) {
 func restateInherited(d *dec, f *File, opts LoadOptions, path string) {
 	read := opts.ReadFile
 	if read == nil {
-		read = os.ReadFile
+		read = func(p string) ([]byte, error) {
+			return boundedio.ReadFile(context.Background(), p, boundedio.MaxConfigBytes)
+		}
 	}
 	data, err := read(path)
 	if err != nil {

@@ -28,6 +28,8 @@ type ServeConfig struct {
 	// The mooncake backend's keys (cluster.go): the master, the metadata server, this host's
 	// address and donated memory, the transfer settings, and an existing mooncake.json.
 	ClusterKeys `yaml:",inline"`
+	// ServeSecurity holds the socket, connection and admin API settings (serve_security.go).
+	ServeSecurity `yaml:",inline"`
 }
 
 // Serve config keys, which are also the flag names of `kvctl serve`.
@@ -50,11 +52,11 @@ var globalKeys = []string{"output", "no-color"}
 
 // ServeKeys lists every serve config key, in the order the help text shows them.
 func ServeKeys() []string {
-	return []string{ServeKeySocket, ServeKeyAdminAddr, ServeKeyPoolBackend, ServeKeyPool, ServeKeyPoolSize,
+	return append([]string{ServeKeySocket, ServeKeyAdminAddr, ServeKeyPoolBackend, ServeKeyPool, ServeKeyPoolSize,
 		ServeKeyStagingBufferBytes, ServeKeyLogLevel, ServeKeyLogFormat, ServeKeyStatsInterval,
 		ServeKeyAllowRemoteAdmin, ServeKeyDrainTimeout,
 		ServeKeyMaster, ServeKeyMetadata, ServeKeyHostAddress, ServeKeyLocalBufferSize, ServeKeyProtocol,
-		ServeKeyDeviceName, ServeKeyMooncakeConfig, ServeKeyPoolTimeout, ServeKeyMasterAdmin, ServeKeyTransferPort}
+		ServeKeyDeviceName, ServeKeyMooncakeConfig, ServeKeyPoolTimeout, ServeKeyMasterAdmin, ServeKeyTransferPort}, serveSecurityKeys()...)
 }
 
 // Pool backends of `kvctl serve`.
@@ -148,6 +150,7 @@ func (s ServeConfig) validate(d *dec) {
 	if s.StatsInterval < 0 {
 		d.at(SeverityError, ServeKeyStatsInterval, "must not be negative", "0 turns stats off")
 	}
+	s.validateSecurity(d)
 }
 
 func decodeServe(d *dec, root *node) *ServeConfig {
@@ -181,6 +184,7 @@ func decodeServe(d *dec, root *node) *ServeConfig {
 		s.AllowRemoteAdmin = v
 	}
 	decodeClusterKeys(o, &s.ClusterKeys)
+	decodeServeSecurity(o, &s.ServeSecurity)
 	for _, k := range globalKeys {
 		o.field(k)
 	}

@@ -42,7 +42,9 @@ func (d *Daemon) AdminHandler() http.Handler {
 	// The master's read endpoints are served for a pool that can answer them (the embedded
 	// one); a Mooncake cluster's master serves its own.
 	if insp, ok := d.backend.Pool.(mooncake.Inspector); ok {
-		mux.Handle("/", mooncake.NewAdminHandler(insp, mooncake.DefaultAdminHandlerOptions()))
+		master := mooncake.NewAdminHandler(insp, mooncake.DefaultAdminHandlerOptions())
+		mux.Handle("/query_key", d.guardQueryKey(master))
+		mux.Handle("/", master)
 	} else {
 		mux.HandleFunc("/", d.askTheMaster)
 	}

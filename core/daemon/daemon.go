@@ -55,6 +55,28 @@ type Config struct {
 
 	Logger  *slog.Logger
 	Version string
+
+	// Security settings (see limits.go and docs/SECURITY.md).
+
+	// EngineGroup names a group (name or numeric id) whose members may use the engine socket and
+	// the descriptor channel besides the daemon's own uid; "" admits only the daemon's uid.
+	EngineGroup string
+	// MaxConns caps the concurrent connections of each listener (DefaultMaxConns when zero).
+	MaxConns int
+	// AdminGrantsLeases lets the admin API's /query_key grant the read lease it grants on a
+	// Mooncake master; off, /query_key answers without touching the pool's leases.
+	AdminGrantsLeases bool
+	// AdminLeaseRate bounds the /query_key lease grants per second when AdminGrantsLeases is on
+	// (DefaultAdminLeaseRate when zero).
+	AdminLeaseRate float64
+	// DescriptorTTL is how long a descriptor sent over the side channel waits to be claimed
+	// (engineapi.DefaultHeldFDTTL when zero).
+	DescriptorTTL time.Duration
+	// Limits bounds what one registration and one request may ask for (DefaultLimits when zero).
+	Limits Limits
+	// FaultLogInterval is the window over which repeated warnings are folded into one line with
+	// a count (DefaultFaultLogInterval when zero).
+	FaultLogInterval time.Duration
 }
 
 // DefaultDrainTimeout is how long a shutdown waits for queued saves.
@@ -93,12 +115,18 @@ type Daemon struct {
 	ready    atomic.Bool
 	draining atomic.Bool
 	calls    callCounters
+
+	sec *security
 }
 
 // New builds a daemon and its embedded pool. It listens on nothing until Run.
 func New(cfg Config) (*Daemon, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	sec, err := newSecurity(&cfg)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = DefaultDrainTimeout
@@ -137,10 +165,11 @@ func New(cfg Config) (*Daemon, error) {
 		cfg:     cfg,
 		log:     cfg.Logger,
 		backend: backend,
-		fds:     engineapi.NewFDRegistry(),
+		fds:     engineapi.NewFDRegistryWith(engineapi.FDRegistryOptions{TTL: cfg.DescriptorTTL}),
 		reg:     prometheus.NewRegistry(),
 		start:   time.Now(),
 		engines: map[string]*engine{},
+		sec:     sec,
 	}
 	d.calls.register(d.reg)
 	d.guard = newGuardedPool(backend.Pool, cfg.PoolTimeout, d.reg)
@@ -181,26 +210,16 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 	if socket == "" {
 		return errors.New("no engine socket path")
 	}
-	ln, err := engineapi.Listen(socket)
+	// The folded warnings' last counts are written on the way out.
+	defer d.sec.stop()
+	ln, fdln, adminLn, err := d.listen(socket)
 	if err != nil {
 		return err
-	}
-	fdln, err := engineapi.Listen(engineapi.FDSocketPath(socket))
-	if err != nil {
-		_ = ln.Close()
-		return err
-	}
-	var adminLn net.Listener
-	if d.cfg.AdminAddr != "" {
-		adminLn, err = net.Listen("tcp", d.cfg.AdminAddr)
-		if err != nil {
-			_ = ln.Close()
-			_ = fdln.Close()
-			return fmt.Errorf("admin listener: %w", err)
-		}
 	}
 
 	gs := grpc.NewServer(append(engineapi.ServerOptions(),
+		grpc.ConnectionTimeout(EngineHandshakeTimeout),
+		grpc.Creds(peerCreds{}),
 		grpc.ChainUnaryInterceptor(d.intercept),
 		grpc.StatsHandler(&connTracker{ended: d.connEnded}),
 	)...)
@@ -226,7 +245,7 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 	}()
 	var hs *http.Server
 	if adminLn != nil {
-		hs = &http.Server{Handler: d.AdminHandler(), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 1 << 20}
+		hs = d.adminServer()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -235,14 +235,24 @@ func TestBadRequests(t *testing.T) {
 	if status.Code(err) != codes.AlreadyExists {
 		t.Errorf("duplicate engine name: %v", err)
 	}
-	_, err = c.BindMeta(ctx, &enginepb.BindMetaRequest{Engine: "ok/rank0", Metadata: &enginepb.Metadata{Loads: []*enginepb.RequestTransfers{{RequestId: "r", Pages: []*enginepb.PageTransfer{{Hash: []byte{1, 2}}}}}}})
+	// Another connection cannot use the engine's registration.
+	_, err = c.BindMeta(ctx, &enginepb.BindMetaRequest{Engine: "ok/rank0", Metadata: &enginepb.Metadata{}})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Errorf("a call naming another connection's engine: %v", err)
+	}
+	// The malformed calls below go to an engine this connection registered itself.
+	if _, err := c.Register(ctx, &enginepb.RegisterRequest{Engine: "mine", ModelKey: "m", Scheduler: true, Role: "capacity",
+		Layout: &enginepb.Layout{TokensPerBlock: 16, Groups: []*enginepb.LayerGroup{{Slots: 8, Regions: []*enginepb.Region{{Size: 8, Stride: 8}}}}}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.BindMeta(ctx, &enginepb.BindMetaRequest{Engine: "mine", Metadata: &enginepb.Metadata{Loads: []*enginepb.RequestTransfers{{RequestId: "r", Pages: []*enginepb.PageTransfer{{Hash: []byte{1, 2}}}}}}})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Errorf("short page hash: %v", err)
 	}
 	// Metadata naming a page outside the registered layout is refused before the worker sees
 	// it; the engine runs normally afterwards (checked below with a full run).
 	for _, p := range []*enginepb.PageTransfer{{Hash: make([]byte, 16), Group: 0, Page: 8}, {Hash: make([]byte, 16), Group: 3}, {Hash: make([]byte, 16), Page: -1}} {
-		_, err = c.BindMeta(ctx, &enginepb.BindMetaRequest{Engine: "ok/rank0", Metadata: &enginepb.Metadata{Loads: []*enginepb.RequestTransfers{{RequestId: "r", Pages: []*enginepb.PageTransfer{p}}}}})
+		_, err = c.BindMeta(ctx, &enginepb.BindMetaRequest{Engine: "mine", Metadata: &enginepb.Metadata{Loads: []*enginepb.RequestTransfers{{RequestId: "r", Pages: []*enginepb.PageTransfer{p}}}}})
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "registered") {
 			t.Errorf("page %+v outside the layout: %v", p, err)
 		}
@@ -250,7 +260,7 @@ func TestBadRequests(t *testing.T) {
 	if _, err := e.Run(ctx, prompts(5, 3, 16, "intact"), 1); err != nil {
 		t.Errorf("the engine after refused metadata: %v", err)
 	}
-	_, err = c.Lookup(ctx, &enginepb.LookupRequest{Engine: "ok/rank0", Request: &enginepb.Request{Id: "r", Tokens: []int64{1, 2}, MultimodalDigests: [][]byte{{1}}}})
+	_, err = c.Lookup(ctx, &enginepb.LookupRequest{Engine: "mine", Request: &enginepb.Request{Id: "r", Tokens: []int64{1, 2}, MultimodalDigests: [][]byte{{1}}}})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Errorf("short multimodal digest: %v", err)
 	}

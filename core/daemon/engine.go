@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -34,6 +35,8 @@ type engine struct {
 	since     time.Time
 	layout    gpu.Layout
 	conn      uint64 // the engine connection it registered over
+	deploy    deployment
+	offers    *offers // pages its BuildMeta calls offered (scheduler ranks)
 }
 
 // checkTransfers refuses metadata that names a layer group or page slot outside the engine's
@@ -127,7 +130,7 @@ func statusOf(err error) error {
 	return status.Error(code, err.Error())
 }
 
-func (d *Daemon) lookupEngine(name string) (*engine, error) {
+func (d *Daemon) lookupEngine(ctx context.Context, name string) (*engine, error) {
 	if name == "" {
 		return nil, status.Error(codes.InvalidArgument, "no engine named: call Register first and pass its engine")
 	}
@@ -137,11 +140,14 @@ func (d *Daemon) lookupEngine(name string) (*engine, error) {
 	if e == nil {
 		return nil, status.Errorf(codes.NotFound, "engine %q is not registered", name)
 	}
+	if err := e.ownedBy(connOf(ctx)); err != nil {
+		return nil, err
+	}
 	return e, nil
 }
 
-func (d *Daemon) schedulerOf(name string) (*connector.Scheduler, error) {
-	e, err := d.lookupEngine(name)
+func (d *Daemon) schedulerOf(ctx context.Context, name string) (*connector.Scheduler, error) {
+	e, err := d.lookupEngine(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -151,8 +157,8 @@ func (d *Daemon) schedulerOf(name string) (*connector.Scheduler, error) {
 	return e.scheduler, nil
 }
 
-func (d *Daemon) workerOf(name string) (*connector.Worker, error) {
-	e, err := d.lookupEngine(name)
+func (d *Daemon) workerOf(ctx context.Context, name string) (*connector.Worker, error) {
+	e, err := d.lookupEngine(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -160,9 +166,16 @@ func (d *Daemon) workerOf(name string) (*connector.Worker, error) {
 }
 
 // register builds the connector halves for one engine rank.
-func (d *Daemon) register(conn uint64, req *enginepb.RegisterRequest) (*engine, error) {
+func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (*engine, error) {
+	conn := connOf(ctx)
 	if req.GetEngine() == "" {
 		return nil, status.Error(codes.InvalidArgument, "register: engine name is empty")
+	}
+	if err := d.sec.limits.checkRegister(req); err != nil {
+		return nil, err
+	}
+	if n := d.engineCount(); n >= d.sec.limits.MaxEngines {
+		return nil, status.Errorf(codes.ResourceExhausted, "register: %v: %d, the limit", errTooManyEngines, n)
 	}
 	layout, err := layoutFromPB(req.GetLayout())
 	if err != nil {
@@ -173,7 +186,8 @@ func (d *Daemon) register(conn uint64, req *enginepb.RegisterRequest) (*engine, 
 		return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
 	}
 
-	e := &engine{name: req.GetEngine(), modelKey: req.GetModelKey(), shard: opts.Namespace.Shard(), role: opts.Role, since: time.Now(), layout: layout, conn: conn}
+	e := &engine{name: req.GetEngine(), modelKey: req.GetModelKey(), shard: opts.Namespace.Shard(), role: opts.Role, since: time.Now(), layout: layout, conn: conn,
+		deploy: deployment{namespace: req.GetNamespace(), model: req.GetModelKey(), world: opts.Namespace.WorldSize, uid: uidOf(ctx)}, offers: &offers{}}
 	ok := false
 	defer func() {
 		if !ok {
@@ -194,6 +208,12 @@ func (d *Daemon) register(conn uint64, req *enginepb.RegisterRequest) (*engine, 
 	opts.Stats = reporter
 	opts.Logger = d.log.With("engine", e.name)
 
+	if !opts.Role.Transfers() {
+		// No memory to fit, but the layout still names the pages later calls may use.
+		if err := layout.Validate(math.MaxUint64); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
+		}
+	}
 	if opts.Role.Transfers() {
 		if err := layout.Validate(memSize(req)); err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
@@ -251,6 +271,10 @@ func (d *Daemon) handleFor(req *enginepb.RegisterRequest) (gpu.EngineHandle, *os
 	case *enginepb.RegisterRequest_SharedMemory:
 		f, err := d.fds.Claim(m.SharedMemory.GetFdToken())
 		if err != nil {
+			return gpu.EngineHandle{}, nil, status.Errorf(codes.InvalidArgument, "register: shared memory: %v", err)
+		}
+		if err := checkSharedMemory(f, m.SharedMemory.GetSize()); err != nil {
+			_ = f.Close()
 			return gpu.EngineHandle{}, nil, status.Errorf(codes.InvalidArgument, "register: shared memory: %v", err)
 		}
 		return gpu.EngineHandle{Kind: gpu.HandleSharedMemory, FD: int(f.Fd()), Size: m.SharedMemory.GetSize()}, f, nil

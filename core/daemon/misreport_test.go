@@ -54,16 +54,17 @@ func TestMisreportedRequestIDsFailStopTheEngine(t *testing.T) {
 	}
 	defer c.Close()
 
+	// The calls go over the engine's own connection: the registration belongs to it.
 	cases := []struct {
 		name string
-		call func(engine string) error
+		call func(c *engineapi.Client, engine string) error
 		want string
 	}{
-		{"async id never queued", func(engine string) error {
+		{"async id never queued", func(c *engineapi.Client, engine string) error {
 			_, err := c.GetFinished(ctx, &enginepb.GetFinishedRequest{Engine: engine, StartedLoading: []string{"ghost"}})
 			return err
 		}, `"ghost" as loading asynchronously, but no asynchronous load was queued`},
-		{"sync id outside the batch", func(engine string) error {
+		{"sync id outside the batch", func(c *engineapi.Client, engine string) error {
 			_, err := c.DropBoundSaves(ctx, &enginepb.DropRequest{Engine: engine, RequestIds: []string{"stranger"}})
 			return err
 		}, `"stranger", which is not in the bound pass`},
@@ -77,14 +78,19 @@ func TestMisreportedRequestIDsFailStopTheEngine(t *testing.T) {
 			}
 			defer e.Close(ctx)
 			engine := name + "/rank0"
-			err = tc.call(engine)
+			own := e.Client(0)
+			err = tc.call(own, engine)
 			if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "misreported request id") {
 				t.Fatalf("misreported call = %v, want FailedPrecondition containing %q", err, tc.want)
 			}
 			// Fail-stop: the engine's later calls fail with the same reason.
-			_, err = c.StartLoad(ctx, &enginepb.EngineRef{Engine: engine})
+			_, err = own.StartLoad(ctx, &enginepb.EngineRef{Engine: engine})
 			if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("a later StartLoad = %v, want the kept error", err)
+			}
+			// From another connection the engine cannot even be named.
+			if _, err := c.StartLoad(ctx, &enginepb.EngineRef{Engine: engine}); status.Code(err) != codes.PermissionDenied {
+				t.Fatalf("StartLoad from another connection = %v, want PermissionDenied", err)
 			}
 			if got := strings.Count(logs.String(), "engine broke the connector protocol"); got != i+1 {
 				t.Fatalf("%d protocol lines logged, want %d:\n%s", got, i+1, logs.String())

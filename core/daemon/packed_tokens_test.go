@@ -30,11 +30,8 @@ func TestPackedTokensLookup(t *testing.T) {
 	if _, err := e.Run(ctx, reqs, 0); err != nil {
 		t.Fatal(err)
 	}
-	c, err := engineapi.Dial(r.Info.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	// The engine's own connection: only the connection that registered an engine may call it.
+	c := e.Client(0)
 	lookup := func(id string, req *enginepb.Request) (int, error) {
 		req.Id, req.ContextOnly = id, true
 		resp, err := c.Lookup(ctx, &enginepb.LookupRequest{Engine: "pk/rank0", Request: req})
@@ -68,6 +65,21 @@ func TestPackedTokensLookup(t *testing.T) {
 			t.Errorf("prompt %d admission query: %d, %v; want %d", i, aq.GetMatchedTokens(), err, wantMatch)
 		}
 		_, _ = c.RequestReset(ctx, &enginepb.RequestRef{Engine: "pk/rank0", RequestId: "aq"})
+	}
+
+	// num_computed_tokens is checked against the packed prompt's length: a block-aligned count
+	// inside it is looked up from there, one past its end is refused.
+	toks := reqs[0].Tokens
+	resp, err := c.Lookup(ctx, &enginepb.LookupRequest{Engine: "pk/rank0", NumComputedTokens: T,
+		Request: &enginepb.Request{Id: "part", TokensPacked: engineapi.TokensView(toks), ContextOnly: true}})
+	if err != nil || int(resp.GetMatchedTokens()) != (len(toks)-1)/T*T-T {
+		t.Errorf("packed lookup from token %d: matched %d, %v; want %d", T, resp.GetMatchedTokens(), err, (len(toks)-1)/T*T-T)
+	}
+	_, _ = c.RequestReset(ctx, &enginepb.RequestRef{Engine: "pk/rank0", RequestId: "part"})
+	_, err = c.Lookup(ctx, &enginepb.LookupRequest{Engine: "pk/rank0", NumComputedTokens: int32(len(toks) + 1),
+		Request: &enginepb.Request{Id: "past", TokensPacked: engineapi.TokensView(toks), ContextOnly: true}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "past the prompt") {
+		t.Errorf("num_computed_tokens past the packed prompt: %v", err)
 	}
 
 	good := engineapi.PackTokens(nil, reqs[0].Tokens)

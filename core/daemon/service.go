@@ -16,7 +16,7 @@ type service struct {
 }
 
 func (s *service) Register(ctx context.Context, req *enginepb.RegisterRequest) (*enginepb.RegisterResponse, error) {
-	e, err := s.d.register(connOf(ctx), req)
+	e, err := s.d.register(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -32,14 +32,11 @@ func (s *service) Register(ctx context.Context, req *enginepb.RegisterRequest) (
 }
 
 func (s *service) Unregister(ctx context.Context, req *enginepb.EngineRef) (*enginepb.Empty, error) {
-	s.d.mu.Lock()
-	e := s.d.engines[req.GetEngine()]
-	delete(s.d.engines, req.GetEngine())
-	s.d.mu.Unlock()
-	if e == nil {
-		return nil, status.Errorf(codes.NotFound, "engine %q is not registered", req.GetEngine())
+	e, err := s.d.takeEngine(ctx, req.GetEngine())
+	if err != nil {
+		return nil, err
 	}
-	err := e.close(ctx)
+	err = e.close(ctx)
 	s.d.retire(e)
 	if err != nil {
 		return nil, statusOf(err)
@@ -57,7 +54,7 @@ func (s *service) AdmissionQuery(ctx context.Context, req *enginepb.LookupReques
 }
 
 func (s *service) lookup(ctx context.Context, req *enginepb.LookupRequest, admission bool) (*enginepb.LookupResponse, error) {
-	sc, err := s.d.schedulerOf(req.GetEngine())
+	sc, err := s.d.schedulerOf(ctx, req.GetEngine())
 	if err != nil {
 		return nil, err
 	}
@@ -65,8 +62,14 @@ func (s *service) lookup(ctx context.Context, req *enginepb.LookupRequest, admis
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "lookup: %v", err)
 	}
+	if err := s.d.checkLookup(ctx, req.GetEngine(), r); err != nil {
+		return nil, err
+	}
 	if req.GetNumComputedTokens() < 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "lookup: num_computed_tokens %d is negative", req.GetNumComputedTokens())
+	}
+	if err := checkLookupShape(req); err != nil {
+		return nil, err
 	}
 	call := sc.Lookup
 	if admission {
@@ -74,56 +77,71 @@ func (s *service) lookup(ctx context.Context, req *enginepb.LookupRequest, admis
 	}
 	n, async, err := call(ctx, r, int(req.GetNumComputedTokens()))
 	if err != nil {
-		return nil, statusOf(err)
+		return nil, requestStatusOf(err)
 	}
 	return &enginepb.LookupResponse{MatchedTokens: int32(n), Async: async}, nil
 }
 
-func (s *service) CancelLoad(_ context.Context, req *enginepb.CancelLoadRequest) (*enginepb.Empty, error) {
-	sc, err := s.d.schedulerOf(req.GetEngine())
+func (s *service) CancelLoad(ctx context.Context, req *enginepb.CancelLoadRequest) (*enginepb.Empty, error) {
+	sc, err := s.d.schedulerOf(ctx, req.GetEngine())
 	if err != nil {
+		return nil, err
+	}
+	if err := checkCancel(req); err != nil {
 		return nil, err
 	}
 	if err := sc.CancelLoad(req.GetRequestId(), int(req.GetStart()), int(req.GetEnd())); err != nil {
-		return nil, statusOf(err)
+		return nil, requestStatusOf(err)
 	}
 	return &enginepb.Empty{}, nil
 }
 
-func (s *service) UpdateStateAfterAlloc(_ context.Context, req *enginepb.AllocRequest) (*enginepb.Empty, error) {
-	sc, err := s.d.schedulerOf(req.GetEngine())
+func (s *service) UpdateStateAfterAlloc(ctx context.Context, req *enginepb.AllocRequest) (*enginepb.Empty, error) {
+	sc, err := s.d.schedulerOf(ctx, req.GetEngine())
 	if err != nil {
 		return nil, err
 	}
+	if err := s.d.checkAlloc(ctx, req); err != nil {
+		return nil, err
+	}
 	if err := sc.UpdateStateAfterAlloc(req.GetRequestId(), blockIDsFromPB(req.GetBlockIdsByGroup()), int(req.GetHonouredTokens())); err != nil {
-		return nil, statusOf(err)
+		return nil, requestStatusOf(err)
 	}
 	return &enginepb.Empty{}, nil
 }
 
-func (s *service) BuildMeta(_ context.Context, req *enginepb.BuildMetaRequest) (*enginepb.Metadata, error) {
-	sc, err := s.d.schedulerOf(req.GetEngine())
+func (s *service) BuildMeta(ctx context.Context, req *enginepb.BuildMetaRequest) (*enginepb.Metadata, error) {
+	sc, err := s.d.schedulerOf(ctx, req.GetEngine())
 	if err != nil {
+		return nil, err
+	}
+	if err := s.d.checkBuildMeta(req); err != nil {
+		return nil, err
+	}
+	if err := s.d.checkBuildMetaShape(ctx, req); err != nil {
 		return nil, err
 	}
 	out := schedulerOutput(req)
 	m, err := sc.BuildMeta(out)
 	if err != nil {
-		return nil, statusOf(err)
+		return nil, requestStatusOf(err)
+	}
+	if e, err := s.d.lookupEngine(ctx, req.GetEngine()); err == nil {
+		e.offers.record(m)
 	}
 	return metadataToPB(m), nil
 }
 
-func (s *service) RequestFinished(_ context.Context, req *enginepb.RequestRef) (*enginepb.RequestFinishedResponse, error) {
-	sc, err := s.d.schedulerOf(req.GetEngine())
+func (s *service) RequestFinished(ctx context.Context, req *enginepb.RequestRef) (*enginepb.RequestFinishedResponse, error) {
+	sc, err := s.d.schedulerOf(ctx, req.GetEngine())
 	if err != nil {
 		return nil, err
 	}
 	return &enginepb.RequestFinishedResponse{AsyncSaving: sc.RequestFinished(req.GetRequestId())}, nil
 }
 
-func (s *service) RequestReset(_ context.Context, req *enginepb.RequestRef) (*enginepb.Empty, error) {
-	sc, err := s.d.schedulerOf(req.GetEngine())
+func (s *service) RequestReset(ctx context.Context, req *enginepb.RequestRef) (*enginepb.Empty, error) {
+	sc, err := s.d.schedulerOf(ctx, req.GetEngine())
 	if err != nil {
 		return nil, err
 	}
@@ -131,8 +149,8 @@ func (s *service) RequestReset(_ context.Context, req *enginepb.RequestRef) (*en
 	return &enginepb.Empty{}, nil
 }
 
-func (s *service) BindMeta(_ context.Context, req *enginepb.BindMetaRequest) (*enginepb.Empty, error) {
-	e, err := s.d.lookupEngine(req.GetEngine())
+func (s *service) BindMeta(ctx context.Context, req *enginepb.BindMetaRequest) (*enginepb.Empty, error) {
+	e, err := s.d.lookupEngine(ctx, req.GetEngine())
 	if err != nil {
 		return nil, err
 	}
@@ -143,12 +161,15 @@ func (s *service) BindMeta(_ context.Context, req *enginepb.BindMetaRequest) (*e
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "bind metadata: %v", err)
 	}
+	if err := s.d.checkOffered(e, m); err != nil {
+		return nil, status.Errorf(codes.PermissionDenied, "bind metadata: %v", err)
+	}
 	e.worker.BindMeta(m)
 	return &enginepb.Empty{}, nil
 }
 
 func (s *service) StartLoad(ctx context.Context, req *enginepb.EngineRef) (*enginepb.Empty, error) {
-	w, err := s.d.workerOf(req.GetEngine())
+	w, err := s.d.workerOf(ctx, req.GetEngine())
 	if err != nil {
 		return nil, err
 	}
@@ -160,7 +181,7 @@ func (s *service) StartLoad(ctx context.Context, req *enginepb.EngineRef) (*engi
 }
 
 func (s *service) WaitForSave(ctx context.Context, req *enginepb.EngineRef) (*enginepb.Empty, error) {
-	w, err := s.d.workerOf(req.GetEngine())
+	w, err := s.d.workerOf(ctx, req.GetEngine())
 	if err != nil {
 		return nil, err
 	}
@@ -170,8 +191,8 @@ func (s *service) WaitForSave(ctx context.Context, req *enginepb.EngineRef) (*en
 	return &enginepb.Empty{}, nil
 }
 
-func (s *service) GetFinished(_ context.Context, req *enginepb.GetFinishedRequest) (*enginepb.GetFinishedResponse, error) {
-	w, err := s.d.workerOf(req.GetEngine())
+func (s *service) GetFinished(ctx context.Context, req *enginepb.GetFinishedRequest) (*enginepb.GetFinishedResponse, error) {
+	w, err := s.d.workerOf(ctx, req.GetEngine())
 	if err != nil {
 		return nil, err
 	}
@@ -183,32 +204,32 @@ func (s *service) GetFinished(_ context.Context, req *enginepb.GetFinishedReques
 	return &enginepb.GetFinishedResponse{FinishedSaving: saving, FinishedLoading: loading}, nil
 }
 
-func (s *service) TakeFailedLoads(_ context.Context, req *enginepb.EngineRef) (*enginepb.RequestIDs, error) {
-	w, err := s.d.workerOf(req.GetEngine())
+func (s *service) TakeFailedLoads(ctx context.Context, req *enginepb.EngineRef) (*enginepb.RequestIDs, error) {
+	w, err := s.d.workerOf(ctx, req.GetEngine())
 	if err != nil {
 		return nil, err
 	}
 	return &enginepb.RequestIDs{Ids: w.TakeFailedLoadRequests()}, nil
 }
 
-func (s *service) TakeFailedAsyncLoads(_ context.Context, req *enginepb.EngineRef) (*enginepb.RequestIDs, error) {
-	w, err := s.d.workerOf(req.GetEngine())
+func (s *service) TakeFailedAsyncLoads(ctx context.Context, req *enginepb.EngineRef) (*enginepb.RequestIDs, error) {
+	w, err := s.d.workerOf(ctx, req.GetEngine())
 	if err != nil {
 		return nil, err
 	}
 	return &enginepb.RequestIDs{Ids: w.TakeFailedAsyncLoadRequests()}, nil
 }
 
-func (s *service) TakeSubmittedSaves(_ context.Context, req *enginepb.EngineRef) (*enginepb.RequestIDs, error) {
-	w, err := s.d.workerOf(req.GetEngine())
+func (s *service) TakeSubmittedSaves(ctx context.Context, req *enginepb.EngineRef) (*enginepb.RequestIDs, error) {
+	w, err := s.d.workerOf(ctx, req.GetEngine())
 	if err != nil {
 		return nil, err
 	}
 	return &enginepb.RequestIDs{Ids: w.TakeSubmittedSaves()}, nil
 }
 
-func (s *service) DropBoundSaves(_ context.Context, req *enginepb.DropRequest) (*enginepb.Empty, error) {
-	w, err := s.d.workerOf(req.GetEngine())
+func (s *service) DropBoundSaves(ctx context.Context, req *enginepb.DropRequest) (*enginepb.Empty, error) {
+	w, err := s.d.workerOf(ctx, req.GetEngine())
 	if err != nil {
 		return nil, err
 	}

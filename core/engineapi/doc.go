@@ -7,4 +7,9 @@
 // CUDA virtual-memory handles) cannot travel in gRPC messages, so an engine first sends its
 // descriptor over the side channel at FDSocketPath(socket) with SCM_RIGHTS, receives a token, and
 // names the token in Register.
+//
+// Trust: the socket's directory must belong to the daemon's user with mode 0700 (or 0750 for an
+// operator-named group); both sockets check the peer's SO_PEERCRED; a registration can be named
+// only over the connection that made it. Shared memory must be a memfd sealed with F_SEAL_SHRINK
+// so that it cannot be truncated under the daemon's mapping. See docs/SECURITY.md.
 package engineapi

@@ -27,12 +27,18 @@ func FDSocketPath(path string) string { return path + ".fd" }
 var ErrSocketInUse = errors.New("socket in use")
 
 // Listen creates the unix socket at path with mode 0600 in a directory only the owner can enter
-// (created with 0700 when missing). A stale socket left by a dead daemon is removed; a live one
-// is refused with ErrSocketInUse.
+// (created with 0700 when missing). A directory that is a symlink, belongs to another uid or
+// that others can enter is refused with ErrUnsafeSocketDir. A stale socket left by a dead daemon
+// is removed; a live one is refused with ErrSocketInUse.
 func Listen(path string) (*net.UnixListener, error) {
+	return ListenPolicy(path, SocketDirPolicy{GroupID: -1})
+}
+
+// ListenPolicy is Listen with the socket directory checked against p.
+func ListenPolicy(path string, p SocketDirPolicy) (*net.UnixListener, error) {
 	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("socket directory %s: %w", dir, err)
+	if err := ensureSocketDir(dir, p); err != nil {
+		return nil, err
 	}
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&os.ModeSocket == 0 {
@@ -58,9 +64,19 @@ func Listen(path string) (*net.UnixListener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
-	if err := os.Chmod(path, 0o600); err != nil {
+	mode := os.FileMode(0o600)
+	if p.GroupID >= 0 {
+		mode = 0o660
+	}
+	if err := os.Chmod(path, mode); err != nil {
 		_ = l.Close()
 		return nil, fmt.Errorf("chmod %s: %w", path, err)
+	}
+	if p.GroupID >= 0 {
+		if err := socketGroup(path, p.GroupID); err != nil {
+			_ = l.Close()
+			return nil, err
+		}
 	}
 	l.SetUnlinkOnClose(true)
 	return l, nil

@@ -22,6 +22,8 @@ type Config struct {
 	// Name prefixes the rank names it registers ("<name>/rank<r>").
 	Name     string
 	ModelKey string
+	// Namespace is the key namespace it registers ("" = the default).
+	Namespace string
 	// World is the tensor-parallel size; every rank registers, rank 0 runs the scheduler.
 	World int
 	// TokensPerBlock is the block size T.
@@ -169,7 +171,7 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 			return nil, err
 		}
 		req := &enginepb.RegisterRequest{
-			Engine: rk.name, ModelKey: cfg.ModelKey, WorldSize: int32(cfg.World), Rank: int32(r),
+			Engine: rk.name, ModelKey: cfg.ModelKey, Namespace: cfg.Namespace, WorldSize: int32(cfg.World), Rank: int32(r),
 			Role: "both", Scheduler: r == 0, Layout: layoutPB(layout),
 			GroupBlocks: cfg.GroupBlocks, SoftPinTtlMs: cfg.SoftPinTTLms,
 			AsyncLoad: cfg.AsyncLoad, AsyncLoadWorkers: int32(cfg.AsyncLoadWorkers),
@@ -601,3 +603,7 @@ func (e *Engine) Abandon() {
 		}
 	}
 }
+
+// Client is rank r's connection to the daemon. A registration can be named only over the
+// connection that made it, so tests that send a rank calls of their own use this one.
+func (e *Engine) Client(r int) *engineapi.Client { return e.ranks[r].client }

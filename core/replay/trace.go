@@ -3,18 +3,19 @@ package replay
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/kvctl/kvctl/core/boundedio"
 	"github.com/kvctl/kvctl/core/keys"
 )
 
@@ -108,13 +109,21 @@ type ReadOptions struct {
 	SkipBad bool
 	// Dir resolves relative tokens_file paths of a token trace; "" is the working directory.
 	Dir string
-	// Open opens a tokens_file; nil uses os.Open.
+	// Open opens a tokens_file; nil opens it through boundedio's MaxTraceBytes limit.
 	Open func(name string) (io.ReadCloser, error)
+	// Context interrupts reading the trace and its token files; nil is context.Background().
+	Context context.Context
 }
 
 // ReadTraceFile reads the trace at path; token files are resolved next to it.
 func ReadTraceFile(path string, opts ReadOptions) (*Trace, error) {
-	f, err := os.Open(path)
+	ctx := opts.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	// Through a hard limit whatever stat says, interrupted by ctx: a trace named /dev/zero or a
+	// FIFO must neither exhaust memory nor hang.
+	f, err := boundedio.Open(ctx, path, boundedio.MaxTraceBytes)
 	if err != nil {
 		return nil, err
 	}
@@ -359,7 +368,11 @@ func readTokenFile(name string, opts ReadOptions) ([]int64, error) {
 	if opts.Open != nil {
 		rc, err = opts.Open(path)
 	} else {
-		rc, err = os.Open(path)
+		ctx := opts.Context
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		rc, err = boundedio.Open(ctx, path, boundedio.MaxTraceBytes)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("tokens_file: %w", err)

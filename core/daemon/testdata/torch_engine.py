@@ -19,6 +19,7 @@ same request lifecycle and is there to check the script on a machine without a G
 """
 import argparse
 import array
+import fcntl
 import hashlib
 import json
 import mmap
@@ -162,13 +163,12 @@ class ShmMemory:
         self.layers, self.slots, self.piece = layers, slots, piece
         self.size = layers * slots * piece
         self.page_bytes = layers * piece
-        if hasattr(os, "memfd_create"):
-            self.fd = os.memfd_create("torch-engine-kv")
-        else:
-            fd, path = tempfile.mkstemp(prefix="torch-engine-kv-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-            os.unlink(path)
-            self.fd = fd
+        # kvctl serve accepts only a memfd sealed against shrinking: memory truncated under its
+        # mapping would fault in the daemon.
+        self.fd = os.memfd_create("torch-engine-kv", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(self.fd, self.size)
+        F_ADD_SEALS, F_SEAL_SHRINK, F_SEAL_GROW = 1033, 0x0002, 0x0004
+        fcntl.fcntl(self.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW)
         self.map = mmap.mmap(self.fd, self.size)
 
     def register_fields(self, api):

@@ -1,0 +1,34 @@
+package serve
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/kvctl/kvctl/commands/cmdutil/cmdtest"
+	"github.com/kvctl/kvctl/core/config"
+)
+
+// TestSecurityFlags pins the names and defaults of serve's security flags, which are contracts
+// (operators put them in unit files and configs).
+func TestSecurityFlags(t *testing.T) {
+	for _, tt := range []struct {
+		args string
+		want config.ServeSecurity
+	}{
+		{"", config.ServeSecurity{}},
+		{"--engine-group kvctl --max-conns 300 --admin-grants-leases --admin-lease-rate 5 --descriptor-ttl 10s",
+			config.ServeSecurity{EngineGroup: "kvctl", MaxConns: 300, AdminGrantsLeases: true, AdminLeaseRate: 5, DescriptorTTL: 10 * time.Second}},
+	} {
+		t.Run(tt.args, func(t *testing.T) {
+			var got *Options
+			cmd := NewCmdServe(cmdtest.Factory(), func(_ context.Context, o *Options) error { got = o; return nil })
+			if err := cmdtest.Execute(t, cmd, tt.args); err != nil {
+				t.Fatal(err)
+			}
+			if got.Security != tt.want {
+				t.Errorf("got %+v, want %+v", got.Security, tt.want)
+			}
+		})
+	}
+}
