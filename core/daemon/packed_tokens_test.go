@@ -5,7 +5,9 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/kvctl/kvctl/core/engineapi"
@@ -106,5 +108,33 @@ func TestPackedTokensLookup(t *testing.T) {
 	}
 	if res.MatchedTokens == 0 {
 		t.Errorf("second run matched nothing: %+v", res)
+	}
+}
+
+// TestPlainGRPCClient checks that an engine using stock gRPC (default codec, windows and buffer
+// pool, as grpcio and other languages' clients do) still talks to the daemon, whose engine
+// socket runs its own codec and transport settings: it registers nothing, so a lookup is
+// answered NotFound after the daemon has decoded the packed prompt.
+func TestPlainGRPCClient(t *testing.T) {
+	r := start(t, 16<<20)
+	conn, err := grpc.NewClient("unix://"+r.Info.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := enginepb.NewEngineClient(conn)
+	toks := make([]int64, 32<<10)
+	for i := range toks {
+		toks[i] = int64(i)
+	}
+	for _, req := range []*enginepb.Request{{Id: "a", TokensPacked: engineapi.PackTokens(nil, toks)}, {Id: "b", Tokens: toks}} {
+		_, err = c.Lookup(context.Background(), &enginepb.LookupRequest{Engine: "nobody", Request: req})
+		if status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "nobody") {
+			t.Errorf("lookup %s from a stock gRPC client: %v, want NotFound naming the engine", req.GetId(), err)
+		}
+	}
+	_, err = c.Lookup(context.Background(), &enginepb.LookupRequest{Engine: "nobody", Request: &enginepb.Request{Id: "c", TokensPacked: []byte{1, 2, 3}}})
+	if status.Code(err) != codes.NotFound && status.Code(err) != codes.InvalidArgument {
+		t.Errorf("malformed packed tokens from a stock client: %v", err)
 	}
 }
