@@ -75,3 +75,30 @@ func TestDirtyPool(t *testing.T) {
 		}
 	}
 }
+
+// FuzzCodecUnmarshal: for any bytes, split into frames at any size, the codec decodes a
+// LookupRequest exactly as proto.Unmarshal does (same message or an error in both), without
+// panicking.
+func FuzzCodecUnmarshal(f *testing.F) {
+	seed, _ := proto.Marshal(&enginepb.LookupRequest{Engine: "e", Request: &enginepb.Request{Id: "r", TokensPacked: PackTokens(nil, []int64{1, 2, 3})}, NumComputedTokens: 16})
+	f.Add(seed, uint16(7))
+	f.Add([]byte{0x12, 0x02, 0x4a, 0x05}, uint16(1))
+	f.Add([]byte{}, uint16(0))
+	f.Fuzz(func(t *testing.T, b []byte, frame uint16) {
+		var want enginepb.LookupRequest
+		wantErr := proto.Unmarshal(b, &want)
+		var bs mem.BufferSlice
+		step := int(frame)%64 + 1
+		for off := 0; off < len(b); off += step {
+			bs = append(bs, mem.SliceBuffer(slices.Clone(b[off:min(off+step, len(b))])))
+		}
+		var got enginepb.LookupRequest
+		err := codec{}.Unmarshal(bs, &got)
+		if (err == nil) != (wantErr == nil) {
+			t.Fatalf("codec error %v, proto.Unmarshal error %v", err, wantErr)
+		}
+		if err == nil && !proto.Equal(&got, &want) {
+			t.Fatalf("codec decoded %v, proto.Unmarshal %v", &got, &want)
+		}
+	})
+}
