@@ -6,11 +6,14 @@ import (
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 )
 
 // codec is the protobuf codec of the engine socket, on both ends. It differs from gRPC's own
-// only in its buffers: they come from bufferPool, which does not clear them, and a message that
-// arrived in a single buffer is decoded in place instead of copied into a new one first.
+// only in its buffers: they come from bufferPool, which does not clear them, a message that
+// arrived in a single buffer is decoded in place instead of copied into a new one first, and a
+// LookupRequest is decoded by decodeLookup, which copies the prompt once instead of twice.
 type codec struct{}
 
 var _ encoding.CodecV2 = codec{}
@@ -44,6 +47,9 @@ func (codec) Marshal(v any) (mem.BufferSlice, error) {
 
 // Unmarshal decodes data into v, a protobuf message. The message keeps no reference to data.
 func (codec) Unmarshal(data mem.BufferSlice, v any) error {
+	if lr, ok := v.(*enginepb.LookupRequest); ok {
+		return decodeLookup(data, lr)
+	}
 	m, ok := v.(proto.Message)
 	if !ok {
 		return fmt.Errorf("engine api codec: %T is not a protobuf message", v)

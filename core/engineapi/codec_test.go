@@ -3,6 +3,7 @@ package engineapi
 import (
 	"slices"
 	"testing"
+	"unsafe"
 
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
@@ -101,4 +102,43 @@ func FuzzCodecUnmarshal(f *testing.F) {
 			t.Fatalf("codec decoded %v, proto.Unmarshal %v", &got, &want)
 		}
 	})
+}
+
+// TestDecodeLookupAligns checks the point of decodeLookup: whatever the length of the fields
+// before it, tokens_packed comes out 8-byte aligned, so RequestTokens uses it without a copy,
+// and the message equals proto.Unmarshal's.
+func TestDecodeLookupAligns(t *testing.T) {
+	toks := []int64{3, 1, 4, 1, 5, 9, 2, 6}
+	for _, engine := range []string{"", "e", "ab", "abc", "abcdefg", "a/rank0"} {
+		m := &enginepb.LookupRequest{Engine: engine, Request: &enginepb.Request{Id: "req", TokensPacked: PackTokens(nil, toks), ContextOnly: true}, NumComputedTokens: 3}
+		wire, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var bs mem.BufferSlice
+		for off := 0; off < len(wire); off += 5 {
+			bs = append(bs, mem.SliceBuffer(wire[off:min(off+5, len(wire))]))
+		}
+		var got enginepb.LookupRequest
+		if err := decodeLookup(bs, &got); err != nil {
+			t.Fatal(err)
+		}
+		if !proto.Equal(&got, m) {
+			t.Fatalf("engine %q: decoded %v, want %v", engine, &got, m)
+		}
+		p := got.GetRequest().GetTokensPacked()
+		tk, err := RequestTokens(got.GetRequest())
+		if err != nil || !slices.Equal(tk, toks) {
+			t.Fatalf("engine %q: tokens %v, %v", engine, tk, err)
+		}
+		if littleEndian && unsafe.Pointer(&tk[0]) != unsafe.Pointer(&p[0]) {
+			t.Errorf("engine %q: tokens_packed at offset %d was copied, not used in place", engine, uintptr(unsafe.Pointer(&p[0]))%8)
+		}
+	}
+	if !decodeLookupFast([]byte{0x18, 0x05}, new(enginepb.LookupRequest)) {
+		t.Error("fast path refused num_computed_tokens alone")
+	}
+	if decodeLookupFast([]byte{0x20, 0x05}, new(enginepb.LookupRequest)) {
+		t.Error("fast path took an unknown field, which proto.Unmarshal keeps")
+	}
 }
