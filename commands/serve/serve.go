@@ -42,6 +42,9 @@ type Options struct {
 	// ConfigFile is the config file the flags were read from, if any; it is checked with the
 	// validate-config loader before anything starts.
 	ConfigFile string
+	// DisaggConfig is TensorRT-LLM's disagg_config.yaml; when set, serve runs the disaggregated
+	// front it describes instead of the connector daemon.
+	DisaggConfig string
 	// MemAvailable reads available memory, for the automatic pool size (tests replace it).
 	MemAvailable func() (uint64, bool)
 	// Ready is called once the daemon accepts connections (tests use it).
@@ -75,6 +78,11 @@ engine waits for is bounded by --pool-timeout (a lookup past it answers miss).
 An admin HTTP server (loopback only unless --allow-remote-admin) serves the Mooncake master's
 read endpoints for the pool, /metrics (Prometheus), /v1/stats, /healthz and /readyz.
 
+With --disagg-config FILE it runs the disaggregated front instead of the daemon: an
+OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/messages, /v1/models,
+/health, /metrics) that sends each request's context leg to a context server and its generation
+leg to a generation server, as TensorRT-LLM's disagg_config.yaml describes them.
+
 On SIGTERM or SIGINT it stops taking calls, flushes queued saves to the pool within
 --drain-timeout, unmounts its segment (removing its metadata) and exits 0. An invalid config is refused before anything starts, with the
 messages of kvctl validate-config.`,
@@ -92,7 +100,10 @@ messages of kvctl validate-config.`,
       --metadata http://10.0.0.5:8080/metadata --pool-size 64GiB --transfer-port 15000
 
   # the same from TensorRT-LLM's mooncake.json (protocol tcp, an HTTP metadata server)
-  kvctl serve --pool-backend mooncake --mooncake-config /etc/trtllm/mooncake.json`,
+  kvctl serve --pool-backend mooncake --mooncake-config /etc/trtllm/mooncake.json
+
+  # the disaggregated OpenAI-compatible front for trtllm-serve context and generation servers
+  kvctl serve --disagg-config disagg_config.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts.LogLevel, opts.LogFormat = f.LogLevel, f.LogFormat
@@ -118,6 +129,7 @@ messages of kvctl validate-config.`,
 	fl.StringVar(&opts.StagingBytes, config.ServeKeyStagingBufferBytes, config.FormatSize(def.StagingBufferBytes), "default pinned host staging per direction for an engine rank, split evenly over its async load workers; the node memory check counts it")
 	fl.DurationVar(&opts.StatsInterval, config.ServeKeyStatsInterval, 0, "log prefix-hole and load stats at most this often (0 = off; metrics are always exported)")
 	fl.DurationVar(&opts.DrainTimeout, config.ServeKeyDrainTimeout, def.DrainTimeout, "how long a shutdown waits for queued saves")
+	fl.StringVar(&opts.DisaggConfig, FlagDisaggConfig, "", "run the disaggregated front described by TensorRT-LLM's disagg_config.yaml `FILE` instead of the daemon")
 	addClusterFlags(fl, &opts.Cluster)
 	addSecurityFlags(cmd, opts)
 	_ = cmd.RegisterFlagCompletionFunc(config.ServeKeyPoolBackend, cobra.FixedCompletions([]string{config.PoolBackendEmbedded, config.PoolBackendMooncake}, cobra.ShellCompDirectiveNoFileComp))
@@ -156,6 +168,9 @@ func report(opts *Options, diags config.Diagnostics) error {
 
 // Run checks the configuration, starts the daemon and serves until ctx is cancelled.
 func Run(ctx context.Context, opts *Options) error {
+	if opts.DisaggConfig != "" {
+		return runDisagg(ctx, opts)
+	}
 	if opts.ConfigFile != "" {
 		data, err := boundedio.ReadFile(ctx, opts.ConfigFile, boundedio.MaxConfigBytes)
 		if err != nil {

@@ -48,8 +48,9 @@ func NewCmdValidateConfig(f *cmdutil.Factory, runF func(*Options) error) *cobra.
 		Use:   "validate-config FILE...",
 		Short: "Check connector and pool config files",
 		Long: `Check TensorRT-LLM connector YAML, Mooncake client configs (mooncake.json), pool
-manifests (pool.json) and kvctl serve configs, reporting every problem at once with
-file:line:column, the key path, a severity and a hint.
+manifests (pool.json), kvctl serve configs and TensorRT-LLM's disagg_config.yaml (the file
+kvctl serve --disagg-config runs), reporting every problem at once with file:line:column, the
+key path, a severity and a hint.
 
 Each file's kind is detected from its keys (then its name); --kind forces one for every file.
 "-" reads standard input. The checks are the ones kvctl serve runs before it starts: a file this

@@ -59,14 +59,16 @@ func TestReadFileFIFO(t *testing.T) {
 		t.Fatal("reading a FIFO without a writer blocked")
 	}
 
-	// A writer that holds the FIFO open and writes nothing.
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() { _, err := ReadFile(ctx, fifo, 1<<20); done <- err }()
-	w, err := os.OpenFile(fifo, os.O_WRONLY, 0)
+	// A writer that holds the FIFO open and writes nothing. It is opened before the reader
+	// (O_RDWR does not wait for a reader on Linux): opened after, it could block forever behind
+	// a reader that had already seen end of file and gone.
+	w, err := os.OpenFile(fifo, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { _, err := ReadFile(ctx, fifo, 1<<20); done <- err }()
 	time.Sleep(50 * time.Millisecond)
 	cancel()
 	select {

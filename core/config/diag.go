@@ -18,7 +18,7 @@ const (
 )
 
 // Kinds lists every kind in a stable order, for help text and flag completion.
-func Kinds() []Kind { return []Kind{KindTRTLLM, KindClient, KindManifest, KindServe} }
+func Kinds() []Kind { return []Kind{KindTRTLLM, KindClient, KindManifest, KindServe, KindDisagg} }
 
 // ParseKind reads a kind name as a user would type it on a command line.
 func ParseKind(s string) (Kind, error) {

@@ -1,12 +1,12 @@
 // Package config reads, checks and writes the configuration files of a Mooncake-store
 // deployment: TensorRT-LLM's LLM API YAML with its kv_connector_config.mooncake_store block,
-// the Mooncake client config mooncake.json, the pool manifest pool.json, and kvctl's own serve
-// config.
+// the Mooncake client config mooncake.json, the pool manifest pool.json, kvctl's own serve
+// config, and TensorRT-LLM's disagg_config.yaml for the disaggregated front.
 //
 // # Vocabulary
 //
-//   - Kind: which of the four files a text is (KindTRTLLM, KindClient, KindManifest,
-//     KindServe). DetectKind tells by the keys at the top level first, then by the file name.
+//   - Kind: which of the five files a text is (KindTRTLLM, KindClient, KindManifest,
+//     KindServe, KindDisagg). DetectKind tells by the keys at the top level first, then by the file name.
 //   - Block: the YAML's mooncake_store mapping (MooncakeStoreBlock). A nil field was left out;
 //     Effective… methods give the value the server uses.
 //   - Client config: mooncake.json (ClientConfig), the file every rank opens. The server renders

@@ -37,6 +37,7 @@ type File struct {
 	Client   *ClientConfig
 	Manifest *PoolManifest
 	Serve    *ServeConfig
+	Disagg   *DisaggConfig
 	// Inherited is the client config named by MOONCAKE_CONFIG_PATH when it was restated onto
 	// the YAML block, and Overrides the block fields it changed.
 	Inherited     *ClientConfig
@@ -99,6 +100,8 @@ func Load(name string, data []byte, opts LoadOptions) (f *File, diags Diagnostic
 		f.Manifest = decodeManifest(d, root)
 	case KindServe:
 		f.Serve = decodeServe(d, root)
+	case KindDisagg:
+		f.Disagg = decodeDisagg(d, root)
 	default:
 		d.add(SeverityError, 0, 0, "", fmt.Sprintf("unknown config kind %q", kind), "use one of "+kindList())
 		return nil, d.diags
@@ -215,6 +218,8 @@ func detectKind(name string, root *node) (Kind, error) {
 	}
 	if root.kind == nodeMap {
 		switch {
+		case anyOf(disaggMarkers):
+			return KindDisagg, nil
 		case anyOf(trtllmMarkers):
 			return KindTRTLLM, nil
 		case anyOf(serveMarkers):

@@ -21,6 +21,8 @@ type TRTLLMConfig struct {
 	AttentionDP AttentionDPConfig  `json:"attention_dp_config"`
 	// CacheTransceiverBackend is cache_transceiver_config.backend: set on a disaggregated server.
 	CacheTransceiverBackend string `json:"cache_transceiver_backend,omitempty"`
+	// KVTransferTimeoutMs is cache_transceiver_config.kv_transfer_timeout_ms; nil: 60000.
+	KVTransferTimeoutMs *int64 `json:"kv_transfer_timeout_ms,omitempty"`
 	// PrefixAwareScheduling is scheduler_config.enable_prefix_aware_scheduling (prefix reservations).
 	PrefixAwareScheduling bool `json:"enable_prefix_aware_scheduling"`
 	// SparseDisableIndexValue is sparse_attention_config.sparse_disable_index_value.
@@ -251,6 +253,9 @@ func decodeTRTLLM(d *dec, root *node) *TRTLLMConfig {
 	}
 	ct := o.child("cache_transceiver_config")
 	ct.str("backend", &t.CacheTransceiverBackend, true)
+	if v, ok := readKVTimeout(ct); ok {
+		t.KVTransferTimeoutMs = &v
+	}
 	sc := o.child("scheduler_config")
 	if b, ok := sc.boolv("enable_prefix_aware_scheduling", boolPydantic); ok {
 		t.PrefixAwareScheduling = b

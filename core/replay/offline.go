@@ -740,8 +740,7 @@ func (o *offline) route(batch []Request, at time.Duration, first int) ([]int, []
 	for len(todo) > 0 {
 		rq := make([]router.Request, len(todo))
 		for n, k := range todo {
-			q := batch[k]
-			rq[n] = router.Request{ID: q.ID, ConversationID: q.ConversationID, PromptTokens: q.InputLength, Rank: router.Unplaced}
+			rq[n] = o.routerRequest(batch[k])
 		}
 		pl, err := o.router.Route(rq)
 		if err != nil {

@@ -210,7 +210,7 @@ var knobs = map[string]knob{
 		c.Ranks, err = parseInt(v, 1)
 		return
 	}},
-	"router": {"work-aware or prompt-length", func(c *Config, v string) error {
+	"router": {"work-aware, prompt-length or pool-aware (offline only; live runs fall back to work-aware)", func(c *Config, v string) error {
 		if !slices.Contains(router.Policies, v) {
 			return fmt.Errorf("%q: want one of %s", v, strings.Join(router.Policies, ", "))
 		}

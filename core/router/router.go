@@ -14,10 +14,14 @@ const (
 	PolicyWorkAware = "work-aware"
 	// PolicyPromptLength balances by whole prompt length, TensorRT-LLM's default.
 	PolicyPromptLength = "prompt-length"
+	// PolicyPoolAware estimates a request's prefill as the prompt tokens the shared pool does
+	// not hold (Request.PoolUncached), and falls back to the work-aware estimate when the pool
+	// was not asked or did not answer (PoolKnown false).
+	PolicyPoolAware = "pool-aware"
 )
 
 // Policies lists the policies in help order.
-var Policies = []string{PolicyWorkAware, PolicyPromptLength}
+var Policies = []string{PolicyWorkAware, PolicyPromptLength, PolicyPoolAware}
 
 // Defaults for the LRU table bounds.
 const (
@@ -59,6 +63,10 @@ type Request struct {
 	ParentID string
 	// Rank, when not Unplaced, places the request explicitly on that rank.
 	Rank int
+	// PoolUncached is the number of prompt tokens the pool does not hold, read by
+	// PolicyPoolAware when PoolKnown is set.
+	PoolUncached int
+	PoolKnown    bool
 }
 
 // Placement is where Route put a request and what it charged.
@@ -147,6 +155,9 @@ func (r *Router) Estimate(req Request) int {
 		if e, ok := r.ests.peek(req.ParentID); ok {
 			return e
 		}
+	}
+	if r.cfg.Policy == PolicyPoolAware && req.PoolKnown {
+		return max(req.PoolUncached, 1)
 	}
 	growth := req.PromptTokens
 	if req.ConversationID != "" {

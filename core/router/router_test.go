@@ -248,3 +248,33 @@ func TestRouteErrors(t *testing.T) {
 		t.Fatalf("Finished: %v, want ErrUnknownRequest", err)
 	}
 }
+
+// The pool-aware policy charges what the pool does not hold, and the work-aware estimate when
+// the pool did not answer.
+func TestPoolAwareEstimate(t *testing.T) {
+	r, err := New(Config{Policy: PolicyPoolAware, Ranks: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		req  Request
+		want int
+	}{
+		{Request{ID: "a", PromptTokens: 1000, PoolUncached: 40, PoolKnown: true}, 40},
+		{Request{ID: "b", PromptTokens: 1000, PoolUncached: 0, PoolKnown: true}, 1},
+		{Request{ID: "c", PromptTokens: 1000, PoolUncached: 40}, 1000},
+		{Request{ID: "d", ConversationID: "x", PromptTokens: 300}, 300},
+	} {
+		if got := r.Estimate(tc.req); got != tc.want {
+			t.Errorf("%s: estimate %d, want %d", tc.req.ID, got, tc.want)
+		}
+	}
+	pl, err := r.Route([]Request{{ID: "big", PromptTokens: 5000, PoolUncached: 4000, PoolKnown: true, Rank: Unplaced},
+		{ID: "cached", PromptTokens: 5000, PoolUncached: 10, PoolKnown: true, Rank: Unplaced}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pl[0].Estimate != 4000 || pl[1].Estimate != 10 || pl[0].Rank == pl[1].Rank {
+		t.Fatalf("placements %+v", pl)
+	}
+}

@@ -21,7 +21,8 @@
 //     (0x4D435456) in the high 32 bits and a code in the low 32 bits (0 OK, 1 address
 //     rejected). A READ's status comes before its payload; a WRITE's after the payload has been
 //     applied. v1 framing has no status frames: a refused request only sees the connection
-//     close.
+//     close, and an initiator counts a WRITE complete once its bytes are sent, before the
+//     target applied them (the server still applies a v1 WRITE only whole).
 //   - connection: a TCP connection carries requests one after another; either side may close
 //     it between requests. The server closes it after any refused or malformed request.
 //
@@ -57,6 +58,7 @@
 // # Concurrency and buffers
 //
 // Server and Client are safe for concurrent use. Server.Register hands the server a slice it
-// reads and writes until Unregister returns; Unregister waits for the requests using the region
-// to finish. Client.Read and Client.Write use the caller's slice only until they return.
+// reads and writes until Unregister returns; Unregister waits for copies in flight to or from
+// the region (a READ already copied out still sends its staged bytes). Client.Read and
+// Client.Write use the caller's slice only until they return.
 package transfer

@@ -193,6 +193,41 @@ func TestInteropPythonEngineAgainstKvctlServer(t *testing.T) {
 		}
 	})
 
+	// The engine's legacy framing (MC_TCP_PROTO=1: no status frames) against kvctl's server.
+	t.Run("engine_v1_framing", func(t *testing.T) {
+		v1 := startPyPeer(t, metaURL, uniqueName("pyv1"), segSize, "MC_TCP_PROTO=1")
+		before := srv.Stats()
+		for i, n := range []int{64 << 10, 1 << 20} {
+			addr := base + 30<<20 + uint64(i)*(2<<20)
+			want := randomBytes(uint64(300+i), n)
+			v1.fill(t, 0, want)
+			if rc := v1.transfer(t, "write", name, 0, addr, n); rc != 0 {
+				t.Fatalf("v1 write of %d bytes returned %d", n, rc)
+			}
+			// v1 has no acknowledgement: the engine reports completion once the bytes are in
+			// its socket, possibly before kvctl applied them. They must arrive whole.
+			got := make([]byte, n)
+			waitFor(t, fmt.Sprintf("the v1 write of %d bytes to be applied", n), func() bool {
+				return srv.ReadAt(addr, got) == nil && bytes.Equal(got, want)
+			})
+			if rc := v1.transfer(t, "read", name, 4096, addr, n); rc != 0 {
+				t.Fatalf("v1 read of %d bytes returned %d", n, rc)
+			}
+			if got := v1.dump(t, 4096, n); !bytes.Equal(got, want) {
+				t.Fatalf("v1 read of %d bytes: first difference at %d", n, firstDiff(got, want))
+			}
+		}
+		after := srv.Stats()
+		if after.Writes-before.Writes != 2 || after.Reads-before.Reads != 2 || after.V1Requests-before.V1Requests != 4 {
+			t.Errorf("server counted %d writes, %d reads, %d under v1 framing; want 2, 2, 4",
+				after.Writes-before.Writes, after.Reads-before.Reads, after.V1Requests-before.V1Requests)
+		}
+		// A v1 initiator learns of a refusal only from the close; it must not report success.
+		if rc := v1.transfer(t, "read", name, 0, base+segSize-16, 64); rc == 0 {
+			t.Fatal("v1 engine read past kvctl's segment succeeded")
+		}
+	})
+
 	if err := meta.RemoveSegment(ctx, name); err != nil {
 		t.Fatal(err)
 	}

@@ -211,11 +211,12 @@ type pyPeer struct {
 }
 
 // startPyPeer starts testdata/te_peer.py as segment name with a buffer of size bytes.
-func startPyPeer(tb testing.TB, metaURL, name string, size int) *pyPeer {
+// extraEnv is added to the engine's environment (for example MC_TCP_PROTO=1).
+func startPyPeer(tb testing.TB, metaURL, name string, size int, extraEnv ...string) *pyPeer {
 	tb.Helper()
 	env := pyenv(tb)
 	cmd := exec.Command(filepath.Join(env, "bin", "python"), filepath.Join("testdata", "te_peer.py"), name, metaURL, strconv.Itoa(size))
-	cmd.Env = append(os.Environ(), "MC_TCP_BIND_ADDRESS=127.0.0.1", "GLOG_minloglevel=1")
+	cmd.Env = append(append(os.Environ(), "MC_TCP_BIND_ADDRESS=127.0.0.1", "GLOG_minloglevel=1"), extraEnv...)
 	p := startProc(tb, cmd)
 	var hello struct {
 		Name  string

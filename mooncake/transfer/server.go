@@ -80,6 +80,8 @@ type ServerStats struct {
 	Refused uint64 `json:"refused"`
 	// Aborted counts requests cut off by a deadline or the peer before they completed.
 	Aborted uint64 `json:"aborted"`
+	// V1Requests counts the requests among Reads and Writes that used v1 framing.
+	V1Requests uint64 `json:"v1_requests"`
 }
 
 // Server serves registered memory to Transfer Engine initiators over TCP.
@@ -93,6 +95,9 @@ type Server struct {
 
 	staging *weighted
 	bufs    bufferPool
+	// ctx ends at Close, so requests waiting for staging room give up at once.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	connMu sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -106,7 +111,7 @@ type Server struct {
 		conns                        atomic.Int64
 		connsRejected, reads, writes atomic.Uint64
 		bytesRead, bytesWritten      atomic.Uint64
-		refused, aborted             atomic.Uint64
+		refused, aborted, v1         atomic.Uint64
 	}
 }
 
@@ -154,7 +159,10 @@ func NewServer(opts ServerOptions) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	ctx, cancel := context.WithCancel(context.Background())
 	return &Server{
+		ctx:     ctx,
+		cancel:  cancel,
 		opts:    opts,
 		ln:      ln,
 		log:     log,
@@ -304,6 +312,7 @@ func (s *Server) Stats() ServerStats {
 		BytesWritten:  s.stats.bytesWritten.Load(),
 		Refused:       s.stats.refused.Load(),
 		Aborted:       s.stats.aborted.Load(),
+		V1Requests:    s.stats.v1.Load(),
 	}
 }
 
@@ -374,6 +383,7 @@ func (s *Server) Close() error {
 		return nil
 	}
 	s.closed = true
+	s.cancel()
 	err := s.ln.Close()
 	for c := range s.conns {
 		_ = c.Close()
@@ -438,7 +448,7 @@ func (s *Server) serveRequest(c net.Conn, h Header) bool {
 		return false
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), s.opts.ReadTimeout)
+	ctx, cancel := context.WithTimeout(s.ctx, s.opts.ReadTimeout)
 	err := s.staging.acquire(ctx, int64(h.Size))
 	cancel()
 	if err != nil {
@@ -474,6 +484,9 @@ func (s *Server) serveWrite(c net.Conn, h Header, r *region, buf []byte) bool {
 	}
 	s.stats.writes.Add(1)
 	s.stats.bytesWritten.Add(h.Size)
+	if !h.V2 {
+		s.stats.v1.Add(1)
+	}
 	if h.V2 {
 		return s.sendStatus(c, StatusOK)
 	}
@@ -504,6 +517,9 @@ func (s *Server) serveRead(c net.Conn, h Header, r *region, buf []byte) bool {
 	}
 	s.stats.reads.Add(1)
 	s.stats.bytesRead.Add(h.Size)
+	if !h.V2 {
+		s.stats.v1.Add(1)
+	}
 	return true
 }
 

@@ -187,7 +187,7 @@ func TestServerPersistentConnection(t *testing.T) {
 		t.Fatalf("read after a v1 write: %q, %v", got, err)
 	}
 	st := srv.Stats()
-	if st.Reads != 3 || st.Writes != 2 || st.BytesWritten != 150008 || st.Refused != 0 {
+	if st.Reads != 3 || st.Writes != 2 || st.BytesWritten != 150008 || st.Refused != 0 || st.V1Requests != 2 {
 		t.Errorf("stats %+v", st)
 	}
 }
@@ -220,19 +220,29 @@ func TestServerDeadlinesAndTornWrites(t *testing.T) {
 		}
 	})
 	t.Run("half body then close", func(t *testing.T) {
+		before := srv.Stats().Aborted
 		c := dial(t, srv)
 		if _, err := c.Write(append(header(1<<20, testBase+4096, 0x01), bytes.Repeat([]byte{2}, 500<<10)...)); err != nil {
 			t.Fatal(err)
 		}
 		_ = c.Close()
+		// Settled before the next subtest counts its own abort.
+		waitFor(t, "the cut-off write to be aborted", func() bool { return srv.Stats().Aborted > before })
 	})
 	t.Run("reader that never reads", func(t *testing.T) {
+		abortedBefore := srv.Stats().Aborted
 		c := dial(t, srv)
+		// A small fixed receive buffer (no autotuning, which may grow to tcp_rmem's 32 MiB
+		// maximum) leaves the server's writes blocked on the stalled peer.
+		if err := c.(*net.TCPConn).SetReadBuffer(64 << 10); err != nil {
+			t.Fatal(err)
+		}
 		if _, err := c.Write(header(size, testBase, 0x80)); err != nil {
 			t.Fatal(err)
 		}
-		// The peer reads nothing until the server has given up on it.
-		waitFor(t, "the server to drop the stalled reader", func() bool { return srv.Stats().Conns == 0 })
+		// The peer reads nothing until the server has given up on it (the abort counter is
+		// monotonic; the connection count could read 0 before the server even accepted).
+		waitFor(t, "the server to drop the stalled reader", func() bool { return srv.Stats().Aborted > abortedBefore })
 		n, _ := io.Copy(io.Discard, c)
 		if n >= size+8 {
 			t.Fatalf("server delivered all %d bytes to a peer that stalled", n)
@@ -490,11 +500,11 @@ func (l *lockedLog) lines() []string {
 
 // ServerStats' JSON field names are a contract (the daemon reports them): add, never rename.
 func TestServerStatsJSONFields(t *testing.T) {
-	b, err := json.Marshal(transfer.ServerStats{Conns: 1, ConnsRejected: 2, Reads: 3, Writes: 4, BytesRead: 5, BytesWritten: 6, Refused: 7, Aborted: 8})
+	b, err := json.Marshal(transfer.ServerStats{Conns: 1, ConnsRejected: 2, Reads: 3, Writes: 4, BytesRead: 5, BytesWritten: 6, Refused: 7, Aborted: 8, V1Requests: 9})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `{"conns":1,"conns_rejected":2,"reads":3,"writes":4,"bytes_read":5,"bytes_written":6,"refused":7,"aborted":8}`
+	want := `{"conns":1,"conns_rejected":2,"reads":3,"writes":4,"bytes_read":5,"bytes_written":6,"refused":7,"aborted":8,"v1_requests":9}`
 	if string(b) != want {
 		t.Fatalf("ServerStats JSON\n got %s\nwant %s", b, want)
 	}

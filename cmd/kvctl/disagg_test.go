@@ -1,0 +1,175 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvctl/kvctl/core/disagg/disaggtest"
+	"github.com/kvctl/kvctl/mooncake/mooncaketest"
+)
+
+// startDisaggServe runs `kvctl serve --disagg-config` in front of scripted servers and returns
+// the front's base URL.
+func startDisaggServe(t *testing.T, extra string) (string, *disaggtest.Server, *disaggtest.Server) {
+	t.Helper()
+	c := disaggtest.StartContext(t)
+	g := disaggtest.StartGeneration(t)
+	port := mooncaketest.FreePort(t)
+	cfg := filepath.Join(t.TempDir(), "disagg_config.yaml")
+	text := "hostname: 127.0.0.1\nport: " + strconv.Itoa(port) + "\nbackend: pytorch\n" +
+		"context_servers:\n  num_instances: 1\n  urls:\n    - \"" + c.Addr + "\"\n" +
+		"generation_servers:\n  num_instances: 1\n  urls:\n    - \"" + g.Addr + "\"\n" + extra
+	if err := os.WriteFile(cfg, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("kvctl", "serve", "--disagg-config", cfg)
+	cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+t.TempDir())
+	pr, pw := io.Pipe()
+	cmd.Stderr = pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait(); _ = pw.Close() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	ready := make(chan string, 1)
+	var log lockedBuilder
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			log.WriteString(sc.Text() + "\n")
+			if a, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "listen   "); ok {
+				ready <- a
+			}
+		}
+	}()
+	select {
+	case u := <-ready:
+		return u, c, g
+	case err := <-done:
+		t.Fatalf("kvctl serve --disagg-config exited: %v\n%s", err, log.String())
+	case <-time.After(20 * time.Second):
+		t.Fatalf("kvctl serve --disagg-config was not ready in 20s:\n%s", log.String())
+	}
+	return "", nil, nil
+}
+
+const openAIScript = `
+import json, sys
+import openai
+
+c = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="unused", max_retries=0, timeout=30)
+msgs = [{"role": "user", "content": "hi"}]
+out = {}
+r = c.completions.create(model="scripted-model", prompt="NVIDIA is a great company because", max_tokens=3)
+out["completion"] = r.choices[0].text
+s = c.completions.create(model="scripted-model", prompt="NVIDIA is", max_tokens=3, stream=True)
+out["completion_stream"] = [ch.choices[0].text for ch in s]
+r = c.chat.completions.create(model="scripted-model", messages=msgs, max_tokens=3)
+out["chat"] = r.choices[0].message.content
+s = c.chat.completions.create(model="scripted-model", messages=msgs, max_tokens=3, stream=True)
+out["chat_stream"] = [ch.choices[0].delta.content for ch in s]
+try:
+    s = c.chat.completions.create(model="scripted-model", messages=msgs, stream=True, user="fault:gen_status")
+    for _ in s:
+        pass
+    out["status_error"] = None
+except openai.APIStatusError as e:
+    out["status_error"] = {"status": e.status_code, "message": str(e.message)}
+got = []
+try:
+    s = c.completions.create(model="scripted-model", prompt="p", stream=True, user="fault:gen_cut_after_first")
+    for ch in s:
+        got.append(ch.choices[0].text)
+    out["in_stream"] = {"chunks": got, "error": None}
+except openai.APIError as e:
+    out["in_stream"] = {"chunks": got, "error": str(e.message)}
+try:
+    s = c.completions.create(model="scripted-model", prompt="p", stream=True, user="fault:gen_stall")
+    for _ in s:
+        pass
+    out["timeout"] = None
+except openai.APIStatusError as e:
+    out["timeout"] = {"status": e.status_code, "message": str(e.message)}
+out["models"] = [m.id for m in c.models.list().data]
+print(json.dumps(out))
+`
+
+// The real openai Python package, streaming and not, through `kvctl serve --disagg-config`.
+func TestDisaggServeWithOpenAIClient(t *testing.T) {
+	// The environment of `make pyenv` holds the pinned openai package beside Mooncake's; without
+	// it the test skips, or fails under CI=true.
+	py := filepath.Join(mooncaketest.PyEnv(t), "bin", "python3")
+	url, c, g := startDisaggServe(t, "kv_transfer_timeout_ms: 500\n")
+	script := filepath.Join(t.TempDir(), "client.py")
+	if err := os.WriteFile(script, []byte(openAIScript), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, py, script, url).CombinedOutput()
+	if err != nil {
+		t.Fatalf("openai client: %v\n%s", err, out)
+	}
+	var got struct {
+		Completion       string   `json:"completion"`
+		CompletionStream []string `json:"completion_stream"`
+		Chat             string   `json:"chat"`
+		ChatStream       []string `json:"chat_stream"`
+		StatusError      *struct {
+			Status  int    `json:"status"`
+			Message string `json:"message"`
+		} `json:"status_error"`
+		InStream struct {
+			Chunks []string `json:"chunks"`
+			Error  *string  `json:"error"`
+		} `json:"in_stream"`
+		Timeout *struct {
+			Status  int    `json:"status"`
+			Message string `json:"message"`
+		} `json:"timeout"`
+		Models []string `json:"models"`
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
+		t.Fatalf("client output: %v\n%s", err, out)
+	}
+	if got.Completion != "tok tok tok " || got.Chat != "tok tok tok " {
+		t.Errorf("non-streamed: %q %q", got.Completion, got.Chat)
+	}
+	if strings.Join(got.CompletionStream, "") != "tok tok tok " || len(got.ChatStream) != 3 {
+		t.Errorf("streamed: %q %q", got.CompletionStream, got.ChatStream)
+	}
+	if got.StatusError == nil || got.StatusError.Status != 503 || !strings.Contains(got.StatusError.Message, "KV cache transfer failed") {
+		t.Errorf("a streaming 503 reached the client as %+v", got.StatusError)
+	}
+	if len(got.InStream.Chunks) != 1 || got.InStream.Error == nil || !strings.Contains(*got.InStream.Error, "stream failed") {
+		t.Errorf("an error after the first chunk reached the client as %+v", got.InStream)
+	}
+	if got.Timeout == nil || got.Timeout.Status != 504 || !strings.Contains(got.Timeout.Message, "kv_transfer_timeout_ms") {
+		t.Errorf("a stalled transfer reached the client as %+v", got.Timeout)
+	}
+	if len(got.Models) != 1 || got.Models[0] != "scripted-model" {
+		t.Errorf("models %q", got.Models)
+	}
+	if cs, gs := c.Stats(), g.Stats(); cs.Rejected != 0 || gs.Rejected != 0 {
+		t.Errorf("protocol violations: %q %q", cs.LastProtocolError, gs.LastProtocolError)
+	}
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package disagg_test
+
+const raceDetector = false
