@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/kvctl/kvctl/core/connector"
+	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/gpu"
@@ -41,9 +42,13 @@ func requestFromPB(r *enginepb.Request) (connector.Request, error) {
 	if r.GetId() == "" {
 		return connector.Request{}, errors.New("request id is empty")
 	}
+	tokens, err := engineapi.RequestTokens(r)
+	if err != nil {
+		return connector.Request{}, err
+	}
 	out := connector.Request{
 		ID:            r.GetId(),
-		Tokens:        r.GetTokens(),
+		Tokens:        tokens,
 		HasMultimodal: r.GetHasMultimodal(),
 		Dummy:         r.GetDummy(),
 		ContextOnly:   r.GetContextOnly(),

@@ -240,14 +240,12 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 		return err
 	}
 
-	gs := grpc.NewServer(
+	gs := grpc.NewServer(append(engineapi.ServerOptions(),
 		grpc.ConnectionTimeout(EngineHandshakeTimeout),
 		grpc.Creds(peerCreds{}),
-		grpc.MaxRecvMsgSize(engineapi.MaxMessageBytes),
-		grpc.MaxSendMsgSize(engineapi.MaxMessageBytes),
 		grpc.ChainUnaryInterceptor(d.intercept),
 		grpc.StatsHandler(&connTracker{ended: d.connEnded}),
-	)
+	)...)
 	enginepb.RegisterEngineServer(gs, &service{d: d})
 
 	var wg sync.WaitGroup

@@ -6,6 +6,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 )
 
@@ -86,7 +87,9 @@ func (d *Daemon) checkBuildMetaShape(ctx context.Context, req *enginepb.BuildMet
 
 // checkLookupShape refuses computed tokens outside the prompt.
 func checkLookupShape(req *enginepb.LookupRequest) error {
-	if n, toks := req.GetNumComputedTokens(), len(req.GetRequest().GetTokens()); int(n) > toks {
+	// A request carries its prompt in one of the two token fields (requestFromPB refuses both).
+	toks := len(req.GetRequest().GetTokens()) + len(req.GetRequest().GetTokensPacked())/engineapi.TokenBytes
+	if n := req.GetNumComputedTokens(); int(n) > toks {
 		return status.Errorf(codes.InvalidArgument, "lookup: num_computed_tokens %d is past the prompt's %d tokens", n, toks)
 	}
 	return nil

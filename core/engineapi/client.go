@@ -33,8 +33,8 @@ func Dial(path string, opts ...grpc.DialOption) (*Client, error) {
 	all := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(dialer),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)),
-	}, opts...)
+	}, clientOptions()...)
+	all = append(all, opts...)
 	conn, err := grpc.NewClient("passthrough:///kvctl-engine", all...)
 	if err != nil {
 		return nil, fmt.Errorf("engine socket %s: %w", path, err)

@@ -12,4 +12,10 @@
 // operator-named group); both sockets check the peer's SO_PEERCRED; a registration can be named
 // only over the connection that made it. Shared memory must be a memfd sealed with F_SEAL_SHRINK
 // so that it cannot be truncated under the daemon's mapping. See docs/SECURITY.md.
+//
+// Prompts travel packed: Request.tokens_packed holds 8 little-endian bytes a token (PackTokens,
+// TokensView, RequestTokens; at most MaxRequestTokens); the repeated tokens field remains for
+// older engines. Both ends of the socket use ServerOptions / Dial's settings: 1 MiB flow-control
+// windows, a buffer pool that does not clear buffers, and a codec that decodes a LookupRequest
+// with a single copy of its prompt.
 package engineapi

@@ -396,7 +396,7 @@ func (e *Engine) Run(ctx context.Context, reqs []Request, maxRunning int) (Resul
 			if r.phase != phaseWaiting || (maxRunning > 0 && running >= maxRunning) {
 				continue
 			}
-			lr, err := sched.client.Lookup(ctx, &enginepb.LookupRequest{Engine: sched.name, Request: &enginepb.Request{Id: r.ID, Tokens: r.Tokens, ContextOnly: true}})
+			lr, err := sched.client.Lookup(ctx, &enginepb.LookupRequest{Engine: sched.name, Request: &enginepb.Request{Id: r.ID, TokensPacked: engineapi.TokensView(r.Tokens), ContextOnly: true}})
 			if err != nil {
 				return res, fmt.Errorf("lookup %s: %w", r.ID, err)
 			}

@@ -397,7 +397,7 @@ func (e *liveEngine) serve(ctx context.Context, format string, p Params, k int, 
 		if err := e.drain(ctx); err != nil {
 			return err
 		}
-		lreq := &enginepb.Request{Id: q.ID, Tokens: t64, CacheSalt: q.Scope.CacheSalt, LoraTaskId: q.Scope.LoRATaskID, ContextOnly: true}
+		lreq := &enginepb.Request{Id: q.ID, TokensPacked: engineapi.TokensView(t64), CacheSalt: q.Scope.CacheSalt, LoraTaskId: q.Scope.LoRATaskID, ContextOnly: true}
 		lr, err := e.cl.Lookup(ctx, &enginepb.LookupRequest{Engine: e.name, Request: lreq, NumComputedTokens: int32(local)})
 		if err != nil {
 			return unreachable(err)

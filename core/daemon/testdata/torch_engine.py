@@ -86,6 +86,14 @@ class API:
         self.channel.close()
 
 
+def pack_tokens(tokens):
+    """tokens as Request.tokens_packed: 8 bytes a token, little-endian int64."""
+    a = array.array("q", tokens)
+    if sys.byteorder != "little":
+        a.byteswap()
+    return a.tobytes()
+
+
 def blake_seed(tokens):
     d = hashlib.blake2b(array.array("q", tokens).tobytes(), digest_size=8).digest()
     return int.from_bytes(d, "little") & ((1 << 62) - 1)
@@ -314,7 +322,7 @@ class Engine:
                 if r.phase != WAITING or running >= a.max_running:
                     continue
                 lr = api.call("Lookup", engine=name, num_computed_tokens=0,
-                              request=api.msg("Request", id=r.id, tokens=r.tokens, context_only=True))
+                              request=api.msg("Request", id=r.id, tokens_packed=pack_tokens(r.tokens), context_only=True))
                 self.allocate(r)
                 h = lr.matched_tokens
                 api.call("UpdateStateAfterAlloc", engine=name, request_id=r.id,

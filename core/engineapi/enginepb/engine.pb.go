@@ -790,18 +790,24 @@ func (x *RegisterResponse) GetDeclarations() map[string]bool {
 }
 
 type Request struct {
-	state      protoimpl.MessageState `protogen:"open.v1"`
-	Id         string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Tokens     []int64                `protobuf:"varint,2,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
-	CacheSalt  *string                `protobuf:"bytes,3,opt,name=cache_salt,json=cacheSalt,proto3,oneof" json:"cache_salt,omitempty"`
-	LoraTaskId *int64                 `protobuf:"varint,4,opt,name=lora_task_id,json=loraTaskId,proto3,oneof" json:"lora_task_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// tokens is the prompt as a repeated (varint) field. Engines that can should send
+	// tokens_packed instead; set one of the two, not both.
+	Tokens     []int64 `protobuf:"varint,2,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	CacheSalt  *string `protobuf:"bytes,3,opt,name=cache_salt,json=cacheSalt,proto3,oneof" json:"cache_salt,omitempty"`
+	LoraTaskId *int64  `protobuf:"varint,4,opt,name=lora_task_id,json=loraTaskId,proto3,oneof" json:"lora_task_id,omitempty"`
 	// multimodal_digests hold one 32-byte digest per multimodal item, in prompt order.
 	MultimodalDigests [][]byte `protobuf:"bytes,5,rep,name=multimodal_digests,json=multimodalDigests,proto3" json:"multimodal_digests,omitempty"`
 	HasMultimodal     bool     `protobuf:"varint,6,opt,name=has_multimodal,json=hasMultimodal,proto3" json:"has_multimodal,omitempty"`
 	Dummy             bool     `protobuf:"varint,7,opt,name=dummy,proto3" json:"dummy,omitempty"`
 	ContextOnly       bool     `protobuf:"varint,8,opt,name=context_only,json=contextOnly,proto3" json:"context_only,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// tokens_packed is the prompt as 8 bytes per token, each a little-endian two's-complement
+	// int64: a plain copy on the wire instead of one varint per token. Its length must be a
+	// multiple of 8 and at most 8 * MaxRequestTokens (core/engineapi).
+	TokensPacked  []byte `protobuf:"bytes,9,opt,name=tokens_packed,json=tokensPacked,proto3" json:"tokens_packed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Request) Reset() {
@@ -888,6 +894,13 @@ func (x *Request) GetContextOnly() bool {
 		return x.ContextOnly
 	}
 	return false
+}
+
+func (x *Request) GetTokensPacked() []byte {
+	if x != nil {
+		return x.TokensPacked
+	}
+	return nil
 }
 
 type LookupRequest struct {
@@ -1928,7 +1941,7 @@ const file_engine_proto_rawDesc = "" +
 	"\fdeclarations\x18\x03 \x03(\v23.kvctl.engine.v1.RegisterResponse.DeclarationsEntryR\fdeclarations\x1a?\n" +
 	"\x11DeclarationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01\"\xab\x02\n" +
+	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01\"\xd0\x02\n" +
 	"\aRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06tokens\x18\x02 \x03(\x03R\x06tokens\x12\"\n" +
@@ -1939,7 +1952,8 @@ const file_engine_proto_rawDesc = "" +
 	"\x12multimodal_digests\x18\x05 \x03(\fR\x11multimodalDigests\x12%\n" +
 	"\x0ehas_multimodal\x18\x06 \x01(\bR\rhasMultimodal\x12\x14\n" +
 	"\x05dummy\x18\a \x01(\bR\x05dummy\x12!\n" +
-	"\fcontext_only\x18\b \x01(\bR\vcontextOnlyB\r\n" +
+	"\fcontext_only\x18\b \x01(\bR\vcontextOnly\x12#\n" +
+	"\rtokens_packed\x18\t \x01(\fR\ftokensPackedB\r\n" +
 	"\v_cache_saltB\x0f\n" +
 	"\r_lora_task_id\"\x8b\x01\n" +
 	"\rLookupRequest\x12\x16\n" +

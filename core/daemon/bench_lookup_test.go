@@ -1,0 +1,111 @@
+package daemon_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvctl/kvctl/core/connector"
+	"github.com/kvctl/kvctl/core/daemon"
+	"github.com/kvctl/kvctl/core/engineapi"
+	"github.com/kvctl/kvctl/core/engineapi/enginepb"
+	"github.com/kvctl/kvctl/core/enginesim"
+)
+
+// BenchmarkLookupRoundTrip32k compares, on one daemon and one warm pool, a 32k-token lookup
+// made in process (the connector's Scheduler.Lookup, the anchor) with the same lookup over the
+// engine socket, tokens sent packed (tokens_packed) and as the repeated varint field. Run it
+// with -count N: every count runs the three in turn, so they see the same machine load.
+//
+//	go test -run '^$' -bench 'LookupRoundTrip32k' -benchtime 2000x -count 4 ./core/daemon/
+func BenchmarkLookupRoundTrip32k(b *testing.B) {
+	const tokens = 32 << 10
+	r := benchStart(b, 256<<20)
+	ctx := context.Background()
+	blocks := tokens / benchT
+	cfg := enginesim.Config{Socket: r.Info.Socket, ModelKey: "bench-model", Name: "lk", TokensPerBlock: benchT,
+		Slots: blocks + 1, PageBytes: []int{16 << 10}, Chunk: 8 << 10}
+	e, err := enginesim.Start(ctx, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close(ctx)
+	prompt := randTokens(uint64(tokens), tokens)
+	if _, err := e.Run(ctx, []enginesim.Request{{ID: "fill", Tokens: prompt}}, 0); err != nil {
+		b.Fatal(err)
+	}
+	want := (tokens - 1) / benchT * benchT
+	sc, err := daemon.SchedulerOf(r.Daemon, "lk/rank0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The engine's own connection: only the connection that registered an engine may call it.
+	c := e.Client(0)
+
+	type lookupFn func(id string) (int, error)
+	inproc := func(id string) (int, error) {
+		n, _, err := sc.Lookup(ctx, connector.Request{ID: id, Tokens: prompt, ContextOnly: true}, 0)
+		return n, err
+	}
+	overSocket := func(packed bool) lookupFn {
+		req := &enginepb.LookupRequest{Engine: "lk/rank0", Request: &enginepb.Request{ContextOnly: true}}
+		return func(id string) (int, error) {
+			req.Request.Id = id
+			if packed {
+				engineapi.SetRequestTokens(req.Request, prompt)
+			} else {
+				req.Request.Tokens = prompt
+			}
+			resp, err := c.Lookup(ctx, req)
+			return int(resp.GetMatchedTokens()), err
+		}
+	}
+	// transportOnly sends the same packed prompt to an engine that is not registered: the daemon
+	// decodes the message and answers NotFound, so this is the socket's share without the lookup.
+	transportOnly := func(id string) (int, error) {
+		req := &enginepb.LookupRequest{Engine: "nobody", Request: &enginepb.Request{Id: id, ContextOnly: true}}
+		engineapi.SetRequestTokens(req.Request, prompt)
+		_, err := c.Lookup(ctx, req)
+		if status.Code(err) != codes.NotFound {
+			return 0, fmt.Errorf("lookup for an unknown engine: %w", err)
+		}
+		return want, nil
+	}
+	for _, m := range []struct {
+		name string
+		fn   lookupFn
+	}{
+		{"in-process", inproc},
+		{"socket-packed", overSocket(true)},
+		{"socket-repeated", overSocket(false)},
+		{"socket-transport-only", transportOnly},
+	} {
+		b.Run(m.name, func(b *testing.B) {
+			lat := make([]time.Duration, 0, 4096)
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				id := fmt.Sprintf("%s-%d", m.name, i)
+				t0 := time.Now()
+				n, err := m.fn(id)
+				lat = append(lat, time.Since(t0))
+				if err != nil {
+					b.Fatal(err)
+				}
+				if n != want {
+					b.Fatalf("lookup matched %d tokens, want %d", n, want)
+				}
+				b.StopTimer()
+				sc.RequestReset(id)
+				b.StartTimer()
+			}
+			slices.Sort(lat)
+			b.ReportMetric(float64(percentile(lat, 0.50).Nanoseconds()), "p50-ns")
+			b.ReportMetric(float64(percentile(lat, 0.99).Nanoseconds()), "p99-ns")
+		})
+	}
+}
