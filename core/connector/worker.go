@@ -397,9 +397,13 @@ func (w *Worker) StartLoad(ctx context.Context) error {
 
 	var sample *stats.LoadSample
 	if w.stats.Enabled() {
-		sample = &stats.LoadSample{}
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
+		// Thread CPU per phase only when the stats line that reports it is on: pinning the
+		// goroutine to its thread costs a hand-off each time a load blocks on the pool.
+		sample = &stats.LoadSample{ThreadCPU: w.opts.StatsInterval > 0}
+		if sample.ThreadCPU {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+		}
 	}
 	began := time.Now()
 	m := sample.Start()
@@ -795,7 +799,7 @@ func (w *Worker) asyncLoop(i int) {
 func (w *Worker) loadParked(i int, a *asyncLoad, mover gpu.Mover, stage gpu.Staging) (failed bool, err error) {
 	var sample *stats.LoadSample
 	if w.stats.Enabled() {
-		sample = &stats.LoadSample{Async: true, Wait: w.opts.Clock().Sub(a.enqueued)}
+		sample = &stats.LoadSample{Async: true, Wait: w.opts.Clock().Sub(a.enqueued), ThreadCPU: true}
 		defer w.stats.RecordLoad(sample)
 	}
 	began := time.Now()

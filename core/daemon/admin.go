@@ -53,7 +53,9 @@ type HoleStatsJSON struct {
 	RecomputedStoredTokens int64 `json:"recomputed_stored_tokens"`
 }
 
-// PhaseJSON is one load phase's time.
+// PhaseJSON is one load phase's time. CPUSeconds is the loading thread's CPU time; synchronous
+// loads count it only while serve runs with --stats-interval (reading a thread's CPU clock pins
+// the load to its OS thread, which slows loads that wait on a remote pool).
 type PhaseJSON struct {
 	WallSeconds float64 `json:"wall_seconds"`
 	CPUSeconds  float64 `json:"cpu_seconds"`

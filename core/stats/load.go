@@ -54,13 +54,21 @@ type LoadSample struct {
 	FailedPages int64         // pages the pool could not serve
 	Async       bool          // the sample is an asynchronous load
 	Wait        time.Duration // asynchronous only: queued until a load worker took it
+	// ThreadCPU also reads the thread's CPU clock at each phase boundary. It needs the goroutine
+	// pinned to its OS thread (runtime.LockOSThread) for the whole sample, which costs a thread
+	// hand-off every time the load blocks, so callers set it only when the stats line that
+	// reports CPU per phase is on; without it the phases carry wall time alone.
+	ThreadCPU bool
 }
 
-// Start begins timing a phase. The goroutine must stay on its OS thread until End for the CPU
-// figure to be right (runtime.LockOSThread).
+// Start begins timing a phase. With ThreadCPU the goroutine must stay on its OS thread until
+// End for the CPU figure to be right (runtime.LockOSThread).
 func (s *LoadSample) Start() Mark {
 	if s == nil {
 		return Mark{}
+	}
+	if !s.ThreadCPU {
+		return Mark{wall: time.Now()}
 	}
 	return Mark{wall: time.Now(), cpu: threadCPU()}
 }
@@ -71,7 +79,9 @@ func (s *LoadSample) End(p Phase, m Mark) {
 		return
 	}
 	s.Phases[p].Wall += time.Since(m.wall)
-	s.Phases[p].CPU += threadCPU() - m.cpu
+	if s.ThreadCPU {
+		s.Phases[p].CPU += threadCPU() - m.cpu
+	}
 }
 
 // LoadTotals is the sum of load samples over a period.
