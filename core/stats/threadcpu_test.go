@@ -6,14 +6,18 @@ import (
 	"time"
 )
 
+// spinSink keeps spin's work observable.
+var spinSink uint64
+
 // spin burns CPU on the calling thread for about d.
-func spin(d time.Duration) (x uint64) {
+func spin(d time.Duration) {
+	x := uint64(1)
 	for end := time.Now().Add(d); time.Now().Before(end); {
 		for i := range 10000 {
 			x += uint64(i) * x
 		}
 	}
-	return x
+	spinSink += x
 }
 
 // A sample without ThreadCPU times phases by wall clock alone and never reads the thread's CPU
