@@ -97,7 +97,7 @@ verify: tools
 			diff -u $$bak/go.mod go.mod; \
 			cp $$bak/go.mod go.mod; cp $$bak/go.sum go.sum; rm -rf $$bak; \
 			echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; fi; rm -rf $$bak
-	@echo '== generated docs'; tmp=$$(mktemp -d); $(GO) run ./cmd/gendocs -man $$tmp/man -completions $$tmp/completions && \
+	@echo '== generated docs'; tmp=$$(mktemp -d); $(GO) run ./cmd/gendocs -man $$tmp/man -previous man -completions $$tmp/completions && \
 		diff -r man $$tmp/man && diff -r completions $$tmp/completions || { echo "man pages or completions are stale: run make docs"; rm -rf $$tmp; exit 1; }; rm -rf $$tmp
 	@echo '== generated protobuf'; if command -v protoc >/dev/null; then tmp=$$(mktemp -d); \
 		protoc --plugin=protoc-gen-go=$(GOBIN)/protoc-gen-go --plugin=protoc-gen-go-grpc=$(GOBIN)/protoc-gen-go-grpc \

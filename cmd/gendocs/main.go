@@ -22,19 +22,24 @@ import (
 func main() {
 	manDir := flag.String("man", "man", "directory for man pages")
 	compDir := flag.String("completions", "completions", "directory for completion scripts")
+	prevDir := flag.String("previous", "", "directory of the committed man pages whose dates are kept where a page is unchanged (default: -man)")
 	flag.Parse()
-	if err := run(*manDir, *compDir); err != nil {
+	if *prevDir == "" {
+		*prevDir = *manDir
+	}
+	if err := run(*manDir, *compDir, *prevDir, time.Now()); err != nil {
 		fmt.Fprintf(os.Stderr, "gendocs: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(manDir, compDir string) error {
+func run(manDir, compDir, prevDir string, today time.Time) error {
 	ios, _, _, _ := cmdutil.Test()
 	f := &cmdutil.Factory{IOStreams: ios, Now: time.Now, Getenv: func(string) string { return "" }}
 	cmd := root.NewCmdRoot(f)
 	cmd.DisableAutoGenTag = true
 
+	previous := readPages(prevDir)
 	if err := os.MkdirAll(manDir, 0o755); err != nil {
 		return err
 	}
@@ -44,12 +49,16 @@ func run(manDir, compDir string) error {
 			return err
 		}
 	}
-	// A fixed date keeps the pages reproducible from one build to the next. The title is left
-	// empty so that each page is titled after its command (KVCTL-SERVE(1), ...).
-	date := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	hdr := &doc.GenManHeader{Section: "1", Source: "kvctl", Manual: "kvctl manual", Date: &date}
+	// A page is dated when its text last changed: generated with today's date, then given back
+	// the committed page's date when nothing but the date differs, so regenerating unchanged pages
+	// (make verify) reproduces them byte for byte. The title is left empty so that each page is
+	// titled after its command (KVCTL-SERVE(1), ...).
+	hdr := &doc.GenManHeader{Section: "1", Source: "kvctl", Manual: "kvctl manual", Date: &today}
 	preformatExitCodes(cmd)
 	if err := doc.GenManTree(cmd, hdr, manDir); err != nil {
+		return fmt.Errorf("man pages: %w", err)
+	}
+	if err := keepDates(manDir, previous); err != nil {
 		return fmt.Errorf("man pages: %w", err)
 	}
 
@@ -86,4 +95,61 @@ func preformatExitCodes(cmd *cobra.Command) {
 	}
 	pre := lines[0] + "\n\n" + strings.Join(lines[1:], "\n")
 	cmd.Long = strings.Replace(cmd.Long, cmdutil.ExitCodesHelp, pre, 1)
+}
+
+// readPages reads the man pages of dir by file name; a missing dir has none.
+func readPages(dir string) map[string][]byte {
+	pages := map[string][]byte{}
+	paths, _ := filepath.Glob(filepath.Join(dir, "*.1"))
+	for _, p := range paths {
+		if b, err := os.ReadFile(p); err == nil {
+			pages[filepath.Base(p)] = b
+		}
+	}
+	return pages
+}
+
+// splitTH splits a man page into its .TH line (which carries the date) and the rest.
+func splitTH(page []byte) (th, rest []byte) {
+	for off := 0; off < len(page); {
+		end := bytes.IndexByte(page[off:], '\n')
+		if end < 0 {
+			end = len(page) - off
+		} else {
+			end++
+		}
+		if line := page[off : off+end]; bytes.HasPrefix(line, []byte(".TH ")) {
+			return line, append(append([]byte{}, page[:off]...), page[off+end:]...)
+		}
+		off += end
+	}
+	return nil, page
+}
+
+// keepDates gives every generated page whose text equals its previous version's, .TH line
+// aside, the previous .TH line back.
+func keepDates(manDir string, previous map[string][]byte) error {
+	paths, err := filepath.Glob(filepath.Join(manDir, "*.1"))
+	if err != nil {
+		return err
+	}
+	for _, p := range paths {
+		prev, ok := previous[filepath.Base(p)]
+		if !ok {
+			continue
+		}
+		cur, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		curTH, curRest := splitTH(cur)
+		prevTH, prevRest := splitTH(prev)
+		if curTH == nil || prevTH == nil || !bytes.Equal(curRest, prevRest) || bytes.Equal(curTH, prevTH) {
+			continue
+		}
+		if err := os.WriteFile(p, bytes.Replace(cur, curTH, prevTH, 1), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
 }
