@@ -197,14 +197,23 @@ func TestMasterDownAtStart(t *testing.T) {
 	p.down.Store(true)
 	r := startRemote(t, p, time.Second)
 
-	code, body := readyz(t, r)
-	if code != 503 || !strings.Contains(body, "waiting for the Mooncake master 127.0.0.1:50051") {
-		t.Fatalf("/readyz with the master down: %d %q", code, body)
-	}
-	st := stats(t, r)
-	if st.Ready || st.Backend.SegmentMounted || st.Backend.MasterReachable || !strings.Contains(st.Backend.UnreadyReason, "connection refused") {
-		t.Fatalf("stats with the master down: ready %t backend %+v", st.Ready, st.Backend)
-	}
+	// Until the first mount attempt has failed the daemon is unready without a reason yet; it is
+	// never ready while the master is down, and once it has tried it says why.
+	eventually(t, "/readyz to name the master it waits for", func() bool {
+		code, body := readyz(t, r)
+		if code != 503 {
+			t.Fatalf("/readyz with the master down: %d %q", code, body)
+		}
+		return strings.Contains(body, "waiting for the Mooncake master 127.0.0.1:50051")
+	})
+	var st daemon.StatsJSON
+	eventually(t, "/v1/stats to give the reason", func() bool {
+		st = stats(t, r)
+		if st.Ready || st.Backend.SegmentMounted || st.Backend.MasterReachable {
+			t.Fatalf("stats with the master down: ready %t backend %+v", st.Ready, st.Backend)
+		}
+		return strings.Contains(st.Backend.UnreadyReason, "connection refused")
+	})
 
 	p.down.Store(false)
 	eventually(t, "ready after the master appeared", func() bool { c, _ := readyz(t, r); return c == 200 })
