@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/core/simkv"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -90,8 +91,8 @@ func TestEmbeddedEvictionBetweenLookupAndLoad(t *testing.T) {
 		t.Fatalf("the round evicted %d keys %v, want a's %d keys", len(evicted), evicted, len(want))
 	}
 	a, b := warm.byID["a"], warm.byID["b"]
-	if a.restarts != 1 || b.restarts != 0 {
-		t.Fatalf("restarts a=%d b=%d", a.restarts, b.restarts)
+	if a.Restarts != 1 || b.Restarts != 0 {
+		t.Fatalf("restarts a=%d b=%d", a.Restarts, b.Restarts)
 	}
 	warm.mustRun()
 	if a.loaded != 0 || b.loaded != 8 {
@@ -102,7 +103,7 @@ func TestEmbeddedEvictionBetweenLookupAndLoad(t *testing.T) {
 		for gi := range warm.layout.Groups {
 			k := opts.Namespace.PageKey(gi, testT, uint64(warm.pageSize(gi, false)), h)
 			v, ok := pool.get(k)
-			if !ok || !bytes.Equal(v, kvBytes(ta, blk, 0, 0, gi, false, warm.pageSize(gi, false))) {
+			if !ok || !bytes.Equal(v, simkv.KVBytes(ta, blk, testT, 0, 0, gi, false, warm.pageSize(gi, false))) {
 				t.Fatalf("block %d group %d: recomputed page not saved with its KV", blk, gi)
 			}
 		}

@@ -88,8 +88,8 @@ func testAsyncLoadFailureIsHandedBack(t *testing.T, newPool func() testPool) {
 	warm.add("b", tb)
 	warm.mustRun()
 	a, b := warm.byID["a"], warm.byID["b"]
-	if a.restarts != 1 || b.restarts != 0 || b.loaded != 7 || a.loaded != 2 {
-		t.Fatalf("a restarts=%d loaded=%d, b restarts=%d loaded=%d", a.restarts, a.loaded, b.restarts, b.loaded)
+	if a.Restarts != 1 || b.Restarts != 0 || b.loaded != 7 || a.loaded != 2 {
+		t.Fatalf("a restarts=%d loaded=%d, b restarts=%d loaded=%d", a.Restarts, a.loaded, b.Restarts, b.loaded)
 	}
 	if !pool.has(evicted) {
 		t.Fatal("the restarted request did not save its recomputed block")

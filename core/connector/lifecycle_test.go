@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/core/simkv"
 	"github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/gpu"
 )
@@ -96,7 +97,7 @@ func testChunkedPrefillSavesOnlyComputedBlocks(t *testing.T, newPool func() test
 	e := newEngine(t, pool, baseOptions(), 1, 64)
 	e.chunk = 5 // chunks end inside blocks
 	r := e.add("r", prompt(7, 0, 33))
-	for e.byID["r"].phase != phaseDone {
+	for e.byID["r"].Phase != PhaseDone {
 		if err := e.step(); err != nil {
 			t.Fatal(err)
 		}
@@ -106,8 +107,8 @@ func testChunkedPrefillSavesOnlyComputedBlocks(t *testing.T, newPool func() test
 			for _, p := range s.Pages {
 				_ = p
 			}
-			if last := savedBlocksOf(e, r, s); last > r.computed/testT {
-				t.Fatalf("pass %d saved up to block %d with %d tokens computed", e.pass-1, last, r.computed)
+			if last := savedBlocksOf(e, r, s); last > r.Computed/testT {
+				t.Fatalf("pass %d saved up to block %d with %d tokens computed", e.pass-1, last, r.Computed)
 			}
 		}
 	}
@@ -294,8 +295,8 @@ func testEvictedPageRestartsOnlyThatRequest(t *testing.T, newPool func() testPoo
 		t.Fatal(err)
 	}
 	a, b := warm.byID["a"], warm.byID["b"]
-	if a.restarts != 1 || b.restarts != 0 {
-		t.Fatalf("restarts a=%d b=%d", a.restarts, b.restarts)
+	if a.Restarts != 1 || b.Restarts != 0 {
+		t.Fatalf("restarts a=%d b=%d", a.Restarts, b.Restarts)
 	}
 	if !droppedChecked {
 		t.Fatal("save step not reached")
@@ -309,7 +310,7 @@ func testEvictedPageRestartsOnlyThatRequest(t *testing.T, newPool func() testPoo
 		t.Fatalf("loaded a=%d b=%d, want 5 and 8", a.loaded, b.loaded)
 	}
 	v, ok := pool.get(evicted)
-	if !ok || !bytes.Equal(v, kvBytes(ta, 5, 0, 0, 1, false, 20)) {
+	if !ok || !bytes.Equal(v, simkv.KVBytes(ta, 5, testT, 0, 0, 1, false, 20)) {
 		t.Fatal("the recomputed page was not saved with its KV")
 	}
 }

@@ -36,8 +36,8 @@ func testTensorParallelAsyncLoads(t *testing.T, newPool func() testPool) {
 	warm.mustRun()
 	for id, p := range prompts {
 		r := warm.byID[id]
-		if want := (len(p) - 1) / testT; r.loaded != want || r.restarts != 0 {
-			t.Fatalf("%s loaded %d blocks with %d restarts, want %d and none", id, r.loaded, r.restarts, want)
+		if want := (len(p) - 1) / testT; r.loaded != want || r.Restarts != 0 {
+			t.Fatalf("%s loaded %d blocks with %d restarts, want %d and none", id, r.loaded, r.Restarts, want)
 		}
 	}
 	for i, rk := range warm.ranks {

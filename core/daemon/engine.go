@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvctl/kvctl/core/connector"
+	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/stats"
@@ -180,7 +181,7 @@ func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (*
 	if n := d.engineCount(); n >= d.sec.limits.MaxEngines {
 		return nil, status.Errorf(codes.ResourceExhausted, "register: %v: %d, the limit", errTooManyEngines, n)
 	}
-	layout, err := layoutFromPB(req.GetLayout())
+	layout, err := engineapi.LayoutFromPB(req.GetLayout())
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
 	}

@@ -212,7 +212,7 @@ func (l Limits) checkRegister(req *enginepb.RegisterRequest) error {
 	}
 	lay := req.GetLayout()
 	if lay == nil {
-		return nil // layoutFromPB names the problem
+		return nil // engineapi.LayoutFromPB names the problem
 	}
 	if v := lay.GetTokensPerBlock(); int(v) > l.MaxTokensPerBlock {
 		return limitError(call, "tokens_per_block", v, l.MaxTokensPerBlock)

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 )
 
@@ -21,13 +22,7 @@ func (s *service) Register(ctx context.Context, req *enginepb.RegisterRequest) (
 	if err != nil {
 		return nil, err
 	}
-	decl := e.worker.Declarations().Map()
-	out := &enginepb.RegisterResponse{Engine: e.name, Shard: e.shard, Declarations: map[string]bool{}}
-	for k, v := range decl {
-		if b, ok := v.(bool); ok {
-			out.Declarations[k] = b
-		}
-	}
+	out := &enginepb.RegisterResponse{Engine: e.name, Shard: e.shard, Declarations: engineapi.DeclarationsToPB(e.worker.Declarations())}
 	s.d.log.Info("engine registered", "engine", e.name, "model_key", e.modelKey, "shard", e.shard, "role", e.role, "scheduler", e.scheduler != nil)
 	return out, nil
 }
@@ -59,7 +54,7 @@ func (s *service) lookup(ctx context.Context, req *enginepb.LookupRequest, admis
 	if err != nil {
 		return nil, err
 	}
-	r, err := requestFromPB(req.GetRequest())
+	r, err := engineapi.RequestFromPB(req.GetRequest())
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "lookup: %v", err)
 	}
@@ -110,7 +105,7 @@ func (s *service) UpdateStateAfterAlloc(ctx context.Context, req *enginepb.Alloc
 	if err := s.d.checkAlloc(ctx, req); err != nil {
 		return nil, err
 	}
-	if err := sc.UpdateStateAfterAlloc(req.GetRequestId(), blockIDsFromPB(req.GetBlockIdsByGroup()), int(req.GetHonouredTokens())); err != nil {
+	if err := sc.UpdateStateAfterAlloc(req.GetRequestId(), engineapi.BlockIDsFromPB(req.GetBlockIdsByGroup()), int(req.GetHonouredTokens())); err != nil {
 		return nil, requestStatusOf(err)
 	}
 	return &enginepb.Empty{}, nil
@@ -127,7 +122,7 @@ func (s *service) BuildMeta(ctx context.Context, req *enginepb.BuildMetaRequest)
 	if err := s.d.checkBuildMetaShape(ctx, req); err != nil {
 		return nil, err
 	}
-	out := schedulerOutput(req)
+	out := engineapi.SchedulerOutputFromPB(req)
 	m, err := sc.BuildMeta(out)
 	if err != nil {
 		return nil, requestStatusOf(err)
@@ -135,7 +130,7 @@ func (s *service) BuildMeta(ctx context.Context, req *enginepb.BuildMetaRequest)
 	if e, err := s.d.lookupEngine(ctx, req.GetEngine()); err == nil {
 		e.offers.record(m)
 	}
-	return metadataToPB(m), nil
+	return engineapi.MetadataToPB(m), nil
 }
 
 func (s *service) RequestFinished(ctx context.Context, req *enginepb.RequestRef) (*enginepb.RequestFinishedResponse, error) {
@@ -160,7 +155,7 @@ func (s *service) BindMeta(ctx context.Context, req *enginepb.BindMetaRequest) (
 	if err != nil {
 		return nil, err
 	}
-	m, err := metadataFromPB(req.GetMetadata())
+	m, err := engineapi.MetadataFromPB(req.GetMetadata())
 	if err == nil {
 		err = e.checkTransfers(m)
 	}

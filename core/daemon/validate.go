@@ -87,7 +87,7 @@ func (d *Daemon) checkBuildMetaShape(ctx context.Context, req *enginepb.BuildMet
 
 // checkLookupShape refuses computed tokens outside the prompt.
 func checkLookupShape(req *enginepb.LookupRequest) error {
-	// A request carries its prompt in one of the two token fields (requestFromPB refuses both).
+	// A request carries its prompt in one of the two token fields (engineapi.RequestFromPB refuses both).
 	toks := len(req.GetRequest().GetTokens()) + len(req.GetRequest().GetTokensPacked())/engineapi.TokenBytes
 	if n := req.GetNumComputedTokens(); int(n) > toks {
 		return status.Errorf(codes.InvalidArgument, "lookup: num_computed_tokens %d is past the prompt's %d tokens", n, toks)
