@@ -2,14 +2,16 @@
 // engine API: it registers one or more ranks with shared-memory KV, runs requests through the
 // connector lifecycle (lookup, allocation report, metadata, load, compute, save, finish) in
 // chunked-prefill passes, writes deterministic KV bytes for every block it computes, and checks
-// every page the daemon loads byte for byte against what a cold run computes.
+// every page the daemon loads byte for byte against what a cold run computes. The lifecycle is
+// connector.Driver's over engineapi.RemoteRank; the KV pages are simkv's.
 //
 // Shared-memory KV is a memfd sealed with F_SEAL_SHRINK and F_SEAL_GROW (gpu.NewSharedMemory), as
 // `kvctl serve` requires: memory that could be truncated under the daemon's mapping is refused
 // at Register.
 //
-// End-to-end tests use it against a daemon on a temporary socket, and `kvctl replay` uses it
-// for live mode.
+// End-to-end tests and benchmarks use it against a daemon on a temporary socket. (`kvctl replay`
+// in live mode drives the same connector.Driver over the same RemoteRank, with its own KV cache
+// model and no KV bytes.)
 //
 // Vocabulary:
 //   - rank: one registered engine rank; rank 0 runs the scheduler adapter (tensor parallelism).

@@ -12,8 +12,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
+	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvcache"
 	"github.com/kvctl/kvctl/core/router"
 	"github.com/kvctl/kvctl/gpu"
@@ -49,18 +51,17 @@ type LiveInfo struct {
 // daemon, and the connector calls of the engine API in the order the offline replay makes them
 // in process.
 type liveEngine struct {
-	idx    int
-	name   string
-	cl     *engineapi.Client
-	mem    *gpu.SharedMemory
-	mgr    *kvcache.Manager
-	pages  []int32
-	saving []string
-	buf64  []int64
-	buf32  []int32
-	run    RunReport // this engine's counts, merged at the end
-	rl     RankLoad
-	lat    []float64
+	idx   int
+	name  string
+	cl    *engineapi.Client
+	mem   *gpu.SharedMemory
+	mgr   *kvcache.Manager
+	eng   *cacheEngine // the connector calls, through the daemon
+	buf64 []int64
+	buf32 []int32
+	run   RunReport // this engine's counts, merged at the end
+	rl    RankLoad
+	lat   []float64
 }
 
 // Live replays the trace against a running kvctl serve at lo.Socket. The daemon's connector and
@@ -244,7 +245,11 @@ dispatch:
 	return rep, nil
 }
 
+// unreachable is err, wrapping ErrUnreachable where it says the daemon is unavailable.
 func unreachable(err error) error {
+	if err == nil {
+		return nil
+	}
 	if s, ok := status.FromError(err); ok && s.Code() == codes.Unavailable {
 		return fmt.Errorf("%w: %v", ErrUnreachable, s.Message())
 	}
@@ -274,7 +279,7 @@ func newLiveEngine(ctx context.Context, i int, p Params, c Config, lo LiveOption
 	}}}
 	req := &enginepb.RegisterRequest{
 		Engine: e.name, ModelKey: "replay", WorldSize: 1, Rank: 0, AttentionDp: lo.Engines > 1,
-		Role: "both", Format: "trtllm", Scheduler: true, Layout: layout,
+		Role: string(connector.RoleBoth), Format: string(keys.FormatTRTLLM), Scheduler: true, Layout: layout,
 		TransferBatchSize: int32(c.TransferBatchSize), SoftPinTtlMs: uint64(c.SoftPinTTL / time.Millisecond),
 		GroupBlocks: c.GroupBlocks, LocalReuseBackoff: string(c.LocalReuseBackoff),
 	}
@@ -285,27 +290,20 @@ func newLiveEngine(ctx context.Context, i int, p Params, c Config, lo LiveOption
 		}
 		return nil, fmt.Errorf("register engine %s: %w", e.name, unreachable(err))
 	}
-	d := resp.GetDeclarations()
-	b := func(name string) *bool { v := d[name]; return &v }
-	decl := &kvcache.Declarations{
-		SupportsAttentionDP:           b("supports_attention_dp"),
-		RequiresBlockAlignedReuse:     b("requires_block_aligned_reuse"),
-		DropsReuseMatchBackoff:        b("drops_reuse_match_backoff"),
-		ReportsFailedLoads:            b("reports_failed_loads"),
-		SupportsSpeculativePrefill:    b("supports_speculative_prefill"),
-		RequiresCompletionReservation: b("requires_completion_reservation"),
-		SupportsAdmissionQuery:        b("supports_admission_query"),
-	}
-	kc := kvcache.Config{
-		TokensPerBlock: p.TokensPerBlock, Pools: []kvcache.PoolConfig{{Group: "0", GPUSlots: c.GPUBlocks}},
-		ReuseMatchBackoff: c.DraftLookahead, DraftPromptLookahead: c.DraftLookahead,
-	}
-	if e.mgr, err = kvcache.New(kc, decl, kvcache.Options{AttentionDP: lo.Engines > 1}); err != nil {
+	rank := engineapi.NewRemoteRank(e.cl, resp, connector.RoleBoth)
+	if e.mgr, err = kvcache.New(cacheConfig(p, c), managerDeclarations(rank.Declarations()), kvcache.Options{AttentionDP: lo.Engines > 1}); err != nil {
 		return nil, err
 	}
-	e.pages = make([]int32, slots)
-	for k := range e.pages {
-		e.pages[k] = int32(k)
+	wait := func(ctx context.Context) error {
+		select {
+		case <-time.After(100 * time.Microsecond):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if e.eng, err = newCacheEngine(rank, e.mgr, p.TokensPerBlock, slots, wait); err != nil {
+		return nil, err
 	}
 	e.buf64 = make([]int64, 0, slots*p.TokensPerBlock)
 	e.buf32 = make([]int32, 0, slots*p.TokensPerBlock)
@@ -327,27 +325,7 @@ func (e *liveEngine) close() {
 }
 
 // drain waits until the daemon reports the saves of every finished request done.
-func (e *liveEngine) drain(ctx context.Context) error {
-	gen := e.saving
-	left := len(e.saving)
-	for left > 0 {
-		r, err := e.cl.GetFinished(ctx, &enginepb.GetFinishedRequest{Engine: e.name, FinishedGen: gen})
-		if err != nil {
-			return unreachable(err)
-		}
-		gen = nil
-		left -= len(r.GetFinishedSaving())
-		if left > 0 {
-			select {
-			case <-time.After(100 * time.Microsecond):
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-	}
-	e.saving = e.saving[:0]
-	return nil
-}
+func (e *liveEngine) drain(ctx context.Context) error { return unreachable(e.eng.drain(ctx)) }
 
 func (e *liveEngine) tokens(format string, seed uint64, T int, q Request, pr prepared) ([]int64, []int32) {
 	e.buf64, e.buf32 = e.buf64[:0], e.buf32[:0]
@@ -378,107 +356,33 @@ func (e *liveEngine) serve(ctx context.Context, format string, p Params, k int, 
 	T := p.TokensPerBlock
 	pr := prepare(format, q, T)
 	t64, t32 := e.tokens(format, p.Seed, T, q, pr)
-	mid := kvcache.RequestID(k + 1)
 	e.run.Requests++
-	ref := &enginepb.EngineRef{Engine: e.name}
-	var local, fromPool, loaded, offeredSaves int
-	served := false
-	for attempt := 0; attempt < 3 && !served; attempt++ {
-		ar, err := e.mgr.Allocate(mid, t32, len(t32))
-		if err != nil {
-			if errors.Is(err, kvcache.ErrOutOfPages) {
-				break
-			}
-			return err
-		}
-		local = ar.ReusedTokens
-		// Saves of this engine's earlier requests must land before it looks the pool up, as
-		// they would in process.
-		if err := e.drain(ctx); err != nil {
-			return err
-		}
-		lreq := &enginepb.Request{Id: q.ID, TokensPacked: engineapi.TokensView(t64), CacheSalt: q.Scope.CacheSalt, LoraTaskId: q.Scope.LoRATaskID, ContextOnly: true}
-		lr, err := e.cl.Lookup(ctx, &enginepb.LookupRequest{Engine: e.name, Request: lreq, NumComputedTokens: int32(local)})
-		if err != nil {
-			return unreachable(err)
-		}
-		m := int(lr.GetMatchedTokens())
-		ids := &enginepb.BlockIDs{Ids: e.pages[:pr.blocks]}
-		if _, err := e.cl.UpdateStateAfterAlloc(ctx, &enginepb.AllocRequest{Engine: e.name, RequestId: q.ID, BlockIdsByGroup: []*enginepb.BlockIDs{ids}, HonouredTokens: int32(m)}); err != nil {
-			return unreachable(err)
-		}
-		sub, err := e.cl.TakeSubmittedSaves(ctx, ref)
-		if err != nil {
-			return unreachable(err)
-		}
-		meta, err := e.cl.BuildMeta(ctx, &enginepb.BuildMetaRequest{Engine: e.name, SubmittedSaves: sub.GetIds(), NewRequests: []*enginepb.RequestData{{
-			Id: q.ID, NewBlockIdsByGroup: []*enginepb.BlockIDs{ids}, ComputedPosition: int32(local), NumScheduledTokens: int32(len(t32) - local - m),
-		}}})
-		if err != nil {
-			return unreachable(err)
-		}
-		if _, err := e.cl.BindMeta(ctx, &enginepb.BindMetaRequest{Engine: e.name, Metadata: meta}); err != nil {
-			return unreachable(err)
-		}
-		if _, err := e.cl.StartLoad(ctx, ref); err != nil {
-			return unreachable(err)
-		}
-		failed, err := e.cl.TakeFailedLoads(ctx, ref)
-		if err != nil {
-			return unreachable(err)
-		}
-		if slices.Contains(failed.GetIds(), q.ID) {
-			e.run.FailedLoads++
-			if _, err := e.cl.RequestReset(ctx, &enginepb.RequestRef{Engine: e.name, RequestId: q.ID}); err != nil {
-				return unreachable(err)
-			}
-			if err := e.mgr.Revert(mid); err != nil {
-				return err
-			}
-			continue
-		}
-		loaded, offeredSaves = 0, 0
-		for _, l := range meta.GetLoads() {
-			loaded += len(l.GetPages())
-		}
-		for _, s := range meta.GetSaves() {
-			offeredSaves += len(s.GetPages())
-		}
-		fromPool = m
-		if _, err := e.cl.WaitForSave(ctx, ref); err != nil {
-			return unreachable(err)
-		}
-		fin, err := e.cl.RequestFinished(ctx, &enginepb.RequestRef{Engine: e.name, RequestId: q.ID})
-		if err != nil {
-			return unreachable(err)
-		}
-		if fin.GetAsyncSaving() {
-			e.saving = append(e.saving, q.ID)
-		}
-		if err := e.mgr.Commit(mid, t32); err != nil {
-			return err
-		}
-		if err := e.mgr.Free(mid); err != nil {
-			return err
-		}
-		served = true
+	// Saves of this engine's earlier requests must land before it looks the pool up, as they
+	// would in process.
+	if err := e.drain(ctx); err != nil {
+		return err
 	}
-	if !served {
+	req := connector.Request{ID: q.ID, Tokens: t64, Scope: q.Scope, ContextOnly: true}
+	s, err := e.eng.serve(ctx, req, kvcache.RequestID(k+1), t32, pr.blocks)
+	if err != nil {
+		return unreachable(err)
+	}
+	e.run.FailedLoads += s.failedLoads
+	if !s.ok {
 		e.run.FailedRequests++
-		local, fromPool = 0, 0
 	}
 	in := int64(q.InputLength)
-	localReal := pr.realTokens(format, local, T)
-	totalReal := pr.realTokens(format, local+fromPool, T)
+	localReal := pr.realTokens(format, s.local, T)
+	totalReal := pr.realTokens(format, s.local+s.fromPool, T)
 	e.run.Tokens.Input += in
 	e.run.Tokens.LocalHit += localReal
 	e.run.Tokens.PoolHit += totalReal - localReal
 	e.run.Tokens.Recomputed += in - totalReal
 	e.run.Blocks.Input += int64(pr.blocks)
-	e.run.Blocks.LocalHit += int64(local / T)
-	e.run.Blocks.PoolHit += int64((local+fromPool)/T - local/T)
-	e.run.Moved.LoadedPages += int64(loaded)
-	e.run.Moved.SavedPages += int64(offeredSaves)
+	e.run.Blocks.LocalHit += int64(s.local / T)
+	e.run.Blocks.PoolHit += int64((s.local+s.fromPool)/T - s.local/T)
+	e.run.Moved.LoadedPages += int64(s.loadedPages)
+	e.run.Moved.SavedPages += int64(s.savePages)
 	e.rl.Requests++
 	e.rl.InputTokens += in
 	e.rl.RecomputedTokens += in - totalReal

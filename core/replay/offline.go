@@ -288,6 +288,7 @@ type rank struct {
 	mgr    *kvcache.Manager
 	sched  *connector.Scheduler
 	w      *connector.Worker
+	eng    *cacheEngine // serves a request at once (no scheduler model) over the Driver
 	mem    *gpu.SharedMemory
 	mover  gpu.Mover
 	pages  [][]int
@@ -320,7 +321,52 @@ func (r *rank) close() {
 
 func boolPtr(b bool) *bool { return &b }
 
-func newRank(idx int, p Params, c Config, pool mooncake.Pool, clock *mooncake.ManualClock, slots int, logger *slog.Logger) (*rank, error) {
+// timedRank is a rank whose connector calls the offline replay times by phase, and whose
+// lookups the counting pool folds into prefix-hole stats.
+type timedRank struct {
+	connector.Rank
+	o *offline
+}
+
+func (t timedRank) Lookup(ctx context.Context, req connector.Request, numComputed int) (int, bool, error) {
+	began := time.Now()
+	t.o.pool.lookup = true
+	m, async, err := t.Rank.Lookup(ctx, req, numComputed)
+	t.o.pool.lookup = false
+	t.o.wall.lookup += time.Since(began)
+	return m, async, err
+}
+
+func (t timedRank) UpdateStateAfterAlloc(ctx context.Context, reqID string, pages [][]int, honoured int) error {
+	began := time.Now()
+	err := t.Rank.UpdateStateAfterAlloc(ctx, reqID, pages, honoured)
+	t.o.wall.lookup += time.Since(began)
+	return err
+}
+
+func (t timedRank) BuildMeta(ctx context.Context, out connector.SchedulerOutput) (connector.Metadata, error) {
+	began := time.Now()
+	m, err := t.Rank.BuildMeta(ctx, out)
+	t.o.wall.lookup += time.Since(began)
+	return m, err
+}
+
+func (t timedRank) BindMeta(ctx context.Context, meta connector.Metadata) error {
+	began := time.Now()
+	err := t.Rank.BindMeta(ctx, meta)
+	t.o.wall.load += time.Since(began)
+	return err
+}
+
+func (t timedRank) StartLoad(ctx context.Context) error {
+	began := time.Now()
+	err := t.Rank.StartLoad(ctx)
+	t.o.wall.load += time.Since(began)
+	return err
+}
+
+func newRank(o *offline, idx int, pool mooncake.Pool, slots int, logger *slog.Logger) (*rank, error) {
+	p, c, clock := o.p, o.c, o.clock
 	r := &rank{idx: idx, load: RankLoad{Rank: idx}}
 	ok := false
 	defer func() {
@@ -368,22 +414,9 @@ func newRank(idx int, p Params, c Config, pool mooncake.Pool, clock *mooncake.Ma
 	if err := r.w.RegisterLayout(layout); err != nil {
 		return nil, err
 	}
-	d := r.sched.Declarations()
-	decl := &kvcache.Declarations{
-		SupportsAttentionDP:           boolPtr(d.SupportsAttentionDP),
-		RequiresBlockAlignedReuse:     boolPtr(d.RequiresBlockAlignedReuse),
-		DropsReuseMatchBackoff:        boolPtr(d.DropsReuseMatchBackoff),
-		ReportsFailedLoads:            boolPtr(d.ReportsFailedLoads),
-		SupportsSpeculativePrefill:    boolPtr(d.SupportsSpeculativePrefill),
-		RequiresCompletionReservation: boolPtr(d.RequiresCompletionReservation),
-		SupportsAdmissionQuery:        boolPtr(d.SupportsAdmissionQuery),
-	}
-	kc := kvcache.Config{
-		TokensPerBlock:       T,
-		Pools:                []kvcache.PoolConfig{{Group: "0", GPUSlots: c.GPUBlocks}},
-		ReuseMatchBackoff:    c.DraftLookahead,
-		DraftPromptLookahead: c.DraftLookahead,
-	}
+	local := connector.NewLocalRank(fmt.Sprintf("replay rank %d", idx), r.sched, r.w)
+	decl := managerDeclarations(local.Declarations())
+	kc := cacheConfig(p, c)
 	if c.Scheduler {
 		// The scheduler model's switches: the connector's requires_completion_reservation, and
 		// kv_connector_config.admission_query.
@@ -398,6 +431,10 @@ func newRank(idx int, p Params, c Config, pool mooncake.Pool, clock *mooncake.Ma
 	if c.Scheduler {
 		r.sch = &rankSched{}
 		r.queries = kvcache.AdmissionQueryApplies(kc, decl, c.Ranks > 1)
+	}
+	yield := func(context.Context) error { runtime.Gosched(); return nil }
+	if r.eng, err = newCacheEngine(timedRank{Rank: local, o: o}, r.mgr, T, slots, yield); err != nil {
+		return nil, err
 	}
 	ids := make([]int, slots)
 	for i := range ids {
@@ -543,7 +580,7 @@ func (o *offline) setup() error {
 	})
 	o.pool = &countingPool{Pool: emb, T: p.TokensPerBlock}
 	for i := range c.Ranks {
-		r, err := newRank(i, p, c, o.pool, o.clock, maxBlocks, logger)
+		r, err := newRank(o, i, o.pool, maxBlocks, logger)
 		if err != nil {
 			return fmt.Errorf("rank %d: %w", i, err)
 		}
@@ -829,86 +866,27 @@ func scopeMask(s keys.Scope) int32 {
 // serve replays request q (trace position i) on its rank.
 func (o *offline) serve(i int, q Request, rk int, notBefore time.Duration) error {
 	r := o.ranks[rk]
-	T := o.p.TokensPerBlock
-	pr := prepare(o.t.Format, q, T)
+	pr := prepare(o.t.Format, q, o.p.TokensPerBlock)
 	t64, t32 := o.tokens(q, pr)
-	mid := kvcache.RequestID(i + 1)
 	o.run.Requests++
-
-	var local, fromPool, loadedPages int
-	served := false
-	for attempt := 0; attempt < 3 && !served; attempt++ {
-		began := time.Now()
-		ar, err := r.mgr.Allocate(mid, t32, len(t32))
-		o.wall.alloc += time.Since(began)
-		if err != nil {
-			if errors.Is(err, kvcache.ErrOutOfPages) {
-				break
-			}
-			return fmt.Errorf("request %s: allocate: %w", q.ID, err)
-		}
-		local = ar.ReusedTokens
-		if err := o.drain(); err != nil {
-			return err
-		}
-		began = time.Now()
-		o.pool.lookup = true
-		m, _, err := r.sched.Lookup(o.ctx, connector.Request{ID: q.ID, Tokens: t64, Scope: q.Scope, ContextOnly: true}, local)
-		o.pool.lookup = false
-		if err != nil {
-			return fmt.Errorf("request %s: lookup: %w", q.ID, err)
-		}
-		pages := [][]int{r.pages[0][:pr.blocks]}
-		if err := r.sched.UpdateStateAfterAlloc(q.ID, pages, m); err != nil {
-			return fmt.Errorf("request %s: %w", q.ID, err)
-		}
-		out := connector.SchedulerOutput{
-			NewRequests: []connector.RequestData{{
-				ID: q.ID, NewBlockIDsByGroup: pages, ComputedPosition: local, NumScheduledTokens: len(t32) - local - m,
-			}},
-			SubmittedSaves: r.w.TakeSubmittedSaves(),
-		}
-		meta, err := r.sched.BuildMeta(out)
-		if err != nil {
-			return fmt.Errorf("request %s: build metadata: %w", q.ID, err)
-		}
-		o.wall.lookup += time.Since(began)
-		began = time.Now()
-		r.w.BindMeta(meta)
-		if err := r.w.StartLoad(o.ctx); err != nil {
-			return fmt.Errorf("request %s: load: %w", q.ID, err)
-		}
-		o.wall.load += time.Since(began)
-		if slices.Contains(r.w.TakeFailedLoadRequests(), q.ID) {
-			o.run.FailedLoads++
-			r.sched.RequestReset(q.ID)
-			if err := r.mgr.Revert(mid); err != nil {
-				return err
-			}
-			continue
-		}
-		for _, l := range meta.Loads {
-			loadedPages += len(l.Pages)
-		}
-		fromPool = m
-		if err := r.w.WaitForSave(o.ctx); err != nil {
-			return fmt.Errorf("request %s: save: %w", q.ID, err)
-		}
-		if r.sched.RequestFinished(q.ID) {
-			r.saving = append(r.saving, q.ID)
-		}
-		if err := r.mgr.Commit(mid, t32); err != nil {
-			return fmt.Errorf("request %s: commit: %w", q.ID, err)
-		}
-		if err := r.mgr.Free(mid); err != nil {
-			return err
-		}
-		served = true
+	// The saves of earlier requests land before this one looks the pool up, so that the pool
+	// state it sees follows arrival order.
+	if err := o.drain(); err != nil {
+		return err
 	}
-	if !served {
+	req := connector.Request{ID: q.ID, Tokens: t64, Scope: q.Scope, ContextOnly: true}
+	s, err := r.eng.serve(o.ctx, req, kvcache.RequestID(i+1), t32, pr.blocks)
+	if err != nil {
+		return err
+	}
+	o.run.FailedLoads += s.failedLoads
+	if !s.ok {
 		o.run.FailedRequests++
-		local, fromPool = 0, 0
 	}
+	if s.saving {
+		r.saving = append(r.saving, q.ID)
+	}
+	local, fromPool, loadedPages := s.local, s.fromPool, s.loadedPages
 
 	computed := o.countHits(i, q, pr, local, fromPool, loadedPages)
 	// Modelled time on the rank.
@@ -970,6 +948,13 @@ func (o *offline) drain() error {
 			continue
 		}
 		waited = true
+		if !o.c.Scheduler {
+			if err := r.eng.drain(o.ctx); err != nil {
+				return err
+			}
+			r.saving = r.saving[:0]
+			continue
+		}
 		gen := r.saving
 		left := len(r.saving)
 		for left > 0 {
@@ -1047,6 +1032,9 @@ func (o *offline) finish() error {
 		run.Latency = Latency{MeanTTFTSec: sum / float64(n), P50TTFTSec: quantile(o.ttfts, 0.5), P99TTFTSec: quantile(o.ttfts, 0.99)}
 	}
 	run.Balance = balance(run.RankLoad)
+	for _, r := range o.ranks {
+		o.wall.alloc += r.eng.allocWall
+	}
 	run.Wall = WallTimes{
 		LookupSec: o.wall.lookup.Seconds(), AllocSec: o.wall.alloc.Seconds(), LoadSec: o.wall.load.Seconds(),
 		SaveSec: o.wall.save.Seconds(), EvictSec: o.wall.evict.Seconds(),
