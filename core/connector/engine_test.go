@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/simkv"
-	"github.com/kvctl/kvctl/gpu"
 )
 
 // This file is a small engine that plays the runtime around the connector through the
@@ -24,19 +24,19 @@ const testT = 4 // tokens per block in the engine tests
 
 // testLayout has two layer groups: group 0 with K and V regions, group 1 with one strided
 // region (gaps between slots) and a replicated region.
-func testLayout(slots int) gpu.Layout {
+func testLayout(slots int) kvmem.Layout {
 	s := uint64(slots)
 	off := uint64(0)
-	k := gpu.Region{Offset: off, Stride: 24, Size: 24}
+	k := kvmem.Region{Offset: off, Stride: 24, Size: 24}
 	off += 24 * s
-	v := gpu.Region{Offset: off, Stride: 24, Size: 24}
+	v := kvmem.Region{Offset: off, Stride: 24, Size: 24}
 	off += 24 * s
-	g1 := gpu.Region{Offset: off, Stride: 32, Size: 20}
+	g1 := kvmem.Region{Offset: off, Stride: 32, Size: 20}
 	off += 32 * s
-	r1 := gpu.Region{Offset: off, Stride: 12, Size: 12}
-	return gpu.Layout{TokensPerBlock: testT, Groups: []gpu.GroupLayout{
-		{ID: 0, Slots: slots, Regions: []gpu.Region{k, v}},
-		{ID: 1, Slots: slots, Regions: []gpu.Region{g1}, ReplicatedRegions: []gpu.Region{r1}},
+	r1 := kvmem.Region{Offset: off, Stride: 12, Size: 12}
+	return kvmem.Layout{TokensPerBlock: testT, Groups: []kvmem.GroupLayout{
+		{ID: 0, Slots: slots, Regions: []kvmem.Region{k, v}},
+		{ID: 1, Slots: slots, Regions: []kvmem.Region{g1}, ReplicatedRegions: []kvmem.Region{r1}},
 	}}
 }
 
@@ -69,7 +69,7 @@ type engine struct {
 	t      testing.TB
 	ctx    context.Context
 	opts   Options
-	layout gpu.Layout
+	layout kvmem.Layout
 	pool   testPool
 	sched  *Scheduler
 	ranks  []*simRank

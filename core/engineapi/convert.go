@@ -7,7 +7,7 @@ import (
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/keys"
-	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/core/kvmem"
 )
 
 // The conversions between the engine API's messages and the connector's types, shared by the
@@ -16,13 +16,13 @@ import (
 
 // LayoutFromPB converts a registered KV layout. It checks only that one was sent; the caller
 // validates it against the engine memory.
-func LayoutFromPB(l *enginepb.Layout) (gpu.Layout, error) {
+func LayoutFromPB(l *enginepb.Layout) (kvmem.Layout, error) {
 	if l == nil {
-		return gpu.Layout{}, errors.New("no KV layout")
+		return kvmem.Layout{}, errors.New("no KV layout")
 	}
-	out := gpu.Layout{TokensPerBlock: int(l.GetTokensPerBlock())}
+	out := kvmem.Layout{TokensPerBlock: int(l.GetTokensPerBlock())}
 	for _, g := range l.GetGroups() {
-		out.Groups = append(out.Groups, gpu.GroupLayout{
+		out.Groups = append(out.Groups, kvmem.GroupLayout{
 			ID:                int(g.GetId()),
 			Slots:             int(g.GetSlots()),
 			Regions:           regionsFromPB(g.GetRegions()),
@@ -32,16 +32,16 @@ func LayoutFromPB(l *enginepb.Layout) (gpu.Layout, error) {
 	return out, nil
 }
 
-func regionsFromPB(rs []*enginepb.Region) []gpu.Region {
-	out := make([]gpu.Region, 0, len(rs))
+func regionsFromPB(rs []*enginepb.Region) []kvmem.Region {
+	out := make([]kvmem.Region, 0, len(rs))
 	for _, r := range rs {
-		out = append(out, gpu.Region{Offset: r.GetOffset(), Stride: r.GetStride(), Size: r.GetSize()})
+		out = append(out, kvmem.Region{Offset: r.GetOffset(), Stride: r.GetStride(), Size: r.GetSize()})
 	}
 	return out
 }
 
 // LayoutToPB converts a KV layout for Register.
-func LayoutToPB(l gpu.Layout) *enginepb.Layout {
+func LayoutToPB(l kvmem.Layout) *enginepb.Layout {
 	out := &enginepb.Layout{TokensPerBlock: int32(l.TokensPerBlock)}
 	for _, g := range l.Groups {
 		out.Groups = append(out.Groups, &enginepb.LayerGroup{
@@ -52,7 +52,7 @@ func LayoutToPB(l gpu.Layout) *enginepb.Layout {
 	return out
 }
 
-func regionsToPB(rs []gpu.Region) []*enginepb.Region {
+func regionsToPB(rs []kvmem.Region) []*enginepb.Region {
 	var out []*enginepb.Region
 	for _, r := range rs {
 		out = append(out, &enginepb.Region{Offset: r.Offset, Stride: r.Stride, Size: r.Size})

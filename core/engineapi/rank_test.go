@@ -16,6 +16,7 @@ import (
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/simkv"
 	"github.com/kvctl/kvctl/gpu"
 	"github.com/kvctl/kvctl/mooncake"
@@ -24,11 +25,11 @@ import (
 const rankT = 8 // tokens per block in the rank tests
 
 // rankLayout has two layer groups, the second with a replicated region.
-func rankLayout(slots int) (gpu.Layout, int64) {
+func rankLayout(slots int) (kvmem.Layout, int64) {
 	s := uint64(slots)
-	l := gpu.Layout{TokensPerBlock: rankT, Groups: []gpu.GroupLayout{
-		{ID: 0, Slots: slots, Regions: []gpu.Region{{Offset: 0, Stride: 48, Size: 48}}},
-		{ID: 1, Slots: slots, Regions: []gpu.Region{{Offset: 48 * s, Stride: 32, Size: 24}}, ReplicatedRegions: []gpu.Region{{Offset: 80 * s, Stride: 16, Size: 16}}},
+	l := kvmem.Layout{TokensPerBlock: rankT, Groups: []kvmem.GroupLayout{
+		{ID: 0, Slots: slots, Regions: []kvmem.Region{{Offset: 0, Stride: 48, Size: 48}}},
+		{ID: 1, Slots: slots, Regions: []kvmem.Region{{Offset: 48 * s, Stride: 32, Size: 24}}, ReplicatedRegions: []kvmem.Region{{Offset: 80 * s, Stride: 16, Size: 16}}},
 	}}
 	return l, int64(96 * s)
 }
@@ -45,11 +46,11 @@ var rankNamespace = keys.Namespace{ModelKey: "rank-model", WorldSize: 1}
 // and the pool behind it.
 type rankSide struct {
 	rank connector.Rank
-	view gpu.Mover
+	view kvmem.Mover
 	pool *mooncake.Embedded
 }
 
-func localSide(t *testing.T, layout gpu.Layout, size int64) rankSide {
+func localSide(t *testing.T, layout kvmem.Layout, size int64) rankSide {
 	t.Helper()
 	pool, err := mooncake.NewEmbedded(rankPool())
 	if err != nil {
@@ -81,7 +82,7 @@ func localSide(t *testing.T, layout gpu.Layout, size int64) rankSide {
 	return rankSide{rank: connector.NewLocalRank("local", s, w), view: hostView(t, mem, size, layout), pool: pool}
 }
 
-func remoteSide(t *testing.T, layout gpu.Layout, size int64) rankSide {
+func remoteSide(t *testing.T, layout kvmem.Layout, size int64) rankSide {
 	t.Helper()
 	r := daemontest.Start(t, daemon.Config{Pool: rankPool()})
 	c, err := engineapi.Dial(r.Info.Socket)
@@ -111,7 +112,7 @@ func sharedMemory(t *testing.T, size int64) *gpu.SharedMemory {
 	return mem
 }
 
-func hostView(t *testing.T, mem *gpu.SharedMemory, size int64, layout gpu.Layout) gpu.Mover {
+func hostView(t *testing.T, mem *gpu.SharedMemory, size int64, layout kvmem.Layout) kvmem.Mover {
 	t.Helper()
 	mv, err := gpu.NewHostMover(mem.FD, size, layout)
 	if err != nil {
@@ -146,7 +147,7 @@ type transcript struct {
 // drive runs the same request sequence on one side: a cold phase (two prompts sharing three
 // blocks, two blocks a pass), then a warm phase whose first pass loses one page from the pool
 // between the lookup and the load, so one request restarts.
-func drive(t *testing.T, side rankSide, layout gpu.Layout) transcript {
+func drive(t *testing.T, side rankSide, layout kvmem.Layout) transcript {
 	t.Helper()
 	ctx := context.Background()
 	var tr transcript

@@ -9,8 +9,8 @@ import (
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/simkv"
-	"github.com/kvctl/kvctl/gpu"
 )
 
 // Config describes the simulated engine.
@@ -103,7 +103,7 @@ type rank struct {
 // Engine is a registered simulated engine.
 type Engine struct {
 	cfg    Config
-	layout gpu.Layout
+	layout kvmem.Layout
 	ranks  []*rank
 	slots  *simkv.Slots
 	kv     *simkv.Memory
@@ -111,16 +111,16 @@ type Engine struct {
 
 // Layout returns the KV layout the engine registers: per group, one sharded region (and a
 // replicated one where configured), slots laid out one after the other.
-func (c Config) Layout() (gpu.Layout, uint64) {
+func (c Config) Layout() (kvmem.Layout, uint64) {
 	var off uint64
-	l := gpu.Layout{TokensPerBlock: c.TokensPerBlock}
+	l := kvmem.Layout{TokensPerBlock: c.TokensPerBlock}
 	for g, pb := range c.PageBytes {
-		gl := gpu.GroupLayout{ID: g, Slots: c.Slots}
-		gl.Regions = []gpu.Region{{Offset: off, Stride: uint64(pb), Size: uint64(pb)}}
+		gl := kvmem.GroupLayout{ID: g, Slots: c.Slots}
+		gl.Regions = []kvmem.Region{{Offset: off, Stride: uint64(pb), Size: uint64(pb)}}
 		off += uint64(pb) * uint64(c.Slots)
 		if g < len(c.ReplicatedBytes) && c.ReplicatedBytes[g] > 0 {
 			rb := uint64(c.ReplicatedBytes[g])
-			gl.ReplicatedRegions = []gpu.Region{{Offset: off, Stride: rb, Size: rb}}
+			gl.ReplicatedRegions = []kvmem.Region{{Offset: off, Stride: rb, Size: rb}}
 			off += rb * uint64(c.Slots)
 		}
 		l.Groups = append(l.Groups, gl)

@@ -17,6 +17,7 @@ import (
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvcache"
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/router"
 	"github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/gpu"
@@ -290,7 +291,7 @@ type rank struct {
 	w      *connector.Worker
 	eng    *cacheEngine // serves a request at once (no scheduler model) over the Driver
 	mem    *gpu.SharedMemory
-	mover  gpu.Mover
+	mover  kvmem.Mover
 	pages  [][]int
 	saving []string      // finished requests whose saves are not confirmed done
 	busy   time.Duration // modelled: when the rank's prefill queue drains
@@ -375,9 +376,9 @@ func newRank(o *offline, idx int, pool mooncake.Pool, slots int, logger *slog.Lo
 		}
 	}()
 	T := p.TokensPerBlock
-	layout := gpu.Layout{TokensPerBlock: T, Groups: []gpu.GroupLayout{{
+	layout := kvmem.Layout{TokensPerBlock: T, Groups: []kvmem.GroupLayout{{
 		ID: 0, Slots: slots,
-		Regions: []gpu.Region{{Offset: 0, Stride: uint64(p.SimPageBytes), Size: uint64(p.SimPageBytes)}},
+		Regions: []kvmem.Region{{Offset: 0, Stride: uint64(p.SimPageBytes), Size: uint64(p.SimPageBytes)}},
 	}}}
 	size := int64(slots) * int64(p.SimPageBytes)
 	var err error

@@ -12,5 +12,5 @@
 //   - poison: the byte 0xEE a freshly allocated page holds, so that a load that wrote nothing
 //     is caught.
 //
-// It imports only gpu's layout and page vocabulary; nothing in it knows the connector.
+// It imports only the KV memory vocabulary (core/kvmem); nothing in it knows the connector.
 package simkv

@@ -9,7 +9,7 @@ import (
 	"hash/fnv"
 	"slices"
 
-	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/core/kvmem"
 )
 
 // KVBytes is the n-byte value of block b of a prompt of T-token blocks: a function of the
@@ -55,16 +55,16 @@ const Poison = 0xEE
 // ErrWrongBytes means a page does not hold the KV a cold run computes for its block.
 var ErrWrongBytes = errors.New("loaded page holds wrong bytes")
 
-// Pages is one rank's view of its engine memory: gpu.Mover's page copies.
+// Pages is one rank's view of its engine memory: kvmem.Mover's page copies.
 type Pages interface {
-	Gather(ctx context.Context, pages []gpu.PageRef, dst [][]byte) error
-	Scatter(ctx context.Context, src [][]byte, pages []gpu.PageRef) error
+	Gather(ctx context.Context, pages []kvmem.PageRef, dst [][]byte) error
+	Scatter(ctx context.Context, src [][]byte, pages []kvmem.PageRef) error
 }
 
 // Memory writes and checks the pages of a simulated engine with one Pages per rank, all of
 // the same layout. It is not safe for concurrent use.
 type Memory struct {
-	Layout gpu.Layout
+	Layout kvmem.Layout
 	// Ranks holds each rank's pages, rank 0 first.
 	Ranks []Pages
 	// Lookahead is the draft's prompt lookahead the KV of a block depends on.
@@ -73,18 +73,18 @@ type Memory struct {
 
 // refs lists every page value of block b held in slots pages[g][b]: per group the sharded
 // value and, where the group has one, the replicated value.
-func (m *Memory) refs(pages [][]int, b int) []gpu.PageRef {
-	var out []gpu.PageRef
+func (m *Memory) refs(pages [][]int, b int) []kvmem.PageRef {
+	var out []kvmem.PageRef
 	for g, gl := range m.Layout.Groups {
-		out = append(out, gpu.PageRef{Group: g, Slot: pages[g][b]})
+		out = append(out, kvmem.PageRef{Group: g, Slot: pages[g][b]})
 		if gl.ReplicatedBytesPerPage() > 0 {
-			out = append(out, gpu.PageRef{Group: g, Slot: pages[g][b], Replicated: true})
+			out = append(out, kvmem.PageRef{Group: g, Slot: pages[g][b], Replicated: true})
 		}
 	}
 	return out
 }
 
-func (m *Memory) size(ref gpu.PageRef) int {
+func (m *Memory) size(ref kvmem.PageRef) int {
 	g := m.Layout.Groups[ref.Group]
 	if ref.Replicated {
 		return int(g.ReplicatedBytesPerPage())
@@ -92,13 +92,13 @@ func (m *Memory) size(ref gpu.PageRef) int {
 	return int(g.BytesPerPage())
 }
 
-func (m *Memory) want(tokens []int64, b, rank int, ref gpu.PageRef) []byte {
+func (m *Memory) want(tokens []int64, b, rank int, ref kvmem.PageRef) []byte {
 	return KVBytes(tokens, b, m.Layout.TokensPerBlock, m.Lookahead, rank, ref.Group, ref.Replicated, m.size(ref))
 }
 
-func (m *Memory) read(ctx context.Context, rank int, ref gpu.PageRef) ([]byte, error) {
+func (m *Memory) read(ctx context.Context, rank int, ref kvmem.PageRef) ([]byte, error) {
 	buf := make([]byte, m.size(ref))
-	err := m.Ranks[rank].Gather(ctx, []gpu.PageRef{ref}, [][]byte{buf})
+	err := m.Ranks[rank].Gather(ctx, []kvmem.PageRef{ref}, [][]byte{buf})
 	return buf, err
 }
 
@@ -107,7 +107,7 @@ func (m *Memory) Poison(ctx context.Context, pages [][]int, blocks int) error {
 	for b := range blocks {
 		for _, rk := range m.Ranks {
 			for _, ref := range m.refs(pages, b) {
-				if err := rk.Scatter(ctx, [][]byte{bytes.Repeat([]byte{Poison}, m.size(ref))}, []gpu.PageRef{ref}); err != nil {
+				if err := rk.Scatter(ctx, [][]byte{bytes.Repeat([]byte{Poison}, m.size(ref))}, []kvmem.PageRef{ref}); err != nil {
 					return err
 				}
 			}
@@ -121,7 +121,7 @@ func (m *Memory) Write(ctx context.Context, tokens []int64, pages [][]int, first
 	for b := first; b < end; b++ {
 		for ri, rk := range m.Ranks {
 			for _, ref := range m.refs(pages, b) {
-				if err := rk.Scatter(ctx, [][]byte{m.want(tokens, b, ri, ref)}, []gpu.PageRef{ref}); err != nil {
+				if err := rk.Scatter(ctx, [][]byte{m.want(tokens, b, ri, ref)}, []kvmem.PageRef{ref}); err != nil {
 					return err
 				}
 			}
