@@ -1,0 +1,111 @@
+package replay
+
+import (
+	"fmt"
+	"hash/fnv"
+
+	"github.com/kvctl/kvctl/core/keys"
+)
+
+// prepared is a request's replay shape.
+type prepared struct {
+	blocks    int // trace blocks
+	tokens    int // replay tokens
+	tailReal  int // trace tokens of the last block
+	tailSynth int // replay tokens of the last block
+}
+
+func prepare(format string, r Request, T int) prepared {
+	if format != FormatMooncake {
+		n := (len(r.Tokens) + T - 1) / T
+		return prepared{blocks: n, tokens: len(r.Tokens), tailReal: len(r.Tokens) - (n-1)*T, tailSynth: len(r.Tokens) - (n-1)*T}
+	}
+	n := len(r.HashIDs)
+	tail := r.InputLength - (n-1)*TraceBlockTokens
+	synth := T
+	if tail < TraceBlockTokens {
+		synth = (tail*T + TraceBlockTokens - 1) / TraceBlockTokens
+		synth = max(1, min(synth, T-1))
+		if T == 1 {
+			synth = 1
+		}
+	}
+	return prepared{blocks: n, tokens: (n-1)*T + synth, tailReal: tail, tailSynth: synth}
+}
+
+// realTokens converts a replay token count of a request's prefix into trace tokens.
+func (pr prepared) realTokens(format string, synth, T int) int64 {
+	if format != FormatMooncake {
+		return int64(synth)
+	}
+	if synth >= pr.tokens {
+		return int64((pr.blocks-1)*TraceBlockTokens + pr.tailReal)
+	}
+	full, rem := synth/T, synth%T
+	real := full * TraceBlockTokens
+	if rem > 0 {
+		if full == pr.blocks-1 {
+			real += rem * pr.tailReal / pr.tailSynth
+		} else {
+			real += rem * TraceBlockTokens / T
+		}
+	}
+	return int64(real)
+}
+
+// synthToken is token i of the block with Mooncake hash id h.
+func synthToken(seed uint64, h int64, i int) int64 {
+	x := seed*0x9E3779B97F4A7C15 ^ uint64(h)*0xD1B54A32D192ED03 ^ uint64(i)*0xBF58476D1CE4E5B9
+	x ^= x >> 30
+	x *= 0xBF58476D1CE4E5B9
+	x ^= x >> 27
+	x *= 0x94D049BB133111EB
+	x ^= x >> 31
+	return int64(x & 0x7fffffff)
+}
+
+func (o *offline) tokens(q Request, pr prepared) ([]int64, []int32) {
+	o.buf64, o.buf32 = o.buf64[:0], o.buf32[:0]
+	if o.t.Format != FormatMooncake {
+		// The KV cache manager keys blocks by tokens alone; a scope mask keeps requests of
+		// different cache salts or LoRA adapters from sharing local blocks, as their pool keys
+		// already are kept apart by the connector.
+		mask := scopeMask(q.Scope)
+		for _, v := range q.Tokens {
+			o.buf64 = append(o.buf64, v)
+			o.buf32 = append(o.buf32, int32(v)^mask)
+		}
+		return o.buf64, o.buf32
+	}
+	T := o.p.TokensPerBlock
+	for b, h := range q.HashIDs {
+		n := T
+		if b == len(q.HashIDs)-1 {
+			n = pr.tailSynth
+		}
+		for i := range n {
+			v := synthToken(o.p.Seed, h, i)
+			o.buf64 = append(o.buf64, v)
+			o.buf32 = append(o.buf32, int32(v))
+		}
+	}
+	return o.buf64, o.buf32
+}
+
+// scopeMask is 0 for requests without salt or LoRA adapter and a fixed positive mask per
+// (salt, adapter) otherwise.
+func scopeMask(s keys.Scope) int32 {
+	salt := ""
+	if s.CacheSalt != nil {
+		salt = *s.CacheSalt
+	}
+	if salt == "" && s.LoRATaskID == nil {
+		return 0
+	}
+	h := fnv.New64a()
+	h.Write([]byte(salt))
+	if s.LoRATaskID != nil {
+		fmt.Fprintf(h, "|lora=%d", *s.LoRATaskID)
+	}
+	return int32(h.Sum64()&0x7fffffff) | 1
+}
