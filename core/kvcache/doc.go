@@ -4,6 +4,9 @@
 //
 // Vocabulary:
 //
+//   - Prompt: a request's int64 tokens and its reuse scope. Blocks are keyed by the connector's
+//     block hash chain (core/keys) over both, so a block's local identity is the hash its pool
+//     keys are derived from, and requests of different scopes never share a local block.
 //   - Pool: the GPU pages of one layer group. Every block a request holds takes one page in
 //     every pool.
 //   - Host tier: slots that keep blocks evicted from the GPU, by key, so a later match can

@@ -60,8 +60,9 @@ type Manager struct {
 }
 
 type request struct {
-	tokens   []int32
-	keys     []keys.Hash
+	tokens   []int64
+	chain    *keys.Chain
+	keys     []keys.Hash    // the chain's hashes
 	shared   []radix.NodeID // tree blocks held, a prefix of the request's blocks
 	private  [][]int32      // pages of the blocks after shared, one page per pool each
 	reused   int            // local tokens reused at allocation
@@ -168,15 +169,20 @@ type MatchResult struct {
 }
 
 // Match returns the local reusable prefix of prompt. It changes nothing.
-func (m *Manager) Match(prompt []int32) (MatchResult, error) {
+func (m *Manager) Match(prompt Prompt) (MatchResult, error) {
 	if m.closed {
 		return MatchResult{}, ErrShutdown
 	}
-	return m.match(prompt, chainKeys(nil, prompt, m.t))
+	c, err := chain(prompt, m.t)
+	if err != nil {
+		return MatchResult{}, err
+	}
+	return m.match(prompt.Tokens, c)
 }
 
-func (m *Manager) match(prompt []int32, ks []keys.Hash) (MatchResult, error) {
-	tm, err := m.tree.Match(radix.Query{Keys: ks, Tokens: prompt}, radix.MatchOptions{PartialReuse: m.cfg.EnablePartialReuse})
+func (m *Manager) match(prompt []int64, c *keys.Chain) (MatchResult, error) {
+	ks := c.Hashes()
+	tm, err := m.tree.Match(radix.Query{Keys: ks, Tokens: prompt, Scope: c.Seed()}, radix.MatchOptions{PartialReuse: m.cfg.EnablePartialReuse})
 	if err != nil {
 		return MatchResult{}, err
 	}
@@ -211,23 +217,28 @@ type AllocResult struct {
 // Allocate gives request id pages for the first numTokens tokens of its sequence, reusing
 // the local prefix of prompt. numTokens may run past the prompt (room for output). On error
 // nothing is held.
-func (m *Manager) Allocate(id RequestID, prompt []int32, numTokens int) (AllocResult, error) {
+func (m *Manager) Allocate(id RequestID, prompt Prompt, numTokens int) (AllocResult, error) {
 	if m.closed {
 		return AllocResult{}, ErrShutdown
 	}
 	if _, ok := m.reqs[id]; ok {
 		return AllocResult{}, fmt.Errorf("%w: %d", ErrDuplicateRequest, id)
 	}
-	if len(prompt) == 0 || numTokens < 1 {
-		return AllocResult{}, fmt.Errorf("%w: prompt of %d tokens, %d tokens to allocate", ErrBadRequest, len(prompt), numTokens)
+	if len(prompt.Tokens) == 0 || numTokens < 1 {
+		return AllocResult{}, fmt.Errorf("%w: prompt of %d tokens, %d tokens to allocate", ErrBadRequest, len(prompt.Tokens), numTokens)
 	}
-	ks := chainKeys(nil, prompt, m.t)
-	mr, err := m.match(prompt, ks)
+	tokens := append([]int64(nil), prompt.Tokens...)
+	c, err := chain(Prompt{Tokens: tokens, Scope: prompt.Scope}, m.t)
+	if err != nil {
+		return AllocResult{}, err
+	}
+	ks := c.Hashes()
+	mr, err := m.match(tokens, c)
 	if err != nil {
 		return AllocResult{}, err
 	}
 	m.epoch++
-	r := &request{tokens: append([]int32(nil), prompt...), keys: ks, epoch: m.epoch}
+	r := &request{tokens: tokens, chain: c, keys: ks, epoch: m.epoch}
 	m.reqs[id] = r
 	fail := func(err error) (AllocResult, error) {
 		m.drop(id, r)
@@ -376,7 +387,7 @@ func (m *Manager) cacheBlock(r *request, b int, pages []int32) (radix.NodeID, er
 	if b > 0 {
 		parent = r.shared[b-1]
 	}
-	node, out, err := m.tree.Insert(parent, radix.Block{Key: r.keys[b], Tokens: r.tokens[b*m.t : (b+1)*m.t]})
+	node, out, err := m.tree.Insert(parent, radix.Block{Key: r.keys[b], Tokens: r.tokens[b*m.t : (b+1)*m.t], Scope: r.chain.Seed()})
 	if err != nil {
 		m.putPages(pages)
 		return 0, err
@@ -401,7 +412,7 @@ func (m *Manager) adopt(node radix.NodeID, out radix.Outcome, pages []int32) {
 
 // Commit records that request id has computed tokens (its sequence from the start) and
 // publishes the full blocks among them to the local cache.
-func (m *Manager) Commit(id RequestID, tokens []int32) error {
+func (m *Manager) Commit(id RequestID, tokens []int64) error {
 	r, err := m.req(id)
 	if err != nil {
 		return err
@@ -416,7 +427,10 @@ func (m *Manager) Commit(id RequestID, tokens []int32) error {
 	}
 	if len(tokens) > len(r.tokens) {
 		r.tokens = append(r.tokens, tokens[len(r.tokens):]...)
-		r.keys = chainKeys(r.keys, r.tokens, m.t)
+		if _, err := r.chain.Extend(r.tokens); err != nil {
+			return err
+		}
+		r.keys = r.chain.Hashes()
 	}
 	r.computed = len(tokens)
 	for b := len(r.shared); b < len(tokens)/m.t; b++ {
@@ -443,14 +457,18 @@ func (m *Manager) Free(id RequestID) error {
 	}
 	if tail := r.computed % m.t; m.cfg.EnablePartialReuse && tail > 0 && len(r.private) > 0 {
 		b := len(r.shared)
-		parent := radix.Root
-		var pk keys.Hash
+		parent, pk := radix.Root, r.chain.Seed()
 		if b > 0 {
 			parent = r.shared[b-1]
 			pk = r.keys[b-1]
 		}
 		toks := r.tokens[b*m.t : r.computed]
-		node, out, err := m.tree.Insert(parent, radix.Block{Key: blockKey(pk, toks), Tokens: toks})
+		key, err := partialKey(pk, toks)
+		var node radix.NodeID
+		var out radix.Outcome
+		if err == nil {
+			node, out, err = m.tree.Insert(parent, radix.Block{Key: key, Tokens: toks, Scope: r.chain.Seed()})
+		}
 		if err == nil {
 			m.adopt(node, out, r.private[0])
 			r.private = r.private[1:]

@@ -6,10 +6,10 @@ import (
 	"testing"
 )
 
-func seq(start, n int) []int32 {
-	out := make([]int32, n)
+func seq(start, n int) []int64 {
+	out := make([]int64, n)
 	for i := range out {
-		out[i] = int32(start + i)
+		out[i] = int64(start + i)
 	}
 	return out
 }
@@ -32,9 +32,9 @@ func pools(slots ...int) []PoolConfig {
 }
 
 // run allocates, computes and frees one request over prompt.
-func run(t *testing.T, m *Manager, id RequestID, prompt []int32) AllocResult {
+func run(t *testing.T, m *Manager, id RequestID, prompt []int64) AllocResult {
 	t.Helper()
-	res, err := m.Allocate(id, prompt, len(prompt))
+	res, err := m.Allocate(id, Prompt{Tokens: prompt}, len(prompt))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func TestManagerBackoffOnCommittedPrompt(t *testing.T) {
 			m := newManager(t, Config{TokensPerBlock: T, Pools: pools(64), ReuseMatchBackoff: backoff, EnablePartialReuse: true}, nil, Options{})
 			prompt := seq(1, L)
 			run(t, m, 1, prompt)
-			mr, err := m.Match(prompt)
+			mr, err := m.Match(Prompt{Tokens: prompt})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -70,7 +70,7 @@ func TestManagerLeavesLastTokenToCompute(t *testing.T) {
 	m := newManager(t, Config{TokensPerBlock: T, Pools: pools(16), ReuseMatchAlignment: 4}, nil, Options{})
 	prompt := seq(1, 2*T)
 	run(t, m, 1, prompt)
-	mr, _ := m.Match(prompt)
+	mr, _ := m.Match(Prompt{Tokens: prompt})
 	if mr.Tokens != 2*T-4 {
 		t.Fatalf("Tokens = %d, want %d (last token computed, then aligned)", mr.Tokens, 2*T-4)
 	}
@@ -91,12 +91,12 @@ func TestManagerBlockAlignedReuse(t *testing.T) {
 		{"aligned", &Declarations{RequiresBlockAlignedReuse: ptr(true)}, 2 * T},
 		{"drops", &Declarations{DropsReuseMatchBackoff: ptr(true)}, 3 * T},
 	}
-	longer := append(append([]int32{}, prompt...), seq(900, T)...)
+	longer := append(append([]int64{}, prompt...), seq(900, T)...)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			m := newManager(t, base, c.decl, Options{})
 			run(t, m, 1, longer)
-			mr, _ := m.Match(prompt)
+			mr, _ := m.Match(Prompt{Tokens: prompt})
 			if mr.Tokens != c.want {
 				t.Fatalf("Tokens = %d, want %d", mr.Tokens, c.want)
 			}
@@ -105,7 +105,7 @@ func TestManagerBlockAlignedReuse(t *testing.T) {
 	// With drops, a whole committed match is used whole (short of the last token).
 	m := newManager(t, base, &Declarations{DropsReuseMatchBackoff: ptr(true)}, Options{})
 	run(t, m, 1, longer)
-	if mr, _ := m.Match(longer[:4*T]); mr.Tokens != 4*T-1 {
+	if mr, _ := m.Match(Prompt{Tokens: longer[:4*T]}); mr.Tokens != 4*T-1 {
 		t.Fatalf("dropped backoff: Tokens = %d, want %d", mr.Tokens, 4*T-1)
 	}
 }
@@ -135,7 +135,7 @@ func TestAllocateReuseAndEviction(t *testing.T) {
 	if total, unref := m.CachedBlocks(); total != 4 || unref != 4 {
 		t.Fatalf("cached %d unreferenced %d after one request", total, unref)
 	}
-	res, err := m.Allocate(2, a, 4*T)
+	res, err := m.Allocate(2, Prompt{Tokens: a}, 4*T)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +147,7 @@ func TestAllocateReuseAndEviction(t *testing.T) {
 	}
 	// A different prompt needs 3 pages: one is free and one cached block is unreferenced, so
 	// it fails and gives back what it took (the evicted block's page stays free).
-	if _, err := m.Allocate(3, seq(100, 3*T), 3*T); !errors.Is(err, ErrOutOfPages) {
+	if _, err := m.Allocate(3, Prompt{Tokens: seq(100, 3*T)}, 3*T); !errors.Is(err, ErrOutOfPages) {
 		t.Fatalf("err = %v, want ErrOutOfPages", err)
 	}
 	if free := m.FreePages(); free[0] != 2 || free[1] != 4 {
@@ -160,7 +160,7 @@ func TestAllocateReuseAndEviction(t *testing.T) {
 		t.Fatalf("failed request still known: %v", err)
 	}
 	must(t, m.Free(2))
-	if _, err := m.Allocate(3, seq(100, 3*T), 3*T); err != nil {
+	if _, err := m.Allocate(3, Prompt{Tokens: seq(100, 3*T)}, 3*T); err != nil {
 		t.Fatalf("after free: %v", err)
 	}
 	if total, _ := m.CachedBlocks(); total > 3 {
@@ -172,9 +172,9 @@ func TestDuplicateCommitDeduplicates(t *testing.T) {
 	const T = 4
 	m := newManager(t, Config{TokensPerBlock: T, Pools: pools(16)}, nil, Options{})
 	p := seq(1, 2*T)
-	_, err := m.Allocate(1, p, 2*T)
+	_, err := m.Allocate(1, Prompt{Tokens: p}, 2*T)
 	must(t, err)
-	_, err = m.Allocate(2, p, 2*T)
+	_, err = m.Allocate(2, Prompt{Tokens: p}, 2*T)
 	must(t, err)
 	must(t, m.Commit(1, p))
 	must(t, m.Commit(2, p))
@@ -193,12 +193,12 @@ func TestPartialTailReuse(t *testing.T) {
 	m := newManager(t, Config{TokensPerBlock: T, Pools: pools(16), EnablePartialReuse: true}, nil, Options{})
 	p := seq(1, T+5)
 	run(t, m, 1, p)
-	q := append(append([]int32{}, p...), 77, 78)
-	mr, _ := m.Match(q)
+	q := append(append([]int64{}, p...), 77, 78)
+	mr, _ := m.Match(Prompt{Tokens: q})
 	if mr.Tokens != T+5 {
 		t.Fatalf("Tokens = %d, want %d from the partial tail", mr.Tokens, T+5)
 	}
-	res, err := m.Allocate(2, q, len(q))
+	res, err := m.Allocate(2, Prompt{Tokens: q}, len(q))
 	must(t, err)
 	if res.ReusedTokens != T+5 || res.Blocks != 2 {
 		t.Fatalf("%+v", res)
@@ -220,11 +220,11 @@ func TestHostTier(t *testing.T) {
 	if m.HostBlocks() == 0 {
 		t.Fatal("nothing reached the host tier")
 	}
-	mr, _ := m.Match(a)
+	mr, _ := m.Match(Prompt{Tokens: a})
 	if mr.HostTokens == 0 || mr.Tokens != 4*T-1 {
 		t.Fatalf("match %+v, want a host hit", mr)
 	}
-	res, err := m.Allocate(3, a, 4*T)
+	res, err := m.Allocate(3, Prompt{Tokens: a}, 4*T)
 	must(t, err)
 	if res.OnboardedBlocks == 0 || res.ReusedTokens != 4*T-1 {
 		t.Fatalf("%+v", res)
@@ -248,17 +248,17 @@ func TestReservations(t *testing.T) {
 	}
 	must(t, m.AdmitContext(2, 12))
 	// An unreserved request cannot take the reserved pages.
-	if _, err := m.Allocate(9, seq(300, 4), 4); !errors.Is(err, ErrOutOfPages) {
+	if _, err := m.Allocate(9, Prompt{Tokens: seq(300, 4)}, 4); !errors.Is(err, ErrOutOfPages) {
 		t.Fatalf("unreserved allocation: %v", err)
 	}
-	_, err := m.Allocate(1, seq(1, 8), 28)
+	_, err := m.Allocate(1, Prompt{Tokens: seq(1, 8)}, 28)
 	must(t, err)
 	must(t, m.CheckReservations())
 	must(t, m.Free(1))
 	if _, ok := m.Reservation(1); ok {
 		t.Fatal("Free kept the reservation")
 	}
-	_, err = m.Allocate(2, seq(50, 12), 12)
+	_, err = m.Allocate(2, Prompt{Tokens: seq(50, 12)}, 12)
 	must(t, err)
 	must(t, m.Revert(2))
 	if _, ok := m.Reservation(2); ok {
@@ -286,7 +286,7 @@ func TestAdmissionOffers(t *testing.T) {
 	cfg := Config{TokensPerBlock: T, Pools: pools(6), AdmissionQuery: &AdmissionQueryConfig{MaxOfferDeferrals: 2, MaxUnchargedParks: 1}}
 	m := newManager(t, cfg, &Declarations{SupportsAdmissionQuery: ptr(true)}, Options{})
 	prompt := seq(1, 8*T)
-	res, err := m.Allocate(1, prompt, 2*T)
+	res, err := m.Allocate(1, Prompt{Tokens: prompt}, 2*T)
 	must(t, err)
 	if err := m.SetOffer(1, Offer{Epoch: res.Epoch + 1, Tokens: T}); !errors.Is(err, ErrStaleOffer) {
 		t.Fatalf("wrong epoch: %v", err)
@@ -305,7 +305,7 @@ func TestAdmissionOffers(t *testing.T) {
 	}
 	// A second request cannot cover 2 offered blocks plus a 2-block chunk in 2 free pages.
 	for d := 1; d <= 2; d++ {
-		res2, err := m.Allocate(2, seq(100, 8*T), T)
+		res2, err := m.Allocate(2, Prompt{Tokens: seq(100, 8*T)}, T)
 		must(t, err)
 		must(t, m.SetOffer(2, Offer{Epoch: res2.Epoch, Tokens: 2 * T}))
 		cr, err = m.CoverAdmissionOffer(2, 2*T, false)
@@ -320,7 +320,7 @@ func TestAdmissionOffers(t *testing.T) {
 			t.Fatalf("offer on a released request: %v", err)
 		}
 	}
-	res2, err := m.Allocate(2, seq(100, 8*T), T)
+	res2, err := m.Allocate(2, Prompt{Tokens: seq(100, 8*T)}, T)
 	must(t, err)
 	must(t, m.SetOffer(2, Offer{Epoch: res2.Epoch, Tokens: 2 * T}))
 	cr, err = m.CoverAdmissionOffer(2, 2*T, false)
@@ -336,7 +336,7 @@ func TestAdmissionOffers(t *testing.T) {
 	}
 	// A request that just preempted another is not deferred.
 	must(t, m.Free(2))
-	res3, err := m.Allocate(3, seq(200, 8*T), T)
+	res3, err := m.Allocate(3, Prompt{Tokens: seq(200, 8*T)}, T)
 	must(t, err)
 	must(t, m.SetOffer(3, Offer{Epoch: res3.Epoch, Tokens: 2 * T}))
 	if cr, _ = m.CoverAdmissionOffer(3, 2*T, true); cr.Outcome != Shrunk {
@@ -344,7 +344,7 @@ func TestAdmissionOffers(t *testing.T) {
 	}
 	// A new allocation makes the old epoch stale.
 	must(t, m.Revert(3))
-	res4, err := m.Allocate(3, seq(200, 8*T), T)
+	res4, err := m.Allocate(3, Prompt{Tokens: seq(200, 8*T)}, T)
 	must(t, err)
 	if res4.Epoch == res3.Epoch {
 		t.Fatal("epoch did not move")

@@ -62,8 +62,8 @@ func TestPropertyReservationsNeverOverCommit(t *testing.T) {
 		if err != nil {
 			rt.Fatal(err)
 		}
-		prompt := func() []int32 {
-			return rapid.SliceOfN(rapid.Int32Range(0, 2), 1, 6*T).Draw(rt, "prompt")
+		prompt := func() []int64 {
+			return rapid.SliceOfN(rapid.Int64Range(0, 2), 1, 6*T).Draw(rt, "prompt")
 		}
 		for step := rapid.IntRange(1, 50).Draw(rt, "steps"); step > 0; step-- {
 			id := RequestID(rapid.IntRange(1, 5).Draw(rt, "id"))
@@ -74,13 +74,13 @@ func TestPropertyReservationsNeverOverCommit(t *testing.T) {
 				_ = m.AdmitContext(id, rapid.IntRange(1, 24).Draw(rt, "p"))
 			case 2:
 				p := prompt()
-				_, _ = m.Allocate(id, p, rapid.IntRange(1, len(p)+8).Draw(rt, "n"))
+				_, _ = m.Allocate(id, Prompt{Tokens: p}, rapid.IntRange(1, len(p)+8).Draw(rt, "n"))
 			case 3:
 				_ = m.Grow(id, rapid.IntRange(1, 40).Draw(rt, "n"))
 			case 4:
 				if r, ok := m.reqs[id]; ok {
 					n := rapid.IntRange(r.computed, min(r.held()*T, len(r.tokens)+4)).Draw(rt, "computed")
-					toks := append([]int32(nil), r.tokens...)
+					toks := append([]int64(nil), r.tokens...)
 					for len(toks) < n {
 						toks = append(toks, 1)
 					}

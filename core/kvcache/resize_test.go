@@ -11,14 +11,14 @@ func TestFailedFirstChunkResizeReleasesTheReservation(t *testing.T) {
 	const T = 4
 	m := newManager(t, Config{TokensPerBlock: T, Pools: pools(6), EnableCompletionReservation: true}, nil, Options{})
 	// Request 1: a 2-block first chunk of a 5-block prompt, bound through the prompt.
-	_, err := m.Allocate(1, seq(1, 20), 8)
+	_, err := m.Allocate(1, Prompt{Tokens: seq(1, 20)}, 8)
 	must(t, err)
 	must(t, m.AdmitContext(1, 20))
 	if n, blocks := m.ReservationsHeld(); n != 1 || blocks != 3 {
 		t.Fatalf("held %d reservations of %d blocks, want 1 of 3", n, blocks)
 	}
 	// Request 2 fits only if request 1's remaining 3 blocks are not reserved.
-	_, err = m.Allocate(2, seq(100, 4), 4)
+	_, err = m.Allocate(2, Prompt{Tokens: seq(100, 4)}, 4)
 	must(t, err)
 	if err := m.AdmitContext(2, 12); !errors.Is(err, ErrNoReservation) {
 		t.Fatalf("request 2 admitted against request 1's reservation: %v", err)

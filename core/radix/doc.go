@@ -7,6 +7,9 @@
 //     (always the last block of a sequence) holds fewer.
 //   - Block key: the chain hash of a block (keys.Hash). It commits to every token before it, so a
 //     key identifies one position in one prefix and is unique across the whole tree.
+//   - Scope: the reuse scope a block's key chain was seeded with (cache salt, LoRA adapter,
+//     multimodal digests). Keys already keep scopes apart; content comparisons (partial reuse,
+//     the sibling prefix rules) are made only between blocks of the same scope.
 //   - Node: one block under its parent. The root is the empty prefix and holds no block.
 //   - Match: the longest reusable prefix of a query. Full blocks are followed by key; with
 //     partial reuse the block that diverges may still contribute the longest common token

@@ -22,11 +22,11 @@ func FuzzRadixOps(f *testing.F) {
 			data = data[1:]
 			return b
 		}
-		prompt := func() []int32 {
+		prompt := func() []int64 {
 			n := int(next()%10) + 1
-			p := make([]int32, n)
+			p := make([]int64, n)
 			for i := range p {
-				p[i] = int32(next() % 3)
+				p[i] = int64(next() % 3)
 			}
 			return p
 		}

@@ -8,12 +8,12 @@ import (
 )
 
 // chainKey derives a test block key from its parent key and tokens.
-func chainKey(parent keys.Hash, toks []int32) keys.Hash {
+func chainKey(parent keys.Hash, toks []int64) keys.Hash {
 	h := sha256.New()
 	h.Write(parent[:])
-	var b [4]byte
+	var b [8]byte
 	for _, v := range toks {
-		binary.LittleEndian.PutUint32(b[:], uint32(v))
+		binary.LittleEndian.PutUint64(b[:], uint64(v))
 		h.Write(b[:])
 	}
 	var k keys.Hash
@@ -22,7 +22,7 @@ func chainKey(parent keys.Hash, toks []int32) keys.Hash {
 }
 
 // blocksOf splits tokens into chained blocks; the last may be partial.
-func blocksOf(tokens []int32, T int) []Block {
+func blocksOf(tokens []int64, T int) []Block {
 	var out []Block
 	var parent keys.Hash
 	for s := 0; s < len(tokens); s += T {
@@ -35,7 +35,7 @@ func blocksOf(tokens []int32, T int) []Block {
 }
 
 // queryOf builds a query with the keys of the full blocks of tokens.
-func queryOf(tokens []int32, T int) Query {
+func queryOf(tokens []int64, T int) Query {
 	var q Query
 	q.Tokens = tokens
 	for _, b := range blocksOf(tokens, T) {
@@ -46,10 +46,10 @@ func queryOf(tokens []int32, T int) Query {
 	return q
 }
 
-func seq(start, n int) []int32 {
-	out := make([]int32, n)
+func seq(start, n int) []int64 {
+	out := make([]int64, n)
 	for i := range out {
-		out[i] = int32(start + i)
+		out[i] = int64(start + i)
 	}
 	return out
 }
@@ -69,7 +69,7 @@ func mustTree(tb interface {
 func commit(tb interface {
 	Fatalf(string, ...any)
 	Helper()
-}, tr *Tree, tokens []int32) []NodeID {
+}, tr *Tree, tokens []int64) []NodeID {
 	tb.Helper()
 	ids, err := tr.InsertChain(nil, Root, blocksOf(tokens, tr.TokensPerBlock()))
 	if err != nil {

@@ -12,7 +12,12 @@ type Block struct {
 	Key keys.Hash
 	// Tokens are the block's tokens. They are required for a partial block and optional for a
 	// full one; the tree keeps a full block's tokens only with Config.StoreTokens.
-	Tokens []int32
+	Tokens []int64
+	// Scope names the reuse scope the block's key chain was seeded with (keys.Chain.Seed). Only
+	// blocks of one scope are compared by content: a partial match or a sibling prefix rule
+	// never crosses scopes. Every block under a parent other than the root shares its parent's
+	// scope through its key; the zero value is one scope like any other.
+	Scope keys.Hash
 	// NumTokens is the block's token count when Tokens is nil; with Tokens it must be 0 or
 	// len(Tokens).
 	NumTokens int
@@ -49,7 +54,7 @@ func (o Outcome) String() string {
 	return fmt.Sprintf("outcome(%d)", uint8(o))
 }
 
-func hasPrefix(s, prefix []int32) bool {
+func hasPrefix(s, prefix []int64) bool {
 	if len(prefix) > len(s) {
 		return false
 	}
@@ -105,7 +110,7 @@ func (t *Tree) Insert(parent NodeID, b Block) (NodeID, Outcome, error) {
 			if int(cn.nTokens) < t.t {
 				sawPartial = true
 			}
-			if cn.flags&flagTokens == 0 {
+			if cn.flags&flagTokens == 0 || t.scopes[c] != b.Scope {
 				continue
 			}
 			st := t.tokens[c]
@@ -132,7 +137,8 @@ func (t *Tree) Insert(parent NodeID, b Block) (NodeID, Outcome, error) {
 	t.clock++
 	nn.stamp = t.clock
 	if b.Tokens != nil && (partial || t.cfg.StoreTokens) {
-		t.tokens[id] = append([]int32(nil), b.Tokens...)
+		t.tokens[id] = append([]int64(nil), b.Tokens...)
+		t.setScope(id, b.Scope)
 		nn.flags |= flagTokens
 	}
 	t.link(int32(parent), id)
@@ -147,6 +153,14 @@ func (t *Tree) Insert(parent NodeID, b Block) (NodeID, Outcome, error) {
 	return NodeID(id), Inserted, nil
 }
 
+func (t *Tree) setScope(id int32, s keys.Hash) {
+	if s == (keys.Hash{}) {
+		delete(t.scopes, id)
+		return
+	}
+	t.scopes[id] = s
+}
+
 func (t *Tree) replace(id int32, b Block, n int) {
 	cn := t.nd(id)
 	t.indexDelete(&cn.key, id)
@@ -155,9 +169,11 @@ func (t *Tree) replace(id int32, b Block, n int) {
 	cn.attnCov = uint16(n)
 	cn.ssmCov = 0
 	if n < t.t || t.cfg.StoreTokens {
-		t.tokens[id] = append([]int32(nil), b.Tokens...)
+		t.tokens[id] = append([]int64(nil), b.Tokens...)
+		t.setScope(id, b.Scope)
 	} else {
 		delete(t.tokens, id)
+		delete(t.scopes, id)
 		cn.flags &^= flagTokens
 	}
 	t.indexPut(&cn.key, id)

@@ -13,7 +13,10 @@ type Query struct {
 	Keys []keys.Hash
 	// Tokens are the sequence's tokens. They are optional: without them only whole blocks
 	// match, and the lookup length is len(Keys)·T.
-	Tokens []int32
+	Tokens []int64
+	// Scope is the reuse scope the keys were chained from (Block.Scope): a partial match
+	// considers only blocks of the same scope.
+	Scope keys.Hash
 }
 
 // PruneRules are the coverage rules that may shorten a match. The zero value prunes nothing.
@@ -145,7 +148,7 @@ func (t *Tree) MatchAppend(dst []NodeID, q Query, o MatchOptions) (Match, error)
 		start := len(path) * t.t
 		if start < len(q.Tokens) {
 			end := min(start+t.t, len(q.Tokens))
-			if c, l := t.bestPartial(cur, q.Tokens[start:end]); l > 0 {
+			if c, l := t.bestPartial(cur, q.Tokens[start:end], q.Scope); l > 0 {
 				path = append(path, NodeID(c))
 				raw += l
 			}
@@ -173,7 +176,7 @@ func (t *Tree) MatchAppend(dst []NodeID, q Query, o MatchOptions) (Match, error)
 
 // bestPartial returns the child of cur with the longest common token prefix with blk, when
 // cur has at most PartialScanLimit children. Ties go to the first child scanned.
-func (t *Tree) bestPartial(cur int32, blk []int32) (int32, int) {
+func (t *Tree) bestPartial(cur int32, blk []int64, scope keys.Hash) (int32, int) {
 	n := t.nd(cur)
 	if int(n.nChildren) > t.cfg.PartialScanLimit {
 		return 0, 0
@@ -181,7 +184,7 @@ func (t *Tree) bestPartial(cur int32, blk []int32) (int32, int) {
 	best, bestLen := int32(0), 0
 	for c := n.firstChild; c != 0; c = t.nd(c).nextSib {
 		cn := t.nd(c)
-		if cn.flags&(flagTokens|flagAbsent) != flagTokens {
+		if cn.flags&(flagTokens|flagAbsent) != flagTokens || t.scopes[c] != scope {
 			continue
 		}
 		st := t.tokens[c]

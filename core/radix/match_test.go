@@ -109,11 +109,11 @@ func TestPartialMatch(t *testing.T) {
 	const T = 8
 	tr := mustTree(t, Config{TokensPerBlock: T, StoreTokens: true})
 	base := seq(0, T)
-	a := append(append([]int32{}, base...), 100, 101, 102, 103, 104, 105, 106, 107)
-	b := append(append([]int32{}, base...), 100, 101, 200, 201, 202)
+	a := append(append([]int64{}, base...), 100, 101, 102, 103, 104, 105, 106, 107)
+	b := append(append([]int64{}, base...), 100, 101, 200, 201, 202)
 	commit(t, tr, a)
 	commit(t, tr, b)
-	query := append(append([]int32{}, base...), 100, 101, 102, 103, 999, 998)
+	query := append(append([]int64{}, base...), 100, 101, 102, 103, 999, 998)
 	m, err := tr.Match(queryOf(query, T), MatchOptions{PartialReuse: true})
 	if err != nil {
 		t.Fatal(err)
@@ -149,9 +149,9 @@ func TestPartialScanLimit(t *testing.T) {
 	for _, children := range []int{DefaultPartialScanLimit, DefaultPartialScanLimit + 1} {
 		tr := mustTree(t, Config{TokensPerBlock: T, StoreTokens: true})
 		for c := 0; c < children; c++ {
-			commit(t, tr, []int32{int32(c), 1, 2, 3})
+			commit(t, tr, []int64{int64(c), 1, 2, 3})
 		}
-		m, _ := tr.Match(queryOf([]int32{0, 1, 9}, T), MatchOptions{PartialReuse: true})
+		m, _ := tr.Match(queryOf([]int64{0, 1, 9}, T), MatchOptions{PartialReuse: true})
 		want := 2
 		if children > DefaultPartialScanLimit {
 			want = 0
@@ -163,7 +163,7 @@ func TestPartialScanLimit(t *testing.T) {
 }
 
 // pruneTree commits n full blocks of T tokens and returns the tree, the prompt and the ids.
-func pruneTree(t *testing.T, T, n int) (*Tree, []int32, []NodeID) {
+func pruneTree(t *testing.T, T, n int) (*Tree, []int64, []NodeID) {
 	tr := mustTree(t, Config{TokensPerBlock: T})
 	p := seq(50, n*T)
 	return tr, p, commit(t, tr, p)

@@ -11,7 +11,7 @@ func chainOf(ids ...int) []keys.Hash {
 	out := make([]keys.Hash, len(ids))
 	var parent keys.Hash
 	for i, v := range ids {
-		parent = chainKey(parent, []int32{int32(v)})
+		parent = chainKey(parent, []int64{int64(v)})
 		out[i] = parent
 	}
 	return out

@@ -10,16 +10,16 @@ import (
 const propT = 4
 
 // genPrompt draws a prompt over a tiny alphabet so that prompts share prefixes often.
-func genPrompt(t *rapid.T, label string) []int32 {
-	return rapid.SliceOfN(rapid.Int32Range(0, 2), 1, 5*propT).Draw(t, label)
+func genPrompt(t *rapid.T, label string) []int64 {
+	return rapid.SliceOfN(rapid.Int64Range(0, 2), 1, 5*propT).Draw(t, label)
 }
 
 // expectedRaw is the content-divergence depth computed by brute force over the prompts
 // inserted: the most leading full blocks any prompt shares with q, plus the longest common
 // prefix of the next block with the same block of a prompt that shares them.
-func expectedRaw(prompts [][]int32, q []int32, T int) int {
+func expectedRaw(prompts [][]int64, q []int64, T int) int {
 	best := 0
-	shared := func(p []int32) int {
+	shared := func(p []int64) int {
 		k := 0
 		for (k+1)*T <= len(q) && (k+1)*T <= len(p) {
 			for i := k * T; i < (k+1)*T; i++ {
@@ -54,7 +54,7 @@ func TestPropertyMatch(t *testing.T) {
 		if err != nil {
 			rt.Fatal(err)
 		}
-		prompts := rapid.SliceOfN(rapid.Custom(func(t *rapid.T) []int32 { return genPrompt(t, "p") }), 1, 8).Draw(rt, "prompts")
+		prompts := rapid.SliceOfN(rapid.Custom(func(t *rapid.T) []int64 { return genPrompt(t, "p") }), 1, 8).Draw(rt, "prompts")
 		for _, p := range prompts {
 			if _, err := tr.InsertChain(nil, Root, blocksOf(p, propT)); err != nil {
 				rt.Fatal(err)

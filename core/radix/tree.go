@@ -103,7 +103,8 @@ type Tree struct {
 	live   int     // live blocks, root excluded
 	pinned int     // live blocks with references
 	index  keyIndex
-	tokens map[int32][]int32
+	tokens map[int32][]int64
+	scopes map[int32]keys.Hash // the Scope of nodes with stored tokens, where not zero
 	heap   []int32
 	clock  uint64
 }
@@ -122,7 +123,7 @@ func New(cfg Config) (*Tree, error) {
 	if cfg.SizeHint < 0 {
 		return nil, fmt.Errorf("%w: size hint %d is negative", ErrConfig, cfg.SizeHint)
 	}
-	t := &Tree{cfg: cfg, t: cfg.TokensPerBlock, tokens: make(map[int32][]int32)}
+	t := &Tree{cfg: cfg, t: cfg.TokensPerBlock, tokens: make(map[int32][]int64), scopes: make(map[int32]keys.Hash)}
 	t.index.init(cfg.SizeHint)
 	root := t.alloc()
 	rn := t.nd(root)
@@ -205,7 +206,7 @@ func (t *Tree) Info(id NodeID) (NodeInfo, error) {
 
 // Tokens returns the stored tokens of a block, or nil when the tree keeps none for it. The
 // slice belongs to the tree and must not be modified.
-func (t *Tree) Tokens(id NodeID) []int32 {
+func (t *Tree) Tokens(id NodeID) []int64 {
 	if !t.valid(id) {
 		return nil
 	}
@@ -310,6 +311,7 @@ func (t *Tree) removeNode(id int32) {
 	t.indexDelete(&n.key, id)
 	if n.flags&flagTokens != 0 {
 		delete(t.tokens, id)
+		delete(t.scopes, id)
 	}
 	parent := n.parent
 	*n = node{}

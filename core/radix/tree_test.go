@@ -179,15 +179,15 @@ func TestManyChildrenUseIndex(t *testing.T) {
 	const T = 2
 	tr := mustTree(t, Config{TokensPerBlock: T})
 	for i := 0; i < 200; i++ {
-		commit(t, tr, []int32{int32(i), 0, 5, 5})
+		commit(t, tr, []int64{int64(i), 0, 5, 5})
 	}
 	for i := 0; i < 200; i += 7 {
-		m, _ := tr.Match(queryOf([]int32{int32(i), 0, 5, 5}, T), MatchOptions{})
+		m, _ := tr.Match(queryOf([]int64{int64(i), 0, 5, 5}, T), MatchOptions{})
 		if m.Tokens != 4 {
 			t.Fatalf("prompt %d: Tokens = %d", i, m.Tokens)
 		}
 	}
-	m, _ := tr.Match(queryOf([]int32{500, 0}, T), MatchOptions{})
+	m, _ := tr.Match(queryOf([]int64{500, 0}, T), MatchOptions{})
 	if m.Tokens != 0 {
 		t.Fatalf("absent prompt matched %d", m.Tokens)
 	}

@@ -26,7 +26,7 @@ type cacheEngine struct {
 
 	cur struct { // the request being served
 		mid         kvcache.RequestID
-		t32         []int32
+		prompt      kvcache.Prompt
 		blocks      int
 		attempts    int
 		local       int
@@ -95,7 +95,7 @@ func (e *cacheEngine) admit(_ context.Context, r *connector.DrivenRequest) (int,
 	}
 	c.attempts++
 	began := time.Now()
-	ar, err := e.mgr.Allocate(c.mid, c.t32, len(c.t32))
+	ar, err := e.mgr.Allocate(c.mid, c.prompt, len(c.prompt.Tokens))
 	e.allocWall += time.Since(began)
 	if errors.Is(err, kvcache.ErrOutOfPages) {
 		return 0, connector.Drop, nil
@@ -118,16 +118,17 @@ func (e *cacheEngine) restarted(_ context.Context, r *connector.DrivenRequest) e
 }
 
 func (e *cacheEngine) finished(_ context.Context, r *connector.DrivenRequest) error {
-	if err := e.mgr.Commit(e.cur.mid, e.cur.t32); err != nil {
+	if err := e.mgr.Commit(e.cur.mid, e.cur.prompt.Tokens); err != nil {
 		return fmt.Errorf("request %s: commit: %w", r.ID, err)
 	}
 	return e.mgr.Free(e.cur.mid)
 }
 
-// serve runs req, whose manager id is mid and manager tokens t32, over blocks replay blocks,
-// until its prompt is computed or it is given up; its saves may still be in flight.
-func (e *cacheEngine) serve(ctx context.Context, req connector.Request, mid kvcache.RequestID, t32 []int32, blocks int) (served, error) {
-	e.cur.mid, e.cur.t32, e.cur.blocks = mid, t32, blocks
+// serve runs req, whose manager id is mid, over blocks replay blocks, until its prompt is
+// computed or it is given up; its saves may still be in flight. The manager keys the prompt by
+// the same tokens and scope as the connector.
+func (e *cacheEngine) serve(ctx context.Context, req connector.Request, mid kvcache.RequestID, blocks int) (served, error) {
+	e.cur.mid, e.cur.prompt, e.cur.blocks = mid, kvcache.Prompt{Tokens: req.Tokens, Scope: req.Scope}, blocks
 	e.cur.attempts, e.cur.local, e.cur.failedLoads = 0, 0, 0
 	r := e.drv.Add(req)
 	for r.Phase == connector.PhaseWaiting || r.Phase == connector.PhaseRunning || r.Phase == connector.PhaseParked {

@@ -58,7 +58,6 @@ type liveEngine struct {
 	mgr   *kvcache.Manager
 	eng   *cacheEngine // the connector calls, through the daemon
 	buf64 []int64
-	buf32 []int32
 	run   RunReport // this engine's counts, merged at the end
 	rl    RankLoad
 	lat   []float64
@@ -306,7 +305,6 @@ func newLiveEngine(ctx context.Context, i int, p Params, c Config, lo LiveOption
 		return nil, err
 	}
 	e.buf64 = make([]int64, 0, slots*p.TokensPerBlock)
-	e.buf32 = make([]int32, 0, slots*p.TokensPerBlock)
 	ok = true
 	return e, nil
 }
@@ -327,43 +325,19 @@ func (e *liveEngine) close() {
 // drain waits until the daemon reports the saves of every finished request done.
 func (e *liveEngine) drain(ctx context.Context) error { return unreachable(e.eng.drain(ctx)) }
 
-func (e *liveEngine) tokens(format string, seed uint64, T int, q Request, pr prepared) ([]int64, []int32) {
-	e.buf64, e.buf32 = e.buf64[:0], e.buf32[:0]
-	if format != FormatMooncake {
-		mask := scopeMask(q.Scope)
-		for _, v := range q.Tokens {
-			e.buf64 = append(e.buf64, v)
-			e.buf32 = append(e.buf32, int32(v)^mask)
-		}
-		return e.buf64, e.buf32
-	}
-	for b, h := range q.HashIDs {
-		n := T
-		if b == len(q.HashIDs)-1 {
-			n = pr.tailSynth
-		}
-		for i := range n {
-			v := synthToken(seed, h, i)
-			e.buf64 = append(e.buf64, v)
-			e.buf32 = append(e.buf32, int32(v))
-		}
-	}
-	return e.buf64, e.buf32
-}
-
 // serve runs request q (trace position k) on this engine through the daemon.
 func (e *liveEngine) serve(ctx context.Context, format string, p Params, k int, q Request) error {
 	T := p.TokensPerBlock
 	pr := prepare(format, q, T)
-	t64, t32 := e.tokens(format, p.Seed, T, q, pr)
+	e.buf64 = appendTokens(e.buf64[:0], format, p.Seed, T, q, pr)
 	e.run.Requests++
 	// Saves of this engine's earlier requests must land before it looks the pool up, as they
 	// would in process.
 	if err := e.drain(ctx); err != nil {
 		return err
 	}
-	req := connector.Request{ID: q.ID, Tokens: t64, Scope: q.Scope, ContextOnly: true}
-	s, err := e.eng.serve(ctx, req, kvcache.RequestID(k+1), t32, pr.blocks)
+	req := connector.Request{ID: q.ID, Tokens: e.buf64, Scope: q.Scope, ContextOnly: true}
+	s, err := e.eng.serve(ctx, req, kvcache.RequestID(k+1), pr.blocks)
 	if err != nil {
 		return unreachable(err)
 	}

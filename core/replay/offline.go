@@ -63,7 +63,6 @@ type offline struct {
 	run   RunReport
 	ttfts []float64
 	buf64 []int64
-	buf32 []int32
 
 	evictRounds, evicted atomic.Int64
 	peakUsed             int64
@@ -112,7 +111,6 @@ func (o *offline) setup() error {
 		totalBlocks += n
 	}
 	o.buf64 = make([]int64, 0, maxBlocks*p.TokensPerBlock)
-	o.buf32 = make([]int32, 0, maxBlocks*p.TokensPerBlock)
 
 	o.clock = mooncake.NewManualClock(epoch)
 	po := mooncake.DefaultOptions()
@@ -263,7 +261,7 @@ func (o *offline) closeBucket(span time.Duration, buckets int) {
 func (o *offline) serve(i int, q Request, rk int, notBefore time.Duration) error {
 	r := o.ranks[rk]
 	pr := prepare(o.t.Format, q, o.p.TokensPerBlock)
-	t64, t32 := o.tokens(q, pr)
+	t64 := o.tokens(q, pr)
 	o.run.Requests++
 	// The saves of earlier requests land before this one looks the pool up, so that the pool
 	// state it sees follows arrival order.
@@ -271,7 +269,7 @@ func (o *offline) serve(i int, q Request, rk int, notBefore time.Duration) error
 		return err
 	}
 	req := connector.Request{ID: q.ID, Tokens: t64, Scope: q.Scope, ContextOnly: true}
-	s, err := r.eng.serve(o.ctx, req, kvcache.RequestID(i+1), t32, pr.blocks)
+	s, err := r.eng.serve(o.ctx, req, kvcache.RequestID(i+1), pr.blocks)
 	if err != nil {
 		return err
 	}

@@ -14,7 +14,7 @@ import (
 func (o *offline) poolUncached(q Request) (int, bool) {
 	T := o.p.TokensPerBlock
 	pr := prepare(o.t.Format, q, T)
-	tokens, _ := o.tokens(q, pr)
+	tokens := o.tokens(q, pr)
 	chain, err := keys.NewChain(keys.ChainConfig{Format: keys.FormatTRTLLM, TokensPerBlock: T, Scope: q.Scope})
 	if err != nil {
 		return 0, false

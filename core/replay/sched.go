@@ -105,7 +105,6 @@ type schedReq struct {
 	pr        prepared
 	mid       kvcache.RequestID
 	t64       []int64
-	t32       []int32
 	output    int // replay tokens to generate
 	phase     schedPhase
 	allocated bool // holds an allocation (admitted, or suspended after a refusal)
@@ -150,7 +149,7 @@ func (o *offline) enqueue(i int, q Request, rk int, notBefore time.Duration) {
 	r := o.ranks[rk]
 	T := o.p.TokensPerBlock
 	pr := prepare(o.t.Format, q, T)
-	t64, t32 := o.tokens(q, pr)
+	t64 := o.tokens(q, pr)
 	out := q.OutputLength
 	if o.t.Format == FormatMooncake {
 		out = (q.OutputLength*T + TraceBlockTokens - 1) / TraceBlockTokens
@@ -158,7 +157,7 @@ func (o *offline) enqueue(i int, q Request, rk int, notBefore time.Duration) {
 	if o.c.Server == ServerContext {
 		out = 0 // the generation server decodes
 	}
-	sr := &schedReq{i: i, q: q, pr: pr, mid: kvcache.RequestID(i + 1), t64: slices.Clone(t64), t32: slices.Clone(t32),
+	sr := &schedReq{i: i, q: q, pr: pr, mid: kvcache.RequestID(i + 1), t64: slices.Clone(t64),
 		output: out, queued: max(notBefore, q.Arrival)}
 	o.run.Requests++
 	if r.sch.idle() {
@@ -234,7 +233,7 @@ func (o *offline) pass(r *rank) error {
 			fallthrough
 		case phaseContext:
 			budget, _ := p.Budget()
-			chunk := min(len(q.t32)-q.computed, budget)
+			chunk := min(len(q.t64)-q.computed, budget)
 			if chunk < 1 {
 				continue
 			}
@@ -252,14 +251,14 @@ func (o *offline) pass(r *rank) error {
 			q.computed += chunk
 			prefill += chunk
 			progress = true
-			if q.computed == len(q.t32) {
+			if q.computed == len(q.t64) {
 				ctxDone = append(ctxDone, q)
 			}
 		case phaseGenerating:
 			if _, ok := p.Admit(1, false); !ok {
 				continue
 			}
-			if err := o.growOrPreempt(r, q, len(q.t32)+q.generated+1); err != nil {
+			if err := o.growOrPreempt(r, q, len(q.t64)+q.generated+1); err != nil {
 				if errors.Is(err, errPreemptedSelf) {
 					k--
 					continue
@@ -314,10 +313,10 @@ func (o *offline) pass(r *rank) error {
 		}
 		syncLoadSec += sec
 		// The first chunk computes in this pass, after the restored tokens.
-		chunk := min(len(q.t32)-q.computed, q.firstChunk)
+		chunk := min(len(q.t64)-q.computed, q.firstChunk)
 		q.computed += chunk
 		prefill += chunk
-		if q.computed == len(q.t32) {
+		if q.computed == len(q.t64) {
 			ctxDone = append(ctxDone, q)
 		}
 	}
@@ -454,6 +453,9 @@ func (o *offline) preempt(r *rank, q *schedReq) error {
 	return nil
 }
 
+// prompt is what the KV cache manager keys q's blocks by.
+func (q *schedReq) prompt() kvcache.Prompt { return kvcache.Prompt{Tokens: q.t64, Scope: q.q.Scope} }
+
 func (q *schedReq) reset() {
 	q.phase, q.allocated = phaseWaiting, false
 	q.reused, q.honoured, q.computed, q.generated = 0, 0, 0, 0
@@ -469,19 +471,19 @@ func (o *offline) admit(r *rank, p *kvcache.Pass, q *schedReq) (ok, deferred boo
 		return false, false, nil
 	}
 	if !q.allocated {
-		mr, err := r.mgr.Match(q.t32)
+		mr, err := r.mgr.Match(q.prompt())
 		if err != nil {
 			return false, false, fmt.Errorf("request %s: match: %w", q.q.ID, err)
 		}
-		chunk := min(len(q.t32)-mr.Tokens, budget)
+		chunk := min(len(q.t64)-mr.Tokens, budget)
 		if chunk < 1 {
 			// Only a chunk admitted without a charge (one that parks) fits an empty budget.
 			if !r.queries || c.MaxUnchargedParks == 0 {
 				return false, false, nil
 			}
-			chunk = min(len(q.t32)-mr.Tokens, c.MaxNumTokens)
+			chunk = min(len(q.t64)-mr.Tokens, c.MaxNumTokens)
 		}
-		ar, err := r.mgr.Allocate(q.mid, q.t32, mr.Tokens+chunk)
+		ar, err := r.mgr.Allocate(q.mid, q.prompt(), mr.Tokens+chunk)
 		if errors.Is(err, kvcache.ErrOutOfPages) {
 			return false, false, nil
 		}
@@ -491,9 +493,9 @@ func (o *offline) admit(r *rank, p *kvcache.Pass, q *schedReq) (ok, deferred boo
 		q.allocated, q.reused, q.epoch, q.firstChunk = true, ar.ReusedTokens, ar.Epoch, chunk
 	}
 	if r.mgr.Reserving() {
-		admit := func() error { return r.mgr.AdmitGeneration(q.mid, len(q.t32), q.output) }
+		admit := func() error { return r.mgr.AdmitGeneration(q.mid, len(q.t64), q.output) }
 		if c.Server == ServerContext {
-			admit = func() error { return r.mgr.AdmitContext(q.mid, len(q.t32)) }
+			admit = func() error { return r.mgr.AdmitContext(q.mid, len(q.t64)) }
 		}
 		if err := admit(); err != nil {
 			if !errors.Is(err, kvcache.ErrNoReservation) {
@@ -689,11 +691,11 @@ func (o *offline) startRequest(r *rank, q *schedReq) (float64, error) {
 // computed in the pass ending at end.
 func (o *offline) contextDone(r *rank, q *schedReq, end time.Duration) error {
 	id := q.q.ID
-	if err := r.mgr.Commit(q.mid, q.t32); err != nil {
+	if err := r.mgr.Commit(q.mid, q.t64); err != nil {
 		return fmt.Errorf("request %s: commit: %w", id, err)
 	}
 	meta, err := r.sched.BuildMeta(connector.SchedulerOutput{
-		CachedRequests: []connector.RequestData{{ID: id, NumScheduledTokens: len(q.t32)}},
+		CachedRequests: []connector.RequestData{{ID: id, NumScheduledTokens: len(q.t64)}},
 		SubmittedSaves: r.w.TakeSubmittedSaves(),
 	})
 	if err != nil {

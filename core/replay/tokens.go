@@ -1,11 +1,6 @@
 package replay
 
-import (
-	"fmt"
-	"hash/fnv"
-
-	"github.com/kvctl/kvctl/core/keys"
-)
+import ()
 
 // prepared is a request's replay shape.
 type prepared struct {
@@ -64,48 +59,28 @@ func synthToken(seed uint64, h int64, i int) int64 {
 	return int64(x & 0x7fffffff)
 }
 
-func (o *offline) tokens(q Request, pr prepared) ([]int64, []int32) {
-	o.buf64, o.buf32 = o.buf64[:0], o.buf32[:0]
-	if o.t.Format != FormatMooncake {
-		// The KV cache manager keys blocks by tokens alone; a scope mask keeps requests of
-		// different cache salts or LoRA adapters from sharing local blocks, as their pool keys
-		// already are kept apart by the connector.
-		mask := scopeMask(q.Scope)
-		for _, v := range q.Tokens {
-			o.buf64 = append(o.buf64, v)
-			o.buf32 = append(o.buf32, int32(v)^mask)
-		}
-		return o.buf64, o.buf32
+// appendTokens appends the replay tokens of request q, of shape pr, to dst: a token trace's
+// own tokens, or the tokens synthesised for a Mooncake trace's hash ids. A request's reuse
+// scope is not in its tokens: the KV cache manager and the connector both key blocks by the
+// tokens and the scope (kvcache.Prompt, connector.Request).
+func appendTokens(dst []int64, format string, seed uint64, T int, q Request, pr prepared) []int64 {
+	if format != FormatMooncake {
+		return append(dst, q.Tokens...)
 	}
-	T := o.p.TokensPerBlock
 	for b, h := range q.HashIDs {
 		n := T
 		if b == len(q.HashIDs)-1 {
 			n = pr.tailSynth
 		}
 		for i := range n {
-			v := synthToken(o.p.Seed, h, i)
-			o.buf64 = append(o.buf64, v)
-			o.buf32 = append(o.buf32, int32(v))
+			dst = append(dst, synthToken(seed, h, i))
 		}
 	}
-	return o.buf64, o.buf32
+	return dst
 }
 
-// scopeMask is 0 for requests without salt or LoRA adapter and a fixed positive mask per
-// (salt, adapter) otherwise.
-func scopeMask(s keys.Scope) int32 {
-	salt := ""
-	if s.CacheSalt != nil {
-		salt = *s.CacheSalt
-	}
-	if salt == "" && s.LoRATaskID == nil {
-		return 0
-	}
-	h := fnv.New64a()
-	h.Write([]byte(salt))
-	if s.LoRATaskID != nil {
-		fmt.Fprintf(h, "|lora=%d", *s.LoRATaskID)
-	}
-	return int32(h.Sum64()&0x7fffffff) | 1
+// tokens returns q's replay tokens in the replay's reused buffer.
+func (o *offline) tokens(q Request, pr prepared) []int64 {
+	o.buf64 = appendTokens(o.buf64[:0], o.t.Format, o.p.Seed, o.p.TokensPerBlock, q, pr)
+	return o.buf64
 }
