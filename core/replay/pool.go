@@ -136,7 +136,7 @@ func (o *offline) drain() error {
 		gen := r.saving
 		left := len(r.saving)
 		for left > 0 {
-			fs, _, err := r.w.GetFinished(gen, nil)
+			fs, _, err := r.local.GetFinished(o.ctx, gen, nil)
 			if err != nil {
 				return err
 			}

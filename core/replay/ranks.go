@@ -17,11 +17,14 @@ import (
 
 // rank is one attention-DP engine of an offline replay.
 type rank struct {
-	idx    int
-	mgr    *kvcache.Manager
-	sched  *connector.Scheduler
-	w      *connector.Worker
-	eng    *cacheEngine // serves a request at once (no scheduler model) over the Driver
+	idx   int
+	mgr   *kvcache.Manager
+	sched *connector.Scheduler
+	w     *connector.Worker
+	// local is the rank's connector, the scheduler model's calls go through it; eng serves a
+	// request at once (no scheduler model) through connector.Driver.
+	local  connector.Rank
+	eng    *cacheEngine
 	mem    *gpu.SharedMemory
 	mover  kvmem.Mover
 	pages  [][]int
@@ -147,8 +150,8 @@ func newRank(o *offline, idx int, pool mooncake.Pool, slots int, logger *slog.Lo
 	if err := r.w.RegisterLayout(layout); err != nil {
 		return nil, err
 	}
-	local := connector.NewLocalRank(fmt.Sprintf("replay rank %d", idx), r.sched, r.w)
-	decl := managerDeclarations(local.Declarations())
+	r.local = connector.NewLocalRank(fmt.Sprintf("replay rank %d", idx), r.sched, r.w)
+	decl := managerDeclarations(r.local.Declarations())
 	kc := cacheConfig(p, c)
 	if c.Scheduler {
 		// The scheduler model's switches: the connector's requires_completion_reservation, and
@@ -166,7 +169,7 @@ func newRank(o *offline, idx int, pool mooncake.Pool, slots int, logger *slog.Lo
 		r.queries = kvcache.AdmissionQueryApplies(kc, decl, c.Ranks > 1)
 	}
 	yield := func(context.Context) error { runtime.Gosched(); return nil }
-	if r.eng, err = newCacheEngine(timedRank{Rank: local, o: o}, r.mgr, T, slots, yield); err != nil {
+	if r.eng, err = newCacheEngine(timedRank{Rank: r.local, o: o}, r.mgr, T, slots, yield); err != nil {
 		return nil, err
 	}
 	ids := make([]int, slots)

@@ -419,7 +419,9 @@ func (o *offline) growOrPreempt(r *rank, q *schedReq, numTokens int) error {
 
 // dropRequest fails a running request that cannot fit the rank's cache even alone.
 func (o *offline) dropRequest(r *rank, q *schedReq) error {
-	r.sched.RequestReset(q.q.ID)
+	if err := r.local.RequestReset(o.ctx, q.q.ID); err != nil {
+		return err
+	}
 	if err := r.mgr.Revert(q.mid); err != nil {
 		return err
 	}
@@ -443,7 +445,9 @@ func (o *offline) preempt(r *rank, q *schedReq) error {
 		q.wasPreempted = true
 		sc.PreemptedRequests++
 	}
-	r.sched.RequestReset(q.q.ID)
+	if err := r.local.RequestReset(o.ctx, q.q.ID); err != nil {
+		return err
+	}
 	if err := r.mgr.Revert(q.mid); err != nil {
 		return err
 	}
@@ -514,7 +518,9 @@ func (o *offline) admit(r *rank, p *kvcache.Pass, q *schedReq) (ok, deferred boo
 	}
 	release := func() error {
 		if q.lookedUp {
-			r.sched.RequestReset(q.q.ID)
+			if err := r.local.RequestReset(o.ctx, q.q.ID); err != nil {
+				return err
+			}
 		}
 		q.lookedUp, q.honoured, q.async = false, 0, false
 		if !q.allocated {
@@ -579,9 +585,9 @@ func (o *offline) lookup(r *rank, q *schedReq, admission bool) (int, bool, error
 	if err := o.drain(); err != nil {
 		return 0, false, err
 	}
-	call := r.sched.Lookup
+	call := r.local.Lookup
 	if admission {
-		call = r.sched.AdmissionQuery
+		call = r.local.AdmissionQuery
 	}
 	began := time.Now()
 	o.pool.lookup = true
@@ -626,23 +632,29 @@ func (o *offline) startRequest(r *rank, q *schedReq) (float64, error) {
 		}
 	}
 	pages := [][]int{r.pages[0][:q.pr.blocks]}
-	if err := r.sched.UpdateStateAfterAlloc(id, pages, q.honoured); err != nil {
+	if err := r.local.UpdateStateAfterAlloc(o.ctx, id, pages, q.honoured); err != nil {
 		return 0, fmt.Errorf("request %s: %w", id, err)
 	}
-	meta, err := r.sched.BuildMeta(connector.SchedulerOutput{
+	submitted, err := r.local.TakeSubmittedSaves(o.ctx)
+	if err != nil {
+		return 0, err
+	}
+	meta, err := r.local.BuildMeta(o.ctx, connector.SchedulerOutput{
 		NewRequests:    []connector.RequestData{{ID: id, NewBlockIDsByGroup: pages, ComputedPosition: q.reused}},
-		SubmittedSaves: r.w.TakeSubmittedSaves(),
+		SubmittedSaves: submitted,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("request %s: build metadata: %w", id, err)
 	}
 	began := time.Now()
-	r.w.BindMeta(meta)
-	var failed bool
+	if err := r.local.BindMeta(o.ctx, meta); err != nil {
+		return 0, err
+	}
+	var failed []string
 	if q.async {
 		announce := []string{id}
 		for done := false; !done; {
-			_, fl, err := r.w.GetFinished(nil, announce)
+			_, fl, err := r.local.GetFinished(o.ctx, nil, announce)
 			if err != nil {
 				return 0, fmt.Errorf("request %s: asynchronous load: %w", id, err)
 			}
@@ -652,17 +664,23 @@ func (o *offline) startRequest(r *rank, q *schedReq) (float64, error) {
 				runtime.Gosched()
 			}
 		}
-		failed = slices.Contains(r.w.TakeFailedAsyncLoadRequests(), id)
+		if failed, err = r.local.TakeFailedAsyncLoadRequests(o.ctx); err != nil {
+			return 0, err
+		}
 	} else {
-		if err := r.w.StartLoad(o.ctx); err != nil {
+		if err := r.local.StartLoad(o.ctx); err != nil {
 			return 0, fmt.Errorf("request %s: load: %w", id, err)
 		}
-		failed = slices.Contains(r.w.TakeFailedLoadRequests(), id)
+		if failed, err = r.local.TakeFailedLoadRequests(o.ctx); err != nil {
+			return 0, err
+		}
 	}
 	o.wall.load += time.Since(began)
-	if failed {
+	if slices.Contains(failed, id) {
 		o.run.FailedLoads++
-		r.sched.RequestReset(id)
+		if err := r.local.RequestReset(o.ctx, id); err != nil {
+			return 0, err
+		}
 		if err := r.mgr.Revert(q.mid); err != nil {
 			return 0, err
 		}
@@ -694,20 +712,30 @@ func (o *offline) contextDone(r *rank, q *schedReq, end time.Duration) error {
 	if err := r.mgr.Commit(q.mid, q.t64); err != nil {
 		return fmt.Errorf("request %s: commit: %w", id, err)
 	}
-	meta, err := r.sched.BuildMeta(connector.SchedulerOutput{
+	submitted, err := r.local.TakeSubmittedSaves(o.ctx)
+	if err != nil {
+		return err
+	}
+	meta, err := r.local.BuildMeta(o.ctx, connector.SchedulerOutput{
 		CachedRequests: []connector.RequestData{{ID: id, NumScheduledTokens: len(q.t64)}},
-		SubmittedSaves: r.w.TakeSubmittedSaves(),
+		SubmittedSaves: submitted,
 	})
 	if err != nil {
 		return fmt.Errorf("request %s: build metadata: %w", id, err)
 	}
-	r.w.BindMeta(meta)
-	if err := r.w.WaitForSave(o.ctx); err != nil {
+	if err := r.local.BindMeta(o.ctx, meta); err != nil {
+		return err
+	}
+	if err := r.local.WaitForSave(o.ctx); err != nil {
 		return fmt.Errorf("request %s: save: %w", id, err)
 	}
 	// The connector is done with the request: generated tokens are not saved. Its saves join
 	// the ones drain waits for before the next lookup, so no save is in flight during one.
-	if r.sched.RequestFinished(id) {
+	saving, err := r.local.RequestFinished(o.ctx, id)
+	if err != nil {
+		return err
+	}
+	if saving {
 		r.saving = append(r.saving, id)
 	}
 	q.phase = phaseGenerating
