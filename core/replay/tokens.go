@@ -1,7 +1,5 @@
 package replay
 
-import ()
-
 // prepared is a request's replay shape.
 type prepared struct {
 	blocks    int // trace blocks
