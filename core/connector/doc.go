@@ -33,6 +33,13 @@
 // Worker.GetFinished followed by TakeFailedAsyncLoadRequests; finally RequestFinished and, when
 // it reports saves, GetFinished until the request is reported.
 //
+// Rank is that sequence's callee, one interface for what an engine rank calls: LocalRank
+// implements it over a Scheduler and a Worker in process, engineapi.RemoteRank over the engine
+// API. Driver is the sequence written once over Ranks, pass by pass, with hooks for what
+// differs between engines (page allocation, what computing and restoring a block means, what a
+// request's end frees); the connector's engine tests, core/enginesim and core/replay (offline
+// and live) all drive the connector through it.
+//
 // # Failed loads
 //
 // A page offered at lookup can be gone when it is loaded. On a single rank or an attention-DP

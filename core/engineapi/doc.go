@@ -1,7 +1,9 @@
 // Package engineapi is kvctl's engine API: the gRPC service engines call over a local unix
 // socket to use the connector (register a KV layout, look up prefix hits, load and save pages,
-// finish requests), the descriptor side channel that hands engine memory to the daemon, and the
-// Go client that tests, replay and Go engines use.
+// finish requests), the descriptor side channel that hands engine memory to the daemon, the
+// Go client that tests, replay and Go engines use, the conversions between its messages and the
+// connector's types (convert.go, shared by the daemon's server and the clients) and RemoteRank,
+// the connector.Rank that calls a registered engine rank over the client.
 //
 // Transport: gRPC over a unix socket created with mode 0600. File descriptors (shared-memory or
 // CUDA virtual-memory handles) cannot travel in gRPC messages, so an engine first sends its
