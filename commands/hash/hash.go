@@ -4,6 +4,7 @@ package hash
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -289,7 +290,8 @@ func readTokens(opts *Options) ([]int64, error) {
 	return toks, nil
 }
 
-// Compute derives the hashes and keys of tokens as opts describe.
+// Compute derives the hashes and keys of tokens as opts describe, through the key recipe
+// (keys.Recipe) the connector and kvctl serve use. Bad key inputs are flag errors.
 func Compute(opts *Options, tokens []int64) (*Result, error) {
 	format, err := keys.ParseFormat(opts.Format)
 	if err != nil {
@@ -299,63 +301,45 @@ func Compute(opts *Options, tokens []int64) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := keys.ChainConfig{Format: format, TokensPerBlock: opts.TokensPerBlock, PromptLookahead: opts.PromptLookahead, Scope: scope}
-	if err := cfg.Validate(); err != nil {
+	rec := keys.Recipe{
+		Format: format, TokensPerBlock: opts.TokensPerBlock, PromptLookahead: opts.PromptLookahead,
+		Namespace: keys.Namespace{Namespace: opts.Namespace, ModelKey: opts.ModelKey, WorldSize: opts.WorldSize, Rank: opts.Rank, AttentionDP: opts.AttentionDP},
+	}
+	if err := rec.ChainConfig(scope).Validate(); err != nil {
 		return nil, cmdutil.FlagErrorf("%v", err)
 	}
-	groups, err := parseGroups(opts.LayerGroups, opts.Replicated)
-	if err != nil {
+	if rec.Groups, err = parseGroups(opts.LayerGroups, opts.Replicated); err != nil {
 		return nil, err
 	}
-	wantKeys := opts.ModelKey != "" || len(groups) > 0 || opts.KeysOnly
-	ns := keys.Namespace{Namespace: opts.Namespace, ModelKey: opts.ModelKey, WorldSize: opts.WorldSize, Rank: opts.Rank, AttentionDP: opts.AttentionDP}
-	if wantKeys {
-		if err := ns.Validate(); err != nil {
+	set := keys.KeySetNone
+	if opts.ModelKey != "" || len(rec.Groups) > 0 || opts.KeysOnly {
+		set = keys.KeySetSave
+		if opts.KeySet == KeySetLookup {
+			set = keys.KeySetLookup
+		}
+		switch err := rec.ValidateKeys(); {
+		case errors.Is(err, keys.ErrNoLayerGroups):
+			return nil, cmdutil.FlagErrorf("keys need at least one --layer-group g:bytes_per_page")
+		case err != nil:
 			return nil, cmdutil.FlagErrorf("%v", err)
 		}
-		if len(groups) == 0 {
-			return nil, cmdutil.FlagErrorf("keys need at least one --layer-group g:bytes_per_page")
-		}
 	}
-
-	res := &Result{
-		Format: string(format), Tokens: len(tokens), TokensPerBlock: opts.TokensPerBlock,
-		PromptLookahead: opts.PromptLookahead, Blocks: []Block{},
-	}
-	if wantKeys {
-		res.Namespace, res.ModelKey, res.Shard, res.KeySet = ns.Namespace, ns.ModelKey, ns.Shard(), opts.KeySet
-	}
-	chain, err := keys.NewChain(cfg)
-	if err != nil {
-		return nil, cmdutil.FlagErrorf("%v", err)
-	}
-	res.Seed = chain.Seed().String()
-	if keys.Bypassed(opts.HasMultimodal, scope) {
-		res.Bypassed = true
-		res.UncoveredTokens = len(tokens)
-		return res, nil
-	}
-	hashes, err := chain.Extend(tokens)
+	d, err := rec.Derive(keys.Prompt{Tokens: tokens, Scope: scope, HasMultimodal: opts.HasMultimodal}, set)
 	if err != nil {
 		return nil, err
 	}
-	res.Blocks = make([]Block, len(hashes))
-	covered := 0
-	for i, h := range hashes {
-		start, end := chain.BlockSpan(i)
-		b := Block{Block: i, Start: start, End: end, Hash: h.String()}
-		if wantKeys {
-			b.GroupKey = ns.GroupKey(h)
-			if opts.KeySet == KeySetLookup {
-				b.Keys = ns.BlockKeys(opts.TokensPerBlock, groups, h)
-			} else {
-				b.Keys = ns.SaveKeys(opts.TokensPerBlock, groups, h)
-			}
-		}
-		res.Blocks[i] = b
-		covered = (i + 1) * opts.TokensPerBlock
+	res := &Result{
+		Format: string(format), Tokens: len(tokens), TokensPerBlock: opts.TokensPerBlock,
+		PromptLookahead: opts.PromptLookahead, Seed: d.Seed.String(), Bypassed: d.Bypassed,
+		UncoveredTokens: d.UncoveredTokens, Blocks: make([]Block, len(d.Blocks)),
 	}
-	res.UncoveredTokens = len(tokens) - covered
+	if set != keys.KeySetNone {
+		ns := rec.Namespace
+		res.Namespace, res.ModelKey, res.Shard, res.KeySet = ns.Namespace, ns.ModelKey, ns.Shard(), opts.KeySet
+	}
+	for i, b := range d.Blocks {
+		res.Blocks[i] = Block{Block: b.Index, Start: b.Start, End: b.End, Hash: b.Hash.String(), GroupKey: b.GroupKey, Keys: b.Keys}
+	}
 	return res, nil
 }
 
