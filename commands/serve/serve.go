@@ -19,6 +19,7 @@ import (
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/engineapi"
+	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/core/sysmem"
 	"github.com/kvctl/kvctl/gpu"
 	"github.com/kvctl/kvctl/mooncake"
@@ -359,13 +360,13 @@ func banner(opts *Options, info daemon.Info, inv gpu.Inventory) {
 		// One record, so that every line on stderr is JSON.
 		args := []any{"version", version, "pool_backend", info.Backend.Kind, "pool_bytes", info.PoolBytes,
 			"gpus", gpus, "socket", info.Socket, "admin", admin, "metrics", metrics}
-		if info.Backend.Kind == daemon.BackendMooncake {
+		if info.Backend.Kind == statsapi.BackendMooncake {
 			args = append(args, "master", info.Backend.Master, "segment", info.Backend.Segment)
 		}
 		opts.Factory.Logger().Info("kvctl serve ready", args...)
 		return
 	}
-	if info.Backend.Kind == daemon.BackendMooncake {
+	if info.Backend.Kind == statsapi.BackendMooncake {
 		fmt.Fprintf(opts.IO.ErrOut, "kvctl serve %s\n%s  gpus     %s\n  socket   %s\n  admin    %s\n  metrics  %s\n%s",
 			version, clusterBanner(info.Backend), gpus, info.Socket, admin, metrics, waitMessage(info.Backend))
 		return

@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/probe"
+	"github.com/kvctl/kvctl/core/statsapi"
 )
 
 // gatherClusterServe reports a kvctl serve whose pool is a Mooncake cluster from its
@@ -17,7 +17,7 @@ func gatherClusterServe(ctx context.Context, t *probe.Target, src *Source) (done
 	if err != nil {
 		return false, err
 	}
-	if st.Backend.Kind != daemon.BackendMooncake {
+	if st.Backend.Kind != statsapi.BackendMooncake {
 		return false, nil
 	}
 	p := st.Pool
@@ -40,7 +40,7 @@ func gatherClusterServe(ctx context.Context, t *probe.Target, src *Source) (done
 }
 
 // backendRows are the table rows of a serve's backend.
-func backendRows(b *daemon.BackendStatusJSON) [][2]string {
+func backendRows(b *statsapi.BackendStatusJSON) [][2]string {
 	if b == nil || b.Kind == "" {
 		return nil
 	}
@@ -53,7 +53,7 @@ func backendRows(b *daemon.BackendStatusJSON) [][2]string {
 		mounted = "not mounted"
 	}
 	rows = append(rows, [2]string{"segment", fmt.Sprintf("%s, %s, %s", b.Segment, bytesHuman(b.SegmentBytes), mounted)})
-	if b.Kind == daemon.BackendMooncake {
+	if b.Kind == statsapi.BackendMooncake {
 		rows = append(rows, [2]string{"cluster", fmt.Sprintf("%d segments, %s / %s", b.ClusterSegments, bytesHuman(b.ClusterUsedBytes), bytesHuman(b.ClusterCapacityBytes))})
 	}
 	if b.UnreadyReason != "" {
@@ -62,7 +62,7 @@ func backendRows(b *daemon.BackendStatusJSON) [][2]string {
 	if s := b.SegmentServed; s != nil {
 		rows = append(rows, [2]string{"served to peers", fmt.Sprintf("%d reads, %s", s.PeerReads, bytesHuman(int64(s.BytesRead)))})
 	}
-	if f := b.PoolCallFailures; f != (daemon.PoolFailuresJSON{}) {
+	if f := b.PoolCallFailures; f != (statsapi.PoolFailuresJSON{}) {
 		rows = append(rows, [2]string{"pool failures", fmt.Sprintf("%d timeouts, %d lookup keys, %d dropped save pages, %d load pages", f.Timeouts, f.LookupKeys, f.DroppedSavePages, f.LoadPages)})
 	}
 	return rows

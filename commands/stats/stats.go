@@ -14,9 +14,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
-	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/probe"
 	corestats "github.com/kvctl/kvctl/core/stats"
+	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -168,21 +168,21 @@ type Counters struct {
 
 // Source is the report of one pool or log file.
 type Source struct {
-	Source      string                `json:"source"`
-	Kind        string                `json:"kind"`
-	Version     string                `json:"version,omitempty"`
-	Role        string                `json:"role,omitempty"`
-	Ready       *bool                 `json:"ready,omitempty"`
-	Engines     *int                  `json:"engines,omitempty"`
-	Usage       *Usage                `json:"usage,omitempty"`
-	Gets        *Gets                 `json:"gets,omitempty"`
-	Evictions   *Evictions            `json:"evictions,omitempty"`
-	PrefixHoles *daemon.HoleStatsJSON `json:"prefix_holes,omitempty"`
-	Loads       *daemon.LoadStatsJSON `json:"loads,omitempty"`
+	Source      string                  `json:"source"`
+	Kind        string                  `json:"kind"`
+	Version     string                  `json:"version,omitempty"`
+	Role        string                  `json:"role,omitempty"`
+	Ready       *bool                   `json:"ready,omitempty"`
+	Engines     *int                    `json:"engines,omitempty"`
+	Usage       *Usage                  `json:"usage,omitempty"`
+	Gets        *Gets                   `json:"gets,omitempty"`
+	Evictions   *Evictions              `json:"evictions,omitempty"`
+	PrefixHoles *corestats.HoleStats    `json:"prefix_holes,omitempty"`
+	Loads       *statsapi.LoadStatsJSON `json:"loads,omitempty"`
 	// Backend is a kvctl serve's pool backend: its master, this host's segment and the
 	// cluster's capacity (cluster.go).
-	Backend *daemon.BackendStatusJSON `json:"backend,omitempty"`
-	Log     *LogLines                 `json:"log,omitempty"`
+	Backend *statsapi.BackendStatusJSON `json:"backend,omitempty"`
+	Log     *LogLines                   `json:"log,omitempty"`
 	// Delta is the change of the counters since the previous report of a watch.
 	Delta *Counters `json:"delta,omitempty"`
 }
@@ -397,7 +397,7 @@ func gatherLog(name string) (Source, error) {
 	src := Source{Source: name, Kind: KindLog, Log: &LogLines{Lines: ls.Lines, HoleLines: ls.HoleLines, LoadLines: ls.LoadLines, Skipped: ls.Skipped, Malformed: ls.Malformed}}
 	if ls.HoleLines > 0 {
 		h := ls.Holes
-		src.PrefixHoles = &daemon.HoleStatsJSON{Lookups: h.Lookups, LookedUpBlocks: h.LookedUpBlocks, HitBlocks: h.HitBlocks, Holes: h.Holes, HoleBlocks: h.HoleBlocks, RecomputedStoredTokens: h.RecomputedStoredTokens}
+		src.PrefixHoles = &h
 	}
 	if ls.LoadLines > 0 {
 		l := ls.Loads

@@ -281,7 +281,7 @@ func TestFromLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := r.Sources[0]
-	want := daemon.HoleStatsJSON{Lookups: 4, LookedUpBlocks: 16, HitBlocks: 6, Holes: 3, HoleBlocks: 4, RecomputedStoredTokens: 160}
+	want := corestats.HoleStats{Lookups: 4, LookedUpBlocks: 16, HitBlocks: 6, Holes: 3, HoleBlocks: 4, RecomputedStoredTokens: 160}
 	if *s.PrefixHoles != want || s.Loads.Loads != 2 || s.Loads.Pages != 20 || s.Log.HoleLines != 2 || s.Log.LoadLines != 2 || s.Log.Skipped != 1 {
 		t.Errorf("%+v %+v %+v", s.PrefixHoles, s.Loads, s.Log)
 	}
