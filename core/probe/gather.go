@@ -268,33 +268,6 @@ func gatherLog(name string) (Source, error) {
 	return src, nil
 }
 
-func counters(s Source) Counters {
-	var c Counters
-	if s.Gets != nil {
-		c.Hits, c.Misses = s.Gets.Hits, s.Gets.Misses
-	}
-	if s.Evictions != nil {
-		c.EvictionAttempts, c.EvictedKeys = s.Evictions.Attempts, s.Evictions.EvictedKeys
-	}
-	if h := s.PrefixHoles; h != nil {
-		c.Lookups, c.HitBlocks, c.Holes, c.HoleBlocks, c.RecomputedStoredTokens = h.Lookups, h.HitBlocks, h.Holes, h.HoleBlocks, h.RecomputedStoredTokens
-	}
-	if l := s.Loads; l != nil {
-		c.Loads, c.LoadedPages, c.LandedBytes = l.Loads, l.Pages, l.LandedBytes
-	}
-	return c
-}
-
-func (c Counters) minus(o Counters) Counters {
-	return Counters{
-		Hits: c.Hits - o.Hits, Misses: c.Misses - o.Misses,
-		EvictionAttempts: c.EvictionAttempts - o.EvictionAttempts, EvictedKeys: c.EvictedKeys - o.EvictedKeys,
-		Lookups: c.Lookups - o.Lookups, HitBlocks: c.HitBlocks - o.HitBlocks, Holes: c.Holes - o.Holes,
-		HoleBlocks: c.HoleBlocks - o.HoleBlocks, RecomputedStoredTokens: c.RecomputedStoredTokens - o.RecomputedStoredTokens,
-		Loads: c.Loads - o.Loads, LoadedPages: c.LoadedPages - o.LoadedPages, LandedBytes: c.LandedBytes - o.LandedBytes,
-	}
-}
-
 // gatherClusterServe reports a kvctl serve whose pool is a Mooncake cluster from its
 // /v1/stats alone: such a serve answers none of the master's read endpoints (the master itself
 // does; give it as another --pool). done is false for a serve on the embedded pool, which
