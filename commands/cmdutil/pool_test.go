@@ -69,9 +69,9 @@ func TestWatch(t *testing.T) {
 		t.Run(tt.format, func(t *testing.T) {
 			ios, _, out, errOut := Test()
 			var slept []time.Duration
-			w := Watch{IO: ios, Every: 3, Format: tt.format, Iterations: 4,
+			w := Watch{IO: ios, Every: 3, Format: tt.format, Iterations: 4, Seams: Seams{
 				Now:   func() time.Time { return time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC) },
-				Sleep: func(_ context.Context, d time.Duration) error { slept = append(slept, d); return nil }}
+				Sleep: func(_ context.Context, d time.Duration) error { slept = append(slept, d); return nil }}}
 			n := 0
 			err := w.Run(context.Background(), func(context.Context) (func() error, error) {
 				n++
@@ -96,7 +96,7 @@ func TestWatch(t *testing.T) {
 	}
 	ios, _, _, _ := Test()
 	boom := errors.New("boom")
-	err := Watch{IO: ios, Every: 1, Sleep: func(context.Context, time.Duration) error { return nil }}.Run(context.Background(), func(context.Context) (func() error, error) { return nil, boom })
+	err := Watch{IO: ios, Every: 1, Seams: Seams{Sleep: func(context.Context, time.Duration) error { return nil }}}.Run(context.Background(), func(context.Context) (func() error, error) { return nil, boom })
 	if !errors.Is(err, boom) {
 		t.Fatalf("a failure other than an unreachable pool: got %v, want it to end the watch", err)
 	}

@@ -18,10 +18,8 @@ type Watch struct {
 	Target string
 	// Iterations stops the loop after that many reports (0: until the context is done).
 	Iterations int
-	// Now stamps the headers and the failures; Sleep waits between two reports. Both come
-	// from the Factory (Factory.Now, Factory.Sleep); nil means the real clock.
-	Now   func() time.Time
-	Sleep func(ctx context.Context, d time.Duration) error
+	// Seams: Now stamps the headers and the failures; Sleep waits between two reports.
+	Seams
 }
 
 // Run calls report once per interval and writes what it returns with print. On a terminal each
@@ -30,14 +28,7 @@ type Watch struct {
 // that fails with ExitUnreachable is said on standard error and asked again at the next
 // interval (a watch outlives a pool restart); any other failure ends the loop.
 func (w Watch) Run(ctx context.Context, report func(context.Context) (print func() error, err error)) error {
-	sleep := w.Sleep
-	if sleep == nil {
-		sleep = SleepContext
-	}
-	now := w.Now
-	if now == nil {
-		now = time.Now
-	}
+	sleep, now := w.Sleeper(), w.Clock()
 	tty := w.IO.IsStdoutTTY()
 	printed := 0
 	for n := 1; ; n++ {

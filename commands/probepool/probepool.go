@@ -39,17 +39,16 @@ type Options struct {
 	Out      string
 	Metadata string
 
-	// Now stamps watch headers.
-	Now func() time.Time
+	// Seams come from the Factory: Now stamps watch headers, Sleep waits between two watch
+	// reports.
+	cmdutil.Seams
 	// Iterations stops a watch after that many reports (0: until the context is done).
 	Iterations int
-	// Sleep waits between two watch reports; nil waits on a timer.
-	Sleep func(ctx context.Context, d time.Duration) error
 }
 
 // NewCmdProbePool returns `kvctl probe-pool`. runF replaces the run function in tests.
 func NewCmdProbePool(f *cmdutil.Factory, runF func(*Options) error) *cobra.Command {
-	opts := &Options{IO: f.IOStreams, Now: f.Now, Keys: &cmdutil.KeyFlags{KeySet: keys.KeySetLookup}}
+	opts := &Options{IO: f.IOStreams, Seams: f.Seams, Keys: &cmdutil.KeyFlags{KeySet: keys.KeySetLookup}}
 	cmd := &cobra.Command{
 		Use:   "probe-pool --pool URL [TOKEN...]",
 		Short: "Show which blocks of a prompt a live pool holds, and where its prefix stops",
@@ -206,7 +205,7 @@ func derivePrompt(opts *Options) (*probe.PromptKeys, error) {
 // report probes pool once, checking --expect-hit, or every --watch seconds.
 func report(ctx context.Context, opts *Options, pool string, probeOnce func(context.Context) (*probe.Report, error)) error {
 	if opts.Watch > 0 {
-		w := cmdutil.Watch{IO: opts.IO, Every: opts.Watch, Format: opts.OutputFormat, Target: pool, Iterations: opts.Iterations, Now: opts.Now, Sleep: opts.Sleep}
+		w := cmdutil.Watch{IO: opts.IO, Every: opts.Watch, Format: opts.OutputFormat, Target: pool, Iterations: opts.Iterations, Seams: opts.Seams}
 		return w.Run(ctx, func(ctx context.Context) (func() error, error) {
 			res, err := probeOnce(ctx)
 			if err != nil {

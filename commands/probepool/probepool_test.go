@@ -109,7 +109,7 @@ func deriveLayout(t *testing.T, o *cmdutil.KeyFlags) *keys.Derivation {
 }
 
 func options(ios *cmdutil.IOStreams, pool, format string) *Options {
-	return &Options{IO: ios, Keys: promptKeys(ios), Pool: pool, Timeout: 5 * time.Second, OutputFormat: format, Now: func() time.Time { return time.Unix(0, 0).UTC() }}
+	return &Options{IO: ios, Keys: promptKeys(ios), Pool: pool, Timeout: 5 * time.Second, OutputFormat: format, Seams: cmdutil.Seams{Now: func() time.Time { return time.Unix(0, 0).UTC() }}}
 }
 
 // startServe runs a real kvctl serve daemon with a small pool and returns it with its admin

@@ -59,15 +59,16 @@ type Options struct {
 	// Sources maps a flag set from the environment or the config file to where it came from,
 	// so that a bad value is blamed on the right place.
 	Sources map[string]string
-	// MemAvailable reads available memory, for the automatic pool size (tests replace it).
-	MemAvailable func() (uint64, bool)
+	// Seams come from the Factory: MemAvailable reads available memory for the automatic pool
+	// size (nil: the system's, from core/sysmem).
+	cmdutil.Seams
 	// Ready is called once the daemon accepts connections (tests use it).
 	Ready func(daemon.Info)
 }
 
 // NewCmdServe returns `kvctl serve`. runF replaces the run function in tests.
 func NewCmdServe(f *cmdutil.Factory, runF func(context.Context, *Options) error) *cobra.Command {
-	opts := &Options{IO: f.IOStreams, Factory: f}
+	opts := &Options{IO: f.IOStreams, Factory: f, Seams: f.Seams}
 	def := config.DefaultServeConfig()
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -147,7 +148,7 @@ messages of kvctl validate-config.`,
 			if runF != nil {
 				return runF(cmd.Context(), opts)
 			}
-			return Run(cmd.Context(), opts)
+			return runServe(cmd.Context(), opts)
 		},
 	}
 	fl := cmd.Flags()
@@ -208,8 +209,8 @@ func report(opts *Options, diags config.Diagnostics) error {
 	return nil
 }
 
-// Run checks the configuration, starts the daemon and serves until ctx is cancelled.
-func Run(ctx context.Context, opts *Options) error {
+// runServe checks the configuration, starts the daemon and serves until ctx is cancelled.
+func runServe(ctx context.Context, opts *Options) error {
 	if opts.DisaggConfig != "" {
 		return runDisagg(ctx, opts)
 	}

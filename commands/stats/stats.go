@@ -25,17 +25,16 @@ type Options struct {
 	Timeout      time.Duration
 	OutputFormat string
 
-	// Now stamps watch headers.
-	Now func() time.Time
+	// Seams come from the Factory: Now stamps watch headers, Sleep waits between two watch
+	// reports.
+	cmdutil.Seams
 	// Iterations stops a watch after that many reports (0: until the context is done).
 	Iterations int
-	// Sleep waits between two watch reports; nil waits on a timer.
-	Sleep func(ctx context.Context, d time.Duration) error
 }
 
 // NewCmdStats returns `kvctl stats`. runF replaces the run function in tests.
 func NewCmdStats(f *cmdutil.Factory, runF func(*Options) error) *cobra.Command {
-	opts := &Options{IO: f.IOStreams, Now: f.Now}
+	opts := &Options{IO: f.IOStreams, Seams: f.Seams}
 	cmd := &cobra.Command{
 		Use:   "stats (--pool URL... | --from-log FILE...)",
 		Short: "Show a pool's capacity, hits, evictions, prefix holes and load phases",
@@ -115,7 +114,7 @@ func runStats(ctx context.Context, opts *Options) error {
 		return cmdutil.Print(opts.IO, opts.OutputFormat, res, func() cmdutil.Table { return rows(res) })
 	}
 	var prev *probe.StatsReport
-	w := cmdutil.Watch{IO: opts.IO, Every: opts.Watch, Format: opts.OutputFormat, Iterations: opts.Iterations, Now: opts.Now, Sleep: opts.Sleep}
+	w := cmdutil.Watch{IO: opts.IO, Every: opts.Watch, Format: opts.OutputFormat, Iterations: opts.Iterations, Seams: opts.Seams}
 	return w.Run(ctx, func(ctx context.Context) (func() error, error) {
 		res, err := gather(ctx, targets, opts.FromLog)
 		if err != nil {

@@ -78,7 +78,7 @@ func golden(t *testing.T, name string, got []byte) {
 }
 
 func options(ios *cmdutil.IOStreams, format string) *Options {
-	return &Options{IO: ios, Timeout: 5 * time.Second, OutputFormat: format, Now: func() time.Time { return time.Unix(0, 0).UTC() }}
+	return &Options{IO: ios, Timeout: 5 * time.Second, OutputFormat: format, Seams: cmdutil.Seams{Now: func() time.Time { return time.Unix(0, 0).UTC() }}}
 }
 
 // masterReplay serves the real master's recorded responses by path, with the bodies of
