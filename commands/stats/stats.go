@@ -53,9 +53,10 @@ no statistics calls: this reports whether it serves, its store protocol version 
 configuration (kind mooncake-master-rpc); ask its HTTP admin address for the figures.
 
 --from-log FILE (repeatable) reads the "prefix-hole stats" and "load stats" lines a connector
-logs once per stats interval: kvctl's own lines (slog text or JSON) and the seed connector's
-lines (the same messages followed by key=value fields, under any logger prefix), as well as
-TensorRT-LLM's "async-load stats" summary. The lines are summed into the same report; other
+logs once per stats interval: kvctl's own lines (slog text or JSON) and those of TensorRT-LLM's
+mooncake_store connector with mooncake_store.stats_interval set
+(https://github.com/NVIDIA/TensorRT-LLM/pull/21195: the same messages followed by key=value
+fields, under any logger prefix), as well as TensorRT-LLM's "async-load stats" summary. The lines are summed into the same report; other
 lines are skipped and counted. A file with no stats lines exits 3.
 
 --watch N reports again every N seconds until interrupted, with each counter's change since the

@@ -24,5 +24,7 @@
 // a hole.
 //
 // Stats line: a "prefix-hole stats" or "load stats" line a connector logs once per stats
-// interval, in kvctl's slog text or JSON form or in the seed connector's form.
+// interval, in kvctl's slog text or JSON form or in the form TensorRT-LLM's mooncake_store
+// connector logs with mooncake_store.stats_interval set
+// (https://github.com/NVIDIA/TensorRT-LLM/pull/21195).
 package probe

@@ -35,9 +35,10 @@ type LogStats struct {
 const maxLogLine = 1 << 20
 
 // ParseLog folds the "prefix-hole stats" and "load stats" lines of r. It reads kvctl's own
-// lines (slog text and JSON, as core/stats writes them), the seed connector's lines (the same
-// messages followed by key=value fields, under any logger prefix) and TensorRT-LLM's
-// "async-load stats" summary. Every other line is skipped and counted.
+// lines (slog text and JSON, as core/stats writes them), the lines of TensorRT-LLM's
+// mooncake_store connector with mooncake_store.stats_interval set
+// (https://github.com/NVIDIA/TensorRT-LLM/pull/21195: the same messages followed by key=value
+// fields, under any logger prefix) and TensorRT-LLM's "async-load stats" summary. Every other line is skipped and counted.
 func ParseLog(r io.Reader) (LogStats, error) {
 	var ls LogStats
 	ls.Loads.Phases = map[string]statsapi.PhaseJSON{}
