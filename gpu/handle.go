@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+
+	"github.com/kvctl/kvctl/core/kvmem"
 )
 
 // HandleKind says how an engine hands its KV memory to kvctl.
@@ -34,7 +36,7 @@ type EngineHandle struct {
 // OpenMover returns a Mover over the memory h names, with the backend its kind calls for. The
 // mover and its clones own what was opened for it (the mapping, the imported allocation, the
 // device context); the last Close releases it. h.FD stays the caller's.
-func OpenMover(h EngineHandle, layout Layout, opts CUDAMoverOptions) (Mover, error) {
+func OpenMover(h EngineHandle, layout kvmem.Layout, opts CUDAMoverOptions) (kvmem.Mover, error) {
 	switch h.Kind {
 	case HandleSharedMemory:
 		if h.Size > 1<<62 {
@@ -50,19 +52,19 @@ func OpenMover(h EngineHandle, layout Layout, opts CUDAMoverOptions) (Mover, err
 
 // ownedMover closes what OpenMover opened once it and all its clones are closed.
 type ownedMover struct {
-	Mover
+	kvmem.Mover
 	refs    *atomic.Int32
 	release func() error
 	closed  bool
 }
 
-func newOwnedMover(m Mover, release func() error) *ownedMover {
+func newOwnedMover(m kvmem.Mover, release func() error) *ownedMover {
 	refs := new(atomic.Int32)
 	refs.Store(1)
 	return &ownedMover{Mover: m, refs: refs, release: release}
 }
 
-func (o *ownedMover) Clone() (Mover, error) {
+func (o *ownedMover) Clone() (kvmem.Mover, error) {
 	c, err := o.Mover.Clone()
 	if err != nil {
 		return nil, err

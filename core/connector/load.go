@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/stats"
-	"github.com/kvctl/kvctl/gpu"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -14,7 +14,7 @@ import (
 type pageIO struct {
 	req  int
 	key  string
-	ref  gpu.PageRef
+	ref  kvmem.PageRef
 	size int
 }
 
@@ -32,10 +32,10 @@ func (w *Worker) resolveLoads(ts []RequestTransfers) ([]pageIO, error) {
 			}
 			lg := g.groups[p.Group]
 			out = append(out, pageIO{req: ri, key: ns.PageKey(p.Group, T, lg.BytesPerPage, p.Hash),
-				ref: gpu.PageRef{Group: p.Group, Slot: p.Page}, size: int(lg.BytesPerPage)})
+				ref: kvmem.PageRef{Group: p.Group, Slot: p.Page}, size: int(lg.BytesPerPage)})
 			if lg.ReplicatedBytesPerPage > 0 {
 				out = append(out, pageIO{req: ri, key: ns.ReplicatedPageKey(p.Group, T, lg.ReplicatedBytesPerPage, p.Hash),
-					ref: gpu.PageRef{Group: p.Group, Slot: p.Page, Replicated: true}, size: int(lg.ReplicatedBytesPerPage)})
+					ref: kvmem.PageRef{Group: p.Group, Slot: p.Page, Replicated: true}, size: int(lg.ReplicatedBytesPerPage)})
 			}
 		}
 	}
@@ -79,7 +79,7 @@ const directBatchMaxPages = 8192
 // is not safe for concurrent use), a staging set is written again only after its scatter is
 // done, and every scatter is done before loadPages returns, so no write into a failed request's
 // pages is in flight when it is reported.
-func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mover gpu.Mover, stage gpu.Staging, batch int, items []pageIO, sample *stats.LoadSample) (res loadResult, err error) {
+func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mover kvmem.Mover, stage kvmem.Staging, batch int, items []pageIO, sample *stats.LoadSample) (res loadResult, err error) {
 	res.failed = map[int]bool{}
 	sets := 1
 	if view != nil {
@@ -175,7 +175,7 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 		}
 
 		srcs := make([][]byte, 0, len(keys))
-		refs := make([]gpu.PageRef, 0, len(keys))
+		refs := make([]kvmem.PageRef, 0, len(keys))
 		for i, it := range owners {
 			if len(got) == len(keys) && got[i] == int64(it.size) && len(bufs) == len(keys) && len(bufs[i]) == it.size {
 				srcs = append(srcs, bufs[i])
