@@ -27,7 +27,7 @@ const (
 // the hash format and block geometry that make the chain, the namespace and attention shard of
 // the writing rank, and the page geometry of every layer group. kvctl hash, kvctl probe-pool,
 // the connector's lookups and the daemon's engine registrations all derive keys through it, so
-// that the keys an engine writes are the ones the tools look for. A request's scope (cache
+// that the keys an engine writes are the ones kvctl looks for. A request's scope (cache
 // salt, LoRA task id, multimodal digests) is per request and given to each call.
 //
 // A Recipe is a value: its methods do not modify it, and they are safe for concurrent use as
