@@ -18,6 +18,7 @@ import (
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/stats"
+	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/gpu"
 	"github.com/kvctl/kvctl/mooncake"
 )
@@ -98,7 +99,7 @@ type Info struct {
 	MetricsAddr string
 	PoolBytes   int64
 	// Backend describes the pool backend.
-	Backend BackendInfo
+	Backend statsapi.BackendInfo
 }
 
 // Daemon is a running `kvctl serve`.
@@ -349,8 +350,8 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 }
 
 // embeddedInfo describes an embedded pool: its segments are all this host's.
-func embeddedInfo(o mooncake.Options) BackendInfo {
-	info := BackendInfo{Kind: BackendEmbedded}
+func embeddedInfo(o mooncake.Options) statsapi.BackendInfo {
+	info := statsapi.BackendInfo{Kind: statsapi.BackendEmbedded}
 	for i, s := range o.Segments {
 		if i == 0 {
 			info.Segment = s.Name

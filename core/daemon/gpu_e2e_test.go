@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/enginesim"
+	"github.com/kvctl/kvctl/core/statsapi"
 )
 
 // torchPass is one pass's counts in torch_engine.py's summary.
@@ -33,16 +33,16 @@ type torchPass struct {
 }
 
 type torchSummary struct {
-	Memory         string                `json:"memory"`
-	PageBytes      int                   `json:"page_bytes"`
-	Layers         int                   `json:"layers"`
-	GPU            string                `json:"gpu"`
-	Torch          string                `json:"torch"`
-	Registration   map[string]any        `json:"registration"`
-	Cold           torchPass             `json:"cold"`
-	Warm           torchPass             `json:"warm"`
-	ExpectedLoaded int                   `json:"expected_warm_loaded_blocks"`
-	DaemonLoads    *daemon.LoadStatsJSON `json:"daemon_loads"`
+	Memory         string                  `json:"memory"`
+	PageBytes      int                     `json:"page_bytes"`
+	Layers         int                     `json:"layers"`
+	GPU            string                  `json:"gpu"`
+	Torch          string                  `json:"torch"`
+	Registration   map[string]any          `json:"registration"`
+	Cold           torchPass               `json:"cold"`
+	Warm           torchPass               `json:"warm"`
+	ExpectedLoaded int                     `json:"expected_warm_loaded_blocks"`
+	DaemonLoads    *statsapi.LoadStatsJSON `json:"daemon_loads"`
 	// Anchor and AnchorAfter are the pinned 64 MiB copies (h2d_64mib_gbs, d2h_64mib_gbs)
 	// measured by the engine before the cold pass and after the warm pass.
 	Anchor      map[string]float64 `json:"anchor"`
