@@ -44,6 +44,12 @@
 // honoured, successfully loaded offer. The connector always leaves the block holding the last
 // prompt token to compute, and a local match of a whole cached prompt stops one token short.
 //
+// Engines: offline and live, a request served at once goes through connector.Driver, the
+// connector's one per-request call sequence, with the engine's KV cache manager around it
+// (engine.go): the manager keys a prompt by the same int64 tokens, block hash chain and reuse
+// scope as the connector. Offline the Driver calls a connector.LocalRank, live an
+// engineapi.RemoteRank.
+//
 // Live mode: the same trace driven through a running `kvctl serve` over its engine gRPC API,
 // by simulated engines that register host memory and call the connector remotely. Their pages
 // hold SimPageBytes bytes, and the bytes reported are the bytes the daemon really moved.
