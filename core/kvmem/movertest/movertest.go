@@ -336,6 +336,9 @@ func testBadInput(t *testing.T, b Backend) {
 }
 
 func testReleases(t *testing.T, b Backend) {
+	if b.LiveAllocations == nil {
+		t.Fatalf("backend %s has no LiveAllocations counter", b.Name)
+	}
 	before := b.LiveAllocations()
 	r := rand.New(rand.NewPCG(3, 3))
 	l, size := RandomLayout(r)
