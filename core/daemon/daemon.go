@@ -19,6 +19,7 @@ import (
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/stats"
+	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -100,7 +101,7 @@ type Info struct {
 	MetricsAddr string
 	PoolBytes   int64
 	// Backend describes the pool backend.
-	Backend BackendInfo
+	Backend statsapi.BackendInfo
 }
 
 // Daemon is a running `kvctl serve`.
@@ -351,8 +352,8 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 }
 
 // embeddedInfo describes an embedded pool: its segments are all this host's.
-func embeddedInfo(o mooncake.Options) BackendInfo {
-	info := BackendInfo{Kind: BackendEmbedded}
+func embeddedInfo(o mooncake.Options) statsapi.BackendInfo {
+	info := statsapi.BackendInfo{Kind: statsapi.BackendEmbedded}
 	for i, s := range o.Segments {
 		if i == 0 {
 			info.Segment = s.Name

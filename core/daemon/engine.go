@@ -312,6 +312,26 @@ func (d *Daemon) openMover(h kvmem.EngineHandle, layout kvmem.Layout) (kvmem.Mov
 	return nil, fmt.Errorf("unknown engine memory kind %q", h.Kind)
 }
 
+// registeredRecipe is the key recipe an engine's registration states, with the registration's
+// defaults for what it leaves out (format trtllm, world size 1). Its layer groups come with the
+// layout the connector registers.
+func registeredRecipe(req *enginepb.RegisterRequest, tokensPerBlock int) (keys.Recipe, error) {
+	rec := keys.Recipe{Format: keys.FormatTRTLLM, TokensPerBlock: tokensPerBlock, PromptLookahead: int(req.GetPromptLookahead())}
+	if req.GetFormat() != "" {
+		f, err := keys.ParseFormat(req.GetFormat())
+		if err != nil {
+			return rec, err
+		}
+		rec.Format = f
+	}
+	world := int(req.GetWorldSize())
+	if world == 0 {
+		world = 1
+	}
+	rec.Namespace = keys.Namespace{Namespace: req.GetNamespace(), ModelKey: req.GetModelKey(), WorldSize: world, Rank: int(req.GetRank()), AttentionDP: req.GetAttentionDp()}
+	return rec, rec.Namespace.Validate()
+}
+
 // optionsFor merges a registration over the daemon's defaults.
 func (d *Daemon) optionsFor(req *enginepb.RegisterRequest, layout kvmem.Layout) (connector.Options, error) {
 	o := d.cfg.Defaults
@@ -320,25 +340,11 @@ func (d *Daemon) optionsFor(req *enginepb.RegisterRequest, layout kvmem.Layout) 
 		role = connector.RoleBoth
 	}
 	o.Role = role
-	format := keys.FormatTRTLLM
-	if req.GetFormat() != "" {
-		f, err := keys.ParseFormat(req.GetFormat())
-		if err != nil {
-			return o, err
-		}
-		format = f
-	}
-	o.Format = format
-	world := int(req.GetWorldSize())
-	if world == 0 {
-		world = 1
-	}
-	o.Namespace = keys.Namespace{Namespace: req.GetNamespace(), ModelKey: req.GetModelKey(), WorldSize: world, Rank: int(req.GetRank()), AttentionDP: req.GetAttentionDp()}
-	if err := o.Namespace.Validate(); err != nil {
+	rec, err := registeredRecipe(req, layout.TokensPerBlock)
+	if err != nil {
 		return o, err
 	}
-	o.PromptLookahead = int(req.GetPromptLookahead())
-	o.TokensPerBlock = layout.TokensPerBlock
+	o.Format, o.Namespace, o.PromptLookahead, o.TokensPerBlock = rec.Format, rec.Namespace, rec.PromptLookahead, rec.TokensPerBlock
 	if v := req.GetTransferBatchSize(); v > 0 {
 		o.TransferBatchSize = int(v)
 	}

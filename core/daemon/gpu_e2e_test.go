@@ -17,6 +17,7 @@ import (
 	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/daemon/daemontest"
 	"github.com/kvctl/kvctl/core/enginesim"
+	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/gpu"
 	"github.com/kvctl/kvctl/mooncake"
 )
@@ -37,16 +38,16 @@ type torchPass struct {
 }
 
 type torchSummary struct {
-	Memory         string                `json:"memory"`
-	PageBytes      int                   `json:"page_bytes"`
-	Layers         int                   `json:"layers"`
-	GPU            string                `json:"gpu"`
-	Torch          string                `json:"torch"`
-	Registration   map[string]any        `json:"registration"`
-	Cold           torchPass             `json:"cold"`
-	Warm           torchPass             `json:"warm"`
-	ExpectedLoaded int                   `json:"expected_warm_loaded_blocks"`
-	DaemonLoads    *daemon.LoadStatsJSON `json:"daemon_loads"`
+	Memory         string                  `json:"memory"`
+	PageBytes      int                     `json:"page_bytes"`
+	Layers         int                     `json:"layers"`
+	GPU            string                  `json:"gpu"`
+	Torch          string                  `json:"torch"`
+	Registration   map[string]any          `json:"registration"`
+	Cold           torchPass               `json:"cold"`
+	Warm           torchPass               `json:"warm"`
+	ExpectedLoaded int                     `json:"expected_warm_loaded_blocks"`
+	DaemonLoads    *statsapi.LoadStatsJSON `json:"daemon_loads"`
 	// Anchor and AnchorAfter are the pinned 64 MiB copies (h2d_64mib_gbs, d2h_64mib_gbs)
 	// measured by the engine before the cold pass and after the warm pass.
 	Anchor      map[string]float64 `json:"anchor"`
