@@ -307,6 +307,7 @@ func runServe(ctx context.Context, opts *Options) error {
 		AdminGrantsLeases:     sc.AdminGrantsLeases,
 		AdminLeaseRate:        sc.AdminLeaseRate,
 		DescriptorTTL:         sc.DescriptorTTL,
+		Device:                gpu.CUDA{},
 	})
 	if err != nil {
 		return cmdutil.ValidationErrorf("%v", err)

@@ -17,9 +17,9 @@ import (
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/core/statsapi"
-	"github.com/kvctl/kvctl/gpu"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -54,8 +54,10 @@ type Config struct {
 
 	// DrainTimeout bounds the drain on shutdown (30 s when zero).
 	DrainTimeout time.Duration
-	// CUDA configures CUDA movers.
-	CUDA gpu.CUDAMoverOptions
+	// Device opens engine memory on an accelerator (CUDA IPC handles and CUDA file
+	// descriptors); the command that starts the daemon passes the gpu package's. Nil refuses
+	// such memory at Register (kvmem.ErrNoDevice); shared memory needs nothing.
+	Device kvmem.DeviceOpener
 
 	Logger  *slog.Logger
 	Version string

@@ -17,10 +17,10 @@ import (
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
+	"github.com/kvctl/kvctl/core/hostmem"
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/stats"
-	"github.com/kvctl/kvctl/gpu"
 )
 
 // engine is one registered engine rank.
@@ -228,7 +228,7 @@ func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (*
 			return nil, err
 		}
 		e.memFile = f
-		if e.mover, err = gpu.OpenMover(h, layout, d.cfg.CUDA); err != nil {
+		if e.mover, err = d.openMover(h, layout); err != nil {
 			return nil, status.Errorf(codes.FailedPrecondition, "register: open engine memory: %v", err)
 		}
 	}
@@ -272,28 +272,45 @@ func memSize(req *enginepb.RegisterRequest) uint64 {
 
 // handleFor resolves the engine memory of a registration, claiming a descriptor from the side
 // channel where one was sent.
-func (d *Daemon) handleFor(req *enginepb.RegisterRequest) (gpu.EngineHandle, *os.File, error) {
+func (d *Daemon) handleFor(req *enginepb.RegisterRequest) (kvmem.EngineHandle, *os.File, error) {
 	switch m := req.GetMemory().(type) {
 	case *enginepb.RegisterRequest_SharedMemory:
 		f, err := d.fds.Claim(m.SharedMemory.GetFdToken())
 		if err != nil {
-			return gpu.EngineHandle{}, nil, status.Errorf(codes.InvalidArgument, "register: shared memory: %v", err)
+			return kvmem.EngineHandle{}, nil, status.Errorf(codes.InvalidArgument, "register: shared memory: %v", err)
 		}
 		if err := checkSharedMemory(f, m.SharedMemory.GetSize()); err != nil {
 			_ = f.Close()
-			return gpu.EngineHandle{}, nil, status.Errorf(codes.InvalidArgument, "register: shared memory: %v", err)
+			return kvmem.EngineHandle{}, nil, status.Errorf(codes.InvalidArgument, "register: shared memory: %v", err)
 		}
-		return gpu.EngineHandle{Kind: gpu.HandleSharedMemory, FD: int(f.Fd()), Size: m.SharedMemory.GetSize()}, f, nil
+		return kvmem.EngineHandle{Kind: kvmem.HandleSharedMemory, FD: int(f.Fd()), Size: m.SharedMemory.GetSize()}, f, nil
 	case *enginepb.RegisterRequest_CudaFd:
 		f, err := d.fds.Claim(m.CudaFd.GetFdToken())
 		if err != nil {
-			return gpu.EngineHandle{}, nil, status.Errorf(codes.InvalidArgument, "register: CUDA memory: %v", err)
+			return kvmem.EngineHandle{}, nil, status.Errorf(codes.InvalidArgument, "register: CUDA memory: %v", err)
 		}
-		return gpu.EngineHandle{Kind: gpu.HandleCUDAFD, FD: int(f.Fd()), Size: m.CudaFd.GetSize(), Device: int(m.CudaFd.GetDevice())}, f, nil
+		return kvmem.EngineHandle{Kind: kvmem.HandleCUDAFD, FD: int(f.Fd()), Size: m.CudaFd.GetSize(), Device: int(m.CudaFd.GetDevice())}, f, nil
 	case *enginepb.RegisterRequest_CudaIpc:
-		return gpu.EngineHandle{Kind: gpu.HandleCUDAIPC, IPC: m.CudaIpc.GetHandle(), Offset: m.CudaIpc.GetOffset(), Size: m.CudaIpc.GetSize(), Device: int(m.CudaIpc.GetDevice())}, nil, nil
+		return kvmem.EngineHandle{Kind: kvmem.HandleCUDAIPC, IPC: m.CudaIpc.GetHandle(), Offset: m.CudaIpc.GetOffset(), Size: m.CudaIpc.GetSize(), Device: int(m.CudaIpc.GetDevice())}, nil, nil
 	}
-	return gpu.EngineHandle{}, nil, status.Error(codes.InvalidArgument, "register: a role that transfers KV needs engine memory (shared_memory, cuda_ipc or cuda_fd)")
+	return kvmem.EngineHandle{}, nil, status.Error(codes.InvalidArgument, "register: a role that transfers KV needs engine memory (shared_memory, cuda_ipc or cuda_fd)")
+}
+
+// openMover opens the engine memory h names: shared memory with the host backend, device
+// memory through the configured device backend.
+func (d *Daemon) openMover(h kvmem.EngineHandle, layout kvmem.Layout) (kvmem.Mover, error) {
+	switch {
+	case h.Kind == kvmem.HandleSharedMemory:
+		if h.Size > 1<<62 {
+			return nil, fmt.Errorf("engine memory of %d bytes", h.Size)
+		}
+		return hostmem.NewMover(h.FD, int64(h.Size), layout)
+	case h.OnDevice() && d.cfg.Device == nil:
+		return nil, kvmem.ErrNoDevice
+	case h.OnDevice():
+		return d.cfg.Device.OpenMover(h, layout)
+	}
+	return nil, fmt.Errorf("unknown engine memory kind %q", h.Kind)
 }
 
 // registeredRecipe is the key recipe an engine's registration states, with the registration's

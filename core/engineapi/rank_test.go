@@ -15,10 +15,10 @@ import (
 	"github.com/kvctl/kvctl/core/daemon/daemontest"
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
+	"github.com/kvctl/kvctl/core/hostmem"
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/simkv"
-	"github.com/kvctl/kvctl/gpu"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -67,7 +67,7 @@ func localSide(t *testing.T, layout kvmem.Layout, size int64) rankSide {
 		t.Fatal(err)
 	}
 	mem := sharedMemory(t, size)
-	mv, err := gpu.NewHostMover(mem.FD, size, layout)
+	mv, err := hostmem.NewMover(mem.FD, size, layout)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,9 +102,9 @@ func remoteSide(t *testing.T, layout kvmem.Layout, size int64) rankSide {
 	return rankSide{rank: engineapi.NewRemoteRank(c, resp, connector.RoleBoth), view: hostView(t, mem, size, layout), pool: r.Daemon.Pool()}
 }
 
-func sharedMemory(t *testing.T, size int64) *gpu.SharedMemory {
+func sharedMemory(t *testing.T, size int64) *hostmem.SharedMemory {
 	t.Helper()
-	mem, err := gpu.NewSharedMemory(size)
+	mem, err := hostmem.NewSharedMemory(size)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,9 +112,9 @@ func sharedMemory(t *testing.T, size int64) *gpu.SharedMemory {
 	return mem
 }
 
-func hostView(t *testing.T, mem *gpu.SharedMemory, size int64, layout kvmem.Layout) kvmem.Mover {
+func hostView(t *testing.T, mem *hostmem.SharedMemory, size int64, layout kvmem.Layout) kvmem.Mover {
 	t.Helper()
-	mv, err := gpu.NewHostMover(mem.FD, size, layout)
+	mv, err := hostmem.NewMover(mem.FD, size, layout)
 	if err != nil {
 		t.Fatal(err)
 	}

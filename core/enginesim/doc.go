@@ -5,9 +5,10 @@
 // every page the daemon loads byte for byte against what a cold run computes. The lifecycle is
 // connector.Driver's over engineapi.RemoteRank; the KV pages are simkv's.
 //
-// Shared-memory KV is a memfd sealed with F_SEAL_SHRINK and F_SEAL_GROW (gpu.NewSharedMemory), as
-// `kvctl serve` requires: memory that could be truncated under the daemon's mapping is refused
-// at Register.
+// Shared-memory KV is a memfd sealed with F_SEAL_SHRINK and F_SEAL_GROW
+// (hostmem.NewSharedMemory), as `kvctl serve` requires: memory that could be truncated under
+// the daemon's mapping is refused at Register. CUDA KV (Config.Memory MemoryCUDAFD) comes from
+// the kvmem.DeviceAllocator in Config.Device.
 //
 // End-to-end tests and benchmarks use it against a daemon on a temporary socket. (`kvctl replay`
 // in live mode drives the same connector.Driver over the same RemoteRank, with its own KV cache

@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/connector"
+	"github.com/kvctl/kvctl/core/hostmem"
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvcache"
 	"github.com/kvctl/kvctl/core/kvmem"
-	"github.com/kvctl/kvctl/gpu"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -25,7 +25,7 @@ type rank struct {
 	// request at once (no scheduler model) through connector.Driver.
 	local  connector.Rank
 	eng    *cacheEngine
-	mem    *gpu.SharedMemory
+	mem    *hostmem.SharedMemory
 	mover  kvmem.Mover
 	pages  [][]int
 	saving []string      // finished requests whose saves are not confirmed done
@@ -117,10 +117,10 @@ func newRank(o *offline, idx int, pool mooncake.Pool, slots int, logger *slog.Lo
 	}}}
 	size := int64(slots) * int64(p.SimPageBytes)
 	var err error
-	if r.mem, err = gpu.NewSharedMemory(size); err != nil {
+	if r.mem, err = hostmem.NewSharedMemory(size); err != nil {
 		return nil, err
 	}
-	if r.mover, err = gpu.NewHostMover(r.mem.FD, size, layout); err != nil {
+	if r.mover, err = hostmem.NewMover(r.mem.FD, size, layout); err != nil {
 		return nil, err
 	}
 	opts := connector.Options{

@@ -6,8 +6,8 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/kvctl/kvctl/core/hostmem"
 	"github.com/kvctl/kvctl/core/kvmem"
-	"github.com/kvctl/kvctl/gpu"
 )
 
 func TestKVBytes(t *testing.T) {
@@ -92,12 +92,12 @@ func TestMemory(t *testing.T) {
 	size := int64(24 * slots)
 	m := &Memory{Layout: layout}
 	for range 2 {
-		mem, err := gpu.NewSharedMemory(size)
+		mem, err := hostmem.NewSharedMemory(size)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = mem.Close() })
-		mv, err := gpu.NewHostMover(mem.FD, size, layout)
+		mv, err := hostmem.NewMover(mem.FD, size, layout)
 		if err != nil {
 			t.Fatal(err)
 		}
