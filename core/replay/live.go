@@ -48,8 +48,8 @@ type LiveInfo struct {
 }
 
 // liveEngine is one simulated engine: a KV cache manager, host memory registered with the
-// daemon, and the connector calls of the engine API in the order the offline replay makes them
-// in process.
+// daemon, and the offline replay's cacheEngine over an engineapi.RemoteRank, so the engine API
+// sees the connector calls the offline replay makes in process, in the same order.
 type liveEngine struct {
 	idx   int
 	name  string
