@@ -1,0 +1,135 @@
+// Page checksums on the GPU: the XXH3-64 digest (seed 0, default secret) of every page of a
+// batch, read where the pages lie in engine memory, so a load can be checked after its copy
+// without the host reading the pages a second time.
+//
+// XXH3-64 of an input longer than 240 bytes keeps eight 64-bit accumulators ("lanes"). Each
+// 64-byte stripe adds to every lane; after each 1024-byte block (16 stripes) every lane is
+// scrambled. Within a block the additions commute, so the sum a block adds to each lane (its
+// "delta") can be computed independently of the blocks before it; only applying deltas and
+// scrambles is sequential, and it is per lane. One thread block hashes one page: 32 groups of
+// 8 threads compute the deltas of 32 blocks at a time, then the 8 threads of group 0 apply them.
+// Algorithm: https://github.com/Cyan4973/xxHash/blob/v0.8.2/doc/xxhash_spec.md
+//
+// A page is a list of pieces (device address, offset in the page, length), in page order. The
+// host only launches this for pages longer than 240 bytes whose pieces are multiples of 64 bytes
+// and 8-byte aligned, so every stripe lies inside one piece.
+//
+// Regenerate pagesum.ptx with `make ptx` after changing this file.
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+// The secret's 64-bit words the hash reads, taken from the default secret by the host.
+struct kvSecret {
+	u64 acc[24];  // the word at byte 8k: stripe s, lane i reads k = s + i; scrambles read 16 + i
+	u64 last[8];  // the words at byte 121 + 8i: the last stripe
+	u64 merge[8]; // the words at byte 11 + 8i: merging the lanes
+};
+
+struct kvPage {
+	u64 len;   // bytes in the page
+	u32 first; // its first piece
+	u32 count; // its number of pieces
+};
+
+struct kvPiece {
+	u64 addr; // device address of the piece
+	u64 off;  // offset of the piece in the page
+	u64 len;  // bytes
+};
+
+#define GROUPS 32
+#define THREADS (GROUPS * 8)
+
+__device__ __forceinline__ u64 kvInit(u32 lane) {
+	switch (lane) {
+	case 0: return 0xC2B2AE3DULL;
+	case 1: return 0x9E3779B185EBCA87ULL;
+	case 2: return 0xC2B2AE3D27D4EB4FULL;
+	case 3: return 0x165667B19E3779F9ULL;
+	case 4: return 0x85EBCA77C2B2AE63ULL;
+	case 5: return 0x85EBCA77ULL;
+	case 6: return 0x27D4EB2F165667C5ULL;
+	default: return 0x9E3779B1ULL;
+	}
+}
+
+// kvFind returns the index of the piece holding page offset o.
+__device__ __forceinline__ u32 kvFind(const kvPiece *ps, u32 n, u64 o) {
+	u32 lo = 0, hi = n;
+	while (hi - lo > 1) {
+		u32 mid = (lo + hi) / 2;
+		if (ps[mid].off <= o) lo = mid; else hi = mid;
+	}
+	return lo;
+}
+
+// kvStripes returns what stripes [0, n) starting at page offset start add to lane; stripe s
+// reads the secret's word s + lane.
+__device__ u64 kvStripes(const kvPiece *ps, u32 np, u64 start, u32 n, const kvSecret &sec, u32 lane) {
+	u64 d = 0;
+	if (n == 0) return 0;
+	u32 k = kvFind(ps, np, start);
+	for (u32 s = 0; s < n; s++) {
+		u64 o = start + (u64)s * 64;
+		while (o >= ps[k].off + ps[k].len) k++;
+		const u64 *w = (const u64 *)(ps[k].addr + (o - ps[k].off));
+		u64 v = w[lane];
+		u64 pair = w[lane ^ 1];
+		u64 key = v ^ sec.acc[s + lane];
+		d += pair + (key & 0xFFFFFFFFULL) * (key >> 32);
+	}
+	return d;
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) kvPageSums(const kvPage *pages, const kvPiece *pieces, kvSecret sec, u64 *out) {
+	__shared__ u64 delta[GROUPS][8];
+	__shared__ u64 lanes[8];
+	const kvPage pg = pages[blockIdx.x];
+	const kvPiece *ps = pieces + pg.first;
+	const u32 lane = threadIdx.x & 7, group = threadIdx.x >> 3;
+	const u64 blocks = (pg.len - 1) / 1024;
+	u64 acc = kvInit(lane);
+	for (u64 base = 0; base < blocks; base += GROUPS) {
+		u64 b = base + group;
+		delta[group][lane] = b < blocks ? kvStripes(ps, pg.count, b * 1024, 16, sec, lane) : 0;
+		__syncthreads();
+		if (group == 0) {
+			u64 n = blocks - base < GROUPS ? blocks - base : GROUPS;
+			for (u32 j = 0; j < n; j++) {
+				acc += delta[j][lane];
+				acc ^= acc >> 47;
+				acc ^= sec.acc[16 + lane];
+				acc *= 0x9E3779B1ULL;
+			}
+		}
+		__syncthreads();
+	}
+	if (group == 0) {
+		u64 start = blocks * 1024;
+		u32 stripes = (u32)(((pg.len - 1) - start) / 64);
+		acc += kvStripes(ps, pg.count, start, stripes, sec, lane);
+		// The last stripe: the page's final 64 bytes, with the secret at byte 121.
+		u64 o = pg.len - 64;
+		u32 k = kvFind(ps, pg.count, o);
+		const u64 *w = (const u64 *)(ps[k].addr + (o - ps[k].off));
+		u64 v = w[lane];
+		u64 pair = w[lane ^ 1];
+		u64 key = v ^ sec.last[lane];
+		acc += pair + (key & 0xFFFFFFFFULL) * (key >> 32);
+		lanes[lane] = acc;
+	}
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		u64 h = pg.len * 0x9E3779B185EBCA87ULL;
+		for (u32 i = 0; i < 4; i++) {
+			u64 a = lanes[2 * i] ^ sec.merge[2 * i];
+			u64 c = lanes[2 * i + 1] ^ sec.merge[2 * i + 1];
+			h += (a * c) ^ __umul64hi(a, c);
+		}
+		h ^= h >> 37;
+		h *= 0x165667919E3779F9ULL;
+		h ^= h >> 32;
+		out[blockIdx.x] = h;
+	}
+}
