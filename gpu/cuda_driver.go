@@ -84,6 +84,12 @@ static struct {
 	// Batched copies (CUDA 12.8 and later); NULL where absent.
 	CUresult (*memcpyBatchAsync)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, kvMemcpyAttributes *, size_t *, size_t, void *);
 	CUresult (*memcpyBatchAsyncOld)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, kvMemcpyAttributes *, size_t *, size_t, size_t *, void *);
+	// Modules and kernel launches (page checks on the GPU); NULL where absent.
+	CUresult (*moduleLoadData)(void **, const void *);
+	CUresult (*moduleUnload)(void *);
+	CUresult (*moduleGetFunction)(void **, void *, const char *);
+	CUresult (*launchKernel)(void *, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
+	                         unsigned int, void *, void **, void **);
 } kv;
 
 static void *kvSym(const char *name, int required, char *err, size_t errlen) {
@@ -149,6 +155,10 @@ int kvLoad(char *err, size_t errlen) {
 	OPT(memGetGranularity, "cuMemGetAllocationGranularity");
 	OPT(memcpyBatchAsync, "cuMemcpyBatchAsync_v2");
 	OPT(memcpyBatchAsyncOld, "cuMemcpyBatchAsync");
+	OPT(moduleLoadData, "cuModuleLoadData");
+	OPT(moduleUnload, "cuModuleUnload");
+	OPT(moduleGetFunction, "cuModuleGetFunction");
+	OPT(launchKernel, "cuLaunchKernel");
 #undef REQ
 #undef OPT
 	if (err[0] != 0) {
@@ -162,6 +172,35 @@ int kvHasVMM(void) {
 		kv.memAddressFree && kv.memMap && kv.memUnmap && kv.memSetAccess && kv.memGetGranularity;
 }
 int kvHasBatch(void) { return kv.memcpyBatchAsync != NULL || kv.memcpyBatchAsyncOld != NULL; }
+int kvHasKernels(void) {
+	return kv.moduleLoadData && kv.moduleUnload && kv.moduleGetFunction && kv.launchKernel;
+}
+// kvLoadFunction loads a PTX image as a module of the current context and returns its function
+// name.
+CUresult kvLoadFunction(uintptr_t *mod, uintptr_t *fn, const char *image, const char *name) {
+	void *m = NULL, *f = NULL;
+	CUresult r = kv.moduleLoadData(&m, image);
+	if (r != 0) return r;
+	r = kv.moduleGetFunction(&f, m, name);
+	if (r != 0) { kv.moduleUnload(m); return r; }
+	*mod = (uintptr_t)m;
+	*fn = (uintptr_t)f;
+	return 0;
+}
+CUresult kvUnloadModule(uintptr_t mod) { return kv.moduleUnload((void *)mod); }
+// kvLaunchPageSums launches kvPageSums (kernels/pagesum.cu) with one block of 256 threads per
+// page on stream s: pages and pieces are device addresses, secret the 320-byte kvSecret, out
+// the device address of one 64-bit digest per page.
+CUresult kvLaunchPageSums(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t out) {
+	void *args[4] = {&pages, &pieces, (void *)secret, &out};
+	return kv.launchKernel((void *)fn, n, 1, 1, 256, 1, 1, 0, (void *)s, args, NULL);
+}
+CUresult kvCopyHtoDAsync(uint64_t dst, uintptr_t src, size_t n, uintptr_t s) {
+	return kv.memcpyHtoDAsync(dst, (const void *)src, n, (void *)s);
+}
+CUresult kvCopyDtoHAsync(uintptr_t dst, uint64_t src, size_t n, uintptr_t s) {
+	return kv.memcpyDtoHAsync((void *)dst, src, n, (void *)s);
+}
 
 CUresult kvInit(void) { return kv.init(0); }
 CUresult kvDriverVersion(int *v) { return kv.driverGetVersion(v); }

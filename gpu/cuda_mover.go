@@ -62,6 +62,9 @@ type cudaMover struct {
 	stream          []int32
 	pending         []pendingOut
 
+	// Page checks on the GPU (cuda_pagesum.go).
+	checks pageChecks
+
 	mu     sync.Mutex
 	closed bool
 }
@@ -103,6 +106,7 @@ func (d *CUDADevice) NewMover(mem *EngineMemory, layout Layout, opts CUDAMoverOp
 			}
 			m.streams = append(m.streams, uintptr(s))
 		}
+		m.initChecks()
 	})
 	if serr != nil {
 		m.destroyStreams()
@@ -303,6 +307,7 @@ func (m *cudaMover) Close() error {
 	if m.bounce != nil {
 		errs = append(errs, m.bounce.Close())
 	}
+	errs = append(errs, m.freeChecks())
 	m.destroyStreams()
 	m.t.stop()
 	errs = append(errs, m.mem.unref())

@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -94,4 +95,16 @@ func pageCheckable(l Layout, base uint64) error {
 		}
 	}
 	return nil
+}
+
+// PageChecker is implemented by movers that can check pages where they land in engine memory,
+// on the device, instead of the host checking them before the copy (the CUDA mover, for
+// layouts pageCheckable accepts). A load that uses it copies pages straight from pool memory
+// and keeps every page whose check fails from being reported as loaded.
+type PageChecker interface {
+	// PageCheckError is nil when ScatterChecked works for this mover, otherwise the reason.
+	PageCheckError() error
+	// ScatterChecked is Scatter followed by the check: bad[i] is true where page i's XXH3-64
+	// digest in engine memory differs from sums[i]; that slot's bytes must not be used.
+	ScatterChecked(ctx context.Context, src [][]byte, pages []PageRef, sums []uint64) (bad []bool, err error)
 }

@@ -1,0 +1,241 @@
+//go:build cgo && linux
+
+package gpu_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvctl/kvctl/gpu"
+)
+
+// checkLayout has three layer groups: pages of three regions with uneven sizes (multiples of
+// 64 bytes) and a little over 1 MiB, pages of 64 KiB, and pages of 256 bytes.
+func checkLayout() gpu.Layout {
+	const slots0, slots1, slots2 = 8, 300, 16
+	a, b, c := uint64(64*1000), uint64(64*37), uint64(1<<20)
+	off := uint64(0)
+	next := func(n uint64, slots int) uint64 { o := off; off += n * uint64(slots); return o }
+	g0 := gpu.GroupLayout{ID: 0, Slots: slots0, Regions: []gpu.Region{
+		{Offset: next(a, slots0), Stride: a, Size: a},
+		{Offset: next(b, slots0), Stride: b, Size: b},
+		{Offset: next(c, slots0), Stride: c, Size: c},
+	}}
+	g1 := gpu.GroupLayout{ID: 1, Slots: slots1, Regions: []gpu.Region{{Offset: next(64<<10, slots1), Stride: 64 << 10, Size: 64 << 10}}}
+	g2 := gpu.GroupLayout{ID: 2, Slots: slots2, Regions: []gpu.Region{{Offset: next(256, slots2), Stride: 256, Size: 256}}}
+	return gpu.Layout{TokensPerBlock: 32, Groups: []gpu.GroupLayout{g0, g1, g2}}
+}
+
+func layoutBytes(l gpu.Layout) uint64 {
+	var end uint64
+	for _, g := range l.Groups {
+		for _, r := range g.Regions {
+			end = max(end, r.Offset+r.Stride*uint64(g.Slots))
+		}
+	}
+	return end
+}
+
+// TestCUDAPageChecks checks pages on the GPU after a scatter: every digest the kernel computes
+// equals XXH3-64 of the page (for pages of several regions, of one, and short ones, in batches
+// larger than the GPU has multiprocessors), and a page whose digest differs is reported bad,
+// exactly those pages.
+func TestCUDAPageChecks(t *testing.T) {
+	d := openCUDA(t)
+	l := checkLayout()
+	mem, err := d.AllocDeviceMemory(layoutBytes(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	m, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	pc, ok := m.(gpu.PageChecker)
+	if !ok {
+		t.Fatal("the CUDA mover is not a PageChecker")
+	}
+	if err := pc.PageCheckError(); err != nil {
+		t.Fatalf("the CUDA mover cannot check pages: %v", err)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	ctx := context.Background()
+	for _, batch := range []struct{ group, n int }{{0, 8}, {1, 300}, {2, 16}, {1, 1}} {
+		t.Run(fmt.Sprintf("group=%d/pages=%d", batch.group, batch.n), func(t *testing.T) {
+			refs := make([]gpu.PageRef, batch.n)
+			src := make([][]byte, batch.n)
+			sums := make([]uint64, batch.n)
+			for i := range refs {
+				refs[i] = gpu.PageRef{Group: batch.group, Slot: (i * 7) % l.Groups[batch.group].Slots}
+				if batch.n > l.Groups[batch.group].Slots {
+					refs[i].Slot = i % l.Groups[batch.group].Slots
+				}
+				size, err := l.ValueSize(refs[i])
+				if err != nil {
+					t.Fatal(err)
+				}
+				src[i] = make([]byte, size)
+				for j := range src[i] {
+					src[i][j] = byte(rng.Uint32())
+				}
+				sums[i] = xxh3.Hash(src[i])
+			}
+			// Slots repeat in the 300-page batch: the last write wins, so check one page a slot.
+			last := map[int]int{}
+			for i, r := range refs {
+				last[r.Slot] = i
+			}
+			bad, err := pc.ScatterChecked(ctx, src, refs, sums)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range refs {
+				if last[refs[i].Slot] == i && bad[i] {
+					t.Fatalf("page %d (%d bytes) reported bad; its digest is XXH3's", i, len(src[i]))
+				}
+			}
+			// Read back one page: the scatter itself landed.
+			got := make([][]byte, 1)
+			got[0] = make([]byte, len(src[0]))
+			i0 := last[refs[0].Slot]
+			if err := m.Gather(ctx, refs[i0:i0+1], got); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got[0], src[i0]) {
+				t.Fatal("gathered page differs from what was scattered")
+			}
+			// Wrong digests for some pages: exactly those are bad.
+			want := map[int]bool{}
+			for i := range refs {
+				if last[refs[i].Slot] == i && rng.IntN(3) == 0 {
+					sums[i] ^= 1 << rng.IntN(64)
+					want[i] = true
+				}
+			}
+			if bad, err = pc.ScatterChecked(ctx, src, refs, sums); err != nil {
+				t.Fatal(err)
+			}
+			for i := range refs {
+				if last[refs[i].Slot] == i && bad[i] != want[i] {
+					t.Fatalf("page %d: bad=%v, want %v", i, bad[i], want[i])
+				}
+			}
+		})
+	}
+	t.Run("corrupted source", func(t *testing.T) {
+		// The digest is of the bytes as written; one flipped byte in what is copied is caught.
+		ref := []gpu.PageRef{{Group: 0, Slot: 3}}
+		size, _ := l.ValueSize(ref[0])
+		page := make([]byte, size)
+		for j := range page {
+			page[j] = byte(rng.Uint32())
+		}
+		sum := []uint64{xxh3.Hash(page)}
+		for _, at := range []int{0, 64*1000 - 1, 64 * 1000, 64*1037 + 5, len(page) - 1} {
+			page[at] ^= 0x40
+			bad, err := pc.ScatterChecked(ctx, [][]byte{page}, ref, sum)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bad[0] {
+				t.Fatalf("byte %d flipped: page not reported bad", at)
+			}
+			page[at] ^= 0x40
+		}
+	})
+}
+
+// TestCUDAPageCheckRefused: a layout the kernel cannot read stripe by stripe makes the mover
+// say why, and ScatterChecked fails rather than guess.
+func TestCUDAPageCheckRefused(t *testing.T) {
+	d := openCUDA(t)
+	l := gpu.Layout{TokensPerBlock: 32, Groups: []gpu.GroupLayout{{ID: 0, Slots: 4, Regions: []gpu.Region{{Stride: 1000, Size: 1000}}}}}
+	mem, err := d.AllocDeviceMemory(4000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	m, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	pc := m.(gpu.PageChecker)
+	if pc.PageCheckError() == nil {
+		t.Fatal("1000-byte regions accepted for GPU checks")
+	}
+	if _, err := pc.ScatterChecked(context.Background(), [][]byte{make([]byte, 1000)}, []gpu.PageRef{{Slot: 1}}, []uint64{0}); err == nil {
+		t.Fatal("ScatterChecked ran on a layout it cannot check")
+	}
+}
+
+// BenchmarkCUDAPageCheck compares a scatter of 64 MiB of pages with the same scatter followed
+// by the check on the GPU, alternated in one run: the check's cost is the ratio.
+func BenchmarkCUDAPageCheck(b *testing.B) {
+	d := openCUDA(b)
+	for _, pageKiB := range []int{64, 256, 1024} {
+		size := pageKiB << 10
+		n := (64 << 20) / size
+		l := gpu.Layout{TokensPerBlock: 32, Groups: []gpu.GroupLayout{{ID: 0, Slots: n, Regions: []gpu.Region{
+			{Offset: 0, Stride: uint64(size / 2), Size: uint64(size / 2)},
+			{Offset: uint64(n * size / 2), Stride: uint64(size / 2), Size: uint64(size / 2)},
+		}}}}
+		mem, err := d.AllocDeviceMemory(uint64(n * size))
+		if err != nil {
+			b.Fatal(err)
+		}
+		m, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		st, err := m.NewStaging(n, size)
+		if err != nil {
+			b.Fatal(err)
+		}
+		refs := make([]gpu.PageRef, n)
+		src := make([][]byte, n)
+		sums := make([]uint64, n)
+		for i := range refs {
+			refs[i] = gpu.PageRef{Slot: i}
+			src[i] = st.Slot(i)
+			for j := range src[i] {
+				src[i][j] = byte(i + j)
+			}
+			sums[i] = xxh3.Hash(src[i])
+		}
+		pc := m.(gpu.PageChecker)
+		ctx := context.Background()
+		b.Run(fmt.Sprintf("page=%dKiB/scatter", pageKiB), func(b *testing.B) {
+			b.SetBytes(int64(n * size))
+			for b.Loop() {
+				if err := m.Scatter(ctx, src, refs); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("page=%dKiB/scatter+check", pageKiB), func(b *testing.B) {
+			b.SetBytes(int64(n * size))
+			for b.Loop() {
+				bad, err := pc.ScatterChecked(ctx, src, refs, sums)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for i := range bad {
+					if bad[i] {
+						b.Fatalf("page %d bad", i)
+					}
+				}
+			}
+		})
+		st.Close()
+		m.Close()
+		mem.Close()
+	}
+}
