@@ -16,6 +16,8 @@ CUresult kvCopyDtoHAsync(uintptr_t dst, uint64_t src, size_t n, uintptr_t s);
 CUresult kvStreamSync(uintptr_t s);
 CUresult kvMemAlloc(uint64_t *p, size_t n);
 CUresult kvMemFree(uint64_t p);
+CUresult kvStreamCreate(uintptr_t *s);
+CUresult kvStreamDestroy(uintptr_t s);
 */
 import "C"
 
@@ -79,13 +81,36 @@ const (
 )
 
 // pageChecks is a mover's state for checking pages on the GPU: the reason it cannot (nil when
-// it can), and the pinned and device buffers the descriptors and digests travel through.
+// it can), the stream the checks run on, and two sets of pinned and device buffers the
+// descriptors and digests travel through, so one batch's check can run while the next batch is
+// copied.
 type pageChecks struct {
 	err    error
 	secret []byte
-	host   *PinnedBuffer
-	dev    uint64
-	cap    int
+	stream uintptr
+	sets   [2]checkSet
+	next   int
+	gen    uint64
+	mu     sync.Mutex
+}
+
+// checkSet is one set of check buffers and the check that last used it.
+type checkSet struct {
+	host *PinnedBuffer
+	dev  uint64
+	cap  int
+	// The check in flight on this set, if any.
+	pending *pendingCheck
+}
+
+// pendingCheck is a launched check whose digests have not been read yet.
+type pendingCheck struct {
+	set    int
+	outAt  int
+	sums   []uint64
+	done   bool
+	bad    []bool
+	err    error
 }
 
 // PageCheckError reports whether ScatterChecked can check this mover's pages on the GPU: nil
@@ -93,8 +118,8 @@ type pageChecks struct {
 // load on this GPU). A mover that cannot check leaves the checks to the host.
 func (m *cudaMover) PageCheckError() error { return m.checks.err }
 
-// initChecks decides whether the mover's pages can be checked on the GPU and loads the kernel.
-// It runs on the mover's thread.
+// initChecks decides whether the mover's pages can be checked on the GPU, loads the kernel and
+// creates the checks' stream. It runs on the mover's thread.
 func (m *cudaMover) initChecks() {
 	if err := pageCheckable(m.layout, m.mem.ptr); err != nil {
 		m.checks.err = err
@@ -104,15 +129,24 @@ func (m *cudaMover) initChecks() {
 		m.checks.err = err
 		return
 	}
+	var s C.uintptr_t
+	if err := cuErr("cuStreamCreate", C.kvStreamCreate(&s)); err != nil {
+		m.checks.err = fmt.Errorf("%w: %w", errNotCheckable, err)
+		return
+	}
+	m.checks.stream = uintptr(s)
 	m.checks.secret = newPageSumSecret().bytes()
 }
 
 // ScatterChecked is Scatter followed by a check of every page where it landed in engine
 // memory: the XXH3-64 digest of page i's bytes, computed on the GPU, is compared with sums[i],
-// the digest taken when the page was written. bad[i] is true where they differ: that page's
-// slot holds bytes that must not be used. It fails with the reason from PageCheckError when the
-// mover cannot check.
-func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []PageRef, sums []uint64) ([]bool, error) {
+// the digest taken when the page was written. It returns once the copies are done and the
+// check is launched; wait returns the check's result, bad[i] true where the digests differ (that
+// slot's bytes must not be used). The check runs on a stream of its own, so it overlaps the next
+// call's copies; at most two checks are in flight (a third call first waits for the ones in
+// flight, keeping their results for their wait). It
+// fails with the reason from PageCheckError when the mover cannot check.
+func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []PageRef, sums []uint64) (wait func() ([]bool, error), err error) {
 	if m.checks.err != nil {
 		return nil, m.checks.err
 	}
@@ -123,7 +157,15 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []Pa
 		return nil, err
 	}
 	if len(pages) == 0 {
-		return nil, nil
+		return func() ([]bool, error) { return nil, nil }, nil
+	}
+	c := &m.checks
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	j := c.next
+	set := &c.sets[j]
+	if set.pending != nil && !set.pending.done {
+		c.syncLocked(m)
 	}
 	// The descriptors: kvPage per page, then kvPiece per region, then room for the digests.
 	nPieces := 0
@@ -134,10 +176,10 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []Pa
 	piecesAt := len(pages) * pageDescBytes
 	outAt := piecesAt + nPieces*pieceDescBytes
 	need := outAt + 8*len(pages)
-	if err := m.growChecks(need); err != nil {
+	if err := m.growSet(set, need); err != nil {
 		return nil, err
 	}
-	buf := m.checks.host.Bytes()[:need]
+	buf := set.host.Bytes()[:need]
 	le := binary.LittleEndian
 	piece := 0
 	for i, ref := range pages {
@@ -156,39 +198,70 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []Pa
 		}
 		le.PutUint64(p[0:], off)
 	}
-	var err error
 	m.t.do(func() {
-		s := C.uintptr_t(m.streams[0])
+		s := C.uintptr_t(c.stream)
 		host := C.uintptr_t(ptrOf(buf))
-		dev := C.uint64_t(m.checks.dev)
+		dev := C.uint64_t(set.dev)
 		err = cuErr("cuMemcpyHtoDAsync", C.kvCopyHtoDAsync(dev, host, C.size_t(outAt), s))
 		if err == nil {
 			err = cuErr("cuLaunchKernel", C.kvLaunchPageSums(C.uintptr_t(m.d.sums.fn), C.uint(len(pages)), s,
-				dev, dev+C.uint64_t(piecesAt), unsafe.Pointer(&m.checks.secret[0]), dev+C.uint64_t(outAt)))
+				dev, dev+C.uint64_t(piecesAt), unsafe.Pointer(&c.secret[0]), dev+C.uint64_t(outAt)))
 		}
 		if err == nil {
 			err = cuErr("cuMemcpyDtoHAsync", C.kvCopyDtoHAsync(host+C.uintptr_t(outAt), dev+C.uint64_t(outAt), C.size_t(8*len(pages)), s))
 		}
-		// Wait also after an error, so nothing reads the buffers once this returns.
-		err = errors.Join(err, cuErr("cuStreamSynchronize", C.kvStreamSync(s)))
+		if err != nil {
+			// Nothing may still read or write the buffers once this returns.
+			err = errors.Join(err, cuErr("cuStreamSynchronize", C.kvStreamSync(s)))
+		}
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cuda mover: page check: %w", err)
 	}
-	bad := make([]bool, len(pages))
-	for i := range pages {
-		bad[i] = le.Uint64(buf[outAt+8*i:]) != sums[i]
-	}
-	return bad, nil
+	pc := &pendingCheck{set: j, outAt: outAt, sums: sums}
+	set.pending = pc
+	c.next ^= 1
+	return func() ([]bool, error) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if !pc.done {
+			c.syncLocked(m)
+		}
+		return pc.bad, pc.err
+	}, nil
 }
 
-// growChecks makes the descriptor buffers hold at least n bytes.
-func (m *cudaMover) growChecks(n int) error {
-	if n <= m.checks.cap {
+// syncLocked waits for every check launched on the checks' stream and reads their digests.
+func (c *pageChecks) syncLocked(m *cudaMover) {
+	var err error
+	m.t.do(func() { err = cuErr("cuStreamSynchronize", C.kvStreamSync(C.uintptr_t(c.stream))) })
+	for i := range c.sets {
+		pc := c.sets[i].pending
+		if pc == nil || pc.done {
+			continue
+		}
+		pc.done = true
+		if err != nil {
+			pc.err = fmt.Errorf("cuda mover: page check: %w", err)
+			continue
+		}
+		out := c.sets[i].host.Bytes()[pc.outAt:]
+		pc.bad = make([]bool, len(pc.sums))
+		for k := range pc.sums {
+			pc.bad[k] = binary.LittleEndian.Uint64(out[8*k:]) != pc.sums[k]
+		}
+	}
+}
+
+// growSet makes a set's buffers hold at least n bytes. The set has no check in flight.
+func (m *cudaMover) growSet(set *checkSet, n int) error {
+	if n <= set.cap {
 		return nil
 	}
-	n = max(n, 2*m.checks.cap, 64<<10)
-	m.freeChecks()
+	n = max(n, 2*set.cap, 64<<10)
+	if err := m.freeSet(set); err != nil {
+		return err
+	}
 	host, err := m.d.AllocPinned(n, false)
 	if err != nil {
 		return fmt.Errorf("page check buffers: %w", err)
@@ -199,20 +272,39 @@ func (m *cudaMover) growChecks(n int) error {
 		host.Close()
 		return fmt.Errorf("page check buffers: %w", err)
 	}
-	m.checks.host, m.checks.dev, m.checks.cap = host, uint64(dev), n
+	set.host, set.dev, set.cap = host, uint64(dev), n
 	return nil
 }
 
-// freeChecks releases the descriptor buffers.
-func (m *cudaMover) freeChecks() error {
+// freeSet releases a set's buffers.
+func (m *cudaMover) freeSet(set *checkSet) error {
 	var err error
-	if m.checks.host != nil {
-		err = m.checks.host.Close()
+	if set.host != nil {
+		err = set.host.Close()
 	}
-	if m.checks.dev != 0 {
-		dev := C.uint64_t(m.checks.dev)
+	if set.dev != 0 {
+		dev := C.uint64_t(set.dev)
 		m.t.do(func() { err = errors.Join(err, cuErr("cuMemFree", C.kvMemFree(dev))) })
 	}
-	m.checks.host, m.checks.dev, m.checks.cap = nil, 0, 0
+	set.host, set.dev, set.cap = nil, 0, 0
+	return err
+}
+
+// freeChecks waits for the checks in flight and releases their buffers and stream.
+func (m *cudaMover) freeChecks() error {
+	c := &m.checks
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stream == 0 {
+		return nil
+	}
+	c.syncLocked(m)
+	var err error
+	for i := range c.sets {
+		err = errors.Join(err, m.freeSet(&c.sets[i]))
+	}
+	s := C.uintptr_t(c.stream)
+	m.t.do(func() { err = errors.Join(err, cuErr("cuStreamDestroy", C.kvStreamDestroy(s))) })
+	c.stream = 0
 	return err
 }

@@ -92,7 +92,7 @@ func TestCUDAPageChecks(t *testing.T) {
 			for i, r := range refs {
 				last[r.Slot] = i
 			}
-			bad, err := pc.ScatterChecked(ctx, src, refs, sums)
+			bad, err := scatterChecked(ctx, pc, src, refs, sums)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -119,7 +119,7 @@ func TestCUDAPageChecks(t *testing.T) {
 					want[i] = true
 				}
 			}
-			if bad, err = pc.ScatterChecked(ctx, src, refs, sums); err != nil {
+			if bad, err = scatterChecked(ctx, pc, src, refs, sums); err != nil {
 				t.Fatal(err)
 			}
 			for i := range refs {
@@ -140,7 +140,7 @@ func TestCUDAPageChecks(t *testing.T) {
 		sum := []uint64{xxh3.Hash(page)}
 		for _, at := range []int{0, 64*1000 - 1, 64 * 1000, 64*1037 + 5, len(page) - 1} {
 			page[at] ^= 0x40
-			bad, err := pc.ScatterChecked(ctx, [][]byte{page}, ref, sum)
+			bad, err := scatterChecked(ctx, pc, [][]byte{page}, ref, sum)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -150,6 +150,74 @@ func TestCUDAPageChecks(t *testing.T) {
 			page[at] ^= 0x40
 		}
 	})
+}
+
+func scatterChecked(ctx context.Context, pc gpu.PageChecker, src [][]byte, refs []gpu.PageRef, sums []uint64) ([]bool, error) {
+	wait, err := pc.ScatterChecked(ctx, src, refs, sums)
+	if err != nil {
+		return nil, err
+	}
+	return wait()
+}
+
+// TestCUDAPageCheckOverlapped: checks of consecutive batches overlap; each result stays with
+// its own batch, also when several are collected late.
+func TestCUDAPageCheckOverlapped(t *testing.T) {
+	d := openCUDA(t)
+	l := checkLayout()
+	mem, err := d.AllocDeviceMemory(layoutBytes(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	m, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	pc := m.(gpu.PageChecker)
+	rng := rand.New(rand.NewPCG(5, 6))
+	ctx := context.Background()
+	type batch struct {
+		wait func() ([]bool, error)
+		want []bool
+	}
+	var batches []batch
+	for k := range 5 {
+		n := 40
+		refs := make([]gpu.PageRef, n)
+		src := make([][]byte, n)
+		sums := make([]uint64, n)
+		want := make([]bool, n)
+		for i := range refs {
+			refs[i] = gpu.PageRef{Group: 1, Slot: k*n + i}
+			src[i] = make([]byte, 64<<10)
+			for j := range src[i] {
+				src[i][j] = byte(rng.Uint32())
+			}
+			sums[i] = xxh3.Hash(src[i])
+			if rng.IntN(4) == 0 {
+				sums[i]++
+				want[i] = true
+			}
+		}
+		wait, err := pc.ScatterChecked(ctx, src, refs, sums)
+		if err != nil {
+			t.Fatal(err)
+		}
+		batches = append(batches, batch{wait, want})
+	}
+	for k := len(batches) - 1; k >= 0; k-- {
+		bad, err := batches[k].wait()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range bad {
+			if bad[i] != batches[k].want[i] {
+				t.Fatalf("batch %d page %d: bad=%v, want %v", k, i, bad[i], batches[k].want[i])
+			}
+		}
+	}
 }
 
 // TestCUDAPageCheckRefused: a layout the kernel cannot read stripe by stripe makes the mover
@@ -171,7 +239,7 @@ func TestCUDAPageCheckRefused(t *testing.T) {
 	if pc.PageCheckError() == nil {
 		t.Fatal("1000-byte regions accepted for GPU checks")
 	}
-	if _, err := pc.ScatterChecked(context.Background(), [][]byte{make([]byte, 1000)}, []gpu.PageRef{{Slot: 1}}, []uint64{0}); err == nil {
+	if _, err := scatterChecked(context.Background(), pc, [][]byte{make([]byte, 1000)}, []gpu.PageRef{{Slot: 1}}, []uint64{0}); err == nil {
 		t.Fatal("ScatterChecked ran on a layout it cannot check")
 	}
 }
@@ -223,7 +291,7 @@ func BenchmarkCUDAPageCheck(b *testing.B) {
 		b.Run(fmt.Sprintf("page=%dKiB/scatter+check", pageKiB), func(b *testing.B) {
 			b.SetBytes(int64(n * size))
 			for b.Loop() {
-				bad, err := pc.ScatterChecked(ctx, src, refs, sums)
+				bad, err := scatterChecked(ctx, pc, src, refs, sums)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -232,6 +300,26 @@ func BenchmarkCUDAPageCheck(b *testing.B) {
 						b.Fatalf("page %d bad", i)
 					}
 				}
+			}
+		})
+		b.Run(fmt.Sprintf("page=%dKiB/scatter+check,overlapped", pageKiB), func(b *testing.B) {
+			// As a load uses it: the check of one batch runs while the next batch is copied.
+			b.SetBytes(int64(n * size))
+			var prev func() ([]bool, error)
+			for b.Loop() {
+				wait, err := pc.ScatterChecked(ctx, src, refs, sums)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if prev != nil {
+					if _, err := prev(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				prev = wait
+			}
+			if _, err := prev(); err != nil {
+				b.Fatal(err)
 			}
 		})
 		st.Close()

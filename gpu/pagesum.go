@@ -104,7 +104,9 @@ func pageCheckable(l Layout, base uint64) error {
 type PageChecker interface {
 	// PageCheckError is nil when ScatterChecked works for this mover, otherwise the reason.
 	PageCheckError() error
-	// ScatterChecked is Scatter followed by the check: bad[i] is true where page i's XXH3-64
-	// digest in engine memory differs from sums[i]; that slot's bytes must not be used.
-	ScatterChecked(ctx context.Context, src [][]byte, pages []PageRef, sums []uint64) (bad []bool, err error)
+	// ScatterChecked is Scatter followed by the check. It returns once the copies are done and
+	// the check is under way; wait returns its result: bad[i] is true where page i's XXH3-64
+	// digest in engine memory differs from sums[i], and that slot's bytes must not be used.
+	// Checks overlap the next call's copies; a result is kept until wait asks for it.
+	ScatterChecked(ctx context.Context, src [][]byte, pages []PageRef, sums []uint64) (wait func() (bad []bool, err error), err error)
 }

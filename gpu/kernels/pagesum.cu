@@ -64,21 +64,53 @@ __device__ __forceinline__ u32 kvFind(const kvPiece *ps, u32 n, u64 o) {
 	return lo;
 }
 
-// kvStripes returns what stripes [0, n) starting at page offset start add to lane; stripe s
-// reads the secret's word s + lane.
+// kvAddr returns the device address of page offset o (a stripe's start), moving the cursor k
+// forward over the pieces; o never decreases between calls with the same cursor.
+__device__ __forceinline__ u64 kvAddr(const kvPiece *ps, u32 &k, u64 o) {
+	while (o >= ps[k].off + ps[k].len) k++;
+	return ps[k].addr + (o - ps[k].off);
+}
+
+// kvStripe returns what one stripe at address a adds to lane, with the secret word key.
+__device__ __forceinline__ u64 kvStripe(u64 a, u32 lane, u64 key) {
+	const u64 *w = (const u64 *)a;
+	u64 v = w[lane];
+	u64 pair = w[lane ^ 1];
+	u64 x = v ^ key;
+	return pair + (x & 0xFFFFFFFFULL) * (x >> 32);
+}
+
+// kvBlock returns what the 16 stripes of the block at page offset start add to lane. All the
+// addresses are found first, so the 32 loads are in flight together.
+__device__ u64 kvBlock(const kvPiece *ps, u32 np, u64 start, const kvSecret &sec, u32 lane) {
+	u64 a[16];
+	u32 k = kvFind(ps, np, start);
+#pragma unroll
+	for (u32 s = 0; s < 16; s++) a[s] = kvAddr(ps, k, start + (u64)s * 64);
+	const u64 *w[16];
+	u64 v[16], pair[16];
+#pragma unroll
+	for (u32 s = 0; s < 16; s++) {
+		w[s] = (const u64 *)a[s];
+		v[s] = w[s][lane];
+		pair[s] = w[s][lane ^ 1];
+	}
+	u64 d = 0;
+#pragma unroll
+	for (u32 s = 0; s < 16; s++) {
+		u64 x = v[s] ^ sec.acc[s + lane];
+		d += pair[s] + (x & 0xFFFFFFFFULL) * (x >> 32);
+	}
+	return d;
+}
+
+// kvStripes returns what stripes [0, n) starting at page offset start add to lane (the last,
+// partial block); stripe s reads the secret's word s + lane.
 __device__ u64 kvStripes(const kvPiece *ps, u32 np, u64 start, u32 n, const kvSecret &sec, u32 lane) {
 	u64 d = 0;
 	if (n == 0) return 0;
 	u32 k = kvFind(ps, np, start);
-	for (u32 s = 0; s < n; s++) {
-		u64 o = start + (u64)s * 64;
-		while (o >= ps[k].off + ps[k].len) k++;
-		const u64 *w = (const u64 *)(ps[k].addr + (o - ps[k].off));
-		u64 v = w[lane];
-		u64 pair = w[lane ^ 1];
-		u64 key = v ^ sec.acc[s + lane];
-		d += pair + (key & 0xFFFFFFFFULL) * (key >> 32);
-	}
+	for (u32 s = 0; s < n; s++) d += kvStripe(kvAddr(ps, k, start + (u64)s * 64), lane, sec.acc[s + lane]);
 	return d;
 }
 
@@ -92,7 +124,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) kvPageSums(const kvPage *p
 	u64 acc = kvInit(lane);
 	for (u64 base = 0; base < blocks; base += GROUPS) {
 		u64 b = base + group;
-		delta[group][lane] = b < blocks ? kvStripes(ps, pg.count, b * 1024, 16, sec, lane) : 0;
+		delta[group][lane] = b < blocks ? kvBlock(ps, pg.count, b * 1024, sec, lane) : 0;
 		__syncthreads();
 		if (group == 0) {
 			u64 n = blocks - base < GROUPS ? blocks - base : GROUPS;
@@ -112,11 +144,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) kvPageSums(const kvPage *p
 		// The last stripe: the page's final 64 bytes, with the secret at byte 121.
 		u64 o = pg.len - 64;
 		u32 k = kvFind(ps, pg.count, o);
-		const u64 *w = (const u64 *)(ps[k].addr + (o - ps[k].off));
-		u64 v = w[lane];
-		u64 pair = w[lane ^ 1];
-		u64 key = v ^ sec.last[lane];
-		acc += pair + (key & 0xFFFFFFFFULL) * (key >> 32);
+		acc += kvStripe(kvAddr(ps, k, o), lane, sec.last[lane]);
 		lanes[lane] = acc;
 	}
 	__syncthreads();
