@@ -286,7 +286,13 @@ func (w *Worker) registerPoolMemory() ([]io.Closer, mooncake.Viewer) {
 		regs = append(regs, c)
 		total += len(mem)
 	}
-	w.log.Info("mooncake-store transfers use pool memory in place", "regions", len(regs), "registered_bytes", total)
+	checks := "host"
+	if _, pc := gpuPageChecks(v, w.mover); pc != nil {
+		checks = "gpu"
+	} else if pc, ok := w.mover.(gpu.PageChecker); ok && pc.PageCheckError() != nil {
+		w.log.Info("mooncake-store loads check pages on the host", "reason", pc.PageCheckError())
+	}
+	w.log.Info("mooncake-store transfers use pool memory in place", "regions", len(regs), "registered_bytes", total, "page_checks", checks)
 	return regs, v
 }
 
