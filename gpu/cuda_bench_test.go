@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/gpu"
 )
 
@@ -119,8 +120,8 @@ func benchMover(b *testing.B, variants []moverVariant) {
 			for _, v := range variants {
 				b.Run(fmt.Sprintf("%s/%s/%s", op, sz.name, v.name), func(b *testing.B) {
 					slots := benchEngineBytes / sz.n
-					l := gpu.Layout{TokensPerBlock: 32, Groups: []gpu.GroupLayout{{ID: 0, Slots: slots,
-						Regions: []gpu.Region{{Stride: uint64(sz.n), Size: uint64(sz.n)}}}}}
+					l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: slots,
+						Regions: []kvmem.Region{{Stride: uint64(sz.n), Size: uint64(sz.n)}}}}}
 					m, err := d.NewMover(mem, l, v.opts)
 					if err != nil {
 						b.Fatal(err)
@@ -160,11 +161,11 @@ func benchMover(b *testing.B, variants []moverVariant) {
 						}
 					}
 					order := rand.New(rand.NewPCG(uint64(sz.n), 1)).Perm(slots)
-					pages := make([]gpu.PageRef, batch)
+					pages := make([]kvmem.PageRef, batch)
 					ctx, next := context.Background(), 0
 					for b.Loop() {
 						for i := range pages {
-							pages[i] = gpu.PageRef{Slot: order[next%slots]}
+							pages[i] = kvmem.PageRef{Slot: order[next%slots]}
 							next++
 						}
 						if op == "Scatter" {

@@ -21,6 +21,8 @@ import (
 	"fmt"
 	"sync"
 	"unsafe"
+
+	"github.com/kvctl/kvctl/core/kvmem"
 )
 
 // CUDAMoverOptions tune a CUDA mover. The zero value picks the defaults.
@@ -48,7 +50,7 @@ func HasBatchCopy() bool { return loadDriver() == nil && C.kvHasBatch() != 0 }
 type cudaMover struct {
 	d      *CUDADevice
 	mem    *EngineMemory
-	layout Layout
+	layout kvmem.Layout
 	opts   CUDAMoverOptions
 	t      *cudaThread
 	// batchAPI: issue copies with cuMemcpyBatchAsync.
@@ -64,6 +66,7 @@ type cudaMover struct {
 
 	// Page checks on the GPU (cuda_pagesum.go).
 	checks pageChecks
+	pieces []checkPiece
 
 	mu     sync.Mutex
 	closed bool
@@ -78,7 +81,7 @@ type pendingOut struct {
 
 // NewMover returns a Mover over mem for layout. The mover holds a reference on mem, so the
 // memory stays mapped until the mover (and its clones) are closed too.
-func (d *CUDADevice) NewMover(mem *EngineMemory, layout Layout, opts CUDAMoverOptions) (Mover, error) {
+func (d *CUDADevice) NewMover(mem *EngineMemory, layout kvmem.Layout, opts CUDAMoverOptions) (kvmem.Mover, error) {
 	if mem == nil || mem.d != d {
 		return nil, fmt.Errorf("cuda mover: engine memory belongs to another device")
 	}
@@ -126,24 +129,24 @@ func (m *cudaMover) destroyStreams() {
 	m.streams = nil
 }
 
-func (m *cudaMover) Layout() Layout { return m.layout }
+func (m *cudaMover) Layout() kvmem.Layout { return m.layout }
 
-func (m *cudaMover) Gather(ctx context.Context, pages []PageRef, dst [][]byte) error {
+func (m *cudaMover) Gather(ctx context.Context, pages []kvmem.PageRef, dst [][]byte) error {
 	return m.transfer(ctx, false, pages, dst)
 }
 
-func (m *cudaMover) Scatter(ctx context.Context, src [][]byte, pages []PageRef) error {
+func (m *cudaMover) Scatter(ctx context.Context, src [][]byte, pages []kvmem.PageRef) error {
 	return m.transfer(ctx, true, pages, src)
 }
 
-func (m *cudaMover) transfer(ctx context.Context, toDevice bool, pages []PageRef, bufs [][]byte) error {
+func (m *cudaMover) transfer(ctx context.Context, toDevice bool, pages []kvmem.PageRef, bufs [][]byte) error {
 	if m.closed {
-		return ErrClosed
+		return kvmem.ErrClosed
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := walkPages(m.layout, pages, bufs, nil); err != nil {
+	if err := kvmem.WalkPages(m.layout, pages, bufs, nil); err != nil {
 		return err
 	}
 	m.reset()
@@ -151,7 +154,7 @@ func (m *cudaMover) transfer(ctx context.Context, toDevice bool, pages []PageRef
 	bounceUsed := 0
 	pinnedPage, lastPage := false, -1
 	// The batch was checked above, so this walk cannot fail.
-	_ = walkPages(m.layout, pages, bufs, func(p int, eo, vo, n uint64) {
+	_ = kvmem.WalkPages(m.layout, pages, bufs, func(p int, eo, vo, n uint64) {
 		if err != nil {
 			return
 		}
@@ -275,9 +278,9 @@ func (m *cudaMover) flush(ctx context.Context, toDevice bool) error {
 }
 
 // NewStaging allocates slots pinned buffers of slotBytes each as one allocation.
-func (m *cudaMover) NewStaging(slots int, slotBytes int) (Staging, error) {
+func (m *cudaMover) NewStaging(slots int, slotBytes int) (kvmem.Staging, error) {
 	if m.closed {
-		return nil, ErrClosed
+		return nil, kvmem.ErrClosed
 	}
 	if err := checkStagingShape(slots, slotBytes); err != nil {
 		return nil, err
@@ -289,9 +292,9 @@ func (m *cudaMover) NewStaging(slots int, slotBytes int) (Staging, error) {
 	return &pinnedStaging{p: p, slots: slots, slotBytes: slotBytes}, nil
 }
 
-func (m *cudaMover) Clone() (Mover, error) {
+func (m *cudaMover) Clone() (kvmem.Mover, error) {
 	if m.closed {
-		return nil, ErrClosed
+		return nil, kvmem.ErrClosed
 	}
 	return m.d.NewMover(m.mem, m.layout, m.opts)
 }

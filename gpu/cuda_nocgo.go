@@ -2,7 +2,11 @@
 
 package gpu
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/kvctl/kvctl/core/kvmem"
+)
 
 // ErrNoCUDA is wrapped by every CUDA error; in this build CUDA is never available.
 var ErrNoCUDA = errors.New("no CUDA")
@@ -17,6 +21,6 @@ type CUDAMoverOptions struct {
 // CUDADeviceCount reports that this build has no CUDA support.
 func CUDADeviceCount() (int, error) { return 0, errors.Join(ErrNoCUDA, ErrCUDANotBuilt) }
 
-func openCUDAMover(EngineHandle, Layout, CUDAMoverOptions) (Mover, error) {
+func openCUDAMover(EngineHandle, kvmem.Layout, CUDAMoverOptions) (kvmem.Mover, error) {
 	return nil, errors.Join(ErrNoCUDA, ErrCUDANotBuilt)
 }

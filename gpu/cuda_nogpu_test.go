@@ -4,6 +4,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/gpu"
 )
 
@@ -15,7 +16,7 @@ func TestNoCUDAIsNotACrash(t *testing.T) {
 	}
 	if err != nil {
 		t.Logf("no CUDA: %v", err)
-		if _, err := gpu.OpenMover(gpu.EngineHandle{Kind: gpu.HandleCUDAIPC, IPC: make([]byte, 64), Size: 4096}, gpu.Layout{}, gpu.CUDAMoverOptions{}); !errors.Is(err, gpu.ErrNoCUDA) {
+		if _, err := gpu.OpenMover(gpu.EngineHandle{Kind: gpu.HandleCUDAIPC, IPC: make([]byte, 64), Size: 4096}, kvmem.Layout{}, gpu.CUDAMoverOptions{}); !errors.Is(err, gpu.ErrNoCUDA) {
 			t.Fatalf("CUDA mover without CUDA: %v", err)
 		}
 		return

@@ -2,9 +2,13 @@
 
 package gpu
 
-import "errors"
+import (
+	"errors"
 
-func openCUDAMover(h EngineHandle, layout Layout, opts CUDAMoverOptions) (Mover, error) {
+	"github.com/kvctl/kvctl/core/kvmem"
+)
+
+func openCUDAMover(h EngineHandle, layout kvmem.Layout, opts CUDAMoverOptions) (kvmem.Mover, error) {
 	d, err := OpenCUDA(h.Device)
 	if err != nil {
 		return nil, err

@@ -29,6 +29,8 @@ import (
 	"fmt"
 	"sync"
 	"unsafe"
+
+	"github.com/kvctl/kvctl/core/kvmem"
 )
 
 //go:embed kernels/pagesum.ptx
@@ -103,14 +105,21 @@ type checkSet struct {
 	pending *pendingCheck
 }
 
+// checkPiece is one region of a page to check: page index, device address, offset in the page,
+// length.
+type checkPiece struct {
+	page           int
+	addr, off, len uint64
+}
+
 // pendingCheck is a launched check whose digests have not been read yet.
 type pendingCheck struct {
-	set    int
-	outAt  int
-	sums   []uint64
-	done   bool
-	bad    []bool
-	err    error
+	set   int
+	outAt int
+	sums  []uint64
+	done  bool
+	bad   []bool
+	err   error
 }
 
 // PageCheckError reports whether ScatterChecked can check this mover's pages on the GPU: nil
@@ -146,12 +155,12 @@ func (m *cudaMover) initChecks() {
 // call's copies; at most two checks are in flight (a third call first waits for the ones in
 // flight, keeping their results for their wait). It
 // fails with the reason from PageCheckError when the mover cannot check.
-func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []PageRef, sums []uint64) (wait func() ([]bool, error), err error) {
+func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kvmem.PageRef, sums []uint64) (wait func() ([]bool, error), err error) {
 	if m.checks.err != nil {
 		return nil, m.checks.err
 	}
 	if len(sums) != len(pages) {
-		return nil, fmt.Errorf("%w: %d pages but %d checksums", ErrBadPage, len(pages), len(sums))
+		return nil, fmt.Errorf("%w: %d pages but %d checksums", kvmem.ErrBadPage, len(pages), len(sums))
 	}
 	if err := m.transfer(ctx, true, pages, src); err != nil {
 		return nil, err
@@ -168,35 +177,32 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []Pa
 		c.syncLocked(m)
 	}
 	// The descriptors: kvPage per page, then kvPiece per region, then room for the digests.
-	nPieces := 0
-	for _, ref := range pages {
-		rs, _ := m.layout.regions(ref) // transfer checked every reference
-		nPieces += len(rs)
-	}
+	// transfer checked every reference, so this walk cannot fail.
+	m.pieces = m.pieces[:0]
+	_ = kvmem.WalkPages(m.layout, pages, src, func(p int, eo, vo, n uint64) {
+		m.pieces = append(m.pieces, checkPiece{page: p, addr: m.mem.ptr + eo, off: vo, len: n})
+	})
 	piecesAt := len(pages) * pageDescBytes
-	outAt := piecesAt + nPieces*pieceDescBytes
+	outAt := piecesAt + len(m.pieces)*pieceDescBytes
 	need := outAt + 8*len(pages)
 	if err := m.growSet(set, need); err != nil {
 		return nil, err
 	}
 	buf := set.host.Bytes()[:need]
 	le := binary.LittleEndian
-	piece := 0
-	for i, ref := range pages {
-		rs, _ := m.layout.regions(ref)
-		var off uint64
-		p := buf[i*pageDescBytes:]
-		le.PutUint32(p[8:], uint32(piece))
-		le.PutUint32(p[12:], uint32(len(rs)))
-		for _, r := range rs {
-			q := buf[piecesAt+piece*pieceDescBytes:]
-			le.PutUint64(q[0:], m.mem.ptr+r.Offset+r.Stride*uint64(ref.Slot))
-			le.PutUint64(q[8:], off)
-			le.PutUint64(q[16:], r.Size)
-			off += r.Size
-			piece++
+	for k, pc := range m.pieces {
+		q := buf[piecesAt+k*pieceDescBytes:]
+		le.PutUint64(q[0:], pc.addr)
+		le.PutUint64(q[8:], pc.off)
+		le.PutUint64(q[16:], pc.len)
+		d := buf[pc.page*pageDescBytes:]
+		if pc.off == 0 {
+			le.PutUint32(d[8:], uint32(k))
+			le.PutUint32(d[12:], 0)
+			le.PutUint64(d[0:], 0)
 		}
-		le.PutUint64(p[0:], off)
+		le.PutUint32(d[12:], le.Uint32(d[12:])+1)
+		le.PutUint64(d[0:], pc.off+pc.len)
 	}
 	m.t.do(func() {
 		s := C.uintptr_t(c.stream)

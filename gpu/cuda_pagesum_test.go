@@ -11,27 +11,28 @@ import (
 
 	"github.com/zeebo/xxh3"
 
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/gpu"
 )
 
 // checkLayout has three layer groups: pages of three regions with uneven sizes (multiples of
 // 64 bytes) and a little over 1 MiB, pages of 64 KiB, and pages of 256 bytes.
-func checkLayout() gpu.Layout {
+func checkLayout() kvmem.Layout {
 	const slots0, slots1, slots2 = 8, 300, 16
 	a, b, c := uint64(64*1000), uint64(64*37), uint64(1<<20)
 	off := uint64(0)
 	next := func(n uint64, slots int) uint64 { o := off; off += n * uint64(slots); return o }
-	g0 := gpu.GroupLayout{ID: 0, Slots: slots0, Regions: []gpu.Region{
+	g0 := kvmem.GroupLayout{ID: 0, Slots: slots0, Regions: []kvmem.Region{
 		{Offset: next(a, slots0), Stride: a, Size: a},
 		{Offset: next(b, slots0), Stride: b, Size: b},
 		{Offset: next(c, slots0), Stride: c, Size: c},
 	}}
-	g1 := gpu.GroupLayout{ID: 1, Slots: slots1, Regions: []gpu.Region{{Offset: next(64<<10, slots1), Stride: 64 << 10, Size: 64 << 10}}}
-	g2 := gpu.GroupLayout{ID: 2, Slots: slots2, Regions: []gpu.Region{{Offset: next(256, slots2), Stride: 256, Size: 256}}}
-	return gpu.Layout{TokensPerBlock: 32, Groups: []gpu.GroupLayout{g0, g1, g2}}
+	g1 := kvmem.GroupLayout{ID: 1, Slots: slots1, Regions: []kvmem.Region{{Offset: next(64<<10, slots1), Stride: 64 << 10, Size: 64 << 10}}}
+	g2 := kvmem.GroupLayout{ID: 2, Slots: slots2, Regions: []kvmem.Region{{Offset: next(256, slots2), Stride: 256, Size: 256}}}
+	return kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{g0, g1, g2}}
 }
 
-func layoutBytes(l gpu.Layout) uint64 {
+func layoutBytes(l kvmem.Layout) uint64 {
 	var end uint64
 	for _, g := range l.Groups {
 		for _, r := range g.Regions {
@@ -58,7 +59,7 @@ func TestCUDAPageChecks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	pc, ok := m.(gpu.PageChecker)
+	pc, ok := m.(kvmem.PageChecker)
 	if !ok {
 		t.Fatal("the CUDA mover is not a PageChecker")
 	}
@@ -69,11 +70,11 @@ func TestCUDAPageChecks(t *testing.T) {
 	ctx := context.Background()
 	for _, batch := range []struct{ group, n int }{{0, 8}, {1, 300}, {2, 16}, {1, 1}} {
 		t.Run(fmt.Sprintf("group=%d/pages=%d", batch.group, batch.n), func(t *testing.T) {
-			refs := make([]gpu.PageRef, batch.n)
+			refs := make([]kvmem.PageRef, batch.n)
 			src := make([][]byte, batch.n)
 			sums := make([]uint64, batch.n)
 			for i := range refs {
-				refs[i] = gpu.PageRef{Group: batch.group, Slot: (i * 7) % l.Groups[batch.group].Slots}
+				refs[i] = kvmem.PageRef{Group: batch.group, Slot: (i * 7) % l.Groups[batch.group].Slots}
 				if batch.n > l.Groups[batch.group].Slots {
 					refs[i].Slot = i % l.Groups[batch.group].Slots
 				}
@@ -131,7 +132,7 @@ func TestCUDAPageChecks(t *testing.T) {
 	}
 	t.Run("corrupted source", func(t *testing.T) {
 		// The digest is of the bytes as written; one flipped byte in what is copied is caught.
-		ref := []gpu.PageRef{{Group: 0, Slot: 3}}
+		ref := []kvmem.PageRef{{Group: 0, Slot: 3}}
 		size, _ := l.ValueSize(ref[0])
 		page := make([]byte, size)
 		for j := range page {
@@ -152,7 +153,7 @@ func TestCUDAPageChecks(t *testing.T) {
 	})
 }
 
-func scatterChecked(ctx context.Context, pc gpu.PageChecker, src [][]byte, refs []gpu.PageRef, sums []uint64) ([]bool, error) {
+func scatterChecked(ctx context.Context, pc kvmem.PageChecker, src [][]byte, refs []kvmem.PageRef, sums []uint64) ([]bool, error) {
 	wait, err := pc.ScatterChecked(ctx, src, refs, sums)
 	if err != nil {
 		return nil, err
@@ -175,7 +176,7 @@ func TestCUDAPageCheckOverlapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	pc := m.(gpu.PageChecker)
+	pc := m.(kvmem.PageChecker)
 	rng := rand.New(rand.NewPCG(5, 6))
 	ctx := context.Background()
 	type batch struct {
@@ -185,12 +186,12 @@ func TestCUDAPageCheckOverlapped(t *testing.T) {
 	var batches []batch
 	for k := range 5 {
 		n := 40
-		refs := make([]gpu.PageRef, n)
+		refs := make([]kvmem.PageRef, n)
 		src := make([][]byte, n)
 		sums := make([]uint64, n)
 		want := make([]bool, n)
 		for i := range refs {
-			refs[i] = gpu.PageRef{Group: 1, Slot: k*n + i}
+			refs[i] = kvmem.PageRef{Group: 1, Slot: k*n + i}
 			src[i] = make([]byte, 64<<10)
 			for j := range src[i] {
 				src[i][j] = byte(rng.Uint32())
@@ -224,7 +225,7 @@ func TestCUDAPageCheckOverlapped(t *testing.T) {
 // say why, and ScatterChecked fails rather than guess.
 func TestCUDAPageCheckRefused(t *testing.T) {
 	d := openCUDA(t)
-	l := gpu.Layout{TokensPerBlock: 32, Groups: []gpu.GroupLayout{{ID: 0, Slots: 4, Regions: []gpu.Region{{Stride: 1000, Size: 1000}}}}}
+	l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: 4, Regions: []kvmem.Region{{Stride: 1000, Size: 1000}}}}}
 	mem, err := d.AllocDeviceMemory(4000)
 	if err != nil {
 		t.Fatal(err)
@@ -235,11 +236,11 @@ func TestCUDAPageCheckRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	pc := m.(gpu.PageChecker)
+	pc := m.(kvmem.PageChecker)
 	if pc.PageCheckError() == nil {
 		t.Fatal("1000-byte regions accepted for GPU checks")
 	}
-	if _, err := scatterChecked(context.Background(), pc, [][]byte{make([]byte, 1000)}, []gpu.PageRef{{Slot: 1}}, []uint64{0}); err == nil {
+	if _, err := scatterChecked(context.Background(), pc, [][]byte{make([]byte, 1000)}, []kvmem.PageRef{{Slot: 1}}, []uint64{0}); err == nil {
 		t.Fatal("ScatterChecked ran on a layout it cannot check")
 	}
 }
@@ -251,7 +252,7 @@ func BenchmarkCUDAPageCheck(b *testing.B) {
 	for _, pageKiB := range []int{64, 256, 1024} {
 		size := pageKiB << 10
 		n := (64 << 20) / size
-		l := gpu.Layout{TokensPerBlock: 32, Groups: []gpu.GroupLayout{{ID: 0, Slots: n, Regions: []gpu.Region{
+		l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: n, Regions: []kvmem.Region{
 			{Offset: 0, Stride: uint64(size / 2), Size: uint64(size / 2)},
 			{Offset: uint64(n * size / 2), Stride: uint64(size / 2), Size: uint64(size / 2)},
 		}}}}
@@ -267,18 +268,18 @@ func BenchmarkCUDAPageCheck(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		refs := make([]gpu.PageRef, n)
+		refs := make([]kvmem.PageRef, n)
 		src := make([][]byte, n)
 		sums := make([]uint64, n)
 		for i := range refs {
-			refs[i] = gpu.PageRef{Slot: i}
+			refs[i] = kvmem.PageRef{Slot: i}
 			src[i] = st.Slot(i)
 			for j := range src[i] {
 				src[i][j] = byte(i + j)
 			}
 			sums[i] = xxh3.Hash(src[i])
 		}
-		pc := m.(gpu.PageChecker)
+		pc := m.(kvmem.PageChecker)
 		ctx := context.Background()
 		b.Run(fmt.Sprintf("page=%dKiB/scatter", pageKiB), func(b *testing.B) {
 			b.SetBytes(int64(n * size))

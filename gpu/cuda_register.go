@@ -15,6 +15,8 @@ import (
 	"fmt"
 	"io"
 	"sync"
+
+	"github.com/kvctl/kvctl/core/kvmem"
 )
 
 // cudaErrHostMemoryAlreadyRegistered is CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: the range
@@ -112,9 +114,9 @@ func (c *hostRegCloser) Close() error {
 // RegisterHost implements HostRegistrar through the mover's device.
 func (m *cudaMover) RegisterHost(mem []byte) (io.Closer, error) {
 	if m.closed {
-		return nil, ErrClosed
+		return nil, kvmem.ErrClosed
 	}
 	return m.d.RegisterHost(mem)
 }
 
-var _ HostRegistrar = (*cudaMover)(nil)
+var _ kvmem.HostRegistrar = (*cudaMover)(nil)

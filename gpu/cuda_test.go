@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/gpu"
 	"github.com/kvctl/kvctl/gpu/movertest"
 )
@@ -52,7 +53,7 @@ func (e cudaEngine) Size() int                     { return int(e.mem.Size()) }
 func (e cudaEngine) Write(off int, p []byte) error { return e.mem.CopyIn(uint64(off), p) }
 func (e cudaEngine) Read(off int, p []byte) error  { return e.mem.CopyOut(uint64(off), p) }
 func (e cudaEngine) Close() error                  { return e.mem.Close() }
-func (e cudaEngine) NewMover(l gpu.Layout) (gpu.Mover, error) {
+func (e cudaEngine) NewMover(l kvmem.Layout) (kvmem.Mover, error) {
 	return e.d.NewMover(e.mem, l, e.opts)
 }
 
@@ -135,9 +136,9 @@ func TestCUDAPinned(t *testing.T) {
 
 // twoRegionLayout lays size bytes out as pages of two 4 KiB regions, the second 4 KiB after the
 // first, so each page value interleaves with its neighbour in memory.
-func twoRegionLayout(size uint64) gpu.Layout {
+func twoRegionLayout(size uint64) kvmem.Layout {
 	slots := int(size / 8192)
-	return gpu.Layout{TokensPerBlock: 32, Groups: []gpu.GroupLayout{{ID: 0, Slots: slots, Regions: []gpu.Region{
+	return kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: slots, Regions: []kvmem.Region{
 		{Offset: 0, Stride: 8192, Size: 4096}, {Offset: 4096, Stride: 8192, Size: 4096}}}}}
 }
 
@@ -150,11 +151,11 @@ func pattern(n int, seed int) []byte {
 }
 
 // exerciseEngine gathers every page and checks pattern seed 1, then scatters pattern seed 2.
-func exerciseEngine(t *testing.T, m gpu.Mover, size int) {
+func exerciseEngine(t *testing.T, m kvmem.Mover, size int) {
 	t.Helper()
 	ctx := context.Background()
 	l := m.Layout()
-	var pages []gpu.PageRef
+	var pages []kvmem.PageRef
 	var bufs [][]byte
 	st, err := m.NewStaging(l.Groups[0].Slots, int(l.MaxValueSize()))
 	if err != nil {
@@ -162,7 +163,7 @@ func exerciseEngine(t *testing.T, m gpu.Mover, size int) {
 	}
 	defer st.Close()
 	for s := range l.Groups[0].Slots {
-		pages = append(pages, gpu.PageRef{Slot: s})
+		pages = append(pages, kvmem.PageRef{Slot: s})
 		bufs = append(bufs, st.Slot(s))
 	}
 	if err := m.Gather(ctx, pages, bufs); err != nil {
@@ -353,7 +354,7 @@ func TestCUDAImportErrors(t *testing.T) {
 	if _, err := d.ImportFD(-1, 2<<20); err == nil {
 		t.Error("fd -1 imported")
 	}
-	if _, err := gpu.OpenMover(gpu.EngineHandle{Kind: "bogus"}, gpu.Layout{}, gpu.CUDAMoverOptions{}); err == nil {
+	if _, err := gpu.OpenMover(gpu.EngineHandle{Kind: "bogus"}, kvmem.Layout{}, gpu.CUDAMoverOptions{}); err == nil {
 		t.Error("unknown kind accepted")
 	}
 }
@@ -382,7 +383,7 @@ func TestCUDARegisterHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Munmap(host)
-	r1, err := m.(gpu.HostRegistrar).RegisterHost(host)
+	r1, err := m.(kvmem.HostRegistrar).RegisterHost(host)
 	if err != nil {
 		t.Fatalf("register: %v", err)
 	}
@@ -396,10 +397,10 @@ func TestCUDARegisterHost(t *testing.T) {
 	want := pattern(size, 5)
 	copy(host, want)
 	slots := l.Groups[0].Slots
-	var pages []gpu.PageRef
+	var pages []kvmem.PageRef
 	var bufs [][]byte
 	for s := range slots {
-		pages = append(pages, gpu.PageRef{Slot: s})
+		pages = append(pages, kvmem.PageRef{Slot: s})
 		bufs = append(bufs, host[s*8192:(s+1)*8192])
 	}
 	ctx := context.Background()

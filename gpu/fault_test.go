@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvctl/kvctl/core/kvmem"
 )
 
 // TestHostMoverFaultIsAnError truncates the file under a host mover's mapping (what an engine
@@ -22,7 +24,7 @@ func TestHostMoverFaultIsAnError(t *testing.T) {
 	if err := unix.Ftruncate(fd, 4*page); err != nil {
 		t.Fatal(err)
 	}
-	l := Layout{TokensPerBlock: 16, Groups: []GroupLayout{{Slots: 4, Regions: []Region{{Size: page, Stride: page}}}}}
+	l := kvmem.Layout{TokensPerBlock: 16, Groups: []kvmem.GroupLayout{{Slots: 4, Regions: []kvmem.Region{{Size: page, Stride: page}}}}}
 	m, err := NewHostMover(fd, 4*page, l)
 	if err != nil {
 		t.Fatal(err)
@@ -32,11 +34,11 @@ func TestHostMoverFaultIsAnError(t *testing.T) {
 		t.Fatal(err)
 	}
 	dst := [][]byte{make([]byte, page)}
-	err = m.Gather(context.Background(), []PageRef{{Group: 0, Slot: 3}}, dst)
+	err = m.Gather(context.Background(), []kvmem.PageRef{{Group: 0, Slot: 3}}, dst)
 	if !errors.Is(err, ErrMemoryFault) {
 		t.Fatalf("gather from truncated memory: %v, want ErrMemoryFault", err)
 	}
-	err = m.Scatter(context.Background(), dst, []PageRef{{Group: 0, Slot: 1}})
+	err = m.Scatter(context.Background(), dst, []kvmem.PageRef{{Group: 0, Slot: 1}})
 	if !errors.Is(err, ErrMemoryFault) {
 		t.Fatalf("scatter into truncated memory: %v, want ErrMemoryFault", err)
 	}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"sync/atomic"
+
+	"github.com/kvctl/kvctl/core/kvmem"
 )
 
 // HandleKind says how an engine hands its KV memory to kvctl.
@@ -36,7 +38,7 @@ type EngineHandle struct {
 // OpenMover returns a Mover over the memory h names, with the backend its kind calls for. The
 // mover and its clones own what was opened for it (the mapping, the imported allocation, the
 // device context); the last Close releases it. h.FD stays the caller's.
-func OpenMover(h EngineHandle, layout Layout, opts CUDAMoverOptions) (Mover, error) {
+func OpenMover(h EngineHandle, layout kvmem.Layout, opts CUDAMoverOptions) (kvmem.Mover, error) {
 	switch h.Kind {
 	case HandleSharedMemory:
 		if h.Size > 1<<62 {
@@ -52,19 +54,19 @@ func OpenMover(h EngineHandle, layout Layout, opts CUDAMoverOptions) (Mover, err
 
 // ownedMover closes what OpenMover opened once it and all its clones are closed.
 type ownedMover struct {
-	Mover
+	kvmem.Mover
 	refs    *atomic.Int32
 	release func() error
 	closed  bool
 }
 
-func newOwnedMover(m Mover, release func() error) *ownedMover {
+func newOwnedMover(m kvmem.Mover, release func() error) *ownedMover {
 	refs := new(atomic.Int32)
 	refs.Store(1)
 	return &ownedMover{Mover: m, refs: refs, release: release}
 }
 
-func (o *ownedMover) Clone() (Mover, error) {
+func (o *ownedMover) Clone() (kvmem.Mover, error) {
 	c, err := o.Mover.Clone()
 	if err != nil {
 		return nil, err
@@ -88,7 +90,7 @@ func (o *ownedMover) Close() error {
 // RegisterHost passes the wrapped mover's HostRegistrar through, so an engine's mover opened
 // from a handle copies straight from registered pool memory as a mover made directly does.
 func (o *ownedMover) RegisterHost(mem []byte) (io.Closer, error) {
-	r, ok := o.Mover.(HostRegistrar)
+	r, ok := o.Mover.(kvmem.HostRegistrar)
 	if !ok {
 		return nil, errors.New("the mover cannot register host memory")
 	}
@@ -97,7 +99,7 @@ func (o *ownedMover) RegisterHost(mem []byte) (io.Closer, error) {
 
 // PageCheckError passes the wrapped mover's PageChecker through.
 func (o *ownedMover) PageCheckError() error {
-	pc, ok := o.Mover.(PageChecker)
+	pc, ok := o.Mover.(kvmem.PageChecker)
 	if !ok {
 		return fmt.Errorf("%w: the mover does not check pages", errNotCheckable)
 	}
@@ -105,8 +107,8 @@ func (o *ownedMover) PageCheckError() error {
 }
 
 // ScatterChecked passes the wrapped mover's PageChecker through.
-func (o *ownedMover) ScatterChecked(ctx context.Context, src [][]byte, pages []PageRef, sums []uint64) (func() ([]bool, error), error) {
-	pc, ok := o.Mover.(PageChecker)
+func (o *ownedMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kvmem.PageRef, sums []uint64) (func() ([]bool, error), error) {
+	pc, ok := o.Mover.(kvmem.PageChecker)
 	if !ok {
 		return nil, fmt.Errorf("%w: the mover does not check pages", errNotCheckable)
 	}
@@ -114,6 +116,6 @@ func (o *ownedMover) ScatterChecked(ctx context.Context, src [][]byte, pages []P
 }
 
 var (
-	_ HostRegistrar = (*ownedMover)(nil)
-	_ PageChecker   = (*ownedMover)(nil)
+	_ kvmem.HostRegistrar = (*ownedMover)(nil)
+	_ kvmem.PageChecker   = (*ownedMover)(nil)
 )

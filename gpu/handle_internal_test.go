@@ -4,13 +4,15 @@ import (
 	"context"
 	"errors"
 	"testing"
+
+	"github.com/kvctl/kvctl/core/kvmem"
 )
 
 // TestOwnedMoverPassesCapabilitiesThrough: the wrapper OpenMover puts around a CUDA mover must
 // not hide what the connector looks for (registering pool memory, checking pages), or loads
 // through kvctl serve silently fall back to staging and host checks.
 func TestOwnedMoverPassesCapabilitiesThrough(t *testing.T) {
-	l := Layout{TokensPerBlock: 32, Groups: []GroupLayout{{ID: 0, Slots: 2, Regions: []Region{{Stride: 4096, Size: 4096}}}}}
+	l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: 2, Regions: []kvmem.Region{{Stride: 4096, Size: 4096}}}}}
 	shm, err := NewSharedMemory(8192)
 	if err != nil {
 		t.Fatal(err)
@@ -21,8 +23,8 @@ func TestOwnedMoverPassesCapabilitiesThrough(t *testing.T) {
 		t.Fatal(err)
 	}
 	released := false
-	var m Mover = newOwnedMover(inner, func() error { released = true; return nil })
-	r, ok := m.(HostRegistrar)
+	var m kvmem.Mover = newOwnedMover(inner, func() error { released = true; return nil })
+	r, ok := m.(kvmem.HostRegistrar)
 	if !ok {
 		t.Fatal("ownedMover hides HostRegistrar")
 	}
@@ -31,7 +33,7 @@ func TestOwnedMoverPassesCapabilitiesThrough(t *testing.T) {
 		t.Fatalf("register through the wrapper: %v", err)
 	}
 	c.Close()
-	pc, ok := m.(PageChecker)
+	pc, ok := m.(kvmem.PageChecker)
 	if !ok {
 		t.Fatal("ownedMover hides PageChecker")
 	}

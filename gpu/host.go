@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvctl/kvctl/core/kvmem"
 )
 
 // liveStaging counts the host staging allocations of every mover in the process that are not
@@ -89,7 +91,7 @@ func (m *hostMapping) release() error {
 // hostMover is the Mover for engine memory in a shared-memory file.
 type hostMover struct {
 	mem    *hostMapping
-	layout Layout
+	layout kvmem.Layout
 	mu     sync.Mutex
 	closed bool
 }
@@ -97,7 +99,7 @@ type hostMover struct {
 // NewHostMover maps size bytes of the shared-memory file fd (as made by NewSharedMemory, or
 // received from an engine) and returns a Mover over it for layout. The mover keeps its own
 // mapping: the caller may close fd once it returns.
-func NewHostMover(fd int, size int64, layout Layout) (Mover, error) {
+func NewHostMover(fd int, size int64, layout kvmem.Layout) (kvmem.Mover, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("host mover: size must be positive, got %d", size)
 	}
@@ -120,33 +122,33 @@ func NewHostMover(fd int, size int64, layout Layout) (Mover, error) {
 	return &hostMover{mem: m, layout: layout}, nil
 }
 
-func (h *hostMover) Layout() Layout { return h.layout }
+func (h *hostMover) Layout() kvmem.Layout { return h.layout }
 
 func (h *hostMover) check(ctx context.Context) error {
 	if h.closed {
-		return ErrClosed
+		return kvmem.ErrClosed
 	}
 	return ctx.Err()
 }
 
-func (h *hostMover) Gather(ctx context.Context, pages []PageRef, dst [][]byte) (err error) {
+func (h *hostMover) Gather(ctx context.Context, pages []kvmem.PageRef, dst [][]byte) (err error) {
 	if err := h.check(ctx); err != nil {
 		return err
 	}
 	defer recoverFault(&err, debug.SetPanicOnFault(true))
 	mem := h.mem.data
-	return walkPages(h.layout, pages, dst, func(p int, eo, vo, n uint64) {
+	return kvmem.WalkPages(h.layout, pages, dst, func(p int, eo, vo, n uint64) {
 		copy(dst[p][vo:vo+n], mem[eo:eo+n])
 	})
 }
 
-func (h *hostMover) Scatter(ctx context.Context, src [][]byte, pages []PageRef) (err error) {
+func (h *hostMover) Scatter(ctx context.Context, src [][]byte, pages []kvmem.PageRef) (err error) {
 	if err := h.check(ctx); err != nil {
 		return err
 	}
 	defer recoverFault(&err, debug.SetPanicOnFault(true))
 	mem := h.mem.data
-	return walkPages(h.layout, pages, src, func(p int, eo, vo, n uint64) {
+	return kvmem.WalkPages(h.layout, pages, src, func(p int, eo, vo, n uint64) {
 		copy(mem[eo:eo+n], src[p][vo:vo+n])
 	})
 }
@@ -178,16 +180,16 @@ func recoverFault(err *error, old bool) {
 	panic(v)
 }
 
-func (h *hostMover) NewStaging(slots int, slotBytes int) (Staging, error) {
+func (h *hostMover) NewStaging(slots int, slotBytes int) (kvmem.Staging, error) {
 	if h.closed {
-		return nil, ErrClosed
+		return nil, kvmem.ErrClosed
 	}
 	return newHostStaging(slots, slotBytes)
 }
 
-func (h *hostMover) Clone() (Mover, error) {
+func (h *hostMover) Clone() (kvmem.Mover, error) {
 	if h.closed {
-		return nil, ErrClosed
+		return nil, kvmem.ErrClosed
 	}
 	h.mem.refs.Add(1)
 	return &hostMover{mem: h.mem, layout: h.layout}, nil

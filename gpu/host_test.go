@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/gpu"
 	"github.com/kvctl/kvctl/gpu/movertest"
 )
@@ -29,7 +30,7 @@ func (e hostEngine) Read(off int, p []byte) error {
 	return nil
 }
 
-func (e hostEngine) NewMover(l gpu.Layout) (gpu.Mover, error) {
+func (e hostEngine) NewMover(l kvmem.Layout) (kvmem.Mover, error) {
 	return gpu.NewHostMover(e.shm.FD, int64(len(e.shm.Data)), l)
 }
 
@@ -53,7 +54,7 @@ func TestHostMoverRejectsShortFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer shm.Close()
-	l := gpu.Layout{TokensPerBlock: 1, Groups: []gpu.GroupLayout{{ID: 0, Slots: 1, Regions: []gpu.Region{{Size: 8192}}}}}
+	l := kvmem.Layout{TokensPerBlock: 1, Groups: []kvmem.GroupLayout{{ID: 0, Slots: 1, Regions: []kvmem.Region{{Size: 8192}}}}}
 	if m, err := gpu.NewHostMover(shm.FD, 8192, l); err == nil {
 		m.Close()
 		t.Fatal("a mover over 8192 bytes of a 4096-byte file was created")

@@ -1,10 +1,11 @@
 package gpu
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/kvctl/kvctl/core/kvmem"
 )
 
 // Page checks on the GPU (kernels/pagesum.cu) compute the XXH3-64 digest (seed 0) of every page
@@ -74,7 +75,7 @@ var errNotCheckable = errors.New("pages cannot be checked on the GPU")
 // pageCheckable reports whether every page of l, in engine memory at base, can be checked by the
 // kernel: longer than 240 bytes, every region a multiple of 64 bytes and 8-byte aligned, so that
 // every 64-byte stripe lies inside one region. It returns nil or the reason it cannot.
-func pageCheckable(l Layout, base uint64) error {
+func pageCheckable(l kvmem.Layout, base uint64) error {
 	if base%8 != 0 {
 		return fmt.Errorf("%w: engine memory at %#x is not 8-byte aligned", errNotCheckable, base)
 	}
@@ -85,7 +86,7 @@ func pageCheckable(l Layout, base uint64) error {
 		if n := gl.ReplicatedBytesPerPage(); n > 0 && n < minCheckedPage {
 			return fmt.Errorf("%w: group %d replicated pages hold %d bytes (at most 240 take another hash path)", errNotCheckable, g, n)
 		}
-		for _, rs := range [][]Region{gl.Regions, gl.ReplicatedRegions} {
+		for _, rs := range [][]kvmem.Region{gl.Regions, gl.ReplicatedRegions} {
 			for _, r := range rs {
 				if r.Size%64 != 0 || r.Offset%8 != 0 || r.Stride%8 != 0 {
 					return fmt.Errorf("%w: group %d has a region of %d bytes at offset %d, stride %d (needs multiples of 64 bytes, 8-byte aligned)",
@@ -95,18 +96,4 @@ func pageCheckable(l Layout, base uint64) error {
 		}
 	}
 	return nil
-}
-
-// PageChecker is implemented by movers that can check pages where they land in engine memory,
-// on the device, instead of the host checking them before the copy (the CUDA mover, for
-// layouts pageCheckable accepts). A load that uses it copies pages straight from pool memory
-// and keeps every page whose check fails from being reported as loaded.
-type PageChecker interface {
-	// PageCheckError is nil when ScatterChecked works for this mover, otherwise the reason.
-	PageCheckError() error
-	// ScatterChecked is Scatter followed by the check. It returns once the copies are done and
-	// the check is under way; wait returns its result: bad[i] is true where page i's XXH3-64
-	// digest in engine memory differs from sums[i], and that slot's bytes must not be used.
-	// Checks overlap the next call's copies; a result is kept until wait asks for it.
-	ScatterChecked(ctx context.Context, src [][]byte, pages []PageRef, sums []uint64) (wait func() (bad []bool, err error), err error)
 }

@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/zeebo/xxh3"
+
+	"github.com/kvctl/kvctl/core/kvmem"
 )
 
 // pageSumModel computes a page's digest the way kernels/pagesum.cu does: per-block deltas, then
@@ -139,15 +141,15 @@ func TestPTXMatchesSource(t *testing.T) {
 }
 
 func TestPageCheckable(t *testing.T) {
-	ok := Layout{TokensPerBlock: 32, Groups: []GroupLayout{{Slots: 4, Regions: []Region{{Offset: 0, Stride: 4096, Size: 4096}, {Offset: 1 << 20, Stride: 1024, Size: 1024}}}}}
+	ok := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{Slots: 4, Regions: []kvmem.Region{{Offset: 0, Stride: 4096, Size: 4096}, {Offset: 1 << 20, Stride: 1024, Size: 1024}}}}}
 	if err := pageCheckable(ok, 4096); err != nil {
 		t.Fatalf("checkable layout refused: %v", err)
 	}
-	cases := map[string]Layout{
-		"short page":    {TokensPerBlock: 32, Groups: []GroupLayout{{Slots: 4, Regions: []Region{{Stride: 192, Size: 192}}}}},
-		"odd region":    {TokensPerBlock: 32, Groups: []GroupLayout{{Slots: 4, Regions: []Region{{Stride: 4096, Size: 4000}}}}},
-		"odd offset":    {TokensPerBlock: 32, Groups: []GroupLayout{{Slots: 4, Regions: []Region{{Offset: 4, Stride: 4096, Size: 4096}}}}},
-		"short replica": {TokensPerBlock: 32, Groups: []GroupLayout{{Slots: 4, Regions: []Region{{Stride: 4096, Size: 4096}}, ReplicatedRegions: []Region{{Offset: 1 << 20, Stride: 64, Size: 64}}}}},
+	cases := map[string]kvmem.Layout{
+		"short page":    {TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{Slots: 4, Regions: []kvmem.Region{{Stride: 192, Size: 192}}}}},
+		"odd region":    {TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{Slots: 4, Regions: []kvmem.Region{{Stride: 4096, Size: 4000}}}}},
+		"odd offset":    {TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{Slots: 4, Regions: []kvmem.Region{{Offset: 4, Stride: 4096, Size: 4096}}}}},
+		"short replica": {TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{Slots: 4, Regions: []kvmem.Region{{Stride: 4096, Size: 4096}}, ReplicatedRegions: []kvmem.Region{{Offset: 1 << 20, Stride: 64, Size: 64}}}}},
 	}
 	for name, l := range cases {
 		if err := pageCheckable(l, 0); err == nil {

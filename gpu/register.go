@@ -1,19 +1,10 @@
 package gpu
 
-import "io"
+import (
+	"io"
 
-// HostRegistrar is implemented by movers that can copy straight between engine memory and any
-// host memory registered with them, not only their own staging. The connector registers an
-// in-process pool's segments this way, so a load copies each page once, from the pool to the
-// GPU, instead of through a staging buffer.
-//
-// RegisterHost registers mem (page-locked on a GPU host, which also makes every page of it
-// resident) until the returned Closer is closed. Registering the same memory again, from this
-// mover, a clone or another mover of the same device, is counted and costs nothing; the memory
-// is unregistered when the last registration closes. mem must stay mapped until then.
-type HostRegistrar interface {
-	RegisterHost(mem []byte) (io.Closer, error)
-}
+	"github.com/kvctl/kvctl/core/kvmem"
+)
 
 // nopCloser is the registration of a mover that needs none.
 type nopCloser struct{}
@@ -24,9 +15,9 @@ func (nopCloser) Close() error { return nil }
 // that any host buffer is copied to and from directly, so there is nothing to register.
 func (h *hostMover) RegisterHost(mem []byte) (io.Closer, error) {
 	if h.closed {
-		return nil, ErrClosed
+		return nil, kvmem.ErrClosed
 	}
 	return nopCloser{}, nil
 }
 
-var _ HostRegistrar = (*hostMover)(nil)
+var _ kvmem.HostRegistrar = (*hostMover)(nil)

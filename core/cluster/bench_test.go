@@ -24,7 +24,7 @@ const (
 	benchBlocks  = 64 // blocks per request
 	benchPage    = 64 << 10
 	// benchBatch is the connector's effective get batch here: transfer_batch_size 64 caps the
-	// staging at 64 slots (gpu.PlanStaging, as TensorRT-LLM sizes it), and the load
+	// staging at 64 slots (kvmem.PlanStaging, as TensorRT-LLM sizes it), and the load
 	// double-buffers them, so each pool get carries 32 pages.
 	benchBatch    = 32
 	benchSegment  = "512MiB"

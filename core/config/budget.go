@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/kvctl/kvctl/core/sysmem"
-	"github.com/kvctl/kvctl/gpu"
 )
 
 // NodeReserve is the memory left to everything else on a node before segments and staging
@@ -75,7 +74,7 @@ func SystemMemAvailable() (uint64, bool) {
 	if v, ok := sysmem.Available(); ok {
 		return v, true
 	}
-	return gpu.MemAvailable()
+	return sysmem.MemAvailable()
 }
 
 // nodeBudget runs the check for a loaded file and records its outcome at path.

@@ -8,15 +8,15 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/keys"
-	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
 // benchLayout is one layer group with K and V regions of 32 KiB each: 64 KiB pages.
-func benchLayout(slots int) gpu.Layout {
+func benchLayout(slots int) kvmem.Layout {
 	const region = 32 << 10
 	s := uint64(slots)
-	return gpu.Layout{TokensPerBlock: 32, Groups: []gpu.GroupLayout{{ID: 0, Slots: slots, Regions: []gpu.Region{
+	return kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: slots, Regions: []kvmem.Region{
 		{Offset: 0, Stride: region, Size: region},
 		{Offset: region * s, Stride: region, Size: region},
 	}}}}
@@ -33,9 +33,9 @@ func benchOptions() Options {
 func BenchmarkLookup32k(b *testing.B) {
 	const T = 32
 	tokens := prompt(1, 0, 32<<10)
-	l := gpu.Layout{TokensPerBlock: T, Groups: []gpu.GroupLayout{
-		{ID: 0, Slots: 2048, Regions: []gpu.Region{{Stride: 1, Size: 1}}},
-		{ID: 1, Slots: 2048, Regions: []gpu.Region{{Stride: 1, Size: 1}}, ReplicatedRegions: []gpu.Region{{Stride: 1, Size: 1}}},
+	l := kvmem.Layout{TokensPerBlock: T, Groups: []kvmem.GroupLayout{
+		{ID: 0, Slots: 2048, Regions: []kvmem.Region{{Stride: 1, Size: 1}}},
+		{ID: 1, Slots: 2048, Regions: []kvmem.Region{{Stride: 1, Size: 1}}, ReplicatedRegions: []kvmem.Region{{Stride: 1, Size: 1}}},
 	}}
 	opts := benchOptions()
 	pool := newMemPool()
@@ -68,7 +68,7 @@ func BenchmarkLookup32k(b *testing.B) {
 
 const benchPages = 256 // 16 MiB of 64 KiB pages per operation
 
-func benchKeys(opts Options, l gpu.Layout) ([]string, []keys.Hash) {
+func benchKeys(opts Options, l kvmem.Layout) ([]string, []keys.Hash) {
 	c, _ := keys.NewChain(keys.ChainConfig{TokensPerBlock: 32})
 	hs, _ := c.Extend(prompt(2, 0, benchPages*32))
 	var ks []string
@@ -233,7 +233,7 @@ func BenchmarkSaveThroughput(b *testing.B) {
 
 // benchLoadWorker returns a worker over pool and a host mover, closed when the benchmark ends,
 // and the metadata of one request loading every page hs names, page i into slot i.
-func benchLoadWorker(b *testing.B, opts Options, pool mooncake.Pool, l gpu.Layout, hs []keys.Hash) (*Worker, Metadata) {
+func benchLoadWorker(b *testing.B, opts Options, pool mooncake.Pool, l kvmem.Layout, hs []keys.Hash) (*Worker, Metadata) {
 	b.Helper()
 	w, err := NewWorker(opts, pool, newHostMover(l))
 	if err != nil {

@@ -11,11 +11,11 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/keys"
-	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
-// registeringMover is the host mover double with gpu.HostRegistrar: it counts the live
+// registeringMover is the host mover double with kvmem.HostRegistrar: it counts the live
 // registrations, which a GPU mover would hold as page-locked pool memory.
 type registeringMover struct {
 	*hostMover
@@ -28,7 +28,7 @@ func (m registeringMover) RegisterHost(mem []byte) (io.Closer, error) {
 	return closerFunc(func() error { m.live.Add(-1); return nil }), nil
 }
 
-func (m registeringMover) Clone() (gpu.Mover, error) {
+func (m registeringMover) Clone() (kvmem.Mover, error) {
 	c, _ := m.hostMover.Clone()
 	return registeringMover{c.(*hostMover), m.live, m.made}, nil
 }
@@ -37,7 +37,7 @@ type closerFunc func() error
 
 func (f closerFunc) Close() error { return f() }
 
-func newRegisteringMover(l gpu.Layout) registeringMover {
+func newRegisteringMover(l kvmem.Layout) registeringMover {
 	return registeringMover{newHostMover(l), new(atomic.Int32), new(atomic.Int32)}
 }
 
@@ -63,7 +63,7 @@ func pageBytes(m *hostMover, g, slot int, replicated bool) []byte {
 
 // saveDirectPages saves n pages of both groups (slots 0..n-1, hashes directHash(i)) from an
 // engine whose memory holds a pattern, and returns that engine's mover.
-func saveDirectPages(t *testing.T, pool mooncake.Pool, l gpu.Layout, n int) *hostMover {
+func saveDirectPages(t *testing.T, pool mooncake.Pool, l kvmem.Layout, n int) *hostMover {
 	t.Helper()
 	m := newHostMover(l)
 	for i := range m.mem {

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -155,19 +155,19 @@ func (p *memPool) keys() []string {
 	return out
 }
 
-// hostMover is a test double of gpu.Mover over a plain byte slice: regions are copied byte for
+// hostMover is a test double of kvmem.Mover over a plain byte slice: regions are copied byte for
 // byte, as the host-memory backend does.
 type hostMover struct {
 	mem      []byte
-	layout   gpu.Layout
+	layout   kvmem.Layout
 	gatherFn func() error // injected failure
 	closed   bool
 }
 
-func newHostMover(l gpu.Layout) *hostMover {
+func newHostMover(l kvmem.Layout) *hostMover {
 	var size uint64
 	for _, g := range l.Groups {
-		for _, set := range [][]gpu.Region{g.Regions, g.ReplicatedRegions} {
+		for _, set := range [][]kvmem.Region{g.Regions, g.ReplicatedRegions} {
 			for _, r := range set {
 				size = max(size, r.Offset+r.Stride*uint64(g.Slots-1)+r.Size)
 			}
@@ -176,9 +176,9 @@ func newHostMover(l gpu.Layout) *hostMover {
 	return &hostMover{mem: make([]byte, size), layout: l}
 }
 
-func (m *hostMover) Layout() gpu.Layout { return m.layout }
+func (m *hostMover) Layout() kvmem.Layout { return m.layout }
 
-func (m *hostMover) regions(p gpu.PageRef) ([]gpu.Region, error) {
+func (m *hostMover) regions(p kvmem.PageRef) ([]kvmem.Region, error) {
 	if p.Group < 0 || p.Group >= len(m.layout.Groups) {
 		return nil, fmt.Errorf("group %d out of range", p.Group)
 	}
@@ -192,7 +192,7 @@ func (m *hostMover) regions(p gpu.PageRef) ([]gpu.Region, error) {
 	return g.Regions, nil
 }
 
-func (m *hostMover) copyPage(p gpu.PageRef, buf []byte, toMem bool) error {
+func (m *hostMover) copyPage(p kvmem.PageRef, buf []byte, toMem bool) error {
 	rs, err := m.regions(p)
 	if err != nil {
 		return err
@@ -217,7 +217,7 @@ func (m *hostMover) copyPage(p gpu.PageRef, buf []byte, toMem bool) error {
 	return nil
 }
 
-func (m *hostMover) Gather(_ context.Context, pages []gpu.PageRef, dst [][]byte) error {
+func (m *hostMover) Gather(_ context.Context, pages []kvmem.PageRef, dst [][]byte) error {
 	if m.gatherFn != nil {
 		if err := m.gatherFn(); err != nil {
 			return err
@@ -231,7 +231,7 @@ func (m *hostMover) Gather(_ context.Context, pages []gpu.PageRef, dst [][]byte)
 	return nil
 }
 
-func (m *hostMover) Scatter(_ context.Context, src [][]byte, pages []gpu.PageRef) error {
+func (m *hostMover) Scatter(_ context.Context, src [][]byte, pages []kvmem.PageRef) error {
 	for i, p := range pages {
 		if err := m.copyPage(p, src[i], true); err != nil {
 			return err
@@ -240,14 +240,14 @@ func (m *hostMover) Scatter(_ context.Context, src [][]byte, pages []gpu.PageRef
 	return nil
 }
 
-func (m *hostMover) NewStaging(slots, slotBytes int) (gpu.Staging, error) {
+func (m *hostMover) NewStaging(slots, slotBytes int) (kvmem.Staging, error) {
 	if slots < 1 || slotBytes < 1 {
 		return nil, errors.New("empty staging")
 	}
 	return &hostStaging{buf: make([]byte, slots*slotBytes), slots: slots, slotBytes: slotBytes}, nil
 }
 
-func (m *hostMover) Clone() (gpu.Mover, error) {
+func (m *hostMover) Clone() (kvmem.Mover, error) {
 	return &hostMover{mem: m.mem, layout: m.layout, gatherFn: m.gatherFn}, nil
 }
 
@@ -277,8 +277,8 @@ func (s *hostStaging) Close() error {
 }
 
 type (
-	gpuStaging = gpu.Staging
-	gpuMover   = gpu.Mover
+	gpuStaging = kvmem.Staging
+	gpuMover   = kvmem.Mover
 )
 
 func mooncakeConfig() mooncake.ReplicateConfig { return mooncake.ReplicateConfig{} }

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/keys"
-	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/core/kvmem"
 )
 
 // This file is a small engine that plays the runtime around the connector: it admits
@@ -27,19 +27,19 @@ const testT = 4 // tokens per block in the engine tests
 
 // testLayout has two layer groups: group 0 with K and V regions, group 1 with one strided
 // region (gaps between slots) and a replicated region.
-func testLayout(slots int) gpu.Layout {
+func testLayout(slots int) kvmem.Layout {
 	s := uint64(slots)
 	off := uint64(0)
-	k := gpu.Region{Offset: off, Stride: 24, Size: 24}
+	k := kvmem.Region{Offset: off, Stride: 24, Size: 24}
 	off += 24 * s
-	v := gpu.Region{Offset: off, Stride: 24, Size: 24}
+	v := kvmem.Region{Offset: off, Stride: 24, Size: 24}
 	off += 24 * s
-	g1 := gpu.Region{Offset: off, Stride: 32, Size: 20}
+	g1 := kvmem.Region{Offset: off, Stride: 32, Size: 20}
 	off += 32 * s
-	r1 := gpu.Region{Offset: off, Stride: 12, Size: 12}
-	return gpu.Layout{TokensPerBlock: testT, Groups: []gpu.GroupLayout{
-		{ID: 0, Slots: slots, Regions: []gpu.Region{k, v}},
-		{ID: 1, Slots: slots, Regions: []gpu.Region{g1}, ReplicatedRegions: []gpu.Region{r1}},
+	r1 := kvmem.Region{Offset: off, Stride: 12, Size: 12}
+	return kvmem.Layout{TokensPerBlock: testT, Groups: []kvmem.GroupLayout{
+		{ID: 0, Slots: slots, Regions: []kvmem.Region{k, v}},
+		{ID: 1, Slots: slots, Regions: []kvmem.Region{g1}, ReplicatedRegions: []kvmem.Region{r1}},
 	}}
 }
 
@@ -115,7 +115,7 @@ type engine struct {
 	t      testing.TB
 	ctx    context.Context
 	opts   Options
-	layout gpu.Layout
+	layout kvmem.Layout
 	pool   testPool
 	sched  *Scheduler
 	ranks  []*simRank
@@ -200,31 +200,31 @@ func (e *engine) pageSize(g int, replicated bool) int {
 
 // pageRefs lists every page value of block b of r: per group the sharded value and, where the
 // group has one, the replicated value.
-func (e *engine) pageRefs(r *simReq, b int) []gpu.PageRef {
-	var refs []gpu.PageRef
+func (e *engine) pageRefs(r *simReq, b int) []kvmem.PageRef {
+	var refs []kvmem.PageRef
 	for g := range e.layout.Groups {
-		refs = append(refs, gpu.PageRef{Group: g, Slot: r.pages[g][b]})
+		refs = append(refs, kvmem.PageRef{Group: g, Slot: r.pages[g][b]})
 		if e.layout.Groups[g].ReplicatedBytesPerPage() > 0 {
-			refs = append(refs, gpu.PageRef{Group: g, Slot: r.pages[g][b], Replicated: true})
+			refs = append(refs, kvmem.PageRef{Group: g, Slot: r.pages[g][b], Replicated: true})
 		}
 	}
 	return refs
 }
 
-func (e *engine) expected(r *simReq, b, rank int, ref gpu.PageRef) []byte {
+func (e *engine) expected(r *simReq, b, rank int, ref kvmem.PageRef) []byte {
 	return kvBytes(r.tokens, b, e.lookahead(), rank, ref.Group, ref.Replicated, e.pageSize(ref.Group, ref.Replicated))
 }
 
-func (e *engine) read(rank int, ref gpu.PageRef) []byte {
+func (e *engine) read(rank int, ref kvmem.PageRef) []byte {
 	buf := make([]byte, e.pageSize(ref.Group, ref.Replicated))
-	if err := e.ranks[rank].m.Gather(e.ctx, []gpu.PageRef{ref}, [][]byte{buf}); err != nil {
+	if err := e.ranks[rank].m.Gather(e.ctx, []kvmem.PageRef{ref}, [][]byte{buf}); err != nil {
 		e.t.Fatal(err)
 	}
 	return buf
 }
 
-func (e *engine) write(rank int, ref gpu.PageRef, v []byte) {
-	if err := e.ranks[rank].m.Scatter(e.ctx, [][]byte{v}, []gpu.PageRef{ref}); err != nil {
+func (e *engine) write(rank int, ref kvmem.PageRef, v []byte) {
+	if err := e.ranks[rank].m.Scatter(e.ctx, [][]byte{v}, []kvmem.PageRef{ref}); err != nil {
 		e.t.Fatal(err)
 	}
 }

@@ -4,18 +4,18 @@ import (
 	"fmt"
 
 	"github.com/kvctl/kvctl/core/keys"
-	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/core/kvmem"
 )
 
 // geometry is the key-relevant shape of a registered layout.
 type geometry struct {
-	layout gpu.Layout
+	layout kvmem.Layout
 	groups []keys.LayerGroupPages
 	// keysPerBlock is how many keys a hit on one block needs.
 	keysPerBlock int
 }
 
-func newGeometry(l gpu.Layout, o Options) (*geometry, error) {
+func newGeometry(l kvmem.Layout, o Options) (*geometry, error) {
 	if l.TokensPerBlock != o.TokensPerBlock {
 		return nil, fmt.Errorf("layout has %d tokens per block, the connector is configured with %d", l.TokensPerBlock, o.TokensPerBlock)
 	}

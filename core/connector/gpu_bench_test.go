@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/gpu"
 	"github.com/kvctl/kvctl/mooncake"
@@ -32,7 +33,7 @@ const (
 type gpuBench struct {
 	d      *gpu.CUDADevice
 	mem    *gpu.EngineMemory
-	layout gpu.Layout
+	layout kvmem.Layout
 	stream *gpu.Stream
 	pinned *gpu.PinnedBuffer
 	hs     []keys.Hash
@@ -53,7 +54,7 @@ func newGPUBench(b *testing.B, page int) *gpuBench {
 	pages := gpuBenchBytes / page
 	// Two regions per page, as a K and a V layer would be, so each page is two copies.
 	half := uint64(page / 2)
-	g.layout = gpu.Layout{TokensPerBlock: 32, Groups: []gpu.GroupLayout{{ID: 0, Slots: pages, Regions: []gpu.Region{
+	g.layout = kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: pages, Regions: []kvmem.Region{
 		{Offset: 0, Stride: half, Size: half}, {Offset: half * uint64(pages), Stride: half, Size: half}}}}}
 	if g.mem, err = d.AllocDeviceMemory(uint64(gpuBenchBytes)); err != nil {
 		b.Fatal(err)
@@ -80,14 +81,14 @@ func newGPUBench(b *testing.B, page int) *gpuBench {
 // timedMover records how long Scatter calls take and when they start, to see whether a load's
 // scatters overlap its pool checks.
 type timedMover struct {
-	gpu.Mover
+	kvmem.Mover
 	mu       sync.Mutex
 	scatters int
 	checked  int // scatters checked on the GPU
 	busy     time.Duration
 }
 
-func (m *timedMover) Scatter(ctx context.Context, src [][]byte, pages []gpu.PageRef) error {
+func (m *timedMover) Scatter(ctx context.Context, src [][]byte, pages []kvmem.PageRef) error {
 	t0 := time.Now()
 	err := m.Mover.Scatter(ctx, src, pages)
 	m.mu.Lock()
@@ -98,7 +99,7 @@ func (m *timedMover) Scatter(ctx context.Context, src [][]byte, pages []gpu.Page
 }
 
 func (m *timedMover) PageCheckError() error {
-	pc, ok := m.Mover.(gpu.PageChecker)
+	pc, ok := m.Mover.(kvmem.PageChecker)
 	if !ok {
 		return errors.New("the mover does not check pages")
 	}
@@ -107,9 +108,9 @@ func (m *timedMover) PageCheckError() error {
 
 // ScatterChecked times the copies and the launch of the check (what the loading goroutine
 // waits for), as Scatter is timed.
-func (m *timedMover) ScatterChecked(ctx context.Context, src [][]byte, pages []gpu.PageRef, sums []uint64) (func() ([]bool, error), error) {
+func (m *timedMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kvmem.PageRef, sums []uint64) (func() ([]bool, error), error) {
 	t0 := time.Now()
-	wait, err := m.Mover.(gpu.PageChecker).ScatterChecked(ctx, src, pages, sums)
+	wait, err := m.Mover.(kvmem.PageChecker).ScatterChecked(ctx, src, pages, sums)
 	m.mu.Lock()
 	m.scatters++
 	m.checked++
@@ -119,7 +120,7 @@ func (m *timedMover) ScatterChecked(ctx context.Context, src [][]byte, pages []g
 }
 
 func (m *timedMover) RegisterHost(mem []byte) (io.Closer, error) {
-	return m.Mover.(gpu.HostRegistrar).RegisterHost(mem)
+	return m.Mover.(kvmem.HostRegistrar).RegisterHost(mem)
 }
 
 func (g *gpuBench) worker(b *testing.B, pool mooncake.Pool, staged bool) *Worker {

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/gpu"
 	"github.com/kvctl/kvctl/mooncake"
 )
@@ -34,7 +35,7 @@ func TestGPUCheckedLoadOnDevice(t *testing.T) {
 	defer func() { directBatchBytes = old }()
 	const page, slots, n = 64 << 10, 512, 200
 	half := uint64(page / 2)
-	l := gpu.Layout{TokensPerBlock: 32, Groups: []gpu.GroupLayout{{ID: 0, Slots: slots, Regions: []gpu.Region{
+	l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: slots, Regions: []kvmem.Region{
 		{Offset: 0, Stride: half, Size: half}, {Offset: half * slots, Stride: half, Size: half}}}}}
 	mem, err := d.AllocDeviceMemory(page * slots)
 	if err != nil {
@@ -68,7 +69,7 @@ func TestGPUCheckedLoadOnDevice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cm.(gpu.PageChecker).PageCheckError(); err != nil {
+	if err := cm.(kvmem.PageChecker).PageCheckError(); err != nil {
 		t.Fatalf("the CUDA mover cannot check this layout: %v", err)
 	}
 	m := &timedMover{Mover: cm}

@@ -9,10 +9,10 @@ import (
 	"testing"
 
 	"github.com/kvctl/kvctl/core/keys"
-	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/core/kvmem"
 )
 
-// checkingMover stands in for the CUDA mover's page checks (gpu.PageChecker) where there is no
+// checkingMover stands in for the CUDA mover's page checks (kvmem.PageChecker) where there is no
 // GPU: after the scatter it hashes each page where it landed in engine memory, as the kernel
 // does on the device (gpu/kernels/pagesum.cu), and compares with the checksum taken at put. The
 // result is handed out by wait, after the next scatter, as the GPU's overlapped check is.
@@ -21,13 +21,13 @@ type checkingMover struct {
 	calls, pending *atomic.Int32
 }
 
-func newCheckingMover(l gpu.Layout) checkingMover {
+func newCheckingMover(l kvmem.Layout) checkingMover {
 	return checkingMover{newRegisteringMover(l), new(atomic.Int32), new(atomic.Int32)}
 }
 
 func (m checkingMover) PageCheckError() error { return nil }
 
-func (m checkingMover) ScatterChecked(ctx context.Context, src [][]byte, pages []gpu.PageRef, sums []uint64) (func() ([]bool, error), error) {
+func (m checkingMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kvmem.PageRef, sums []uint64) (func() ([]bool, error), error) {
 	if len(sums) != len(pages) {
 		return nil, fmt.Errorf("%d pages, %d sums", len(pages), len(sums))
 	}
@@ -43,7 +43,7 @@ func (m checkingMover) ScatterChecked(ctx context.Context, src [][]byte, pages [
 	return func() ([]bool, error) { m.pending.Add(-1); return bad, nil }, nil
 }
 
-func (m checkingMover) Clone() (gpu.Mover, error) {
+func (m checkingMover) Clone() (kvmem.Mover, error) {
 	c, _ := m.registeringMover.Clone()
 	return checkingMover{c.(registeringMover), m.calls, m.pending}, nil
 }

@@ -9,13 +9,13 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/stats"
-	"github.com/kvctl/kvctl/gpu"
 )
 
 // poolKeysOf returns every key a single-rank worker writes for the prompt's full blocks that
 // have a hash (the last prompt token's block included when it is full).
-func saveKeysOf(t *testing.T, opts Options, l gpu.Layout, tokens []int64) []string {
+func saveKeysOf(t *testing.T, opts Options, l kvmem.Layout, tokens []int64) []string {
 	t.Helper()
 	c, err := keys.NewChain(keys.ChainConfig{Format: opts.Format, TokensPerBlock: testT, PromptLookahead: opts.PromptLookahead})
 	if err != nil {

@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/stats"
-	"github.com/kvctl/kvctl/gpu"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -14,7 +14,7 @@ import (
 type pageIO struct {
 	req  int
 	key  string
-	ref  gpu.PageRef
+	ref  kvmem.PageRef
 	size int
 }
 
@@ -32,10 +32,10 @@ func (w *Worker) resolveLoads(ts []RequestTransfers) ([]pageIO, error) {
 			}
 			lg := g.groups[p.Group]
 			out = append(out, pageIO{req: ri, key: ns.PageKey(p.Group, T, lg.BytesPerPage, p.Hash),
-				ref: gpu.PageRef{Group: p.Group, Slot: p.Page}, size: int(lg.BytesPerPage)})
+				ref: kvmem.PageRef{Group: p.Group, Slot: p.Page}, size: int(lg.BytesPerPage)})
 			if lg.ReplicatedBytesPerPage > 0 {
 				out = append(out, pageIO{req: ri, key: ns.ReplicatedPageKey(p.Group, T, lg.ReplicatedBytesPerPage, p.Hash),
-					ref: gpu.PageRef{Group: p.Group, Slot: p.Page, Replicated: true}, size: int(lg.ReplicatedBytesPerPage)})
+					ref: kvmem.PageRef{Group: p.Group, Slot: p.Page, Replicated: true}, size: int(lg.ReplicatedBytesPerPage)})
 			}
 		}
 	}
@@ -86,7 +86,7 @@ const directBatchMaxPages = 8192
 // next batch is copied and is read once that copy is done (sync); a page that fails it fails its
 // request as a missing page does, is counted by the pool as a checksum error, and is never
 // reported loaded. Every check is read before loadPages returns.
-func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mover gpu.Mover, stage gpu.Staging, batch int, items []pageIO, sample *stats.LoadSample) (res loadResult, err error) {
+func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mover kvmem.Mover, stage kvmem.Staging, batch int, items []pageIO, sample *stats.LoadSample) (res loadResult, err error) {
 	res.failed = map[int]bool{}
 	deferred, checker := gpuPageChecks(view, mover)
 	sets := 1
@@ -244,7 +244,7 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 		}
 
 		srcs := make([][]byte, 0, len(keys))
-		refs := make([]gpu.PageRef, 0, len(keys))
+		refs := make([]kvmem.PageRef, 0, len(keys))
 		var sums []uint64
 		var idx []int
 		checked := v != nil && v.Sums != nil // a deferred view: the GPU checks what it copies
@@ -309,9 +309,9 @@ var gpuPageChecksOff = false
 // gpuPageChecks returns the pool's deferred views and the mover's GPU page checks when a load
 // can use both: the pool's values are read in place (view), the pool hands them out unchecked
 // with their checksums, and the mover checks pages in engine memory after copying them
-// (gpu.PageChecker). Otherwise it returns nils and the pool checks every page on the host before
+// (kvmem.PageChecker). Otherwise it returns nils and the pool checks every page on the host before
 // it is copied.
-func gpuPageChecks(view mooncake.Viewer, mover gpu.Mover) (mooncake.DeferredViewer, gpu.PageChecker) {
+func gpuPageChecks(view mooncake.Viewer, mover kvmem.Mover) (mooncake.DeferredViewer, kvmem.PageChecker) {
 	if view == nil || gpuPageChecksOff {
 		return nil, nil
 	}
@@ -319,7 +319,7 @@ func gpuPageChecks(view mooncake.Viewer, mover gpu.Mover) (mooncake.DeferredView
 	if !ok {
 		return nil, nil
 	}
-	pc, ok := mover.(gpu.PageChecker)
+	pc, ok := mover.(kvmem.PageChecker)
 	if !ok || pc.PageCheckError() != nil {
 		return nil, nil
 	}

@@ -7,8 +7,8 @@ import (
 	"sync"
 
 	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/stats"
-	"github.com/kvctl/kvctl/gpu"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -96,7 +96,7 @@ func reporterFor(o Options) (*stats.Reporter, bool, error) {
 }
 
 // RegisterLayout gives the adapter the engine's page geometry, which its lookups key by.
-func (s *Scheduler) RegisterLayout(l gpu.Layout) error {
+func (s *Scheduler) RegisterLayout(l kvmem.Layout) error {
 	if !s.opts.Role.Transfers() {
 		return nil
 	}

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/keys"
-	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -289,7 +289,7 @@ func TestLoadPagesAcrossCallsAndShortResults(t *testing.T) {
 	// The pages of a's failed call were never scattered: engine memory there is still zero.
 	for _, it := range items[4:8] {
 		buf := make([]byte, it.size)
-		if err := mover.Gather(context.Background(), []gpu.PageRef{it.ref}, [][]byte{buf}); err != nil {
+		if err := mover.Gather(context.Background(), []kvmem.PageRef{it.ref}, [][]byte{buf}); err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(buf, make([]byte, it.size)) {
@@ -300,7 +300,7 @@ func TestLoadPagesAcrossCallsAndShortResults(t *testing.T) {
 	last := items[len(items)-1]
 	want, _ := mem.get(last.key)
 	buf := make([]byte, last.size)
-	if err := mover.Gather(context.Background(), []gpu.PageRef{last.ref}, [][]byte{buf}); err != nil {
+	if err := mover.Gather(context.Background(), []kvmem.PageRef{last.ref}, [][]byte{buf}); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(buf, want) {

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/core/kvmem"
 )
 
 // Seed commit 17: staging_buffer_bytes is the pinned memory per direction that the node budget
@@ -77,7 +77,7 @@ func TestPinnedStagingEqualsTheCountedBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close(context.Background())
-	if err := w.RegisterLayout(l); !errors.Is(err, gpu.ErrStagingTooSmall) {
+	if err := w.RegisterLayout(l); !errors.Is(err, kvmem.ErrStagingTooSmall) {
 		t.Fatalf("a share below one page = %v, want ErrStagingTooSmall", err)
 	}
 }

@@ -11,8 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/stats"
-	"github.com/kvctl/kvctl/gpu"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -27,7 +27,7 @@ import (
 type Worker struct {
 	opts    Options
 	pool    mooncake.Pool
-	mover   gpu.Mover
+	mover   kvmem.Mover
 	log     *slog.Logger
 	stats   *stats.Reporter
 	own     bool
@@ -38,7 +38,7 @@ type Worker struct {
 
 	mu          sync.Mutex
 	geom        *geometry
-	loadStage   gpu.Staging // synchronous loads
+	loadStage   kvmem.Staging // synchronous loads
 	bound       Metadata
 	failedSync  []string
 	failedAsync []string
@@ -53,8 +53,8 @@ type Worker struct {
 	warnedTTL   bool
 
 	saveQ     *fifo[saveJob]
-	saveMover gpu.Mover
-	saveStage gpu.Staging
+	saveMover kvmem.Mover
+	saveStage kvmem.Staging
 
 	// direct is the pool read in place by loads and directPut the pool saves write into in
 	// place (nil: through staging); regs hold the registrations of its memory with the
@@ -64,8 +64,8 @@ type Worker struct {
 	regs      []io.Closer
 
 	asyncQ       *fifo[*asyncLoad]
-	asyncMovers  []gpu.Mover
-	asyncStages  []gpu.Staging
+	asyncMovers  []kvmem.Mover
+	asyncStages  []kvmem.Staging
 	asyncQueued  int
 	asyncActive  int
 	backgroundWG sync.WaitGroup
@@ -88,7 +88,7 @@ type asyncLoad struct {
 
 // NewWorker returns a worker over pool that copies pages with mover. mover may be nil for a
 // role that transfers nothing. The worker does nothing until RegisterLayout.
-func NewWorker(opts Options, pool mooncake.Pool, mover gpu.Mover) (*Worker, error) {
+func NewWorker(opts Options, pool mooncake.Pool, mover kvmem.Mover) (*Worker, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, fmt.Errorf("connector options: %w", err)
 	}
@@ -127,7 +127,7 @@ func (w *Worker) Declarations() Declarations { return declarations(w.opts) }
 // StagingBufferBytes; with asynchronous loads each load goroutine gets an even share of the
 // load direction's budget and no synchronous load staging is made. A pool call never moves more
 // pages than its staging has slots.
-func (w *Worker) RegisterLayout(l gpu.Layout) error {
+func (w *Worker) RegisterLayout(l kvmem.Layout) error {
 	if !w.opts.Role.Transfers() {
 		return nil
 	}
@@ -161,10 +161,10 @@ func (w *Worker) RegisterLayout(l gpu.Layout) error {
 		w.geom = nil
 		return fmt.Errorf("register layout: %w", err)
 	}
-	// Staging geometry is gpu.PlanStaging's (reference f.3 and the async shares of c.5), so the
+	// Staging geometry is kvmem.PlanStaging's (reference f.3 and the async shares of c.5), so the
 	// connector and the node budget agree on what is pinned.
-	plan := func(label string, workers int) (gpu.StagingPlan, error) {
-		p, err := gpu.PlanStaging(l, w.opts.TransferBatchSize, w.opts.StagingBufferBytes, workers)
+	plan := func(label string, workers int) (kvmem.StagingPlan, error) {
+		p, err := kvmem.PlanStaging(l, w.opts.TransferBatchSize, w.opts.StagingBufferBytes, workers)
 		if err != nil {
 			return p, fmt.Errorf("%s staging: %w", label, err)
 		}
@@ -173,7 +173,7 @@ func (w *Worker) RegisterLayout(l gpu.Layout) error {
 		}
 		return p, nil
 	}
-	staging := func(label string, m gpu.Mover, p gpu.StagingPlan) (gpu.Staging, error) {
+	staging := func(label string, m kvmem.Mover, p kvmem.StagingPlan) (kvmem.Staging, error) {
 		st, err := m.NewStaging(p.SlotsPerWorker, int(p.SlotBytes))
 		if err != nil {
 			return nil, fmt.Errorf("%s staging: %w", label, err)
@@ -182,7 +182,7 @@ func (w *Worker) RegisterLayout(l gpu.Layout) error {
 		cleanup = append(cleanup, func() { _ = st.Close() })
 		return st, nil
 	}
-	clone := func() (gpu.Mover, error) {
+	clone := func() (kvmem.Mover, error) {
 		m, err := w.mover.Clone()
 		if err != nil {
 			return nil, fmt.Errorf("clone mover: %w", err)
@@ -191,10 +191,10 @@ func (w *Worker) RegisterLayout(l gpu.Layout) error {
 		return m, nil
 	}
 
-	var loadStage, saveStage gpu.Staging
-	var saveMover gpu.Mover
-	var asyncMovers []gpu.Mover
-	var asyncStages []gpu.Staging
+	var loadStage, saveStage kvmem.Staging
+	var saveMover kvmem.Mover
+	var asyncMovers []kvmem.Mover
+	var asyncStages []kvmem.Staging
 	if w.opts.Role.Loads() {
 		if w.opts.AsyncLoad {
 			n := w.opts.AsyncLoadWorkers
@@ -268,7 +268,7 @@ func (w *Worker) registerPoolMemory() ([]io.Closer, mooncake.Viewer) {
 	if _, ok := w.pool.(mooncake.Reserver); !ok {
 		return nil, nil
 	}
-	r, ok := w.mover.(gpu.HostRegistrar)
+	r, ok := w.mover.(kvmem.HostRegistrar)
 	if !ok {
 		return nil, nil
 	}
@@ -289,7 +289,7 @@ func (w *Worker) registerPoolMemory() ([]io.Closer, mooncake.Viewer) {
 	checks := "host"
 	if _, pc := gpuPageChecks(v, w.mover); pc != nil {
 		checks = "gpu"
-	} else if pc, ok := w.mover.(gpu.PageChecker); ok && pc.PageCheckError() != nil {
+	} else if pc, ok := w.mover.(kvmem.PageChecker); ok && pc.PageCheckError() != nil {
 		w.log.Info("mooncake-store loads check pages on the host", "reason", pc.PageCheckError())
 	}
 	w.log.Info("mooncake-store transfers use pool memory in place", "regions", len(regs), "registered_bytes", total, "page_checks", checks)
@@ -578,11 +578,11 @@ func (w *Worker) save(job saveJob) (err error) {
 				gk = ns.GroupKey(p.Hash)
 			}
 			items = append(items, pageIO{key: ns.PageKey(p.Group, T, lg.BytesPerPage, p.Hash),
-				ref: gpu.PageRef{Group: p.Group, Slot: p.Page}, size: int(lg.BytesPerPage)})
+				ref: kvmem.PageRef{Group: p.Group, Slot: p.Page}, size: int(lg.BytesPerPage)})
 			groups = append(groups, gk)
 			if lg.ReplicatedBytesPerPage > 0 && writeReplicated {
 				items = append(items, pageIO{key: ns.ReplicatedPageKey(p.Group, T, lg.ReplicatedBytesPerPage, p.Hash),
-					ref: gpu.PageRef{Group: p.Group, Slot: p.Page, Replicated: true}, size: int(lg.ReplicatedBytesPerPage)})
+					ref: kvmem.PageRef{Group: p.Group, Slot: p.Page, Replicated: true}, size: int(lg.ReplicatedBytesPerPage)})
 				groups = append(groups, gk)
 			}
 		}
@@ -660,7 +660,7 @@ func (w *Worker) save(job saveJob) (err error) {
 		}
 		putKeys := make([]string, len(todo))
 		bufs := make([][]byte, len(todo))
-		refs := make([]gpu.PageRef, len(todo))
+		refs := make([]kvmem.PageRef, len(todo))
 		var gids []string
 		if w.opts.GroupBlocks {
 			gids = make([]string, len(todo))
@@ -686,7 +686,7 @@ func (w *Worker) save(job saveJob) (err error) {
 				sizes[j] = int64(chunk[i].size)
 			}
 			r := w.directPut.BatchPutStart(ctx, putKeys, sizes, cfg)
-			var gRefs []gpu.PageRef
+			var gRefs []kvmem.PageRef
 			var gBufs [][]byte
 			for j := range todo {
 				if r.Bufs[j] != nil {
@@ -802,7 +802,7 @@ func (w *Worker) asyncLoop(i int) {
 	}
 }
 
-func (w *Worker) loadParked(i int, a *asyncLoad, mover gpu.Mover, stage gpu.Staging) (failed bool, err error) {
+func (w *Worker) loadParked(i int, a *asyncLoad, mover kvmem.Mover, stage kvmem.Staging) (failed bool, err error) {
 	var sample *stats.LoadSample
 	if w.stats.Enabled() {
 		sample = &stats.LoadSample{Async: true, Wait: w.opts.Clock().Sub(a.enqueued), ThreadCPU: true}
@@ -944,14 +944,14 @@ func (w *Worker) Close(ctx context.Context) error {
 	}
 	w.cancel()
 	var errs []error
-	for _, st := range append([]gpu.Staging{w.loadStage, w.saveStage}, w.asyncStages...) {
+	for _, st := range append([]kvmem.Staging{w.loadStage, w.saveStage}, w.asyncStages...) {
 		if st != nil {
 			if err := st.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("release staging: %w", err))
 			}
 		}
 	}
-	for _, m := range append([]gpu.Mover{w.saveMover}, w.asyncMovers...) {
+	for _, m := range append([]kvmem.Mover{w.saveMover}, w.asyncMovers...) {
 		if m != nil {
 			if err := m.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("close mover: %w", err))

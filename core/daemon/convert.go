@@ -8,16 +8,16 @@ import (
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/keys"
-	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/core/kvmem"
 )
 
-func layoutFromPB(l *enginepb.Layout) (gpu.Layout, error) {
+func layoutFromPB(l *enginepb.Layout) (kvmem.Layout, error) {
 	if l == nil {
-		return gpu.Layout{}, errors.New("no KV layout")
+		return kvmem.Layout{}, errors.New("no KV layout")
 	}
-	out := gpu.Layout{TokensPerBlock: int(l.GetTokensPerBlock())}
+	out := kvmem.Layout{TokensPerBlock: int(l.GetTokensPerBlock())}
 	for _, g := range l.GetGroups() {
-		out.Groups = append(out.Groups, gpu.GroupLayout{
+		out.Groups = append(out.Groups, kvmem.GroupLayout{
 			ID:                int(g.GetId()),
 			Slots:             int(g.GetSlots()),
 			Regions:           regionsFromPB(g.GetRegions()),
@@ -27,10 +27,10 @@ func layoutFromPB(l *enginepb.Layout) (gpu.Layout, error) {
 	return out, nil
 }
 
-func regionsFromPB(rs []*enginepb.Region) []gpu.Region {
-	out := make([]gpu.Region, 0, len(rs))
+func regionsFromPB(rs []*enginepb.Region) []kvmem.Region {
+	out := make([]kvmem.Region, 0, len(rs))
 	for _, r := range rs {
-		out = append(out, gpu.Region{Offset: r.GetOffset(), Stride: r.GetStride(), Size: r.GetSize()})
+		out = append(out, kvmem.Region{Offset: r.GetOffset(), Stride: r.GetStride(), Size: r.GetSize()})
 	}
 	return out
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/gpu"
 )
@@ -29,11 +30,11 @@ type engine struct {
 	role      connector.Role
 	scheduler *connector.Scheduler // nil on a rank without the scheduler adapter
 	worker    *connector.Worker
-	mover     gpu.Mover
+	mover     kvmem.Mover
 	reporter  *stats.Reporter
 	memFile   *os.File
 	since     time.Time
-	layout    gpu.Layout
+	layout    kvmem.Layout
 	conn      uint64 // the engine connection it registered over
 	rank      int
 	deploy    deployment
@@ -127,7 +128,7 @@ func statusOf(err error) error {
 		code = codes.DataLoss
 	case errors.Is(err, connector.ErrClosed):
 		code = codes.Unavailable
-	case errors.Is(err, gpu.ErrBadPage), errors.Is(err, keys.ErrTokensShrank):
+	case errors.Is(err, kvmem.ErrBadPage), errors.Is(err, keys.ErrTokensShrank):
 		code = codes.InvalidArgument
 	}
 	return status.Error(code, err.Error())
@@ -295,7 +296,7 @@ func (d *Daemon) handleFor(req *enginepb.RegisterRequest) (gpu.EngineHandle, *os
 }
 
 // optionsFor merges a registration over the daemon's defaults.
-func (d *Daemon) optionsFor(req *enginepb.RegisterRequest, layout gpu.Layout) (connector.Options, error) {
+func (d *Daemon) optionsFor(req *enginepb.RegisterRequest, layout kvmem.Layout) (connector.Options, error) {
 	o := d.cfg.Defaults
 	role := connector.Role(req.GetRole())
 	if role == "" {

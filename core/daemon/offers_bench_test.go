@@ -7,7 +7,7 @@ import (
 
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/keys"
-	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/core/kvmem"
 )
 
 // stepMetadata is one scheduler step's metadata: reqs requests of pages pages each, loads for
@@ -36,7 +36,7 @@ func stepMetadata(step, reqs, pages int) connector.Metadata {
 // held, as in steady state.
 func BenchmarkBindMetaChecks(b *testing.B) {
 	for _, size := range []struct{ reqs, pages int }{{8, 16}, {64, 32}, {256, 64}} {
-		e := &engine{name: "e", layout: gpu.Layout{TokensPerBlock: 16, Groups: []gpu.GroupLayout{{Slots: 4096}}}, offers: &offers{}}
+		e := &engine{name: "e", layout: kvmem.Layout{TokensPerBlock: 16, Groups: []kvmem.GroupLayout{{Slots: 4096}}}, offers: &offers{}}
 		e.scheduler = &connector.Scheduler{}
 		d := &Daemon{engines: map[string]*engine{"e": e}}
 		for s := range offerGenerations {

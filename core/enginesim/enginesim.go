@@ -12,7 +12,7 @@ import (
 
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
-	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/core/kvmem"
 )
 
 // Config describes the simulated engine.
@@ -125,23 +125,23 @@ const (
 // Engine is a registered simulated engine.
 type Engine struct {
 	cfg    Config
-	layout gpu.Layout
+	layout kvmem.Layout
 	ranks  []*rank
 	free   [][]int
 }
 
 // Layout returns the KV layout the engine registers: per group, one sharded region (and a
 // replicated one where configured), slots laid out one after the other.
-func (c Config) Layout() (gpu.Layout, uint64) {
+func (c Config) Layout() (kvmem.Layout, uint64) {
 	var off uint64
-	l := gpu.Layout{TokensPerBlock: c.TokensPerBlock}
+	l := kvmem.Layout{TokensPerBlock: c.TokensPerBlock}
 	for g, pb := range c.PageBytes {
-		gl := gpu.GroupLayout{ID: g, Slots: c.Slots}
-		gl.Regions = []gpu.Region{{Offset: off, Stride: uint64(pb), Size: uint64(pb)}}
+		gl := kvmem.GroupLayout{ID: g, Slots: c.Slots}
+		gl.Regions = []kvmem.Region{{Offset: off, Stride: uint64(pb), Size: uint64(pb)}}
 		off += uint64(pb) * uint64(c.Slots)
 		if g < len(c.ReplicatedBytes) && c.ReplicatedBytes[g] > 0 {
 			rb := uint64(c.ReplicatedBytes[g])
-			gl.ReplicatedRegions = []gpu.Region{{Offset: off, Stride: rb, Size: rb}}
+			gl.ReplicatedRegions = []kvmem.Region{{Offset: off, Stride: rb, Size: rb}}
 			off += rb * uint64(c.Slots)
 		}
 		l.Groups = append(l.Groups, gl)
@@ -195,9 +195,9 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 	return e, nil
 }
 
-func layoutPB(l gpu.Layout) *enginepb.Layout {
+func layoutPB(l kvmem.Layout) *enginepb.Layout {
 	out := &enginepb.Layout{TokensPerBlock: int32(l.TokensPerBlock)}
-	conv := func(rs []gpu.Region) []*enginepb.Region {
+	conv := func(rs []kvmem.Region) []*enginepb.Region {
 		var o []*enginepb.Region
 		for _, r := range rs {
 			o = append(o, &enginepb.Region{Offset: r.Offset, Stride: r.Stride, Size: r.Size})
@@ -260,18 +260,18 @@ func boolInt(b bool) int64 {
 	return 0
 }
 
-func (e *Engine) refs(r *req, b int) []gpu.PageRef {
-	var out []gpu.PageRef
+func (e *Engine) refs(r *req, b int) []kvmem.PageRef {
+	var out []kvmem.PageRef
 	for g, gl := range e.layout.Groups {
-		out = append(out, gpu.PageRef{Group: g, Slot: r.pages[g][b]})
+		out = append(out, kvmem.PageRef{Group: g, Slot: r.pages[g][b]})
 		if gl.ReplicatedBytesPerPage() > 0 {
-			out = append(out, gpu.PageRef{Group: g, Slot: r.pages[g][b], Replicated: true})
+			out = append(out, kvmem.PageRef{Group: g, Slot: r.pages[g][b], Replicated: true})
 		}
 	}
 	return out
 }
 
-func (e *Engine) size(ref gpu.PageRef) int {
+func (e *Engine) size(ref kvmem.PageRef) int {
 	g := e.layout.Groups[ref.Group]
 	if ref.Replicated {
 		return int(g.ReplicatedBytesPerPage())
@@ -283,7 +283,7 @@ func (e *Engine) writeBlock(ctx context.Context, r *req, b int) error {
 	for ri, rk := range e.ranks {
 		for _, ref := range e.refs(r, b) {
 			v := KVBytes(r.Tokens, b, e.cfg.TokensPerBlock, ri, ref.Group, ref.Replicated, e.size(ref))
-			if err := rk.mem.mover.Scatter(ctx, [][]byte{v}, []gpu.PageRef{ref}); err != nil {
+			if err := rk.mem.mover.Scatter(ctx, [][]byte{v}, []kvmem.PageRef{ref}); err != nil {
 				return err
 			}
 		}
@@ -301,7 +301,7 @@ func (e *Engine) checkBlock(ctx context.Context, r *req, b int) error {
 	for ri, rk := range e.ranks {
 		for _, ref := range e.refs(r, b) {
 			got := make([]byte, e.size(ref))
-			if err := rk.mem.mover.Gather(ctx, []gpu.PageRef{ref}, [][]byte{got}); err != nil {
+			if err := rk.mem.mover.Gather(ctx, []kvmem.PageRef{ref}, [][]byte{got}); err != nil {
 				return err
 			}
 			if !bytes.Equal(got, KVBytes(r.Tokens, b, e.cfg.TokensPerBlock, ri, ref.Group, ref.Replicated, len(got))) {
@@ -329,7 +329,7 @@ func (e *Engine) allocate(ctx context.Context, r *req) error {
 	for b := 0; b < blocks && !e.cfg.SkipVerify; b++ {
 		for _, rk := range e.ranks {
 			for _, ref := range e.refs(r, b) {
-				if err := rk.mem.mover.Scatter(ctx, [][]byte{bytes.Repeat([]byte{0xEE}, e.size(ref))}, []gpu.PageRef{ref}); err != nil {
+				if err := rk.mem.mover.Scatter(ctx, [][]byte{bytes.Repeat([]byte{0xEE}, e.size(ref))}, []kvmem.PageRef{ref}); err != nil {
 					return err
 				}
 			}

@@ -3,6 +3,7 @@ package enginesim
 import (
 	"fmt"
 
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/gpu"
 )
 
@@ -21,11 +22,11 @@ type rankMemory struct {
 	fd      int
 	size    uint64
 	device  int32
-	mover   gpu.Mover
+	mover   kvmem.Mover
 	release func() error
 }
 
-func newSharedMemory(size uint64, layout gpu.Layout) (*rankMemory, error) {
+func newSharedMemory(size uint64, layout kvmem.Layout) (*rankMemory, error) {
 	mem, err := gpu.NewSharedMemory(int64(size))
 	if err != nil {
 		return nil, err
@@ -44,7 +45,7 @@ func newSharedMemory(size uint64, layout gpu.Layout) (*rankMemory, error) {
 	}}, nil
 }
 
-func newRankMemory(kind string, size uint64, layout gpu.Layout) (*rankMemory, error) {
+func newRankMemory(kind string, size uint64, layout kvmem.Layout) (*rankMemory, error) {
 	switch kind {
 	case "", MemoryShared:
 		return newSharedMemory(size, layout)

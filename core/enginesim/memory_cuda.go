@@ -8,12 +8,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/gpu"
 )
 
 // newCUDAMemory allocates exportable device memory on GPU 0, as a virtual-memory engine pool
 // would, and a CUDA mover over it for the engine's own KV writes and checks.
-func newCUDAMemory(size uint64, layout gpu.Layout) (*rankMemory, error) {
+func newCUDAMemory(size uint64, layout kvmem.Layout) (*rankMemory, error) {
 	d, err := gpu.OpenCUDA(0)
 	if err != nil {
 		return nil, err

@@ -17,6 +17,7 @@ import (
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvcache"
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/router"
 	"github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/gpu"
@@ -289,7 +290,7 @@ type rank struct {
 	sched  *connector.Scheduler
 	w      *connector.Worker
 	mem    *gpu.SharedMemory
-	mover  gpu.Mover
+	mover  kvmem.Mover
 	pages  [][]int
 	saving []string      // finished requests whose saves are not confirmed done
 	busy   time.Duration // modelled: when the rank's prefill queue drains
@@ -329,9 +330,9 @@ func newRank(idx int, p Params, c Config, pool mooncake.Pool, clock *mooncake.Ma
 		}
 	}()
 	T := p.TokensPerBlock
-	layout := gpu.Layout{TokensPerBlock: T, Groups: []gpu.GroupLayout{{
+	layout := kvmem.Layout{TokensPerBlock: T, Groups: []kvmem.GroupLayout{{
 		ID: 0, Slots: slots,
-		Regions: []gpu.Region{{Offset: 0, Stride: uint64(p.SimPageBytes), Size: uint64(p.SimPageBytes)}},
+		Regions: []kvmem.Region{{Offset: 0, Stride: uint64(p.SimPageBytes), Size: uint64(p.SimPageBytes)}},
 	}}}
 	size := int64(slots) * int64(p.SimPageBytes)
 	var err error

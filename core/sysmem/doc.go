@@ -12,5 +12,8 @@
 //   - available: the smaller of host available and cgroup available.
 //
 // Read takes the file system to read as an fs.FS rooted at "/", so tests feed it fixtures of
-// either cgroup version; System reads the real one.
+// either cgroup version; System reads the real one. MemAvailable is the host figure alone, with
+// free pages as its fallback, for a caller that has nothing better.
+//
+// sysmem imports no kvctl package.
 package sysmem

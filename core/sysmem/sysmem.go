@@ -8,6 +8,8 @@ import (
 	"path"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // unlimited is the value at or above which a cgroup v1 limit means no limit (the kernel prints
@@ -66,6 +68,22 @@ func System() Info { return Read(os.DirFS("/")) }
 
 // Available is System().Available(), in the form of a MemAvailable function.
 func Available() (uint64, bool) { return System().Available() }
+
+// MemAvailable returns the host's memory available for new allocations, cgroup limits not
+// counted: MemAvailable of /proc/meminfo, or else free pages times the page size. false means
+// neither is known. It is the last resort of a caller for which Available knows nothing.
+func MemAvailable() (uint64, bool) {
+	if b, err := readFile(os.DirFS("/"), "proc/meminfo"); err == nil {
+		if v, ok := parseMeminfo(b); ok {
+			return v, true
+		}
+	}
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err == nil && si.Freeram > 0 {
+		return si.Freeram * uint64(si.Unit), true
+	}
+	return 0, false
+}
 
 // Read reads fsys, a file system rooted at "/".
 func Read(fsys fs.FS) Info {

@@ -143,3 +143,16 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestMemAvailable(t *testing.T) {
+	v, ok := parseMeminfo([]byte("MemTotal:       131072000 kB\nMemFree:  1 kB\nMemAvailable:   65536000 kB\n"))
+	if !ok || v != 65536000*1024 {
+		t.Fatalf("got %d, %v", v, ok)
+	}
+	if _, ok := parseMeminfo([]byte("MemTotal: 5 kB\n")); ok {
+		t.Fatal("found MemAvailable where there is none")
+	}
+	if v, ok := MemAvailable(); !ok || v == 0 {
+		t.Fatalf("MemAvailable() = %d, %v on a Linux machine", v, ok)
+	}
+}

@@ -1,6 +1,6 @@
-// Package movertest is the test suite every gpu.Mover backend runs: the host backend in CI, the
-// CUDA backend on a GPU host. A backend supplies engine memory it can read and write directly,
-// so the suite checks what Gather and Scatter did independently of them.
+// Package movertest is the test suite every kvmem.Mover backend runs: the host backend in CI,
+// the CUDA backend on a GPU host. A backend supplies engine memory it can read and write
+// directly, so the suite checks what Gather and Scatter did independently of them.
 package movertest
 
 import (
@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/gpu"
 )
 
@@ -22,7 +23,7 @@ type Engine interface {
 	Write(off int, p []byte) error
 	Read(off int, p []byte) error
 	// NewMover returns a Mover over this memory for layout.
-	NewMover(layout gpu.Layout) (gpu.Mover, error)
+	NewMover(layout kvmem.Layout) (kvmem.Mover, error)
 	// Close releases the memory.
 	Close() error
 }
@@ -44,18 +45,18 @@ func Run(t *testing.T, b Backend) {
 
 // RandomLayout returns a valid layout of several groups with sharded and replicated regions of
 // odd sizes laid out one after another, and the number of bytes it spans.
-func RandomLayout(r *rand.Rand) (gpu.Layout, int) {
-	l := gpu.Layout{TokensPerBlock: 1 << r.IntN(7)}
+func RandomLayout(r *rand.Rand) (kvmem.Layout, int) {
+	l := kvmem.Layout{TokensPerBlock: 1 << r.IntN(7)}
 	var off uint64
-	region := func(slots int) gpu.Region {
+	region := func(slots int) kvmem.Region {
 		size := uint64(1 + r.IntN(3000))
 		stride := size + uint64(r.IntN(3))*uint64(1+r.IntN(512))
-		reg := gpu.Region{Offset: off + uint64(r.IntN(64)), Stride: stride, Size: size}
+		reg := kvmem.Region{Offset: off + uint64(r.IntN(64)), Stride: stride, Size: size}
 		off = reg.Offset + stride*uint64(slots-1) + size
 		return reg
 	}
 	for g := range 1 + r.IntN(4) {
-		gl := gpu.GroupLayout{ID: g, Slots: 1 + r.IntN(24)}
+		gl := kvmem.GroupLayout{ID: g, Slots: 1 + r.IntN(24)}
 		for range 1 + r.IntN(4) {
 			gl.Regions = append(gl.Regions, region(gl.Slots))
 		}
@@ -68,7 +69,7 @@ func RandomLayout(r *rand.Rand) (gpu.Layout, int) {
 }
 
 // expectedValue reads ref's value from a host copy of engine memory.
-func expectedValue(mem []byte, l gpu.Layout, ref gpu.PageRef) []byte {
+func expectedValue(mem []byte, l kvmem.Layout, ref kvmem.PageRef) []byte {
 	g := l.Groups[ref.Group]
 	rs := g.Regions
 	if ref.Replicated {
@@ -82,7 +83,7 @@ func expectedValue(mem []byte, l gpu.Layout, ref gpu.PageRef) []byte {
 	return v
 }
 
-func applyValue(mem []byte, l gpu.Layout, ref gpu.PageRef, v []byte) {
+func applyValue(mem []byte, l kvmem.Layout, ref kvmem.PageRef, v []byte) {
 	g := l.Groups[ref.Group]
 	rs := g.Regions
 	if ref.Replicated {
@@ -96,13 +97,13 @@ func applyValue(mem []byte, l gpu.Layout, ref gpu.PageRef, v []byte) {
 }
 
 // allPages lists every page value of l.
-func allPages(l gpu.Layout) []gpu.PageRef {
-	var refs []gpu.PageRef
+func allPages(l kvmem.Layout) []kvmem.PageRef {
+	var refs []kvmem.PageRef
 	for _, g := range l.Groups {
 		for s := range g.Slots {
-			refs = append(refs, gpu.PageRef{Group: g.ID, Slot: s})
+			refs = append(refs, kvmem.PageRef{Group: g.ID, Slot: s})
 			if len(g.ReplicatedRegions) > 0 {
-				refs = append(refs, gpu.PageRef{Group: g.ID, Slot: s, Replicated: true})
+				refs = append(refs, kvmem.PageRef{Group: g.ID, Slot: s, Replicated: true})
 			}
 		}
 	}
@@ -155,7 +156,7 @@ func firstDiff(a, b []byte) int {
 	return min(len(a), len(b))
 }
 
-func mustMover(t *testing.T, e Engine, l gpu.Layout) gpu.Mover {
+func mustMover(t *testing.T, e Engine, l kvmem.Layout) kvmem.Mover {
 	t.Helper()
 	m, err := e.NewMover(l)
 	if err != nil {
@@ -166,7 +167,7 @@ func mustMover(t *testing.T, e Engine, l gpu.Layout) gpu.Mover {
 }
 
 // buffers returns one buffer per page, either ordinary Go memory or slots of st.
-func buffers(t *testing.T, l gpu.Layout, pages []gpu.PageRef, st gpu.Staging) [][]byte {
+func buffers(t *testing.T, l kvmem.Layout, pages []kvmem.PageRef, st kvmem.Staging) [][]byte {
 	t.Helper()
 	bufs := make([][]byte, len(pages))
 	for i, p := range pages {
@@ -195,7 +196,7 @@ func testRoundTrip(t *testing.T, b Backend, staged bool) {
 			pages := allPages(l)
 			r.Shuffle(len(pages), func(i, j int) { pages[i], pages[j] = pages[j], pages[i] })
 			pages = pages[:1+r.IntN(len(pages))]
-			var st gpu.Staging
+			var st kvmem.Staging
 			if staged {
 				var err error
 				st, err = m.NewStaging(len(pages), int(l.MaxValueSize()))
@@ -254,9 +255,9 @@ func testClone(t *testing.T, b Backend) {
 	if err != nil {
 		t.Fatalf("clone: %v", err)
 	}
-	ref := gpu.PageRef{Group: 0, Slot: l.Groups[0].Slots - 1}
+	ref := kvmem.PageRef{Group: 0, Slot: l.Groups[0].Slots - 1}
 	v := randBytes(r, int(l.Groups[0].BytesPerPage()))
-	if err := c.Scatter(ctx, [][]byte{v}, []gpu.PageRef{ref}); err != nil {
+	if err := c.Scatter(ctx, [][]byte{v}, []kvmem.PageRef{ref}); err != nil {
 		t.Fatalf("scatter through clone: %v", err)
 	}
 	applyValue(model, l, ref, v)
@@ -264,7 +265,7 @@ func testClone(t *testing.T, b Backend) {
 		t.Fatalf("close clone: %v", err)
 	}
 	got := [][]byte{make([]byte, len(v))}
-	if err := m.Gather(ctx, []gpu.PageRef{ref}, got); err != nil {
+	if err := m.Gather(ctx, []kvmem.PageRef{ref}, got); err != nil {
 		t.Fatalf("gather after the clone closed: %v", err)
 	}
 	if !bytes.Equal(got[0], v) {
@@ -273,7 +274,7 @@ func testClone(t *testing.T, b Backend) {
 	if !l.Equal(m.Layout()) || !l.Equal(c.Layout()) {
 		t.Fatalf("Layout() differs from the registered layout")
 	}
-	if err := c.Scatter(ctx, [][]byte{v}, []gpu.PageRef{ref}); err == nil {
+	if err := c.Scatter(ctx, [][]byte{v}, []kvmem.PageRef{ref}); err == nil {
 		t.Fatalf("scatter through a closed clone succeeded")
 	}
 	checkEngine(t, e, model, "after clone scatter")
@@ -282,39 +283,39 @@ func testClone(t *testing.T, b Backend) {
 func testBadInput(t *testing.T, b Backend) {
 	ctx := context.Background()
 	r := rand.New(rand.NewPCG(7, 7))
-	l := gpu.Layout{TokensPerBlock: 16, Groups: []gpu.GroupLayout{
-		{ID: 0, Slots: 4, Regions: []gpu.Region{{Offset: 0, Stride: 256, Size: 100}, {Offset: 1024, Stride: 64, Size: 60}}},
-		{ID: 1, Slots: 2, Regions: []gpu.Region{{Offset: 2048, Stride: 512, Size: 512}},
-			ReplicatedRegions: []gpu.Region{{Offset: 3072, Stride: 32, Size: 32}}},
+	l := kvmem.Layout{TokensPerBlock: 16, Groups: []kvmem.GroupLayout{
+		{ID: 0, Slots: 4, Regions: []kvmem.Region{{Offset: 0, Stride: 256, Size: 100}, {Offset: 1024, Stride: 64, Size: 60}}},
+		{ID: 1, Slots: 2, Regions: []kvmem.Region{{Offset: 2048, Stride: 512, Size: 512}},
+			ReplicatedRegions: []kvmem.Region{{Offset: 3072, Stride: 32, Size: 32}}},
 	}}
 	e, model := newEngine(t, b, r, 4096)
-	if _, err := e.NewMover(gpu.Layout{TokensPerBlock: 16, Groups: []gpu.GroupLayout{{ID: 0, Slots: 2, Regions: []gpu.Region{{Offset: 4000, Stride: 100, Size: 100}}}}}); err == nil {
+	if _, err := e.NewMover(kvmem.Layout{TokensPerBlock: 16, Groups: []kvmem.GroupLayout{{ID: 0, Slots: 2, Regions: []kvmem.Region{{Offset: 4000, Stride: 100, Size: 100}}}}}); err == nil {
 		t.Fatalf("a layout beyond the engine memory was accepted")
 	}
 	m := mustMover(t, e, l)
 	ok := func(n int) []byte { return make([]byte, n) }
 	cases := []struct {
 		name  string
-		pages []gpu.PageRef
+		pages []kvmem.PageRef
 		bufs  [][]byte
 	}{
-		{"negative group", []gpu.PageRef{{Group: -1}}, [][]byte{ok(160)}},
-		{"group past the end", []gpu.PageRef{{Group: 2}}, [][]byte{ok(160)}},
-		{"negative slot", []gpu.PageRef{{Group: 0, Slot: -1}}, [][]byte{ok(160)}},
-		{"slot past the end", []gpu.PageRef{{Group: 1, Slot: 2}}, [][]byte{ok(512)}},
-		{"no replicated regions", []gpu.PageRef{{Group: 0, Replicated: true}}, [][]byte{ok(160)}},
-		{"buffer too short", []gpu.PageRef{{Group: 0}}, [][]byte{ok(159)}},
-		{"buffer too long", []gpu.PageRef{{Group: 1, Replicated: true}}, [][]byte{ok(33)}},
-		{"nil buffer", []gpu.PageRef{{Group: 1}}, [][]byte{nil}},
-		{"fewer buffers than pages", []gpu.PageRef{{Group: 0}, {Group: 0, Slot: 1}}, [][]byte{ok(160)}},
-		{"bad page after good ones", []gpu.PageRef{{Group: 0}, {Group: 1, Slot: 1}, {Group: 0, Slot: 9}}, [][]byte{ok(160), ok(512), ok(160)}},
+		{"negative group", []kvmem.PageRef{{Group: -1}}, [][]byte{ok(160)}},
+		{"group past the end", []kvmem.PageRef{{Group: 2}}, [][]byte{ok(160)}},
+		{"negative slot", []kvmem.PageRef{{Group: 0, Slot: -1}}, [][]byte{ok(160)}},
+		{"slot past the end", []kvmem.PageRef{{Group: 1, Slot: 2}}, [][]byte{ok(512)}},
+		{"no replicated regions", []kvmem.PageRef{{Group: 0, Replicated: true}}, [][]byte{ok(160)}},
+		{"buffer too short", []kvmem.PageRef{{Group: 0}}, [][]byte{ok(159)}},
+		{"buffer too long", []kvmem.PageRef{{Group: 1, Replicated: true}}, [][]byte{ok(33)}},
+		{"nil buffer", []kvmem.PageRef{{Group: 1}}, [][]byte{nil}},
+		{"fewer buffers than pages", []kvmem.PageRef{{Group: 0}, {Group: 0, Slot: 1}}, [][]byte{ok(160)}},
+		{"bad page after good ones", []kvmem.PageRef{{Group: 0}, {Group: 1, Slot: 1}, {Group: 0, Slot: 9}}, [][]byte{ok(160), ok(512), ok(160)}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			if err := m.Gather(ctx, c.pages, c.bufs); !errors.Is(err, gpu.ErrBadPage) {
+			if err := m.Gather(ctx, c.pages, c.bufs); !errors.Is(err, kvmem.ErrBadPage) {
 				t.Errorf("gather: got %v, want an error wrapping ErrBadPage", err)
 			}
-			if err := m.Scatter(ctx, c.bufs, c.pages); !errors.Is(err, gpu.ErrBadPage) {
+			if err := m.Scatter(ctx, c.bufs, c.pages); !errors.Is(err, kvmem.ErrBadPage) {
 				t.Errorf("scatter: got %v, want an error wrapping ErrBadPage", err)
 			}
 		})
@@ -324,7 +325,7 @@ func testBadInput(t *testing.T, b Backend) {
 
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if err := m.Gather(cctx, []gpu.PageRef{{Group: 0}}, [][]byte{ok(160)}); !errors.Is(err, context.Canceled) {
+	if err := m.Gather(cctx, []kvmem.PageRef{{Group: 0}}, [][]byte{ok(160)}); !errors.Is(err, context.Canceled) {
 		t.Errorf("gather with a cancelled context: got %v", err)
 	}
 	for _, shape := range [][2]int{{0, 10}, {10, 0}, {-1, 10}} {
@@ -348,9 +349,9 @@ func testReleases(t *testing.T, b Backend) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sts []gpu.Staging
+	var sts []kvmem.Staging
 	for i := range 3 {
-		for _, mv := range []gpu.Mover{m, c} {
+		for _, mv := range []kvmem.Mover{m, c} {
 			st, err := mv.NewStaging(1+i, 4096*(i+1))
 			if err != nil {
 				t.Fatalf("new staging: %v", err)
@@ -360,7 +361,7 @@ func testReleases(t *testing.T, b Backend) {
 	}
 	// Exercise both movers so any internal buffers exist too.
 	pages := allPages(l)
-	for _, mv := range []gpu.Mover{m, c} {
+	for _, mv := range []kvmem.Mover{m, c} {
 		if err := mv.Gather(context.Background(), pages, buffers(t, l, pages, nil)); err != nil {
 			t.Fatalf("gather: %v", err)
 		}

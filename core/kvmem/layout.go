@@ -1,7 +1,6 @@
-package gpu
+package kvmem
 
 import (
-	"context"
 	"fmt"
 	"math/bits"
 	"slices"
@@ -106,37 +105,6 @@ type PageRef struct {
 	Group      int
 	Slot       int
 	Replicated bool
-}
-
-// Mover copies page values between an engine's registered memory and host buffers. A value is
-// the page's regions concatenated in region order.
-//
-// Gather and Scatter complete before they return: on return from Gather the bytes are in dst,
-// on return from Scatter the engine memory holds them. A Mover is not safe for concurrent use;
-// each worker (and its stream) owns one, made with Clone.
-type Mover interface {
-	// Layout returns the layout the engine memory was registered with.
-	Layout() Layout
-	// Gather copies each page's value into dst[i], which must be exactly its size.
-	Gather(ctx context.Context, pages []PageRef, dst [][]byte) error
-	// Scatter copies src[i] into each page's regions; src[i] must be exactly the value size.
-	Scatter(ctx context.Context, src [][]byte, pages []PageRef) error
-	// NewStaging allocates host buffers suited as transfer targets for this mover (pinned memory
-	// on a GPU host): slots buffers of slotBytes each.
-	NewStaging(slots int, slotBytes int) (Staging, error)
-	// Clone returns an independent Mover over the same engine memory for another worker.
-	Clone() (Mover, error)
-	// Close releases what the mover holds. Staging buffers it made must be closed first.
-	Close() error
-}
-
-// Staging is a set of equal host buffers used between the pool and engine memory.
-type Staging interface {
-	Slots() int
-	SlotBytes() int
-	// Slot returns buffer i. It stays valid until Close.
-	Slot(i int) []byte
-	Close() error
 }
 
 // Equal reports whether l and o describe the same memory.

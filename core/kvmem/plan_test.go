@@ -1,4 +1,4 @@
-package gpu
+package kvmem
 
 import (
 	"errors"
@@ -78,18 +78,5 @@ func TestPlanStaging(t *testing.T) {
 	}
 	if _, err := PlanStaging(Layout{}, 1, 1, 1); err == nil {
 		t.Error("PlanStaging of an empty layout succeeded")
-	}
-}
-
-func TestParseMemAvailable(t *testing.T) {
-	v, ok := parseMemAvailable("MemTotal:       131072000 kB\nMemFree:  1 kB\nMemAvailable:   65536000 kB\n")
-	if !ok || v != 65536000*1024 {
-		t.Fatalf("got %d, %v", v, ok)
-	}
-	if _, ok := parseMemAvailable("MemTotal: 5 kB\n"); ok {
-		t.Fatal("found MemAvailable where there is none")
-	}
-	if v, ok := MemAvailable(); !ok || v == 0 {
-		t.Fatalf("MemAvailable() = %d, %v on a Linux machine", v, ok)
 	}
 }

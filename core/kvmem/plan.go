@@ -1,13 +1,8 @@
-package gpu
+package kvmem
 
 import (
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
-
-	"golang.org/x/sys/unix"
 )
 
 // ErrStagingTooSmall is wrapped by PlanStaging's error when a worker's share of the staging
@@ -72,38 +67,4 @@ func PlanStaging(layout Layout, transferBatch int, stagingBytes int64, workers i
 		p.Warnings = append(p.Warnings, fmt.Sprintf("transfer_batch_size %d lowered to %d: %d staging bytes hold %d slots of %d bytes", transferBatch, p.Batch, share, p.SlotsPerWorker, slot))
 	}
 	return p, nil
-}
-
-// MemAvailable returns the memory available for new allocations: MemAvailable of /proc/meminfo,
-// or else free pages times the page size. false means neither is known.
-func MemAvailable() (uint64, bool) {
-	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		if v, ok := parseMemAvailable(string(b)); ok {
-			return v, true
-		}
-	}
-	var si unix.Sysinfo_t
-	if err := unix.Sysinfo(&si); err == nil && si.Freeram > 0 {
-		return si.Freeram * uint64(si.Unit), true
-	}
-	return 0, false
-}
-
-func parseMemAvailable(meminfo string) (uint64, bool) {
-	for line := range strings.Lines(meminfo) {
-		rest, ok := strings.CutPrefix(line, "MemAvailable:")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(rest)
-		if len(f) == 0 {
-			return 0, false
-		}
-		kb, err := strconv.ParseUint(f[0], 10, 64)
-		if err != nil {
-			return 0, false
-		}
-		return kb * 1024, true
-	}
-	return 0, false
 }

@@ -1,4 +1,4 @@
-package gpu
+package kvmem
 
 import (
 	"errors"
@@ -46,14 +46,16 @@ func (l Layout) regions(ref PageRef) ([]Region, error) {
 	return g.Regions, nil
 }
 
-// pieceFunc receives one contiguous piece of a page value: engine-memory offset engineOff,
-// value offset valueOff, n bytes.
-type pieceFunc func(page int, engineOff, valueOff, n uint64)
+// PieceFunc receives one contiguous piece of page value number page of a batch: engine-memory
+// offset engineOff, value offset valueOff, n bytes.
+type PieceFunc func(page int, engineOff, valueOff, n uint64)
 
-// walkPages checks a batch against the layout and the buffer sizes and then calls fn for every
-// region of every page, in page order and region order. It reports every problem before any
-// copy starts, so a bad batch leaves engine memory and buffers untouched.
-func walkPages(l Layout, pages []PageRef, bufs [][]byte, fn pieceFunc) error {
+// WalkPages checks a batch against the layout and the buffer sizes and then calls fn for every
+// region of every page, in page order and region order; a nil fn only checks. Every Mover
+// backend walks its batches with it, so they agree on what a page value is and on which
+// batches are refused. It reports every problem before any copy starts, so a bad batch leaves
+// engine memory and buffers untouched; the errors wrap ErrBadPage.
+func WalkPages(l Layout, pages []PageRef, bufs [][]byte, fn PieceFunc) error {
 	if len(pages) != len(bufs) {
 		return fmt.Errorf("%w: %d pages but %d buffers", ErrBadPage, len(pages), len(bufs))
 	}
@@ -79,6 +81,3 @@ func walkPages(l Layout, pages []PageRef, bufs [][]byte, fn pieceFunc) error {
 	}
 	return nil
 }
-
-// ErrClosed is returned by a Mover used after Close.
-var ErrClosed = errors.New("mover is closed")

@@ -1,0 +1,127 @@
+package kvmem
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+)
+
+func TestLayoutValidate(t *testing.T) {
+	good := Layout{TokensPerBlock: 32, Groups: []GroupLayout{
+		{ID: 0, Slots: 4, Regions: []Region{{Offset: 0, Stride: 100, Size: 60}, {Offset: 60, Stride: 100, Size: 40}}},
+		{ID: 1, Slots: 2, Regions: []Region{{Offset: 400, Stride: 50, Size: 50}}, ReplicatedRegions: []Region{{Offset: 500, Stride: 10, Size: 10}}},
+	}}
+	if err := good.Validate(520); err != nil {
+		t.Fatalf("valid layout refused: %v", err)
+	}
+	with := func(f func(*Layout)) Layout {
+		l := Layout{TokensPerBlock: good.TokensPerBlock}
+		for _, g := range good.Groups {
+			g.Regions = append([]Region(nil), g.Regions...)
+			g.ReplicatedRegions = append([]Region(nil), g.ReplicatedRegions...)
+			l.Groups = append(l.Groups, g)
+		}
+		f(&l)
+		return l
+	}
+	cases := []struct {
+		name   string
+		layout Layout
+		mem    uint64
+		want   string
+	}{
+		{"no tokens per block", with(func(l *Layout) { l.TokensPerBlock = 0 }), 520, "tokens_per_block"},
+		{"no groups", Layout{TokensPerBlock: 1}, 520, "no layer groups"},
+		{"ids not dense", with(func(l *Layout) { l.Groups[1].ID = 2 }), 520, "ids must be dense"},
+		{"no slots", with(func(l *Layout) { l.Groups[0].Slots = 0 }), 520, "0 slots"},
+		{"no regions", with(func(l *Layout) { l.Groups[1].Regions = nil }), 520, "no regions"},
+		{"empty region", with(func(l *Layout) { l.Groups[0].Regions[1].Size = 0 }), 520, "size 0"},
+		{"overlapping slots", with(func(l *Layout) { l.Groups[0].Regions[0].Stride = 59 }), 520, "below its size"},
+		{"replicated beyond memory", good, 519, "ends at byte 520"},
+		{"overflow", with(func(l *Layout) { l.Groups[1].Slots, l.Groups[1].Regions[0].Stride = 3, math.MaxUint64/2 }), math.MaxUint64, "overflows"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.layout.Validate(c.mem)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Validate = %v, want an error containing %q", err, c.want)
+			}
+		})
+	}
+	// One slot needs no stride: nothing can overlap.
+	one := Layout{TokensPerBlock: 1, Groups: []GroupLayout{{ID: 0, Slots: 1, Regions: []Region{{Offset: 8, Size: 8}}}}}
+	if err := one.Validate(16); err != nil {
+		t.Fatalf("single-slot layout refused: %v", err)
+	}
+	if !good.Equal(with(func(*Layout) {})) {
+		t.Fatal("a copy of a layout is not Equal to it")
+	}
+	if good.Equal(with(func(l *Layout) { l.Groups[1].ReplicatedRegions = nil })) || good.Equal(with(func(l *Layout) { l.Groups[0].Slots = 5 })) {
+		t.Fatal("different layouts are Equal")
+	}
+}
+
+func TestValueSizeAndWalkPages(t *testing.T) {
+	l := Layout{TokensPerBlock: 16, Groups: []GroupLayout{
+		{ID: 0, Slots: 3, Regions: []Region{{Offset: 0, Stride: 8, Size: 5}, {Offset: 30, Stride: 4, Size: 3}}, ReplicatedRegions: []Region{{Offset: 50, Stride: 16, Size: 16}}},
+	}}
+	if n, err := l.ValueSize(PageRef{Slot: 2}); err != nil || n != 8 {
+		t.Fatalf("ValueSize(sharded) = %d, %v; want 8", n, err)
+	}
+	if n, err := l.ValueSize(PageRef{Slot: 1, Replicated: true}); err != nil || n != 16 {
+		t.Fatalf("ValueSize(replicated) = %d, %v; want 16", n, err)
+	}
+	if m := l.MaxValueSize(); m != 16 {
+		t.Fatalf("MaxValueSize = %d, want 16", m)
+	}
+	type piece struct {
+		page             int
+		engine, value, n uint64
+	}
+	var got []piece
+	pages := []PageRef{{Slot: 2}, {Slot: 1, Replicated: true}}
+	err := WalkPages(l, pages, [][]byte{make([]byte, 8), make([]byte, 16)}, func(p int, eo, vo, n uint64) {
+		got = append(got, piece{p, eo, vo, n})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []piece{{0, 16, 0, 5}, {0, 38, 5, 3}, {1, 66, 0, 16}}
+	if len(got) != len(want) {
+		t.Fatalf("pieces %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("pieces %v, want %v", got, want)
+		}
+	}
+	bad := []struct {
+		name  string
+		pages []PageRef
+		bufs  [][]byte
+	}{
+		{"count mismatch", []PageRef{{Slot: 0}}, nil},
+		{"group out of range", []PageRef{{Group: 1}}, [][]byte{make([]byte, 8)}},
+		{"slot out of range", []PageRef{{Slot: 3}}, [][]byte{make([]byte, 8)}},
+		{"negative slot", []PageRef{{Slot: -1}}, [][]byte{make([]byte, 8)}},
+		{"buffer too short", []PageRef{{Slot: 0}}, [][]byte{make([]byte, 7)}},
+		{"second page bad", []PageRef{{Slot: 0}, {Slot: 0, Replicated: true}}, [][]byte{make([]byte, 8), make([]byte, 8)}},
+	}
+	for _, c := range bad {
+		t.Run(c.name, func(t *testing.T) {
+			called := false
+			err := WalkPages(l, c.pages, c.bufs, func(int, uint64, uint64, uint64) { called = true })
+			if !errors.Is(err, ErrBadPage) {
+				t.Fatalf("WalkPages = %v, want an error wrapping ErrBadPage", err)
+			}
+			if called {
+				t.Fatal("WalkPages called fn for a batch it refused")
+			}
+		})
+	}
+	noRep := Layout{TokensPerBlock: 1, Groups: []GroupLayout{{ID: 0, Slots: 1, Regions: []Region{{Size: 4}}}}}
+	if _, err := noRep.ValueSize(PageRef{Replicated: true}); !errors.Is(err, ErrBadPage) {
+		t.Fatalf("ValueSize of a replicated page in a group without replicated regions = %v", err)
+	}
+}

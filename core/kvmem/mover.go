@@ -1,0 +1,73 @@
+package kvmem
+
+import (
+	"context"
+	"errors"
+	"io"
+)
+
+// Mover copies page values between an engine's registered memory and host buffers. A value is
+// the page's regions concatenated in region order.
+//
+// Gather and Scatter complete before they return: on return from Gather the bytes are in dst,
+// on return from Scatter the engine memory holds them. A Mover is not safe for concurrent use;
+// each worker (and its stream) owns one, made with Clone.
+type Mover interface {
+	// Layout returns the layout the engine memory was registered with.
+	Layout() Layout
+	// Gather copies each page's value into dst[i], which must be exactly its size.
+	Gather(ctx context.Context, pages []PageRef, dst [][]byte) error
+	// Scatter copies src[i] into each page's regions; src[i] must be exactly the value size.
+	Scatter(ctx context.Context, src [][]byte, pages []PageRef) error
+	// NewStaging allocates host buffers suited as transfer targets for this mover (pinned memory
+	// on a GPU host): slots buffers of slotBytes each.
+	NewStaging(slots int, slotBytes int) (Staging, error)
+	// Clone returns an independent Mover over the same engine memory for another worker.
+	Clone() (Mover, error)
+	// Close releases what the mover holds. Staging buffers it made must be closed first.
+	Close() error
+}
+
+// Staging is a set of equal host buffers used between the pool and engine memory.
+type Staging interface {
+	// Slots is the number of buffers.
+	Slots() int
+	// SlotBytes is the size of each buffer.
+	SlotBytes() int
+	// Slot returns buffer i. It stays valid until Close.
+	Slot(i int) []byte
+	// Close releases the buffers; no slice Slot returned may be used after it.
+	Close() error
+}
+
+// HostRegistrar is implemented by movers that can copy straight between engine memory and any
+// host memory registered with them, not only their own staging. The connector registers an
+// in-process pool's segments this way, so a load copies each page once, from the pool to the
+// GPU, instead of through a staging buffer.
+//
+// RegisterHost registers mem (page-locked on a GPU host, which also makes every page of it
+// resident) until the returned Closer is closed. Registering the same memory again, from this
+// mover, a clone or another mover of the same device, is counted and costs nothing; the memory
+// is unregistered when the last registration closes. mem must stay mapped until then.
+type HostRegistrar interface {
+	// RegisterHost registers mem until the returned Closer is closed (see above).
+	RegisterHost(mem []byte) (io.Closer, error)
+}
+
+// PageChecker is implemented by movers that can check pages where they land in engine memory,
+// on the device, instead of the host checking them before the copy (the CUDA mover, for layouts
+// whose regions are multiples of 64 bytes). A load that uses it copies pages straight from pool
+// memory and keeps every page whose check fails from being reported as loaded.
+type PageChecker interface {
+	// PageCheckError is nil when ScatterChecked works for this mover, otherwise the reason.
+	PageCheckError() error
+	// ScatterChecked is Scatter followed by the check. It returns once the copies are done and
+	// the check is under way; wait returns its result: bad[i] is true where page i's XXH3-64
+	// digest (seed 0, as core/keys.PageChecksum) in engine memory differs from sums[i], and that
+	// slot's bytes must not be used. Checks overlap the next call's copies; a result is kept
+	// until wait asks for it.
+	ScatterChecked(ctx context.Context, src [][]byte, pages []PageRef, sums []uint64) (wait func() (bad []bool, err error), err error)
+}
+
+// ErrClosed is returned by a Mover used after Close.
+var ErrClosed = errors.New("mover is closed")
