@@ -17,6 +17,10 @@ CUresult kvStreamSync(uintptr_t s);
 CUresult kvMemAlloc(uint64_t *p, size_t n);
 CUresult kvMemFree(uint64_t p);
 CUresult kvStreamCreate(uintptr_t *s);
+CUresult kvEventCreate(uintptr_t *e);
+CUresult kvEventDestroy(uintptr_t e);
+CUresult kvEventRecord(uintptr_t e, uintptr_t s);
+CUresult kvEventSync(uintptr_t e);
 CUresult kvStreamDestroy(uintptr_t s);
 */
 import "C"
@@ -101,6 +105,8 @@ type checkSet struct {
 	host *PinnedBuffer
 	dev  uint64
 	cap  int
+	// done is recorded on the checks' stream after the set's digests are copied back.
+	done uintptr
 	// The check in flight on this set, if any.
 	pending *pendingCheck
 }
@@ -114,6 +120,7 @@ type checkPiece struct {
 
 // pendingCheck is a launched check whose digests have not been read yet.
 type pendingCheck struct {
+	seq   uint64 // launch order
 	set   int
 	outAt int
 	sums  []uint64
@@ -144,6 +151,14 @@ func (m *cudaMover) initChecks() {
 		return
 	}
 	m.checks.stream = uintptr(s)
+	for i := range m.checks.sets {
+		var e C.uintptr_t
+		if err := cuErr("cuEventCreate", C.kvEventCreate(&e)); err != nil {
+			m.checks.err = fmt.Errorf("%w: %w", errNotCheckable, err)
+			return
+		}
+		m.checks.sets[i].done = uintptr(e)
+	}
 	m.checks.secret = newPageSumSecret().bytes()
 }
 
@@ -174,7 +189,7 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kv
 	j := c.next
 	set := &c.sets[j]
 	if set.pending != nil && !set.pending.done {
-		c.syncLocked(m)
+		c.syncLocked(m, set.pending)
 	}
 	// The descriptors: kvPage per page, then kvPiece per region, then room for the digests.
 	// transfer checked every reference, so this walk cannot fail.
@@ -216,6 +231,9 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kv
 		if err == nil {
 			err = cuErr("cuMemcpyDtoHAsync", C.kvCopyDtoHAsync(host+C.uintptr_t(outAt), dev+C.uint64_t(outAt), C.size_t(8*len(pages)), s))
 		}
+		if err == nil {
+			err = cuErr("cuEventRecord", C.kvEventRecord(C.uintptr_t(set.done), s))
+		}
 		if err != nil {
 			// Nothing may still read or write the buffers once this returns.
 			err = errors.Join(err, cuErr("cuStreamSynchronize", C.kvStreamSync(s)))
@@ -224,38 +242,44 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kv
 	if err != nil {
 		return nil, fmt.Errorf("cuda mover: page check: %w", err)
 	}
-	pc := &pendingCheck{set: j, outAt: outAt, sums: sums}
+	c.gen++
+	pc := &pendingCheck{set: j, outAt: outAt, sums: sums, seq: c.gen}
 	set.pending = pc
 	c.next ^= 1
 	return func() ([]bool, error) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		if !pc.done {
-			c.syncLocked(m)
+			c.syncLocked(m, pc)
 		}
 		return pc.bad, pc.err
 	}, nil
 }
 
-// syncLocked waits for every check launched on the checks' stream and reads their digests.
-func (c *pageChecks) syncLocked(m *cudaMover) {
+// syncLocked waits for check pc (and so for every check launched before it on the checks'
+// stream), not for the ones launched after it, and reads the digests of those that are done.
+func (c *pageChecks) syncLocked(m *cudaMover, pc *pendingCheck) {
 	var err error
-	m.t.do(func() { err = cuErr("cuStreamSynchronize", C.kvStreamSync(C.uintptr_t(c.stream))) })
-	for i := range c.sets {
-		pc := c.sets[i].pending
-		if pc == nil || pc.done {
-			continue
-		}
-		pc.done = true
-		if err != nil {
-			pc.err = fmt.Errorf("cuda mover: page check: %w", err)
-			continue
-		}
-		out := c.sets[i].host.Bytes()[pc.outAt:]
-		pc.bad = make([]bool, len(pc.sums))
-		for k := range pc.sums {
-			pc.bad[k] = binary.LittleEndian.Uint64(out[8*k:]) != pc.sums[k]
-		}
+	ev := C.uintptr_t(c.sets[pc.set].done)
+	m.t.do(func() { err = cuErr("cuEventSynchronize", C.kvEventSync(ev)) })
+	c.harvest(pc, err)
+	// An older check on the other set is done too: the stream runs checks in order.
+	if other := c.sets[pc.set^1].pending; other != nil && !other.done && other.seq < pc.seq {
+		c.harvest(other, err)
+	}
+}
+
+// harvest reads a finished check's digests.
+func (c *pageChecks) harvest(pc *pendingCheck, err error) {
+	pc.done = true
+	if err != nil {
+		pc.err = fmt.Errorf("cuda mover: page check: %w", err)
+		return
+	}
+	out := c.sets[pc.set].host.Bytes()[pc.outAt:]
+	pc.bad = make([]bool, len(pc.sums))
+	for k := range pc.sums {
+		pc.bad[k] = binary.LittleEndian.Uint64(out[8*k:]) != pc.sums[k]
 	}
 }
 
@@ -304,8 +328,18 @@ func (m *cudaMover) freeChecks() error {
 	if c.stream == 0 {
 		return nil
 	}
-	c.syncLocked(m)
 	var err error
+	s0 := C.uintptr_t(c.stream)
+	m.t.do(func() { err = cuErr("cuStreamSynchronize", C.kvStreamSync(s0)) })
+	for i := range c.sets {
+		if pc := c.sets[i].pending; pc != nil && !pc.done {
+			c.harvest(pc, err)
+		}
+		if e := c.sets[i].done; e != 0 {
+			m.t.do(func() { err = errors.Join(err, cuErr("cuEventDestroy", C.kvEventDestroy(C.uintptr_t(e)))) })
+			c.sets[i].done = 0
+		}
+	}
 	for i := range c.sets {
 		err = errors.Join(err, m.freeSet(&c.sets[i]))
 	}
