@@ -90,6 +90,7 @@ static struct {
 	CUresult (*moduleGetFunction)(void **, void *, const char *);
 	CUresult (*launchKernel)(void *, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
 	                         unsigned int, void *, void **, void **);
+	CUresult (*streamWaitEvent)(void *, void *, unsigned int);
 } kv;
 
 static void *kvSym(const char *name, int required, char *err, size_t errlen) {
@@ -159,6 +160,7 @@ int kvLoad(char *err, size_t errlen) {
 	OPT(moduleUnload, "cuModuleUnload");
 	OPT(moduleGetFunction, "cuModuleGetFunction");
 	OPT(launchKernel, "cuLaunchKernel");
+	OPT(streamWaitEvent, "cuStreamWaitEvent");
 #undef REQ
 #undef OPT
 	if (err[0] != 0) {
@@ -173,7 +175,7 @@ int kvHasVMM(void) {
 }
 int kvHasBatch(void) { return kv.memcpyBatchAsync != NULL || kv.memcpyBatchAsyncOld != NULL; }
 int kvHasKernels(void) {
-	return kv.moduleLoadData && kv.moduleUnload && kv.moduleGetFunction && kv.launchKernel;
+	return kv.moduleLoadData && kv.moduleUnload && kv.moduleGetFunction && kv.launchKernel && kv.streamWaitEvent;
 }
 // kvLoadFunction loads a PTX image as a module of the current context and returns its function
 // name.
@@ -188,6 +190,8 @@ CUresult kvLoadFunction(uintptr_t *mod, uintptr_t *fn, const char *image, const 
 	return 0;
 }
 CUresult kvUnloadModule(uintptr_t mod) { return kv.moduleUnload((void *)mod); }
+// kvStreamWaitEvent makes work queued on s after this wait for event e.
+CUresult kvStreamWaitEvent(uintptr_t s, uintptr_t e) { return kv.streamWaitEvent((void *)s, (void *)e, 0); }
 // kvLaunchPageSums launches kvPageSums (kernels/pagesum.cu) with one block of 256 threads per
 // page on stream s: pages and pieces are device addresses, secret the 320-byte kvSecret, out
 // the device address of one 64-bit digest per page.

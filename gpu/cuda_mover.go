@@ -67,6 +67,10 @@ type cudaMover struct {
 	// Page checks on the GPU (cuda_pagesum.go).
 	checks pageChecks
 	pieces []checkPiece
+	// afterIssue, when set, runs on the mover's thread once the last copies of a transfer are
+	// issued on the first ns streams, before the host waits for them: ScatterChecked queues
+	// its check behind them there.
+	afterIssue func(ns int) error
 
 	mu     sync.Mutex
 	closed bool
@@ -170,7 +174,7 @@ func (m *cudaMover) transfer(ctx context.Context, toDevice bool, pages []kvmem.P
 		// Not pinned: go through the bounce buffer, in chunks when the piece is larger.
 		for len(piece) > 0 {
 			if bounceUsed == m.opts.BounceBytes {
-				if err = m.flush(ctx, toDevice); err != nil {
+				if err = m.flush(ctx, toDevice, false); err != nil {
 					return
 				}
 				bounceUsed = 0
@@ -196,7 +200,7 @@ func (m *cudaMover) transfer(ctx context.Context, toDevice bool, pages []kvmem.P
 	if err != nil {
 		return err
 	}
-	return m.flush(ctx, toDevice)
+	return m.flush(ctx, toDevice, true)
 }
 
 func (m *cudaMover) reset() {
@@ -216,10 +220,15 @@ func (m *cudaMover) add(dev, host, n uint64) {
 
 // flush issues the batch's copies spread over the streams, waits for them and, for a gather,
 // copies what went through the bounce buffer to its destination.
-func (m *cudaMover) flush(ctx context.Context, toDevice bool) error {
+func (m *cudaMover) flush(ctx context.Context, toDevice, last bool) error {
 	defer m.reset()
 	n := len(m.dev)
 	if n == 0 {
+		if last && m.afterIssue != nil {
+			var err error
+			m.t.do(func() { err = m.afterIssue(0) })
+			return err
+		}
 		return nil
 	}
 	if err := ctx.Err(); err != nil {
@@ -262,6 +271,9 @@ func (m *cudaMover) flush(ctx context.Context, toDevice bool) error {
 				(*C.int32_t)(unsafe.Pointer(&m.stream[0])), (*C.uintptr_t)(unsafe.Pointer(&m.streams[0])), &failed); r != 0 {
 				err = fmt.Errorf("copy %d of %d: %w", int(failed), n, cuErr("cuMemcpyAsync", r))
 			}
+		}
+		if err == nil && last && m.afterIssue != nil {
+			err = m.afterIssue(ns)
 		}
 		// Wait for every stream, also after an error, so no copy is still running on return.
 		for _, s := range m.streams[:ns] {

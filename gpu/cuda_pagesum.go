@@ -21,6 +21,7 @@ CUresult kvEventCreate(uintptr_t *e);
 CUresult kvEventDestroy(uintptr_t e);
 CUresult kvEventRecord(uintptr_t e, uintptr_t s);
 CUresult kvEventSync(uintptr_t e);
+CUresult kvStreamWaitEvent(uintptr_t s, uintptr_t e);
 CUresult kvStreamDestroy(uintptr_t s);
 */
 import "C"
@@ -94,6 +95,9 @@ type pageChecks struct {
 	err    error
 	secret []byte
 	stream uintptr
+	// copied[i] is recorded on copy stream i after a checked scatter's copies are issued, and
+	// the check stream waits for it, so a check is queued before the host waits for the copies.
+	copied []uintptr
 	sets   [2]checkSet
 	next   int
 	gen    uint64
@@ -159,6 +163,14 @@ func (m *cudaMover) initChecks() {
 		}
 		m.checks.sets[i].done = uintptr(e)
 	}
+	for range m.streams {
+		var e C.uintptr_t
+		if err := cuErr("cuEventCreate", C.kvEventCreate(&e)); err != nil {
+			m.checks.err = fmt.Errorf("%w: %w", errNotCheckable, err)
+			return
+		}
+		m.checks.copied = append(m.checks.copied, uintptr(e))
+	}
 	m.checks.secret = newPageSumSecret().bytes()
 }
 
@@ -177,10 +189,13 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kv
 	if len(sums) != len(pages) {
 		return nil, fmt.Errorf("%w: %d pages but %d checksums", kvmem.ErrBadPage, len(pages), len(sums))
 	}
-	if err := m.transfer(ctx, true, pages, src); err != nil {
+	if err := kvmem.WalkPages(m.layout, pages, src, nil); err != nil {
 		return nil, err
 	}
 	if len(pages) == 0 {
+		if err := m.transfer(ctx, true, pages, src); err != nil {
+			return nil, err
+		}
 		return func() ([]bool, error) { return nil, nil }, nil
 	}
 	c := &m.checks
@@ -192,7 +207,7 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kv
 		c.syncLocked(m, set.pending)
 	}
 	// The descriptors: kvPage per page, then kvPiece per region, then room for the digests.
-	// transfer checked every reference, so this walk cannot fail.
+	// The walk above checked every reference, so this one cannot fail.
 	m.pieces = m.pieces[:0]
 	_ = kvmem.WalkPages(m.layout, pages, src, func(p int, eo, vo, n uint64) {
 		m.pieces = append(m.pieces, checkPiece{page: p, addr: m.mem.ptr + eo, off: vo, len: n})
@@ -219,27 +234,43 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kv
 		le.PutUint32(d[12:], le.Uint32(d[12:])+1)
 		le.PutUint64(d[0:], pc.off+pc.len)
 	}
-	m.t.do(func() {
+	// The check is queued on its stream right after the last copies are issued, behind them
+	// (an event per copy stream), so the host's work to launch it overlaps the copies.
+	launched := false
+	m.afterIssue = func(ns int) error {
 		s := C.uintptr_t(c.stream)
+		for i := range ns {
+			ev := C.uintptr_t(c.copied[i])
+			if err := cuErr("cuEventRecord", C.kvEventRecord(ev, C.uintptr_t(m.streams[i]))); err != nil {
+				return err
+			}
+			if err := cuErr("cuStreamWaitEvent", C.kvStreamWaitEvent(s, ev)); err != nil {
+				return err
+			}
+		}
 		host := C.uintptr_t(ptrOf(buf))
 		dev := C.uint64_t(set.dev)
-		err = cuErr("cuMemcpyHtoDAsync", C.kvCopyHtoDAsync(dev, host, C.size_t(outAt), s))
-		if err == nil {
-			err = cuErr("cuLaunchKernel", C.kvLaunchPageSums(C.uintptr_t(m.d.sums.fn), C.uint(len(pages)), s,
-				dev, dev+C.uint64_t(piecesAt), unsafe.Pointer(&c.secret[0]), dev+C.uint64_t(outAt)))
+		launched = true
+		if err := cuErr("cuMemcpyHtoDAsync", C.kvCopyHtoDAsync(dev, host, C.size_t(outAt), s)); err != nil {
+			return err
 		}
-		if err == nil {
-			err = cuErr("cuMemcpyDtoHAsync", C.kvCopyDtoHAsync(host+C.uintptr_t(outAt), dev+C.uint64_t(outAt), C.size_t(8*len(pages)), s))
+		if err := cuErr("cuLaunchKernel", C.kvLaunchPageSums(C.uintptr_t(m.d.sums.fn), C.uint(len(pages)), s,
+			dev, dev+C.uint64_t(piecesAt), unsafe.Pointer(&c.secret[0]), dev+C.uint64_t(outAt))); err != nil {
+			return err
 		}
-		if err == nil {
-			err = cuErr("cuEventRecord", C.kvEventRecord(C.uintptr_t(set.done), s))
+		if err := cuErr("cuMemcpyDtoHAsync", C.kvCopyDtoHAsync(host+C.uintptr_t(outAt), dev+C.uint64_t(outAt), C.size_t(8*len(pages)), s)); err != nil {
+			return err
 		}
-		if err != nil {
-			// Nothing may still read or write the buffers once this returns.
-			err = errors.Join(err, cuErr("cuStreamSynchronize", C.kvStreamSync(s)))
-		}
-	})
+		return cuErr("cuEventRecord", C.kvEventRecord(C.uintptr_t(set.done), s))
+	}
+	err = m.transfer(ctx, true, pages, src)
+	m.afterIssue = nil
 	if err != nil {
+		if launched {
+			// Nothing may still read or write the buffers once this returns.
+			s := C.uintptr_t(c.stream)
+			m.t.do(func() { _ = C.kvStreamSync(s) })
+		}
 		return nil, fmt.Errorf("cuda mover: page check: %w", err)
 	}
 	c.gen++
@@ -340,6 +371,10 @@ func (m *cudaMover) freeChecks() error {
 			c.sets[i].done = 0
 		}
 	}
+	for _, e := range c.copied {
+		m.t.do(func() { err = errors.Join(err, cuErr("cuEventDestroy", C.kvEventDestroy(C.uintptr_t(e)))) })
+	}
+	c.copied = nil
 	for i := range c.sets {
 		err = errors.Join(err, m.freeSet(&c.sets[i]))
 	}

@@ -6,8 +6,7 @@
 // 64-byte stripe adds to every lane; after each 1024-byte block (16 stripes) every lane is
 // scrambled. Within a block the additions commute, so the sum a block adds to each lane (its
 // "delta") can be computed independently of the blocks before it; only applying deltas and
-// scrambles is sequential, and it is per lane. One thread block hashes one page: 32 groups of
-// 8 threads compute the deltas of 32 blocks at a time, then the 8 threads of group 0 apply them.
+// scrambles is sequential, and it is per lane. One thread block hashes one page (see THREADS).
 // Algorithm: https://github.com/Cyan4973/xxHash/blob/v0.8.2/doc/xxhash_spec.md
 //
 // A page is a list of pieces (device address, offset in the page, length), in page order. The
@@ -38,8 +37,11 @@ struct kvPiece {
 	u64 len;  // bytes
 };
 
-#define GROUPS 32
-#define THREADS (GROUPS * 8)
+// A thread block is 8 warps. Warp 0 applies deltas and scrambles (its first 8 threads, one per
+// lane); the other 7 warps, 28 groups of 8 threads, compute the deltas of 28 blocks at a time
+// into one of two buffers while warp 0 applies the previous 28 from the other.
+#define THREADS 256
+#define GROUPS 28
 
 __device__ __forceinline__ u64 kvInit(u32 lane) {
 	switch (lane) {
@@ -115,21 +117,25 @@ __device__ u64 kvStripes(const kvPiece *ps, u32 np, u64 start, u32 n, const kvSe
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS) kvPageSums(const kvPage *pages, const kvPiece *pieces, kvSecret sec, u64 *out) {
-	__shared__ u64 delta[GROUPS][8];
+	__shared__ u64 delta[2][GROUPS][8];
 	__shared__ u64 lanes[8];
 	const kvPage pg = pages[blockIdx.x];
 	const kvPiece *ps = pieces + pg.first;
-	const u32 lane = threadIdx.x & 7, group = threadIdx.x >> 3;
+	const bool scrambler = threadIdx.x < 32;
+	const u32 lane = threadIdx.x & 7, group = (threadIdx.x - 32) >> 3;
 	const u64 blocks = (pg.len - 1) / 1024;
+	const u64 chunks = (blocks + GROUPS - 1) / GROUPS;
 	u64 acc = kvInit(lane);
-	for (u64 base = 0; base < blocks; base += GROUPS) {
-		u64 b = base + group;
-		delta[group][lane] = b < blocks ? kvBlock(ps, pg.count, b * 1024, sec, lane) : 0;
-		__syncthreads();
-		if (group == 0) {
-			u64 n = blocks - base < GROUPS ? blocks - base : GROUPS;
+	for (u64 c = 0; c <= chunks; c++) {
+		if (!scrambler && c < chunks) {
+			u64 b = c * GROUPS + group;
+			delta[c & 1][group][lane] = b < blocks ? kvBlock(ps, pg.count, b * 1024, sec, lane) : 0;
+		}
+		if (scrambler && threadIdx.x < 8 && c > 0) {
+			u64 first = (c - 1) * GROUPS;
+			u64 n = blocks - first < GROUPS ? blocks - first : GROUPS;
 			for (u32 j = 0; j < n; j++) {
-				acc += delta[j][lane];
+				acc += delta[(c - 1) & 1][j][lane];
 				acc ^= acc >> 47;
 				acc ^= sec.acc[16 + lane];
 				acc *= 0x9E3779B1ULL;
@@ -137,7 +143,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) kvPageSums(const kvPage *p
 		}
 		__syncthreads();
 	}
-	if (group == 0) {
+	if (threadIdx.x < 8) {
 		u64 start = blocks * 1024;
 		u32 stripes = (u32)(((pg.len - 1) - start) / 64);
 		acc += kvStripes(ps, pg.count, start, stripes, sec, lane);
