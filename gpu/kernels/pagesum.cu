@@ -42,6 +42,9 @@ struct kvPiece {
 // into one of two buffers while warp 0 applies the previous 28 from the other.
 #define THREADS 256
 #define GROUPS 28
+// A page's pieces are read from shared memory when it has at most this many: every stripe
+// looks its piece up, and global memory would make each lookup a long dependent load.
+#define SHARED_PIECES 128
 
 __device__ __forceinline__ u64 kvInit(u32 lane) {
 	switch (lane) {
@@ -119,8 +122,14 @@ __device__ u64 kvStripes(const kvPiece *ps, u32 np, u64 start, u32 n, const kvSe
 extern "C" __global__ void __launch_bounds__(THREADS) kvPageSums(const kvPage *pages, const kvPiece *pieces, kvSecret sec, u64 *out) {
 	__shared__ u64 delta[2][GROUPS][8];
 	__shared__ u64 lanes[8];
+	__shared__ kvPiece local[SHARED_PIECES];
 	const kvPage pg = pages[blockIdx.x];
 	const kvPiece *ps = pieces + pg.first;
+	if (pg.count <= SHARED_PIECES) {
+		for (u32 i = threadIdx.x; i < pg.count; i += THREADS) local[i] = ps[i];
+		__syncthreads();
+		ps = local;
+	}
 	const bool scrambler = threadIdx.x < 32;
 	const u32 lane = threadIdx.x & 7, group = (threadIdx.x - 32) >> 3;
 	const u64 blocks = (pg.len - 1) / 1024;
