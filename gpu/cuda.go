@@ -204,7 +204,7 @@ func (d *CUDADevice) AllocPinned(size int, register bool) (*PinnedBuffer, error)
 			bindToNode(mem, d.numa)
 		}
 		err = d.call(func() error {
-			return cuErr("cuMemHostRegister", C.kvHostRegister(C.uintptr_t(ptrOf(mem)), C.size_t(size), portable))
+			return cuErr("cuMemHostRegister", C.kvHostRegister(C.uintptr_t(ptrOf(mem)), C.size_t(size), portable|2)) // | CU_MEMHOSTREGISTER_DEVICEMAP
 		})
 		if err != nil {
 			unix.Munmap(mem)

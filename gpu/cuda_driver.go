@@ -177,17 +177,18 @@ int kvHasBatch(void) { return kv.memcpyBatchAsync != NULL || kv.memcpyBatchAsync
 int kvHasKernels(void) {
 	return kv.moduleLoadData && kv.moduleUnload && kv.moduleGetFunction && kv.launchKernel && kv.streamWaitEvent;
 }
-// kvLoadFunction loads a PTX image as a module of the current context and returns its function
-// name.
-CUresult kvLoadFunction(uintptr_t *mod, uintptr_t *fn, const char *image, const char *name) {
-	void *m = NULL, *f = NULL;
+// kvLoadModule loads a PTX image as a module of the current context.
+CUresult kvLoadModule(uintptr_t *mod, const char *image) {
+	void *m = NULL;
 	CUresult r = kv.moduleLoadData(&m, image);
-	if (r != 0) return r;
-	r = kv.moduleGetFunction(&f, m, name);
-	if (r != 0) { kv.moduleUnload(m); return r; }
 	*mod = (uintptr_t)m;
+	return r;
+}
+CUresult kvGetFunction(uintptr_t *fn, uintptr_t mod, const char *name) {
+	void *f = NULL;
+	CUresult r = kv.moduleGetFunction(&f, (void *)mod, name);
 	*fn = (uintptr_t)f;
-	return 0;
+	return r;
 }
 CUresult kvUnloadModule(uintptr_t mod) { return kv.moduleUnload((void *)mod); }
 // kvStreamWaitEvent makes work queued on s after this wait for event e.
@@ -197,6 +198,12 @@ CUresult kvStreamWaitEvent(uintptr_t s, uintptr_t e) { return kv.streamWaitEvent
 // the device address of one 64-bit digest per page.
 CUresult kvLaunchPageSums(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t out) {
 	void *args[4] = {&pages, &pieces, (void *)secret, &out};
+	return kv.launchKernel((void *)fn, n, 1, 1, 256, 1, 1, 0, (void *)s, args, NULL);
+}
+// kvLaunchCopies launches kvCopyPieces (kernels/pagesum.cu) with one block of 256 threads per
+// copy on stream s; copies is the device address of n kvCopy records.
+CUresult kvLaunchCopies(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t copies) {
+	void *args[1] = {&copies};
 	return kv.launchKernel((void *)fn, n, 1, 1, 256, 1, 1, 0, (void *)s, args, NULL);
 }
 CUresult kvCopyHtoDAsync(uint64_t dst, uintptr_t src, size_t n, uintptr_t s) {

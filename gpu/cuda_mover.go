@@ -37,6 +37,10 @@ type CUDAMoverOptions struct {
 	// BounceBytes is the size of the pinned buffer used for host buffers that are not pinned
 	// (not from NewStaging); 0 means 16 MiB.
 	BounceBytes int
+	// KernelScatter makes Scatter copy with a kernel of kvctl's own (kernels/pagesum.cu), its
+	// threads reading the pinned host memory through the device's mapping, instead of one
+	// copy-engine command per region: one launch however many regions a batch has.
+	KernelScatter bool
 }
 
 // DefaultCUDAStreams is the number of streams a CUDA mover uses unless told otherwise.
@@ -67,6 +71,11 @@ type cudaMover struct {
 	// Page checks on the GPU (cuda_pagesum.go).
 	checks pageChecks
 	pieces []checkPiece
+	// The copy kernel's descriptors, when KernelScatter is set.
+	copyHost *PinnedBuffer
+	copyDev  uint64
+	copyCap  int
+
 	// afterIssue, when set, runs on the mover's thread once the last copies of a transfer are
 	// issued on the first ns streams, before the host waits for them: ScatterChecked queues
 	// its check behind them there.
@@ -114,6 +123,10 @@ func (d *CUDADevice) NewMover(mem *EngineMemory, layout kvmem.Layout, opts CUDAM
 			m.streams = append(m.streams, uintptr(s))
 		}
 		m.initChecks()
+		if opts.KernelScatter {
+			// Without the kernels, copies go through the copy engines.
+			_ = m.d.sums.load()
+		}
 	})
 	if serr != nil {
 		m.destroyStreams()
@@ -234,6 +247,9 @@ func (m *cudaMover) flush(ctx context.Context, toDevice, last bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if toDevice && m.opts.KernelScatter && m.d.sums.copyFn != 0 {
+		return m.flushKernel(last)
+	}
 	// Give each stream a contiguous run of copies with about the same number of bytes.
 	var total uint64
 	for _, s := range m.size {
@@ -322,7 +338,7 @@ func (m *cudaMover) Close() error {
 	if m.bounce != nil {
 		errs = append(errs, m.bounce.Close())
 	}
-	errs = append(errs, m.freeChecks())
+	errs = append(errs, m.freeChecks(), m.freeCopies())
 	m.destroyStreams()
 	m.t.stop()
 	errs = append(errs, m.mem.unref())

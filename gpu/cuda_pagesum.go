@@ -8,7 +8,9 @@ package gpu
 #include <stdlib.h>
 typedef int CUresult;
 int kvHasKernels(void);
-CUresult kvLoadFunction(uintptr_t *mod, uintptr_t *fn, const char *image, const char *name);
+CUresult kvLoadModule(uintptr_t *mod, const char *image);
+CUresult kvGetFunction(uintptr_t *fn, uintptr_t mod, const char *name);
+CUresult kvLaunchCopies(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t copies);
 CUresult kvUnloadModule(uintptr_t mod);
 CUresult kvLaunchPageSums(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t out);
 CUresult kvCopyHtoDAsync(uint64_t dst, uintptr_t src, size_t n, uintptr_t s);
@@ -41,13 +43,15 @@ import (
 //go:embed kernels/pagesum.ptx
 var pageSumPTX string
 
-// pageSumKernel is the page checksum kernel of one device, loaded into its primary context the
-// first time a mover asks for it.
+// pageSumKernel is kvctl's kernels module (kernels/pagesum.cu) on one device, loaded into its
+// primary context the first time a mover asks for it: the page checksum kernel (fn) and the
+// copy kernel (copyFn).
 type pageSumKernel struct {
-	once sync.Once
-	mod  uintptr
-	fn   uintptr
-	err  error
+	once   sync.Once
+	mod    uintptr
+	fn     uintptr
+	copyFn uintptr
+	err    error
 }
 
 // load loads the module; it must run on a thread with the device's context current.
@@ -59,13 +63,26 @@ func (k *pageSumKernel) load() error {
 		}
 		image := C.CString(pageSumPTX)
 		defer C.free(unsafe.Pointer(image))
-		name := C.CString("kvPageSums")
-		defer C.free(unsafe.Pointer(name))
-		var mod, fn C.uintptr_t
-		if err := cuErr("cuModuleLoadData", C.kvLoadFunction(&mod, &fn, image, name)); err != nil {
-			k.err = fmt.Errorf("%w: loading the kernel: %w", errNotCheckable, err)
+		var mod C.uintptr_t
+		if err := cuErr("cuModuleLoadData", C.kvLoadModule(&mod, image)); err != nil {
+			k.err = fmt.Errorf("%w: loading the kernels: %w", errNotCheckable, err)
 			return
 		}
+		var fn, copyFn C.uintptr_t
+		for _, f := range []struct {
+			name string
+			out  *C.uintptr_t
+		}{{"kvPageSums", &fn}, {"kvCopyPieces", &copyFn}} {
+			name := C.CString(f.name)
+			err := cuErr("cuModuleGetFunction", C.kvGetFunction(f.out, mod, name))
+			C.free(unsafe.Pointer(name))
+			if err != nil {
+				C.kvUnloadModule(mod)
+				k.err = fmt.Errorf("%w: kernel %s: %w", errNotCheckable, f.name, err)
+				return
+			}
+		}
+		k.copyFn = uintptr(copyFn)
 		k.mod, k.fn = uintptr(mod), uintptr(fn)
 	})
 	return k.err
@@ -381,5 +398,78 @@ func (m *cudaMover) freeChecks() error {
 	s := C.uintptr_t(c.stream)
 	m.t.do(func() { err = errors.Join(err, cuErr("cuStreamDestroy", C.kvStreamDestroy(s))) })
 	c.stream = 0
+	return err
+}
+
+// copyChunk is the most one block of the copy kernel moves.
+const copyChunk = 64 << 10
+
+// flushKernel issues the batch's copies (host to device) as one launch of the copy kernel on
+// the first stream, waits for it and resets the batch. It runs instead of the copy engines when
+// KernelScatter is set.
+func (m *cudaMover) flushKernel(last bool) error {
+	n := 0
+	for _, s := range m.size {
+		n += int((s + copyChunk - 1) / copyChunk)
+	}
+	need := n * 24
+	if need > m.copyCap {
+		if err := m.freeCopies(); err != nil {
+			return err
+		}
+		c := max(need, 2*m.copyCap, 64<<10)
+		host, err := m.d.AllocPinned(c, false)
+		if err != nil {
+			return fmt.Errorf("copy kernel buffers: %w", err)
+		}
+		var dev C.uint64_t
+		m.t.do(func() { err = cuErr("cuMemAlloc", C.kvMemAlloc(&dev, C.size_t(c))) })
+		if err != nil {
+			host.Close()
+			return fmt.Errorf("copy kernel buffers: %w", err)
+		}
+		m.copyHost, m.copyDev, m.copyCap = host, uint64(dev), c
+	}
+	buf := m.copyHost.Bytes()
+	le := binary.LittleEndian
+	k := 0
+	for i := range m.dev {
+		for o := uint64(0); o < m.size[i]; o += copyChunk {
+			q := buf[k*24:]
+			le.PutUint64(q[0:], m.host[i]+o)
+			le.PutUint64(q[8:], m.dev[i]+o)
+			le.PutUint64(q[16:], min(copyChunk, m.size[i]-o))
+			k++
+		}
+	}
+	var err error
+	m.t.do(func() {
+		s := C.uintptr_t(m.streams[0])
+		err = cuErr("cuMemcpyHtoDAsync", C.kvCopyHtoDAsync(C.uint64_t(m.copyDev), C.uintptr_t(ptrOf(buf)), C.size_t(need), s))
+		if err == nil {
+			err = cuErr("cuLaunchKernel", C.kvLaunchCopies(C.uintptr_t(m.d.sums.copyFn), C.uint(n), s, C.uint64_t(m.copyDev)))
+		}
+		if err == nil && last && m.afterIssue != nil {
+			err = m.afterIssue(1)
+		}
+		err = errors.Join(err, cuErr("cuStreamSynchronize", C.kvStreamSync(s)))
+	})
+	if err != nil {
+		return fmt.Errorf("cuda mover: copy kernel: %w", err)
+	}
+	return nil
+}
+
+// freeCopies releases the copy kernel's descriptor buffers.
+func (m *cudaMover) freeCopies() error {
+	var err error
+	if m.copyHost != nil {
+		err = m.copyHost.Close()
+	}
+	if m.copyDev != 0 {
+		dev := C.uint64_t(m.copyDev)
+		m.t.do(func() { err = errors.Join(err, cuErr("cuMemFree", C.kvMemFree(dev))) })
+	}
+	m.copyHost, m.copyDev, m.copyCap = nil, 0, 0
 	return err
 }

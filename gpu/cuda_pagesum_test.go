@@ -249,18 +249,24 @@ func TestCUDAPageCheckRefused(t *testing.T) {
 // by the check on the GPU, alternated in one run: the check's cost is the ratio.
 func BenchmarkCUDAPageCheck(b *testing.B) {
 	d := openCUDA(b)
-	for _, pageKiB := range []int{64, 256, 1024} {
+	for _, c := range []struct {
+		pageKiB, regions int
+		kernel           bool
+	}{{64, 2, false}, {64, 2, true}, {256, 2, false}, {256, 2, true}, {256, 8, false}, {256, 8, true}, {1024, 2, false}, {1024, 2, true}} {
+		pageKiB := c.pageKiB
 		size := pageKiB << 10
 		n := (64 << 20) / size
-		l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: n, Regions: []kvmem.Region{
-			{Offset: 0, Stride: uint64(size / 2), Size: uint64(size / 2)},
-			{Offset: uint64(n * size / 2), Stride: uint64(size / 2), Size: uint64(size / 2)},
-		}}}}
+		piece := uint64(size / c.regions)
+		var regions []kvmem.Region
+		for r := range c.regions {
+			regions = append(regions, kvmem.Region{Offset: uint64(r*n) * piece, Stride: piece, Size: piece})
+		}
+		l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: n, Regions: regions}}}
 		mem, err := d.AllocDeviceMemory(uint64(n * size))
 		if err != nil {
 			b.Fatal(err)
 		}
-		m, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{})
+		m, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{KernelScatter: c.kernel})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -281,7 +287,7 @@ func BenchmarkCUDAPageCheck(b *testing.B) {
 		}
 		pc := m.(kvmem.PageChecker)
 		ctx := context.Background()
-		b.Run(fmt.Sprintf("page=%dKiB/scatter", pageKiB), func(b *testing.B) {
+		b.Run(fmt.Sprintf("page=%dKiB/regions=%d/kernel=%v/scatter", pageKiB, c.regions, c.kernel), func(b *testing.B) {
 			b.SetBytes(int64(n * size))
 			for b.Loop() {
 				if err := m.Scatter(ctx, src, refs); err != nil {
@@ -289,7 +295,7 @@ func BenchmarkCUDAPageCheck(b *testing.B) {
 				}
 			}
 		})
-		b.Run(fmt.Sprintf("page=%dKiB/scatter+check", pageKiB), func(b *testing.B) {
+		b.Run(fmt.Sprintf("page=%dKiB/regions=%d/kernel=%v/scatter+check", pageKiB, c.regions, c.kernel), func(b *testing.B) {
 			b.SetBytes(int64(n * size))
 			for b.Loop() {
 				bad, err := scatterChecked(ctx, pc, src, refs, sums)
@@ -303,7 +309,7 @@ func BenchmarkCUDAPageCheck(b *testing.B) {
 				}
 			}
 		})
-		b.Run(fmt.Sprintf("page=%dKiB/scatter+check,overlapped", pageKiB), func(b *testing.B) {
+		b.Run(fmt.Sprintf("page=%dKiB/regions=%d/kernel=%v/scatter+check,overlapped", pageKiB, c.regions, c.kernel), func(b *testing.B) {
 			// As a load uses it: the check of one batch runs while the next batch is copied.
 			b.SetBytes(int64(n * size))
 			var prev func() ([]bool, error)

@@ -176,3 +176,37 @@ extern "C" __global__ void __launch_bounds__(THREADS) kvPageSums(const kvPage *p
 		out[blockIdx.x] = h;
 	}
 }
+
+// Copies by the GPU's own threads: a batch of (source, destination, length) copies, one thread
+// block per copy of at most 64 KiB, reading the source through the device's mapping of
+// registered host memory. Many small copies (the regions of pages) cost one launch instead of
+// one copy-engine command each. Sources and destinations 16-byte aligned move 16 bytes a load;
+// any other copy moves byte by byte.
+struct kvCopy {
+	u64 src;
+	u64 dst;
+	u64 len;
+};
+
+extern "C" __global__ void __launch_bounds__(THREADS) kvCopyPieces(const kvCopy *copies) {
+	const kvCopy c = copies[blockIdx.x];
+	if (((c.src | c.dst | c.len) & 15) == 0) {
+		const uint4 *s = (const uint4 *)c.src;
+		uint4 *d = (uint4 *)c.dst;
+		u64 n = c.len / 16;
+		u64 i = threadIdx.x;
+		// Four loads in flight per thread.
+		for (; i + 3 * THREADS < n; i += 4 * THREADS) {
+			uint4 a = s[i], b = s[i + THREADS], e = s[i + 2 * THREADS], f = s[i + 3 * THREADS];
+			d[i] = a;
+			d[i + THREADS] = b;
+			d[i + 2 * THREADS] = e;
+			d[i + 3 * THREADS] = f;
+		}
+		for (; i < n; i += THREADS) d[i] = s[i];
+		return;
+	}
+	const unsigned char *s = (const unsigned char *)c.src;
+	unsigned char *d = (unsigned char *)c.dst;
+	for (u64 i = threadIdx.x; i < c.len; i += THREADS) d[i] = s[i];
+}
