@@ -37,11 +37,30 @@ type CUDAMoverOptions struct {
 	// BounceBytes is the size of the pinned buffer used for host buffers that are not pinned
 	// (not from NewStaging); 0 means 16 MiB.
 	BounceBytes int
-	// KernelScatter makes Scatter copy with a kernel of kvctl's own (kernels/pagesum.cu), its
-	// threads reading the pinned host memory through the device's mapping, instead of one
-	// copy-engine command per region: one launch however many regions a batch has.
-	KernelScatter bool
+	// Scatter picks how Scatter copies host memory to the device; the zero value is
+	// ScatterAuto.
+	Scatter ScatterPath
 }
+
+// ScatterPath is how a CUDA mover's Scatter copies.
+type ScatterPath int
+
+const (
+	// ScatterAuto copies a batch with the copy kernel when its copies average less than
+	// kernelCopyBelow bytes, otherwise with the copy engines.
+	ScatterAuto ScatterPath = iota
+	// ScatterCopyEngines issues one copy-engine command per contiguous piece.
+	ScatterCopyEngines
+	// ScatterKernel copies with a kernel of kvctl's own (kernels/pagesum.cu), its threads
+	// reading the pinned host memory through the device's mapping: one launch however many
+	// pieces a batch has.
+	ScatterKernel
+)
+
+// kernelCopyBelow is where ScatterAuto switches to the copy engines. On an H200 the kernel
+// scattered 32 KiB pieces at 43-45 GB/s against 32-33 GB/s for the copy engines, and 128 KiB
+// and 512 KiB pieces at 45-48 against 50-51 GB/s (docs/perf/serve-gpu.md).
+const kernelCopyBelow = 128 << 10
 
 // DefaultCUDAStreams is the number of streams a CUDA mover uses unless told otherwise.
 const DefaultCUDAStreams = 4
@@ -71,7 +90,7 @@ type cudaMover struct {
 	// Page checks on the GPU (cuda_pagesum.go).
 	checks pageChecks
 	pieces []checkPiece
-	// The copy kernel's descriptors, when KernelScatter is set.
+	// The copy kernel's descriptors (CUDAMoverOptions.Scatter).
 	copyHost *PinnedBuffer
 	copyDev  uint64
 	copyCap  int
@@ -123,7 +142,7 @@ func (d *CUDADevice) NewMover(mem *EngineMemory, layout kvmem.Layout, opts CUDAM
 			m.streams = append(m.streams, uintptr(s))
 		}
 		m.initChecks()
-		if opts.KernelScatter {
+		if opts.Scatter != ScatterCopyEngines {
 			// Without the kernels, copies go through the copy engines.
 			_ = m.d.sums.load()
 		}
@@ -231,6 +250,21 @@ func (m *cudaMover) add(dev, host, n uint64) {
 	m.size = append(m.size, n)
 }
 
+// useKernel reports whether the batch's copies go through the copy kernel.
+func (m *cudaMover) useKernel() bool {
+	switch m.opts.Scatter {
+	case ScatterKernel:
+		return true
+	case ScatterCopyEngines:
+		return false
+	}
+	var total uint64
+	for _, s := range m.size {
+		total += s
+	}
+	return total < kernelCopyBelow*uint64(len(m.size))
+}
+
 // flush issues the batch's copies spread over the streams, waits for them and, for a gather,
 // copies what went through the bounce buffer to its destination.
 func (m *cudaMover) flush(ctx context.Context, toDevice, last bool) error {
@@ -247,7 +281,7 @@ func (m *cudaMover) flush(ctx context.Context, toDevice, last bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if toDevice && m.opts.KernelScatter && m.d.sums.copyFn != 0 {
+	if toDevice && m.d.sums.copyFn != 0 && m.useKernel() {
 		return m.flushKernel(last)
 	}
 	// Give each stream a contiguous run of copies with about the same number of bytes.

@@ -406,7 +406,7 @@ const copyChunk = 64 << 10
 
 // flushKernel issues the batch's copies (host to device) as one launch of the copy kernel on
 // the first stream, waits for it and resets the batch. It runs instead of the copy engines when
-// KernelScatter is set.
+// the mover chooses the copy kernel (CUDAMoverOptions.Scatter).
 func (m *cudaMover) flushKernel(last bool) error {
 	n := 0
 	for _, s := range m.size {

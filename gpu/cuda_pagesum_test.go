@@ -266,7 +266,7 @@ func BenchmarkCUDAPageCheck(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		m, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{KernelScatter: c.kernel})
+		m, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{Scatter: scatterPath(c.kernel)})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -333,4 +333,12 @@ func BenchmarkCUDAPageCheck(b *testing.B) {
 		m.Close()
 		mem.Close()
 	}
+}
+
+// scatterPath is the copy kernel or the copy engines, for benchmarks that compare the two.
+func scatterPath(kernel bool) gpu.ScatterPath {
+	if kernel {
+		return gpu.ScatterKernel
+	}
+	return gpu.ScatterCopyEngines
 }

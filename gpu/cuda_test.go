@@ -74,8 +74,8 @@ func TestCUDAMover(t *testing.T) {
 	t.Logf("device %d: %s, NUMA node %d, batch copy API %v", d.Ordinal(), d.Name(), d.NUMANode(), gpu.HasBatchCopy())
 	before := gpu.PinnedAllocations()
 	for _, o := range []gpu.CUDAMoverOptions{{Streams: 1}, {}, {Streams: 3, BounceBytes: 5000}, {PerCopy: true, Streams: 1}, {PerCopy: true, Streams: 4, BounceBytes: 5000},
-		{KernelScatter: true}, {KernelScatter: true, BounceBytes: 5000}} {
-		t.Run(fmt.Sprintf("streams=%d,bounce=%d,percopy=%v,kernel=%v", o.Streams, o.BounceBytes, o.PerCopy, o.KernelScatter), func(t *testing.T) {
+		{Scatter: gpu.ScatterKernel}, {Scatter: gpu.ScatterKernel, BounceBytes: 5000}, {Scatter: gpu.ScatterCopyEngines}} {
+		t.Run(fmt.Sprintf("streams=%d,bounce=%d,percopy=%v,scatter=%d", o.Streams, o.BounceBytes, o.PerCopy, o.Scatter), func(t *testing.T) {
 			movertest.Run(t, cudaBackend(d, o))
 		})
 	}

@@ -131,7 +131,7 @@ func (g *gpuBench) worker(b *testing.B, pool mooncake.Pool, staged bool) *Worker
 // timedWorker is worker with its mover timed and a stats reporter that keeps phase totals.
 func (g *gpuBench) timedWorker(b *testing.B, pool mooncake.Pool, staged bool) (*Worker, *timedMover, *stats.Reporter) {
 	b.Helper()
-	cm, err := g.d.NewMover(g.mem, g.layout, gpu.CUDAMoverOptions{KernelScatter: benchKernelScatter})
+	cm, err := g.d.NewMover(g.mem, g.layout, gpu.CUDAMoverOptions{Scatter: benchScatter()})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -226,9 +226,21 @@ func reportGPU(b *testing.B, name string, conn, anchor time.Duration, anchorName
 
 var gpuBenchPages = []int{64 << 10, 256 << 10, 1 << 20}
 
-// benchKernelScatter makes the benchmark's mover scatter with the copy kernel
-// (gpu.CUDAMoverOptions.KernelScatter): the "kernel" modes.
-var benchKernelScatter bool
+// benchScatterPath is how the benchmark's mover scatters: the default choice (gpu.ScatterAuto),
+// or in the "kernel" and "engines" modes always the copy kernel or the copy engines.
+var benchScatterPath gpu.ScatterPath
+
+func benchScatter() gpu.ScatterPath { return benchScatterPath }
+
+func scatterMode(mode string) gpu.ScatterPath {
+	switch {
+	case strings.Contains(mode, "kernel"):
+		return gpu.ScatterKernel
+	case strings.Contains(mode, "engines"):
+		return gpu.ScatterCopyEngines
+	}
+	return gpu.ScatterAuto
+}
 
 // BenchmarkGPULoad loads 256 MiB of pages stored in the embedded pool into device memory through
 // a worker (one synchronous StartLoad), alternating with the pinned H2D 64 MiB copy. "direct"
@@ -238,13 +250,13 @@ var benchKernelScatter bool
 // copies through pinned staging (StagedTransfers).
 func BenchmarkGPULoad(b *testing.B) {
 	for _, page := range gpuBenchPages {
-		for _, mode := range []string{"direct", "direct,kernel", "direct,hostcheck", "direct,nocheck", "direct,nocheck,kernel", "direct,batch=8MiB", "direct,batch=16MiB", "direct,batch=32MiB",
+		for _, mode := range []string{"direct", "direct,engines", "direct,kernel", "direct,hostcheck", "direct,nocheck", "direct,nocheck,engines", "direct,batch=8MiB", "direct,batch=16MiB", "direct,batch=32MiB",
 			"direct,workers=4", "direct,workers=8", "staged"} {
 			b.Run(fmt.Sprintf("%dKiB/%s", page>>10, mode), func(b *testing.B) {
 				defer setDirectBatch(mode)()
 				gpuPageChecksOff = strings.Contains(mode, "hostcheck")
-				benchKernelScatter = strings.Contains(mode, "kernel")
-				defer func() { gpuPageChecksOff, benchKernelScatter = false, false }()
+				benchScatterPath = scatterMode(mode)
+				defer func() { gpuPageChecksOff, benchScatterPath = false, gpu.ScatterAuto }()
 				g := newGPUBench(b, page)
 				pool := gpuPool(b, mode)
 				opts := benchOptions()
