@@ -344,7 +344,7 @@ func (m *cudaMover) NewStaging(slots int, slotBytes int) (kvmem.Staging, error) 
 	if m.closed {
 		return nil, kvmem.ErrClosed
 	}
-	if err := checkStagingShape(slots, slotBytes); err != nil {
+	if err := kvmem.CheckStagingShape(slots, slotBytes); err != nil {
 		return nil, err
 	}
 	p, err := m.d.AllocPinned(slots*slotBytes, false)

@@ -21,6 +21,10 @@ type CUDAMoverOptions struct {
 // CUDADeviceCount reports that this build has no CUDA support.
 func CUDADeviceCount() (int, error) { return 0, errors.Join(ErrNoCUDA, ErrCUDANotBuilt) }
 
-func openCUDAMover(EngineHandle, kvmem.Layout, CUDAMoverOptions) (kvmem.Mover, error) {
+func openCUDAMover(kvmem.EngineHandle, kvmem.Layout, CUDAMoverOptions) (kvmem.Mover, error) {
+	return nil, errors.Join(ErrNoCUDA, ErrCUDANotBuilt)
+}
+
+func allocEngineMemory(int, uint64, kvmem.Layout, CUDAMoverOptions) (kvmem.DeviceMemory, error) {
 	return nil, errors.Join(ErrNoCUDA, ErrCUDANotBuilt)
 }

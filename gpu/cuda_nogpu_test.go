@@ -16,7 +16,7 @@ func TestNoCUDAIsNotACrash(t *testing.T) {
 	}
 	if err != nil {
 		t.Logf("no CUDA: %v", err)
-		if _, err := gpu.OpenMover(gpu.EngineHandle{Kind: gpu.HandleCUDAIPC, IPC: make([]byte, 64), Size: 4096}, kvmem.Layout{}, gpu.CUDAMoverOptions{}); !errors.Is(err, gpu.ErrNoCUDA) {
+		if _, err := gpu.OpenMover(kvmem.EngineHandle{Kind: kvmem.HandleCUDAIPC, IPC: make([]byte, 64), Size: 4096}, kvmem.Layout{}, gpu.CUDAMoverOptions{}); !errors.Is(err, gpu.ErrNoCUDA) {
 			t.Fatalf("CUDA mover without CUDA: %v", err)
 		}
 		return

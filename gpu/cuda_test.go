@@ -21,8 +21,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvctl/kvctl/core/kvmem"
+	"github.com/kvctl/kvctl/core/kvmem/movertest"
 	"github.com/kvctl/kvctl/gpu"
-	"github.com/kvctl/kvctl/gpu/movertest"
 )
 
 // openCUDA opens device 0 or skips the test where there is none.
@@ -64,7 +64,7 @@ func cudaBackend(d *gpu.CUDADevice, opts gpu.CUDAMoverOptions) movertest.Backend
 			t.Fatalf("device memory: %v", err)
 		}
 		return cudaEngine{mem: mem, d: d, opts: opts}
-	}}
+	}, LiveAllocations: gpu.PinnedAllocations}
 }
 
 // TestCUDAMover runs the Mover suite on device memory allocated as an engine does, with one
@@ -225,7 +225,7 @@ func TestCUDAIPCFromPython(t *testing.T) {
 	}
 	t.Logf("handle of %d bytes, offset %d, size %d", len(h), msg.Offset, msg.Size)
 	before := gpu.PinnedAllocations()
-	m, err := gpu.OpenMover(gpu.EngineHandle{Kind: gpu.HandleCUDAIPC, IPC: h, Offset: msg.Offset, Size: msg.Size}, twoRegionLayout(msg.Size), gpu.CUDAMoverOptions{})
+	m, err := gpu.OpenMover(kvmem.EngineHandle{Kind: kvmem.HandleCUDAIPC, IPC: h, Offset: msg.Offset, Size: msg.Size}, twoRegionLayout(msg.Size), gpu.CUDAMoverOptions{})
 	if err != nil {
 		t.Fatalf("open mover: %v", err)
 	}
@@ -278,7 +278,7 @@ func TestCUDAFDImport(t *testing.T) {
 	}
 	size := binary.LittleEndian.Uint64(buf)
 	before := gpu.PinnedAllocations()
-	m, err := gpu.OpenMover(gpu.EngineHandle{Kind: gpu.HandleCUDAFD, FD: rights[0], Size: size}, twoRegionLayout(size), gpu.CUDAMoverOptions{})
+	m, err := gpu.OpenMover(kvmem.EngineHandle{Kind: kvmem.HandleCUDAFD, FD: rights[0], Size: size}, twoRegionLayout(size), gpu.CUDAMoverOptions{})
 	unix.Close(rights[0])
 	if err != nil {
 		t.Fatalf("open mover: %v", err)
@@ -355,7 +355,7 @@ func TestCUDAImportErrors(t *testing.T) {
 	if _, err := d.ImportFD(-1, 2<<20); err == nil {
 		t.Error("fd -1 imported")
 	}
-	if _, err := gpu.OpenMover(gpu.EngineHandle{Kind: "bogus"}, kvmem.Layout{}, gpu.CUDAMoverOptions{}); err == nil {
+	if _, err := gpu.OpenMover(kvmem.EngineHandle{Kind: "bogus"}, kvmem.Layout{}, gpu.CUDAMoverOptions{}); err == nil {
 		t.Error("unknown kind accepted")
 	}
 }

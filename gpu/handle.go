@@ -10,47 +10,48 @@ import (
 	"github.com/kvctl/kvctl/core/kvmem"
 )
 
-// HandleKind says how an engine hands its KV memory to kvctl.
-type HandleKind string
-
-const (
-	// HandleSharedMemory is a shared-memory file descriptor (machines without a GPU).
-	HandleSharedMemory HandleKind = "shm"
-	// HandleCUDAIPC is a legacy CUDA IPC memory handle plus an offset into its allocation.
-	HandleCUDAIPC HandleKind = "cuda-ipc"
-	// HandleCUDAFD is a virtual-memory allocation exported as a POSIX file descriptor.
-	HandleCUDAFD HandleKind = "cuda-fd"
-)
-
 // ErrCUDANotBuilt is returned for CUDA handles by a build without cgo.
 var ErrCUDANotBuilt = errors.New("CUDA support not built (needs cgo on Linux)")
 
-// EngineHandle names an engine's registered KV memory.
-type EngineHandle struct {
-	Kind   HandleKind `json:"kind"`
-	Device int        `json:"device"`           // CUDA device ordinal
-	FD     int        `json:"-"`                // shm and cuda-fd: received over the unix socket
-	IPC    []byte     `json:"ipc,omitempty"`    // cuda-ipc: 64 bytes, or PyTorch's 66
-	Offset uint64     `json:"offset,omitempty"` // cuda-ipc: start within the allocation
-	Size   uint64     `json:"size"`
-}
-
-// OpenMover returns a Mover over the memory h names, with the backend its kind calls for. The
-// mover and its clones own what was opened for it (the mapping, the imported allocation, the
-// device context); the last Close releases it. h.FD stays the caller's.
-func OpenMover(h EngineHandle, layout kvmem.Layout, opts CUDAMoverOptions) (kvmem.Mover, error) {
+// OpenMover returns a CUDA Mover over the device memory h names (a CUDA IPC handle or an
+// exported file descriptor). The mover and its clones own what was opened for it (the
+// imported allocation, the device context); the last Close releases it. h.FD stays the
+// caller's. Shared host memory is not this package's: core/hostmem opens it.
+func OpenMover(h kvmem.EngineHandle, layout kvmem.Layout, opts CUDAMoverOptions) (kvmem.Mover, error) {
 	switch h.Kind {
-	case HandleSharedMemory:
-		if h.Size > 1<<62 {
-			return nil, fmt.Errorf("engine memory of %d bytes", h.Size)
-		}
-		return NewHostMover(h.FD, int64(h.Size), layout)
-	case HandleCUDAIPC, HandleCUDAFD:
+	case kvmem.HandleCUDAIPC, kvmem.HandleCUDAFD:
 		return openCUDAMover(h, layout, opts)
+	case kvmem.HandleSharedMemory:
+		return nil, fmt.Errorf("engine memory kind %q is host memory, not device memory", h.Kind)
 	default:
 		return nil, fmt.Errorf("unknown engine memory kind %q", h.Kind)
 	}
 }
+
+// CUDA is this package's device backend for the core: a kvmem.DeviceOpener whose movers use
+// Options, and a kvmem.DeviceAllocator. The zero value uses the default mover options. Its
+// methods are safe for concurrent use.
+type CUDA struct {
+	// Options tune every mover OpenMover and AllocEngineMemory make.
+	Options CUDAMoverOptions
+}
+
+// OpenMover implements kvmem.DeviceOpener through OpenMover.
+func (c CUDA) OpenMover(h kvmem.EngineHandle, layout kvmem.Layout) (kvmem.Mover, error) {
+	return OpenMover(h, layout, c.Options)
+}
+
+// AllocEngineMemory implements kvmem.DeviceAllocator: exportable memory on device, made with
+// cuMemCreate and exported as a file descriptor, as an engine with a virtual-memory KV pool
+// has, with a CUDA mover over it.
+func (c CUDA) AllocEngineMemory(device int, size uint64, layout kvmem.Layout) (kvmem.DeviceMemory, error) {
+	return allocEngineMemory(device, size, layout, c.Options)
+}
+
+var (
+	_ kvmem.DeviceOpener    = CUDA{}
+	_ kvmem.DeviceAllocator = CUDA{}
+)
 
 // ownedMover closes what OpenMover opened once it and all its clones are closed.
 type ownedMover struct {

@@ -35,7 +35,7 @@ func main() {
 
 func run(manDir, compDir, prevDir string, today time.Time) error {
 	ios, _, _, _ := cmdutil.Test()
-	f := &cmdutil.Factory{IOStreams: ios, Now: time.Now, Getenv: func(string) string { return "" }}
+	f := &cmdutil.Factory{IOStreams: ios, Seams: cmdutil.Seams{Now: time.Now}, Getenv: func(string) string { return "" }}
 	cmd := root.NewCmdRoot(f)
 	cmd.DisableAutoGenTag = true
 

@@ -33,7 +33,7 @@ func run(args []string) int {
 	ios := cmdutil.System()
 	// One version everywhere: the banner, /v1/stats, kvctl_build_info and kvctl version.
 	info := versioncmd.Get(version, commit)
-	f := &cmdutil.Factory{IOStreams: ios, Version: info.Version, Commit: info.Commit, Now: time.Now, Getenv: os.Getenv}
+	f := &cmdutil.Factory{IOStreams: ios, Version: info.Version, Commit: info.Commit, Seams: cmdutil.Seams{Now: time.Now}, Getenv: os.Getenv}
 	cmd := root.NewCmdRoot(f)
 	cmd.SetContext(ctx)
 	err := root.Execute(cmd, args)

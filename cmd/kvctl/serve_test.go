@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/enginesim"
+	"github.com/kvctl/kvctl/core/statsapi"
 )
 
 // serveProc is a real `kvctl serve` process.
@@ -154,7 +154,7 @@ func TestServeKilledDuringSaves(t *testing.T) {
 	go func() { _, err := e.Run(ctx, reqs, 32); runErr <- err }()
 	// Kill as soon as the first pages reach the pool, with most of the run still to go.
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		var st daemon.StatsJSON
+		var st statsapi.StatsJSON
 		if resp, err := http.Get("http://" + p.admin + "/v1/stats"); err == nil {
 			_ = json.NewDecoder(resp.Body).Decode(&st)
 			resp.Body.Close()

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/enginesim"
+	"github.com/kvctl/kvctl/core/statsapi"
 )
 
 // chromium finds a headless-capable Chromium: $KVCTL_CHROMIUM, else chromium or
@@ -83,7 +83,7 @@ func TestStatusPageInChromium(t *testing.T) {
 	if code != 200 {
 		t.Fatalf("/v1/stats: %d", code)
 	}
-	var st daemon.StatsJSON
+	var st statsapi.StatsJSON
 	if err := json.Unmarshal([]byte(body), &st); err != nil {
 		t.Fatal(err)
 	}

@@ -16,8 +16,9 @@ type Factory struct {
 	// Version and Commit describe the build (set by the linker, see cmd/kvctl).
 	Version string
 	Commit  string
-	// Now is the clock; tests fix it.
-	Now func() time.Time
+	// Seams are the clock, the wait between refreshes and the memory reading every command
+	// takes from here; tests replace them.
+	Seams
 	// Getenv reads the environment; tests replace it.
 	Getenv func(string) string
 
@@ -39,6 +40,36 @@ func (f *Factory) Logger() *slog.Logger {
 		f.logger = NewLogger(f.IOStreams.ErrOut, f.LogLevel, f.LogFormat)
 	})
 	return f.logger
+}
+
+// Seams are what commands read from the world besides their IO streams. The Factory holds
+// the process's; a command copies them into its options (so tests can replace them there).
+// A nil seam means the real thing.
+type Seams struct {
+	// Now is the clock.
+	Now func() time.Time
+	// Sleep waits for d or until ctx is done (watch loops wait between reports with it).
+	Sleep func(ctx context.Context, d time.Duration) error
+	// MemAvailable reads the memory this process may still take, and whether it is known.
+	// Nil leaves each command's reading of the system: kvctl serve and validate-config read
+	// it differently where /proc/meminfo is missing.
+	MemAvailable func() (uint64, bool)
+}
+
+// Clock returns Now, or the real clock when it is nil.
+func (s Seams) Clock() func() time.Time {
+	if s.Now == nil {
+		return time.Now
+	}
+	return s.Now
+}
+
+// Sleeper returns Sleep, or SleepContext when it is nil.
+func (s Seams) Sleeper() func(ctx context.Context, d time.Duration) error {
+	if s.Sleep == nil {
+		return SleepContext
+	}
+	return s.Sleep
 }
 
 // SleepContext waits for d or until ctx is done, whichever comes first, and returns ctx's

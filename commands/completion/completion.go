@@ -2,13 +2,24 @@
 package completion
 
 import (
+	"context"
+
 	"github.com/spf13/cobra"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
 )
 
+// Options are the inputs of `kvctl completion`.
+type Options struct {
+	IO *cmdutil.IOStreams
+	// Shell is bash, zsh, fish or powershell; Root is the command tree to complete.
+	Shell string
+	Root  *cobra.Command
+}
+
 // NewCmdCompletion returns `kvctl completion bash|zsh|fish|powershell`.
 func NewCmdCompletion(f *cmdutil.Factory) *cobra.Command {
+	opts := &Options{IO: f.IOStreams}
 	return &cobra.Command{
 		Use:   "completion bash|zsh|fish|powershell",
 		Short: "Print a shell completion script",
@@ -26,18 +37,23 @@ func NewCmdCompletion(f *cmdutil.Factory) *cobra.Command {
 			return cobra.OnlyValidArgs(cmd, args)
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			root := cmd.Root()
-			out := f.IOStreams.Out
-			switch args[0] {
-			case "bash":
-				return root.GenBashCompletionV2(out, true)
-			case "zsh":
-				return root.GenZshCompletion(out)
-			case "fish":
-				return root.GenFishCompletion(out, true)
-			default:
-				return root.GenPowerShellCompletionWithDesc(out)
-			}
+			opts.Shell, opts.Root = args[0], cmd.Root()
+			return runCompletion(cmd.Context(), opts)
 		},
+	}
+}
+
+// runCompletion writes the completion script of opts.Shell for the tree under opts.Root.
+func runCompletion(_ context.Context, opts *Options) error {
+	out := opts.IO.Out
+	switch opts.Shell {
+	case "bash":
+		return opts.Root.GenBashCompletionV2(out, true)
+	case "zsh":
+		return opts.Root.GenZshCompletion(out)
+	case "fish":
+		return opts.Root.GenFishCompletion(out, true)
+	default:
+		return opts.Root.GenPowerShellCompletionWithDesc(out)
 	}
 }

@@ -4,59 +4,30 @@ package hash
 
 import (
 	"bufio"
+	"context"
 	"fmt"
-	"io"
-	"os"
 	"strconv"
-	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
-	"github.com/kvctl/kvctl/core/config"
 	"github.com/kvctl/kvctl/core/keys"
 )
 
 // Key sets --key-set selects.
 const (
-	KeySetSave   = "save"
-	KeySetLookup = "lookup"
+	KeySetSave   = keys.KeySetSave
+	KeySetLookup = keys.KeySetLookup
 )
 
 // Options are the inputs of `kvctl hash`.
 type Options struct {
 	IO *cmdutil.IOStreams
-
-	Args       []string
-	TokensFile string
-
-	Format          string
-	TokensPerBlock  int
-	PromptLookahead int
-	CacheSalt       string
-	HasCacheSalt    bool
-	LoRAID          int64
-	HasLoRAID       bool
-	MMHashes        []string
-	HasMultimodal   bool
-
-	Namespace   string
-	ModelKey    string
-	WorldSize   int
-	Rank        int
-	AttentionDP bool
-	LayerGroups []string
-	Replicated  []string
-	KeySet      string
+	// KeyFlags are the key inputs, shared with kvctl probe-pool.
+	cmdutil.KeyFlags
 
 	KeysOnly     bool
 	OutputFormat string
-
-	// FromConfig names config files whose key inputs fill the flags not given explicitly.
-	FromConfig []string
-	// Changed reports whether a flag was given explicitly (on the command line, in the
-	// environment or in kvctl's config file).
-	Changed func(name string) bool
 }
 
 // NewCmdHash returns `kvctl hash`. runF replaces the run function in tests.
@@ -90,7 +61,7 @@ trtllm-lookahead-v2, trtllm-v1, and blake3 (kvctl only: faster, never matches Te
   kvctl hash --tokens-file - --model-key m --layer-group 0:131072 --key-set lookup -o json < prompt.txt`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts.OutputFormat = cmdutil.OutputFormat(cmd)
-			if err := BindKeyFlags(cmd, args, opts); err != nil {
+			if err := opts.Bind(cmd, args); err != nil {
 				return err
 			}
 			if opts.KeySet != KeySetSave && opts.KeySet != KeySetLookup {
@@ -99,68 +70,15 @@ trtllm-lookahead-v2, trtllm-v1, and blake3 (kvctl only: faster, never matches Te
 			if runF != nil {
 				return runF(opts)
 			}
-			return Run(opts)
+			return runHash(cmd.Context(), opts)
 		},
 	}
-	AddKeyFlags(cmd, opts)
+	cmdutil.AddKeyFlags(cmd, &opts.KeyFlags)
 	fl := cmd.Flags()
-	fl.StringVar(&opts.KeySet, "key-set", KeySetSave, "keys per block: save (what this rank writes) or lookup (what a hit needs)")
+	fl.StringVar((*string)(&opts.KeySet), "key-set", string(KeySetSave), "keys per block: save (what this rank writes) or lookup (what a hit needs)")
 	fl.BoolVar(&opts.KeysOnly, "keys-only", false, "print only the keys, one per line")
-	_ = cmd.RegisterFlagCompletionFunc("key-set", cobra.FixedCompletions([]string{KeySetSave, KeySetLookup}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("key-set", cobra.FixedCompletions([]string{string(KeySetSave), string(KeySetLookup)}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
-}
-
-// AddKeyFlags registers the flags that decide a prompt's hashes and keys (tokens, scope,
-// layout, --from-config) on cmd, bound to opts. kvctl hash and kvctl probe-pool share them.
-func AddKeyFlags(cmd *cobra.Command, opts *Options) {
-	fl := cmd.Flags()
-	fl.StringVar(&opts.TokensFile, "tokens-file", "", "read tokens from `FILE` (- for stdin)")
-	fl.StringVar(&opts.Format, "format", string(keys.FormatTRTLLM), "key format: trtllm, trtllm-lookahead-v2, trtllm-v1 or blake3")
-	fl.IntVar(&opts.TokensPerBlock, "tokens-per-block", 32, "tokens per KV block (T)")
-	fl.IntVar(&opts.PromptLookahead, "prompt-lookahead", 0, "prompt tokens past each block a one-model draft reads (L); block b covers tokens [bT, (b+1)T+L)")
-	fl.StringVar(&opts.CacheSalt, "cache-salt", "", "the request's cache salt")
-	fl.Int64Var(&opts.LoRAID, "lora-id", 0, "the request's LoRA task id (absent differs from 0)")
-	fl.StringArrayVar(&opts.MMHashes, "mm-hash", nil, "a multimodal item's hash, in prompt order: 8 int32 separated by commas, or 64 hex characters (repeatable)")
-	fl.BoolVar(&opts.HasMultimodal, "has-multimodal", false, "the prompt has multimodal positions: without --mm-hash it gets no keys, as in TensorRT-LLM")
-	fl.StringVar(&opts.Namespace, "namespace", keys.DefaultNamespace, "key namespace")
-	fl.StringVar(&opts.ModelKey, "model-key", "", "model key (required for keys)")
-	fl.IntVar(&opts.WorldSize, "world-size", 1, "tensor-parallel world size of the attention shard")
-	fl.IntVar(&opts.Rank, "rank", 0, "this rank in the attention shard")
-	fl.BoolVar(&opts.AttentionDP, "attention-dp", false, "attention data parallelism: every owner keys pages as w1r0")
-	fl.StringArrayVar(&opts.LayerGroups, "layer-group", nil, "a layer group and its page size, `g:bytes_per_page` (bytes or a binary size such as 128KiB; repeatable)")
-	fl.StringArrayVar(&opts.Replicated, "replicated", nil, "a layer group's replicated page size, `g:bytes` (repeatable)")
-	fl.StringArrayVar(&opts.FromConfig, "from-config", nil, "read namespace, model key, tokens per block, world size, attention DP and lookahead from a TensorRT-LLM YAML, mooncake.json or pool.json (repeatable); explicit flags win")
-	_ = cmd.RegisterFlagCompletionFunc("format", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
-		var s []string
-		for _, f := range keys.Formats() {
-			s = append(s, string(f))
-		}
-		return s, cobra.ShellCompDirectiveNoFileComp
-	})
-}
-
-// BindKeyFlags records what the key flags of cmd cannot tell by their values alone (which
-// flags were given, the token arguments) and checks that tokens were given exactly once.
-func BindKeyFlags(cmd *cobra.Command, args []string, opts *Options) error {
-	opts.Args = args
-	opts.HasCacheSalt = cmd.Flags().Changed("cache-salt")
-	opts.HasLoRAID = cmd.Flags().Changed("lora-id")
-	opts.Changed = cmd.Flags().Changed
-	if len(args) > 0 && opts.TokensFile != "" {
-		return cmdutil.FlagErrorf("give tokens as arguments or with --tokens-file, not both")
-	}
-	if len(args) == 0 && opts.TokensFile == "" {
-		return cmdutil.FlagErrorf("no tokens: give them as arguments or with --tokens-file (- for stdin)")
-	}
-	return nil
-}
-
-// LoadPrompt fills the key inputs not given as flags from --from-config and reads the tokens.
-func LoadPrompt(opts *Options) ([]int64, error) {
-	if err := applyConfig(opts); err != nil {
-		return nil, err
-	}
-	return readTokens(opts)
 }
 
 // Block is one full block of the prompt.
@@ -189,13 +107,13 @@ type Result struct {
 	Blocks          []Block `json:"blocks"`
 }
 
-// Run hashes the prompt and prints the result.
-func Run(opts *Options) error {
-	tokens, err := LoadPrompt(opts)
+// runHash hashes the prompt and prints the result.
+func runHash(_ context.Context, opts *Options) error {
+	tokens, err := opts.LoadPrompt(opts.IO)
 	if err != nil {
 		return err
 	}
-	res, err := Compute(opts, tokens)
+	res, err := compute(opts, tokens)
 	if err != nil {
 		return err
 	}
@@ -212,225 +130,40 @@ func Run(opts *Options) error {
 	return cmdutil.Print(opts.IO, opts.OutputFormat, res, func() cmdutil.Table { return rows(res) })
 }
 
-// applyConfig fills the key inputs that were not given as flags from --from-config files, loaded
-// and checked by the same loader kvctl serve uses.
-func applyConfig(opts *Options) error {
-	if len(opts.FromConfig) == 0 {
-		return nil
-	}
-	var files []*config.File
-	for _, name := range opts.FromConfig {
-		data, err := os.ReadFile(name)
-		if err != nil {
-			return err
-		}
-		f, diags := config.Load(name, data, config.LoadOptions{})
-		if diags.HasErrors() {
-			for _, d := range diags.Errors() {
-				fmt.Fprintln(opts.IO.ErrOut, d.String())
-			}
-			return cmdutil.ValidationErrorf("--from-config %s is invalid; see kvctl validate-config", name)
-		}
-		files = append(files, f)
-	}
-	in, err := config.KeyInputsFrom(files...)
+// compute derives the hashes and keys of tokens as opts describe, through the key recipe
+// (keys.Recipe) the connector and kvctl serve use. Bad key inputs are usage errors.
+func compute(opts *Options, tokens []int64) (*Result, error) {
+	rec, scope, err := opts.Recipe()
 	if err != nil {
-		return cmdutil.ValidationErrorf("--from-config: %v", err)
+		return nil, err
 	}
-	changed := opts.Changed
-	if changed == nil {
-		changed = func(string) bool { return false }
-	}
-	if !changed("namespace") && in.Namespace != "" {
-		opts.Namespace = in.Namespace
-	}
-	if !changed("model-key") && in.ModelKey != "" {
-		opts.ModelKey = in.ModelKey
-	}
-	if !changed("tokens-per-block") && in.TokensPerBlock > 0 {
-		opts.TokensPerBlock = int(in.TokensPerBlock)
-	}
-	if !changed("world-size") && in.WorldSize > 0 {
-		opts.WorldSize = int(in.WorldSize)
-	}
-	if !changed("attention-dp") {
-		opts.AttentionDP = opts.AttentionDP || in.AttentionDP
-	}
-	if !changed("prompt-lookahead") && in.PromptLookahead > 0 {
-		opts.PromptLookahead = int(in.PromptLookahead)
-	}
-	return nil
-}
-
-func readTokens(opts *Options) ([]int64, error) {
-	if opts.TokensFile == "" {
-		toks, err := keys.ParseTokens(strings.NewReader(strings.Join(opts.Args, " ")))
-		if err != nil {
-			return nil, cmdutil.FlagErrorf("tokens: %v", err)
+	set := keys.KeySetNone
+	if opts.ModelKey != "" || len(rec.Groups) > 0 || opts.KeysOnly {
+		set = KeySetSave
+		if opts.KeySet == KeySetLookup {
+			set = KeySetLookup
 		}
-		return toks, nil
-	}
-	var r io.Reader
-	name := opts.TokensFile
-	if name == "-" {
-		r, name = opts.IO.In, "standard input"
-	} else {
-		f, err := os.Open(name)
-		if err != nil {
+		if err := cmdutil.CheckKeys(rec); err != nil {
 			return nil, err
 		}
-		defer f.Close()
-		r = f
 	}
-	toks, err := keys.ParseTokens(bufio.NewReaderSize(r, 256<<10))
-	if err != nil {
-		return nil, cmdutil.ValidationErrorf("%s: %v", name, err)
-	}
-	return toks, nil
-}
-
-// Compute derives the hashes and keys of tokens as opts describe.
-func Compute(opts *Options, tokens []int64) (*Result, error) {
-	format, err := keys.ParseFormat(opts.Format)
-	if err != nil {
-		return nil, cmdutil.FlagErrorf("--format: %v", err)
-	}
-	scope, err := buildScope(opts)
+	d, err := rec.Derive(keys.Prompt{Tokens: tokens, Scope: scope, HasMultimodal: opts.HasMultimodal}, set)
 	if err != nil {
 		return nil, err
 	}
-	cfg := keys.ChainConfig{Format: format, TokensPerBlock: opts.TokensPerBlock, PromptLookahead: opts.PromptLookahead, Scope: scope}
-	if err := cfg.Validate(); err != nil {
-		return nil, cmdutil.FlagErrorf("%v", err)
-	}
-	groups, err := parseGroups(opts.LayerGroups, opts.Replicated)
-	if err != nil {
-		return nil, err
-	}
-	wantKeys := opts.ModelKey != "" || len(groups) > 0 || opts.KeysOnly
-	ns := keys.Namespace{Namespace: opts.Namespace, ModelKey: opts.ModelKey, WorldSize: opts.WorldSize, Rank: opts.Rank, AttentionDP: opts.AttentionDP}
-	if wantKeys {
-		if err := ns.Validate(); err != nil {
-			return nil, cmdutil.FlagErrorf("%v", err)
-		}
-		if len(groups) == 0 {
-			return nil, cmdutil.FlagErrorf("keys need at least one --layer-group g:bytes_per_page")
-		}
-	}
-
 	res := &Result{
-		Format: string(format), Tokens: len(tokens), TokensPerBlock: opts.TokensPerBlock,
-		PromptLookahead: opts.PromptLookahead, Blocks: []Block{},
+		Format: string(rec.Format), Tokens: len(tokens), TokensPerBlock: opts.TokensPerBlock,
+		PromptLookahead: opts.PromptLookahead, Seed: d.Seed.String(), Bypassed: d.Bypassed,
+		UncoveredTokens: d.UncoveredTokens, Blocks: make([]Block, len(d.Blocks)),
 	}
-	if wantKeys {
-		res.Namespace, res.ModelKey, res.Shard, res.KeySet = ns.Namespace, ns.ModelKey, ns.Shard(), opts.KeySet
+	if set != keys.KeySetNone {
+		ns := rec.Namespace
+		res.Namespace, res.ModelKey, res.Shard, res.KeySet = ns.Namespace, ns.ModelKey, ns.Shard(), string(opts.KeySet)
 	}
-	chain, err := keys.NewChain(cfg)
-	if err != nil {
-		return nil, cmdutil.FlagErrorf("%v", err)
+	for i, b := range d.Blocks {
+		res.Blocks[i] = Block{Block: b.Index, Start: b.Start, End: b.End, Hash: b.Hash.String(), GroupKey: b.GroupKey, Keys: b.Keys}
 	}
-	res.Seed = chain.Seed().String()
-	if keys.Bypassed(opts.HasMultimodal, scope) {
-		res.Bypassed = true
-		res.UncoveredTokens = len(tokens)
-		return res, nil
-	}
-	hashes, err := chain.Extend(tokens)
-	if err != nil {
-		return nil, err
-	}
-	res.Blocks = make([]Block, len(hashes))
-	covered := 0
-	for i, h := range hashes {
-		start, end := chain.BlockSpan(i)
-		b := Block{Block: i, Start: start, End: end, Hash: h.String()}
-		if wantKeys {
-			b.GroupKey = ns.GroupKey(h)
-			if opts.KeySet == KeySetLookup {
-				b.Keys = ns.BlockKeys(opts.TokensPerBlock, groups, h)
-			} else {
-				b.Keys = ns.SaveKeys(opts.TokensPerBlock, groups, h)
-			}
-		}
-		res.Blocks[i] = b
-		covered = (i + 1) * opts.TokensPerBlock
-	}
-	res.UncoveredTokens = len(tokens) - covered
 	return res, nil
-}
-
-func buildScope(opts *Options) (keys.Scope, error) {
-	var s keys.Scope
-	if opts.HasCacheSalt {
-		salt := opts.CacheSalt
-		s.CacheSalt = &salt
-	}
-	if opts.HasLoRAID {
-		id := opts.LoRAID
-		s.LoRATaskID = &id
-	}
-	for i, m := range opts.MMHashes {
-		d, err := keys.ParseMultimodal(m)
-		if err != nil {
-			return s, cmdutil.FlagErrorf("--mm-hash #%d: %v", i+1, err)
-		}
-		s.Multimodal = append(s.Multimodal, d)
-	}
-	return s, nil
-}
-
-// parseGroups reads --layer-group g:bytes and --replicated g:bytes into page geometries, in the
-// order the layer groups were given.
-func parseGroups(groups, replicated []string) ([]keys.LayerGroupPages, error) {
-	var out []keys.LayerGroupPages
-	index := map[int]int{}
-	for _, s := range groups {
-		g, n, err := parsePair("--layer-group", s)
-		if err != nil {
-			return nil, err
-		}
-		if _, dup := index[g]; dup {
-			return nil, cmdutil.FlagErrorf("--layer-group %q: layer group %d given twice", s, g)
-		}
-		index[g] = len(out)
-		out = append(out, keys.LayerGroupPages{Group: g, BytesPerPage: n})
-	}
-	for _, s := range replicated {
-		g, n, err := parsePair("--replicated", s)
-		if err != nil {
-			return nil, err
-		}
-		i, ok := index[g]
-		if !ok {
-			return nil, cmdutil.FlagErrorf("--replicated %q: layer group %d has no --layer-group", s, g)
-		}
-		if out[i].ReplicatedBytesPerPage != 0 {
-			return nil, cmdutil.FlagErrorf("--replicated %q: layer group %d given twice", s, g)
-		}
-		out[i].ReplicatedBytesPerPage = n
-	}
-	return out, nil
-}
-
-func parsePair(flag, s string) (int, uint64, error) {
-	gs, bs, ok := strings.Cut(s, ":")
-	if !ok {
-		return 0, 0, cmdutil.FlagErrorf("%s %q: want g:bytes_per_page, for example 0:131072", flag, s)
-	}
-	g, err := strconv.Atoi(strings.TrimSpace(gs))
-	if err != nil || g < 0 {
-		return 0, 0, cmdutil.FlagErrorf("%s %q: layer group must be a non-negative integer", flag, s)
-	}
-	// A page size is a byte count or a binary size (128KiB), read as the config files read
-	// sizes; the key always carries the decimal byte count.
-	n, err := config.ParseSize(strings.TrimSpace(bs), true)
-	if err != nil {
-		return 0, 0, cmdutil.FlagErrorf("%s %q: page size: %v", flag, s, err)
-	}
-	if n <= 0 {
-		return 0, 0, cmdutil.FlagErrorf("%s %q: page size must be a positive number of bytes", flag, s)
-	}
-	return g, uint64(n), nil
 }
 
 func rows(res *Result) cmdutil.Table {

@@ -1,6 +1,7 @@
 package hash
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -65,13 +66,13 @@ func TestFlags(t *testing.T) {
 }
 
 func baseOptions(ios *cmdutil.IOStreams) *Options {
-	return &Options{IO: ios, Format: "trtllm", TokensPerBlock: 4, Namespace: "trtllm", WorldSize: 1, KeySet: KeySetSave, OutputFormat: cmdutil.FormatJSON}
+	return &Options{IO: ios, KeyFlags: cmdutil.KeyFlags{Format: "trtllm", TokensPerBlock: 4, Namespace: "trtllm", WorldSize: 1, KeySet: KeySetSave}, OutputFormat: cmdutil.FormatJSON}
 }
 
 func runJSON(t *testing.T, o *Options) Result {
 	t.Helper()
 	out := o.IO.Out.(interface{ String() string })
-	if err := Run(o); err != nil {
+	if err := runHash(context.Background(), o); err != nil {
 		t.Fatal(err)
 	}
 	var r Result
@@ -171,7 +172,7 @@ func TestBinaryPageSizes(t *testing.T) {
 	o := baseOptions(ios)
 	o.Args = []string{"0 1 2 3"}
 	o.ModelKey, o.LayerGroups, o.Replicated, o.KeysOnly = "test-model", []string{"0:128KiB"}, []string{"0:16KiB"}, true
-	if err := Run(o); err != nil {
+	if err := runHash(context.Background(), o); err != nil {
 		t.Fatal(err)
 	}
 	want := "trtllm/test-model/w1r0/lg0/t4b131072/2cbd989e68a1d62fe8bebc04262e3dd9\ntrtllm/test-model/replicated/lg0/t4b16384/2cbd989e68a1d62fe8bebc04262e3dd9\n"
@@ -187,7 +188,7 @@ func TestKeysOnlyAndTable(t *testing.T) {
 	o.ModelKey = "test-model"
 	o.LayerGroups = []string{"0:131072"}
 	o.KeysOnly = true
-	if err := Run(o); err != nil {
+	if err := runHash(context.Background(), o); err != nil {
 		t.Fatal(err)
 	}
 	want := "trtllm/test-model/w1r0/lg0/t4b131072/2cbd989e68a1d62fe8bebc04262e3dd9\ntrtllm/test-model/w1r0/lg0/t4b131072/2a4fd6d9610279f6733a044d56664a9d\n"
@@ -199,7 +200,7 @@ func TestKeysOnlyAndTable(t *testing.T) {
 	o = baseOptions(ios)
 	o.Args = []string{"0 1 2 3 4 5 6 7"}
 	o.OutputFormat = cmdutil.FormatTable
-	if err := Run(o); err != nil {
+	if err := runHash(context.Background(), o); err != nil {
 		t.Fatal(err)
 	}
 	wantTable := "BLOCK\tTOKENS\tHASH\n0\t0-4\t2cbd989e68a1d62fe8bebc04262e3dd9\n1\t4-8\t2a4fd6d9610279f6733a044d56664a9d\n"
@@ -237,7 +238,7 @@ func TestRunErrors(t *testing.T) {
 			o := baseOptions(ios)
 			o.Args = []string{"1", "2", "3", "4"}
 			tt.mod(o)
-			err := Run(o)
+			err := runHash(context.Background(), o)
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Fatalf("got %v, want an error containing %q", err, tt.wantErr)
 			}
@@ -265,7 +266,7 @@ func TestTokensFromStdin(t *testing.T) {
 	in.WriteString("[0, 1, 2, oops]")
 	o = baseOptions(ios)
 	o.TokensFile = "-"
-	err := Run(o)
+	err := runHash(context.Background(), o)
 	if cmdutil.ExitCode(err) != cmdutil.ExitValidation || !strings.Contains(err.Error(), "standard input") || !strings.Contains(err.Error(), "token 3") {
 		t.Errorf("got %v, want a validation error naming standard input and token 3", err)
 	}

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
-	"github.com/kvctl/kvctl/commands/hash"
 	"github.com/kvctl/kvctl/core/probe"
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
@@ -20,16 +19,9 @@ import (
 func TestProbeExplainsMissOnRealMaster(t *testing.T) {
 	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
 	c := mooncaketest.StartClient(t, m, mooncaketest.ClientOptions{SegmentSize: 64 << 20})
-	put := func(o *hash.Options) {
+	put := func(o *cmdutil.KeyFlags) {
 		t.Helper()
-		toks, err := hash.LoadPrompt(o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		layout, err := hash.Compute(o, toks)
-		if err != nil {
-			t.Fatal(err)
-		}
+		layout := deriveLayout(t, o)
 		for _, b := range layout.Blocks {
 			for _, k := range b.Keys {
 				if rc := c.Put(k, bytes.Repeat([]byte{7}, 64), mooncaketest.PutOptions{}); rc != 0 {
@@ -41,10 +33,10 @@ func TestProbeExplainsMissOnRealMaster(t *testing.T) {
 	probeJSON := func() *probe.Diagnosis {
 		t.Helper()
 		ios, _, stdout, _ := cmdutil.Test()
-		if err := Run(context.Background(), options(ios, m.AdminURL, cmdutil.FormatJSON)); err != nil {
+		if err := runProbePool(context.Background(), options(ios, m.AdminURL, cmdutil.FormatJSON)); err != nil {
 			t.Fatal(err)
 		}
-		var res Result
+		var res probe.Report
 		if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
 			t.Fatal(err)
 		}

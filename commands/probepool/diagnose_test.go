@@ -8,23 +8,15 @@ import (
 	"testing"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
-	"github.com/kvctl/kvctl/commands/hash"
 	"github.com/kvctl/kvctl/core/probe"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
 // putPrompt stores every lookup key of the prompt o describes (its first blocks only, when
 // blocks > 0), as an engine with those settings would have saved it.
-func putPrompt(t *testing.T, p *mooncake.Embedded, o *hash.Options, blocks int) {
+func putPrompt(t *testing.T, p *mooncake.Embedded, o *cmdutil.KeyFlags, blocks int) {
 	t.Helper()
-	toks, err := hash.LoadPrompt(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	layout, err := hash.Compute(o, toks)
-	if err != nil {
-		t.Fatal(err)
-	}
+	layout := deriveLayout(t, o)
 	for i, b := range layout.Blocks {
 		if blocks > 0 && i >= blocks {
 			break
@@ -47,22 +39,22 @@ func putPrompt(t *testing.T, p *mooncake.Embedded, o *hash.Options, blocks int) 
 func TestProbeExplainsMiss(t *testing.T) {
 	tests := []struct {
 		name   string
-		stored func(o *hash.Options) // nil stores nothing
+		stored func(o *cmdutil.KeyFlags) // nil stores nothing
 		blocks int
-		probe  func(o *hash.Options)
+		probe  func(o *cmdutil.KeyFlags)
 		code   string
 		flag   string
 	}{
 		{name: "empty pool", code: probe.DiagPoolEmpty},
-		{name: "another model", stored: func(o *hash.Options) { o.ModelKey = "mistral-test" }, code: probe.DiagModelNotInPool, flag: "--model-key mistral-test"},
-		{name: "another namespace", stored: func(o *hash.Options) { o.Namespace = "staging" }, code: probe.DiagOtherNamespace, flag: "--namespace staging"},
-		{name: "another world size", stored: func(o *hash.Options) { o.WorldSize, o.Rank = 4, 0 }, code: probe.DiagOtherWorldSize, flag: "--world-size 4"},
-		{name: "another tokens per block", stored: func(o *hash.Options) { o.TokensPerBlock = 8 }, code: probe.DiagOtherTokensPerBlock, flag: "--tokens-per-block 8"},
-		{name: "another page size", stored: func(o *hash.Options) { o.LayerGroups = []string{"0:128", "1:32"} }, code: probe.DiagOtherPageSize, flag: "--layer-group 0:128"},
-		{name: "another salt", stored: func(o *hash.Options) { o.CacheSalt, o.HasCacheSalt = "tenant-b", true }, code: probe.DiagOtherHashes},
-		{name: "only the start stored", stored: func(*hash.Options) {}, blocks: 3, code: probe.DiagPrefixThenMissing},
-		{name: "all stored", stored: func(*hash.Options) {}, code: probe.DiagFullHit},
-		{name: "shorter than a block", probe: func(o *hash.Options) { o.Args = []string{"1 2 3"} }, code: probe.DiagShortPrompt},
+		{name: "another model", stored: func(o *cmdutil.KeyFlags) { o.ModelKey = "mistral-test" }, code: probe.DiagModelNotInPool, flag: "--model-key mistral-test"},
+		{name: "another namespace", stored: func(o *cmdutil.KeyFlags) { o.Namespace = "staging" }, code: probe.DiagOtherNamespace, flag: "--namespace staging"},
+		{name: "another world size", stored: func(o *cmdutil.KeyFlags) { o.WorldSize, o.Rank = 4, 0 }, code: probe.DiagOtherWorldSize, flag: "--world-size 4"},
+		{name: "another tokens per block", stored: func(o *cmdutil.KeyFlags) { o.TokensPerBlock = 8 }, code: probe.DiagOtherTokensPerBlock, flag: "--tokens-per-block 8"},
+		{name: "another page size", stored: func(o *cmdutil.KeyFlags) { o.LayerGroups = []string{"0:128", "1:32"} }, code: probe.DiagOtherPageSize, flag: "--layer-group 0:128"},
+		{name: "another salt", stored: func(o *cmdutil.KeyFlags) { o.CacheSalt, o.HasCacheSalt = "tenant-b", true }, code: probe.DiagOtherHashes},
+		{name: "only the start stored", stored: func(*cmdutil.KeyFlags) {}, blocks: 3, code: probe.DiagPrefixThenMissing},
+		{name: "all stored", stored: func(*cmdutil.KeyFlags) {}, code: probe.DiagFullHit},
+		{name: "shorter than a block", probe: func(o *cmdutil.KeyFlags) { o.Args = []string{"1 2 3"} }, code: probe.DiagShortPrompt},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -79,11 +71,11 @@ func TestProbeExplainsMiss(t *testing.T) {
 			if tt.probe != nil {
 				tt.probe(opts.Keys)
 			}
-			if err := Run(context.Background(), opts); err != nil {
+			if err := runProbePool(context.Background(), opts); err != nil {
 				t.Fatal(err)
 			}
 			out.Write(stdout.Bytes())
-			var res Result
+			var res probe.Report
 			if err := json.Unmarshal(out.Bytes(), &res); err != nil {
 				t.Fatal(err)
 			}
@@ -96,7 +88,7 @@ func TestProbeExplainsMiss(t *testing.T) {
 			if tt.probe != nil {
 				tt.probe(opts.Keys)
 			}
-			if err := Run(context.Background(), opts); err != nil {
+			if err := runProbePool(context.Background(), opts); err != nil {
 				t.Fatal(err)
 			}
 			table := stdout.String()

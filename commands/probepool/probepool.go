@@ -15,7 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
-	"github.com/kvctl/kvctl/commands/hash"
+	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/probe"
 	"github.com/kvctl/kvctl/mooncake"
 )
@@ -24,7 +24,7 @@ import (
 type Options struct {
 	IO *cmdutil.IOStreams
 	// Keys holds the key inputs shared with kvctl hash.
-	Keys *hash.Options
+	Keys *cmdutil.KeyFlags
 
 	Pool         string
 	RenewLeases  bool
@@ -39,17 +39,16 @@ type Options struct {
 	Out      string
 	Metadata string
 
-	// Now stamps watch headers.
-	Now func() time.Time
+	// Seams come from the Factory: Now stamps watch headers, Sleep waits between two watch
+	// reports.
+	cmdutil.Seams
 	// Iterations stops a watch after that many reports (0: until the context is done).
 	Iterations int
-	// Sleep waits between two watch reports; nil waits on a timer.
-	Sleep func(ctx context.Context, d time.Duration) error
 }
 
 // NewCmdProbePool returns `kvctl probe-pool`. runF replaces the run function in tests.
 func NewCmdProbePool(f *cmdutil.Factory, runF func(*Options) error) *cobra.Command {
-	opts := &Options{IO: f.IOStreams, Now: f.Now, Keys: &hash.Options{IO: f.IOStreams, KeySet: hash.KeySetLookup}}
+	opts := &Options{IO: f.IOStreams, Seams: f.Seams, Keys: &cmdutil.KeyFlags{KeySet: keys.KeySetLookup}}
 	cmd := &cobra.Command{
 		Use:   "probe-pool --pool URL [TOKEN...]",
 		Short: "Show which blocks of a prompt a live pool holds, and where its prefix stops",
@@ -107,7 +106,6 @@ for smoke tests.`,
       --tokens-per-block 4 --expect-hit 3 0 1 2 3 4 5 6 7 8 9 10 11`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts.OutputFormat = cmdutil.OutputFormat(cmd)
-			opts.Keys.OutputFormat = opts.OutputFormat
 			opts.HasExpectHit = cmd.Flags().Changed("expect-hit")
 			if opts.DumpKey != "" || cmd.Flags().Changed("dump-key") {
 				if err := checkDumpFlags(opts, args); err != nil {
@@ -116,12 +114,12 @@ for smoke tests.`,
 				if runF != nil {
 					return runF(opts)
 				}
-				return RunDump(cmd.Context(), opts)
+				return runDump(cmd.Context(), opts)
 			}
 			if opts.Out != "" {
 				return cmdutil.FlagErrorf("--out names the file --dump-key writes; give --dump-key KEY")
 			}
-			if err := hash.BindKeyFlags(cmd, args, opts.Keys); err != nil {
+			if err := opts.Keys.Bind(cmd, args); err != nil {
 				return err
 			}
 			if opts.Pool == "" {
@@ -142,10 +140,10 @@ for smoke tests.`,
 			if runF != nil {
 				return runF(opts)
 			}
-			return Run(cmd.Context(), opts)
+			return runProbePool(cmd.Context(), opts)
 		},
 	}
-	hash.AddKeyFlags(cmd, opts.Keys)
+	cmdutil.AddKeyFlags(cmd, opts.Keys)
 	fl := cmd.Flags()
 	fl.StringVar(&opts.Pool, "pool", "", "the pool: a Mooncake master's admin address (`URL` http://host:9003), its RPC address (rpc://host:50051) or a kvctl serve admin address")
 	fl.BoolVar(&opts.RenewLeases, "renew-leases", false, "look keys up with /query_key, which grants each present key a read lease, instead of the read-only /batch_query_keys")
@@ -156,98 +154,21 @@ for smoke tests.`,
 	return cmd
 }
 
-// Block states.
-const (
-	StateHit     = "hit"     // part of the served prefix
-	StateHole    = "hole"    // incomplete, with a complete block behind it
-	StateStored  = "stored"  // complete, but behind a hole: recomputed
-	StateMissing = "missing" // incomplete, and so is every block after it
-)
-
-// Key is one key a block needs.
-type Key struct {
-	Key     string `json:"key"`
-	Present bool   `json:"present"`
-}
-
-// Block is one full block of the prompt and what the pool holds of it.
-type Block struct {
-	Block       int    `json:"block"`
-	Start       int    `json:"start"`
-	End         int    `json:"end"`
-	Hash        string `json:"hash"`
-	State       string `json:"state"`
-	Complete    bool   `json:"complete"`
-	PresentKeys int    `json:"present_keys"`
-	NeededKeys  int    `json:"needed_keys"`
-	Keys        []Key  `json:"keys"`
-}
-
-// Hole is a run of incomplete blocks with stored blocks behind it.
-type Hole struct {
-	StartBlock             int   `json:"start_block"`
-	Blocks                 int   `json:"blocks"`
-	StartToken             int   `json:"start_token"`
-	EndToken               int   `json:"end_token"`
-	StoredBlocksBehind     int   `json:"stored_blocks_behind"`
-	RecomputedStoredTokens int64 `json:"recomputed_stored_tokens"`
-}
-
-// Summary is the probe in a few numbers.
-type Summary struct {
-	Blocks                 int   `json:"blocks"`
-	HitBlocks              int   `json:"hit_blocks"`
-	HitTokens              int   `json:"hit_tokens"`
-	Holes                  int   `json:"holes"`
-	HoleBlocks             int   `json:"hole_blocks"`
-	MissingBlocks          int   `json:"missing_blocks"`
-	RecomputedStoredTokens int64 `json:"recomputed_stored_tokens"`
-	KeysChecked            int   `json:"keys_checked"`
-	KeysPresent            int   `json:"keys_present"`
-}
-
-// Result is the output of `kvctl probe-pool`.
-type Result struct {
-	Pool            string  `json:"pool"`
-	Target          string  `json:"target"`
-	Query           string  `json:"query"`
-	Format          string  `json:"format"`
-	Namespace       string  `json:"namespace"`
-	ModelKey        string  `json:"model_key"`
-	Tokens          int     `json:"tokens"`
-	TokensPerBlock  int     `json:"tokens_per_block"`
-	PromptLookahead int     `json:"prompt_lookahead"`
-	UncoveredTokens int     `json:"uncovered_tokens"`
-	Bypassed        bool    `json:"bypassed"`
-	Blocks          []Block `json:"blocks"`
-	Holes           []Hole  `json:"holes"`
-	Summary         Summary `json:"summary"`
-	// Diagnosis is the likely reason for a miss, as a stable code and a sentence.
-	Diagnosis *probe.Diagnosis `json:"diagnosis,omitempty"`
-}
-
-// Run probes the pool once, or every --watch seconds until ctx is done.
-func Run(ctx context.Context, opts *Options) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
+// runProbePool probes the pool once, or every --watch seconds until ctx is done.
+func runProbePool(ctx context.Context, opts *Options) error {
 	if opts.Keys.ModelKey == "" && len(opts.Keys.FromConfig) == 0 {
 		return cmdutil.FlagErrorf("--model-key (or --from-config) is required: the pool's keys name the model")
 	}
 	if len(opts.Keys.LayerGroups) == 0 {
 		return cmdutil.FlagErrorf("at least one --layer-group g:bytes_per_page is required: the pool's keys name each layer group's page size")
 	}
-	opts.Keys.KeySet = hash.KeySetLookup
-	tokens, err := hash.LoadPrompt(opts.Keys)
-	if err != nil {
-		return err
-	}
-	layout, err := hash.Compute(opts.Keys, tokens)
+	opts.Keys.KeySet = keys.KeySetLookup
+	prompt, err := derivePrompt(opts)
 	if err != nil {
 		return err
 	}
 	if addr, ok := probe.ExplicitRPC(opts.Pool); ok {
-		return runRPC(ctx, opts, addr, layout)
+		return runRPC(ctx, opts, addr, prompt)
 	}
 	target, err := probe.NewTarget(opts.Pool, opts.Timeout)
 	if err != nil {
@@ -257,187 +178,56 @@ func Run(ctx context.Context, opts *Options) error {
 		// Not HTTP: perhaps the master's RPC port.
 		if c, rerr := probe.DialMaster(ctx, opts.Pool, opts.Timeout); rerr == nil {
 			_ = c.Close()
-			return runRPC(ctx, opts, opts.Pool, layout)
+			return runRPC(ctx, opts, opts.Pool, prompt)
 		}
 	}
-	if opts.Watch <= 0 {
-		res, err := Probe(ctx, target, layout, opts.RenewLeases)
-		if err != nil {
-			return poolError(target, err)
-		}
-		if err := write(opts, res); err != nil {
-			return err
-		}
-		if opts.HasExpectHit && res.Summary.HitBlocks < opts.ExpectHit {
-			return cmdutil.ValidationErrorf("expected at least %s to hit, got %d of %d from %s", plural(opts.ExpectHit, "block", "blocks"), res.Summary.HitBlocks, res.Summary.Blocks, target.Addr())
-		}
-		return nil
-	}
-	return watch(ctx, opts, target.Addr(), func(ctx context.Context) (*Result, error) {
-		res, err := Probe(ctx, target, layout, opts.RenewLeases)
-		if err != nil {
-			return nil, poolError(target, err)
-		}
-		return res, nil
+	return report(ctx, opts, target.Addr(), func(ctx context.Context) (*probe.Report, error) {
+		return probe.ProbeAdmin(ctx, target, prompt, opts.RenewLeases)
 	})
 }
 
-func watch(ctx context.Context, opts *Options, addr string, probeOnce func(context.Context) (*Result, error)) error {
-	sleep := opts.Sleep
-	if sleep == nil {
-		sleep = cmdutil.SleepContext
+// derivePrompt reads the prompt and derives the keys a lookup needs, through the key recipe.
+func derivePrompt(opts *Options) (*probe.PromptKeys, error) {
+	tokens, err := opts.Keys.LoadPrompt(opts.IO)
+	if err != nil {
+		return nil, err
 	}
-	now := opts.Now
-	if now == nil {
-		now = time.Now
+	rec, scope, err := opts.Keys.Recipe()
+	if err != nil {
+		return nil, err
 	}
-	interval := time.Duration(opts.Watch) * time.Second
-	tty := opts.IO.IsStdoutTTY()
-	for n := 1; ; n++ {
-		res, err := probeOnce(ctx)
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		var ee *cmdutil.ExitError
-		switch {
-		case err != nil && errors.As(err, &ee) && ee.Code == cmdutil.ExitUnreachable:
-			// A watch outlives a pool restart: say so and try again next interval.
-			fmt.Fprintf(opts.IO.ErrOut, "%s: %v\n", now().Format(time.TimeOnly), err)
-		case err != nil:
-			return err
-		default:
-			if tty {
-				fmt.Fprint(opts.IO.Out, "\x1b[H\x1b[2J")
-				fmt.Fprintf(opts.IO.Out, "every %ds: %s  %s\n\n", opts.Watch, addr, now().Format(time.DateTime))
-			} else if n > 1 {
-				sep := "\n"
-				if opts.OutputFormat == cmdutil.FormatYAML {
-					sep = "---\n"
-				}
-				if opts.OutputFormat != cmdutil.FormatJSON {
-					fmt.Fprint(opts.IO.Out, sep)
-				}
-			}
-			if err := write(opts, res); err != nil {
-				return err
-			}
-		}
-		if opts.Iterations > 0 && n >= opts.Iterations {
-			return nil
-		}
-		if err := sleep(ctx, interval); err != nil {
-			return err
-		}
+	if err := cmdutil.CheckKeys(rec); err != nil {
+		return nil, err
 	}
+	return probe.DerivePromptKeys(rec, keys.Prompt{Tokens: tokens, Scope: scope, HasMultimodal: opts.Keys.HasMultimodal})
 }
 
-// Probe looks every key of layout up in target and analyses the answer.
-func Probe(ctx context.Context, target *probe.Target, layout *hash.Result, renewLeases bool) (*Result, error) {
-	kind, err := target.Kind(ctx)
-	if err != nil {
-		return nil, err
-	}
-	query := "batch_query_keys"
-	if renewLeases {
-		query = "query_key"
-	}
-	res, err := analyze(ctx, target.Addr(), kind, query, layout, func(ctx context.Context, keys []string) ([]bool, error) {
-		return target.Exists(ctx, keys, renewLeases)
-	})
-	if err != nil {
-		return nil, err
-	}
-	res.Diagnosis = diagnose(ctx, target.Admin.AllKeys, res)
-	return res, nil
-}
-
-// analyze asks exists about every key of layout and reports blocks, holes and the summary.
-func analyze(ctx context.Context, pool, kind, query string, layout *hash.Result, exists func(context.Context, []string) ([]bool, error)) (*Result, error) {
-	res := &Result{
-		Pool: pool, Target: kind, Query: query,
-		Format: layout.Format, Namespace: layout.Namespace, ModelKey: layout.ModelKey,
-		Tokens: layout.Tokens, TokensPerBlock: layout.TokensPerBlock, PromptLookahead: layout.PromptLookahead,
-		UncoveredTokens: layout.UncoveredTokens, Bypassed: layout.Bypassed,
-		Blocks: []Block{}, Holes: []Hole{},
-	}
-	var all []string
-	for _, b := range layout.Blocks {
-		all = append(all, b.Keys...)
-	}
-	present, err := exists(ctx, all)
-	if err != nil {
-		return nil, err
-	}
-	complete := make([]bool, len(layout.Blocks))
-	i := 0
-	for bi, b := range layout.Blocks {
-		blk := Block{Block: b.Block, Start: b.Start, End: b.End, Hash: b.Hash, NeededKeys: len(b.Keys), Keys: make([]Key, len(b.Keys))}
-		for ki, k := range b.Keys {
-			blk.Keys[ki] = Key{Key: k, Present: present[i]}
-			if present[i] {
-				blk.PresentKeys++
+// report probes pool once, checking --expect-hit, or every --watch seconds.
+func report(ctx context.Context, opts *Options, pool string, probeOnce func(context.Context) (*probe.Report, error)) error {
+	if opts.Watch > 0 {
+		w := cmdutil.Watch{IO: opts.IO, Every: opts.Watch, Format: opts.OutputFormat, Target: pool, Iterations: opts.Iterations, Seams: opts.Seams}
+		return w.Run(ctx, func(ctx context.Context) (func() error, error) {
+			res, err := probeOnce(ctx)
+			if err != nil {
+				return nil, cmdutil.PoolError(err)
 			}
-			i++
-		}
-		blk.Complete = blk.PresentKeys == blk.NeededKeys
-		complete[bi] = blk.Complete
-		res.Blocks = append(res.Blocks, blk)
-		res.Summary.KeysChecked += blk.NeededKeys
-		res.Summary.KeysPresent += blk.PresentKeys
-	}
-	t := layout.TokensPerBlock
-	a := probe.Analyze(complete, t)
-	for bi := range res.Blocks {
-		switch {
-		case bi < a.Hit:
-			res.Blocks[bi].State = StateHit
-		case bi >= len(res.Blocks)-a.MissingTail:
-			res.Blocks[bi].State = StateMissing
-		case res.Blocks[bi].Complete:
-			res.Blocks[bi].State = StateStored
-		default:
-			res.Blocks[bi].State = StateHole
-		}
-	}
-	for _, h := range a.Holes {
-		res.Holes = append(res.Holes, Hole{
-			StartBlock: h.Start, Blocks: h.Blocks, StartToken: h.Start * t, EndToken: (h.Start + h.Blocks) * t,
-			StoredBlocksBehind: h.StoredBlocks, RecomputedStoredTokens: h.RecomputedStoredTokens,
+			return func() error { return write(opts, res) }, nil
 		})
 	}
-	res.Summary.Blocks = a.Blocks
-	res.Summary.HitBlocks = a.Hit
-	res.Summary.HitTokens = a.Hit * t
-	res.Summary.Holes = len(a.Holes)
-	res.Summary.HoleBlocks = int(a.Stats.HoleBlocks)
-	res.Summary.MissingBlocks = a.MissingTail
-	res.Summary.RecomputedStoredTokens = a.Stats.RecomputedStoredTokens
-	return res, nil
-}
-
-// poolError gives a failed probe the exit code and words the command documents: 4 with the
-// address when nothing answered, 1 otherwise.
-func poolError(target *probe.Target, err error) error {
-	switch {
-	case errors.Is(err, context.Canceled):
-		return err
-	case errors.Is(err, mooncake.ErrUnreachable):
-		if isTimeout(err) {
-			return cmdutil.Unreachable(fmt.Errorf("pool %s did not answer within %s (--timeout): %w", target.Addr(), target.Timeout, err))
-		}
-		return cmdutil.Unreachable(cmdutil.Briefly(fmt.Sprintf("pool %s is unreachable", target.Addr()), err))
-	case errors.Is(err, mooncake.ErrMalformedResponse):
-		return fmt.Errorf("pool %s sent a response kvctl cannot read: %w", target.Addr(), err)
+	res, err := probeOnce(ctx)
+	if err != nil {
+		return cmdutil.PoolError(err)
 	}
-	return cmdutil.Briefly(fmt.Sprintf("pool %s", target.Addr()), err)
+	if err := write(opts, res); err != nil {
+		return err
+	}
+	if opts.HasExpectHit && res.Summary.HitBlocks < opts.ExpectHit {
+		return cmdutil.ValidationErrorf("expected at least %s to hit, got %d of %d from %s", plural(opts.ExpectHit, "block", "blocks"), res.Summary.HitBlocks, res.Summary.Blocks, pool)
+	}
+	return nil
 }
 
-func isTimeout(err error) bool {
-	s := err.Error()
-	return strings.Contains(s, "Timeout exceeded") || strings.Contains(s, "deadline exceeded") || strings.Contains(s, "i/o timeout")
-}
-
-func write(opts *Options, res *Result) error {
+func write(opts *Options, res *probe.Report) error {
 	if opts.OutputFormat != cmdutil.FormatTable && opts.OutputFormat != "" {
 		return cmdutil.Print(opts.IO, opts.OutputFormat, res, nil)
 	}
@@ -447,7 +237,7 @@ func write(opts *Options, res *Result) error {
 	return writeFooter(opts.IO.Out, res, opts.IO.ColorEnabled())
 }
 
-var stateColor = map[string]string{StateHit: "10", StateHole: "9", StateStored: "11", StateMissing: "8"}
+var stateColor = map[string]string{probe.StateHit: "10", probe.StateHole: "9", probe.StateStored: "11", probe.StateMissing: "8"}
 
 func paint(on bool, color, s string) string {
 	if !on {
@@ -456,7 +246,7 @@ func paint(on bool, color, s string) string {
 	return lipgloss.NewStyle().Foreground(lipgloss.Color(color)).Render(s)
 }
 
-func rows(res *Result, color bool) cmdutil.Table {
+func rows(res *probe.Report, color bool) cmdutil.Table {
 	t := cmdutil.Table{Header: []string{"BLOCK", "TOKENS", "HASH", "STATE", "KEYS", "MISSING"}}
 	prefix := res.Namespace + "/" + res.ModelKey + "/"
 	for _, b := range res.Blocks {
@@ -486,7 +276,7 @@ func plural(n int, one, many string) string {
 	return fmt.Sprintf("%d %s", n, many)
 }
 
-func writeFooter(w io.Writer, res *Result, color bool) error {
+func writeFooter(w io.Writer, res *probe.Report, color bool) error {
 	var b strings.Builder
 	b.WriteByte('\n')
 	for _, h := range res.Holes {

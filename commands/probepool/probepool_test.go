@@ -19,9 +19,10 @@ import (
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
 	"github.com/kvctl/kvctl/commands/cmdutil/cmdtest"
-	"github.com/kvctl/kvctl/commands/hash"
 	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/daemon/daemontest"
+	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/core/probe"
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
 )
@@ -38,7 +39,7 @@ func TestFlags(t *testing.T) {
 			if o.Pool != "127.0.0.1:9003" || o.Timeout != 5*time.Second || o.Watch != 0 || o.HasExpectHit || o.RenewLeases {
 				t.Errorf("defaults: %+v", o)
 			}
-			if o.Keys.ModelKey != "m" || len(o.Keys.LayerGroups) != 1 || strings.Join(o.Keys.Args, " ") != "1 2 3" || o.Keys.KeySet != hash.KeySetLookup {
+			if o.Keys.ModelKey != "m" || len(o.Keys.LayerGroups) != 1 || strings.Join(o.Keys.Args, " ") != "1 2 3" || o.Keys.KeySet != keys.KeySetLookup {
 				t.Errorf("key inputs: %+v", o.Keys)
 			}
 		}},
@@ -84,20 +85,31 @@ func TestFlags(t *testing.T) {
 
 // The prompt of the tests: 10 full blocks of 4 tokens and a 2-token tail, keyed for an
 // attention world of 2 with two layer groups, the second with replicated pages: 5 keys a block.
-func promptKeys(ios *cmdutil.IOStreams) *hash.Options {
+func promptKeys(ios *cmdutil.IOStreams) *cmdutil.KeyFlags {
 	var toks []string
 	for i := 0; i < 42; i++ {
 		toks = append(toks, string(rune('0'+i%10)))
 	}
-	return &hash.Options{
-		IO: ios, Args: []string{strings.Join(toks, " ")}, Format: "trtllm", TokensPerBlock: 4,
+	return &cmdutil.KeyFlags{
+		Args: []string{strings.Join(toks, " ")}, Format: "trtllm", TokensPerBlock: 4,
 		Namespace: "trtllm", ModelKey: "llama-test", WorldSize: 2, Rank: 1,
-		LayerGroups: []string{"0:64", "1:32"}, Replicated: []string{"1:16"}, KeySet: hash.KeySetLookup,
+		LayerGroups: []string{"0:64", "1:32"}, Replicated: []string{"1:16"}, KeySet: keys.KeySetLookup,
 	}
 }
 
+// deriveLayout reads the prompt o describes and derives its lookup keys, as probe-pool does.
+func deriveLayout(t *testing.T, o *cmdutil.KeyFlags) *keys.Derivation {
+	t.Helper()
+	ios, _, _, _ := cmdutil.Test()
+	p, err := derivePrompt(&Options{IO: ios, Keys: o})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.Derivation
+}
+
 func options(ios *cmdutil.IOStreams, pool, format string) *Options {
-	return &Options{IO: ios, Keys: promptKeys(ios), Pool: pool, Timeout: 5 * time.Second, OutputFormat: format, Now: func() time.Time { return time.Unix(0, 0).UTC() }}
+	return &Options{IO: ios, Keys: promptKeys(ios), Pool: pool, Timeout: 5 * time.Second, OutputFormat: format, Seams: cmdutil.Seams{Now: func() time.Time { return time.Unix(0, 0).UTC() }}}
 }
 
 // startServe runs a real kvctl serve daemon with a small pool and returns it with its admin
@@ -115,23 +127,16 @@ func startServe(t *testing.T) (*daemon.Daemon, string) {
 // block 2 loses one peer shard's page, blocks 3 and 6 lose every page, and blocks 8 and 9 lose
 // their replicated page. So blocks 0-1 hit, 2-3 and 6 are holes, 4-5 and 7 are stored but
 // recomputed, and 8-9 are missing at the end.
-func populate(t *testing.T, p *mooncake.Embedded) []hash.Block {
+func populate(t *testing.T, p *mooncake.Embedded) []keys.BlockKeys {
 	t.Helper()
 	ios, _, _, _ := cmdutil.Test()
 	o := promptKeys(ios)
-	toks, err := hash.LoadPrompt(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	layout, err := hash.Compute(o, toks)
-	if err != nil {
-		t.Fatal(err)
-	}
+	layout := deriveLayout(t, o)
 	ctx := context.Background()
 	for _, b := range layout.Blocks {
 		bufs := make([][]byte, len(b.Keys))
 		for i := range bufs {
-			bufs[i] = bytes.Repeat([]byte{byte(b.Block)}, 16)
+			bufs[i] = bytes.Repeat([]byte{byte(b.Index)}, 16)
 		}
 		for i, c := range p.BatchPut(ctx, b.Keys, bufs, mooncake.ReplicateConfig{}) {
 			if c != mooncake.OK {
@@ -167,7 +172,7 @@ func TestProbeServe(t *testing.T) {
 	for _, format := range []string{"table", "json", "yaml"} {
 		t.Run(format, func(t *testing.T) {
 			ios, _, out, _ := cmdutil.Test()
-			if err := Run(context.Background(), options(ios, addr, format)); err != nil {
+			if err := runProbePool(context.Background(), options(ios, addr, format)); err != nil {
 				t.Fatal(err)
 			}
 			got := strings.ReplaceAll(out.String(), addr, "ADDR")
@@ -176,10 +181,10 @@ func TestProbeServe(t *testing.T) {
 	}
 
 	ios, _, out, _ := cmdutil.Test()
-	if err := Run(context.Background(), options(ios, "http://"+addr, cmdutil.FormatJSON)); err != nil {
+	if err := runProbePool(context.Background(), options(ios, "http://"+addr, cmdutil.FormatJSON)); err != nil {
 		t.Fatal(err)
 	}
-	var r Result
+	var r probe.Report
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +192,7 @@ func TestProbeServe(t *testing.T) {
 	if r.Target != "kvctl-serve" || s.Blocks != 10 || s.HitBlocks != 2 || s.HitTokens != 8 || s.Holes != 2 || s.HoleBlocks != 3 || s.MissingBlocks != 2 || s.RecomputedStoredTokens != 12 {
 		t.Fatalf("summary %+v target %s", s, r.Target)
 	}
-	want := []Hole{
+	want := []probe.HoleReport{
 		{StartBlock: 2, Blocks: 2, StartToken: 8, EndToken: 16, StoredBlocksBehind: 2, RecomputedStoredTokens: 8},
 		{StartBlock: 6, Blocks: 1, StartToken: 24, EndToken: 28, StoredBlocksBehind: 1, RecomputedStoredTokens: 4},
 	}
@@ -215,10 +220,10 @@ func TestProbeServeRenewLeases(t *testing.T) {
 	ios, _, out, _ := cmdutil.Test()
 	o := options(ios, addr, cmdutil.FormatJSON)
 	o.RenewLeases = true
-	if err := Run(context.Background(), o); err != nil {
+	if err := runProbePool(context.Background(), o); err != nil {
 		t.Fatal(err)
 	}
-	var r Result
+	var r probe.Report
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +248,7 @@ func TestExpectHit(t *testing.T) {
 		ios, _, _, _ := cmdutil.Test()
 		o := options(ios, addr, cmdutil.FormatJSON)
 		o.ExpectHit, o.HasExpectHit = tt.n, true
-		err := Run(context.Background(), o)
+		err := runProbePool(context.Background(), o)
 		if cmdutil.ExitCode(err) != tt.code {
 			t.Errorf("--expect-hit %d: %v, want exit %d", tt.n, err, tt.code)
 		}
@@ -305,10 +310,10 @@ func TestFromConfig(t *testing.T) {
 	o := options(ios, addr, cmdutil.FormatJSON)
 	o.Keys.ModelKey, o.Keys.TokensPerBlock, o.Keys.WorldSize = "", 32, 1
 	o.Keys.FromConfig = []string{yaml}
-	if err := Run(context.Background(), o); err != nil {
+	if err := runProbePool(context.Background(), o); err != nil {
 		t.Fatal(err)
 	}
-	var r Result
+	var r probe.Report
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
 		t.Fatal(err)
 	}
@@ -324,7 +329,7 @@ func TestTableColour(t *testing.T) {
 		ios, _, out, _ := cmdutil.Test()
 		ios.SetStdoutTTY(true)
 		ios.SetColorEnabled(colour)
-		if err := Run(context.Background(), options(ios, addr, cmdutil.FormatTable)); err != nil {
+		if err := runProbePool(context.Background(), options(ios, addr, cmdutil.FormatTable)); err != nil {
 			t.Fatal(err)
 		}
 		s := out.String()
@@ -340,11 +345,7 @@ func TestTableColour(t *testing.T) {
 func TestProbeRecordedMaster(t *testing.T) {
 	ios, _, _, _ := cmdutil.Test()
 	o := promptKeys(ios)
-	toks, _ := hash.LoadPrompt(o)
-	layout, err := hash.Compute(o, toks)
-	if err != nil {
-		t.Fatal(err)
-	}
+	layout := deriveLayout(t, o)
 	// The master holds blocks 0-4 and 7, but block 2 lacks its replicated page.
 	present := map[string]bool{}
 	for _, bi := range []int{0, 1, 2, 3, 4, 7} {
@@ -356,10 +357,10 @@ func TestProbeRecordedMaster(t *testing.T) {
 	srv := masterReplay(t, func(k string) bool { return present[k] })
 
 	ios, _, out, _ := cmdutil.Test()
-	if err := Run(context.Background(), options(ios, srv.URL, cmdutil.FormatJSON)); err != nil {
+	if err := runProbePool(context.Background(), options(ios, srv.URL, cmdutil.FormatJSON)); err != nil {
 		t.Fatal(err)
 	}
-	var r Result
+	var r probe.Report
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
 		t.Fatal(err)
 	}
@@ -416,7 +417,7 @@ func TestPoolErrors(t *testing.T) {
 			ios, _, out, _ := cmdutil.Test()
 			o := options(ios, tt.pool, cmdutil.FormatTable)
 			o.Timeout = 200 * time.Millisecond
-			err := Run(context.Background(), o)
+			err := runProbePool(context.Background(), o)
 			if got := cmdutil.ExitCode(err); got != tt.code {
 				t.Fatalf("exit %d (%v), want %d", got, err, tt.code)
 			}
@@ -450,7 +451,7 @@ func TestWatch(t *testing.T) {
 			}
 			return nil
 		}
-		if err := Run(context.Background(), o); err != nil {
+		if err := runProbePool(context.Background(), o); err != nil {
 			t.Fatal(err)
 		}
 		s := out.String()
@@ -467,13 +468,13 @@ func TestWatch(t *testing.T) {
 		o := options(ios, addr, cmdutil.FormatJSON)
 		o.Watch, o.Iterations = 1, 2
 		o.Sleep = func(context.Context, time.Duration) error { return nil }
-		if err := Run(context.Background(), o); err != nil {
+		if err := runProbePool(context.Background(), o); err != nil {
 			t.Fatal(err)
 		}
 		dec := json.NewDecoder(out)
 		n := 0
 		for {
-			var r Result
+			var r probe.Report
 			if err := dec.Decode(&r); err == io.EOF {
 				break
 			} else if err != nil {
@@ -492,7 +493,7 @@ func TestWatch(t *testing.T) {
 		o.Watch = 1
 		ctx, cancel := context.WithCancel(context.Background())
 		o.Sleep = func(ctx context.Context, _ time.Duration) error { cancel(); <-ctx.Done(); return ctx.Err() }
-		err := Run(ctx, o)
+		err := runProbePool(ctx, o)
 		if !errors.Is(err, context.Canceled) || cmdutil.ExitCode(err) != cmdutil.ExitInterrupted {
 			t.Fatalf("%v", err)
 		}
@@ -506,12 +507,12 @@ func TestRunNeedsKeys(t *testing.T) {
 	ios, _, _, _ := cmdutil.Test()
 	o := options(ios, "127.0.0.1:1", cmdutil.FormatJSON)
 	o.Keys.LayerGroups = nil
-	if err := Run(context.Background(), o); cmdutil.ExitCode(err) != cmdutil.ExitUsage || !strings.Contains(err.Error(), "--layer-group") {
+	if err := runProbePool(context.Background(), o); cmdutil.ExitCode(err) != cmdutil.ExitUsage || !strings.Contains(err.Error(), "--layer-group") {
 		t.Errorf("%v", err)
 	}
 	o = options(ios, "127.0.0.1:1", cmdutil.FormatJSON)
 	o.Keys.ModelKey = ""
-	if err := Run(context.Background(), o); cmdutil.ExitCode(err) != cmdutil.ExitUsage || !strings.Contains(err.Error(), "--model-key") {
+	if err := runProbePool(context.Background(), o); cmdutil.ExitCode(err) != cmdutil.ExitUsage || !strings.Contains(err.Error(), "--model-key") {
 		t.Errorf("%v", err)
 	}
 }
@@ -527,7 +528,7 @@ func TestWatchKeepsGoingWhenThePoolIsDown(t *testing.T) {
 	o := options(ios, addr, cmdutil.FormatTable)
 	o.Watch, o.Iterations = 1, 2
 	o.Sleep = func(context.Context, time.Duration) error { return nil }
-	if err := Run(context.Background(), o); err != nil {
+	if err := runProbePool(context.Background(), o); err != nil {
 		t.Fatal(err)
 	}
 	if n := strings.Count(errOut.String(), "pool http://"+addr+" is unreachable"); n != 2 || out.Len() != 0 {

@@ -10,7 +10,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
-	"github.com/kvctl/kvctl/commands/hash"
 	"github.com/kvctl/kvctl/core/probe"
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/masterrpc"
@@ -18,9 +17,6 @@ import (
 
 // MaxDumpBytes bounds the object --dump-key fetches.
 const MaxDumpBytes = 1 << 30
-
-// QueryBatchExistKey is the query a probe over the master's RPC address makes.
-const QueryBatchExistKey = "BatchExistKey"
 
 func addDumpFlags(cmd *cobra.Command, opts *Options) {
 	fl := cmd.Flags()
@@ -47,50 +43,16 @@ func checkDumpFlags(opts *Options, args []string) error {
 	return nil
 }
 
-func rpcError(addr string, err error) error {
-	switch {
-	case errors.Is(err, context.Canceled):
-		return err
-	case errors.Is(err, masterrpc.ErrUnavailable):
-		return cmdutil.Unreachable(fmt.Errorf("pool %s%s: %w", probe.RPCScheme, addr, err))
-	}
-	return fmt.Errorf("pool %s%s: %w", probe.RPCScheme, addr, err)
-}
-
 // runRPC probes a master through its RPC address, once or every --watch seconds.
-func runRPC(ctx context.Context, opts *Options, addr string, layout *hash.Result) error {
+func runRPC(ctx context.Context, opts *Options, addr string, prompt *probe.PromptKeys) error {
 	c, err := probe.DialMaster(ctx, addr, opts.Timeout)
 	if err != nil {
-		return rpcError(addr, err)
+		return cmdutil.PoolError(&probe.PoolError{Addr: probe.RPCScheme + addr, RPC: true, Err: err})
 	}
 	defer func() { _ = c.Close() }()
-	pool := probe.RPCScheme + addr
-	probeOnce := func(ctx context.Context) (*Result, error) {
-		res, err := analyze(ctx, pool, probe.KindMasterRPC, QueryBatchExistKey, layout, func(ctx context.Context, keys []string) ([]bool, error) {
-			return probe.RPCExists(ctx, c, keys)
-		})
-		if err != nil {
-			return nil, rpcError(addr, err)
-		}
-		res.Diagnosis = diagnose(ctx, func(context.Context) ([]string, error) {
-			return nil, errors.New("a master's RPC address lists no keys; probe its HTTP admin address (port 9003) to say more")
-		}, res)
-		return res, nil
-	}
-	if opts.Watch > 0 {
-		return watch(ctx, opts, pool, probeOnce)
-	}
-	res, err := probeOnce(ctx)
-	if err != nil {
-		return err
-	}
-	if err := write(opts, res); err != nil {
-		return err
-	}
-	if opts.HasExpectHit && res.Summary.HitBlocks < opts.ExpectHit {
-		return cmdutil.ValidationErrorf("expected at least %s to hit, got %d of %d from %s", plural(opts.ExpectHit, "block", "blocks"), res.Summary.HitBlocks, res.Summary.Blocks, pool)
-	}
-	return nil
+	return report(ctx, opts, probe.RPCScheme+addr, func(ctx context.Context) (*probe.Report, error) {
+		return probe.ProbeRPC(ctx, c, addr, prompt)
+	})
 }
 
 // DumpResult is the output of `kvctl probe-pool --dump-key`.
@@ -101,11 +63,8 @@ type DumpResult struct {
 	Out   string `json:"out"`
 }
 
-// RunDump fetches the object --dump-key names through the data path and writes it to --out.
-func RunDump(ctx context.Context, opts *Options) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
+// runDump fetches the object --dump-key names through the data path and writes it to --out.
+func runDump(ctx context.Context, opts *Options) error {
 	addr, ok := probe.ExplicitRPC(opts.Pool)
 	if !ok {
 		addr = opts.Pool
@@ -127,7 +86,7 @@ func RunDump(ctx context.Context, opts *Options) error {
 		if errors.Is(err, masterrpc.ErrProtocol) && !ok {
 			return cmdutil.FlagErrorf("--dump-key needs the master's RPC address in --pool (rpc://host:port, --rpc_port): %s does not speak it: %v", addr, err)
 		}
-		return rpcError(addr, err)
+		return cmdutil.PoolError(&probe.PoolError{Addr: probe.RPCScheme + addr, RPC: true, Err: err})
 	}
 	defer func() { _ = n.Close() }()
 	data, code := n.Fetch(ctx, opts.DumpKey, MaxDumpBytes)

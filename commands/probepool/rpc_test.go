@@ -12,7 +12,6 @@ import (
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
 	"github.com/kvctl/kvctl/commands/cmdutil/cmdtest"
-	"github.com/kvctl/kvctl/commands/hash"
 	"github.com/kvctl/kvctl/core/probe"
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
@@ -56,26 +55,19 @@ func rpcPopulate(t *testing.T, n *mooncake.Native) {
 	t.Helper()
 	ios, _, _, _ := cmdutil.Test()
 	o := promptKeys(ios)
-	toks, err := hash.LoadPrompt(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	layout, err := hash.Compute(o, toks)
-	if err != nil {
-		t.Fatal(err)
-	}
+	layout := deriveLayout(t, o)
 	ctx := context.Background()
 	for _, b := range layout.Blocks {
 		bufs := make([][]byte, len(b.Keys))
 		for i := range bufs {
-			bufs[i] = bytes.Repeat([]byte{byte(b.Block)}, 16)
+			bufs[i] = bytes.Repeat([]byte{byte(b.Index)}, 16)
 		}
 		for i, c := range n.BatchPut(ctx, b.Keys, bufs, mooncake.ReplicateConfig{}) {
 			if c != mooncake.OK {
 				t.Fatalf("put %s: %v", b.Keys[i], c)
 			}
 		}
-		if b.Block == 3 {
+		if b.Index == 3 {
 			for _, k := range b.Keys {
 				if c := n.Remove(ctx, k, true); c != mooncake.OK {
 					t.Fatalf("remove %s: %v", k, c)
@@ -102,17 +94,17 @@ func TestProbeOverRPC(t *testing.T) {
 	rpcPopulate(t, startNative(t, m, 16<<20))
 	for _, pool := range []string{probe.RPCScheme + m.RPCAddr, m.RPCAddr} {
 		ios, _, out, _ := cmdutil.Test()
-		if err := Run(context.Background(), options(ios, pool, cmdutil.FormatJSON)); err != nil {
+		if err := runProbePool(context.Background(), options(ios, pool, cmdutil.FormatJSON)); err != nil {
 			t.Fatalf("--pool %s: %v", pool, err)
 		}
-		var r Result
+		var r probe.Report
 		if err := json.Unmarshal(out.Bytes(), &r); err != nil {
 			t.Fatal(err)
 		}
-		if r.Target != probe.KindMasterRPC || r.Query != QueryBatchExistKey || r.Pool != probe.RPCScheme+m.RPCAddr {
+		if r.Target != probe.KindMasterRPC || r.Query != probe.QueryBatchExistKey || r.Pool != probe.RPCScheme+m.RPCAddr {
 			t.Fatalf("--pool %s: target %q query %q pool %q", pool, r.Target, r.Query, r.Pool)
 		}
-		if r.Summary.HitBlocks != 3 || r.Summary.Holes != 1 || r.Blocks[3].State != StateHole || r.Summary.KeysPresent != r.Summary.KeysChecked-r.Blocks[3].NeededKeys {
+		if r.Summary.HitBlocks != 3 || r.Summary.Holes != 1 || r.Blocks[3].State != probe.StateHole || r.Summary.KeysPresent != r.Summary.KeysChecked-r.Blocks[3].NeededKeys {
 			t.Fatalf("--pool %s: summary %+v", pool, r.Summary)
 		}
 	}
@@ -134,7 +126,7 @@ func TestDumpKey(t *testing.T) {
 	dump := func(pool, key, out string) (*DumpResult, error) {
 		ios, _, stdout, _ := cmdutil.Test()
 		o := &Options{IO: ios, Pool: pool, DumpKey: key, Out: out, Metadata: m.MetadataURL, Timeout: 5 * time.Second, OutputFormat: cmdutil.FormatJSON}
-		err := RunDump(context.Background(), o)
+		err := runDump(context.Background(), o)
 		if err != nil {
 			return nil, err
 		}

@@ -159,7 +159,7 @@ plotting elsewhere. A progress bar goes to standard error when it is a terminal.
 			if runF != nil {
 				return runF(ctx, opts)
 			}
-			return Run(ctx, opts)
+			return runReplay(ctx, opts)
 		},
 	}
 	fl := cmd.Flags()
@@ -272,8 +272,8 @@ func params(o *Options) (replay.Params, replay.Config, error) {
 	return p, c, nil
 }
 
-// Run replays the trace and prints the report.
-func Run(ctx context.Context, opts *Options) error {
+// runReplay replays the trace and prints the report.
+func runReplay(ctx context.Context, opts *Options) error {
 	p, base, err := params(opts)
 	if err != nil {
 		return err

@@ -104,7 +104,7 @@ func TestRunTableAndProgress(t *testing.T) {
 		PoolSize: "unlimited", Ranks: 2, Router: "prompt-length", GPU: 256, TokensPerBlock: 16, PageSize: "64MiB",
 		SimPageSize: 64, LoadBandwidth: "25GB", SaveBandwidth: "25GB", PrefillRate: 50000, DecodeRate: 50,
 		Seed: 1, Pace: PaceTrace, Engines: 1, Speed: 1, OutputFormat: cmdutil.FormatTable}
-	if err := Run(context.Background(), o); err != nil {
+	if err := runReplay(context.Background(), o); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
@@ -127,7 +127,7 @@ func TestSchedulerModelReport(t *testing.T) {
 			Sets: []string{"scheduler=true", "completion_reservation=false,true"}}, out
 	}
 	o, out := base(cmdutil.FormatTable)
-	if err := Run(context.Background(), o); err != nil {
+	if err := runReplay(context.Background(), o); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
@@ -135,7 +135,7 @@ func TestSchedulerModelReport(t *testing.T) {
 		t.Fatalf("table:\n%s", out)
 	}
 	o, out = base(cmdutil.FormatJSON)
-	if err := Run(context.Background(), o); err != nil {
+	if err := runReplay(context.Background(), o); err != nil {
 		t.Fatal(err)
 	}
 	var rep struct {

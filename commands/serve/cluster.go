@@ -12,6 +12,7 @@ import (
 	"github.com/kvctl/kvctl/core/cluster"
 	"github.com/kvctl/kvctl/core/config"
 	"github.com/kvctl/kvctl/core/daemon"
+	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -71,19 +72,19 @@ func clusterBackend(sc config.ServeConfig, autoSize func() (int64, error), log *
 	if err != nil {
 		return nil, c, diags, cmdutil.ValidationErrorf("%v", err)
 	}
-	return &daemon.Backend{Pool: p, Info: daemon.BackendInfo{
-		Kind: daemon.BackendMooncake, Master: c.Master, Metadata: c.Metadata, HostAddress: c.HostAddress,
+	return &daemon.Backend{Pool: p, Info: statsapi.BackendInfo{
+		Kind: statsapi.BackendMooncake, Master: c.Master, Metadata: c.Metadata, HostAddress: c.HostAddress,
 		Protocol: c.Protocol, Segment: segment, SegmentBytes: c.SegmentBytes, LocalBufferBytes: c.LocalBufferBytes,
 	}}, c, diags, nil
 }
 
 // clusterBanner is the backend part of the startup banner.
-func clusterBanner(info daemon.BackendInfo) string {
+func clusterBanner(info statsapi.BackendInfo) string {
 	return fmt.Sprintf("  pool     mooncake, master %s, metadata %s\n  segment  %s, %s donated, transfer %s\n",
 		info.Master, info.Metadata, info.Segment, config.FormatSize(info.SegmentBytes), info.Protocol)
 }
 
 // waitMessage says what a mooncake serve waits for before /readyz answers 200.
-func waitMessage(info daemon.BackendInfo) string {
+func waitMessage(info statsapi.BackendInfo) string {
 	return fmt.Sprintf("  listening; ready once the segment is mounted with the master at %s (GET /readyz)\n", info.Master)
 }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/kvctl/kvctl/commands/cmdutil/cmdtest"
 	"github.com/kvctl/kvctl/core/config"
-	"github.com/kvctl/kvctl/core/daemon"
+	"github.com/kvctl/kvctl/core/statsapi"
 )
 
 // TestClusterFlags pins the mooncake backend's flag names and what they fill.
@@ -46,7 +46,7 @@ func TestClusterBackendResolves(t *testing.T) {
 		t.Fatal(err, diags)
 	}
 	info := b.Info
-	if info.Kind != daemon.BackendMooncake || info.SegmentBytes != 32<<20 || info.HostAddress != "127.0.0.1" ||
+	if info.Kind != statsapi.BackendMooncake || info.SegmentBytes != 32<<20 || info.HostAddress != "127.0.0.1" ||
 		info.Segment != "127.0.0.1:15000" || info.Protocol != "tcp" || c.MasterAdmin != "http://127.0.0.1:9003" {
 		t.Fatalf("info %+v cluster %+v", info, c)
 	}

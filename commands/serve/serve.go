@@ -19,6 +19,7 @@ import (
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/engineapi"
+	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/core/sysmem"
 	"github.com/kvctl/kvctl/gpu"
 	"github.com/kvctl/kvctl/mooncake"
@@ -58,15 +59,16 @@ type Options struct {
 	// Sources maps a flag set from the environment or the config file to where it came from,
 	// so that a bad value is blamed on the right place.
 	Sources map[string]string
-	// MemAvailable reads available memory, for the automatic pool size (tests replace it).
-	MemAvailable func() (uint64, bool)
+	// Seams come from the Factory: MemAvailable reads available memory for the automatic pool
+	// size (nil: the system's, from core/sysmem).
+	cmdutil.Seams
 	// Ready is called once the daemon accepts connections (tests use it).
 	Ready func(daemon.Info)
 }
 
 // NewCmdServe returns `kvctl serve`. runF replaces the run function in tests.
 func NewCmdServe(f *cmdutil.Factory, runF func(context.Context, *Options) error) *cobra.Command {
-	opts := &Options{IO: f.IOStreams, Factory: f}
+	opts := &Options{IO: f.IOStreams, Factory: f, Seams: f.Seams}
 	def := config.DefaultServeConfig()
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -146,7 +148,7 @@ messages of kvctl validate-config.`,
 			if runF != nil {
 				return runF(cmd.Context(), opts)
 			}
-			return Run(cmd.Context(), opts)
+			return runServe(cmd.Context(), opts)
 		},
 	}
 	fl := cmd.Flags()
@@ -207,8 +209,8 @@ func report(opts *Options, diags config.Diagnostics) error {
 	return nil
 }
 
-// Run checks the configuration, starts the daemon and serves until ctx is cancelled.
-func Run(ctx context.Context, opts *Options) error {
+// runServe checks the configuration, starts the daemon and serves until ctx is cancelled.
+func runServe(ctx context.Context, opts *Options) error {
 	if opts.DisaggConfig != "" {
 		return runDisagg(ctx, opts)
 	}
@@ -305,6 +307,7 @@ func Run(ctx context.Context, opts *Options) error {
 		AdminGrantsLeases:     sc.AdminGrantsLeases,
 		AdminLeaseRate:        sc.AdminLeaseRate,
 		DescriptorTTL:         sc.DescriptorTTL,
+		Device:                gpu.CUDA{},
 	})
 	if err != nil {
 		return cmdutil.ValidationErrorf("%v", err)
@@ -359,13 +362,13 @@ func banner(opts *Options, info daemon.Info, inv gpu.Inventory) {
 		// One record, so that every line on stderr is JSON.
 		args := []any{"version", version, "pool_backend", info.Backend.Kind, "pool_bytes", info.PoolBytes,
 			"gpus", gpus, "socket", info.Socket, "admin", admin, "metrics", metrics}
-		if info.Backend.Kind == daemon.BackendMooncake {
+		if info.Backend.Kind == statsapi.BackendMooncake {
 			args = append(args, "master", info.Backend.Master, "segment", info.Backend.Segment)
 		}
 		opts.Factory.Logger().Info("kvctl serve ready", args...)
 		return
 	}
-	if info.Backend.Kind == daemon.BackendMooncake {
+	if info.Backend.Kind == statsapi.BackendMooncake {
 		fmt.Fprintf(opts.IO.ErrOut, "kvctl serve %s\n%s  gpus     %s\n  socket   %s\n  admin    %s\n  metrics  %s\n%s",
 			version, clusterBanner(info.Backend), gpus, info.Socket, admin, metrics, waitMessage(info.Backend))
 		return

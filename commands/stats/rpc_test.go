@@ -18,11 +18,11 @@ func TestStatsOverRPC(t *testing.T) {
 	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
 	for _, pool := range []string{probe.RPCScheme + m.RPCAddr, m.RPCAddr} {
 		ios, _, out, _ := cmdutil.Test()
-		err := Run(context.Background(), &Options{IO: ios, Pools: []string{pool}, Timeout: 5 * time.Second, OutputFormat: cmdutil.FormatJSON})
+		err := runStats(context.Background(), &Options{IO: ios, Pools: []string{pool}, Timeout: 5 * time.Second, OutputFormat: cmdutil.FormatJSON})
 		if err != nil {
 			t.Fatalf("--pool %s: %v", pool, err)
 		}
-		var r Result
+		var r probe.StatsReport
 		if err := json.Unmarshal(out.Bytes(), &r); err != nil {
 			t.Fatal(err)
 		}
@@ -33,7 +33,7 @@ func TestStatsOverRPC(t *testing.T) {
 	}
 	m.Kill()
 	ios, _, _, _ := cmdutil.Test()
-	err := Run(context.Background(), &Options{IO: ios, Pools: []string{probe.RPCScheme + m.RPCAddr}, Timeout: time.Second, OutputFormat: cmdutil.FormatJSON})
+	err := runStats(context.Background(), &Options{IO: ios, Pools: []string{probe.RPCScheme + m.RPCAddr}, Timeout: time.Second, OutputFormat: cmdutil.FormatJSON})
 	if cmdutil.ExitCode(err) != cmdutil.ExitUnreachable {
 		t.Fatalf("dead master: %v (exit %d), want 4", err, cmdutil.ExitCode(err))
 	}

@@ -6,18 +6,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
-	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/probe"
 	corestats "github.com/kvctl/kvctl/core/stats"
-	"github.com/kvctl/kvctl/mooncake"
 )
 
 // Options are the inputs of `kvctl stats`.
@@ -29,17 +25,16 @@ type Options struct {
 	Timeout      time.Duration
 	OutputFormat string
 
-	// Now stamps watch headers.
-	Now func() time.Time
+	// Seams come from the Factory: Now stamps watch headers, Sleep waits between two watch
+	// reports.
+	cmdutil.Seams
 	// Iterations stops a watch after that many reports (0: until the context is done).
 	Iterations int
-	// Sleep waits between two watch reports; nil waits on a timer.
-	Sleep func(ctx context.Context, d time.Duration) error
 }
 
 // NewCmdStats returns `kvctl stats`. runF replaces the run function in tests.
 func NewCmdStats(f *cmdutil.Factory, runF func(*Options) error) *cobra.Command {
-	opts := &Options{IO: f.IOStreams, Now: f.Now}
+	opts := &Options{IO: f.IOStreams, Seams: f.Seams}
 	cmd := &cobra.Command{
 		Use:   "stats (--pool URL... | --from-log FILE...)",
 		Short: "Show a pool's capacity, hits, evictions, prefix holes and load phases",
@@ -58,9 +53,10 @@ no statistics calls: this reports whether it serves, its store protocol version 
 configuration (kind mooncake-master-rpc); ask its HTTP admin address for the figures.
 
 --from-log FILE (repeatable) reads the "prefix-hole stats" and "load stats" lines a connector
-logs once per stats interval: kvctl's own lines (slog text or JSON) and the seed connector's
-lines (the same messages followed by key=value fields, under any logger prefix), as well as
-TensorRT-LLM's "async-load stats" summary. The lines are summed into the same report; other
+logs once per stats interval: kvctl's own lines (slog text or JSON) and those of TensorRT-LLM's
+mooncake_store connector with mooncake_store.stats_interval set
+(https://github.com/NVIDIA/TensorRT-LLM/pull/21195: the same messages followed by key=value
+fields, under any logger prefix), as well as TensorRT-LLM's "async-load stats" summary. The lines are summed into the same report; other
 lines are skipped and counted. A file with no stats lines exits 3.
 
 --watch N reports again every N seconds until interrupted, with each counter's change since the
@@ -86,7 +82,7 @@ pool that does not answer is reported on standard error and asked again at the n
 			if runF != nil {
 				return runF(opts)
 			}
-			return Run(cmd.Context(), opts)
+			return runStats(cmd.Context(), opts)
 		},
 	}
 	fl := cmd.Flags()
@@ -97,358 +93,52 @@ pool that does not answer is reported on standard error and asked again at the n
 	return cmd
 }
 
-// Segment is one memory segment of a pool.
-type Segment struct {
-	Name          string `json:"name"`
-	UsedBytes     int64  `json:"used_bytes"`
-	CapacityBytes int64  `json:"capacity_bytes"`
-}
-
-// Usage is a pool's capacity and what fills it.
-type Usage struct {
-	CapacityBytes     int64     `json:"capacity_bytes"`
-	UsedBytes         int64     `json:"used_bytes"`
-	UsedPercent       float64   `json:"used_percent"`
-	Objects           int64     `json:"objects"`
-	SoftPinnedObjects int64     `json:"soft_pinned_objects"`
-	HardPinnedObjects *int64    `json:"hard_pinned_objects,omitempty"`
-	GroupedObjects    *int64    `json:"grouped_objects,omitempty"`
-	Segments          []Segment `json:"segments"`
-}
-
-// Gets are a pool's hits and misses.
-type Gets struct {
-	Hits     int64   `json:"hits"`
-	Misses   int64   `json:"misses"`
-	HitRatio float64 `json:"hit_ratio"`
-}
-
-// EvictionPasses splits evicted objects by the eviction pass that took them (kvctl serve only).
-type EvictionPasses struct {
-	Pass1      int64 `json:"pass1"`
-	Pass2      int64 `json:"pass2"`
-	SoftPinned int64 `json:"soft_pinned"`
-	Grouped    int64 `json:"grouped"`
-	Failed     int64 `json:"failed"`
-}
-
-// Evictions are a pool's eviction rounds and what they removed.
-type Evictions struct {
-	Attempts     int64           `json:"attempts"`
-	Successful   int64           `json:"successful"`
-	EvictedKeys  int64           `json:"evicted_keys"`
-	EvictedBytes int64           `json:"evicted_bytes"`
-	ByPass       *EvictionPasses `json:"by_pass,omitempty"`
-}
-
-// LogLines counts the lines of a log source.
-type LogLines struct {
-	Lines     int `json:"lines"`
-	HoleLines int `json:"prefix_hole_lines"`
-	LoadLines int `json:"load_lines"`
-	Skipped   int `json:"skipped"`
-	Malformed int `json:"malformed"`
-}
-
-// Counters are the figures that only grow; a watch reports their change per interval.
-type Counters struct {
-	Hits                   int64 `json:"hits"`
-	Misses                 int64 `json:"misses"`
-	EvictionAttempts       int64 `json:"eviction_attempts"`
-	EvictedKeys            int64 `json:"evicted_keys"`
-	Lookups                int64 `json:"lookups"`
-	HitBlocks              int64 `json:"hit_blocks"`
-	Holes                  int64 `json:"holes"`
-	HoleBlocks             int64 `json:"hole_blocks"`
-	RecomputedStoredTokens int64 `json:"recomputed_stored_tokens"`
-	Loads                  int64 `json:"loads"`
-	LoadedPages            int64 `json:"loaded_pages"`
-	LandedBytes            int64 `json:"landed_bytes"`
-}
-
-// Source is the report of one pool or log file.
-type Source struct {
-	Source      string                `json:"source"`
-	Kind        string                `json:"kind"`
-	Version     string                `json:"version,omitempty"`
-	Role        string                `json:"role,omitempty"`
-	Ready       *bool                 `json:"ready,omitempty"`
-	Engines     *int                  `json:"engines,omitempty"`
-	Usage       *Usage                `json:"usage,omitempty"`
-	Gets        *Gets                 `json:"gets,omitempty"`
-	Evictions   *Evictions            `json:"evictions,omitempty"`
-	PrefixHoles *daemon.HoleStatsJSON `json:"prefix_holes,omitempty"`
-	Loads       *daemon.LoadStatsJSON `json:"loads,omitempty"`
-	// Backend is a kvctl serve's pool backend: its master, this host's segment and the
-	// cluster's capacity (cluster.go).
-	Backend *daemon.BackendStatusJSON `json:"backend,omitempty"`
-	Log     *LogLines                 `json:"log,omitempty"`
-	// Delta is the change of the counters since the previous report of a watch.
-	Delta *Counters `json:"delta,omitempty"`
-}
-
-// KindLog is the kind of a --from-log source.
-const KindLog = "log"
-
-// Result is the output of `kvctl stats`.
-type Result struct {
-	Sources []Source `json:"sources"`
-}
-
-// Run reports once, or every --watch seconds until ctx is done.
-func Run(ctx context.Context, opts *Options) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	targets := make([]Pool, len(opts.Pools))
+// runStats reports once, or every --watch seconds until ctx is done.
+func runStats(ctx context.Context, opts *Options) error {
+	targets := make([]probe.Pool, len(opts.Pools))
 	for i, p := range opts.Pools {
 		if addr, ok := probe.ExplicitRPC(p); ok {
-			targets[i] = Pool{RPCAddr: addr, Timeout: opts.Timeout}
+			targets[i] = probe.Pool{RPCAddr: addr, Timeout: opts.Timeout}
 			continue
 		}
 		t, err := probe.NewTarget(p, opts.Timeout)
 		if err != nil {
 			return cmdutil.FlagErrorf("--pool: %v", err)
 		}
-		targets[i] = Pool{Target: t, Timeout: opts.Timeout}
+		targets[i] = probe.Pool{Target: t, Timeout: opts.Timeout}
 	}
 	if opts.Watch <= 0 {
-		res, err := Gather(ctx, targets, opts.FromLog)
+		res, err := gather(ctx, targets, opts.FromLog)
 		if err != nil {
 			return err
 		}
 		return cmdutil.Print(opts.IO, opts.OutputFormat, res, func() cmdutil.Table { return rows(res) })
 	}
-	return watch(ctx, opts, targets)
-}
-
-func watch(ctx context.Context, opts *Options, targets []Pool) error {
-	sleep := opts.Sleep
-	if sleep == nil {
-		sleep = cmdutil.SleepContext
-	}
-	now := opts.Now
-	if now == nil {
-		now = time.Now
-	}
-	tty := opts.IO.IsStdoutTTY()
-	var prev *Result
-	printed := 0
-	for n := 1; ; n++ {
-		res, err := Gather(ctx, targets, opts.FromLog)
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		var ee *cmdutil.ExitError
-		switch {
-		case err != nil && errors.As(err, &ee) && ee.Code == cmdutil.ExitUnreachable:
-			// A watch outlives a pool restart: say so and try again next interval.
-			fmt.Fprintf(opts.IO.ErrOut, "%s: %v\n", now().Format(time.TimeOnly), err)
-		case err != nil:
-			return err
-		default:
-			if prev != nil {
-				for i := range res.Sources {
-					d := counters(res.Sources[i]).minus(counters(prev.Sources[i]))
-					res.Sources[i].Delta = &d
-				}
-			}
-			prev = res
-			if tty {
-				fmt.Fprint(opts.IO.Out, "\x1b[H\x1b[2J")
-				fmt.Fprintf(opts.IO.Out, "every %ds  %s\n\n", opts.Watch, now().Format(time.DateTime))
-			} else if printed > 0 {
-				switch opts.OutputFormat {
-				case cmdutil.FormatYAML:
-					fmt.Fprint(opts.IO.Out, "---\n")
-				case cmdutil.FormatJSON:
-				default:
-					fmt.Fprint(opts.IO.Out, "\n")
-				}
-			}
-			if err := cmdutil.Print(opts.IO, opts.OutputFormat, res, func() cmdutil.Table { return rows(res) }); err != nil {
-				return err
-			}
-			printed++
-		}
-		if opts.Iterations > 0 && n >= opts.Iterations {
-			return nil
-		}
-		if err := sleep(ctx, time.Duration(opts.Watch)*time.Second); err != nil {
-			return err
-		}
-	}
-}
-
-// Gather reads every pool and log once.
-func Gather(ctx context.Context, targets []Pool, logs []string) (*Result, error) {
-	res := &Result{Sources: []Source{}}
-	for _, p := range targets {
-		s, err := gatherAny(ctx, p)
+	var prev *probe.StatsReport
+	w := cmdutil.Watch{IO: opts.IO, Every: opts.Watch, Format: opts.OutputFormat, Iterations: opts.Iterations, Seams: opts.Seams}
+	return w.Run(ctx, func(ctx context.Context) (func() error, error) {
+		res, err := gather(ctx, targets, opts.FromLog)
 		if err != nil {
 			return nil, err
 		}
-		res.Sources = append(res.Sources, s)
+		res.SetDeltas(prev)
+		prev = res
+		return func() error {
+			return cmdutil.Print(opts.IO, opts.OutputFormat, res, func() cmdutil.Table { return rows(res) })
+		}, nil
+	})
+}
+
+// gather reads every pool and log once, with the exit codes the command documents.
+func gather(ctx context.Context, targets []probe.Pool, logs []string) (*probe.StatsReport, error) {
+	res, err := probe.Gather(ctx, targets, logs)
+	if errors.Is(err, probe.ErrNoStatsLines) {
+		return nil, &cmdutil.ExitError{Code: cmdutil.ExitValidation, Err: err}
 	}
-	for _, name := range logs {
-		s, err := gatherLog(name)
-		if err != nil {
-			return nil, err
-		}
-		res.Sources = append(res.Sources, s)
+	if err != nil {
+		return nil, cmdutil.PoolError(err)
 	}
 	return res, nil
-}
-
-func gatherPool(ctx context.Context, t *probe.Target) (Source, error) {
-	kind, err := t.Kind(ctx)
-	if err != nil {
-		return Source{}, err
-	}
-	src := Source{Source: t.Addr(), Kind: kind}
-	if kind == probe.KindServe {
-		if done, err := gatherClusterServe(ctx, t, &src); done || err != nil {
-			return src, err
-		}
-	}
-	m, err := t.Admin.Metrics(ctx)
-	if err != nil {
-		return Source{}, err
-	}
-	segs, err := t.Admin.SegmentsDetail(ctx)
-	if err != nil {
-		return Source{}, err
-	}
-	metric := func(name string) int64 {
-		v, _ := m.Value(name)
-		return int64(v)
-	}
-	u := &Usage{
-		CapacityBytes: metric("master_total_capacity_bytes"), UsedBytes: metric("master_allocated_bytes"),
-		Objects: metric("master_key_count"), SoftPinnedObjects: metric("master_soft_pin_key_count"),
-		Segments: []Segment{},
-	}
-	for _, s := range segs {
-		u.Segments = append(u.Segments, Segment{Name: s.Name, UsedBytes: s.AllocatorUsedBytes, CapacityBytes: s.AllocatorCapacityBytes})
-	}
-	ev := &Evictions{
-		Attempts: metric("master_attempted_evictions_total"), Successful: metric("master_successful_evictions_total"),
-		EvictedKeys: metric("master_evicted_key_count"), EvictedBytes: metric("master_evicted_size_bytes"),
-	}
-	// The master counts hits as valid gets among all gets; the misses are the rest.
-	hits := metric("mem_cache_hit_nums_")
-	g := &Gets{Hits: hits, Misses: max(0, metric("total_get_nums_")-metric("valid_get_nums_"))}
-
-	switch kind {
-	case probe.KindServe:
-		st, err := t.ServeStats(ctx)
-		if err != nil {
-			return Source{}, err
-		}
-		p := st.Pool
-		src.Version = st.Version
-		src.Ready = &st.Ready
-		engines := len(st.Engines)
-		src.Engines = &engines
-		u.CapacityBytes, u.UsedBytes, u.Objects, u.SoftPinnedObjects = p.CapacityBytes, p.UsedBytes, p.Objects, p.SoftPinned
-		u.HardPinnedObjects, u.GroupedObjects = &p.HardPinned, &p.Grouped
-		g = &Gets{Hits: p.Hits, Misses: p.Misses}
-		ev.ByPass = &EvictionPasses{Pass1: p.EvictedPass1, Pass2: p.EvictedPass2, SoftPinned: p.EvictedSoftPinned, Grouped: p.EvictedGrouped, Failed: p.FailedEvictions}
-		holes, loads, backend := st.PrefixHoles, st.Loads, st.Backend
-		src.PrefixHoles, src.Loads, src.Backend = &holes, &loads, &backend
-	case probe.KindMaster:
-		sum, err := t.Admin.MetricsSummary(ctx)
-		if err != nil {
-			return Source{}, err
-		}
-		src.Role = sum.Role
-		src.Ready = &sum.ServiceReady
-		// The summary's key counts are the master's own view; prefer them to the gauges when
-		// both are present since they are computed in one pass.
-		u.Objects, u.SoftPinnedObjects = sum.Keys, sum.SoftPinnedKeys
-	}
-	if u.CapacityBytes > 0 {
-		u.UsedPercent = float64(u.UsedBytes) * 100 / float64(u.CapacityBytes)
-	}
-	if g.Hits+g.Misses > 0 {
-		g.HitRatio = float64(g.Hits) / float64(g.Hits+g.Misses)
-	}
-	src.Usage, src.Gets, src.Evictions = u, g, ev
-	return src, nil
-}
-
-func gatherLog(name string) (Source, error) {
-	f, err := os.Open(name)
-	if err != nil {
-		return Source{}, err
-	}
-	defer f.Close()
-	ls, err := probe.ParseLog(f)
-	if err != nil {
-		return Source{}, fmt.Errorf("%s: %w", name, err)
-	}
-	if ls.HoleLines+ls.LoadLines == 0 {
-		msg := fmt.Sprintf("%s: no \"prefix-hole stats\" or \"load stats\" lines among %d lines; is stats_interval set on the connector?", name, ls.Lines)
-		if ls.Malformed > 0 {
-			msg = fmt.Sprintf("%s: no readable stats lines among %d lines (%d malformed, the first at line %d)", name, ls.Lines, ls.Malformed, ls.FirstMalformed)
-		}
-		return Source{}, cmdutil.ValidationErrorf("%s", msg)
-	}
-	src := Source{Source: name, Kind: KindLog, Log: &LogLines{Lines: ls.Lines, HoleLines: ls.HoleLines, LoadLines: ls.LoadLines, Skipped: ls.Skipped, Malformed: ls.Malformed}}
-	if ls.HoleLines > 0 {
-		h := ls.Holes
-		src.PrefixHoles = &daemon.HoleStatsJSON{Lookups: h.Lookups, LookedUpBlocks: h.LookedUpBlocks, HitBlocks: h.HitBlocks, Holes: h.Holes, HoleBlocks: h.HoleBlocks, RecomputedStoredTokens: h.RecomputedStoredTokens}
-	}
-	if ls.LoadLines > 0 {
-		l := ls.Loads
-		src.Loads = &l
-	}
-	return src, nil
-}
-
-func counters(s Source) Counters {
-	var c Counters
-	if s.Gets != nil {
-		c.Hits, c.Misses = s.Gets.Hits, s.Gets.Misses
-	}
-	if s.Evictions != nil {
-		c.EvictionAttempts, c.EvictedKeys = s.Evictions.Attempts, s.Evictions.EvictedKeys
-	}
-	if h := s.PrefixHoles; h != nil {
-		c.Lookups, c.HitBlocks, c.Holes, c.HoleBlocks, c.RecomputedStoredTokens = h.Lookups, h.HitBlocks, h.Holes, h.HoleBlocks, h.RecomputedStoredTokens
-	}
-	if l := s.Loads; l != nil {
-		c.Loads, c.LoadedPages, c.LandedBytes = l.Loads, l.Pages, l.LandedBytes
-	}
-	return c
-}
-
-func (c Counters) minus(o Counters) Counters {
-	return Counters{
-		Hits: c.Hits - o.Hits, Misses: c.Misses - o.Misses,
-		EvictionAttempts: c.EvictionAttempts - o.EvictionAttempts, EvictedKeys: c.EvictedKeys - o.EvictedKeys,
-		Lookups: c.Lookups - o.Lookups, HitBlocks: c.HitBlocks - o.HitBlocks, Holes: c.Holes - o.Holes,
-		HoleBlocks: c.HoleBlocks - o.HoleBlocks, RecomputedStoredTokens: c.RecomputedStoredTokens - o.RecomputedStoredTokens,
-		Loads: c.Loads - o.Loads, LoadedPages: c.LoadedPages - o.LoadedPages, LandedBytes: c.LandedBytes - o.LandedBytes,
-	}
-}
-
-// poolError gives a failed read the exit code and words the command documents: 4 with the
-// address when nothing answered, 1 otherwise.
-func poolError(t *probe.Target, err error) error {
-	switch {
-	case errors.Is(err, context.Canceled):
-		return err
-	case errors.Is(err, mooncake.ErrUnreachable):
-		s := err.Error()
-		if strings.Contains(s, "Timeout exceeded") || strings.Contains(s, "deadline exceeded") || strings.Contains(s, "i/o timeout") {
-			return cmdutil.Unreachable(fmt.Errorf("pool %s did not answer within %s (--timeout): %w", t.Addr(), t.Timeout, err))
-		}
-		return cmdutil.Unreachable(cmdutil.Briefly(fmt.Sprintf("pool %s is unreachable", t.Addr()), err))
-	case errors.Is(err, mooncake.ErrMalformedResponse):
-		return fmt.Errorf("pool %s sent a response kvctl cannot read: %w", t.Addr(), err)
-	}
-	return cmdutil.Briefly(fmt.Sprintf("pool %s", t.Addr()), err)
 }
 
 func bytesHuman(n int64) string {
@@ -467,10 +157,10 @@ func bytesHuman(n int64) string {
 
 func secs(v float64) string { return strconv.FormatFloat(v*1000, 'f', 3, 64) + " ms" }
 
-func rows(res *Result) cmdutil.Table {
+func rows(res *probe.StatsReport) cmdutil.Table {
 	t := cmdutil.Table{Header: []string{"SOURCE", "METRIC", "VALUE", "DELTA"}}
 	for _, s := range res.Sources {
-		var d Counters
+		var d probe.Counters
 		hasDelta := s.Delta != nil
 		if hasDelta {
 			d = *s.Delta

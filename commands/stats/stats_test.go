@@ -23,6 +23,7 @@ import (
 	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/daemon/daemontest"
 	"github.com/kvctl/kvctl/core/enginesim"
+	"github.com/kvctl/kvctl/core/probe"
 	corestats "github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
@@ -77,7 +78,7 @@ func golden(t *testing.T, name string, got []byte) {
 }
 
 func options(ios *cmdutil.IOStreams, format string) *Options {
-	return &Options{IO: ios, Timeout: 5 * time.Second, OutputFormat: format, Now: func() time.Time { return time.Unix(0, 0).UTC() }}
+	return &Options{IO: ios, Timeout: 5 * time.Second, OutputFormat: format, Seams: cmdutil.Seams{Now: func() time.Time { return time.Unix(0, 0).UTC() }}}
 }
 
 // masterReplay serves the real master's recorded responses by path, with the bodies of
@@ -110,7 +111,7 @@ func TestRecordedMaster(t *testing.T) {
 			ios, _, out, _ := cmdutil.Test()
 			o := options(ios, format)
 			o.Pools = []string{srv.URL}
-			if err := Run(context.Background(), o); err != nil {
+			if err := runStats(context.Background(), o); err != nil {
 				t.Fatal(err)
 			}
 			golden(t, "master."+format, []byte(strings.ReplaceAll(out.String(), srv.URL, "http://ADDR")))
@@ -119,10 +120,10 @@ func TestRecordedMaster(t *testing.T) {
 	ios, _, out, _ := cmdutil.Test()
 	o := options(ios, cmdutil.FormatJSON)
 	o.Pools = []string{strings.TrimPrefix(srv.URL, "http://")}
-	if err := Run(context.Background(), o); err != nil {
+	if err := runStats(context.Background(), o); err != nil {
 		t.Fatal(err)
 	}
-	var r Result
+	var r probe.StatsReport
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +193,7 @@ func TestServe(t *testing.T) {
 			ios, _, out, _ := cmdutil.Test()
 			o := options(ios, format)
 			o.Pools = []string{addr}
-			if err := Run(context.Background(), o); err != nil {
+			if err := runStats(context.Background(), o); err != nil {
 				t.Fatal(err)
 			}
 			golden(t, "serve."+format, []byte(strings.ReplaceAll(out.String(), addr, "ADDR")))
@@ -201,10 +202,10 @@ func TestServe(t *testing.T) {
 	ios, _, out, _ := cmdutil.Test()
 	o := options(ios, cmdutil.FormatJSON)
 	o.Pools = []string{addr}
-	if err := Run(context.Background(), o); err != nil {
+	if err := runStats(context.Background(), o); err != nil {
 		t.Fatal(err)
 	}
-	var r Result
+	var r probe.StatsReport
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +263,7 @@ func TestFromLog(t *testing.T) {
 				ios, _, out, _ := cmdutil.Test()
 				o := options(ios, format)
 				o.FromLog = []string{path}
-				if err := Run(context.Background(), o); err != nil {
+				if err := runStats(context.Background(), o); err != nil {
 					t.Fatal(err)
 				}
 				// Both log formats give the same report.
@@ -273,15 +274,15 @@ func TestFromLog(t *testing.T) {
 	ios, _, out, _ := cmdutil.Test()
 	o := options(ios, cmdutil.FormatJSON)
 	o.FromLog = []string{writeLog(t, "text")}
-	if err := Run(context.Background(), o); err != nil {
+	if err := runStats(context.Background(), o); err != nil {
 		t.Fatal(err)
 	}
-	var r Result
+	var r probe.StatsReport
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
 		t.Fatal(err)
 	}
 	s := r.Sources[0]
-	want := daemon.HoleStatsJSON{Lookups: 4, LookedUpBlocks: 16, HitBlocks: 6, Holes: 3, HoleBlocks: 4, RecomputedStoredTokens: 160}
+	want := corestats.HoleStats{Lookups: 4, LookedUpBlocks: 16, HitBlocks: 6, Holes: 3, HoleBlocks: 4, RecomputedStoredTokens: 160}
 	if *s.PrefixHoles != want || s.Loads.Loads != 2 || s.Loads.Pages != 20 || s.Log.HoleLines != 2 || s.Log.LoadLines != 2 || s.Log.Skipped != 1 {
 		t.Errorf("%+v %+v %+v", s.PrefixHoles, s.Loads, s.Log)
 	}
@@ -306,7 +307,7 @@ func TestFromLogErrors(t *testing.T) {
 		ios, _, _, _ := cmdutil.Test()
 		o := options(ios, cmdutil.FormatTable)
 		o.FromLog = []string{tt.file}
-		err := Run(context.Background(), o)
+		err := runStats(context.Background(), o)
 		if cmdutil.ExitCode(err) != tt.code || err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: %v (exit %d), want exit %d and %q", tt.file, err, cmdutil.ExitCode(err), tt.code, tt.want)
 		}
@@ -351,7 +352,7 @@ func TestPoolErrors(t *testing.T) {
 			o := options(ios, cmdutil.FormatTable)
 			o.Pools = []string{tt.pool}
 			o.Timeout = 200 * time.Millisecond
-			err := Run(context.Background(), o)
+			err := runStats(context.Background(), o)
 			if got := cmdutil.ExitCode(err); got != tt.code {
 				t.Fatalf("exit %d (%v), want %d", got, err, tt.code)
 			}
@@ -381,13 +382,13 @@ func TestWatchDeltas(t *testing.T) {
 		o.Pools = []string{addr, master.URL}
 		o.Watch, o.Iterations = 2, 2
 		o.Sleep = func(context.Context, time.Duration) error { getMore(); return nil }
-		if err := Run(context.Background(), o); err != nil {
+		if err := runStats(context.Background(), o); err != nil {
 			t.Fatal(err)
 		}
 		dec := json.NewDecoder(out)
-		var reports []Result
+		var reports []probe.StatsReport
 		for {
-			var r Result
+			var r probe.StatsReport
 			if err := dec.Decode(&r); err == io.EOF {
 				break
 			} else if err != nil {
@@ -401,7 +402,7 @@ func TestWatchDeltas(t *testing.T) {
 		if d := reports[1].Sources[0].Delta; d == nil || d.Hits != 3 || d.Misses != 1 {
 			t.Errorf("serve delta %+v", d)
 		}
-		if d := reports[1].Sources[1].Delta; d == nil || *d != (Counters{}) {
+		if d := reports[1].Sources[1].Delta; d == nil || *d != (probe.Counters{}) {
 			t.Errorf("the recorded master does not change: %+v", d)
 		}
 	})
@@ -413,7 +414,7 @@ func TestWatchDeltas(t *testing.T) {
 		o.Pools = []string{addr}
 		o.Watch, o.Iterations = 5, 2
 		o.Sleep = func(context.Context, time.Duration) error { getMore(); return nil }
-		if err := Run(context.Background(), o); err != nil {
+		if err := runStats(context.Background(), o); err != nil {
 			t.Fatal(err)
 		}
 		s := out.String()
@@ -429,7 +430,7 @@ func TestWatchDeltas(t *testing.T) {
 		o.Watch = 1
 		ctx, cancel := context.WithCancel(context.Background())
 		o.Sleep = func(ctx context.Context, _ time.Duration) error { cancel(); <-ctx.Done(); return ctx.Err() }
-		if err := Run(ctx, o); !errors.Is(err, context.Canceled) {
+		if err := runStats(ctx, o); !errors.Is(err, context.Canceled) {
 			t.Fatalf("%v", err)
 		}
 	})
@@ -465,10 +466,10 @@ func TestServeWithEngines(t *testing.T) {
 	ios, _, out, _ := cmdutil.Test()
 	o := options(ios, cmdutil.FormatJSON)
 	o.Pools = []string{r.Info.AdminAddr}
-	if err := Run(ctx, o); err != nil {
+	if err := runStats(ctx, o); err != nil {
 		t.Fatal(err)
 	}
-	var res Result
+	var res probe.StatsReport
 	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
 		t.Fatal(err)
 	}

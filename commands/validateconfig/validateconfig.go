@@ -30,16 +30,16 @@ type Options struct {
 	NodeBudget   bool
 	RanksOnNode  int
 	OutputFormat string
-	// ReadFile and MemAvailable are replaced in tests.
-	ReadFile     func(string) ([]byte, error)
-	MemAvailable func() (uint64, bool)
-	// Context interrupts a read (SIGINT/SIGTERM); nil is context.Background().
-	Context context.Context
+	// ReadFile is replaced in tests.
+	ReadFile func(string) ([]byte, error)
+	// Seams come from the Factory: MemAvailable reads the memory the node budget checks
+	// (nil: the system's, as config.SystemMemAvailable reads it).
+	cmdutil.Seams
 }
 
 // NewCmdValidateConfig returns `kvctl validate-config`. runF replaces the run function in tests.
 func NewCmdValidateConfig(f *cmdutil.Factory, runF func(*Options) error) *cobra.Command {
-	opts := &Options{IO: f.IOStreams}
+	opts := &Options{IO: f.IOStreams, Seams: f.Seams}
 	kinds := make([]string, 0, 4)
 	for _, k := range config.Kinds() {
 		kinds = append(kinds, string(k))
@@ -73,7 +73,6 @@ check (segments and staging against available memory less 32 GiB).`,
 			opts.Files = args
 			opts.OutputFormat = cmdutil.OutputFormat(cmd)
 			opts.Getenv = f.Getenv
-			opts.Context = cmd.Context()
 			if opts.Kind != "" {
 				if _, err := config.ParseKind(opts.Kind); err != nil {
 					return cmdutil.FlagErrorf("--kind: %v", err)
@@ -94,7 +93,7 @@ check (segments and staging against available memory less 32 GiB).`,
 			if runF != nil {
 				return runF(opts)
 			}
-			return Run(opts)
+			return runValidateConfig(cmd.Context(), opts)
 		},
 	}
 	fl := cmd.Flags()
@@ -131,10 +130,9 @@ type loaded struct {
 	diags config.Diagnostics
 }
 
-// Run checks every file and prints the result. It returns a validation error (exit 3) when any
-// file is invalid.
-func Run(opts *Options) error {
-	ctx := opts.Context
+// runValidateConfig checks every file and prints the result. It returns a validation error
+// (exit 3) when any file is invalid. ctx interrupts a read (SIGINT/SIGTERM).
+func runValidateConfig(ctx context.Context, opts *Options) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}

@@ -1,6 +1,7 @@
 package validateconfig
 
 import (
+	"context"
 	"flag"
 	"path/filepath"
 	"strings"
@@ -65,7 +66,7 @@ func run(t *testing.T, o *Options) (string, string, int) {
 	if o.RanksOnNode == 0 {
 		o.RanksOnNode = 1
 	}
-	err := Run(o)
+	err := runValidateConfig(context.Background(), o)
 	if err != nil && !cmdutil.IsSilent(err) {
 		errOut.WriteString(err.Error())
 	}
@@ -132,7 +133,7 @@ func TestStrictAndStdin(t *testing.T) {
 
 	ios, in, out, _ := cmdutil.Test()
 	in.WriteString(`{"master_server_address": "h:1", "model_key": "m", "group_blocks": "false"}`)
-	err := Run(&Options{IO: ios, Files: []string{"-"}, Kind: "mooncake-json", OutputFormat: "table", RanksOnNode: 1, Getenv: func(string) string { return "" }})
+	err := runValidateConfig(context.Background(), &Options{IO: ios, Files: []string{"-"}, Kind: "mooncake-json", OutputFormat: "table", RanksOnNode: 1, Getenv: func(string) string { return "" }})
 	if cmdutil.ExitCode(err) != cmdutil.ExitValidation || !strings.Contains(out.String(), "<stdin>:1:") || !strings.Contains(out.String(), "group_blocks") {
 		t.Errorf("stdin: %v\n%s", err, out.String())
 	}

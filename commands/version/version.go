@@ -2,6 +2,7 @@
 package version
 
 import (
+	"context"
 	"runtime"
 	"runtime/debug"
 
@@ -39,13 +40,13 @@ func NewCmdVersion(f *cmdutil.Factory, runF func(*Options) error) *cobra.Command
 			if runF != nil {
 				return runF(opts)
 			}
-			return Run(opts)
+			return runVersion(cmd.Context(), opts)
 		},
 	}
 }
 
-// Run prints the version information.
-func Run(opts *Options) error {
+// runVersion prints the version information.
+func runVersion(_ context.Context, opts *Options) error {
 	info := Get(opts.Version, opts.Commit)
 	return cmdutil.Print(opts.IO, opts.Format, info, func() cmdutil.Table {
 		return cmdutil.Table{

@@ -20,8 +20,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/enginesim"
+	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
 )
 
@@ -177,13 +177,13 @@ func (h *host) readyz() (int, string) {
 	return code, body
 }
 
-func (h *host) stats(t testing.TB) daemon.StatsJSON {
+func (h *host) stats(t testing.TB) statsapi.StatsJSON {
 	t.Helper()
 	code, body, err := get(h.admin + "/v1/stats")
 	if err != nil || code != 200 {
 		t.Fatalf("%s /v1/stats: %d %v %s", h.name, code, err, body)
 	}
-	var st daemon.StatsJSON
+	var st statsapi.StatsJSON
 	if err := json.Unmarshal([]byte(body), &st); err != nil {
 		t.Fatal(err)
 	}
@@ -373,9 +373,9 @@ func checkStatsCLI(t *testing.T, m *mooncaketest.Master, a, b *host, segments in
 	}
 	var res struct {
 		Sources []struct {
-			Source  string                    `json:"source"`
-			Kind    string                    `json:"kind"`
-			Backend *daemon.BackendStatusJSON `json:"backend"`
+			Source  string                      `json:"source"`
+			Kind    string                      `json:"kind"`
+			Backend *statsapi.BackendStatusJSON `json:"backend"`
 		} `json:"sources"`
 	}
 	if err := json.Unmarshal(out, &res); err != nil || len(res.Sources) != 3 {
@@ -492,7 +492,7 @@ func TestFourEnginesEachHost(t *testing.T) {
 	if loaded != want {
 		t.Fatalf("four warm engines on B loaded %d blocks, want all %d", loaded, want)
 	}
-	if f := b.stats(t).Backend.PoolCallFailures; f != (daemon.PoolFailuresJSON{}) {
+	if f := b.stats(t).Backend.PoolCallFailures; f != (statsapi.PoolFailuresJSON{}) {
 		t.Fatalf("pool failures on B: %+v", f)
 	}
 }

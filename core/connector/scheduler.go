@@ -160,10 +160,7 @@ func (s *Scheduler) lookup(ctx context.Context, req Request, numComputed int) (i
 	}
 	st := s.reqs[req.ID]
 	if st == nil {
-		chain, err := keys.NewChain(keys.ChainConfig{
-			Format: s.opts.Format, TokensPerBlock: s.opts.TokensPerBlock,
-			PromptLookahead: s.opts.PromptLookahead, Scope: req.Scope,
-		})
+		chain, err := s.recipe(nil).NewChain(req.Scope)
 		if err != nil {
 			return 0, false, fmt.Errorf("request %s: %w", req.ID, err)
 		}
@@ -215,15 +212,20 @@ func (s *Scheduler) lookup(ctx context.Context, req Request, numComputed int) (i
 	return hit * T, s.opts.AsyncLoad, nil
 }
 
+// recipe is the key recipe of this engine rank over the layer groups groups (nil before a
+// layout is registered, which is enough for hashes).
+func (s *Scheduler) recipe(groups []keys.LayerGroupPages) keys.Recipe {
+	return keys.Recipe{
+		Format: s.opts.Format, TokensPerBlock: s.opts.TokensPerBlock, PromptLookahead: s.opts.PromptLookahead,
+		Namespace: s.opts.Namespace, Groups: groups,
+	}
+}
+
 // blockKeys lists every key of every candidate block, block by block, for one existence probe.
 // It reads only the geometry, which is fixed once the layout is registered.
 func (s *Scheduler) blockKeys(hashes []keys.Hash) []string {
 	g := s.geom
-	all := make([]string, 0, len(hashes)*g.keysPerBlock)
-	for _, h := range hashes {
-		all = s.opts.Namespace.AppendBlockKeys(all, s.opts.TokensPerBlock, g.groups, h)
-	}
-	return all
+	return s.recipe(g.groups).AppendLookupKeys(make([]string, 0, len(hashes)*g.keysPerBlock), hashes...)
 }
 
 // countPrefixHit folds the pool's answer for the keys of blocks candidate blocks (blockKeys

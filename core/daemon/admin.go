@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/stats"
+	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -43,89 +44,22 @@ func (d *Daemon) askTheMaster(w http.ResponseWriter, r *http.Request) {
 		r.URL.Path, d.backend.Info.Master)
 }
 
-// HoleStatsJSON is the prefix-hole stats part of /v1/stats.
-type HoleStatsJSON struct {
-	Lookups                int64 `json:"lookups"`
-	LookedUpBlocks         int64 `json:"looked_up_blocks"`
-	HitBlocks              int64 `json:"hit_blocks"`
-	Holes                  int64 `json:"holes"`
-	HoleBlocks             int64 `json:"hole_blocks"`
-	RecomputedStoredTokens int64 `json:"recomputed_stored_tokens"`
-}
-
-// PhaseJSON is one load phase's time. CPUSeconds is the loading thread's CPU time; synchronous
-// loads count it only while serve runs with --stats-interval (reading a thread's CPU clock pins
-// the load to its OS thread, which slows loads that wait on a remote pool).
-type PhaseJSON struct {
-	WallSeconds float64 `json:"wall_seconds"`
-	CPUSeconds  float64 `json:"cpu_seconds"`
-}
-
-// LoadStatsJSON is the load-phase stats part of /v1/stats.
-type LoadStatsJSON struct {
-	Loads           int64                `json:"loads"`
-	AsyncLoads      int64                `json:"async_loads"`
-	Pages           int64                `json:"pages"`
-	StoreCalls      int64                `json:"store_calls"`
-	LandedBytes     int64                `json:"landed_bytes"`
-	FailedPages     int64                `json:"failed_pages"`
-	TransferSeconds float64              `json:"transfer_seconds"`
-	TransferMaxSecs float64              `json:"transfer_max_seconds"`
-	WaitSeconds     float64              `json:"wait_seconds"`
-	WaitMaxSeconds  float64              `json:"wait_max_seconds"`
-	Phases          map[string]PhaseJSON `json:"phases"`
-}
-
-// EngineJSON describes one registered engine rank in /v1/stats.
-type EngineJSON struct {
-	Engine       string        `json:"engine"`
-	ModelKey     string        `json:"model_key"`
-	Rank         int           `json:"rank"`
-	Shard        string        `json:"shard"`
-	Role         string        `json:"role"`
-	Scheduler    bool          `json:"scheduler"`
-	RegisteredAt time.Time     `json:"registered_at"`
-	PrefixHoles  HoleStatsJSON `json:"prefix_holes"`
-	Loads        LoadStatsJSON `json:"loads"`
-}
-
-// StatsJSON is the body of GET /v1/stats. Field names are a compatibility contract.
-type StatsJSON struct {
-	Version       string         `json:"version"`
-	UptimeSeconds float64        `json:"uptime_seconds"`
-	Ready         bool           `json:"ready"`
-	Pool          mooncake.Stats `json:"pool"`
-	// Backend names the pool backend, its master, this host's segment and the cluster's
-	// capacity, and says why the daemon is not ready when it is not.
-	Backend     BackendStatusJSON `json:"backend"`
-	PrefixHoles HoleStatsJSON     `json:"prefix_holes"`
-	Loads       LoadStatsJSON     `json:"loads"`
-	Engines     []EngineJSON      `json:"engines"`
-	// HitRates and Saves are added by the metrics code (metrics.go).
-	HitRates HitRatesJSON  `json:"hit_rates"`
-	Saves    SaveStatsJSON `json:"saves"`
-}
-
-func holesJSON(h stats.HoleStats) HoleStatsJSON {
-	return HoleStatsJSON{h.Lookups, h.LookedUpBlocks, h.HitBlocks, h.Holes, h.HoleBlocks, h.RecomputedStoredTokens}
-}
-
-func loadsJSON(t stats.LoadTotals) LoadStatsJSON {
-	out := LoadStatsJSON{
+func loadsJSON(t stats.LoadTotals) statsapi.LoadStatsJSON {
+	out := statsapi.LoadStatsJSON{
 		Loads: t.Loads, AsyncLoads: t.AsyncLoads, Pages: t.Pages, StoreCalls: t.StoreCalls,
 		LandedBytes: t.LandedBytes, FailedPages: t.FailedPages,
 		TransferSeconds: t.TransferSum.Seconds(), TransferMaxSecs: t.TransferMax.Seconds(),
 		WaitSeconds: t.WaitSum.Seconds(), WaitMaxSeconds: t.WaitMax.Seconds(),
-		Phases: map[string]PhaseJSON{},
+		Phases: map[string]statsapi.PhaseJSON{},
 	}
 	for p := stats.Phase(0); p < stats.NumPhases; p++ {
-		out.Phases[p.String()] = PhaseJSON{WallSeconds: t.Phases[p].Wall.Seconds(), CPUSeconds: t.Phases[p].CPU.Seconds()}
+		out.Phases[p.String()] = statsapi.PhaseJSON{WallSeconds: t.Phases[p].Wall.Seconds(), CPUSeconds: t.Phases[p].CPU.Seconds()}
 	}
 	return out
 }
 
 // Stats returns what GET /v1/stats serves.
-func (d *Daemon) Stats(ctx context.Context) (StatsJSON, error) {
+func (d *Daemon) Stats(ctx context.Context) (statsapi.StatsJSON, error) {
 	bs := d.BackendStatus(ctx)
 	var ps mooncake.Stats
 	if bs.MasterReachable {
@@ -134,25 +68,25 @@ func (d *Daemon) Stats(ctx context.Context) (StatsJSON, error) {
 		ps, err = d.pool.Stats(sctx)
 		cancel()
 		if err != nil && !d.backendIsRemote() {
-			return StatsJSON{}, err
+			return statsapi.StatsJSON{}, err
 		}
 	}
-	out := StatsJSON{Version: d.cfg.Version, UptimeSeconds: time.Since(d.start).Seconds(), Ready: d.ready.Load(), Pool: ps, Backend: bs, Engines: []EngineJSON{}}
+	out := statsapi.StatsJSON{Version: d.cfg.Version, UptimeSeconds: time.Since(d.start).Seconds(), Ready: d.ready.Load(), Pool: statsapi.PoolStats(ps), Backend: bs, Engines: []statsapi.EngineJSON{}}
 	d.mu.RLock()
 	holes, loads := d.retiredHoles, d.retiredLoads
 	for _, e := range d.engines {
 		h, l := e.reporter.HoleTotals(), e.reporter.LoadTotals()
 		holes.Add(h)
 		loads.Merge(l)
-		out.Engines = append(out.Engines, EngineJSON{
+		out.Engines = append(out.Engines, statsapi.EngineJSON{
 			Engine: e.name, ModelKey: e.modelKey, Rank: e.rank, Shard: e.shard, Role: string(e.role),
 			Scheduler: e.scheduler != nil, RegisteredAt: e.since.UTC(),
-			PrefixHoles: holesJSON(h), Loads: loadsJSON(l),
+			PrefixHoles: h, Loads: loadsJSON(l),
 		})
 	}
 	d.mu.RUnlock()
 	sort.Slice(out.Engines, func(i, j int) bool { return out.Engines[i].Engine < out.Engines[j].Engine })
-	out.PrefixHoles, out.Loads = holesJSON(holes), loadsJSON(loads)
+	out.PrefixHoles, out.Loads = holes, loadsJSON(loads)
 	d.met.fillStats(&out)
 	return out, nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/daemon/daemontest"
 	"github.com/kvctl/kvctl/core/enginesim"
+	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -124,7 +125,7 @@ func fill[T any](n int, v T) []T {
 }
 
 // remoteInfo is what serve reports for a Mooncake backend.
-var remoteInfo = daemon.BackendInfo{Kind: daemon.BackendMooncake, Master: "127.0.0.1:50051", Metadata: "http://127.0.0.1:8080/metadata",
+var remoteInfo = statsapi.BackendInfo{Kind: statsapi.BackendMooncake, Master: "127.0.0.1:50051", Metadata: "http://127.0.0.1:8080/metadata",
 	HostAddress: "127.0.0.1", Protocol: "tcp", Segment: "127.0.0.1:15000", SegmentBytes: 64 << 20, LocalBufferBytes: 16 << 20}
 
 func startRemote(t *testing.T, p *outagePool, timeout time.Duration) *daemontest.Running {
@@ -149,9 +150,9 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func stats(t *testing.T, r *daemontest.Running) daemon.StatsJSON {
+func stats(t *testing.T, r *daemontest.Running) statsapi.StatsJSON {
 	t.Helper()
-	var st daemon.StatsJSON
+	var st statsapi.StatsJSON
 	getJSON(t, "http://"+r.Info.AdminAddr+"/v1/stats", &st)
 	return st
 }
@@ -206,7 +207,7 @@ func TestMasterDownAtStart(t *testing.T) {
 		}
 		return strings.Contains(body, "waiting for the Mooncake master 127.0.0.1:50051")
 	})
-	var st daemon.StatsJSON
+	var st statsapi.StatsJSON
 	eventually(t, "/v1/stats to give the reason", func() bool {
 		st = stats(t, r)
 		if st.Ready || st.Backend.SegmentMounted || st.Backend.MasterReachable {
@@ -339,7 +340,7 @@ func TestShutdownFlushesAndUnmounts(t *testing.T) {
 
 // TestBackendJSONContract pins the field names of /v1/stats "backend".
 func TestBackendJSONContract(t *testing.T) {
-	b, err := json.Marshal(daemon.BackendStatusJSON{BackendInfo: remoteInfo})
+	b, err := json.Marshal(statsapi.BackendStatusJSON{BackendInfo: remoteInfo})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,10 +359,10 @@ func TestBackendJSONContract(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("backend fields\n got %v\nwant %v", got, want)
 	}
-	if sv, _ := json.Marshal(daemon.SegmentServedJSON{}); string(sv) != `{"peer_reads":0,"peer_writes":0,"bytes_read_by_peers":0,"bytes_written_by_peers":0}` {
+	if sv, _ := json.Marshal(statsapi.SegmentServedJSON{}); string(sv) != `{"peer_reads":0,"peer_writes":0,"bytes_read_by_peers":0,"bytes_written_by_peers":0}` {
 		t.Fatalf("segment_served: %s", sv)
 	}
-	f, _ := json.Marshal(daemon.PoolFailuresJSON{})
+	f, _ := json.Marshal(statsapi.PoolFailuresJSON{})
 	if string(f) != `{"timeouts":0,"lookup_keys":0,"dropped_save_pages":0,"load_pages":0}` {
 		t.Fatalf("pool_call_failures: %s", f)
 	}

@@ -17,8 +17,9 @@ import (
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
+	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/stats"
-	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -53,8 +54,10 @@ type Config struct {
 
 	// DrainTimeout bounds the drain on shutdown (30 s when zero).
 	DrainTimeout time.Duration
-	// CUDA configures CUDA movers.
-	CUDA gpu.CUDAMoverOptions
+	// Device opens engine memory on an accelerator (CUDA IPC handles and CUDA file
+	// descriptors); the command that starts the daemon passes the gpu package's. Nil refuses
+	// such memory at Register (kvmem.ErrNoDevice); shared memory needs nothing.
+	Device kvmem.DeviceOpener
 
 	Logger  *slog.Logger
 	Version string
@@ -98,7 +101,7 @@ type Info struct {
 	MetricsAddr string
 	PoolBytes   int64
 	// Backend describes the pool backend.
-	Backend BackendInfo
+	Backend statsapi.BackendInfo
 }
 
 // Daemon is a running `kvctl serve`.
@@ -349,8 +352,8 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 }
 
 // embeddedInfo describes an embedded pool: its segments are all this host's.
-func embeddedInfo(o mooncake.Options) BackendInfo {
-	info := BackendInfo{Kind: BackendEmbedded}
+func embeddedInfo(o mooncake.Options) statsapi.BackendInfo {
+	info := statsapi.BackendInfo{Kind: statsapi.BackendEmbedded}
 	for i, s := range o.Segments {
 		if i == 0 {
 			info.Segment = s.Name

@@ -25,6 +25,7 @@ import (
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/enginesim"
+	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -132,7 +133,7 @@ func TestColdWarmTwoRanks(t *testing.T) {
 	}
 
 	base := "http://" + r.Info.AdminAddr
-	var st daemon.StatsJSON
+	var st statsapi.StatsJSON
 	getJSON(t, base+"/v1/stats", &st)
 	if !st.Ready || len(st.Engines) != 2 || st.Engines[0].Engine != "warm/rank0" {
 		t.Errorf("stats engines: %+v", st.Engines)
@@ -380,7 +381,7 @@ func TestVanishedEngineIsReleased(t *testing.T) {
 	base := "http://" + r.Info.AdminAddr
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		var st daemon.StatsJSON
+		var st statsapi.StatsJSON
 		getJSON(t, base+"/v1/stats", &st)
 		if len(st.Engines) == 0 {
 			if st.Pool.Objects == 0 {

@@ -16,10 +16,10 @@ import (
 
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
+	"github.com/kvctl/kvctl/core/hostmem"
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/stats"
-	"github.com/kvctl/kvctl/gpu"
 )
 
 // engine is one registered engine rank.
@@ -227,7 +227,7 @@ func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (*
 			return nil, err
 		}
 		e.memFile = f
-		if e.mover, err = gpu.OpenMover(h, layout, d.cfg.CUDA); err != nil {
+		if e.mover, err = d.openMover(h, layout); err != nil {
 			return nil, status.Errorf(codes.FailedPrecondition, "register: open engine memory: %v", err)
 		}
 	}
@@ -271,28 +271,65 @@ func memSize(req *enginepb.RegisterRequest) uint64 {
 
 // handleFor resolves the engine memory of a registration, claiming a descriptor from the side
 // channel where one was sent.
-func (d *Daemon) handleFor(req *enginepb.RegisterRequest) (gpu.EngineHandle, *os.File, error) {
+func (d *Daemon) handleFor(req *enginepb.RegisterRequest) (kvmem.EngineHandle, *os.File, error) {
 	switch m := req.GetMemory().(type) {
 	case *enginepb.RegisterRequest_SharedMemory:
 		f, err := d.fds.Claim(m.SharedMemory.GetFdToken())
 		if err != nil {
-			return gpu.EngineHandle{}, nil, status.Errorf(codes.InvalidArgument, "register: shared memory: %v", err)
+			return kvmem.EngineHandle{}, nil, status.Errorf(codes.InvalidArgument, "register: shared memory: %v", err)
 		}
 		if err := checkSharedMemory(f, m.SharedMemory.GetSize()); err != nil {
 			_ = f.Close()
-			return gpu.EngineHandle{}, nil, status.Errorf(codes.InvalidArgument, "register: shared memory: %v", err)
+			return kvmem.EngineHandle{}, nil, status.Errorf(codes.InvalidArgument, "register: shared memory: %v", err)
 		}
-		return gpu.EngineHandle{Kind: gpu.HandleSharedMemory, FD: int(f.Fd()), Size: m.SharedMemory.GetSize()}, f, nil
+		return kvmem.EngineHandle{Kind: kvmem.HandleSharedMemory, FD: int(f.Fd()), Size: m.SharedMemory.GetSize()}, f, nil
 	case *enginepb.RegisterRequest_CudaFd:
 		f, err := d.fds.Claim(m.CudaFd.GetFdToken())
 		if err != nil {
-			return gpu.EngineHandle{}, nil, status.Errorf(codes.InvalidArgument, "register: CUDA memory: %v", err)
+			return kvmem.EngineHandle{}, nil, status.Errorf(codes.InvalidArgument, "register: CUDA memory: %v", err)
 		}
-		return gpu.EngineHandle{Kind: gpu.HandleCUDAFD, FD: int(f.Fd()), Size: m.CudaFd.GetSize(), Device: int(m.CudaFd.GetDevice())}, f, nil
+		return kvmem.EngineHandle{Kind: kvmem.HandleCUDAFD, FD: int(f.Fd()), Size: m.CudaFd.GetSize(), Device: int(m.CudaFd.GetDevice())}, f, nil
 	case *enginepb.RegisterRequest_CudaIpc:
-		return gpu.EngineHandle{Kind: gpu.HandleCUDAIPC, IPC: m.CudaIpc.GetHandle(), Offset: m.CudaIpc.GetOffset(), Size: m.CudaIpc.GetSize(), Device: int(m.CudaIpc.GetDevice())}, nil, nil
+		return kvmem.EngineHandle{Kind: kvmem.HandleCUDAIPC, IPC: m.CudaIpc.GetHandle(), Offset: m.CudaIpc.GetOffset(), Size: m.CudaIpc.GetSize(), Device: int(m.CudaIpc.GetDevice())}, nil, nil
 	}
-	return gpu.EngineHandle{}, nil, status.Error(codes.InvalidArgument, "register: a role that transfers KV needs engine memory (shared_memory, cuda_ipc or cuda_fd)")
+	return kvmem.EngineHandle{}, nil, status.Error(codes.InvalidArgument, "register: a role that transfers KV needs engine memory (shared_memory, cuda_ipc or cuda_fd)")
+}
+
+// openMover opens the engine memory h names: shared memory with the host backend, device
+// memory through the configured device backend.
+func (d *Daemon) openMover(h kvmem.EngineHandle, layout kvmem.Layout) (kvmem.Mover, error) {
+	switch {
+	case h.Kind == kvmem.HandleSharedMemory:
+		if h.Size > 1<<62 {
+			return nil, fmt.Errorf("engine memory of %d bytes", h.Size)
+		}
+		return hostmem.NewMover(h.FD, int64(h.Size), layout)
+	case h.OnDevice() && d.cfg.Device == nil:
+		return nil, kvmem.ErrNoDevice
+	case h.OnDevice():
+		return d.cfg.Device.OpenMover(h, layout)
+	}
+	return nil, fmt.Errorf("unknown engine memory kind %q", h.Kind)
+}
+
+// registeredRecipe is the key recipe an engine's registration states, with the registration's
+// defaults for what it leaves out (format trtllm, world size 1). Its layer groups come with the
+// layout the connector registers.
+func registeredRecipe(req *enginepb.RegisterRequest, tokensPerBlock int) (keys.Recipe, error) {
+	rec := keys.Recipe{Format: keys.FormatTRTLLM, TokensPerBlock: tokensPerBlock, PromptLookahead: int(req.GetPromptLookahead())}
+	if req.GetFormat() != "" {
+		f, err := keys.ParseFormat(req.GetFormat())
+		if err != nil {
+			return rec, err
+		}
+		rec.Format = f
+	}
+	world := int(req.GetWorldSize())
+	if world == 0 {
+		world = 1
+	}
+	rec.Namespace = keys.Namespace{Namespace: req.GetNamespace(), ModelKey: req.GetModelKey(), WorldSize: world, Rank: int(req.GetRank()), AttentionDP: req.GetAttentionDp()}
+	return rec, rec.Namespace.Validate()
 }
 
 // optionsFor merges a registration over the daemon's defaults.
@@ -303,25 +340,11 @@ func (d *Daemon) optionsFor(req *enginepb.RegisterRequest, layout kvmem.Layout) 
 		role = connector.RoleBoth
 	}
 	o.Role = role
-	format := keys.FormatTRTLLM
-	if req.GetFormat() != "" {
-		f, err := keys.ParseFormat(req.GetFormat())
-		if err != nil {
-			return o, err
-		}
-		format = f
-	}
-	o.Format = format
-	world := int(req.GetWorldSize())
-	if world == 0 {
-		world = 1
-	}
-	o.Namespace = keys.Namespace{Namespace: req.GetNamespace(), ModelKey: req.GetModelKey(), WorldSize: world, Rank: int(req.GetRank()), AttentionDP: req.GetAttentionDp()}
-	if err := o.Namespace.Validate(); err != nil {
+	rec, err := registeredRecipe(req, layout.TokensPerBlock)
+	if err != nil {
 		return o, err
 	}
-	o.PromptLookahead = int(req.GetPromptLookahead())
-	o.TokensPerBlock = layout.TokensPerBlock
+	o.Format, o.Namespace, o.PromptLookahead, o.TokensPerBlock = rec.Format, rec.Namespace, rec.PromptLookahead, rec.TokensPerBlock
 	if v := req.GetTransferBatchSize(); v > 0 {
 		o.TransferBatchSize = int(v)
 	}

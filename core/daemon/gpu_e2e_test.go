@@ -13,8 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/daemon"
+	"github.com/kvctl/kvctl/core/daemon/daemontest"
 	"github.com/kvctl/kvctl/core/enginesim"
+	"github.com/kvctl/kvctl/core/statsapi"
+	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/mooncake"
 )
 
 // torchPass is one pass's counts in torch_engine.py's summary.
@@ -33,16 +38,16 @@ type torchPass struct {
 }
 
 type torchSummary struct {
-	Memory         string                `json:"memory"`
-	PageBytes      int                   `json:"page_bytes"`
-	Layers         int                   `json:"layers"`
-	GPU            string                `json:"gpu"`
-	Torch          string                `json:"torch"`
-	Registration   map[string]any        `json:"registration"`
-	Cold           torchPass             `json:"cold"`
-	Warm           torchPass             `json:"warm"`
-	ExpectedLoaded int                   `json:"expected_warm_loaded_blocks"`
-	DaemonLoads    *daemon.LoadStatsJSON `json:"daemon_loads"`
+	Memory         string                  `json:"memory"`
+	PageBytes      int                     `json:"page_bytes"`
+	Layers         int                     `json:"layers"`
+	GPU            string                  `json:"gpu"`
+	Torch          string                  `json:"torch"`
+	Registration   map[string]any          `json:"registration"`
+	Cold           torchPass               `json:"cold"`
+	Warm           torchPass               `json:"warm"`
+	ExpectedLoaded int                     `json:"expected_warm_loaded_blocks"`
+	DaemonLoads    *statsapi.LoadStatsJSON `json:"daemon_loads"`
 	// Anchor and AnchorAfter are the pinned 64 MiB copies (h2d_64mib_gbs, d2h_64mib_gbs)
 	// measured by the engine before the cold pass and after the warm pass.
 	Anchor      map[string]float64 `json:"anchor"`
@@ -82,7 +87,7 @@ func TestGPUTorchEngine(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			r := start(t, 4<<30)
+			r := startOnGPU(t, 4<<30)
 			args := []string{script, "--socket", r.Info.Socket, "--memory", memory,
 				"--stats-url", "http://" + r.Info.AdminAddr + "/v1/stats",
 				"--requests", requests, "--page-bytes", strconv.Itoa(c.pageBytes), "--layers", strconv.Itoa(c.layers),
@@ -178,6 +183,15 @@ func checkTorchSummary(t *testing.T, s *torchSummary) {
 	}
 }
 
+// startOnGPU is start with the daemon's device backend set to the gpu package's, as
+// `kvctl serve` sets it, so that engines can register CUDA memory.
+func startOnGPU(t *testing.T, poolBytes int64) *daemontest.Running {
+	t.Helper()
+	popts := mooncake.DefaultOptions()
+	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: poolBytes}}
+	return daemontest.Start(t, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20}, Device: gpu.CUDA{}})
+}
+
 func envOr(k, def string) string {
 	if v := os.Getenv(k); v != "" {
 		return v
@@ -195,11 +209,12 @@ func TestGPUEngineCUDAFD(t *testing.T) {
 		t.Skip("set KVCTL_GPU_E2E=1 to run on a GPU host")
 	}
 	memory := envOr("KVCTL_GPU_E2E_MEMORY", enginesim.MemoryCUDAFD)
-	r := start(t, 2<<30)
+	r := startOnGPU(t, 2<<30)
 	ctx := context.Background()
 	const T = 32
 	cfg := enginesim.Config{Socket: r.Info.Socket, ModelKey: "fd-model", World: 2, TokensPerBlock: T, Slots: 1024,
-		PageBytes: []int{256 << 10, 64 << 10}, ReplicatedBytes: []int{0, 16 << 10}, Chunk: 4 * T, Memory: memory}
+		PageBytes: []int{256 << 10, 64 << 10}, ReplicatedBytes: []int{0, 16 << 10}, Chunk: 4 * T, Memory: memory,
+		Device: gpu.CUDA{}}
 	reqs := prompts(41, 48, T, "fd")
 	var results [2]enginesim.Result
 	for i, name := range []string{"cold", "warm"} {

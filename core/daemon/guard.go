@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -45,11 +46,11 @@ func newGuardedPool(p mooncake.Pool, timeout time.Duration, reg prometheus.Regis
 	return g
 }
 
-func (g *guardedPool) failures() PoolFailuresJSON {
+func (g *guardedPool) failures() statsapi.PoolFailuresJSON {
 	if g == nil {
-		return PoolFailuresJSON{}
+		return statsapi.PoolFailuresJSON{}
 	}
-	return PoolFailuresJSON{Timeouts: g.timeouts.Load(), LookupKeys: g.lookupKeys.Load(),
+	return statsapi.PoolFailuresJSON{Timeouts: g.timeouts.Load(), LookupKeys: g.lookupKeys.Load(),
 		DroppedSavePages: g.droppedPages.Load(), LoadPages: g.loadPages.Load()}
 }
 

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 
+	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -21,7 +22,7 @@ type inPlacePool struct {
 // calls when the backend is the embedded pool and has them. A Mooncake backend keeps its values
 // in segments reached over the Transfer Engine, so it always goes through staging.
 func (d *Daemon) connectorPool() mooncake.Pool {
-	if d.backend.Info.Kind != BackendEmbedded {
+	if d.backend.Info.Kind != statsapi.BackendEmbedded {
 		return d.pool
 	}
 	v, ok := d.backend.Pool.(mooncake.Viewer)

@@ -3,6 +3,7 @@ package daemon
 import (
 	"testing"
 
+	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -30,7 +31,7 @@ func TestConnectorPoolInPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	d2, err := New(Config{Backend: &Backend{Pool: e, Info: BackendInfo{Kind: BackendMooncake, Master: "127.0.0.1:1"}}})
+	d2, err := New(Config{Backend: &Backend{Pool: e, Info: statsapi.BackendInfo{Kind: statsapi.BackendMooncake, Master: "127.0.0.1:1"}}})
 	if err != nil {
 		t.Fatal(err)
 	}

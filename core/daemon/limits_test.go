@@ -12,7 +12,7 @@ import (
 	"github.com/kvctl/kvctl/core/daemon/daemontest"
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
-	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/core/hostmem"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -28,7 +28,7 @@ func TestLiveRequestLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	mem, err := gpu.NewSharedMemory(64)
+	mem, err := hostmem.NewSharedMemory(64)
 	if err != nil {
 		t.Fatal(err)
 	}

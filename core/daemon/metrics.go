@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/stats"
+	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -365,31 +366,6 @@ func (d *Daemon) metricsHandler() http.Handler {
 	})
 }
 
-// HitRatesJSON is where the prompt tokens of Lookup calls came from: the engine's own cache
-// (local), the pool, or neither (computed). Rates are fractions of the prompt tokens, 0 to 1.
-type HitRatesJSON struct {
-	Lookups      int64   `json:"lookups"`
-	PromptTokens int64   `json:"prompt_tokens"`
-	LocalTokens  int64   `json:"local_tokens"`
-	PoolTokens   int64   `json:"pool_tokens"`
-	Local        float64 `json:"local"`
-	Pool         float64 `json:"pool"`
-	Total        float64 `json:"total"`
-}
-
-// SaveStatsJSON is the save part of /v1/stats.
-type SaveStatsJSON struct {
-	Saves        int64   `json:"saves"`
-	FailedSaves  int64   `json:"failed_saves"`
-	Pages        int64   `json:"pages"`
-	SkippedPages int64   `json:"skipped_pages"`
-	PutPages     int64   `json:"put_pages"`
-	PutBytes     int64   `json:"put_bytes"`
-	FailedPages  int64   `json:"failed_pages"`
-	RefusedPages int64   `json:"refused_pages"`
-	Seconds      float64 `json:"seconds"`
-}
-
 // lookupCounters count the prompt tokens of Lookup calls by where they came from.
 type lookupCounters struct {
 	lookups, prompt, local, pool atomic.Int64
@@ -406,8 +382,8 @@ func (m *daemonMetrics) countLookup(prompt, local, pool int) {
 	m.lookups.pool.Add(int64(pool))
 }
 
-func (m *daemonMetrics) hitRates() HitRatesJSON {
-	h := HitRatesJSON{Lookups: m.lookups.lookups.Load(), PromptTokens: m.lookups.prompt.Load(), LocalTokens: m.lookups.local.Load(), PoolTokens: m.lookups.pool.Load()}
+func (m *daemonMetrics) hitRates() statsapi.HitRatesJSON {
+	h := statsapi.HitRatesJSON{Lookups: m.lookups.lookups.Load(), PromptTokens: m.lookups.prompt.Load(), LocalTokens: m.lookups.local.Load(), PoolTokens: m.lookups.pool.Load()}
 	if h.PromptTokens > 0 {
 		p := float64(h.PromptTokens)
 		h.Local, h.Pool = float64(h.LocalTokens)/p, float64(h.PoolTokens)/p
@@ -417,11 +393,11 @@ func (m *daemonMetrics) hitRates() HitRatesJSON {
 }
 
 // fillStats adds what only the metrics code keeps to a /v1/stats answer.
-func (m *daemonMetrics) fillStats(s *StatsJSON) {
+func (m *daemonMetrics) fillStats(s *statsapi.StatsJSON) {
 	s.HitRates = m.hitRates()
 	total, _ := m.snapshot()
 	t := total.saves
-	s.Saves = SaveStatsJSON{Saves: t.Saves, FailedSaves: t.FailedSaves, Pages: t.Pages, SkippedPages: t.SkippedPages,
+	s.Saves = statsapi.SaveStatsJSON{Saves: t.Saves, FailedSaves: t.FailedSaves, Pages: t.Pages, SkippedPages: t.SkippedPages,
 		PutPages: t.PutPages, PutBytes: t.PutBytes, FailedPages: t.FailedPages, RefusedPages: t.RefusedPages, Seconds: t.Duration.Seconds()}
 }
 

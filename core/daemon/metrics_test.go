@@ -25,6 +25,7 @@ import (
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/enginesim"
+	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -248,7 +249,7 @@ func TestMetricContract(t *testing.T) {
 	if n, _ := value(after, "kvctl_engine_call_duration_seconds", map[string]string{"method": "Lookup"}); n == 0 {
 		t.Error("kvctl_engine_call_duration_seconds{method=Lookup} observed nothing")
 	}
-	var st daemon.StatsJSON
+	var st statsapi.StatsJSON
 	getJSON(t, base+"/v1/stats", &st)
 	// A page another save stored between the existence check and the put is accepted without
 	// a write, so the pool's stores plus its skipped puts are what saves handed it.

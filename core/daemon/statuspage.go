@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/stats"
+	"github.com/kvctl/kvctl/core/statsapi"
 )
 
 // Status page history: one sample every HistoryInterval, HistorySamples of them (15 minutes).
@@ -88,14 +89,14 @@ type statusPage struct {
 	Ready       bool
 	PoolHealthy bool
 	PoolError   string
-	Stats       StatsJSON
+	Stats       statsapi.StatsJSON
 	UsedPct     float64
 	Evicted     int64
 	Chart       template.HTML
 	ChartSpan   string
-	Recent      *HitRatesJSON // over the history window, when it has two samples
+	Recent      *statsapi.HitRatesJSON // over the history window, when it has two samples
 	Phases      []phaseRow
-	Engines     []EngineJSON
+	Engines     []statsapi.EngineJSON
 	GeneratedAt string
 }
 
@@ -157,7 +158,7 @@ func (d *Daemon) serveStatus(w http.ResponseWriter, r *http.Request) {
 	page.Chart, page.ChartSpan = occupancyChart(samples)
 	if len(samples) >= 2 {
 		a, b := samples[0], samples[len(samples)-1]
-		h := HitRatesJSON{Lookups: b.lookup - a.lookup, PromptTokens: b.prompt - a.prompt, LocalTokens: b.local - a.local, PoolTokens: b.pool - a.pool}
+		h := statsapi.HitRatesJSON{Lookups: b.lookup - a.lookup, PromptTokens: b.prompt - a.prompt, LocalTokens: b.local - a.local, PoolTokens: b.pool - a.pool}
 		if h.PromptTokens > 0 {
 			p := float64(h.PromptTokens)
 			h.Local, h.Pool, h.Total = float64(h.LocalTokens)/p, float64(h.PoolTokens)/p, float64(h.LocalTokens+h.PoolTokens)/p

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvctl/kvctl/core/daemon"
+	"github.com/kvctl/kvctl/core/statsapi"
 )
 
 // dataValues reads every id="X" ... data-value="V" pair of the status page.
@@ -40,7 +40,7 @@ func TestStatusPage(t *testing.T) {
 	if code != 200 {
 		t.Fatalf("/: %d", code)
 	}
-	var st daemon.StatsJSON
+	var st statsapi.StatsJSON
 	getJSON(t, base+"/v1/stats", &st)
 	for _, want := range []string{`<meta http-equiv="refresh" content="5">`, `name="viewport" content="width=device-width, initial-scale=1"`, `<svg id="occupancy-chart"`, `<polyline points=`} {
 		if !strings.Contains(page, want) {

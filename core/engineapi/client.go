@@ -48,7 +48,7 @@ func (c *Client) Close() error { return c.conn.Close() }
 // Socket is the path the client dialled.
 func (c *Client) Socket() string { return c.socket }
 
-// RegisterSharedMemory hands the shared-memory file memFD (size bytes, see gpu.NewSharedMemory)
+// RegisterSharedMemory hands the shared-memory file memFD (size bytes, see hostmem.NewSharedMemory)
 // to the daemon over the descriptor side channel and registers the engine rank with it. The
 // daemon gets its own copy of the descriptor; memFD stays the caller's.
 func (c *Client) RegisterSharedMemory(ctx context.Context, req *enginepb.RegisterRequest, memFD int, size uint64) (*enginepb.RegisterResponse, error) {

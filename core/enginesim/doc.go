@@ -4,9 +4,10 @@
 // chunked-prefill passes, writes deterministic KV bytes for every block it computes, and checks
 // every page the daemon loads byte for byte against what a cold run computes.
 //
-// Shared-memory KV is a memfd sealed with F_SEAL_SHRINK and F_SEAL_GROW (gpu.NewSharedMemory), as
-// `kvctl serve` requires: memory that could be truncated under the daemon's mapping is refused
-// at Register.
+// Shared-memory KV is a memfd sealed with F_SEAL_SHRINK and F_SEAL_GROW
+// (hostmem.NewSharedMemory), as `kvctl serve` requires: memory that could be truncated under
+// the daemon's mapping is refused at Register. CUDA KV (Config.Memory MemoryCUDAFD) comes from
+// the kvmem.DeviceAllocator in Config.Device.
 //
 // End-to-end tests use it against a daemon on a temporary socket, and `kvctl replay` uses it
 // for live mode.

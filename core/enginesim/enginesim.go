@@ -40,8 +40,10 @@ type Config struct {
 	GroupBlocks  bool
 	SoftPinTTLms uint64
 	// Memory is the kind of KV memory each rank registers: MemoryShared (the default) or
-	// MemoryCUDAFD.
+	// MemoryCUDAFD, which Device allocates.
 	Memory string
+	// Device allocates MemoryCUDAFD memory (the gpu package's CUDA); nil refuses that kind.
+	Device kvmem.DeviceAllocator
 	// SkipVerify leaves allocated pages unpoisoned and loaded pages unchecked, for benchmarks
 	// that time the daemon rather than the simulator; tests leave it false so that every
 	// loaded byte is checked.
@@ -164,7 +166,7 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 		rk := &rank{name: fmt.Sprintf("%s/rank%d", cfg.Name, r)}
 		e.ranks = append(e.ranks, rk)
 		var err error
-		if rk.mem, err = newRankMemory(cfg.Memory, size, layout); err != nil {
+		if rk.mem, err = newRankMemory(cfg.Memory, cfg.Device, size, layout); err != nil {
 			return nil, err
 		}
 		if rk.client, err = engineapi.Dial(cfg.Socket); err != nil {

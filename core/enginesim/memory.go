@@ -3,8 +3,8 @@ package enginesim
 import (
 	"fmt"
 
+	"github.com/kvctl/kvctl/core/hostmem"
 	"github.com/kvctl/kvctl/core/kvmem"
-	"github.com/kvctl/kvctl/gpu"
 )
 
 // Engine memory kinds Config.Memory selects.
@@ -12,7 +12,8 @@ const (
 	// MemoryShared is a shared-memory file, handed to the daemon over the descriptor channel.
 	MemoryShared = "shm"
 	// MemoryCUDAFD is CUDA device memory made with cuMemCreate and exported as a file
-	// descriptor, as an engine with a virtual-memory KV pool has; it needs a GPU and a cgo build.
+	// descriptor, as an engine with a virtual-memory KV pool has; it needs a GPU, a cgo build
+	// and Config.Device.
 	MemoryCUDAFD = "cuda-fd"
 )
 
@@ -27,11 +28,11 @@ type rankMemory struct {
 }
 
 func newSharedMemory(size uint64, layout kvmem.Layout) (*rankMemory, error) {
-	mem, err := gpu.NewSharedMemory(int64(size))
+	mem, err := hostmem.NewSharedMemory(int64(size))
 	if err != nil {
 		return nil, err
 	}
-	mv, err := gpu.NewHostMover(mem.FD, int64(size), layout)
+	mv, err := hostmem.NewMover(mem.FD, int64(size), layout)
 	if err != nil {
 		_ = mem.Close()
 		return nil, err
@@ -45,12 +46,26 @@ func newSharedMemory(size uint64, layout kvmem.Layout) (*rankMemory, error) {
 	}}, nil
 }
 
-func newRankMemory(kind string, size uint64, layout kvmem.Layout) (*rankMemory, error) {
+// newDeviceMemory allocates exportable device memory on GPU 0 from dev, as a virtual-memory
+// engine pool would, with a mover over it for the engine's own KV writes and checks.
+func newDeviceMemory(dev kvmem.DeviceAllocator, size uint64, layout kvmem.Layout) (*rankMemory, error) {
+	if dev == nil {
+		return nil, fmt.Errorf("engine memory %s: %w", MemoryCUDAFD, kvmem.ErrNoDevice)
+	}
+	mem, err := dev.AllocEngineMemory(0, size, layout)
+	if err != nil {
+		return nil, err
+	}
+	h := mem.Handle()
+	return &rankMemory{fd: h.FD, size: h.Size, device: int32(h.Device), mover: mem.Mover(), release: mem.Close}, nil
+}
+
+func newRankMemory(kind string, dev kvmem.DeviceAllocator, size uint64, layout kvmem.Layout) (*rankMemory, error) {
 	switch kind {
 	case "", MemoryShared:
 		return newSharedMemory(size, layout)
 	case MemoryCUDAFD:
-		return newCUDAMemory(size, layout)
+		return newDeviceMemory(dev, size, layout)
 	}
 	return nil, fmt.Errorf("unknown engine memory kind %q: want %s or %s", kind, MemoryShared, MemoryCUDAFD)
 }

@@ -1,5 +1,13 @@
 // Package probe answers questions about what a live pool holds for a prompt and about what a
-// connector reported, for `kvctl probe-pool` and `kvctl stats`.
+// connector reported: it does the work of `kvctl probe-pool` (ProbeAdmin, ProbeRPC: a prompt's
+// lookup keys, derived by the key recipe of core/keys, asked of a pool and analysed into a
+// Report) and of `kvctl stats` (Gather: pools and connector logs read into a StatsReport). The
+// commands keep their flags and their rendering. A failed request to a pool is a *PoolError,
+// which says whether it timed out by the error's type, never by its text.
+//
+// It is a client of kvctl serve: it reads /v1/stats through the wire types of core/statsapi and
+// never imports the server (core/daemon). It may import core/keys, core/stats, core/statsapi and
+// mooncake (the admin API client and the master's RPC client).
 //
 // # Vocabulary
 //
@@ -16,5 +24,7 @@
 // a hole.
 //
 // Stats line: a "prefix-hole stats" or "load stats" line a connector logs once per stats
-// interval, in kvctl's slog text or JSON form or in the seed connector's form.
+// interval, in kvctl's slog text or JSON form or in the form TensorRT-LLM's mooncake_store
+// connector logs with mooncake_store.stats_interval set
+// (https://github.com/NVIDIA/TensorRT-LLM/pull/21195).
 package probe

@@ -8,8 +8,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/stats"
+	"github.com/kvctl/kvctl/core/statsapi"
 )
 
 // Stats-line messages.
@@ -28,21 +28,22 @@ type LogStats struct {
 	// FirstMalformed is the line number of the first malformed stats line, 0 when none.
 	FirstMalformed int
 	Holes          stats.HoleStats
-	Loads          daemon.LoadStatsJSON
+	Loads          statsapi.LoadStatsJSON
 }
 
 // maxLogLine bounds one log line.
 const maxLogLine = 1 << 20
 
 // ParseLog folds the "prefix-hole stats" and "load stats" lines of r. It reads kvctl's own
-// lines (slog text and JSON, as core/stats writes them), the seed connector's lines (the same
-// messages followed by key=value fields, under any logger prefix) and TensorRT-LLM's
-// "async-load stats" summary. Every other line is skipped and counted.
+// lines (slog text and JSON, as core/stats writes them), the lines of TensorRT-LLM's
+// mooncake_store connector with mooncake_store.stats_interval set
+// (https://github.com/NVIDIA/TensorRT-LLM/pull/21195: the same messages followed by key=value
+// fields, under any logger prefix) and TensorRT-LLM's "async-load stats" summary. Every other line is skipped and counted.
 func ParseLog(r io.Reader) (LogStats, error) {
 	var ls LogStats
-	ls.Loads.Phases = map[string]daemon.PhaseJSON{}
+	ls.Loads.Phases = map[string]statsapi.PhaseJSON{}
 	for p := stats.Phase(0); p < stats.NumPhases; p++ {
-		ls.Loads.Phases[p.String()] = daemon.PhaseJSON{}
+		ls.Loads.Phases[p.String()] = statsapi.PhaseJSON{}
 	}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), maxLogLine)
@@ -240,7 +241,7 @@ func (ls *LogStats) addLoads(f map[string]string, asyncLine bool) error {
 	tMax := r.get("transfer_ms_max", "transfer_max_ms")
 	wMean := r.get("wait_ms_mean", "wait_mean_ms")
 	wMax := r.get("wait_ms_max", "wait_max_ms")
-	phases := map[string]daemon.PhaseJSON{}
+	phases := map[string]statsapi.PhaseJSON{}
 	for p := stats.Phase(0); p < stats.NumPhases; p++ {
 		n := p.String()
 		wall := r.get(n+"_wall_ms", n+"_ms") / 1000
@@ -251,7 +252,7 @@ func (ls *LogStats) addLoads(f map[string]string, asyncLine bool) error {
 		if s, ok, err := number(f, n+"_cpu_s"); err == nil && ok {
 			cpu, r.any = s, true
 		}
-		phases[n] = daemon.PhaseJSON{WallSeconds: wall, CPUSeconds: cpu}
+		phases[n] = statsapi.PhaseJSON{WallSeconds: wall, CPUSeconds: cpu}
 	}
 	if r.err != nil {
 		return r.err

@@ -9,7 +9,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/kvctl/kvctl/core/daemon"
+	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -65,7 +65,7 @@ func (t *Target) Kind(ctx context.Context) (string, error) {
 	}
 	switch status {
 	case http.StatusOK:
-		var s daemon.StatsJSON
+		var s statsapi.StatsJSON
 		if err := json.Unmarshal(body, &s); err != nil {
 			return "", fmt.Errorf("%s/v1/stats: %w: %w", t.Addr(), mooncake.ErrMalformedResponse, err)
 		}
@@ -79,17 +79,17 @@ func (t *Target) Kind(ctx context.Context) (string, error) {
 }
 
 // ServeStats fetches kvctl serve's /v1/stats.
-func (t *Target) ServeStats(ctx context.Context) (daemon.StatsJSON, error) {
+func (t *Target) ServeStats(ctx context.Context) (statsapi.StatsJSON, error) {
 	body, status, err := t.get(ctx, "/v1/stats")
 	if err != nil {
-		return daemon.StatsJSON{}, err
+		return statsapi.StatsJSON{}, err
 	}
 	if status != http.StatusOK {
-		return daemon.StatsJSON{}, fmt.Errorf("%s/v1/stats: HTTP %d", t.Addr(), status)
+		return statsapi.StatsJSON{}, fmt.Errorf("%s/v1/stats: HTTP %d", t.Addr(), status)
 	}
-	var s daemon.StatsJSON
+	var s statsapi.StatsJSON
 	if err := json.Unmarshal(body, &s); err != nil {
-		return daemon.StatsJSON{}, fmt.Errorf("%s/v1/stats: %w: %w", t.Addr(), mooncake.ErrMalformedResponse, err)
+		return statsapi.StatsJSON{}, fmt.Errorf("%s/v1/stats: %w: %w", t.Addr(), mooncake.ErrMalformedResponse, err)
 	}
 	return s, nil
 }

@@ -14,9 +14,9 @@ import (
 
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
+	"github.com/kvctl/kvctl/core/hostmem"
 	"github.com/kvctl/kvctl/core/kvcache"
 	"github.com/kvctl/kvctl/core/router"
-	"github.com/kvctl/kvctl/gpu"
 )
 
 // ErrUnreachable is wrapped by Live's error when the daemon cannot be reached.
@@ -52,7 +52,7 @@ type liveEngine struct {
 	idx    int
 	name   string
 	cl     *engineapi.Client
-	mem    *gpu.SharedMemory
+	mem    *hostmem.SharedMemory
 	mgr    *kvcache.Manager
 	pages  []int32
 	saving []string
@@ -264,7 +264,7 @@ func newLiveEngine(ctx context.Context, i int, p Params, c Config, lo LiveOption
 		return nil, fmt.Errorf("%w: %w", ErrUnreachable, err)
 	}
 	size := int64(slots) * int64(p.SimPageBytes)
-	if e.mem, err = gpu.NewSharedMemory(size); err != nil {
+	if e.mem, err = hostmem.NewSharedMemory(size); err != nil {
 		return nil, err
 	}
 	// The daemon receives its own copy of the descriptor; the memory stays with e.mem.

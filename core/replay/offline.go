@@ -15,12 +15,12 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/connector"
+	"github.com/kvctl/kvctl/core/hostmem"
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvcache"
 	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/router"
 	"github.com/kvctl/kvctl/core/stats"
-	"github.com/kvctl/kvctl/gpu"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -289,7 +289,7 @@ type rank struct {
 	mgr    *kvcache.Manager
 	sched  *connector.Scheduler
 	w      *connector.Worker
-	mem    *gpu.SharedMemory
+	mem    *hostmem.SharedMemory
 	mover  kvmem.Mover
 	pages  [][]int
 	saving []string      // finished requests whose saves are not confirmed done
@@ -336,10 +336,10 @@ func newRank(idx int, p Params, c Config, pool mooncake.Pool, clock *mooncake.Ma
 	}}}
 	size := int64(slots) * int64(p.SimPageBytes)
 	var err error
-	if r.mem, err = gpu.NewSharedMemory(size); err != nil {
+	if r.mem, err = hostmem.NewSharedMemory(size); err != nil {
 		return nil, err
 	}
-	if r.mover, err = gpu.NewHostMover(r.mem.FD, size, layout); err != nil {
+	if r.mover, err = hostmem.NewMover(r.mem.FD, size, layout); err != nil {
 		return nil, err
 	}
 	opts := connector.Options{

@@ -1,5 +1,7 @@
 package replay
 
+import "github.com/kvctl/kvctl/core/stats"
+
 // Report is the outcome of a replay: the trace, the run-wide parameters and one run per
 // configuration. Everything but the Wall fields is a function of the trace, the parameters,
 // the configurations and the seed.
@@ -52,17 +54,17 @@ type RunReport struct {
 	FailedRequests int `json:"failed_requests"`
 	FailedLoads    int `json:"failed_loads"`
 
-	Tokens   TokenCounts `json:"tokens"`
-	Blocks   BlockCounts `json:"blocks"`
-	HitRate  HitRates    `json:"hit_rate"`
-	Holes    HoleCounts  `json:"holes"`
-	Pool     PoolCounts  `json:"pool"`
-	Moved    MovedBytes  `json:"moved"`
-	Time     PhaseTimes  `json:"time"`
-	Latency  Latency     `json:"latency"`
-	RankLoad []RankLoad  `json:"rank_load"`
-	Balance  Balance     `json:"balance"`
-	Wall     WallTimes   `json:"wall"`
+	Tokens   TokenCounts     `json:"tokens"`
+	Blocks   BlockCounts     `json:"blocks"`
+	HitRate  HitRates        `json:"hit_rate"`
+	Holes    stats.HoleStats `json:"holes"`
+	Pool     PoolCounts      `json:"pool"`
+	Moved    MovedBytes      `json:"moved"`
+	Time     PhaseTimes      `json:"time"`
+	Latency  Latency         `json:"latency"`
+	RankLoad []RankLoad      `json:"rank_load"`
+	Balance  Balance         `json:"balance"`
+	Wall     WallTimes       `json:"wall"`
 	// Scheduler is what the scheduler model did; set only with --set scheduler=true.
 	Scheduler *SchedulerCounts `json:"scheduler,omitempty"`
 
@@ -93,15 +95,9 @@ type HitRates struct {
 	Total float64 `json:"total"`
 }
 
-// HoleCounts are the connector's prefix-hole stats summed over ranks.
-type HoleCounts struct {
-	Lookups                int64 `json:"lookups"`
-	LookedUpBlocks         int64 `json:"looked_up_blocks"`
-	HitBlocks              int64 `json:"hit_blocks"`
-	Holes                  int64 `json:"holes"`
-	HoleBlocks             int64 `json:"hole_blocks"`
-	RecomputedStoredTokens int64 `json:"recomputed_stored_tokens"`
-}
+// HoleCounts are the connector's prefix-hole stats summed over ranks, in trace tokens: the one
+// prefix-hole stats type of core/stats, under the name the replay code uses.
+type HoleCounts = stats.HoleStats
 
 // PoolCounts describe the pool, in objects (pages) and real bytes.
 type PoolCounts struct {

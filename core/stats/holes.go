@@ -1,14 +1,16 @@
 package stats
 
 // HoleStats counts what prefix lookups found in the pool. Every field only grows; see the
-// package documentation for the meaning of each.
+// package documentation for the meaning of each. It is the one prefix-hole stats type: the
+// connector counts in it, /v1/stats serves it ("prefix_holes"), kvctl stats reads it back and
+// kvctl replay reports it ("holes"); its JSON names are a compatibility contract.
 type HoleStats struct {
-	Lookups                int64 // lookups that had at least one candidate block
-	LookedUpBlocks         int64 // candidate blocks asked about
-	HitBlocks              int64 // leading complete blocks, the ones a prefix hit serves
-	Holes                  int64 // runs of incomplete blocks with a complete block behind them
-	HoleBlocks             int64 // incomplete blocks inside holes
-	RecomputedStoredTokens int64 // tokens of complete blocks behind the first incomplete one
+	Lookups                int64 `json:"lookups"`                  // lookups that had at least one candidate block
+	LookedUpBlocks         int64 `json:"looked_up_blocks"`         // candidate blocks asked about
+	HitBlocks              int64 `json:"hit_blocks"`               // leading complete blocks, the ones a prefix hit serves
+	Holes                  int64 `json:"holes"`                    // runs of incomplete blocks with a complete block behind them
+	HoleBlocks             int64 `json:"hole_blocks"`              // incomplete blocks inside holes
+	RecomputedStoredTokens int64 `json:"recomputed_stored_tokens"` // tokens of complete blocks behind the first incomplete one
 }
 
 // Add adds o to h.

@@ -144,7 +144,7 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
-func TestMemAvailable(t *testing.T) {
+func TestParseMemAvailable(t *testing.T) {
 	v, ok := parseMeminfo([]byte("MemTotal:       131072000 kB\nMemFree:  1 kB\nMemAvailable:   65536000 kB\n"))
 	if !ok || v != 65536000*1024 {
 		t.Fatalf("got %d, %v", v, ok)

@@ -16,7 +16,7 @@ import (
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/enginesim"
-	"github.com/kvctl/kvctl/gpu"
+	"github.com/kvctl/kvctl/core/hostmem"
 )
 
 // smallLayout is a one-group layout of slots pages of 64 bytes.
@@ -25,9 +25,9 @@ func smallLayout(slots int) *enginepb.Layout {
 }
 
 // registerShm registers an engine over c with sealed shared memory of slots × 64 bytes.
-func registerShm(t *testing.T, ctx context.Context, c *engineapi.Client, name, model, ns string, slots int) *gpu.SharedMemory {
+func registerShm(t *testing.T, ctx context.Context, c *engineapi.Client, name, model, ns string, slots int) *hostmem.SharedMemory {
 	t.Helper()
-	mem, err := gpu.NewSharedMemory(int64(slots * 64))
+	mem, err := hostmem.NewSharedMemory(int64(slots * 64))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestLoadByRawHash(t *testing.T) {
 	}
 	// A worker-only rank (no scheduler of its own) binds only what schedulers of its deployment
 	// (same namespace, model, world size and uid) offered: under another model, nothing.
-	wmem, err := gpu.NewSharedMemory(8 * 64)
+	wmem, err := hostmem.NewSharedMemory(8 * 64)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +268,7 @@ func TestShrinkableMemory(t *testing.T) {
 	if err := unix.Ftruncate(sealable, size); err != nil {
 		t.Fatal(err)
 	}
-	short, err := gpu.NewSharedMemory(size / 2)
+	short, err := hostmem.NewSharedMemory(size / 2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ import (
 // empty environment.
 func Factory() *cmdutil.Factory {
 	ios, _, _, _ := cmdutil.Test()
-	return &cmdutil.Factory{IOStreams: ios, Now: func() time.Time { return time.Unix(0, 0).UTC() }, Getenv: func(string) string { return "" }}
+	return &cmdutil.Factory{IOStreams: ios, Seams: cmdutil.Seams{Now: func() time.Time { return time.Unix(0, 0).UTC() }}, Getenv: func(string) string { return "" }}
 }
 
 // Execute runs cmd on args, split as a shell would, with its output discarded, and returns the

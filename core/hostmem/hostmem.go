@@ -1,4 +1,4 @@
-package gpu
+package hostmem
 
 import (
 	"context"
@@ -14,15 +14,12 @@ import (
 	"github.com/kvctl/kvctl/core/kvmem"
 )
 
-// liveStaging counts the host staging allocations of every mover in the process that are not
-// released yet: page-locked buffers on CUDA, plain mappings for the host backend.
+// liveStaging counts the staging mappings of every mover of this package not released yet.
 var liveStaging atomic.Int64
 
-// PinnedAllocations returns how many host staging allocations made by this package are still
-// live: page-locked (pinned or registered) buffers of the CUDA backend, including its internal
-// bounce buffers, and the plain mappings the host backend uses in their place. Tests use it to
-// check that Close releases everything.
-func PinnedAllocations() int { return int(liveStaging.Load()) }
+// LiveStaging returns how many staging allocations made by this package's movers are still
+// live. Tests use it to check that Close releases everything.
+func LiveStaging() int { return int(liveStaging.Load()) }
 
 // SharedMemory is engine memory on a machine without a GPU: an anonymous memory file that an
 // engine shares with kvctl by passing FD over the unix socket.
@@ -96,10 +93,10 @@ type hostMover struct {
 	closed bool
 }
 
-// NewHostMover maps size bytes of the shared-memory file fd (as made by NewSharedMemory, or
+// NewMover maps size bytes of the shared-memory file fd (as made by NewSharedMemory, or
 // received from an engine) and returns a Mover over it for layout. The mover keeps its own
 // mapping: the caller may close fd once it returns.
-func NewHostMover(fd int, size int64, layout kvmem.Layout) (kvmem.Mover, error) {
+func NewMover(fd int, size int64, layout kvmem.Layout) (kvmem.Mover, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("host mover: size must be positive, got %d", size)
 	}
@@ -212,18 +209,8 @@ type hostStaging struct {
 	slotBytes int
 }
 
-func checkStagingShape(slots, slotBytes int) error {
-	if slots < 1 || slotBytes < 1 {
-		return fmt.Errorf("staging: need at least one slot of at least one byte, got %d slots of %d bytes", slots, slotBytes)
-	}
-	if slotBytes > (1<<47)/slots {
-		return fmt.Errorf("staging: %d slots of %d bytes is too large", slots, slotBytes)
-	}
-	return nil
-}
-
 func newHostStaging(slots, slotBytes int) (*hostStaging, error) {
-	if err := checkStagingShape(slots, slotBytes); err != nil {
+	if err := kvmem.CheckStagingShape(slots, slotBytes); err != nil {
 		return nil, err
 	}
 	buf, err := unix.Mmap(-1, 0, slots*slotBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)

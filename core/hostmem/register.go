@@ -1,4 +1,4 @@
-package gpu
+package hostmem
 
 import (
 	"io"
@@ -11,7 +11,7 @@ type nopCloser struct{}
 
 func (nopCloser) Close() error { return nil }
 
-// RegisterHost implements HostRegistrar. Engine memory of the host backend is ordinary memory
+// RegisterHost implements kvmem.HostRegistrar. Engine memory of the host backend is ordinary memory
 // that any host buffer is copied to and from directly, so there is nothing to register.
 func (h *hostMover) RegisterHost(mem []byte) (io.Closer, error) {
 	if h.closed {

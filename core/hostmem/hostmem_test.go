@@ -1,16 +1,16 @@
-package gpu_test
+package hostmem_test
 
 import (
 	"fmt"
 	"testing"
 
+	"github.com/kvctl/kvctl/core/hostmem"
 	"github.com/kvctl/kvctl/core/kvmem"
-	"github.com/kvctl/kvctl/gpu"
-	"github.com/kvctl/kvctl/gpu/movertest"
+	"github.com/kvctl/kvctl/core/kvmem/movertest"
 )
 
 // hostEngine is engine memory in a shared-memory file, as an engine without a GPU hands it over.
-type hostEngine struct{ shm *gpu.SharedMemory }
+type hostEngine struct{ shm *hostmem.SharedMemory }
 
 func (e hostEngine) Size() int { return len(e.shm.Data) }
 
@@ -31,13 +31,13 @@ func (e hostEngine) Read(off int, p []byte) error {
 }
 
 func (e hostEngine) NewMover(l kvmem.Layout) (kvmem.Mover, error) {
-	return gpu.NewHostMover(e.shm.FD, int64(len(e.shm.Data)), l)
+	return hostmem.NewMover(e.shm.FD, int64(len(e.shm.Data)), l)
 }
 
 func (e hostEngine) Close() error { return e.shm.Close() }
 
 func newHostEngine(t *testing.T, size int) movertest.Engine {
-	shm, err := gpu.NewSharedMemory(int64(size))
+	shm, err := hostmem.NewSharedMemory(int64(size))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,21 +45,21 @@ func newHostEngine(t *testing.T, size int) movertest.Engine {
 }
 
 func TestHostMover(t *testing.T) {
-	movertest.Run(t, movertest.Backend{Name: "host", NewEngine: newHostEngine})
+	movertest.Run(t, movertest.Backend{Name: "host", NewEngine: newHostEngine, LiveAllocations: hostmem.LiveStaging})
 }
 
 func TestHostMoverRejectsShortFile(t *testing.T) {
-	shm, err := gpu.NewSharedMemory(4096)
+	shm, err := hostmem.NewSharedMemory(4096)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer shm.Close()
 	l := kvmem.Layout{TokensPerBlock: 1, Groups: []kvmem.GroupLayout{{ID: 0, Slots: 1, Regions: []kvmem.Region{{Size: 8192}}}}}
-	if m, err := gpu.NewHostMover(shm.FD, 8192, l); err == nil {
+	if m, err := hostmem.NewMover(shm.FD, 8192, l); err == nil {
 		m.Close()
 		t.Fatal("a mover over 8192 bytes of a 4096-byte file was created")
 	}
-	if m, err := gpu.NewHostMover(-1, 4096, l); err == nil {
+	if m, err := hostmem.NewMover(-1, 4096, l); err == nil {
 		m.Close()
 		t.Fatal("a mover over fd -1 was created")
 	}

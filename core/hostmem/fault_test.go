@@ -1,4 +1,4 @@
-package gpu
+package hostmem
 
 import (
 	"context"
@@ -25,7 +25,7 @@ func TestHostMoverFaultIsAnError(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := kvmem.Layout{TokensPerBlock: 16, Groups: []kvmem.GroupLayout{{Slots: 4, Regions: []kvmem.Region{{Size: page, Stride: page}}}}}
-	m, err := NewHostMover(fd, 4*page, l)
+	m, err := NewMover(fd, 4*page, l)
 	if err != nil {
 		t.Fatal(err)
 	}

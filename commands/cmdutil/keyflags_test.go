@@ -1,0 +1,66 @@
+package cmdutil
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvctl/kvctl/core/keys"
+)
+
+func TestKeyFlagsRecipe(t *testing.T) {
+	base := func() *KeyFlags {
+		return &KeyFlags{Format: "trtllm", TokensPerBlock: 4, Namespace: "ns", ModelKey: "m", WorldSize: 2, Rank: 1,
+			LayerGroups: []string{"1:128KiB", "0:64"}, Replicated: []string{"1:16"}}
+	}
+	rec, scope, err := base().Recipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []keys.LayerGroupPages{{Group: 1, BytesPerPage: 128 << 10, ReplicatedBytesPerPage: 16}, {Group: 0, BytesPerPage: 64}}
+	if !slices.Equal(rec.Groups, want) || rec.Format != keys.FormatTRTLLM || rec.Namespace.Shard() != "w2r1" || scope.CacheSalt != nil || scope.LoRATaskID != nil {
+		t.Fatalf("recipe %+v scope %+v", rec, scope)
+	}
+	if err := CheckKeys(rec); err != nil {
+		t.Fatal(err)
+	}
+	salted := base()
+	salted.CacheSalt, salted.HasCacheSalt, salted.LoRAID, salted.HasLoRAID = "", true, 0, true
+	if _, s, err := salted.Recipe(); err != nil || s.CacheSalt == nil || s.LoRATaskID == nil {
+		t.Fatalf("an explicit empty salt and LoRA 0 are part of the scope: %+v, %v", s, err)
+	}
+
+	for _, tt := range []struct {
+		name  string
+		edit  func(*KeyFlags)
+		check bool // the error comes from CheckKeys, not Recipe
+		want  string
+	}{
+		{"format", func(k *KeyFlags) { k.Format = "sha1" }, false, "--format: unknown format"},
+		{"tokens per block", func(k *KeyFlags) { k.TokensPerBlock = 0 }, false, "tokens per block 0"},
+		{"layer group twice", func(k *KeyFlags) { k.LayerGroups = []string{"0:64", "0:32"} }, false, `--layer-group "0:32": layer group 0 given twice`},
+		{"replicated without its group", func(k *KeyFlags) { k.Replicated = []string{"5:16"} }, false, `--replicated "5:16": layer group 5 has no --layer-group`},
+		{"page size", func(k *KeyFlags) { k.LayerGroups = []string{"0:0"} }, false, "page size must be a positive number of bytes"},
+		{"pair", func(k *KeyFlags) { k.LayerGroups = []string{"64"} }, false, "want g:bytes_per_page"},
+		{"mm hash", func(k *KeyFlags) { k.MMHashes = []string{"1,2"} }, false, "--mm-hash #1"},
+		{"no layer group", func(k *KeyFlags) { k.LayerGroups, k.Replicated = nil, nil }, true, "keys need at least one --layer-group g:bytes_per_page"},
+		{"rank", func(k *KeyFlags) { k.Rank = 2 }, true, "rank 2: must be in [0, 2)"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			k := base()
+			tt.edit(k)
+			rec, _, err := k.Recipe()
+			if tt.check {
+				if err != nil {
+					t.Fatalf("Recipe: %v", err)
+				}
+				err = CheckKeys(rec)
+			}
+			var fe *FlagError
+			if !errors.As(err, &fe) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("got %v, want a usage error containing %q", err, tt.want)
+			}
+		})
+	}
+}
