@@ -347,7 +347,7 @@ func (m *cudaMover) growSet(set *checkSet, n int) error {
 	var dev C.uint64_t
 	m.t.do(func() { err = cuErr("cuMemAlloc", C.kvMemAlloc(&dev, C.size_t(n))) })
 	if err != nil {
-		host.Close()
+		_ = host.Close()
 		return fmt.Errorf("page check buffers: %w", err)
 	}
 	set.host, set.dev, set.cap = host, uint64(dev), n
@@ -425,7 +425,7 @@ func (m *cudaMover) flushKernel(last bool) error {
 		var dev C.uint64_t
 		m.t.do(func() { err = cuErr("cuMemAlloc", C.kvMemAlloc(&dev, C.size_t(c))) })
 		if err != nil {
-			host.Close()
+			_ = host.Close()
 			return fmt.Errorf("copy kernel buffers: %w", err)
 		}
 		m.copyHost, m.copyDev, m.copyCap = host, uint64(dev), c
