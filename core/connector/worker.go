@@ -161,7 +161,8 @@ func (w *Worker) RegisterLayout(l kvmem.Layout) error {
 		w.geom = nil
 		return fmt.Errorf("register layout: %w", err)
 	}
-	// Staging geometry is kvmem.PlanStaging's (reference f.3 and the async shares of c.5), so the
+	// Staging geometry is kvmem.PlanStaging's (TensorRT-LLM's mooncake_store/staging.py, with the
+	// asynchronous workers' shares of docs/SEED.md commit 17), so the
 	// connector and the node budget agree on what is pinned.
 	plan := func(label string, workers int) (kvmem.StagingPlan, error) {
 		p, err := kvmem.PlanStaging(l, w.opts.TransferBatchSize, w.opts.StagingBufferBytes, workers)
