@@ -18,7 +18,7 @@ COUNT     ?= 5
 # go-nvml's cgo build warns about deprecated declarations it cannot avoid.
 export CGO_CFLAGS := -Wno-deprecated-declarations
 
-.PHONY: all build install test test-norace bench lint fmt golden docs verify proto tools clean pyenv
+.PHONY: all build install test test-norace bench lint fmt golden docs verify proto tools clean pyenv ptx
 
 # The Python environment the interoperability tests use: the real mooncake_master and Mooncake's
 # Python store client, pinned in tools/python/requirements.txt. Tests find it through KVCTL_PYENV.
@@ -27,6 +27,17 @@ PYTHON3   ?= python3
 export KVCTL_PYENV := $(PYENV)
 
 all: build
+
+# The GPU kernels (gpu/kernels/*.cu) compiled to PTX with NVRTC from PyPI (pinned in
+# tools/ptx/requirements.txt), in a virtual environment of their own; no GPU or CUDA toolkit is
+# needed. The PTX is committed; TestPTXMatchesSource fails when it is older than its source.
+PTXENV    ?= $(CURDIR)/.cache/ptxenv
+ptx: $(PTXENV)/.stamp
+	$(PTXENV)/bin/python tools/ptx/nvrtc.py gpu/kernels/pagesum.cu gpu/kernels/pagesum.ptx
+
+$(PTXENV)/.stamp: tools/ptx/requirements.txt
+	@rm -rf $(PTXENV) && $(PYTHON3) -m venv $(PTXENV) && \
+		$(PTXENV)/bin/pip install -q --disable-pip-version-check -r tools/ptx/requirements.txt && touch $@
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/kvctl

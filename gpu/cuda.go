@@ -94,6 +94,9 @@ type CUDADevice struct {
 	mu     sync.RWMutex
 	pinned []pinnedRange // sorted by base
 	closed atomic.Bool
+
+	// The page checksum kernel, loaded on first use (cuda_pagesum.go).
+	sums pageSumKernel
 }
 
 type pinnedRange struct{ base, end uintptr }
@@ -150,7 +153,9 @@ func (d *CUDADevice) Close() error {
 		return nil
 	}
 	var err error
-	d.t.do(func() { err = cuErr("cuDevicePrimaryCtxRelease", C.kvPrimaryRelease(d.dev)) })
+	d.t.do(func() {
+		err = errors.Join(d.sums.unload(), cuErr("cuDevicePrimaryCtxRelease", C.kvPrimaryRelease(d.dev)))
+	})
 	d.t.stop()
 	return err
 }
@@ -199,7 +204,7 @@ func (d *CUDADevice) AllocPinned(size int, register bool) (*PinnedBuffer, error)
 			bindToNode(mem, d.numa)
 		}
 		err = d.call(func() error {
-			return cuErr("cuMemHostRegister", C.kvHostRegister(C.uintptr_t(ptrOf(mem)), C.size_t(size), portable))
+			return cuErr("cuMemHostRegister", C.kvHostRegister(C.uintptr_t(ptrOf(mem)), C.size_t(size), portable|2)) // | CU_MEMHOSTREGISTER_DEVICEMAP
 		})
 		if err != nil {
 			unix.Munmap(mem)

@@ -84,6 +84,13 @@ static struct {
 	// Batched copies (CUDA 12.8 and later); NULL where absent.
 	CUresult (*memcpyBatchAsync)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, kvMemcpyAttributes *, size_t *, size_t, void *);
 	CUresult (*memcpyBatchAsyncOld)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, kvMemcpyAttributes *, size_t *, size_t, size_t *, void *);
+	// Modules and kernel launches (page checks on the GPU); NULL where absent.
+	CUresult (*moduleLoadData)(void **, const void *);
+	CUresult (*moduleUnload)(void *);
+	CUresult (*moduleGetFunction)(void **, void *, const char *);
+	CUresult (*launchKernel)(void *, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
+	                         unsigned int, void *, void **, void **);
+	CUresult (*streamWaitEvent)(void *, void *, unsigned int);
 } kv;
 
 static void *kvSym(const char *name, int required, char *err, size_t errlen) {
@@ -149,6 +156,11 @@ int kvLoad(char *err, size_t errlen) {
 	OPT(memGetGranularity, "cuMemGetAllocationGranularity");
 	OPT(memcpyBatchAsync, "cuMemcpyBatchAsync_v2");
 	OPT(memcpyBatchAsyncOld, "cuMemcpyBatchAsync");
+	OPT(moduleLoadData, "cuModuleLoadData");
+	OPT(moduleUnload, "cuModuleUnload");
+	OPT(moduleGetFunction, "cuModuleGetFunction");
+	OPT(launchKernel, "cuLaunchKernel");
+	OPT(streamWaitEvent, "cuStreamWaitEvent");
 #undef REQ
 #undef OPT
 	if (err[0] != 0) {
@@ -162,6 +174,44 @@ int kvHasVMM(void) {
 		kv.memAddressFree && kv.memMap && kv.memUnmap && kv.memSetAccess && kv.memGetGranularity;
 }
 int kvHasBatch(void) { return kv.memcpyBatchAsync != NULL || kv.memcpyBatchAsyncOld != NULL; }
+int kvHasKernels(void) {
+	return kv.moduleLoadData && kv.moduleUnload && kv.moduleGetFunction && kv.launchKernel && kv.streamWaitEvent;
+}
+// kvLoadModule loads a PTX image as a module of the current context.
+CUresult kvLoadModule(uintptr_t *mod, const char *image) {
+	void *m = NULL;
+	CUresult r = kv.moduleLoadData(&m, image);
+	*mod = (uintptr_t)m;
+	return r;
+}
+CUresult kvGetFunction(uintptr_t *fn, uintptr_t mod, const char *name) {
+	void *f = NULL;
+	CUresult r = kv.moduleGetFunction(&f, (void *)mod, name);
+	*fn = (uintptr_t)f;
+	return r;
+}
+CUresult kvUnloadModule(uintptr_t mod) { return kv.moduleUnload((void *)mod); }
+// kvStreamWaitEvent makes work queued on s after this wait for event e.
+CUresult kvStreamWaitEvent(uintptr_t s, uintptr_t e) { return kv.streamWaitEvent((void *)s, (void *)e, 0); }
+// kvLaunchPageSums launches kvPageSums (kernels/pagesum.cu) with one block of 256 threads per
+// page on stream s: pages and pieces are device addresses, secret the 320-byte kvSecret, out
+// the device address of one 64-bit digest per page.
+CUresult kvLaunchPageSums(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t out) {
+	void *args[4] = {&pages, &pieces, (void *)secret, &out};
+	return kv.launchKernel((void *)fn, n, 1, 1, 256, 1, 1, 0, (void *)s, args, NULL);
+}
+// kvLaunchCopies launches kvCopyPieces (kernels/pagesum.cu) with one block of 256 threads per
+// copy on stream s; copies is the device address of n kvCopy records.
+CUresult kvLaunchCopies(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t copies) {
+	void *args[1] = {&copies};
+	return kv.launchKernel((void *)fn, n, 1, 1, 256, 1, 1, 0, (void *)s, args, NULL);
+}
+CUresult kvCopyHtoDAsync(uint64_t dst, uintptr_t src, size_t n, uintptr_t s) {
+	return kv.memcpyHtoDAsync(dst, (const void *)src, n, (void *)s);
+}
+CUresult kvCopyDtoHAsync(uintptr_t dst, uint64_t src, size_t n, uintptr_t s) {
+	return kv.memcpyDtoHAsync((void *)dst, src, n, (void *)s);
+}
 
 CUresult kvInit(void) { return kv.init(0); }
 CUresult kvDriverVersion(int *v) { return kv.driverGetVersion(v); }

@@ -37,7 +37,30 @@ type CUDAMoverOptions struct {
 	// BounceBytes is the size of the pinned buffer used for host buffers that are not pinned
 	// (not from NewStaging); 0 means 16 MiB.
 	BounceBytes int
+	// Scatter picks how Scatter copies host memory to the device; the zero value is
+	// ScatterAuto.
+	Scatter ScatterPath
 }
+
+// ScatterPath is how a CUDA mover's Scatter copies.
+type ScatterPath int
+
+const (
+	// ScatterAuto copies a batch with the copy kernel when its copies average less than
+	// kernelCopyBelow bytes, otherwise with the copy engines.
+	ScatterAuto ScatterPath = iota
+	// ScatterCopyEngines issues one copy-engine command per contiguous piece.
+	ScatterCopyEngines
+	// ScatterKernel copies with a kernel of kvctl's own (kernels/pagesum.cu), its threads
+	// reading the pinned host memory through the device's mapping: one launch however many
+	// pieces a batch has.
+	ScatterKernel
+)
+
+// kernelCopyBelow is where ScatterAuto switches to the copy engines. On an H200 the kernel
+// scattered 32 KiB pieces at 43-45 GB/s against 32-33 GB/s for the copy engines, and 128 KiB
+// and 512 KiB pieces at 45-48 against 50-51 GB/s (docs/perf/serve-gpu.md).
+const kernelCopyBelow = 128 << 10
 
 // DefaultCUDAStreams is the number of streams a CUDA mover uses unless told otherwise.
 const DefaultCUDAStreams = 4
@@ -63,6 +86,19 @@ type cudaMover struct {
 	dev, host, size []uint64
 	stream          []int32
 	pending         []pendingOut
+
+	// Page checks on the GPU (cuda_pagesum.go).
+	checks pageChecks
+	pieces []checkPiece
+	// The copy kernel's descriptors (CUDAMoverOptions.Scatter).
+	copyHost *PinnedBuffer
+	copyDev  uint64
+	copyCap  int
+
+	// afterIssue, when set, runs on the mover's thread once the last copies of a transfer are
+	// issued on the first ns streams, before the host waits for them: ScatterChecked queues
+	// its check behind them there.
+	afterIssue func(ns int) error
 
 	mu     sync.Mutex
 	closed bool
@@ -104,6 +140,11 @@ func (d *CUDADevice) NewMover(mem *EngineMemory, layout kvmem.Layout, opts CUDAM
 				return
 			}
 			m.streams = append(m.streams, uintptr(s))
+		}
+		m.initChecks()
+		if opts.Scatter != ScatterCopyEngines {
+			// Without the kernels, copies go through the copy engines.
+			_ = m.d.sums.load()
 		}
 	})
 	if serr != nil {
@@ -165,7 +206,7 @@ func (m *cudaMover) transfer(ctx context.Context, toDevice bool, pages []kvmem.P
 		// Not pinned: go through the bounce buffer, in chunks when the piece is larger.
 		for len(piece) > 0 {
 			if bounceUsed == m.opts.BounceBytes {
-				if err = m.flush(ctx, toDevice); err != nil {
+				if err = m.flush(ctx, toDevice, false); err != nil {
 					return
 				}
 				bounceUsed = 0
@@ -191,7 +232,7 @@ func (m *cudaMover) transfer(ctx context.Context, toDevice bool, pages []kvmem.P
 	if err != nil {
 		return err
 	}
-	return m.flush(ctx, toDevice)
+	return m.flush(ctx, toDevice, true)
 }
 
 func (m *cudaMover) reset() {
@@ -209,16 +250,39 @@ func (m *cudaMover) add(dev, host, n uint64) {
 	m.size = append(m.size, n)
 }
 
+// useKernel reports whether the batch's copies go through the copy kernel.
+func (m *cudaMover) useKernel() bool {
+	switch m.opts.Scatter {
+	case ScatterKernel:
+		return true
+	case ScatterCopyEngines:
+		return false
+	}
+	var total uint64
+	for _, s := range m.size {
+		total += s
+	}
+	return total < kernelCopyBelow*uint64(len(m.size))
+}
+
 // flush issues the batch's copies spread over the streams, waits for them and, for a gather,
 // copies what went through the bounce buffer to its destination.
-func (m *cudaMover) flush(ctx context.Context, toDevice bool) error {
+func (m *cudaMover) flush(ctx context.Context, toDevice, last bool) error {
 	defer m.reset()
 	n := len(m.dev)
 	if n == 0 {
+		if last && m.afterIssue != nil {
+			var err error
+			m.t.do(func() { err = m.afterIssue(0) })
+			return err
+		}
 		return nil
 	}
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if toDevice && m.d.sums.copyFn != 0 && m.useKernel() {
+		return m.flushKernel(last)
 	}
 	// Give each stream a contiguous run of copies with about the same number of bytes.
 	var total uint64
@@ -257,6 +321,9 @@ func (m *cudaMover) flush(ctx context.Context, toDevice bool) error {
 				(*C.int32_t)(unsafe.Pointer(&m.stream[0])), (*C.uintptr_t)(unsafe.Pointer(&m.streams[0])), &failed); r != 0 {
 				err = fmt.Errorf("copy %d of %d: %w", int(failed), n, cuErr("cuMemcpyAsync", r))
 			}
+		}
+		if err == nil && last && m.afterIssue != nil {
+			err = m.afterIssue(ns)
 		}
 		// Wait for every stream, also after an error, so no copy is still running on return.
 		for _, s := range m.streams[:ns] {
@@ -305,6 +372,7 @@ func (m *cudaMover) Close() error {
 	if m.bounce != nil {
 		errs = append(errs, m.bounce.Close())
 	}
+	errs = append(errs, m.freeChecks(), m.freeCopies())
 	m.destroyStreams()
 	m.t.stop()
 	errs = append(errs, m.mem.unref())

@@ -65,9 +65,11 @@ func (d *CUDADevice) RegisterHost(mem []byte) (io.Closer, error) {
 		r.refs++
 		return &hostRegCloser{d: d, base: base}, nil
 	}
-	const portable = 1 // CU_MEMHOSTREGISTER_PORTABLE
+	// Portable, and mapped into the device's address space (at the same address, with unified
+	// addressing) so the mover's copy kernel can read it.
+	const flags = 1 | 2 // CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP
 	err := d.call(func() error {
-		return cuErr("cuMemHostRegister", C.kvHostRegister(C.uintptr_t(base), C.size_t(len(mem)), portable))
+		return cuErr("cuMemHostRegister", C.kvHostRegister(C.uintptr_t(base), C.size_t(len(mem)), flags))
 	})
 	owned := true
 	if err != nil {

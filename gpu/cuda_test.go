@@ -73,8 +73,9 @@ func TestCUDAMover(t *testing.T) {
 	d := openCUDA(t)
 	t.Logf("device %d: %s, NUMA node %d, batch copy API %v", d.Ordinal(), d.Name(), d.NUMANode(), gpu.HasBatchCopy())
 	before := gpu.PinnedAllocations()
-	for _, o := range []gpu.CUDAMoverOptions{{Streams: 1}, {}, {Streams: 3, BounceBytes: 5000}, {PerCopy: true, Streams: 1}, {PerCopy: true, Streams: 4, BounceBytes: 5000}} {
-		t.Run(fmt.Sprintf("streams=%d,bounce=%d,percopy=%v", o.Streams, o.BounceBytes, o.PerCopy), func(t *testing.T) {
+	for _, o := range []gpu.CUDAMoverOptions{{Streams: 1}, {}, {Streams: 3, BounceBytes: 5000}, {PerCopy: true, Streams: 1}, {PerCopy: true, Streams: 4, BounceBytes: 5000},
+		{Scatter: gpu.ScatterKernel}, {Scatter: gpu.ScatterKernel, BounceBytes: 5000}, {Scatter: gpu.ScatterCopyEngines}} {
+		t.Run(fmt.Sprintf("streams=%d,bounce=%d,percopy=%v,scatter=%d", o.Streams, o.BounceBytes, o.PerCopy, o.Scatter), func(t *testing.T) {
 			movertest.Run(t, cudaBackend(d, o))
 		})
 	}

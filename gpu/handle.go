@@ -1,8 +1,10 @@
 package gpu
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync/atomic"
 
 	"github.com/kvctl/kvctl/core/kvmem"
@@ -85,3 +87,36 @@ func (o *ownedMover) Close() error {
 	}
 	return err
 }
+
+// RegisterHost passes the wrapped mover's HostRegistrar through, so an engine's mover opened
+// from a handle copies straight from registered pool memory as a mover made directly does.
+func (o *ownedMover) RegisterHost(mem []byte) (io.Closer, error) {
+	r, ok := o.Mover.(kvmem.HostRegistrar)
+	if !ok {
+		return nil, errors.New("the mover cannot register host memory")
+	}
+	return r.RegisterHost(mem)
+}
+
+// PageCheckError passes the wrapped mover's PageChecker through.
+func (o *ownedMover) PageCheckError() error {
+	pc, ok := o.Mover.(kvmem.PageChecker)
+	if !ok {
+		return fmt.Errorf("%w: the mover does not check pages", errNotCheckable)
+	}
+	return pc.PageCheckError()
+}
+
+// ScatterChecked passes the wrapped mover's PageChecker through.
+func (o *ownedMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kvmem.PageRef, sums []uint64) (func() ([]bool, error), error) {
+	pc, ok := o.Mover.(kvmem.PageChecker)
+	if !ok {
+		return nil, fmt.Errorf("%w: the mover does not check pages", errNotCheckable)
+	}
+	return pc.ScatterChecked(ctx, src, pages, sums)
+}
+
+var (
+	_ kvmem.HostRegistrar = (*ownedMover)(nil)
+	_ kvmem.PageChecker   = (*ownedMover)(nil)
+)

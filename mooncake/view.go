@@ -22,16 +22,64 @@ type Viewer interface {
 	MemoryRegions() [][]byte
 }
 
+// DeferredViewer is implemented by Viewers that can hand out values unchecked, with the
+// checksum taken at put, for a caller that checks each value where it copies it to (the CUDA
+// mover checks pages on the GPU after copying them into engine memory, gpu.PageChecker), so the
+// host does not read every value a second time while the copy engines read it.
+type DeferredViewer interface {
+	// BatchViewDeferred leases ks like BatchView but checks nothing: View.Sums[i] is the
+	// checksum key i's value had when it was put (keys.PageChecksum). The caller must check
+	// every value before using what it copied, and report one that fails with View.Corrupt.
+	BatchViewDeferred(ctx context.Context, ks []string) *View
+}
+
 // View is the result of Viewer.BatchView. Bufs[i] is key i's value in pool memory, nil where
 // Codes[i] is negative; Codes[i] is the value's size or a negative Code (ErrChecksumMismatch
 // for a value that failed its check: its bytes are not offered). A view must not be written.
+// A deferred view (DeferredViewer) also carries each value's checksum in Sums.
 type View struct {
 	Bufs  [][]byte
 	Codes []int64
+	Sums  []uint64
 
-	e    *Embedded
-	held []*object
-	once sync.Once
+	e         *Embedded
+	held      []*object
+	once      sync.Once
+	mu        sync.Mutex
+	onCorrupt []func()
+}
+
+// Corrupt records that value i of a deferred view failed the caller's check: it counts as a
+// checksum error instead of a hit, and Codes[i] becomes ErrChecksumMismatch. It may be called
+// after Release; a second call for the same value, or one for a value that was not offered,
+// does nothing.
+func (v *View) Corrupt(i int) {
+	v.mu.Lock()
+	if i < 0 || i >= len(v.Codes) || v.Codes[i] < 0 || v.Sums == nil {
+		v.mu.Unlock()
+		return
+	}
+	size := v.Codes[i]
+	v.Codes[i] = int64(ErrChecksumMismatch)
+	hooks := v.onCorrupt
+	v.mu.Unlock()
+	if v.e != nil {
+		v.e.c.hits.Add(-1)
+		v.e.c.bytesOut.Add(-size)
+		v.e.c.checksumErrors.Add(1)
+		v.e.c.getFailedItems.Add(1)
+	}
+	for _, f := range hooks {
+		f()
+	}
+}
+
+// OnCorrupt adds f to what Corrupt calls for each value it records, so a layer over the pool
+// can count the failed check as it counts the failures BatchView reports.
+func (v *View) OnCorrupt(f func()) {
+	v.mu.Lock()
+	v.onCorrupt = append(v.onCorrupt, f)
+	v.mu.Unlock()
 }
 
 // Release ends the view: its buffers must not be used afterwards. Calling it again does nothing.
@@ -67,6 +115,22 @@ func (e *Embedded) BatchView(ctx context.Context, ks []string) *View {
 		v.Bufs[i] = mem
 		out[i] = o.size
 	})
+	e.finishGet(out, held, misses)
+	return v
+}
+
+// BatchViewDeferred implements DeferredViewer.
+func (e *Embedded) BatchViewDeferred(ctx context.Context, ks []string) *View {
+	out, held, misses := e.acquire(ctx, ks, nil)
+	v := &View{Bufs: make([][]byte, len(ks)), Codes: out, Sums: make([]uint64, len(ks)), e: e, held: held}
+	for i, o := range held {
+		if o == nil {
+			continue
+		}
+		v.Bufs[i] = o.seg.mem[o.off : o.off+o.size : o.off+o.size]
+		v.Sums[i] = uint64(o.sum)
+		out[i] = o.size
+	}
 	e.finishGet(out, held, misses)
 	return v
 }
@@ -148,6 +212,7 @@ func (p *PutReservation) Revoke() []Code {
 }
 
 var (
-	_ Viewer   = (*Embedded)(nil)
-	_ Reserver = (*Embedded)(nil)
+	_ Viewer         = (*Embedded)(nil)
+	_ DeferredViewer = (*Embedded)(nil)
+	_ Reserver       = (*Embedded)(nil)
 )

@@ -5,6 +5,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -175,5 +176,49 @@ func TestBatchPutStartEnd(t *testing.T) {
 	}
 	if bad := p.BatchPutStart(bg, []string{"a", "b"}, []int64{1}, mooncake.ReplicateConfig{}); bad.Codes[0] != mooncake.ErrInvalidParams || bad.Codes[1] != mooncake.ErrInvalidParams {
 		t.Fatalf("mismatched sizes: %v", bad.Codes)
+	}
+}
+
+// TestBatchViewDeferred: a deferred view offers the stored bytes unchecked, with the checksum
+// taken at put; a corrupted value is offered too, and its stored checksum no longer matches its
+// bytes, which is what the caller's check finds. Corrupt turns the hit into a checksum error,
+// once, and calls the hooks.
+func TestBatchViewDeferred(t *testing.T) {
+	p, _ := newPool(t, nil)
+	a := pattern(3*unit, 1)
+	if c := p.BatchPut(bg, []string{"a"}, [][]byte{a}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
+		t.Fatalf("put: %v", c)
+	}
+	mustPut(t, p, "bad", 4096, mooncake.ReplicateConfig{})
+	p.CorruptForTest("bad")
+	v := p.BatchViewDeferred(bg, []string{"a", "missing", "bad"})
+	if v.Codes[0] != int64(len(a)) || v.Codes[1] != int64(mooncake.ErrObjectNotFound) || v.Codes[2] != 4096 {
+		t.Fatalf("codes %v", v.Codes)
+	}
+	if !bytes.Equal(v.Bufs[0], a) || v.Bufs[1] != nil || len(v.Bufs[2]) != 4096 {
+		t.Fatal("deferred view bytes differ from what was put")
+	}
+	if v.Sums[0] != uint64(keys.PageChecksum(a)) {
+		t.Fatalf("sum %#x, want the checksum of the value %#x", v.Sums[0], uint64(keys.PageChecksum(a)))
+	}
+	if v.Sums[2] == uint64(keys.PageChecksum(v.Bufs[2])) {
+		t.Fatal("corrupted value's stored checksum matches its bytes")
+	}
+	st, _ := p.Stats(bg)
+	if st.Hits != 2 || st.ChecksumErrors != 0 {
+		t.Fatalf("before Corrupt: hits %d checksum errors %d", st.Hits, st.ChecksumErrors)
+	}
+	hooked := 0
+	v.OnCorrupt(func() { hooked++ })
+	v.Release()
+	v.Corrupt(2)
+	v.Corrupt(2)
+	v.Corrupt(1) // a miss: nothing to record
+	st, _ = p.Stats(bg)
+	if st.Hits != 1 || st.ChecksumErrors != 1 || st.BytesOut != int64(len(a)) || hooked != 1 {
+		t.Fatalf("after Corrupt: hits %d checksum errors %d bytes out %d hooks %d", st.Hits, st.ChecksumErrors, st.BytesOut, hooked)
+	}
+	if v.Codes[2] != int64(mooncake.ErrChecksumMismatch) {
+		t.Fatalf("corrupted value's code %d", v.Codes[2])
 	}
 }

@@ -9,7 +9,8 @@ import (
 )
 
 // NodeReserve is the memory left to everything else on a node before segments and staging
-// buffers are counted (reference f.2).
+// buffers are counted (validate_node_budget in TensorRT-LLM's
+// mooncake_store/validation.py, https://github.com/NVIDIA/TensorRT-LLM/pull/21195; docs/SEED.md).
 const NodeReserve = 32 << 30
 
 // BudgetInput is what the node memory check reads.
@@ -33,7 +34,8 @@ type BudgetReport struct {
 	MaxSegmentSize int64 `json:"max_segment_size"`
 }
 
-// CheckNodeBudget is the node budget check of reference f.2, with the seed's configurable
+// CheckNodeBudget is TensorRT-LLM's node budget check (validate_node_budget in
+// mooncake_store/validation.py, https://github.com/NVIDIA/TensorRT-LLM/pull/21195), with the configurable
 // staging: claimed = ranks*max(0, segment) + (staging ? ranks*directions*staging_bytes : 0),
 // budget = MemAvailable - 32 GiB. It returns an error wrapping ErrNodeBudget when the claim
 // exceeds the budget; when the available memory is unknown it only reports Known=false.

@@ -2,7 +2,9 @@ package config
 
 import "fmt"
 
-// Defaults of the client config (reference b.1) and of the seed's fields.
+// Defaults of the client config (mooncake.json, read by MooncakeStoreConnectorConfig.from_file in
+// TensorRT-LLM's mooncake_store/config.py, https://github.com/NVIDIA/TensorRT-LLM/pull/21195) and of the fields the seed adds
+// (docs/SEED.md).
 const (
 	DefaultMetadataServer     = "P2PHANDSHAKE"
 	DefaultProtocol           = "rdma"

@@ -15,7 +15,7 @@ const EnvConfigPath = "MOONCAKE_CONFIG_PATH"
 // LoadOptions tunes Load. The zero value detects the kind and touches nothing outside data.
 type LoadOptions struct {
 	Kind Kind // "" detects it with DetectKind
-	// NodeBudget runs the node memory check (reference f.2) on a client config or YAML block.
+	// NodeBudget runs the node memory check (CheckNodeBudget) on a client config or YAML block.
 	NodeBudget bool
 	// MemAvailable reports the node's available memory; nil reads /proc/meminfo.
 	MemAvailable func() (uint64, bool)

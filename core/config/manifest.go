@@ -2,7 +2,8 @@ package config
 
 import "fmt"
 
-// Defaults of the pool manifest and of the master that publishes it (reference b.5).
+// Defaults of the pool manifest (pool.json, published by `trtllm-serve mooncake_master --pool_file`,
+// TensorRT-LLM's mooncake_store/master.py, https://github.com/NVIDIA/TensorRT-LLM/pull/21195) and of the master that publishes it.
 const (
 	DefaultRPCPort       = 50051
 	DefaultMetricsPort   = 9004

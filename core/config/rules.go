@@ -248,7 +248,9 @@ func (t *TRTLLMConfig) ruleCompletionReservation(d *dec, env ruleEnv) {
 	}
 }
 
-// Seed commits 13, 15, 16, 17 and reference b.3: the block's own cross-field rules.
+// The kv_connector_config.mooncake_store block's own cross-field rules: the seed's commits 13, 15,
+// 16 and 17 (docs/SEED.md) and MooncakeStoreConfig's in TensorRT-LLM's mooncake_store/config.py
+// (https://github.com/NVIDIA/TensorRT-LLM/pull/21195).
 func (t *TRTLLMConfig) ruleStoreBlock(d *dec, env ruleEnv, b *MooncakeStoreBlock) {
 	if b.ModelKey == nil && !env.inherited && !d.bad[pStoreF+"model_key"] {
 		d.at(SeverityError, pStoreF+"model_key", "model_key is required: every rank resolves it at startup and it has no default",

@@ -84,6 +84,7 @@ type timedMover struct {
 	kvmem.Mover
 	mu       sync.Mutex
 	scatters int
+	checked  int // scatters checked on the GPU
 	busy     time.Duration
 }
 
@@ -95,6 +96,27 @@ func (m *timedMover) Scatter(ctx context.Context, src [][]byte, pages []kvmem.Pa
 	m.busy += time.Since(t0)
 	m.mu.Unlock()
 	return err
+}
+
+func (m *timedMover) PageCheckError() error {
+	pc, ok := m.Mover.(kvmem.PageChecker)
+	if !ok {
+		return errors.New("the mover does not check pages")
+	}
+	return pc.PageCheckError()
+}
+
+// ScatterChecked times the copies and the launch of the check (what the loading goroutine
+// waits for), as Scatter is timed.
+func (m *timedMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kvmem.PageRef, sums []uint64) (func() ([]bool, error), error) {
+	t0 := time.Now()
+	wait, err := m.Mover.(kvmem.PageChecker).ScatterChecked(ctx, src, pages, sums)
+	m.mu.Lock()
+	m.scatters++
+	m.checked++
+	m.busy += time.Since(t0)
+	m.mu.Unlock()
+	return wait, err
 }
 
 func (m *timedMover) RegisterHost(mem []byte) (io.Closer, error) {
@@ -109,7 +131,7 @@ func (g *gpuBench) worker(b *testing.B, pool mooncake.Pool, staged bool) *Worker
 // timedWorker is worker with its mover timed and a stats reporter that keeps phase totals.
 func (g *gpuBench) timedWorker(b *testing.B, pool mooncake.Pool, staged bool) (*Worker, *timedMover, *stats.Reporter) {
 	b.Helper()
-	cm, err := g.d.NewMover(g.mem, g.layout, gpu.CUDAMoverOptions{})
+	cm, err := g.d.NewMover(g.mem, g.layout, gpu.CUDAMoverOptions{Scatter: benchScatter()})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -178,6 +200,11 @@ func newUncheckedPool(b *testing.B, p *mooncake.Embedded, ks []string) *unchecke
 	return u
 }
 
+// BatchViewDeferred answers as BatchView does: a view without Sums, which no one checks.
+func (u *uncheckedPool) BatchViewDeferred(ctx context.Context, ks []string) *mooncake.View {
+	return u.BatchView(ctx, ks)
+}
+
 func (u *uncheckedPool) BatchView(_ context.Context, ks []string) *mooncake.View {
 	v := &mooncake.View{Bufs: make([][]byte, len(ks)), Codes: make([]int64, len(ks))}
 	for i, k := range ks {
@@ -199,17 +226,37 @@ func reportGPU(b *testing.B, name string, conn, anchor time.Duration, anchorName
 
 var gpuBenchPages = []int{64 << 10, 256 << 10, 1 << 20}
 
+// benchScatterPath is how the benchmark's mover scatters: the default choice (gpu.ScatterAuto),
+// or in the "kernel" and "engines" modes always the copy kernel or the copy engines.
+var benchScatterPath gpu.ScatterPath
+
+func benchScatter() gpu.ScatterPath { return benchScatterPath }
+
+func scatterMode(mode string) gpu.ScatterPath {
+	switch {
+	case strings.Contains(mode, "kernel"):
+		return gpu.ScatterKernel
+	case strings.Contains(mode, "engines"):
+		return gpu.ScatterCopyEngines
+	}
+	return gpu.ScatterAuto
+}
+
 // BenchmarkGPULoad loads 256 MiB of pages stored in the embedded pool into device memory through
-// a worker (one synchronous StartLoad), alternating with the pinned H2D 64 MiB copy. "nocheck"
-// is the in-place load with the pool's checks taken out (uncheckedPool). "direct"
-// is the default path (pool memory registered, verified in place, one DMA per region); "staged"
+// a worker (one synchronous StartLoad), alternating with the pinned H2D 64 MiB copy. "direct"
+// is the default path (pool memory registered, one DMA per region, pages checked on the GPU
+// where they land); "hostcheck" checks them on the host before the copy instead (the pool's
+// BatchView); "nocheck" is the in-place load with no check at all (uncheckedPool); "staged"
 // copies through pinned staging (StagedTransfers).
 func BenchmarkGPULoad(b *testing.B) {
 	for _, page := range gpuBenchPages {
-		for _, mode := range []string{"direct", "direct,nocheck", "direct,batch=8MiB", "direct,batch=16MiB", "direct,batch=32MiB",
+		for _, mode := range []string{"direct", "direct,engines", "direct,kernel", "direct,hostcheck", "direct,nocheck", "direct,nocheck,engines", "direct,batch=8MiB", "direct,batch=16MiB", "direct,batch=32MiB",
 			"direct,workers=4", "direct,workers=8", "staged"} {
 			b.Run(fmt.Sprintf("%dKiB/%s", page>>10, mode), func(b *testing.B) {
 				defer setDirectBatch(mode)()
+				gpuPageChecksOff = strings.Contains(mode, "hostcheck")
+				benchScatterPath = scatterMode(mode)
+				defer func() { gpuPageChecksOff, benchScatterPath = false, gpu.ScatterAuto }()
 				g := newGPUBench(b, page)
 				pool := gpuPool(b, mode)
 				opts := benchOptions()

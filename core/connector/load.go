@@ -79,8 +79,16 @@ const directBatchMaxPages = 8192
 // is not safe for concurrent use), a staging set is written again only after its scatter is
 // done, and every scatter is done before loadPages returns, so no write into a failed request's
 // pages is in flight when it is reported.
+//
+// When the mover can check pages on the GPU (gpuPageChecks: a CUDA mover and a pool with
+// deferred views), a batch is leased unchecked (BatchViewDeferred) and the mover checks each page
+// against the checksum taken at put where it landed in engine memory. That check runs while the
+// next batch is copied and is read once that copy is done (sync); a page that fails it fails its
+// request as a missing page does, is counted by the pool as a checksum error, and is never
+// reported loaded. Every check is read before loadPages returns.
 func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mover kvmem.Mover, stage kvmem.Staging, batch int, items []pageIO, sample *stats.LoadSample) (res loadResult, err error) {
 	res.failed = map[int]bool{}
+	deferred, checker := gpuPageChecks(view, mover)
 	sets := 1
 	if view != nil {
 		sets = 2 // no slots to share: one batch is verified while the previous one is scattered
@@ -91,22 +99,70 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 		batch = max(1, min(batch, stage.Slots()/sets))
 	}
 	batch = max(1, batch)
-	var inflight chan error // the scatter in flight, if any
+
+	// The scatter in flight, if any, and what its pages are.
+	type scattered struct {
+		err   error
+		check func() ([]bool, error) // the GPU check of the batch, when the mover checks
+	}
+	var inflight chan scattered
 	var inflightRelease func()
+	var inflightOwners []*pageIO
+	var inflightView *mooncake.View
+	var inflightIdx []int
+	// GPU checks launched and not read yet, oldest first: a batch's check runs while the next
+	// batch is copied, and is read once that copy is done.
+	type pendingCheck struct {
+		wait   func() ([]bool, error)
+		owners []*pageIO
+		view   *mooncake.View
+		idx    []int // index in view of each checked page
+	}
+	var checks []pendingCheck
+	collect := func(keep int) error {
+		for len(checks) > keep {
+			c := checks[0]
+			checks = checks[1:]
+			m := sample.Start()
+			bad, err := c.wait()
+			sample.End(stats.PhaseSync, m)
+			if err != nil {
+				return fmt.Errorf("check loaded pages: %w", err)
+			}
+			for i, b := range bad {
+				if !b {
+					continue
+				}
+				it := c.owners[i]
+				res.failedPages++
+				res.landedBytes -= int64(it.size)
+				res.failed[it.req] = true
+				if res.firstMissing == "" {
+					res.firstMissing = it.key
+				}
+				c.view.Corrupt(c.idx[i])
+			}
+		}
+		return nil
+	}
 	wait := func() error {
 		if inflight == nil {
 			return nil
 		}
 		m := sample.Start()
-		err := <-inflight
+		out := <-inflight
 		sample.End(stats.PhaseSync, m)
 		inflight = nil
 		if inflightRelease != nil {
 			inflightRelease()
 			inflightRelease = nil
 		}
-		if err != nil {
-			return fmt.Errorf("scatter loaded pages: %w", err)
+		if out.err != nil {
+			return fmt.Errorf("scatter loaded pages: %w", out.err)
+		}
+		if out.check != nil {
+			checks = append(checks, pendingCheck{wait: out.check, owners: inflightOwners, view: inflightView, idx: inflightIdx})
+			return collect(1)
 		}
 		return nil
 	}
@@ -114,14 +170,22 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 		if werr := wait(); err == nil {
 			err = werr
 		}
+		if cerr := collect(0); err == nil {
+			err = cerr
+		}
 		if sample != nil {
 			sample.LandedBytes += res.landedBytes
 			sample.FailedPages += int64(res.failedPages)
 		}
 	}()
-	// In place, the first batch holds a quarter of directBatchBytes: its check is the one that
-	// no scatter overlaps, so the copy engines start sooner.
+	// In place, the first batch holds a quarter of directBatchBytes: its check on the host is
+	// the one that no scatter overlaps, so the copy engines start sooner. Checked on the GPU,
+	// a batch costs the host nothing before its copy, and fewer batches leave the copy engines
+	// idle between them less often.
 	target := directBatchBytes / 4
+	if deferred != nil {
+		target = directBatchBytes
+	}
 	full := func(pages, bytes int) bool {
 		if view == nil {
 			return pages >= batch
@@ -161,10 +225,15 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 		m = sample.Start()
 		var got []int64
 		var release func()
-		if view != nil {
-			v := view.BatchView(ctx, keys)
+		var v *mooncake.View
+		switch {
+		case deferred != nil:
+			v = deferred.BatchViewDeferred(ctx, keys)
 			got, bufs, release = v.Codes, v.Bufs, v.Release
-		} else {
+		case view != nil:
+			v = view.BatchView(ctx, keys)
+			got, bufs, release = v.Codes, v.Bufs, v.Release
+		default:
 			got = pool.BatchGet(ctx, keys, bufs)
 		}
 		sample.End(stats.PhaseGet, m)
@@ -176,11 +245,20 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 
 		srcs := make([][]byte, 0, len(keys))
 		refs := make([]kvmem.PageRef, 0, len(keys))
+		var sums []uint64
+		var idx []int
+		checked := v != nil && v.Sums != nil // a deferred view: the GPU checks what it copies
+		var scatteredOwners []*pageIO
 		for i, it := range owners {
 			if len(got) == len(keys) && got[i] == int64(it.size) && len(bufs) == len(keys) && len(bufs[i]) == it.size {
 				srcs = append(srcs, bufs[i])
 				refs = append(refs, it.ref)
 				res.landedBytes += int64(it.size)
+				if checked {
+					sums = append(sums, v.Sums[i])
+					idx = append(idx, i)
+					scatteredOwners = append(scatteredOwners, it)
+				}
 				continue
 			}
 			res.failedPages++
@@ -197,9 +275,17 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 		}
 		if len(srcs) > 0 {
 			m = sample.Start()
-			done := make(chan error, 1)
-			go func() { done <- mover.Scatter(ctx, srcs, refs) }()
+			done := make(chan scattered, 1)
+			if checked {
+				go func() {
+					check, err := checker.ScatterChecked(ctx, srcs, refs, sums)
+					done <- scattered{err: err, check: check}
+				}()
+			} else {
+				go func() { done <- scattered{err: mover.Scatter(ctx, srcs, refs)} }()
+			}
 			inflight, inflightRelease = done, release
+			inflightOwners, inflightView, inflightIdx = scatteredOwners, v, idx
 			sample.End(stats.PhaseUnstage, m)
 		} else if release != nil {
 			release()
@@ -214,4 +300,28 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 		}
 	}
 	return res, nil
+}
+
+// gpuPageChecksOff makes loads check pages on the host even where the mover could check them
+// on the GPU; the GPU benchmarks set it to compare the two.
+var gpuPageChecksOff = false
+
+// gpuPageChecks returns the pool's deferred views and the mover's GPU page checks when a load
+// can use both: the pool's values are read in place (view), the pool hands them out unchecked
+// with their checksums, and the mover checks pages in engine memory after copying them
+// (kvmem.PageChecker). Otherwise it returns nils and the pool checks every page on the host before
+// it is copied.
+func gpuPageChecks(view mooncake.Viewer, mover kvmem.Mover) (mooncake.DeferredViewer, kvmem.PageChecker) {
+	if view == nil || gpuPageChecksOff {
+		return nil, nil
+	}
+	dv, ok := view.(mooncake.DeferredViewer)
+	if !ok {
+		return nil, nil
+	}
+	pc, ok := mover.(kvmem.PageChecker)
+	if !ok || pc.PageCheckError() != nil {
+		return nil, nil
+	}
+	return dv, pc
 }

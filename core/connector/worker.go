@@ -161,7 +161,8 @@ func (w *Worker) RegisterLayout(l kvmem.Layout) error {
 		w.geom = nil
 		return fmt.Errorf("register layout: %w", err)
 	}
-	// Staging geometry is kvmem.PlanStaging's (reference f.3 and the async shares of c.5), so the
+	// Staging geometry is kvmem.PlanStaging's (TensorRT-LLM's mooncake_store/staging.py, with the
+	// asynchronous workers' shares of docs/SEED.md commit 17), so the
 	// connector and the node budget agree on what is pinned.
 	plan := func(label string, workers int) (kvmem.StagingPlan, error) {
 		p, err := kvmem.PlanStaging(l, w.opts.TransferBatchSize, w.opts.StagingBufferBytes, workers)
@@ -286,7 +287,13 @@ func (w *Worker) registerPoolMemory() ([]io.Closer, mooncake.Viewer) {
 		regs = append(regs, c)
 		total += len(mem)
 	}
-	w.log.Info("mooncake-store transfers use pool memory in place", "regions", len(regs), "registered_bytes", total)
+	checks := "host"
+	if _, pc := gpuPageChecks(v, w.mover); pc != nil {
+		checks = "gpu"
+	} else if pc, ok := w.mover.(kvmem.PageChecker); ok && pc.PageCheckError() != nil {
+		w.log.Info("mooncake-store loads check pages on the host", "reason", pc.PageCheckError())
+	}
+	w.log.Info("mooncake-store transfers use pool memory in place", "regions", len(regs), "registered_bytes", total, "page_checks", checks)
 	return regs, v
 }
 

@@ -52,6 +52,29 @@ func (p *inPlacePool) BatchView(ctx context.Context, keys []string) *mooncake.Vi
 	return v
 }
 
+// BatchViewDeferred leases without checking, within the timeout, and counts the pages it did
+// not offer as BatchView does; a page the caller's check later finds corrupt is counted then.
+// A backend without deferred views checks here, and the view it returns has no Sums.
+func (p *inPlacePool) BatchViewDeferred(ctx context.Context, keys []string) *mooncake.View {
+	dv, ok := p.v.(mooncake.DeferredViewer)
+	if !ok {
+		return p.BatchView(ctx, keys)
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	v := dv.BatchViewDeferred(ctx, keys)
+	p.timedOut("get", ctx)
+	bad := 0
+	for _, n := range v.Codes {
+		if n < 0 {
+			bad++
+		}
+	}
+	p.failed("get", &p.loadPages, bad)
+	v.OnCorrupt(func() { p.failed("get", &p.loadPages, 1) })
+	return v
+}
+
 // MemoryRegions is the backend's.
 func (p *inPlacePool) MemoryRegions() [][]byte { return p.v.MemoryRegions() }
 
@@ -73,6 +96,7 @@ func (p *inPlacePool) BatchPutStart(ctx context.Context, keys []string, sizes []
 }
 
 var (
-	_ mooncake.Viewer   = (*inPlacePool)(nil)
-	_ mooncake.Reserver = (*inPlacePool)(nil)
+	_ mooncake.Viewer         = (*inPlacePool)(nil)
+	_ mooncake.DeferredViewer = (*inPlacePool)(nil)
+	_ mooncake.Reserver       = (*inPlacePool)(nil)
 )

@@ -54,5 +54,20 @@ type HostRegistrar interface {
 	RegisterHost(mem []byte) (io.Closer, error)
 }
 
+// PageChecker is implemented by movers that can check pages where they land in engine memory,
+// on the device, instead of the host checking them before the copy (the CUDA mover, for layouts
+// whose regions are multiples of 64 bytes). A load that uses it copies pages straight from pool
+// memory and keeps every page whose check fails from being reported as loaded.
+type PageChecker interface {
+	// PageCheckError is nil when ScatterChecked works for this mover, otherwise the reason.
+	PageCheckError() error
+	// ScatterChecked is Scatter followed by the check. It returns once the copies are done and
+	// the check is under way; wait returns its result: bad[i] is true where page i's XXH3-64
+	// digest (seed 0, as core/keys.PageChecksum) in engine memory differs from sums[i], and that
+	// slot's bytes must not be used. Checks overlap the next call's copies; a result is kept
+	// until wait asks for it.
+	ScatterChecked(ctx context.Context, src [][]byte, pages []PageRef, sums []uint64) (wait func() (bad []bool, err error), err error)
+}
+
 // ErrClosed is returned by a Mover used after Close.
 var ErrClosed = errors.New("mover is closed")

@@ -1,0 +1,154 @@
+package connector
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"testing"
+
+	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/core/kvmem"
+)
+
+// checkingMover stands in for the CUDA mover's page checks (kvmem.PageChecker) where there is no
+// GPU: after the scatter it hashes each page where it landed in engine memory, as the kernel
+// does on the device (gpu/kernels/pagesum.cu), and compares with the checksum taken at put. The
+// result is handed out by wait, after the next scatter, as the GPU's overlapped check is.
+type checkingMover struct {
+	registeringMover
+	calls, pending *atomic.Int32
+}
+
+func newCheckingMover(l kvmem.Layout) checkingMover {
+	return checkingMover{newRegisteringMover(l), new(atomic.Int32), new(atomic.Int32)}
+}
+
+func (m checkingMover) PageCheckError() error { return nil }
+
+func (m checkingMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kvmem.PageRef, sums []uint64) (func() ([]bool, error), error) {
+	if len(sums) != len(pages) {
+		return nil, fmt.Errorf("%d pages, %d sums", len(pages), len(sums))
+	}
+	if err := m.Scatter(ctx, src, pages); err != nil {
+		return nil, err
+	}
+	m.calls.Add(1)
+	bad := make([]bool, len(pages))
+	for i, ref := range pages {
+		bad[i] = uint64(keys.PageChecksum(pageBytes(m.hostMover, ref.Group, ref.Slot, ref.Replicated))) != sums[i]
+	}
+	m.pending.Add(1)
+	return func() ([]bool, error) { m.pending.Add(-1); return bad, nil }, nil
+}
+
+func (m checkingMover) Clone() (kvmem.Mover, error) {
+	c, _ := m.registeringMover.Clone()
+	return checkingMover{c.(registeringMover), m.calls, m.pending}, nil
+}
+
+// TestGPUCheckedLoadNeverReportsCorruptedPages: with a mover that checks pages where they land,
+// loads take the pool's pages unchecked and the mover's check decides. Pages corrupted in the
+// pool, in several batches, fail exactly the requests that need them (handed back, counted by
+// the pool as checksum errors); every other request's pages land with the saved bytes; every
+// check is read before the load returns.
+func TestGPUCheckedLoadNeverReportsCorruptedPages(t *testing.T) {
+	old := directBatchBytes
+	directBatchBytes = 4 * 64 // a few pages a batch: many batches, checks overlapping copies
+	defer func() { directBatchBytes = old }()
+	const n = 14
+	pool := newEmbPool(t, 1<<20)
+	l := testLayout(32)
+	src := saveDirectPages(t, pool, l, n)
+	ns := baseOptions().Namespace
+	corrupt := map[int]bool{2: true, 9: true, 13: true}
+	for i := range corrupt {
+		k := ns.PageKey(0, testT, l.Groups[0].BytesPerPage(), directHash(i))
+		if !pool.CorruptForTest(k) {
+			t.Fatalf("no stored page %q", k)
+		}
+	}
+	m := newCheckingMover(l)
+	w, err := NewWorker(baseOptions(), pool, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(context.Background())
+	if err := w.RegisterLayout(l); err != nil {
+		t.Fatal(err)
+	}
+	var reqs []RequestTransfers
+	for i := range n {
+		reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%02d", i), Pages: []PageTransfer{
+			{Hash: directHash(i), Group: 0, Page: 16 + i}, {Hash: directHash(i), Group: 1, Page: 16 + i}}})
+	}
+	w.BindMeta(Metadata{Loads: reqs})
+	if err := w.StartLoad(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if m.calls.Load() < 3 {
+		t.Fatalf("%d checked scatters: the GPU-checked path with several batches is not under test", m.calls.Load())
+	}
+	if p := m.pending.Load(); p != 0 {
+		t.Fatalf("%d checks not read when the load returned", p)
+	}
+	failed := w.TakeFailedLoadRequests()
+	slices.Sort(failed)
+	if want := []string{"r02", "r09", "r13"}; !slices.Equal(failed, want) {
+		t.Fatalf("failed loads %v, want %v", failed, want)
+	}
+	for i := range n {
+		if corrupt[i] {
+			continue
+		}
+		for g := range 2 {
+			if !bytes.Equal(pageBytes(m.hostMover, g, 16+i, false), pageBytes(src, g, i, false)) {
+				t.Fatalf("request r%02d: group %d page holds other bytes than were saved", i, g)
+			}
+		}
+	}
+	if st := pool.stats(t); st.ChecksumErrors != int64(len(corrupt)) {
+		t.Fatalf("pool counted %d checksum errors, want %d", st.ChecksumErrors, len(corrupt))
+	}
+}
+
+// TestGPUPageChecksOff: with GPU checks turned off the same mover's pages are checked by the
+// pool on the host, and the mover's check is never called.
+func TestGPUPageChecksOff(t *testing.T) {
+	gpuPageChecksOff = true
+	defer func() { gpuPageChecksOff = false }()
+	pool := newEmbPool(t, 1<<20)
+	l := testLayout(16)
+	saveDirectPages(t, pool, l, 3)
+	ns := baseOptions().Namespace
+	pool.CorruptForTest(ns.PageKey(0, testT, l.Groups[0].BytesPerPage(), directHash(1)))
+	m := newCheckingMover(l)
+	for i := range m.mem {
+		m.mem[i] = 0xEE
+	}
+	w, err := NewWorker(baseOptions(), pool, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(context.Background())
+	if err := w.RegisterLayout(l); err != nil {
+		t.Fatal(err)
+	}
+	w.BindMeta(Metadata{Loads: []RequestTransfers{
+		{RequestID: "a", Pages: []PageTransfer{{Hash: directHash(0), Group: 0, Page: 10}}},
+		{RequestID: "b", Pages: []PageTransfer{{Hash: directHash(1), Group: 0, Page: 11}}},
+	}})
+	if err := w.StartLoad(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if f := w.TakeFailedLoadRequests(); !slices.Equal(f, []string{"b"}) {
+		t.Fatalf("failed loads %v, want [b]", f)
+	}
+	if m.calls.Load() != 0 {
+		t.Fatal("the mover's check ran with GPU checks off")
+	}
+	if got := pageBytes(m.hostMover, 0, 11, false); !bytes.Equal(got, bytes.Repeat([]byte{0xEE}, len(got))) {
+		t.Fatal("checked on the host, the corrupted page still reached engine memory")
+	}
+}

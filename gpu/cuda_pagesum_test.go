@@ -1,0 +1,344 @@
+//go:build cgo && linux
+
+package gpu_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvctl/kvctl/core/kvmem"
+	"github.com/kvctl/kvctl/gpu"
+)
+
+// checkLayout has three layer groups: pages of three regions with uneven sizes (multiples of
+// 64 bytes) and a little over 1 MiB, pages of 64 KiB, and pages of 256 bytes.
+func checkLayout() kvmem.Layout {
+	const slots0, slots1, slots2 = 8, 300, 16
+	a, b, c := uint64(64*1000), uint64(64*37), uint64(1<<20)
+	off := uint64(0)
+	next := func(n uint64, slots int) uint64 { o := off; off += n * uint64(slots); return o }
+	g0 := kvmem.GroupLayout{ID: 0, Slots: slots0, Regions: []kvmem.Region{
+		{Offset: next(a, slots0), Stride: a, Size: a},
+		{Offset: next(b, slots0), Stride: b, Size: b},
+		{Offset: next(c, slots0), Stride: c, Size: c},
+	}}
+	g1 := kvmem.GroupLayout{ID: 1, Slots: slots1, Regions: []kvmem.Region{{Offset: next(64<<10, slots1), Stride: 64 << 10, Size: 64 << 10}}}
+	g2 := kvmem.GroupLayout{ID: 2, Slots: slots2, Regions: []kvmem.Region{{Offset: next(256, slots2), Stride: 256, Size: 256}}}
+	return kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{g0, g1, g2}}
+}
+
+func layoutBytes(l kvmem.Layout) uint64 {
+	var end uint64
+	for _, g := range l.Groups {
+		for _, r := range g.Regions {
+			end = max(end, r.Offset+r.Stride*uint64(g.Slots))
+		}
+	}
+	return end
+}
+
+// TestCUDAPageChecks checks pages on the GPU after a scatter: every digest the kernel computes
+// equals XXH3-64 of the page (for pages of several regions, of one, and short ones, in batches
+// larger than the GPU has multiprocessors), and a page whose digest differs is reported bad,
+// exactly those pages.
+func TestCUDAPageChecks(t *testing.T) {
+	d := openCUDA(t)
+	l := checkLayout()
+	mem, err := d.AllocDeviceMemory(layoutBytes(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	m, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	pc, ok := m.(kvmem.PageChecker)
+	if !ok {
+		t.Fatal("the CUDA mover is not a PageChecker")
+	}
+	if err := pc.PageCheckError(); err != nil {
+		t.Fatalf("the CUDA mover cannot check pages: %v", err)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	ctx := context.Background()
+	for _, batch := range []struct{ group, n int }{{0, 8}, {1, 300}, {2, 16}, {1, 1}} {
+		t.Run(fmt.Sprintf("group=%d/pages=%d", batch.group, batch.n), func(t *testing.T) {
+			refs := make([]kvmem.PageRef, batch.n)
+			src := make([][]byte, batch.n)
+			sums := make([]uint64, batch.n)
+			for i := range refs {
+				refs[i] = kvmem.PageRef{Group: batch.group, Slot: (i * 7) % l.Groups[batch.group].Slots}
+				if batch.n > l.Groups[batch.group].Slots {
+					refs[i].Slot = i % l.Groups[batch.group].Slots
+				}
+				size, err := l.ValueSize(refs[i])
+				if err != nil {
+					t.Fatal(err)
+				}
+				src[i] = make([]byte, size)
+				for j := range src[i] {
+					src[i][j] = byte(rng.Uint32())
+				}
+				sums[i] = xxh3.Hash(src[i])
+			}
+			// Slots repeat in the 300-page batch: the last write wins, so check one page a slot.
+			last := map[int]int{}
+			for i, r := range refs {
+				last[r.Slot] = i
+			}
+			bad, err := scatterChecked(ctx, pc, src, refs, sums)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range refs {
+				if last[refs[i].Slot] == i && bad[i] {
+					t.Fatalf("page %d (%d bytes) reported bad; its digest is XXH3's", i, len(src[i]))
+				}
+			}
+			// Read back one page: the scatter itself landed.
+			got := make([][]byte, 1)
+			got[0] = make([]byte, len(src[0]))
+			i0 := last[refs[0].Slot]
+			if err := m.Gather(ctx, refs[i0:i0+1], got); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got[0], src[i0]) {
+				t.Fatal("gathered page differs from what was scattered")
+			}
+			// Wrong digests for some pages: exactly those are bad.
+			want := map[int]bool{}
+			for i := range refs {
+				if last[refs[i].Slot] == i && rng.IntN(3) == 0 {
+					sums[i] ^= 1 << rng.IntN(64)
+					want[i] = true
+				}
+			}
+			if bad, err = scatterChecked(ctx, pc, src, refs, sums); err != nil {
+				t.Fatal(err)
+			}
+			for i := range refs {
+				if last[refs[i].Slot] == i && bad[i] != want[i] {
+					t.Fatalf("page %d: bad=%v, want %v", i, bad[i], want[i])
+				}
+			}
+		})
+	}
+	t.Run("corrupted source", func(t *testing.T) {
+		// The digest is of the bytes as written; one flipped byte in what is copied is caught.
+		ref := []kvmem.PageRef{{Group: 0, Slot: 3}}
+		size, _ := l.ValueSize(ref[0])
+		page := make([]byte, size)
+		for j := range page {
+			page[j] = byte(rng.Uint32())
+		}
+		sum := []uint64{xxh3.Hash(page)}
+		for _, at := range []int{0, 64*1000 - 1, 64 * 1000, 64*1037 + 5, len(page) - 1} {
+			page[at] ^= 0x40
+			bad, err := scatterChecked(ctx, pc, [][]byte{page}, ref, sum)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bad[0] {
+				t.Fatalf("byte %d flipped: page not reported bad", at)
+			}
+			page[at] ^= 0x40
+		}
+	})
+}
+
+func scatterChecked(ctx context.Context, pc kvmem.PageChecker, src [][]byte, refs []kvmem.PageRef, sums []uint64) ([]bool, error) {
+	wait, err := pc.ScatterChecked(ctx, src, refs, sums)
+	if err != nil {
+		return nil, err
+	}
+	return wait()
+}
+
+// TestCUDAPageCheckOverlapped: checks of consecutive batches overlap; each result stays with
+// its own batch, also when several are collected late.
+func TestCUDAPageCheckOverlapped(t *testing.T) {
+	d := openCUDA(t)
+	l := checkLayout()
+	mem, err := d.AllocDeviceMemory(layoutBytes(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	m, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	pc := m.(kvmem.PageChecker)
+	rng := rand.New(rand.NewPCG(5, 6))
+	ctx := context.Background()
+	type batch struct {
+		wait func() ([]bool, error)
+		want []bool
+	}
+	var batches []batch
+	for k := range 5 {
+		n := 40
+		refs := make([]kvmem.PageRef, n)
+		src := make([][]byte, n)
+		sums := make([]uint64, n)
+		want := make([]bool, n)
+		for i := range refs {
+			refs[i] = kvmem.PageRef{Group: 1, Slot: k*n + i}
+			src[i] = make([]byte, 64<<10)
+			for j := range src[i] {
+				src[i][j] = byte(rng.Uint32())
+			}
+			sums[i] = xxh3.Hash(src[i])
+			if rng.IntN(4) == 0 {
+				sums[i]++
+				want[i] = true
+			}
+		}
+		wait, err := pc.ScatterChecked(ctx, src, refs, sums)
+		if err != nil {
+			t.Fatal(err)
+		}
+		batches = append(batches, batch{wait, want})
+	}
+	for k := len(batches) - 1; k >= 0; k-- {
+		bad, err := batches[k].wait()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range bad {
+			if bad[i] != batches[k].want[i] {
+				t.Fatalf("batch %d page %d: bad=%v, want %v", k, i, bad[i], batches[k].want[i])
+			}
+		}
+	}
+}
+
+// TestCUDAPageCheckRefused: a layout the kernel cannot read stripe by stripe makes the mover
+// say why, and ScatterChecked fails rather than guess.
+func TestCUDAPageCheckRefused(t *testing.T) {
+	d := openCUDA(t)
+	l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: 4, Regions: []kvmem.Region{{Stride: 1000, Size: 1000}}}}}
+	mem, err := d.AllocDeviceMemory(4000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	m, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	pc := m.(kvmem.PageChecker)
+	if pc.PageCheckError() == nil {
+		t.Fatal("1000-byte regions accepted for GPU checks")
+	}
+	if _, err := scatterChecked(context.Background(), pc, [][]byte{make([]byte, 1000)}, []kvmem.PageRef{{Slot: 1}}, []uint64{0}); err == nil {
+		t.Fatal("ScatterChecked ran on a layout it cannot check")
+	}
+}
+
+// BenchmarkCUDAPageCheck compares a scatter of 64 MiB of pages with the same scatter followed
+// by the check on the GPU, alternated in one run: the check's cost is the ratio.
+func BenchmarkCUDAPageCheck(b *testing.B) {
+	d := openCUDA(b)
+	for _, c := range []struct {
+		pageKiB, regions int
+		kernel           bool
+	}{{64, 2, false}, {64, 2, true}, {256, 2, false}, {256, 2, true}, {256, 8, false}, {256, 8, true}, {1024, 2, false}, {1024, 2, true}} {
+		pageKiB := c.pageKiB
+		size := pageKiB << 10
+		n := (64 << 20) / size
+		piece := uint64(size / c.regions)
+		var regions []kvmem.Region
+		for r := range c.regions {
+			regions = append(regions, kvmem.Region{Offset: uint64(r*n) * piece, Stride: piece, Size: piece})
+		}
+		l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: n, Regions: regions}}}
+		mem, err := d.AllocDeviceMemory(uint64(n * size))
+		if err != nil {
+			b.Fatal(err)
+		}
+		m, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{Scatter: scatterPath(c.kernel)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		st, err := m.NewStaging(n, size)
+		if err != nil {
+			b.Fatal(err)
+		}
+		refs := make([]kvmem.PageRef, n)
+		src := make([][]byte, n)
+		sums := make([]uint64, n)
+		for i := range refs {
+			refs[i] = kvmem.PageRef{Slot: i}
+			src[i] = st.Slot(i)
+			for j := range src[i] {
+				src[i][j] = byte(i + j)
+			}
+			sums[i] = xxh3.Hash(src[i])
+		}
+		pc := m.(kvmem.PageChecker)
+		ctx := context.Background()
+		b.Run(fmt.Sprintf("page=%dKiB/regions=%d/kernel=%v/scatter", pageKiB, c.regions, c.kernel), func(b *testing.B) {
+			b.SetBytes(int64(n * size))
+			for b.Loop() {
+				if err := m.Scatter(ctx, src, refs); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("page=%dKiB/regions=%d/kernel=%v/scatter+check", pageKiB, c.regions, c.kernel), func(b *testing.B) {
+			b.SetBytes(int64(n * size))
+			for b.Loop() {
+				bad, err := scatterChecked(ctx, pc, src, refs, sums)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for i := range bad {
+					if bad[i] {
+						b.Fatalf("page %d bad", i)
+					}
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("page=%dKiB/regions=%d/kernel=%v/scatter+check,overlapped", pageKiB, c.regions, c.kernel), func(b *testing.B) {
+			// As a load uses it: the check of one batch runs while the next batch is copied.
+			b.SetBytes(int64(n * size))
+			var prev func() ([]bool, error)
+			for b.Loop() {
+				wait, err := pc.ScatterChecked(ctx, src, refs, sums)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if prev != nil {
+					if _, err := prev(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				prev = wait
+			}
+			if _, err := prev(); err != nil {
+				b.Fatal(err)
+			}
+		})
+		st.Close()
+		m.Close()
+		mem.Close()
+	}
+}
+
+// scatterPath is the copy kernel or the copy engines, for benchmarks that compare the two.
+func scatterPath(kernel bool) gpu.ScatterPath {
+	if kernel {
+		return gpu.ScatterKernel
+	}
+	return gpu.ScatterCopyEngines
+}

@@ -1,0 +1,99 @@
+package gpu
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/kvctl/kvctl/core/kvmem"
+)
+
+// Page checks on the GPU (kernels/pagesum.cu) compute the XXH3-64 digest (seed 0) of every page
+// of a batch where it lies in engine memory, after the pages were copied there. The pool took
+// the same digest when the page was written (core/keys.PageChecksum), so a load can be checked
+// without the host reading each page a second time while the copy engines read it.
+
+// xxh3Secret is XXH3's default 192-byte secret, the "kSecret" of the specification
+// (https://github.com/Cyan4973/xxHash/blob/v0.8.2/doc/xxhash_spec.md).
+var xxh3Secret = [192]byte{
+	0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad, 0x1c,
+	0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67, 0x1f,
+	0xcb, 0x79, 0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72, 0x21,
+	0xb8, 0x08, 0x46, 0x74, 0xf7, 0x43, 0x24, 0x8e, 0xe0, 0x35, 0x90, 0xe6, 0x81, 0x3a, 0x26, 0x4c,
+	0x3c, 0x28, 0x52, 0xbb, 0x91, 0xc3, 0x00, 0xcb, 0x88, 0xd0, 0x65, 0x8b, 0x1b, 0x53, 0x2e, 0xa3,
+	0x71, 0x64, 0x48, 0x97, 0xa2, 0x0d, 0xf9, 0x4e, 0x38, 0x19, 0xef, 0x46, 0xa9, 0xde, 0xac, 0xd8,
+	0xa8, 0xfa, 0x76, 0x3f, 0xe3, 0x9c, 0x34, 0x3f, 0xf9, 0xdc, 0xbb, 0xc7, 0xc7, 0x0b, 0x4f, 0x1d,
+	0x8a, 0x51, 0xe0, 0x4b, 0xcd, 0xb4, 0x59, 0x31, 0xc8, 0x9f, 0x7e, 0xc9, 0xd9, 0x78, 0x73, 0x64,
+	0xea, 0xc5, 0xac, 0x83, 0x34, 0xd3, 0xeb, 0xc3, 0xc5, 0x81, 0xa0, 0xff, 0xfa, 0x13, 0x63, 0xeb,
+	0x17, 0x0d, 0xdd, 0x51, 0xb7, 0xf0, 0xda, 0x49, 0xd3, 0x16, 0x55, 0x26, 0x29, 0xd4, 0x68, 0x9e,
+	0x2b, 0x16, 0xbe, 0x58, 0x7d, 0x47, 0xa1, 0xfc, 0x8f, 0xf8, 0xb8, 0xd1, 0x7a, 0xd0, 0x31, 0xce,
+	0x45, 0xcb, 0x3a, 0x8f, 0x95, 0x16, 0x04, 0x28, 0xaf, 0xd7, 0xfb, 0xca, 0xbb, 0x4b, 0x40, 0x7e,
+}
+
+// pageSumSecret is the kernel's kvSecret: the secret's words the hash reads, in the kernel's
+// layout (three arrays of little-endian words, 320 bytes).
+type pageSumSecret struct {
+	acc   [24]uint64 // word at byte 8k
+	last  [8]uint64  // word at byte 121 + 8i
+	merge [8]uint64  // word at byte 11 + 8i
+}
+
+func newPageSumSecret() pageSumSecret {
+	var s pageSumSecret
+	for k := range s.acc {
+		s.acc[k] = binary.LittleEndian.Uint64(xxh3Secret[8*k:])
+	}
+	for i := range 8 {
+		s.last[i] = binary.LittleEndian.Uint64(xxh3Secret[121+8*i:])
+		s.merge[i] = binary.LittleEndian.Uint64(xxh3Secret[11+8*i:])
+	}
+	return s
+}
+
+// bytes returns the secret as the kernel parameter's bytes.
+func (s pageSumSecret) bytes() []byte {
+	out := make([]byte, 0, 320)
+	for _, w := range s.acc {
+		out = binary.LittleEndian.AppendUint64(out, w)
+	}
+	for _, w := range s.last {
+		out = binary.LittleEndian.AppendUint64(out, w)
+	}
+	for _, w := range s.merge {
+		out = binary.LittleEndian.AppendUint64(out, w)
+	}
+	return out
+}
+
+// minCheckedPage is the shortest page the kernel hashes: XXH3 takes another path at 240 bytes
+// and below.
+const minCheckedPage = 241
+
+// errNotCheckable is wrapped by pageCheckable's reasons.
+var errNotCheckable = errors.New("pages cannot be checked on the GPU")
+
+// pageCheckable reports whether every page of l, in engine memory at base, can be checked by the
+// kernel: longer than 240 bytes, every region a multiple of 64 bytes and 8-byte aligned, so that
+// every 64-byte stripe lies inside one region. It returns nil or the reason it cannot.
+func pageCheckable(l kvmem.Layout, base uint64) error {
+	if base%8 != 0 {
+		return fmt.Errorf("%w: engine memory at %#x is not 8-byte aligned", errNotCheckable, base)
+	}
+	for g, gl := range l.Groups {
+		if n := gl.BytesPerPage(); n < minCheckedPage {
+			return fmt.Errorf("%w: group %d pages hold %d bytes (at most 240 take another hash path)", errNotCheckable, g, n)
+		}
+		if n := gl.ReplicatedBytesPerPage(); n > 0 && n < minCheckedPage {
+			return fmt.Errorf("%w: group %d replicated pages hold %d bytes (at most 240 take another hash path)", errNotCheckable, g, n)
+		}
+		for _, rs := range [][]kvmem.Region{gl.Regions, gl.ReplicatedRegions} {
+			for _, r := range rs {
+				if r.Size%64 != 0 || r.Offset%8 != 0 || r.Stride%8 != 0 {
+					return fmt.Errorf("%w: group %d has a region of %d bytes at offset %d, stride %d (needs multiples of 64 bytes, 8-byte aligned)",
+						errNotCheckable, g, r.Size, r.Offset, r.Stride)
+				}
+			}
+		}
+	}
+	return nil
+}
