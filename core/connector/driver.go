@@ -112,7 +112,8 @@ type DriverOptions struct {
 	Chunk int
 	// MaxRunning caps the requests admitted and not done at once; 0 is no cap.
 	MaxRunning int
-	Hooks      DriverHooks
+	// Hooks are the engine's side of the sequence.
+	Hooks DriverHooks
 }
 
 // DriverStats counts what a Driver did.
