@@ -2,6 +2,7 @@ package connector
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -241,4 +242,62 @@ func TestManyEnginesAgainstSlowPool(t *testing.T) {
 		}
 	})
 	t.Logf("peak pool calls in flight at once: %d", pool.peak.Load())
+}
+
+// putGatedPool holds every BatchPut inside the pool until the gate opens.
+type putGatedPool struct {
+	*embPool
+	gate chan struct{}
+}
+
+func (p *putGatedPool) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg mooncake.ReplicateConfig) []mooncake.Code {
+	<-p.gate
+	return p.embPool.BatchPut(ctx, keys, bufs, cfg)
+}
+
+// TestWaitSavesReturnsOnceQueuedSavesAreWritten: WaitSaves does not return while a queued save
+// is still inside the pool (it ends with the context instead), and returns once the save is
+// written, with the pages readable.
+func TestWaitSavesReturnsOnceQueuedSavesAreWritten(t *testing.T) {
+	pool := &putGatedPool{embPool: newEmbPool(t, 1<<20), gate: make(chan struct{})}
+	l := testLayout(8)
+	m := newHostMover(l)
+	for i := range m.mem {
+		m.mem[i] = byte(i)
+	}
+	w, err := NewWorker(baseOptions(), pool, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(context.Background())
+	if err := w.RegisterLayout(l); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WaitSaves(context.Background()); err != nil {
+		t.Fatalf("nothing queued: %v", err)
+	}
+	w.BindMeta(Metadata{Saves: []RequestTransfers{{RequestID: "r", Pages: []PageTransfer{{Hash: directHash(1), Group: 0, Page: 1}}}}})
+	if err := w.WaitForSave(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := w.WaitSaves(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitSaves with the save held in the pool = %v, want the context's deadline", err)
+	}
+	close(pool.gate)
+	done := make(chan error, 1)
+	go func() { done <- w.WaitSaves(context.Background()) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(guard):
+		t.Fatal("WaitSaves did not return after the save was written")
+	}
+	key := baseOptions().Namespace.PageKey(0, testT, l.Groups[0].BytesPerPage(), directHash(1))
+	if got := pool.embPool.BatchIsExist(context.Background(), []string{key}); got[0] != 1 {
+		t.Fatalf("page not in the pool when WaitSaves returned: %v", got)
+	}
 }

@@ -43,14 +43,16 @@ type Worker struct {
 	failedSync  []string
 	failedAsync []string
 	submitted   []string
-	outstanding map[string]int  // request -> save jobs queued and not done
-	closedGen   map[string]bool // finished requests waiting for their saves
-	announced   map[string]bool // parked requests the engine said it started loading
-	async       map[string]*asyncLoad
-	protocol    protocolState
-	kept        error
-	closed      bool
-	warnedTTL   bool
+	outstanding map[string]int // request -> save jobs queued and not done
+	// savesChanged is closed (and replaced) each time a save job is done.
+	savesChanged chan struct{}
+	closedGen    map[string]bool // finished requests waiting for their saves
+	announced    map[string]bool // parked requests the engine said it started loading
+	async        map[string]*asyncLoad
+	protocol     protocolState
+	kept         error
+	closed       bool
+	warnedTTL    bool
 
 	saveQ     *fifo[saveJob]
 	saveMover kvmem.Mover
@@ -97,16 +99,17 @@ func NewWorker(opts Options, pool mooncake.Pool, mover kvmem.Mover) (*Worker, er
 		return nil, fmt.Errorf("a %s role needs a pool and a mover", opts.Role)
 	}
 	w := &Worker{
-		opts:        opts,
-		pool:        pool,
-		mover:       mover,
-		log:         opts.Logger,
-		recover:     opts.recoverFailedLoads(),
-		outstanding: map[string]int{},
-		closedGen:   map[string]bool{},
-		announced:   map[string]bool{},
-		async:       map[string]*asyncLoad{},
-		protocol:    newProtocolState(),
+		opts:         opts,
+		pool:         pool,
+		mover:        mover,
+		log:          opts.Logger,
+		recover:      opts.recoverFailedLoads(),
+		outstanding:  map[string]int{},
+		savesChanged: make(chan struct{}),
+		closedGen:    map[string]bool{},
+		announced:    map[string]bool{},
+		async:        map[string]*asyncLoad{},
+		protocol:     newProtocolState(),
 	}
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	if opts.Role.Loads() {
@@ -525,6 +528,27 @@ func (w *Worker) WaitForSave(ctx context.Context) error {
 	return nil
 }
 
+// WaitSaves returns once every save queued so far has been written or has failed, or when ctx
+// ends. An engine never needs it (GetFinished reports each finished request's saves); a
+// simulation in virtual time (replay's scheduler model) waits for saves before it lets time
+// pass, so that what the pool holds at each eviction tick does not depend on how the save
+// goroutine was scheduled.
+func (w *Worker) WaitSaves(ctx context.Context) error {
+	for {
+		w.mu.Lock()
+		n, changed := len(w.outstanding), w.savesChanged
+		w.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 func (w *Worker) saveLoop() {
 	defer w.backgroundWG.Done()
 	for {
@@ -541,6 +565,8 @@ func (w *Worker) saveLoop() {
 				delete(w.outstanding, t.RequestID)
 			}
 		}
+		close(w.savesChanged)
+		w.savesChanged = make(chan struct{})
 		w.mu.Unlock()
 	}
 }

@@ -115,6 +115,23 @@ func (o *offline) occupancy() float64 {
 	return float64(used) / float64(capBytes)
 }
 
+// settleSaves waits until every save queued on any rank has been written, so that the eviction
+// ticks the next pass runs see the same pool whatever the save goroutines' timing: in virtual
+// time a pass's saves are done before time moves on.
+func (o *offline) settleSaves() error {
+	began := time.Now()
+	for _, r := range o.ranks {
+		if r.w == nil {
+			continue
+		}
+		if err := r.w.WaitSaves(o.ctx); err != nil {
+			return err
+		}
+	}
+	o.wall.save += time.Since(began)
+	return nil
+}
+
 // drain waits until every rank's finished requests have their saves done, so that the pool
 // state the next lookup or eviction tick sees follows arrival order, whatever the save
 // goroutines' timing. Saves overlap the replay's own work until then.

@@ -211,6 +211,9 @@ func (o *offline) nextRank(until time.Duration) *rank {
 func (o *offline) pass(r *rank) error {
 	s, c := r.sch, o.c
 	sc := o.run.Scheduler
+	if err := o.settleSaves(); err != nil {
+		return err
+	}
 	o.advance(s.clock)
 	sc.Passes++
 	p := r.mgr.BeginPass(c.MaxNumTokens, c.MaxBatchSize, false)
