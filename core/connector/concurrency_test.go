@@ -297,7 +297,7 @@ func TestWaitSavesReturnsOnceQueuedSavesAreWritten(t *testing.T) {
 		t.Fatal("WaitSaves did not return after the save was written")
 	}
 	key := baseOptions().Namespace.PageKey(0, testT, l.Groups[0].BytesPerPage(), directHash(1))
-	if got := pool.embPool.BatchIsExist(context.Background(), []string{key}); got[0] != 1 {
+	if got := pool.BatchIsExist(context.Background(), []string{key}); got[0] != 1 {
 		t.Fatalf("page not in the pool when WaitSaves returned: %v", got)
 	}
 }
