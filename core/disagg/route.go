@@ -226,10 +226,7 @@ const maxLookupBlocks = 4096
 // which are present, as probe-pool does; the hit is the leading run of complete blocks.
 type keyLookup struct {
 	target *probe.Target
-	chain  keys.ChainConfig
-	ns     keys.Namespace
-	groups []keys.LayerGroupPages
-	tpb    int
+	recipe keys.Recipe
 }
 
 // NewPoolLookup builds the pool_aware lookup of a router config: the pool's admin address
@@ -243,13 +240,12 @@ func NewPoolLookup(rc config.DisaggRouter) (PoolLookup, error) {
 		}
 		format = f
 	}
-	tpb := int(rc.TokensPerBlock)
-	cc := keys.ChainConfig{Format: format, TokensPerBlock: tpb}
-	if err := cc.Validate(); err != nil {
+	recipe := keys.Recipe{Format: format, TokensPerBlock: int(rc.TokensPerBlock),
+		Namespace: keys.Namespace{Namespace: rc.Namespace, ModelKey: rc.ModelKey, WorldSize: int(max(rc.WorldSize, 1))}}
+	if err := recipe.ChainConfig(keys.Scope{}).Validate(); err != nil {
 		return nil, err
 	}
-	ns := keys.Namespace{Namespace: rc.Namespace, ModelKey: rc.ModelKey, WorldSize: int(max(rc.WorldSize, 1))}
-	if err := ns.Validate(); err != nil {
+	if err := recipe.Namespace.Validate(); err != nil {
 		return nil, err
 	}
 	var groups []keys.LayerGroupPages
@@ -269,15 +265,16 @@ func NewPoolLookup(rc config.DisaggRouter) (PoolLookup, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &keyLookup{target: t, chain: cc, ns: ns, groups: groups, tpb: tpb}, nil
+	recipe.Groups = groups
+	return &keyLookup{target: t, recipe: recipe}, nil
 }
 
 // CachedTokens implements PoolLookup.
 func (k *keyLookup) CachedTokens(ctx context.Context, tokens []int64) (int, error) {
-	if len(tokens)/k.tpb > maxLookupBlocks {
+	if len(tokens)/k.recipe.TokensPerBlock > maxLookupBlocks {
 		return 0, errTooLong
 	}
-	chain, err := keys.NewChain(k.chain)
+	chain, err := k.recipe.NewChain(keys.Scope{})
 	if err != nil {
 		return 0, err
 	}
@@ -285,12 +282,10 @@ func (k *keyLookup) CachedTokens(ctx context.Context, tokens []int64) (int, erro
 	if err != nil {
 		return 0, err
 	}
-	var all []string
+	all := k.recipe.AppendLookupKeys(nil, hashes...)
 	per := make([]int, len(hashes))
-	for i, h := range hashes {
-		ks := k.ns.BlockKeys(k.tpb, k.groups, h)
-		per[i] = len(ks)
-		all = append(all, ks...)
+	for i := range per {
+		per[i] = k.recipe.LookupKeysPerBlock()
 	}
 	present, err := k.target.Exists(ctx, all, false)
 	if err != nil {
@@ -306,7 +301,7 @@ func (k *keyLookup) CachedTokens(ctx context.Context, tokens []int64) (int, erro
 		if !complete {
 			break
 		}
-		held += k.tpb
+		held += k.recipe.TokensPerBlock
 	}
 	return held, nil
 }

@@ -15,7 +15,10 @@ func (o *offline) poolUncached(q Request) (int, bool) {
 	T := o.p.TokensPerBlock
 	pr := prepare(o.t.Format, q, T)
 	tokens := o.tokens(q, pr)
-	chain, err := keys.NewChain(keys.ChainConfig{Format: keys.FormatTRTLLM, TokensPerBlock: T, Scope: q.Scope})
+	recipe := keys.Recipe{Format: keys.FormatTRTLLM, TokensPerBlock: T,
+		Namespace: keys.Namespace{ModelKey: "replay", WorldSize: 1, AttentionDP: o.c.Ranks > 1},
+		Groups:    []keys.LayerGroupPages{{Group: 0, BytesPerPage: uint64(o.p.SimPageBytes)}}}
+	chain, err := recipe.NewChain(q.Scope)
 	if err != nil {
 		return 0, false
 	}
@@ -23,12 +26,7 @@ func (o *offline) poolUncached(q Request) (int, bool) {
 	if err != nil {
 		return 0, false
 	}
-	ns := keys.Namespace{ModelKey: "replay", WorldSize: 1, AttentionDP: o.c.Ranks > 1}
-	groups := []keys.LayerGroupPages{{Group: 0, BytesPerPage: uint64(o.p.SimPageBytes)}}
-	var all []string
-	for _, h := range hashes {
-		all = ns.AppendBlockKeys(all, T, groups, h)
-	}
+	all := recipe.AppendLookupKeys(nil, hashes...)
 	if len(all) == 0 {
 		return q.InputLength, true
 	}
