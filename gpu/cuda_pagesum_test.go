@@ -42,23 +42,34 @@ func layoutBytes(l kvmem.Layout) uint64 {
 	return end
 }
 
+// checkMover is a CUDA mover with the default options over device memory for l, both closed
+// when the test ends.
+func checkMover(t *testing.T, l kvmem.Layout) kvmem.Mover {
+	t.Helper()
+	d := openCUDA(t)
+	mem, err := d.AllocDeviceMemory(layoutBytes(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{})
+	if err != nil {
+		_ = mem.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = m.Close()
+		_ = mem.Close()
+	})
+	return m
+}
+
 // TestCUDAPageChecks checks pages on the GPU after a scatter: every digest the kernel computes
 // equals XXH3-64 of the page (for pages of several regions, of one, and short ones, in batches
 // larger than the GPU has multiprocessors), and a page whose digest differs is reported bad,
 // exactly those pages.
 func TestCUDAPageChecks(t *testing.T) {
-	d := openCUDA(t)
 	l := checkLayout()
-	mem, err := d.AllocDeviceMemory(layoutBytes(l))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mem.Close()
-	m, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := checkMover(t, l)
 	pc, ok := m.(kvmem.PageChecker)
 	if !ok {
 		t.Fatal("the CUDA mover is not a PageChecker")
@@ -164,19 +175,7 @@ func scatterChecked(ctx context.Context, pc kvmem.PageChecker, src [][]byte, ref
 // TestCUDAPageCheckOverlapped: checks of consecutive batches overlap; each result stays with
 // its own batch, also when several are collected late.
 func TestCUDAPageCheckOverlapped(t *testing.T) {
-	d := openCUDA(t)
-	l := checkLayout()
-	mem, err := d.AllocDeviceMemory(layoutBytes(l))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mem.Close()
-	m, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	pc := m.(kvmem.PageChecker)
+	pc := checkMover(t, checkLayout()).(kvmem.PageChecker)
 	rng := rand.New(rand.NewPCG(5, 6))
 	ctx := context.Background()
 	type batch struct {
