@@ -250,7 +250,7 @@ func scatterMode(mode string) gpu.ScatterPath {
 // copies through pinned staging (StagedTransfers).
 func BenchmarkGPULoad(b *testing.B) {
 	for _, page := range gpuBenchPages {
-		for _, mode := range []string{"direct", "direct,engines", "direct,kernel", "direct,hostcheck", "direct,nocheck", "direct,nocheck,engines", "direct,batch=8MiB", "direct,batch=16MiB", "direct,batch=32MiB",
+		for _, mode := range []string{"direct", "direct,engines", "direct,kernel", "direct,hostcheck", "direct,nocheck", "direct,nocheck,engines", "direct,batch=8MiB", "direct,batch=16MiB", "direct,batch=32MiB", "direct,batch=64MiB",
 			"direct,workers=4", "direct,workers=8", "staged"} {
 			b.Run(fmt.Sprintf("%dKiB/%s", page>>10, mode), func(b *testing.B) {
 				defer setDirectBatch(mode)()
@@ -349,14 +349,14 @@ func BenchmarkGPUSave(b *testing.B) {
 // setDirectBatch sets directBatchBytes and directSaveBatchBytes from a mode's "batch=NMiB" and
 // returns the restore.
 func setDirectBatch(mode string) func() {
-	oldLoad, oldSave := directBatchBytes, directSaveBatchBytes
+	oldLoad, oldChecked, oldSave := directBatchBytes, directCheckedBatchBytes, directSaveBatchBytes
 	var mib int
 	if i := strings.Index(mode, "batch="); i >= 0 {
 		if _, err := fmt.Sscanf(mode[i:], "batch=%dMiB", &mib); err == nil && mib > 0 {
-			directBatchBytes, directSaveBatchBytes = mib<<20, mib<<20
+			directBatchBytes, directCheckedBatchBytes, directSaveBatchBytes = mib<<20, mib<<20, mib<<20
 		}
 	}
-	return func() { directBatchBytes, directSaveBatchBytes = oldLoad, oldSave }
+	return func() { directBatchBytes, directCheckedBatchBytes, directSaveBatchBytes = oldLoad, oldChecked, oldSave }
 }
 
 // BenchmarkGPUVerify is a diagnostic of the in-place load's pool side: BatchView over 256 MiB of

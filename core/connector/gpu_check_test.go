@@ -30,9 +30,9 @@ func TestGPUCheckedLoadOnDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	old := directBatchBytes
-	directBatchBytes = 1 << 20
-	defer func() { directBatchBytes = old }()
+	old := directCheckedBatchBytes
+	directCheckedBatchBytes = 1 << 20
+	defer func() { directCheckedBatchBytes = old }()
 	const page, slots, n = 64 << 10, 512, 200
 	half := uint64(page / 2)
 	l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: slots, Regions: []kvmem.Region{

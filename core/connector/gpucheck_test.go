@@ -54,9 +54,9 @@ func (m checkingMover) Clone() (kvmem.Mover, error) {
 // the pool as checksum errors); every other request's pages land with the saved bytes; every
 // check is read before the load returns.
 func TestGPUCheckedLoadNeverReportsCorruptedPages(t *testing.T) {
-	old := directBatchBytes
-	directBatchBytes = 4 * 64 // a few pages a batch: many batches, checks overlapping copies
-	defer func() { directBatchBytes = old }()
+	old := directCheckedBatchBytes
+	directCheckedBatchBytes = 4 * 64 // a few pages a batch: many batches, checks overlapping copies
+	defer func() { directCheckedBatchBytes = old }()
 	const n = 14
 	pool := newEmbPool(t, 1<<20)
 	l := testLayout(32)

@@ -58,6 +58,11 @@ type loadResult struct {
 // bounded by their slots instead. A variable so the GPU benchmarks can compare sizes.
 var directBatchBytes = 64 << 20
 
+// directCheckedBatchBytes is directBatchBytes for loads whose pages are checked on the GPU: the
+// host does no work per page before the copy, so a load issues its copies in as few batches as
+// this allows, and the copy engines are not left idle between batches.
+var directCheckedBatchBytes = 256 << 20
+
 // directSaveBatchBytes is directBatchBytes for saves: measured against 64 MiB on the H200,
 // 32 MiB batches saved 64 KiB to 1 MiB pages 1–6 points of the link faster.
 var directSaveBatchBytes = 32 << 20
@@ -182,9 +187,9 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 	// the one that no scatter overlaps, so the copy engines start sooner. Checked on the GPU,
 	// a batch costs the host nothing before its copy, and fewer batches leave the copy engines
 	// idle between them less often.
-	target := directBatchBytes / 4
+	target, later := directBatchBytes/4, directBatchBytes
 	if deferred != nil {
-		target = directBatchBytes
+		target, later = directCheckedBatchBytes, directCheckedBatchBytes
 	}
 	full := func(pages, bytes int) bool {
 		if view == nil {
@@ -217,7 +222,7 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 			bytes += it.size
 		}
 		sample.End(stats.PhaseDescribe, m)
-		target = directBatchBytes
+		target = later
 		if len(keys) == 0 {
 			continue
 		}
