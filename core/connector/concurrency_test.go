@@ -265,14 +265,7 @@ func TestWaitSavesReturnsOnceQueuedSavesAreWritten(t *testing.T) {
 	for i := range m.mem {
 		m.mem[i] = byte(i)
 	}
-	w, err := NewWorker(baseOptions(), pool, m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close(context.Background())
-	if err := w.RegisterLayout(l); err != nil {
-		t.Fatal(err)
-	}
+	w := registeredWorker(t, pool, m, l)
 	if err := w.WaitSaves(context.Background()); err != nil {
 		t.Fatalf("nothing queued: %v", err)
 	}

@@ -180,14 +180,7 @@ func TestDirectLoadNeverDeliversCorruptedPages(t *testing.T) {
 	for i := range m.mem {
 		m.mem[i] = 0xEE
 	}
-	w, err := NewWorker(baseOptions(), pool, m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close(context.Background())
-	if err := w.RegisterLayout(l); err != nil {
-		t.Fatal(err)
-	}
+	w := registeredWorker(t, pool, m, l)
 	if m.made.Load() != 1 {
 		t.Fatal("the pool's memory was not registered: the direct path is not under test")
 	}

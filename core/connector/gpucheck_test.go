@@ -10,7 +10,23 @@ import (
 
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
+	"github.com/kvctl/kvctl/mooncake"
 )
+
+// registeredWorker is a worker with the base options over pool and m, with layout l registered,
+// closed when the test ends.
+func registeredWorker(t *testing.T, pool mooncake.Pool, m kvmem.Mover, l kvmem.Layout) *Worker {
+	t.Helper()
+	w, err := NewWorker(baseOptions(), pool, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	if err := w.RegisterLayout(l); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
 
 // checkingMover stands in for the CUDA mover's page checks (kvmem.PageChecker) where there is no
 // GPU: after the scatter it hashes each page where it landed in engine memory, as the kernel
@@ -70,14 +86,7 @@ func TestGPUCheckedLoadNeverReportsCorruptedPages(t *testing.T) {
 		}
 	}
 	m := newCheckingMover(l)
-	w, err := NewWorker(baseOptions(), pool, m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close(context.Background())
-	if err := w.RegisterLayout(l); err != nil {
-		t.Fatal(err)
-	}
+	w := registeredWorker(t, pool, m, l)
 	var reqs []RequestTransfers
 	for i := range n {
 		reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%02d", i), Pages: []PageTransfer{
@@ -127,14 +136,7 @@ func TestGPUPageChecksOff(t *testing.T) {
 	for i := range m.mem {
 		m.mem[i] = 0xEE
 	}
-	w, err := NewWorker(baseOptions(), pool, m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close(context.Background())
-	if err := w.RegisterLayout(l); err != nil {
-		t.Fatal(err)
-	}
+	w := registeredWorker(t, pool, m, l)
 	w.BindMeta(Metadata{Loads: []RequestTransfers{
 		{RequestID: "a", Pages: []PageTransfer{{Hash: directHash(0), Group: 0, Page: 10}}},
 		{RequestID: "b", Pages: []PageTransfer{{Hash: directHash(1), Group: 0, Page: 11}}},
