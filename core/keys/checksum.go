@@ -45,11 +45,17 @@ const checksumChunk = 64 << 10
 // checksum of the bytes now in dst. It hashes each 64 KiB piece of dst right after copying it,
 // so the hash reads from cache rather than memory: a copy and its check cost one pass over
 // memory. Verifying the destination rather than the source also catches a fault in the copy.
+// On x86-64 with AVX2 the pieces of a page longer than 64 KiB go straight into XXH3's lanes
+// (copysum.go); the xxh3 package's streaming hasher would copy every byte once more into its
+// own buffer.
 func CopyChecksum(dst, src []byte) Checksum {
 	dst = dst[:len(src)]
 	if len(src) <= checksumChunk {
 		copy(dst, src)
 		return PageChecksum(dst)
+	}
+	if haveBlockAsm {
+		return copyChecksumBlocks(dst, src)
 	}
 	w := NewChecksumWriter()
 	for off := 0; off < len(src); off += checksumChunk {
