@@ -147,6 +147,14 @@ func NewEmbedded(opts Options) (*Embedded, error) {
 			return nil, fmt.Errorf("segment %s: %w", s.Name, err)
 		}
 		maps = append(maps, mem)
+		if opts.Prefault {
+			if err := prefault(mem, runtime.GOMAXPROCS(0)); err != nil {
+				for _, m := range maps {
+					_ = unix.Munmap(m)
+				}
+				return nil, fmt.Errorf("segment %s: %w", s.Name, err)
+			}
+		}
 		e.segs = append(e.segs, &segment{
 			name:  s.Name,
 			mem:   mem,

@@ -69,6 +69,13 @@ type Options struct {
 	// 0 means GOMAXPROCS-1. Those checks read pool memory while the GPU's copy engines read or
 	// write it too, so fewer checkers can leave the copies more of the memory's bandwidth.
 	InPlaceWorkers int
+	// Prefault makes every segment resident when the pool is made, spread over the CPUs, so
+	// that no put pays for the first touch of pool memory (a page fault and the kernel zeroing
+	// the page, which made a put into fresh memory several times slower than one into memory
+	// used before: docs/perf/pool.md). The pool then holds its whole capacity from the start,
+	// and NewEmbedded fails when the memory cannot be had. Off, memory becomes resident as puts
+	// first write it.
+	Prefault bool
 	// Clock is the time source; nil means the wall clock.
 	Clock Clock
 }
