@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/mooncake"
@@ -356,5 +357,78 @@ func BenchmarkPrefault(b *testing.B) {
 			b.Fatal(err)
 		}
 		p.Close()
+	}
+}
+
+// BenchmarkBatchPutGetVsCopy runs, in every operation and with the same callers, the copy
+// baseline's copy, a put into memory written before and a get of what was put, and reports each
+// one's rate and the put/copy and get/copy ratios from the sums of their own times: on a shared
+// machine, whose load changes between the separate put, get and copy benchmarks, the three are
+// then measured under the same load. The removal after each operation is not counted.
+func BenchmarkBatchPutGetVsCopy(b *testing.B) {
+	for _, callers := range benchCallers() {
+		for _, s := range benchSizes {
+			b.Run(fmt.Sprintf("%s/callers=%d", s.name, callers), func(b *testing.B) {
+				p := benchPool(b, int64(callers)*benchBatchBytes)
+				ks, bufs := callerPages(callers, s.size)
+				dst := make([][][]byte, callers)
+				flat := make([][]byte, callers)
+				for c := range dst {
+					dst[c] = make([][]byte, len(bufs))
+					for i := range dst[c] {
+						dst[c][i] = bytes.Repeat([]byte{1}, s.size)
+					}
+					flat[c] = bytes.Repeat([]byte{1}, benchBatchBytes)
+				}
+				put := func(c int) {
+					for j, code := range p.BatchPut(bg, ks[c], bufs, mooncake.ReplicateConfig{}) {
+						if code != mooncake.OK {
+							b.Errorf("put %s = %v", ks[c][j], code)
+							return
+						}
+					}
+				}
+				get := func(c int) {
+					for j, n := range p.BatchGet(bg, ks[c], dst[c]) {
+						if n != int64(s.size) {
+							b.Errorf("get %s = %d", ks[c][j], n)
+							return
+						}
+					}
+				}
+				cp := func(c int) {
+					spread(len(bufs), func(j int) { copy(flat[c][j*s.size:], bufs[j]) })
+				}
+				removeAll := func() {
+					for c := range ks {
+						for _, k := range ks[c] {
+							p.Remove(bg, k, true)
+						}
+					}
+				}
+				runCallers(callers, put)
+				removeAll()
+				var tCopy, tPut, tGet time.Duration
+				b.SetBytes(3 * int64(callers) * benchBatchBytes)
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					t0 := time.Now()
+					runCallers(callers, cp)
+					t1 := time.Now()
+					runCallers(callers, put)
+					t2 := time.Now()
+					runCallers(callers, get)
+					t3 := time.Now()
+					removeAll()
+					tCopy, tPut, tGet = tCopy+t1.Sub(t0), tPut+t2.Sub(t1), tGet+t3.Sub(t2)
+				}
+				moved := float64(b.N) * float64(callers) * benchBatchBytes
+				b.ReportMetric(moved/tCopy.Seconds()/1e9, "copy-GB/s")
+				b.ReportMetric(moved/tPut.Seconds()/1e9, "put-GB/s")
+				b.ReportMetric(moved/tGet.Seconds()/1e9, "get-GB/s")
+				b.ReportMetric(100*tCopy.Seconds()/tPut.Seconds(), "put/copy-%")
+				b.ReportMetric(100*tCopy.Seconds()/tGet.Seconds(), "get/copy-%")
+			})
+		}
 	}
 }
