@@ -36,6 +36,7 @@ type Options struct {
 	PoolBackend      string
 	Pool             string
 	PoolSize         string
+	PoolPrefault     bool
 	StagingBytes     string
 	StatsInterval    time.Duration
 	DrainTimeout     time.Duration
@@ -158,6 +159,7 @@ messages of kvctl validate-config.`,
 	fl.StringVar(&opts.PoolBackend, config.ServeKeyPoolBackend, def.PoolBackend, "pool backend: embedded, or mooncake to join a Mooncake cluster")
 	fl.StringVar(&opts.Pool, config.ServeKeyPool, "", "the pool of the mooncake backend: file://PATH/pool.json or host:port")
 	fl.StringVar(&opts.PoolSize, config.ServeKeyPoolSize, "auto", "memory this host gives the pool (the embedded pool, or its Mooncake segment), e.g. 64GiB; auto is a quarter of available memory")
+	fl.BoolVar(&opts.PoolPrefault, config.ServeKeyPoolPrefault, false, "make the embedded pool's memory resident at start, so that no save pays the first touch of pool memory (the pool then holds all of --pool-size from the start)")
 	fl.StringVar(&opts.StagingBytes, config.ServeKeyStagingBufferBytes, config.FormatSize(def.StagingBufferBytes), "default pinned host staging per direction for an engine rank, split evenly over its async load workers; the node memory check counts it")
 	cmdutil.DurationVar(fl, &opts.StatsInterval, config.ServeKeyStatsInterval, 0, "log prefix-hole and load stats at most this often (0 = off; metrics are always exported, but the CPU time of each synchronous load phase is only counted while this is set)")
 	cmdutil.DurationVar(fl, &opts.DrainTimeout, config.ServeKeyDrainTimeout, def.DrainTimeout, "how long a shutdown waits for queued saves")
@@ -175,7 +177,7 @@ messages of kvctl validate-config.`,
 func (o *Options) serveConfig() (config.ServeConfig, config.Diagnostics) {
 	s := config.ServeConfig{
 		Socket: o.Socket, AdminAddr: o.AdminAddr, AllowRemoteAdmin: o.AllowRemoteAdmin,
-		PoolBackend: o.PoolBackend, Pool: o.Pool, PoolSize: o.PoolSize,
+		PoolBackend: o.PoolBackend, Pool: o.Pool, PoolSize: o.PoolSize, PoolPrefault: o.PoolPrefault,
 		LogLevel: o.LogLevel, LogFormat: o.LogFormat, StatsInterval: o.StatsInterval, DrainTimeout: o.DrainTimeout,
 		MetricsAddr: o.MetricsAddr, EngineMetricsRetention: o.EngineMetricsTTL,
 		ClusterKeys:   o.Cluster,
@@ -286,6 +288,7 @@ func runServe(ctx context.Context, opts *Options) error {
 
 	popts := mooncake.DefaultOptions()
 	popts.Segments = []mooncake.SegmentSpec{{Name: "kvctl-embedded-0", Capacity: poolBytes}}
+	popts.Prefault = sc.PoolPrefault
 	d, err := daemon.New(daemon.Config{
 		Socket:           sc.Socket,
 		AdminAddr:        sc.AdminAddr,

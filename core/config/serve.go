@@ -32,6 +32,8 @@ type ServeConfig struct {
 	DisaggConfig string `json:"disagg-config,omitempty" yaml:"disagg-config,omitempty"`
 	// EngineMetricsRetention is how long an engine's per-rank series outlive it.
 	EngineMetricsRetention time.Duration `json:"engine-metrics-retention,omitempty" yaml:"engine-metrics-retention,omitempty"`
+	// PoolPrefault makes the embedded pool's memory resident at start (mooncake.Options.Prefault).
+	PoolPrefault bool `json:"pool-prefault,omitempty" yaml:"pool-prefault,omitempty"`
 
 	// The mooncake backend's keys (cluster.go): the master, the metadata server, this host's
 	// address and donated memory, the transfer settings, and an existing mooncake.json.
@@ -47,6 +49,7 @@ const (
 	ServeKeyPoolBackend        = "pool-backend"
 	ServeKeyPool               = "pool"
 	ServeKeyPoolSize           = "pool-size"
+	ServeKeyPoolPrefault       = "pool-prefault"
 	ServeKeyStagingBufferBytes = "staging-buffer-bytes"
 	ServeKeyLogLevel           = "log-level"
 	ServeKeyLogFormat          = "log-format"
@@ -63,7 +66,7 @@ var globalKeys = []string{"output", "no-color"}
 
 // ServeKeys lists every serve config key, in the order the help text shows them.
 func ServeKeys() []string {
-	return append([]string{ServeKeySocket, ServeKeyAdminAddr, ServeKeyPoolBackend, ServeKeyPool, ServeKeyPoolSize,
+	return append([]string{ServeKeySocket, ServeKeyAdminAddr, ServeKeyPoolBackend, ServeKeyPool, ServeKeyPoolSize, ServeKeyPoolPrefault,
 		ServeKeyStagingBufferBytes, ServeKeyLogLevel, ServeKeyLogFormat, ServeKeyStatsInterval,
 		ServeKeyAllowRemoteAdmin, ServeKeyDrainTimeout, ServeKeyMetricsAddr, ServeKeyEngineMetricsTTL, ServeKeyDisaggConfig,
 		ServeKeyMaster, ServeKeyMetadata, ServeKeyHostAddress, ServeKeyLocalBufferSize, ServeKeyProtocol,
@@ -210,6 +213,9 @@ func decodeServe(d *dec, root *node, otherKeys []string) *ServeConfig {
 	}
 	if v, ok := o.boolv(ServeKeyAllowRemoteAdmin, boolStrict); ok {
 		s.AllowRemoteAdmin = v
+	}
+	if v, ok := o.boolv(ServeKeyPoolPrefault, boolStrict); ok {
+		s.PoolPrefault = v
 	}
 	decodeClusterKeys(o, &s.ClusterKeys)
 	decodeServeSecurity(o, &s.ServeSecurity)
