@@ -25,6 +25,8 @@ func accumBlocks(a *xxh3Acc, p []byte) {
 	n := len(p) / xxh3Block
 	switch {
 	case n == 0:
+	case !haveBlockAsm:
+		a.blocksGeneric(p)
 	case useAVX512:
 		accumBlocksAVX512(a, &p[0], n)
 	default:
