@@ -36,3 +36,18 @@ func TestAccumBlocksEachLoop(t *testing.T) {
 		}
 	}
 }
+
+// TestCopyChecksumBlocksWithoutAsm runs the block-wise path on the Go lanes, as a CPU without
+// AVX2 would.
+func TestCopyChecksumBlocksWithoutAsm(t *testing.T) {
+	defer func(v bool) { haveBlockAsm = v }(haveBlockAsm)
+	haveBlockAsm = false
+	r := rand.New(rand.NewPCG(13, 14))
+	src := randomBytes(r, 3*checksumChunk+777)
+	dst := make([]byte, len(src))
+	for _, n := range []int{xxh3LongMin, xxh3Block, xxh3Block + 1, checksumChunk + 1, len(src)} {
+		if got, want := copyChecksumBlocks(dst, src[:n]), PageChecksum(src[:n]); got != want {
+			t.Fatalf("n=%d: %#x, want %#x", n, uint64(got), uint64(want))
+		}
+	}
+}
