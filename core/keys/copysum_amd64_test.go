@@ -51,3 +51,31 @@ func TestCopyChecksumBlocksWithoutAsm(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkBlockLanes hashes a 64 KiB piece already in cache with each lane loop and with
+// xxh3.Hash: the cost CopyChecksum adds to a copy, per core.
+func BenchmarkBlockLanes(b *testing.B) {
+	p := make([]byte, checksumChunk)
+	loops := []struct {
+		name string
+		ok   bool
+		fn   func(a *xxh3Acc)
+	}{
+		{"avx2", cpu.X86.HasAVX2, func(a *xxh3Acc) { accumBlocksAVX2(a, &p[0], len(p)/xxh3Block) }},
+		{"avx512", cpu.X86.HasAVX512F, func(a *xxh3Acc) { accumBlocksAVX512(a, &p[0], len(p)/xxh3Block) }},
+		{"go", true, func(a *xxh3Acc) { a.blocksGeneric(p) }},
+		{"xxh3.Hash", true, func(*xxh3Acc) { checksumSink += uint64(PageChecksum(p)) }},
+	}
+	for _, l := range loops {
+		b.Run(l.name, func(b *testing.B) {
+			if !l.ok {
+				b.Skip("not supported by this CPU")
+			}
+			b.SetBytes(int64(len(p)))
+			for b.Loop() {
+				a := newXXH3Acc()
+				l.fn(&a)
+			}
+		})
+	}
+}
