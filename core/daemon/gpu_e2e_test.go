@@ -73,6 +73,8 @@ type torchSummary struct {
 //	KVCTL_TORCH_PYTHON=python3  the interpreter
 //	KVCTL_TORCH_MEMORY=cuda     cuda, or shm to check the script on a machine without a GPU
 //	KVCTL_TORCH_REQUESTS=64     requests per pass
+//	KVCTL_TORCH_SCATTER=auto    how the daemon copies pages in: auto, kernel or engines
+//	                            (gpu.CUDAMoverOptions.Scatter), to compare the two
 func TestGPUTorchEngine(t *testing.T) {
 	if os.Getenv("KVCTL_GPU_E2E") != "1" {
 		t.Skip("set KVCTL_GPU_E2E=1 to run the PyTorch engine over CUDA IPC (needs a GPU, PyTorch and grpcio)")
@@ -199,7 +201,14 @@ func startOnGPU(t *testing.T, poolBytes int64) *daemontest.Running {
 	t.Helper()
 	popts := mooncake.DefaultOptions()
 	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: poolBytes}}
-	return daemontest.Start(t, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20}, Device: gpu.CUDA{}})
+	var dev gpu.CUDA
+	switch os.Getenv("KVCTL_TORCH_SCATTER") {
+	case "kernel":
+		dev.Options.Scatter = gpu.ScatterKernel
+	case "engines":
+		dev.Options.Scatter = gpu.ScatterCopyEngines
+	}
+	return daemontest.Start(t, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20}, Device: dev})
 }
 
 func envOr(k, def string) string {
