@@ -5,8 +5,10 @@ package gpu_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/zeebo/xxh3"
@@ -162,6 +164,89 @@ func TestCUDAPageChecks(t *testing.T) {
 			page[at] ^= 0x40
 		}
 	})
+}
+
+// TestCUDAPageChecksLargeBatches checks batches large enough to be copied and checked in
+// chunks (copy engines, from pinned memory, 16 MiB or more) and one copied by the copy kernel:
+// every page lands, a page whose digest differs is reported bad in whichever chunk it is, and
+// only those pages.
+func TestCUDAPageChecksLargeBatches(t *testing.T) {
+	d := openCUDA(t)
+	for _, c := range []struct {
+		name      string
+		pages     int
+		pageBytes int
+	}{{"engines, chunked", 40, 1 << 20}, {"kernel", 400, 64 << 10}} {
+		t.Run(c.name, func(t *testing.T) {
+			half := uint64(c.pageBytes / 2)
+			l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: c.pages, Regions: []kvmem.Region{
+				{Offset: 0, Stride: half, Size: half}, {Offset: half * uint64(c.pages), Stride: half, Size: half}}}}}
+			mem, err := d.AllocDeviceMemory(uint64(c.pages * c.pageBytes))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = mem.Close() })
+			m, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = m.Close() })
+			st, err := m.NewStaging(c.pages, c.pageBytes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = st.Close() })
+			rng := rand.New(rand.NewPCG(7, 8))
+			refs := make([]kvmem.PageRef, c.pages)
+			src := make([][]byte, c.pages)
+			sums := make([]uint64, c.pages)
+			for i := range refs {
+				refs[i] = kvmem.PageRef{Slot: (i * 7919) % c.pages}
+				src[i] = st.Slot(i)
+				for j := 0; j < len(src[i]); j += 8 {
+					binary.LittleEndian.PutUint64(src[i][j:], rng.Uint64())
+				}
+				sums[i] = xxh3.Hash(src[i])
+			}
+			pc := m.(kvmem.PageChecker)
+			ctx := context.Background()
+			bad, err := scatterChecked(ctx, pc, src, refs, sums)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i := slices.Index(bad, true); i >= 0 {
+				t.Fatalf("page %d reported bad; its digest is XXH3's", i)
+			}
+			got := make([][]byte, c.pages)
+			for i := range got {
+				got[i] = make([]byte, c.pageBytes)
+			}
+			if err := m.Gather(ctx, refs, got); err != nil {
+				t.Fatal(err)
+			}
+			for i := range got {
+				if !bytes.Equal(got[i], src[i]) {
+					t.Fatalf("page %d landed with other bytes", i)
+				}
+			}
+			// One wrong digest in each quarter of the batch, the first and the last page.
+			want := map[int]bool{0: true, c.pages - 1: true}
+			for q := range 4 {
+				want[q*c.pages/4+rng.IntN(c.pages/4)] = true
+			}
+			for i := range want {
+				sums[i] ^= 1 << rng.IntN(64)
+			}
+			if bad, err = scatterChecked(ctx, pc, src, refs, sums); err != nil {
+				t.Fatal(err)
+			}
+			for i := range bad {
+				if bad[i] != want[i] {
+					t.Fatalf("page %d: bad=%v, want %v", i, bad[i], want[i])
+				}
+			}
+		})
+	}
 }
 
 func scatterChecked(ctx context.Context, pc kvmem.PageChecker, src [][]byte, refs []kvmem.PageRef, sums []uint64) ([]bool, error) {
