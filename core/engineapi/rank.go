@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -31,6 +32,8 @@ type RemoteRank struct {
 	arenaState int
 	arena      *PromptArena
 	arenaErr   error
+
+	viaArena, viaPacked atomic.Uint64
 }
 
 // RemoteRankOptions tunes a RemoteRank. The zero value is the default.
@@ -104,27 +107,34 @@ func (r *RemoteRank) PromptArena(ctx context.Context) (*PromptArena, error) {
 	return a, nil
 }
 
+// PromptCounts returns how many Lookup and AdmissionQuery calls sent their prompt through the
+// prompt arena and how many in tokens_packed (an empty prompt counts as packed).
+func (r *RemoteRank) PromptCounts() (arena, packed uint64) {
+	return r.viaArena.Load(), r.viaPacked.Load()
+}
+
 // lookupRequest builds the LookupRequest of req, its prompt in a range of the arena when one is
 // in use and has room, and the function to call with the RPC's error once it returned.
 func (r *RemoteRank) lookupRequest(ctx context.Context, req connector.Request, numComputedTokens int) (*enginepb.LookupRequest, func(error)) {
 	pb := RequestToPB(req)
 	lr := &enginepb.LookupRequest{Engine: r.engine, Request: pb, NumComputedTokens: int32(numComputedTokens)}
-	done := func(error) {}
+	packed := func(error) { r.viaPacked.Add(1) }
 	if len(req.Tokens) == 0 {
-		return lr, done
+		return lr, packed
 	}
 	a, _ := r.PromptArena(ctx)
 	if a == nil {
-		return lr, done
+		return lr, packed
 	}
 	off, ok := a.Alloc(uint64(len(req.Tokens)) * TokenBytes)
 	if !ok {
-		return lr, done
+		return lr, packed
 	}
 	if !a.Write(off, req.Tokens) {
 		a.Free(off)
-		return lr, done
+		return lr, packed
 	}
+	r.viaArena.Add(1)
 	pb.TokensPacked = nil
 	pb.TokensArena = &enginepb.ArenaRange{Offset: off, Count: uint64(len(req.Tokens))}
 	return lr, func(err error) {
