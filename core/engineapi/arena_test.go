@@ -80,15 +80,16 @@ func FuzzCopyArenaTokens(f *testing.F) {
 	f.Add(uint16(0), uint64(0), uint64(0), 0)
 	f.Add(uint16(4096), uint64(math.MaxUint64-7), uint64(1), 1<<22)
 	f.Add(uint16(16), uint64(8), uint64(1<<61), math.MaxInt)
-	f.Fuzz(func(t *testing.T, size uint16, off, count uint64, max int) {
+	f.Fuzz(func(t *testing.T, size uint16, off, count uint64, limit int) {
 		arena := make([]byte, size)
 		for i := range arena {
 			arena[i] = byte(i*7 + 1)
 		}
-		got, err := CopyArenaTokens(nil, arena, off, count, max)
-		inside := off <= uint64(size) && count <= (uint64(size)-off)/8 && max >= 0 && count <= uint64(max)
+		got, err := CopyArenaTokens(nil, arena, off, count, limit)
+		// A negative limit allows no tokens.
+		inside := off <= uint64(size) && count <= (uint64(size)-off)/8 && count <= uint64(max(limit, 0))
 		if (err == nil) != inside {
-			t.Fatalf("size %d offset %d count %d max %d: err %v, inside %v", size, off, count, max, err, inside)
+			t.Fatalf("size %d offset %d count %d limit %d: err %v, inside %v", size, off, count, limit, err, inside)
 		}
 		if err != nil {
 			if !errors.Is(err, ErrArenaRange) {
