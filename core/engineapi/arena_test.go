@@ -9,6 +9,11 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 )
 
 // TestCopyArenaTokens checks the range decode of tokens_arena: ranges inside the arena (aligned
@@ -169,5 +174,49 @@ func TestPromptArena(t *testing.T) {
 	}
 	if err := a.Close(); err != nil {
 		t.Errorf("second close: %v", err)
+	}
+}
+
+// TestPromptArenaWireContract pins what engines in other languages build against: the field
+// numbers and types of tokens_arena, ArenaRange and PromptArenaRequest, the RPC's name and
+// types, and the bytes of one request.
+func TestPromptArenaWireContract(t *testing.T) {
+	type field struct {
+		msg, name string
+		num       protowire.Number
+		kind      protoreflect.Kind
+	}
+	for _, f := range []field{
+		{"Request", "tokens_packed", 9, protoreflect.BytesKind},
+		{"Request", "tokens_arena", 10, protoreflect.MessageKind},
+		{"ArenaRange", "offset", 1, protoreflect.Uint64Kind},
+		{"ArenaRange", "count", 2, protoreflect.Uint64Kind},
+		{"PromptArenaRequest", "engine", 1, protoreflect.StringKind},
+		{"PromptArenaRequest", "fd_token", 2, protoreflect.StringKind},
+		{"PromptArenaRequest", "size", 3, protoreflect.Uint64Kind},
+	} {
+		md := enginepb.File_engine_proto.Messages().ByName(protoreflect.Name(f.msg))
+		if md == nil {
+			t.Fatalf("message %s is gone", f.msg)
+		}
+		fd := md.Fields().ByName(protoreflect.Name(f.name))
+		if fd == nil || fd.Number() != f.num || fd.Kind() != f.kind {
+			t.Errorf("%s.%s: %v; want number %d, kind %v", f.msg, f.name, fd, f.num, f.kind)
+		}
+	}
+	if fd := enginepb.File_engine_proto.Messages().ByName("Request").Fields().ByName("tokens_arena"); fd.Message().Name() != "ArenaRange" {
+		t.Errorf("tokens_arena is a %s", fd.Message().Name())
+	}
+	m := enginepb.File_engine_proto.Services().ByName("Engine").Methods().ByName("RegisterPromptArena")
+	if m == nil || m.Input().Name() != "PromptArenaRequest" || m.Output().Name() != "Empty" {
+		t.Errorf("RegisterPromptArena: %v", m)
+	}
+	b, err := proto.Marshal(&enginepb.LookupRequest{Engine: "e", Request: &enginepb.Request{Id: "r", TokensArena: &enginepb.ArenaRange{Offset: 24, Count: 300}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []byte{0x0a, 0x01, 'e', 0x12, 0x0a, 0x0a, 0x01, 'r', 0x52, 0x05, 0x08, 24, 0x10, 0xac, 0x02}
+	if !slices.Equal(b, want) {
+		t.Errorf("encoded % x, want % x", b, want)
 	}
 }
