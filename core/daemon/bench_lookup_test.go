@@ -23,15 +23,15 @@ import (
 // engine's RemoteRank, as enginesim and replay call it: the prompt written into the arena and
 // only its range sent), and as the repeated varint field; and two floors: the packed prompt
 // sent to an engine that is not registered (the socket's share of socket-packed) and an empty
-// call (a RequestReset, the least any call over the socket costs). Run it with -count N: every
-// count runs the modes in turn, so they see the same machine load.
-//
-//	go test -run '^$' -bench 'LookupRoundTrip32k' -benchtime 2000x -count 4 ./core/daemon/
-//
-// or, built once and run stand-alone (from core/daemon):
+// call (a RequestReset, the least any call over the socket costs). One run times every mode
+// once, one after the other, against the same warm pool. -count N repeats each mode N times in a
+// row before the next (that is how the testing package runs sub-benchmarks), so to alternate
+// the modes under the same machine load, run the binary N times instead:
 //
 //	go test -c -o daemon.test ./core/daemon/
-//	./daemon.test -test.run '^$' -test.bench 'LookupRoundTrip32k' -test.benchtime 2000x -test.count 4
+//	for i in 1 2 3 4; do ./daemon.test -test.run '^$' -test.bench 'LookupRoundTrip32k' -test.benchtime 2000x; done
+//
+// (or go test -run '^$' -bench 'LookupRoundTrip32k' -benchtime 2000x ./core/daemon/ four times).
 func BenchmarkLookupRoundTrip32k(b *testing.B) {
 	const tokens = 32 << 10
 	r := benchStart(b, 256<<20)
