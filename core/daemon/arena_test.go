@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -497,7 +498,8 @@ func TestPromptArenaRewrittenDuringLookups(t *testing.T) {
 // TestRemoteRankPromptArena runs the same prompts through two enginesim engines, one with
 // RemoteRank's prompt arena (the default) and one without, on one daemon: their results agree,
 // the first sent its prompts through the arena and freed every range. A lookup cut short by its
-// context keeps its range reserved; a prompt larger than the arena goes packed.
+// context keeps its range reserved; concurrent lookups each get their own range and answer; a
+// prompt larger than the arena goes packed.
 func TestRemoteRankPromptArena(t *testing.T) {
 	r := start(t, 128<<20)
 	ctx := context.Background()
@@ -556,6 +558,35 @@ func TestRemoteRankPromptArena(t *testing.T) {
 		t.Errorf("lookup after a cancelled one: %d, %v; want %d", n, err, want)
 	}
 	_ = rk.RequestReset(ctx, "d")
+
+	// Concurrent lookups share the arena: each gets its own range and its own answer.
+	held := a.HeldBytes()
+	saved := prompts(42, 6, 16, "rr")
+	var wg sync.WaitGroup
+	errs := make(chan error, 8*20)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 20 {
+				p := saved[(g+i)%len(saved)]
+				id := fmt.Sprintf("conc-%d-%d", g, i)
+				n, _, err := rk.Lookup(ctx, connector.Request{ID: id, Tokens: p.Tokens, ContextOnly: true}, 0)
+				if want := (len(p.Tokens) - 1) / 16 * 16; err != nil || n != want {
+					errs <- fmt.Errorf("%s: matched %d, %v; want %d", id, n, err, want)
+				}
+				_ = rk.RequestReset(ctx, id)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if a.HeldBytes() != held {
+		t.Errorf("after concurrent lookups %d arena bytes held, want %d", a.HeldBytes(), held)
+	}
 
 	// A second RemoteRank for the same engine with a one-page arena: it replaces the daemon's
 	// arena for the rank; a prompt larger than a page goes packed, a small one through it.
