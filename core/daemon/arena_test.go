@@ -573,7 +573,7 @@ func TestRemoteRankPromptArena(t *testing.T) {
 				id := fmt.Sprintf("conc-%d-%d", g, i)
 				n, _, err := rk.Lookup(ctx, connector.Request{ID: id, Tokens: p.Tokens, ContextOnly: true}, 0)
 				if want := (len(p.Tokens) - 1) / 16 * 16; err != nil || n != want {
-					errs <- fmt.Errorf("%s: matched %d, %v; want %d", id, n, err, want)
+					errs <- fmt.Errorf("%s: matched %d, want %d: %w", id, n, want, err)
 				}
 				_ = rk.RequestReset(ctx, id)
 			}
