@@ -605,3 +605,67 @@ func TestRemoteRankPromptArena(t *testing.T) {
 		t.Errorf("4 KiB arena: %d through it, %d packed; want 1 and 1", viaArena, viaPacked)
 	}
 }
+
+// TestPromptArenaUnregisterDuringLookups unregisters an engine while lookups through its arena
+// run on four goroutines: each lookup either answers in full or is refused with NotFound or
+// FailedPrecondition (the engine or its arena already gone), the daemon unmaps the arena once
+// the copies in flight are done, and it keeps serving other engines.
+func TestPromptArenaUnregisterDuringLookups(t *testing.T) {
+	r := start(t, 64<<20)
+	ctx := context.Background()
+	reqs := prompts(13, 1, 16, "ur")
+	maps0 := arenaMappings(t, "r--s")
+	e := arenaEngine(t, r.Info.Socket, "ur", reqs)
+	c := e.Client(0)
+	a := newArena(t, 64<<10)
+	if err := c.RegisterPromptArena(ctx, "ur/rank0", a); err != nil {
+		t.Fatal(err)
+	}
+	putTokens(a, 0, reqs[0].Tokens)
+	want := (len(reqs[0].Tokens) - 1) / 16 * 16
+	rng := &enginepb.ArenaRange{Count: uint64(len(reqs[0].Tokens))}
+	var wg sync.WaitGroup
+	var answered, refused atomic.Int64
+	errs := make(chan error, 4)
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				id := fmt.Sprintf("ur-%d-%d", g, i)
+				resp, err := c.Lookup(ctx, &enginepb.LookupRequest{Engine: "ur/rank0", Request: &enginepb.Request{Id: id, TokensArena: rng, ContextOnly: true}})
+				switch code := status.Code(err); {
+				case err == nil && int(resp.GetMatchedTokens()) == want:
+					answered.Add(1)
+					_, _ = c.RequestReset(ctx, &enginepb.RequestRef{Engine: "ur/rank0", RequestId: id})
+				case code == codes.NotFound || code == codes.FailedPrecondition:
+					refused.Add(1)
+					return
+				default:
+					errs <- fmt.Errorf("lookup %s matched %d: %w", id, resp.GetMatchedTokens(), err)
+					return
+				}
+			}
+		}()
+	}
+	waitFor(t, "lookups to run", func() bool { return answered.Load() >= 20 })
+	if _, err := c.Unregister(ctx, &enginepb.EngineRef{Engine: "ur/rank0"}); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if refused.Load() != 4 {
+		t.Errorf("%d goroutines saw the engine go, want 4", refused.Load())
+	}
+	if got := arenaMappings(t, "r--s"); got != maps0 {
+		t.Errorf("after Unregister: %d daemon mappings, want %d", got, maps0)
+	}
+	other := arenaEngine(t, r.Info.Socket, "ur2", nil)
+	res, err := other.Run(ctx, renamed(reqs, "-other"), 0)
+	if err != nil || res.Requests != 1 {
+		t.Errorf("another engine after the race: %+v, %v", res, err)
+	}
+}
