@@ -244,17 +244,19 @@ func TestCUDAPageCheckRefused(t *testing.T) {
 	}
 }
 
-// BenchmarkCUDAPageCheck compares a scatter of 64 MiB of pages with the same scatter followed
-// by the check on the GPU, alternated in one run: the check's cost is the ratio.
+// BenchmarkCUDAPageCheck compares a scatter of a batch of pages (64 MiB, or 4 MiB to see a
+// batch's fixed cost) with the same scatter followed by the check on the GPU, and with one
+// pinned copy of the same bytes ("copy"): the check's cost is the ratio.
 func BenchmarkCUDAPageCheck(b *testing.B) {
 	d := openCUDA(b)
 	for _, c := range []struct {
-		pageKiB, regions int
-		kernel           bool
-	}{{64, 2, false}, {64, 2, true}, {256, 2, false}, {256, 2, true}, {256, 8, false}, {256, 8, true}, {1024, 2, false}, {1024, 2, true}} {
+		batchMiB, pageKiB, regions int
+		kernel                     bool
+	}{{64, 64, 2, false}, {64, 64, 2, true}, {64, 256, 2, false}, {64, 256, 2, true}, {64, 256, 8, false}, {64, 256, 8, true}, {64, 1024, 2, false}, {64, 1024, 2, true},
+		{4, 64, 2, false}, {4, 64, 2, true}, {4, 1024, 2, false}, {4, 1024, 2, true}} {
 		pageKiB := c.pageKiB
 		size := pageKiB << 10
-		n := (64 << 20) / size
+		n := (c.batchMiB << 20) / size
 		piece := uint64(size / c.regions)
 		var regions []kvmem.Region
 		for r := range c.regions {
@@ -286,7 +288,31 @@ func BenchmarkCUDAPageCheck(b *testing.B) {
 		}
 		pc := m.(kvmem.PageChecker)
 		ctx := context.Background()
-		b.Run(fmt.Sprintf("page=%dKiB/regions=%d/kernel=%v/scatter", pageKiB, c.regions, c.kernel), func(b *testing.B) {
+		name := fmt.Sprintf("page=%dKiB/regions=%d/kernel=%v", pageKiB, c.regions, c.kernel)
+		if c.batchMiB != 64 {
+			name = fmt.Sprintf("batch=%dMiB/%s", c.batchMiB, name)
+		}
+		if !c.kernel {
+			b.Run(name+"/copy", func(b *testing.B) {
+				s, err := d.NewStream()
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer s.Close()
+				pinned, err := d.AllocPinned(n*size, false)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer pinned.Close()
+				b.SetBytes(int64(n * size))
+				for b.Loop() {
+					if err := s.CopyChunks(true, mem.Pointer(), pinned.Bytes(), n*size); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+		b.Run(name+"/scatter", func(b *testing.B) {
 			b.SetBytes(int64(n * size))
 			for b.Loop() {
 				if err := m.Scatter(ctx, src, refs); err != nil {
@@ -294,7 +320,7 @@ func BenchmarkCUDAPageCheck(b *testing.B) {
 				}
 			}
 		})
-		b.Run(fmt.Sprintf("page=%dKiB/regions=%d/kernel=%v/scatter+check", pageKiB, c.regions, c.kernel), func(b *testing.B) {
+		b.Run(name+"/scatter+check", func(b *testing.B) {
 			b.SetBytes(int64(n * size))
 			for b.Loop() {
 				bad, err := scatterChecked(ctx, pc, src, refs, sums)
@@ -308,7 +334,7 @@ func BenchmarkCUDAPageCheck(b *testing.B) {
 				}
 			}
 		})
-		b.Run(fmt.Sprintf("page=%dKiB/regions=%d/kernel=%v/scatter+check,overlapped", pageKiB, c.regions, c.kernel), func(b *testing.B) {
+		b.Run(name+"/scatter+check,overlapped", func(b *testing.B) {
 			// As a load uses it: the check of one batch runs while the next batch is copied.
 			b.SetBytes(int64(n * size))
 			var prev func() ([]bool, error)

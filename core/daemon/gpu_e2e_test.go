@@ -33,8 +33,12 @@ type torchPass struct {
 	MismatchedBlocks int     `json:"mismatched_blocks"`
 	MismatchedBytes  int     `json:"mismatched_bytes"`
 	StartLoadSeconds float64 `json:"start_load_seconds"`
-	LoadedBytes      int64   `json:"loaded_bytes"`
-	WallSeconds      float64 `json:"wall_seconds"`
+	StartLoads       int     `json:"start_loads"`
+	// RPCSeconds is the time of the TakeFailedLoads calls made right after each StartLoad,
+	// which do next to nothing in the daemon: an engine RPC's own cost.
+	RPCSeconds  float64 `json:"rpc_seconds"`
+	LoadedBytes int64   `json:"loaded_bytes"`
+	WallSeconds float64 `json:"wall_seconds"`
 }
 
 type torchSummary struct {
@@ -48,6 +52,9 @@ type torchSummary struct {
 	Warm           torchPass               `json:"warm"`
 	ExpectedLoaded int                     `json:"expected_warm_loaded_blocks"`
 	DaemonLoads    *statsapi.LoadStatsJSON `json:"daemon_loads"`
+	// IdleRPCSeconds is the mean time of a call that does next to nothing, made 200 times on
+	// the idle daemon before the warm pass.
+	IdleRPCSeconds float64 `json:"idle_rpc_seconds"`
 	// Anchor and AnchorAfter are the pinned 64 MiB copies (h2d_64mib_gbs, d2h_64mib_gbs)
 	// measured by the engine before the cold pass and after the warm pass.
 	Anchor      map[string]float64 `json:"anchor"`
@@ -127,6 +134,9 @@ func TestGPUTorchEngine(t *testing.T) {
 				w.LoadedBlocks, sum.PageBytes, w.StartLoadSeconds,
 				float64(w.LoadedBlocks)/w.StartLoadSeconds, float64(w.LoadedBytes)/w.StartLoadSeconds/1e9)
 			line += fmt.Sprintf("; whole pass %.3fs", w.WallSeconds)
+			if w.StartLoads > 0 {
+				line += fmt.Sprintf("; %d StartLoads, a plain RPC %.0f µs after one (idle %.0f µs)", w.StartLoads, w.RPCSeconds/float64(w.StartLoads)*1e6, sum.IdleRPCSeconds*1e6)
+			}
 			if d := sum.DaemonLoads; d != nil && d.TransferSeconds > 0 {
 				line += fmt.Sprintf("; daemon: %d pages, %d bytes landed in %.3fs of transfers: %.0f pages/s, %.2f GB/s",
 					d.Pages, d.LandedBytes, d.TransferSeconds, float64(d.Pages)/d.TransferSeconds, float64(d.LandedBytes)/d.TransferSeconds/1e9)
