@@ -220,3 +220,33 @@ func TestPromptArenaWireContract(t *testing.T) {
 		t.Errorf("encoded % x, want % x", b, want)
 	}
 }
+
+// TestCopyArenaTokensFault maps a memfd, then truncates it under the mapping (what the seal the
+// daemon requires rules out): reading the lost pages faults, and CopyArenaTokens returns
+// ErrArenaFault instead of the process dying of SIGBUS.
+func TestCopyArenaTokensFault(t *testing.T) {
+	fd, err := unix.MemfdCreate("arena-fault", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Skip(err)
+	}
+	defer unix.Close(fd)
+	page := unix.Getpagesize()
+	if err := unix.Ftruncate(fd, int64(2*page)); err != nil {
+		t.Fatal(err)
+	}
+	data, err := unix.Mmap(fd, 0, 2*page, unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(data)
+	if got, err := CopyArenaTokens(nil, data, 0, 4, 100); err != nil || len(got) != 4 {
+		t.Fatalf("before the truncation: %v, %v", got, err)
+	}
+	if err := unix.Ftruncate(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	_, err = CopyArenaTokens(nil, data, uint64(page), 4, 100)
+	if !errors.Is(err, ErrArenaFault) {
+		t.Errorf("reading a truncated arena: %v, want ErrArenaFault", err)
+	}
+}
