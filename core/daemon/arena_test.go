@@ -669,3 +669,22 @@ func TestPromptArenaUnregisterDuringLookups(t *testing.T) {
 		t.Errorf("another engine after the race: %+v, %v", res, err)
 	}
 }
+
+// TestPromptArenaDefaultLimit pins the default arena limit, 64 MiB: an arena of exactly 64 MiB
+// is mapped, one page more is refused naming the limit. Neither is touched, so neither costs
+// memory.
+func TestPromptArenaDefaultLimit(t *testing.T) {
+	if got := daemon.DefaultLimits().MaxPromptArenaBytes; got != 64<<20 {
+		t.Fatalf("default prompt arena limit %d, want %d", got, 64<<20)
+	}
+	r := start(t, 16<<20)
+	ctx := context.Background()
+	e := arenaEngine(t, r.Info.Socket, "lim", nil)
+	if err := e.Client(0).RegisterPromptArena(ctx, "lim/rank0", newArena(t, 64<<20)); err != nil {
+		t.Errorf("a 64 MiB arena: %v", err)
+	}
+	err := e.Client(0).RegisterPromptArena(ctx, "lim/rank0", newArena(t, 64<<20+1))
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "above the limit of 67108864 bytes") {
+		t.Errorf("an arena one page over 64 MiB: %v", err)
+	}
+}
