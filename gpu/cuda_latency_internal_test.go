@@ -31,15 +31,16 @@ func BenchmarkCUDAThreadHop(b *testing.B) {
 // at each step of the check (checkTimer) give the microseconds from the first copy to the end of
 // the copies (copied), of the descriptors' copy (descriptors), of each kernel (deltas,
 // finished) and of the digests' copy (digests); host-us is the wall time of ScatterChecked and
-// its wait. "chunked" is the default (a batch of 16 MiB or more copied by the copy engines is
-// checked chunk by chunk behind its copies); "one-chunk" checks the whole batch after its copies.
+// its wait. "chunked" is the default (a batch of 16 MiB or more copied by the copy engines, or
+// of 64 MiB or more by the copy kernel, is checked chunk by chunk behind its copies);
+// "one-chunk" checks the whole batch after its copies.
 func BenchmarkCUDACheckSteps(b *testing.B) {
 	d, err := OpenCUDA(0)
 	if err != nil {
 		b.Skip(err)
 	}
 	defer d.Close()
-	for _, c := range []struct{ batchMiB, pageKiB int }{{4, 64}, {4, 1024}, {16, 64}, {64, 1024}, {180, 1024}} {
+	for _, c := range []struct{ batchMiB, pageKiB int }{{4, 64}, {4, 1024}, {16, 64}, {64, 64}, {256, 64}, {64, 1024}, {180, 1024}} {
 		size := c.pageKiB << 10
 		n := (c.batchMiB << 20) / size
 		half := uint64(size / 2)

@@ -228,6 +228,10 @@ func (t *checkTimer) close() {
 	})
 }
 
+// kernelChunkMin is the smallest checked batch copied by the copy kernel that is copied and
+// checked in chunks.
+var kernelChunkMin = 64 << 20
+
 // pageSumGroups is GROUPS in kernels/pagesum.cu: the blocks of a page one thread block of
 // kvBlockDeltas computes. maxGridY is the most pages one launch of it covers (a grid's y).
 const (
@@ -463,9 +467,17 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kv
 		trace(checkDigests, s)
 		return cuErr("cuEventRecord", C.kvEventRecord(C.uintptr_t(set.done), s))
 	}
-	// Chunks pay where the copy engines copy; the copy kernel's copies slow down when split
-	// (16 MiB of 64 KiB pages: 0.43 ms in one launch, 0.47 in chunks).
-	chunked := len(ends) > 1 && !m.kernelScatters(uint64(len(m.pieces)), src)
+	// Chunks pay where the copy engines copy. The copy kernel's copies slow down when split (16
+	// MiB of 64 KiB pages: 0.43 ms in one launch, 0.47 in chunks), so its batches are chunked
+	// only from kernelChunkMin on, where the check left after the copies weighs more.
+	chunked := len(ends) > 1
+	if chunked && m.kernelScatters(uint64(len(m.pieces)), src) {
+		var total int
+		for _, b := range src {
+			total += len(b)
+		}
+		chunked = total >= kernelChunkMin
+	}
 	for _, b := range src {
 		chunked = chunked && m.d.isPinned(b)
 	}

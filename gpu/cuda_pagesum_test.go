@@ -167,7 +167,8 @@ func TestCUDAPageChecks(t *testing.T) {
 }
 
 // TestCUDAPageChecksLargeBatches checks batches large enough to be copied and checked in
-// chunks (copy engines, from pinned memory, 16 MiB or more) and one copied by the copy kernel:
+// chunks (from pinned memory, 16 MiB or more through the copy engines, 64 MiB or more through
+// the copy kernel) and one copied by the copy kernel in one piece:
 // every page lands, a page whose digest differs is reported bad in whichever chunk it is, and
 // only those pages.
 func TestCUDAPageChecksLargeBatches(t *testing.T) {
@@ -176,7 +177,7 @@ func TestCUDAPageChecksLargeBatches(t *testing.T) {
 		name      string
 		pages     int
 		pageBytes int
-	}{{"engines, chunked", 40, 1 << 20}, {"kernel", 400, 64 << 10}} {
+	}{{"engines, chunked", 40, 1 << 20}, {"kernel", 400, 64 << 10}, {"kernel, chunked", 1100, 64 << 10}} {
 		t.Run(c.name, func(t *testing.T) {
 			half := uint64(c.pageBytes / 2)
 			l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: c.pages, Regions: []kvmem.Region{
