@@ -44,52 +44,47 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// cudaThread is a goroutine locked to its OS thread with a context current on it. Every CUDA
-// call of kvctl runs on one: callers on any goroutine hand it a function and wait.
-type cudaThread struct {
-	calls chan func()
+// cudaCaller runs kvctl's CUDA calls for one device, mover or stream: one function at a time,
+// each on the calling goroutine's OS thread, locked to it for the call, with the context made
+// current first (a context is current per OS thread, and Go moves goroutines between threads).
+// Running on the caller's thread, rather than handing each call to a dedicated locked goroutine,
+// saves a wake-up of another thread per call (17–19 µs on the H200 host).
+type cudaCaller struct {
+	ctx uintptr
+	mu  sync.Mutex
 }
 
-func newCUDAThread(ctx uintptr) (*cudaThread, error) {
-	t := &cudaThread{calls: make(chan func())}
-	ready := make(chan error)
-	go func() {
-		// The goroutine never unlocks: when it returns, its thread, with the context current on
-		// it, exits with it.
-		runtime.LockOSThread()
-		if err := cuErr("cuCtxSetCurrent", C.kvSetCurrent(C.uintptr_t(ctx))); err != nil {
-			ready <- err
-			return
-		}
-		ready <- nil
-		for f := range t.calls {
-			f()
-		}
-	}()
-	if err := <-ready; err != nil {
+// newCUDACaller checks that ctx can be made current and returns a caller for it.
+func newCUDACaller(ctx uintptr) (*cudaCaller, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := cuErr("cuCtxSetCurrent", C.kvSetCurrent(C.uintptr_t(ctx))); err != nil {
 		return nil, err
 	}
-	return t, nil
+	return &cudaCaller{ctx: ctx}, nil
 }
 
-// do runs f on the thread and returns when it is done.
-func (t *cudaThread) do(f func()) {
-	done := make(chan struct{})
-	t.calls <- func() { f(); close(done) }
-	<-done
+// do runs f with the context current and returns when it is done.
+func (t *cudaCaller) do(f func()) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	// Cannot fail for a context that was made current once (newCUDACaller) and is still
+	// retained; if it did, the calls in f fail with CUDA_ERROR_INVALID_CONTEXT.
+	_ = C.kvSetCurrent(C.uintptr_t(t.ctx))
+	f()
 }
-
-func (t *cudaThread) stop() { close(t.calls) }
 
 // CUDADevice is one GPU opened through the driver API: its primary context retained and a
-// thread to issue calls on. Methods are safe for concurrent use.
+// caller that runs its CUDA calls. Methods are safe for concurrent use.
 type CUDADevice struct {
 	ordinal int
 	dev     C.int
 	ctx     uintptr
 	name    string
 	numa    int
-	t       *cudaThread
+	t       *cudaCaller
 
 	mu     sync.RWMutex
 	pinned []pinnedRange // sorted by base
@@ -124,7 +119,7 @@ func OpenCUDA(ordinal int) (*CUDADevice, error) {
 		return nil, err
 	}
 	d.ctx = uintptr(ctx)
-	if d.t, err = newCUDAThread(d.ctx); err != nil {
+	if d.t, err = newCUDACaller(d.ctx); err != nil {
 		C.kvPrimaryRelease(d.dev)
 		return nil, err
 	}
@@ -156,11 +151,10 @@ func (d *CUDADevice) Close() error {
 	d.t.do(func() {
 		err = errors.Join(d.sums.unload(), cuErr("cuDevicePrimaryCtxRelease", C.kvPrimaryRelease(d.dev)))
 	})
-	d.t.stop()
 	return err
 }
 
-// call runs f on the device's thread and returns its error.
+// call runs f with the device's context current (its cudaCaller) and returns its error.
 func (d *CUDADevice) call(f func() error) error {
 	var err error
 	d.t.do(func() { err = f() })

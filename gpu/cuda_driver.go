@@ -8,6 +8,7 @@ package gpu
 #include <stdint.h>
 #include <stddef.h>
 #include <string.h>
+#include <stdlib.h>
 #include <stdio.h>
 
 // The few driver API types kvctl needs, declared here so that no CUDA toolkit is needed to
@@ -91,6 +92,11 @@ static struct {
 	CUresult (*launchKernel)(void *, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
 	                         unsigned int, void *, void **, void **);
 	CUresult (*streamWaitEvent)(void *, void *, unsigned int);
+	// The JIT linker, to keep the kernels compiled for a GPU; NULL where absent.
+	CUresult (*linkCreate)(unsigned int, int *, void **, void **);
+	CUresult (*linkAddData)(void *, int, void *, size_t, const char *, unsigned int, int *, void **);
+	CUresult (*linkComplete)(void *, void **, size_t *);
+	CUresult (*linkDestroy)(void *);
 } kv;
 
 static void *kvSym(const char *name, int required, char *err, size_t errlen) {
@@ -161,6 +167,10 @@ int kvLoad(char *err, size_t errlen) {
 	OPT(moduleGetFunction, "cuModuleGetFunction");
 	OPT(launchKernel, "cuLaunchKernel");
 	OPT(streamWaitEvent, "cuStreamWaitEvent");
+	OPT(linkCreate, "cuLinkCreate_v2");
+	OPT(linkAddData, "cuLinkAddData_v2");
+	OPT(linkComplete, "cuLinkComplete");
+	OPT(linkDestroy, "cuLinkDestroy");
 #undef REQ
 #undef OPT
 	if (err[0] != 0) {
@@ -184,6 +194,32 @@ CUresult kvLoadModule(uintptr_t *mod, const char *image) {
 	*mod = (uintptr_t)m;
 	return r;
 }
+int kvHasLinker(void) { return kv.linkCreate && kv.linkAddData && kv.linkComplete && kv.linkDestroy; }
+// kvCompilePTX compiles a PTX image for the current context's GPU and returns the binary in
+// *out (malloc'd, *n bytes; the caller frees it).
+CUresult kvCompilePTX(const char *ptx, void **out, size_t *n) {
+	void *state = NULL;
+	*out = NULL;
+	*n = 0;
+	CUresult r = kv.linkCreate(0, NULL, NULL, &state);
+	if (r != 0) return r;
+	// 1 is CU_JIT_INPUT_PTX.
+	r = kv.linkAddData(state, 1, (void *)ptx, strlen(ptx) + 1, "pagesum.ptx", 0, NULL, NULL);
+	void *bin = NULL;
+	size_t size = 0;
+	if (r == 0) r = kv.linkComplete(state, &bin, &size);
+	if (r == 0) {
+		*out = malloc(size);
+		if (*out == NULL) {
+			r = 2; // CUDA_ERROR_OUT_OF_MEMORY
+		} else {
+			memcpy(*out, bin, size);
+			*n = size;
+		}
+	}
+	kv.linkDestroy(state); // frees bin
+	return r;
+}
 CUresult kvGetFunction(uintptr_t *fn, uintptr_t mod, const char *name) {
 	void *f = NULL;
 	CUresult r = kv.moduleGetFunction(&f, (void *)mod, name);
@@ -193,12 +229,19 @@ CUresult kvGetFunction(uintptr_t *fn, uintptr_t mod, const char *name) {
 CUresult kvUnloadModule(uintptr_t mod) { return kv.moduleUnload((void *)mod); }
 // kvStreamWaitEvent makes work queued on s after this wait for event e.
 CUresult kvStreamWaitEvent(uintptr_t s, uintptr_t e) { return kv.streamWaitEvent((void *)s, (void *)e, 0); }
-// kvLaunchPageSums launches kvPageSums (kernels/pagesum.cu) with one block of 256 threads per
-// page on stream s: pages and pieces are device addresses, secret the 320-byte kvSecret, out
-// the device address of one 64-bit digest per page.
-CUresult kvLaunchPageSums(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t out) {
-	void *args[4] = {&pages, &pieces, (void *)secret, &out};
-	return kv.launchKernel((void *)fn, n, 1, 1, 256, 1, 1, 0, (void *)s, args, NULL);
+// kvLaunchBlockDeltas launches kvBlockDeltas (kernels/pagesum.cu) on stream s over a grid of gx
+// by gy blocks of 256 threads: pages and pieces are device addresses, secret the 320-byte
+// kvSecret, deltas the device address of 64 bytes per full 1024-byte block.
+CUresult kvLaunchBlockDeltas(uintptr_t fn, unsigned int gx, unsigned int gy, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t deltas) {
+	void *args[4] = {&pages, &pieces, (void *)secret, &deltas};
+	return kv.launchKernel((void *)fn, gx, gy, 1, 256, 1, 1, 0, (void *)s, args, NULL);
+}
+// kvLaunchPageFinish launches kvPageFinish (kernels/pagesum.cu) for n pages on stream s, 32 pages
+// to a block of 256 threads; out is the device address of one 64-bit digest per page.
+CUresult kvLaunchPageFinish(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t deltas, uint64_t out) {
+	unsigned int count = n;
+	void *args[6] = {&pages, &pieces, (void *)secret, &deltas, &count, &out};
+	return kv.launchKernel((void *)fn, (n + 31) / 32, 1, 1, 256, 1, 1, 0, (void *)s, args, NULL);
 }
 // kvLaunchCopies launches kvCopyPieces (kernels/pagesum.cu) with one block of 256 threads per
 // copy on stream s; copies is the device address of n kvCopy records.
@@ -253,15 +296,24 @@ CUresult kvStreamCreate(uintptr_t *s) {
 }
 CUresult kvStreamDestroy(uintptr_t s) { return kv.streamDestroy((void *)s); }
 CUresult kvStreamSync(uintptr_t s) { return kv.streamSynchronize((void *)s); }
+// kvEventCreate creates an event for ordering and waiting only: CU_EVENT_DISABLE_TIMING, which
+// makes recording and waiting cheaper.
 CUresult kvEventCreate(uintptr_t *e) {
 	void *q = NULL;
-	CUresult r = kv.eventCreate(&q, 0);
+	CUresult r = kv.eventCreate(&q, 2);
 	*e = (uintptr_t)q;
 	return r;
 }
 CUresult kvEventDestroy(uintptr_t e) { return kv.eventDestroy((void *)e); }
 CUresult kvEventRecord(uintptr_t e, uintptr_t s) { return kv.eventRecord((void *)e, (void *)s); }
 CUresult kvEventSync(uintptr_t e) { return kv.eventSynchronize((void *)e); }
+// kvEventCreateTimed creates an event that records a time (for measurements).
+CUresult kvEventCreateTimed(uintptr_t *e) {
+	void *q = NULL;
+	CUresult r = kv.eventCreate(&q, 0);
+	*e = (uintptr_t)q;
+	return r;
+}
 CUresult kvEventElapsed(float *ms, uintptr_t a, uintptr_t b) { return kv.eventElapsedTime(ms, (void *)a, (void *)b); }
 
 CUresult kvIpcOpen(uint64_t *p, const void *handle) {

@@ -75,7 +75,7 @@ type cudaMover struct {
 	mem    *EngineMemory
 	layout kvmem.Layout
 	opts   CUDAMoverOptions
-	t      *cudaThread
+	t      *cudaCaller
 	// batchAPI: issue copies with cuMemcpyBatchAsync.
 	batchAPI bool
 
@@ -95,10 +95,10 @@ type cudaMover struct {
 	copyDev  uint64
 	copyCap  int
 
-	// afterIssue, when set, runs on the mover's thread once the last copies of a transfer are
+	// afterIssue, when set, runs inside the mover's CUDA call (its cudaCaller) once the last copies of a transfer are
 	// issued on the first ns streams, before the host waits for them: ScatterChecked queues
 	// its check behind them there.
-	afterIssue func(ns int) error
+	afterIssue func(chunk, ns int) error
 
 	mu     sync.Mutex
 	closed bool
@@ -127,7 +127,7 @@ func (d *CUDADevice) NewMover(mem *EngineMemory, layout kvmem.Layout, opts CUDAM
 		opts.BounceBytes = 16 << 20
 	}
 	m := &cudaMover{d: d, mem: mem, layout: layout, opts: opts, batchAPI: !opts.PerCopy && HasBatchCopy()}
-	t, err := newCUDAThread(d.ctx)
+	t, err := newCUDACaller(d.ctx)
 	if err != nil {
 		return nil, fmt.Errorf("cuda mover: %w", err)
 	}
@@ -144,12 +144,11 @@ func (d *CUDADevice) NewMover(mem *EngineMemory, layout kvmem.Layout, opts CUDAM
 		m.initChecks()
 		if opts.Scatter != ScatterCopyEngines {
 			// Without the kernels, copies go through the copy engines.
-			_ = m.d.sums.load()
+			_ = m.d.sums.load(m.d.dev)
 		}
 	})
 	if serr != nil {
 		m.destroyStreams()
-		t.stop()
 		return nil, fmt.Errorf("cuda mover: %w", serr)
 	}
 	mem.retain()
@@ -250,8 +249,8 @@ func (m *cudaMover) add(dev, host, n uint64) {
 	m.size = append(m.size, n)
 }
 
-// useKernel reports whether the batch's copies go through the copy kernel.
-func (m *cudaMover) useKernel() bool {
+// useKernel reports whether copies [a, b) of the batch go through the copy kernel.
+func (m *cudaMover) useKernel(a, b int) bool {
 	switch m.opts.Scatter {
 	case ScatterKernel:
 		return true
@@ -259,10 +258,10 @@ func (m *cudaMover) useKernel() bool {
 		return false
 	}
 	var total uint64
-	for _, s := range m.size {
+	for _, s := range m.size[a:b] {
 		total += s
 	}
-	return total < kernelCopyBelow*uint64(len(m.size))
+	return total < kernelCopyBelow*uint64(b-a)
 }
 
 // flush issues the batch's copies spread over the streams, waits for them and, for a gather,
@@ -273,7 +272,7 @@ func (m *cudaMover) flush(ctx context.Context, toDevice, last bool) error {
 	if n == 0 {
 		if last && m.afterIssue != nil {
 			var err error
-			m.t.do(func() { err = m.afterIssue(0) })
+			m.t.do(func() { err = m.afterIssue(0, 0) })
 			return err
 		}
 		return nil
@@ -281,49 +280,18 @@ func (m *cudaMover) flush(ctx context.Context, toDevice, last bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if toDevice && m.d.sums.copyFn != 0 && m.useKernel() {
+	if toDevice && m.d.sums.copyFn != 0 && m.useKernel(0, n) {
 		return m.flushKernel(last)
-	}
-	// Give each stream a contiguous run of copies with about the same number of bytes.
-	var total uint64
-	for _, s := range m.size {
-		total += s
-	}
-	ns := min(len(m.streams), n)
-	m.stream = m.stream[:0]
-	var acc uint64
-	for _, s := range m.size {
-		k := int32(acc * uint64(ns) / total)
-		m.stream = append(m.stream, k)
-		acc += s
-	}
-	dir := C.int(0)
-	if toDevice {
-		dir = 1
 	}
 	var err error
 	m.t.do(func() {
-		if m.batchAPI {
-			start := 0
-			for start < n && err == nil {
-				end := start
-				for end < n && m.stream[end] == m.stream[start] {
-					end++
-				}
-				err = cuErr("cuMemcpyBatchAsync", C.kvCopiesBatch(dir, C.int(end-start),
-					(*C.uint64_t)(unsafe.Pointer(&m.dev[start])), (*C.uint64_t)(unsafe.Pointer(&m.host[start])), (*C.uint64_t)(unsafe.Pointer(&m.size[start])),
-					C.uintptr_t(m.streams[m.stream[start]]), C.int(m.d.ordinal)))
-				start = end
-			}
-		} else {
-			var failed C.int
-			if r := C.kvCopies(dir, C.int(n), (*C.uint64_t)(unsafe.Pointer(&m.dev[0])), (*C.uint64_t)(unsafe.Pointer(&m.host[0])), (*C.uint64_t)(unsafe.Pointer(&m.size[0])),
-				(*C.int32_t)(unsafe.Pointer(&m.stream[0])), (*C.uintptr_t)(unsafe.Pointer(&m.streams[0])), &failed); r != 0 {
-				err = fmt.Errorf("copy %d of %d: %w", int(failed), n, cuErr("cuMemcpyAsync", r))
-			}
+		if last && m.afterIssue != nil {
+			trace(checkStart, C.uintptr_t(m.streams[0]))
 		}
+		var ns int
+		ns, err = m.issueEngines(toDevice, 0, n)
 		if err == nil && last && m.afterIssue != nil {
-			err = m.afterIssue(ns)
+			err = m.afterIssue(0, ns)
 		}
 		// Wait for every stream, also after an error, so no copy is still running on return.
 		for _, s := range m.streams[:ns] {
@@ -335,6 +303,125 @@ func (m *cudaMover) flush(ctx context.Context, toDevice, last bool) error {
 	}
 	for _, p := range m.pending {
 		copy(p.dst, m.bounce.Bytes()[p.off:])
+	}
+	return nil
+}
+
+// issueEngines queues copies [a, b) of the batch on the copy engines, each stream a contiguous
+// run of them with about the same number of bytes, and returns how many streams it used. It
+// runs inside the mover's CUDA call and does not wait.
+func (m *cudaMover) issueEngines(toDevice bool, a, b int) (int, error) {
+	var total uint64
+	for _, s := range m.size[a:b] {
+		total += s
+	}
+	ns := min(len(m.streams), b-a)
+	m.stream = m.stream[:0]
+	var acc uint64
+	for _, s := range m.size[a:b] {
+		m.stream = append(m.stream, int32(acc*uint64(ns)/total))
+		acc += s
+	}
+	dir := C.int(0)
+	if toDevice {
+		dir = 1
+	}
+	dev, host, size := m.dev[a:b], m.host[a:b], m.size[a:b]
+	n := b - a
+	if m.batchAPI {
+		for start := 0; start < n; {
+			end := start
+			for end < n && m.stream[end] == m.stream[start] {
+				end++
+			}
+			if err := cuErr("cuMemcpyBatchAsync", C.kvCopiesBatch(dir, C.int(end-start),
+				(*C.uint64_t)(unsafe.Pointer(&dev[start])), (*C.uint64_t)(unsafe.Pointer(&host[start])), (*C.uint64_t)(unsafe.Pointer(&size[start])),
+				C.uintptr_t(m.streams[m.stream[start]]), C.int(m.d.ordinal))); err != nil {
+				return ns, err
+			}
+			start = end
+		}
+		return ns, nil
+	}
+	var failed C.int
+	if r := C.kvCopies(dir, C.int(n), (*C.uint64_t)(unsafe.Pointer(&dev[0])), (*C.uint64_t)(unsafe.Pointer(&host[0])), (*C.uint64_t)(unsafe.Pointer(&size[0])),
+		(*C.int32_t)(unsafe.Pointer(&m.stream[0])), (*C.uintptr_t)(unsafe.Pointer(&m.streams[0])), &failed); r != 0 {
+		return ns, fmt.Errorf("copy %d of %d: %w", int(failed), n, cuErr("cuMemcpyAsync", r))
+	}
+	return ns, nil
+}
+
+// scatterChunks copies pages to the device from pinned memory in chunks, ends[k] being the page
+// after chunk k, all queued without waiting in between: after chunk k's copies are issued on
+// the first ns streams, queued(k, ns) runs (inside the mover's CUDA call), so work queued behind
+// one chunk runs while the next is copied. It returns once every copy is done.
+func (m *cudaMover) scatterChunks(ctx context.Context, pages []kvmem.PageRef, src [][]byte, ends []int, queued func(k, ns int) error) error {
+	if m.closed {
+		return kvmem.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.reset()
+	defer m.reset()
+	starts := make([]int, len(ends)+1)
+	lo := 0
+	for k, hi := range ends {
+		starts[k] = len(m.dev)
+		first := true
+		// The pages were checked by the caller, so this walk cannot fail.
+		_ = kvmem.WalkPages(m.layout, pages[lo:hi], src[lo:hi], func(p int, eo, vo, n uint64) {
+			dev, host := m.mem.ptr+eo, uint64(ptrOf(src[lo+p][vo:vo+n]))
+			if first { // never merged into the previous chunk's last copy
+				m.dev, m.host, m.size = append(m.dev, dev), append(m.host, host), append(m.size, n)
+				first = false
+				return
+			}
+			m.add(dev, host, n)
+		})
+		lo = hi
+	}
+	starts[len(ends)] = len(m.dev)
+	kernel := make([]bool, len(ends))
+	blocks := 0
+	for k := range ends {
+		a, b := starts[k], starts[k+1]
+		if kernel[k] = b > a && m.d.sums.copyFn != 0 && m.useKernel(a, b); kernel[k] {
+			blocks += m.kernelCopies(a, b)
+		}
+	}
+	if err := m.growCopies(blocks); err != nil {
+		return err
+	}
+	var err error
+	m.t.do(func() {
+		trace(checkStart, C.uintptr_t(m.streams[0]))
+		used, at := 0, 0
+		for k := range ends {
+			a, b := starts[k], starts[k+1]
+			ns := 0
+			switch {
+			case b == a:
+			case kernel[k]:
+				at, err = m.issueKernel(a, b, at)
+				ns = 1
+			default:
+				ns, err = m.issueEngines(true, a, b)
+			}
+			used = max(used, ns)
+			if err == nil {
+				err = queued(k, ns)
+			}
+			if err != nil {
+				break
+			}
+		}
+		for _, s := range m.streams[:used] {
+			err = errors.Join(err, cuErr("cuStreamSynchronize", C.kvStreamSync(C.uintptr_t(s))))
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("cuda mover: %w", err)
 	}
 	return nil
 }
@@ -374,7 +461,6 @@ func (m *cudaMover) Close() error {
 	}
 	errs = append(errs, m.freeChecks(), m.freeCopies())
 	m.destroyStreams()
-	m.t.stop()
 	errs = append(errs, m.mem.unref())
 	return errors.Join(errs...)
 }
@@ -397,7 +483,7 @@ func (s *pinnedStaging) Close() error { return s.p.Close() }
 // baselines and tools).
 type Stream struct {
 	d      *CUDADevice
-	t      *cudaThread
+	t      *cudaCaller
 	h      uintptr
 	dev    []uint64
 	host   []uint64
@@ -407,7 +493,7 @@ type Stream struct {
 
 // NewStream creates a stream on the device.
 func (d *CUDADevice) NewStream() (*Stream, error) {
-	t, err := newCUDAThread(d.ctx)
+	t, err := newCUDACaller(d.ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -418,7 +504,6 @@ func (d *CUDADevice) NewStream() (*Stream, error) {
 		s.h = uintptr(h)
 	})
 	if err != nil {
-		t.stop()
 		return nil, err
 	}
 	return s, nil
@@ -464,6 +549,5 @@ func (s *Stream) CopyChunks(toDevice bool, dev uint64, host []byte, chunk int) e
 func (s *Stream) Close() error {
 	var err error
 	s.t.do(func() { err = cuErr("cuStreamDestroy", C.kvStreamDestroy(C.uintptr_t(s.h))) })
-	s.t.stop()
 	return err
 }

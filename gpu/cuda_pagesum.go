@@ -10,9 +10,13 @@ typedef int CUresult;
 int kvHasKernels(void);
 CUresult kvLoadModule(uintptr_t *mod, const char *image);
 CUresult kvGetFunction(uintptr_t *fn, uintptr_t mod, const char *name);
+int kvHasLinker(void);
+CUresult kvCompilePTX(const char *ptx, void **out, size_t *n);
+CUresult kvDeviceAttr(int *v, int attr, int d);
 CUresult kvLaunchCopies(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t copies);
 CUresult kvUnloadModule(uintptr_t mod);
-CUresult kvLaunchPageSums(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t out);
+CUresult kvLaunchBlockDeltas(uintptr_t fn, unsigned int gx, unsigned int gy, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t deltas);
+CUresult kvLaunchPageFinish(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t deltas, uint64_t out);
 CUresult kvCopyHtoDAsync(uint64_t dst, uintptr_t src, size_t n, uintptr_t s);
 CUresult kvCopyDtoHAsync(uintptr_t dst, uint64_t src, size_t n, uintptr_t s);
 CUresult kvStreamSync(uintptr_t s);
@@ -20,6 +24,8 @@ CUresult kvMemAlloc(uint64_t *p, size_t n);
 CUresult kvMemFree(uint64_t p);
 CUresult kvStreamCreate(uintptr_t *s);
 CUresult kvEventCreate(uintptr_t *e);
+CUresult kvEventCreateTimed(uintptr_t *e);
+CUresult kvEventElapsed(float *ms, uintptr_t a, uintptr_t b);
 CUresult kvEventDestroy(uintptr_t e);
 CUresult kvEventRecord(uintptr_t e, uintptr_t s);
 CUresult kvEventSync(uintptr_t e);
@@ -44,35 +50,81 @@ import (
 var pageSumPTX string
 
 // pageSumKernel is kvctl's kernels module (kernels/pagesum.cu) on one device, loaded into its
-// primary context the first time a mover asks for it: the page checksum kernel (fn) and the
-// copy kernel (copyFn).
+// primary context the first time a mover asks for it: the page checksum's two kernels (deltaFn,
+// finishFn) and the copy kernel (copyFn).
 type pageSumKernel struct {
-	once   sync.Once
-	mod    uintptr
-	fn     uintptr
-	copyFn uintptr
-	err    error
+	once     sync.Once
+	mod      uintptr
+	deltaFn  uintptr
+	finishFn uintptr
+	copyFn   uintptr
+	err      error
 }
 
-// load loads the module; it must run on a thread with the device's context current.
-func (k *pageSumKernel) load() error {
+// compiledKernels holds the kernels compiled from pageSumPTX for each compute capability seen
+// by this process, so loading them into a new context (an engine registering after the last
+// one left, or another device) does not compile the PTX again: the driver's JIT took about
+// 0.14 s a registration on the H200.
+var compiledKernels struct {
+	mu     sync.Mutex
+	images map[[2]int][]byte
+}
+
+// kernelImage returns the kernels compiled for device dev's compute capability, compiling them
+// the first time; it must run with a context of that device current. It returns nil where the
+// driver has no linker or compiling fails: the caller loads the PTX, which the driver compiles.
+func kernelImage(dev C.int) []byte {
+	const attrMajor, attrMinor = 75, 76 // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_{MAJOR,MINOR}
+	var major, minor C.int
+	if C.kvHasLinker() == 0 || C.kvDeviceAttr(&major, attrMajor, dev) != 0 || C.kvDeviceAttr(&minor, attrMinor, dev) != 0 {
+		return nil
+	}
+	cc := [2]int{int(major), int(minor)}
+	compiledKernels.mu.Lock()
+	defer compiledKernels.mu.Unlock()
+	if img, ok := compiledKernels.images[cc]; ok {
+		return img
+	}
+	ptx := C.CString(pageSumPTX)
+	defer C.free(unsafe.Pointer(ptx))
+	var out unsafe.Pointer
+	var n C.size_t
+	if C.kvCompilePTX(ptx, &out, &n) != 0 {
+		return nil
+	}
+	img := C.GoBytes(out, C.int(n))
+	C.free(out)
+	if compiledKernels.images == nil {
+		compiledKernels.images = map[[2]int][]byte{}
+	}
+	compiledKernels.images[cc] = img
+	return img
+}
+
+// load loads the module; it must run with the device's context current.
+func (k *pageSumKernel) load(dev C.int) error {
 	k.once.Do(func() {
 		if C.kvHasKernels() == 0 {
 			k.err = fmt.Errorf("%w: the driver has no cuModuleLoadData or cuLaunchKernel", errNotCheckable)
 			return
 		}
-		image := C.CString(pageSumPTX)
+		var image *C.char
+		if img := kernelImage(dev); img != nil {
+			image = (*C.char)(C.CBytes(img))
+		} else {
+			image = C.CString(pageSumPTX)
+		}
 		defer C.free(unsafe.Pointer(image))
 		var mod C.uintptr_t
 		if err := cuErr("cuModuleLoadData", C.kvLoadModule(&mod, image)); err != nil {
 			k.err = fmt.Errorf("%w: loading the kernels: %w", errNotCheckable, err)
 			return
 		}
-		var fn, copyFn C.uintptr_t
+		var deltaFn, finishFn, copyFn C.uintptr_t
 		for _, f := range []struct {
 			name string
 			out  *C.uintptr_t
-		}{{"kvPageSums", &fn}, {"kvCopyPieces", &copyFn}} {
+		}{{"kvBlockDeltas", &deltaFn}, {"kvPageFinish", &finishFn}, {"kvCopyPieces", &copyFn}} {
 			name := C.CString(f.name)
 			err := cuErr("cuModuleGetFunction", C.kvGetFunction(f.out, mod, name))
 			C.free(unsafe.Pointer(name))
@@ -82,26 +134,109 @@ func (k *pageSumKernel) load() error {
 				return
 			}
 		}
-		k.copyFn = uintptr(copyFn)
-		k.mod, k.fn = uintptr(mod), uintptr(fn)
+		k.mod, k.deltaFn, k.finishFn, k.copyFn = uintptr(mod), uintptr(deltaFn), uintptr(finishFn), uintptr(copyFn)
 	})
 	return k.err
 }
 
-// unload releases the module, if it was loaded; it runs on the device's thread at Close.
+// unload releases the module, if it was loaded; it runs in the device's CUDA call at Close.
 func (k *pageSumKernel) unload() error {
 	if k.mod == 0 {
 		return nil
 	}
 	err := cuErr("cuModuleUnload", C.kvUnloadModule(C.uintptr_t(k.mod)))
-	k.mod, k.fn = 0, 0
+	k.mod, k.deltaFn, k.finishFn, k.copyFn = 0, 0, 0, 0
 	return err
 }
 
 // Sizes of the kernel's descriptors (kernels/pagesum.cu): kvPage and kvPiece.
 const (
-	pageDescBytes  = 16
+	pageDescBytes  = 24
 	pieceDescBytes = 24
+)
+
+// The steps of a check, as a check trace sees them.
+const (
+	checkStart       = iota // before the batch's copies are issued (on the first copy stream)
+	checkWaited             // the check stream waits for the copies
+	checkDescriptors        // descriptors in place
+	checkDeltas             // kvBlockDeltas queued
+	checkFinished           // kvPageFinish queued
+	checkDigests            // digests back on the host
+	checkSteps
+)
+
+// checkTrace, when set (by a benchmark), is called inside the mover's CUDA call at each step of
+// a check with the stream the step is queued on, to record an event there.
+var checkTrace func(step int, stream C.uintptr_t)
+
+func trace(step int, s C.uintptr_t) {
+	if checkTrace != nil {
+		checkTrace(step, s)
+	}
+}
+
+// checkTimer records a timed event at each step of the checks it traces, to see where a
+// check's time goes on the GPU (benchmarks).
+type checkTimer struct {
+	m      *cudaMover
+	events [checkSteps]uintptr
+}
+
+func (m *cudaMover) newCheckTimer() (*checkTimer, error) {
+	t := &checkTimer{m: m}
+	var err error
+	m.t.do(func() {
+		for i := range t.events {
+			var e C.uintptr_t
+			if err = cuErr("cuEventCreate", C.kvEventCreateTimed(&e)); err != nil {
+				return
+			}
+			t.events[i] = uintptr(e)
+		}
+	})
+	return t, err
+}
+
+// record is a checkTrace: it records step's event on stream s.
+func (t *checkTimer) record(step int, s C.uintptr_t) {
+	_ = C.kvEventRecord(C.uintptr_t(t.events[step]), s)
+}
+
+// since returns the milliseconds from the start event to each step's event, once the traced
+// check is done.
+func (t *checkTimer) since() (ms [checkSteps]float64, err error) {
+	t.m.t.do(func() {
+		for i := 1; i < checkSteps; i++ {
+			var f C.float
+			if err = cuErr("cuEventElapsedTime", C.kvEventElapsed(&f, C.uintptr_t(t.events[0]), C.uintptr_t(t.events[i]))); err != nil {
+				return
+			}
+			ms[i] = float64(f)
+		}
+	})
+	return ms, err
+}
+
+func (t *checkTimer) close() {
+	t.m.t.do(func() {
+		for _, e := range t.events {
+			if e != 0 {
+				_ = C.kvEventDestroy(C.uintptr_t(e))
+			}
+		}
+	})
+}
+
+// kernelChunkMin is the smallest checked batch copied by the copy kernel that is copied and
+// checked in chunks.
+var kernelChunkMin = 64 << 20
+
+// pageSumGroups is GROUPS in kernels/pagesum.cu: the blocks of a page one thread block of
+// kvBlockDeltas computes. maxGridY is the most pages one launch of it covers (a grid's y).
+const (
+	pageSumGroups = 32
+	maxGridY      = 65535
 )
 
 // pageChecks is a mover's state for checking pages on the GPU: the reason it cannot (nil when
@@ -126,6 +261,8 @@ type checkSet struct {
 	host *PinnedBuffer
 	dev  uint64
 	cap  int
+	// deltas is device memory for the deltas of the batch's blocks (64 bytes a block).
+	deltas, deltaCap uint64
 	// done is recorded on the checks' stream after the set's digests are copied back.
 	done uintptr
 	// The check in flight on this set, if any.
@@ -156,13 +293,13 @@ type pendingCheck struct {
 func (m *cudaMover) PageCheckError() error { return m.checks.err }
 
 // initChecks decides whether the mover's pages can be checked on the GPU, loads the kernel and
-// creates the checks' stream. It runs on the mover's thread.
+// creates the checks' stream. It runs inside the mover's CUDA call.
 func (m *cudaMover) initChecks() {
 	if err := pageCheckable(m.layout, m.mem.ptr); err != nil {
 		m.checks.err = err
 		return
 	}
-	if err := m.d.sums.load(); err != nil {
+	if err := m.d.sums.load(m.d.dev); err != nil {
 		m.checks.err = err
 		return
 	}
@@ -232,10 +369,10 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kv
 	piecesAt := len(pages) * pageDescBytes
 	outAt := piecesAt + len(m.pieces)*pieceDescBytes
 	need := outAt + 8*len(pages)
-	if err := m.growSet(set, need); err != nil {
+	buf, err := m.growSet(set, need)
+	if err != nil {
 		return nil, err
 	}
-	buf := set.host.Bytes()[:need]
 	le := binary.LittleEndian
 	for k, pc := range m.pieces {
 		q := buf[piecesAt+k*pieceDescBytes:]
@@ -251,10 +388,30 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kv
 		le.PutUint32(d[12:], le.Uint32(d[12:])+1)
 		le.PutUint64(d[0:], pc.off+pc.len)
 	}
-	// The check is queued on its stream right after the last copies are issued, behind them
-	// (an event per copy stream), so the host's work to launch it overlaps the copies.
+	// Each page's full blocks get their deltas at base, after the pages before it.
+	var blocks, most uint64
+	for p := range pages {
+		d := buf[p*pageDescBytes:]
+		le.PutUint64(d[16:], blocks)
+		n := (le.Uint64(d[0:]) - 1) / 1024
+		blocks += n
+		most = max(most, n)
+	}
+	if err := m.growDeltas(set, blocks*64); err != nil {
+		return nil, err
+	}
+	// Each chunk's check is queued on the checks' stream right after the chunk's copies are
+	// issued, behind them (an event per copy stream), so it runs while the next chunk is copied
+	// and only the last chunk's check is left when the copies are done.
+	ends := checkChunkEnds(src)
 	launched := false
-	m.afterIssue = func(ns int) error {
+	// The descriptors go to device memory once, before the first chunk's check, and the digests
+	// come back after the last. (Kernels reading and writing them in mapped host memory instead
+	// slowed a 180 MiB batch's copies by 6 %, BenchmarkCUDACheckSteps.)
+	host := C.uintptr_t(ptrOf(buf))
+	descs, digests := C.uint64_t(set.dev), C.uint64_t(set.dev)+C.uint64_t(outAt)
+	secret := unsafe.Pointer(&c.secret[0])
+	queued := func(k, ns int) error {
 		s := C.uintptr_t(c.stream)
 		for i := range ns {
 			ev := C.uintptr_t(c.copied[i])
@@ -265,23 +422,73 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kv
 				return err
 			}
 		}
-		host := C.uintptr_t(ptrOf(buf))
-		dev := C.uint64_t(set.dev)
+		last := k == len(ends)-1
+		if last {
+			trace(checkWaited, s)
+		}
+		if k == 0 {
+			if err := cuErr("cuMemcpyHtoDAsync", C.kvCopyHtoDAsync(descs, host, C.size_t(outAt), s)); err != nil {
+				return err
+			}
+		}
 		launched = true
-		if err := cuErr("cuMemcpyHtoDAsync", C.kvCopyHtoDAsync(dev, host, C.size_t(outAt), s)); err != nil {
+		if last {
+			trace(checkDescriptors, s)
+		}
+		lo := 0
+		if k > 0 {
+			lo = ends[k-1]
+		}
+		hi := ends[k]
+		// The deltas of the chunk's pages' blocks, spread over the GPU (at most maxGridY pages a
+		// launch), then each page's sequential part.
+		for first := lo; first < hi && most > 0; first += maxGridY {
+			n := min(hi-first, maxGridY)
+			gx := C.uint((most + pageSumGroups - 1) / pageSumGroups)
+			if err := cuErr("cuLaunchKernel", C.kvLaunchBlockDeltas(C.uintptr_t(m.d.sums.deltaFn), gx, C.uint(n), s,
+				descs+C.uint64_t(first*pageDescBytes), descs+C.uint64_t(piecesAt), secret, C.uint64_t(set.deltas))); err != nil {
+				return err
+			}
+		}
+		if last {
+			trace(checkDeltas, s)
+		}
+		if err := cuErr("cuLaunchKernel", C.kvLaunchPageFinish(C.uintptr_t(m.d.sums.finishFn), C.uint(hi-lo), s,
+			descs+C.uint64_t(lo*pageDescBytes), descs+C.uint64_t(piecesAt), secret, C.uint64_t(set.deltas), digests+C.uint64_t(8*lo))); err != nil {
 			return err
 		}
-		if err := cuErr("cuLaunchKernel", C.kvLaunchPageSums(C.uintptr_t(m.d.sums.fn), C.uint(len(pages)), s,
-			dev, dev+C.uint64_t(piecesAt), unsafe.Pointer(&c.secret[0]), dev+C.uint64_t(outAt))); err != nil {
+		if !last {
+			return nil
+		}
+		trace(checkFinished, s)
+		if err := cuErr("cuMemcpyDtoHAsync", C.kvCopyDtoHAsync(host+C.uintptr_t(outAt), digests, C.size_t(8*len(pages)), s)); err != nil {
 			return err
 		}
-		if err := cuErr("cuMemcpyDtoHAsync", C.kvCopyDtoHAsync(host+C.uintptr_t(outAt), dev+C.uint64_t(outAt), C.size_t(8*len(pages)), s)); err != nil {
-			return err
-		}
+		trace(checkDigests, s)
 		return cuErr("cuEventRecord", C.kvEventRecord(C.uintptr_t(set.done), s))
 	}
-	err = m.transfer(ctx, true, pages, src)
-	m.afterIssue = nil
+	// Chunks pay where the copy engines copy. The copy kernel's copies slow down when split (16
+	// MiB of 64 KiB pages: 0.43 ms in one launch, 0.47 in chunks), so its batches are chunked
+	// only from kernelChunkMin on, where the check left after the copies weighs more.
+	chunked := len(ends) > 1
+	if chunked && m.kernelScatters(uint64(len(m.pieces)), src) {
+		var total int
+		for _, b := range src {
+			total += len(b)
+		}
+		chunked = total >= kernelChunkMin
+	}
+	for _, b := range src {
+		chunked = chunked && m.d.isPinned(b)
+	}
+	if chunked {
+		err = m.scatterChunks(ctx, pages, src, ends, queued)
+	} else {
+		ends = ends[len(ends)-1:] // one chunk: the whole batch
+		m.afterIssue = func(_, ns int) error { return queued(0, ns) }
+		err = m.transfer(ctx, true, pages, src)
+		m.afterIssue = nil
+	}
 	if err != nil {
 		if launched {
 			// Nothing may still read or write the buffers once this returns.
@@ -331,26 +538,51 @@ func (c *pageChecks) harvest(pc *pendingCheck, err error) {
 	}
 }
 
-// growSet makes a set's buffers hold at least n bytes. The set has no check in flight.
-func (m *cudaMover) growSet(set *checkSet, n int) error {
-	if n <= set.cap {
+// growSet makes a set's buffers hold at least n bytes and returns the host side's first n. The
+// set has no check in flight.
+func (m *cudaMover) growSet(set *checkSet, n int) ([]byte, error) {
+	if n > set.cap {
+		n2 := max(n, 2*set.cap, 64<<10)
+		if err := m.freeSet(set); err != nil {
+			return nil, err
+		}
+		host, err := m.d.AllocPinned(n2, false)
+		if err != nil {
+			return nil, fmt.Errorf("page check buffers: %w", err)
+		}
+		var dev C.uint64_t
+		m.t.do(func() { err = cuErr("cuMemAlloc", C.kvMemAlloc(&dev, C.size_t(n2))) })
+		if err != nil {
+			_ = host.Close()
+			return nil, fmt.Errorf("page check buffers: %w", err)
+		}
+		set.host, set.dev, set.cap = host, uint64(dev), n2
+	}
+	return set.host.Bytes()[:n], nil
+}
+
+// growDeltas makes a set's device buffer for block deltas hold at least n bytes. The set has no
+// check in flight.
+func (m *cudaMover) growDeltas(set *checkSet, n uint64) error {
+	if n <= set.deltaCap {
 		return nil
 	}
-	n = max(n, 2*set.cap, 64<<10)
-	if err := m.freeSet(set); err != nil {
-		return err
-	}
-	host, err := m.d.AllocPinned(n, false)
-	if err != nil {
-		return fmt.Errorf("page check buffers: %w", err)
+	n = max(n, 2*set.deltaCap, 1<<20)
+	var err error
+	if set.deltas != 0 {
+		old := C.uint64_t(set.deltas)
+		m.t.do(func() { err = cuErr("cuMemFree", C.kvMemFree(old)) })
+		set.deltas, set.deltaCap = 0, 0
+		if err != nil {
+			return fmt.Errorf("page check buffers: %w", err)
+		}
 	}
 	var dev C.uint64_t
 	m.t.do(func() { err = cuErr("cuMemAlloc", C.kvMemAlloc(&dev, C.size_t(n))) })
 	if err != nil {
-		_ = host.Close()
 		return fmt.Errorf("page check buffers: %w", err)
 	}
-	set.host, set.dev, set.cap = host, uint64(dev), n
+	set.deltas, set.deltaCap = uint64(dev), n
 	return nil
 }
 
@@ -364,7 +596,11 @@ func (m *cudaMover) freeSet(set *checkSet) error {
 		dev := C.uint64_t(set.dev)
 		m.t.do(func() { err = errors.Join(err, cuErr("cuMemFree", C.kvMemFree(dev))) })
 	}
-	set.host, set.dev, set.cap = nil, 0, 0
+	if set.deltas != 0 {
+		dev := C.uint64_t(set.deltas)
+		m.t.do(func() { err = errors.Join(err, cuErr("cuMemFree", C.kvMemFree(dev))) })
+	}
+	set.host, set.dev, set.cap, set.deltas, set.deltaCap = nil, 0, 0, 0, 0
 	return err
 }
 
@@ -404,36 +640,64 @@ func (m *cudaMover) freeChecks() error {
 // copyChunk is the most one block of the copy kernel moves.
 const copyChunk = 64 << 10
 
-// flushKernel issues the batch's copies (host to device) as one launch of the copy kernel on
-// the first stream, waits for it and resets the batch. It runs instead of the copy engines when
-// the mover chooses the copy kernel (CUDAMoverOptions.Scatter).
-func (m *cudaMover) flushKernel(last bool) error {
+// kernelScatters reports whether a scatter of src in pieces copies would go through the copy
+// kernel (before merging adjacent pieces, which the choice for the whole batch may differ by).
+func (m *cudaMover) kernelScatters(pieces uint64, src [][]byte) bool {
+	if m.d.sums.copyFn == 0 || m.opts.Scatter == ScatterCopyEngines {
+		return false
+	}
+	if m.opts.Scatter == ScatterKernel {
+		return true
+	}
+	var total uint64
+	for _, b := range src {
+		total += uint64(len(b))
+	}
+	return total < kernelCopyBelow*pieces
+}
+
+// growCopies makes the copy kernel's descriptor buffers hold n copies of at most copyChunk
+// bytes. Nothing may be reading them.
+func (m *cudaMover) growCopies(n int) error {
+	need := n * 24
+	if need <= m.copyCap {
+		return nil
+	}
+	if err := m.freeCopies(); err != nil {
+		return err
+	}
+	c := max(need, 2*m.copyCap, 64<<10)
+	host, err := m.d.AllocPinned(c, false)
+	if err != nil {
+		return fmt.Errorf("copy kernel buffers: %w", err)
+	}
+	var dev C.uint64_t
+	m.t.do(func() { err = cuErr("cuMemAlloc", C.kvMemAlloc(&dev, C.size_t(c))) })
+	if err != nil {
+		_ = host.Close()
+		return fmt.Errorf("copy kernel buffers: %w", err)
+	}
+	m.copyHost, m.copyDev, m.copyCap = host, uint64(dev), c
+	return nil
+}
+
+// kernelCopies is how many copy kernel blocks copies [a, b) of the batch take.
+func (m *cudaMover) kernelCopies(a, b int) int {
 	n := 0
-	for _, s := range m.size {
+	for _, s := range m.size[a:b] {
 		n += int((s + copyChunk - 1) / copyChunk)
 	}
-	need := n * 24
-	if need > m.copyCap {
-		if err := m.freeCopies(); err != nil {
-			return err
-		}
-		c := max(need, 2*m.copyCap, 64<<10)
-		host, err := m.d.AllocPinned(c, false)
-		if err != nil {
-			return fmt.Errorf("copy kernel buffers: %w", err)
-		}
-		var dev C.uint64_t
-		m.t.do(func() { err = cuErr("cuMemAlloc", C.kvMemAlloc(&dev, C.size_t(c))) })
-		if err != nil {
-			_ = host.Close()
-			return fmt.Errorf("copy kernel buffers: %w", err)
-		}
-		m.copyHost, m.copyDev, m.copyCap = host, uint64(dev), c
-	}
+	return n
+}
+
+// issueKernel queues copies [a, b) of the batch (host to device) as one launch of the copy
+// kernel on the first stream, its descriptors at descriptor slot at of the buffers (grown
+// beforehand), and returns the slot after them. It runs inside the mover's CUDA call.
+func (m *cudaMover) issueKernel(a, b, at int) (int, error) {
 	buf := m.copyHost.Bytes()
 	le := binary.LittleEndian
-	k := 0
-	for i := range m.dev {
+	k := at
+	for i := a; i < b; i++ {
 		for o := uint64(0); o < m.size[i]; o += copyChunk {
 			q := buf[k*24:]
 			le.PutUint64(q[0:], m.host[i]+o)
@@ -442,15 +706,30 @@ func (m *cudaMover) flushKernel(last bool) error {
 			k++
 		}
 	}
+	s := C.uintptr_t(m.streams[0])
+	dev := C.uint64_t(m.copyDev) + C.uint64_t(at*24)
+	if err := cuErr("cuMemcpyHtoDAsync", C.kvCopyHtoDAsync(dev, C.uintptr_t(ptrOf(buf[at*24:])), C.size_t((k-at)*24), s)); err != nil {
+		return k, err
+	}
+	return k, cuErr("cuLaunchKernel", C.kvLaunchCopies(C.uintptr_t(m.d.sums.copyFn), C.uint(k-at), s, dev))
+}
+
+// flushKernel issues the batch's copies (host to device) as one launch of the copy kernel on
+// the first stream, waits for it and resets the batch. It runs instead of the copy engines when
+// the mover chooses the copy kernel (CUDAMoverOptions.Scatter).
+func (m *cudaMover) flushKernel(last bool) error {
+	if err := m.growCopies(m.kernelCopies(0, len(m.dev))); err != nil {
+		return err
+	}
 	var err error
 	m.t.do(func() {
 		s := C.uintptr_t(m.streams[0])
-		err = cuErr("cuMemcpyHtoDAsync", C.kvCopyHtoDAsync(C.uint64_t(m.copyDev), C.uintptr_t(ptrOf(buf)), C.size_t(need), s))
-		if err == nil {
-			err = cuErr("cuLaunchKernel", C.kvLaunchCopies(C.uintptr_t(m.d.sums.copyFn), C.uint(n), s, C.uint64_t(m.copyDev)))
+		if last && m.afterIssue != nil {
+			trace(checkStart, s)
 		}
+		_, err = m.issueKernel(0, len(m.dev), 0)
 		if err == nil && last && m.afterIssue != nil {
-			err = m.afterIssue(1)
+			err = m.afterIssue(0, 1)
 		}
 		err = errors.Join(err, cuErr("cuStreamSynchronize", C.kvStreamSync(s)))
 	})

@@ -5,8 +5,10 @@ package gpu_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/zeebo/xxh3"
@@ -164,6 +166,90 @@ func TestCUDAPageChecks(t *testing.T) {
 	})
 }
 
+// TestCUDAPageChecksLargeBatches checks batches large enough to be copied and checked in
+// chunks (from pinned memory, 16 MiB or more through the copy engines, 64 MiB or more through
+// the copy kernel) and one copied by the copy kernel in one piece:
+// every page lands, a page whose digest differs is reported bad in whichever chunk it is, and
+// only those pages.
+func TestCUDAPageChecksLargeBatches(t *testing.T) {
+	d := openCUDA(t)
+	for _, c := range []struct {
+		name      string
+		pages     int
+		pageBytes int
+	}{{"engines, chunked", 40, 1 << 20}, {"kernel", 400, 64 << 10}, {"kernel, chunked", 1100, 64 << 10}} {
+		t.Run(c.name, func(t *testing.T) {
+			half := uint64(c.pageBytes / 2)
+			l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: c.pages, Regions: []kvmem.Region{
+				{Offset: 0, Stride: half, Size: half}, {Offset: half * uint64(c.pages), Stride: half, Size: half}}}}}
+			mem, err := d.AllocDeviceMemory(uint64(c.pages * c.pageBytes))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = mem.Close() })
+			m, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = m.Close() })
+			st, err := m.NewStaging(c.pages, c.pageBytes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = st.Close() })
+			rng := rand.New(rand.NewPCG(7, 8))
+			refs := make([]kvmem.PageRef, c.pages)
+			src := make([][]byte, c.pages)
+			sums := make([]uint64, c.pages)
+			for i := range refs {
+				refs[i] = kvmem.PageRef{Slot: (i * 7919) % c.pages}
+				src[i] = st.Slot(i)
+				for j := 0; j < len(src[i]); j += 8 {
+					binary.LittleEndian.PutUint64(src[i][j:], rng.Uint64())
+				}
+				sums[i] = xxh3.Hash(src[i])
+			}
+			pc := m.(kvmem.PageChecker)
+			ctx := context.Background()
+			bad, err := scatterChecked(ctx, pc, src, refs, sums)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i := slices.Index(bad, true); i >= 0 {
+				t.Fatalf("page %d reported bad; its digest is XXH3's", i)
+			}
+			got := make([][]byte, c.pages)
+			for i := range got {
+				got[i] = make([]byte, c.pageBytes)
+			}
+			if err := m.Gather(ctx, refs, got); err != nil {
+				t.Fatal(err)
+			}
+			for i := range got {
+				if !bytes.Equal(got[i], src[i]) {
+					t.Fatalf("page %d landed with other bytes", i)
+				}
+			}
+			// One wrong digest in each quarter of the batch, the first and the last page.
+			want := map[int]bool{0: true, c.pages - 1: true}
+			for q := range 4 {
+				want[q*c.pages/4+rng.IntN(c.pages/4)] = true
+			}
+			for i := range want {
+				sums[i] ^= 1 << rng.IntN(64)
+			}
+			if bad, err = scatterChecked(ctx, pc, src, refs, sums); err != nil {
+				t.Fatal(err)
+			}
+			for i := range bad {
+				if bad[i] != want[i] {
+					t.Fatalf("page %d: bad=%v, want %v", i, bad[i], want[i])
+				}
+			}
+		})
+	}
+}
+
 func scatterChecked(ctx context.Context, pc kvmem.PageChecker, src [][]byte, refs []kvmem.PageRef, sums []uint64) ([]bool, error) {
 	wait, err := pc.ScatterChecked(ctx, src, refs, sums)
 	if err != nil {
@@ -244,17 +330,19 @@ func TestCUDAPageCheckRefused(t *testing.T) {
 	}
 }
 
-// BenchmarkCUDAPageCheck compares a scatter of 64 MiB of pages with the same scatter followed
-// by the check on the GPU, alternated in one run: the check's cost is the ratio.
+// BenchmarkCUDAPageCheck compares a scatter of a batch of pages (64 MiB, or 4 MiB to see a
+// batch's fixed cost) with the same scatter followed by the check on the GPU, and with one
+// pinned copy of the same bytes ("copy"): the check's cost is the ratio.
 func BenchmarkCUDAPageCheck(b *testing.B) {
 	d := openCUDA(b)
 	for _, c := range []struct {
-		pageKiB, regions int
-		kernel           bool
-	}{{64, 2, false}, {64, 2, true}, {256, 2, false}, {256, 2, true}, {256, 8, false}, {256, 8, true}, {1024, 2, false}, {1024, 2, true}} {
+		batchMiB, pageKiB, regions int
+		kernel                     bool
+	}{{64, 64, 2, false}, {64, 64, 2, true}, {64, 256, 2, false}, {64, 256, 2, true}, {64, 256, 8, false}, {64, 256, 8, true}, {64, 1024, 2, false}, {64, 1024, 2, true},
+		{4, 64, 2, false}, {4, 64, 2, true}, {4, 1024, 2, false}, {4, 1024, 2, true}} {
 		pageKiB := c.pageKiB
 		size := pageKiB << 10
-		n := (64 << 20) / size
+		n := (c.batchMiB << 20) / size
 		piece := uint64(size / c.regions)
 		var regions []kvmem.Region
 		for r := range c.regions {
@@ -286,7 +374,31 @@ func BenchmarkCUDAPageCheck(b *testing.B) {
 		}
 		pc := m.(kvmem.PageChecker)
 		ctx := context.Background()
-		b.Run(fmt.Sprintf("page=%dKiB/regions=%d/kernel=%v/scatter", pageKiB, c.regions, c.kernel), func(b *testing.B) {
+		name := fmt.Sprintf("page=%dKiB/regions=%d/kernel=%v", pageKiB, c.regions, c.kernel)
+		if c.batchMiB != 64 {
+			name = fmt.Sprintf("batch=%dMiB/%s", c.batchMiB, name)
+		}
+		if !c.kernel {
+			b.Run(name+"/copy", func(b *testing.B) {
+				s, err := d.NewStream()
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer s.Close()
+				pinned, err := d.AllocPinned(n*size, false)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer pinned.Close()
+				b.SetBytes(int64(n * size))
+				for b.Loop() {
+					if err := s.CopyChunks(true, mem.Pointer(), pinned.Bytes(), n*size); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+		b.Run(name+"/scatter", func(b *testing.B) {
 			b.SetBytes(int64(n * size))
 			for b.Loop() {
 				if err := m.Scatter(ctx, src, refs); err != nil {
@@ -294,7 +406,7 @@ func BenchmarkCUDAPageCheck(b *testing.B) {
 				}
 			}
 		})
-		b.Run(fmt.Sprintf("page=%dKiB/regions=%d/kernel=%v/scatter+check", pageKiB, c.regions, c.kernel), func(b *testing.B) {
+		b.Run(name+"/scatter+check", func(b *testing.B) {
 			b.SetBytes(int64(n * size))
 			for b.Loop() {
 				bad, err := scatterChecked(ctx, pc, src, refs, sums)
@@ -308,7 +420,7 @@ func BenchmarkCUDAPageCheck(b *testing.B) {
 				}
 			}
 		})
-		b.Run(fmt.Sprintf("page=%dKiB/regions=%d/kernel=%v/scatter+check,overlapped", pageKiB, c.regions, c.kernel), func(b *testing.B) {
+		b.Run(name+"/scatter+check,overlapped", func(b *testing.B) {
 			// As a load uses it: the check of one batch runs while the next batch is copied.
 			b.SetBytes(int64(n * size))
 			var prev func() ([]bool, error)

@@ -97,3 +97,30 @@ func pageCheckable(l kvmem.Layout, base uint64) error {
 	}
 	return nil
 }
+
+// checkChunkMin is the smallest batch a checked scatter splits into chunks.
+var checkChunkMin = 16 << 20
+
+// checkChunkEnds splits a checked scatter of pages (their sources) into chunks whose checks run
+// while the next chunk is copied: the first holds about half the bytes, each next one half of
+// what is left, and the last, whose check no copy overlaps, an eighth. It returns the index after
+// each chunk's last page; a batch under checkChunkMin is one chunk.
+func checkChunkEnds(src [][]byte) []int {
+	var total int
+	for _, b := range src {
+		total += len(b)
+	}
+	if total < checkChunkMin {
+		return []int{len(src)}
+	}
+	var ends []int
+	acc, next := 0, total/2
+	for i, b := range src {
+		acc += len(b)
+		if acc >= next && i+1 < len(src) && len(ends) < 3 {
+			ends = append(ends, i+1)
+			next += (total - next) / 2
+		}
+	}
+	return append(ends, len(src))
+}

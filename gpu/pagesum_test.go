@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -135,8 +136,10 @@ func TestPTXMatchesSource(t *testing.T) {
 	if want := "// source sha256 " + hex.EncodeToString(sum[:]); !strings.Contains(string(ptx), want+"\n") {
 		t.Fatalf("kernels/pagesum.ptx was not generated from the current pagesum.cu (want %q): run make ptx", want)
 	}
-	if !strings.Contains(string(ptx), ".entry kvPageSums(") {
-		t.Fatal("kernels/pagesum.ptx has no kvPageSums entry")
+	for _, k := range []string{"kvBlockDeltas", "kvPageFinish", "kvCopyPieces"} {
+		if !strings.Contains(string(ptx), ".entry "+k+"(") {
+			t.Fatalf("kernels/pagesum.ptx has no %s entry", k)
+		}
 	}
 }
 
@@ -158,5 +161,31 @@ func TestPageCheckable(t *testing.T) {
 	}
 	if err := pageCheckable(ok, 4); err == nil {
 		t.Error("unaligned engine memory accepted")
+	}
+}
+
+func TestCheckChunkEnds(t *testing.T) {
+	pages := func(n, size int) [][]byte {
+		src := make([][]byte, n)
+		for i := range src {
+			src[i] = make([]byte, size)
+		}
+		return src
+	}
+	for _, c := range []struct {
+		name string
+		src  [][]byte
+		want []int
+	}{
+		{"small batch, one chunk", pages(15, 1<<20), []int{15}},
+		{"halves", pages(16, 1<<20), []int{8, 12, 14, 16}},
+		{"168 pages", pages(168, 1<<20), []int{84, 126, 147, 168}},
+		{"few large pages", pages(2, 16<<20), []int{1, 2}},
+		{"one page", pages(1, 64<<20), []int{1}},
+		{"uneven", [][]byte{make([]byte, 12<<20), make([]byte, 1<<20), make([]byte, 1<<20), make([]byte, 2<<20)}, []int{1, 2, 3, 4}},
+	} {
+		if got := checkChunkEnds(c.src); !slices.Equal(got, c.want) {
+			t.Errorf("%s: chunk ends %v, want %v", c.name, got, c.want)
+		}
 	}
 }

@@ -218,10 +218,31 @@ func (u *uncheckedPool) BatchView(_ context.Context, ks []string) *mooncake.View
 }
 
 func reportGPU(b *testing.B, name string, conn, anchor time.Duration, anchorName string) {
-	gbs := func(d time.Duration) float64 { return float64(gpuBenchBytes) * float64(b.N) / d.Seconds() / 1e9 }
-	b.ReportMetric(gbs(conn), name+"-GB/s")
-	b.ReportMetric(gbs(anchor), anchorName+"-GB/s")
-	b.ReportMetric(100*anchor.Seconds()/conn.Seconds(), name+"/"+anchorName+"-%")
+	reportGPUBytes(b, name, gpuBenchBytes, conn, anchor, anchorName)
+}
+
+// reportGPUBytes is reportGPU for operations that move n bytes each; the anchor always copies
+// gpuBenchBytes.
+func reportGPUBytes(b *testing.B, name string, n int, conn, anchor time.Duration, anchorName string) {
+	rate := func(bytes int, d time.Duration) float64 { return float64(bytes) * float64(b.N) / d.Seconds() / 1e9 }
+	r, a := rate(n, conn), rate(gpuBenchBytes, anchor)
+	b.ReportMetric(r, name+"-GB/s")
+	b.ReportMetric(a, anchorName+"-GB/s")
+	b.ReportMetric(100*r/a, name+"/"+anchorName+"-%")
+	b.ReportMetric(conn.Seconds()*1e3/float64(b.N), name+"-ms/op")
+}
+
+// loadOf is the request one load of a benchmark moves: every page of g, or with "load=NMiB" in
+// mode only the first N MiB of them (a small load, to see a load's fixed cost), and its bytes.
+func (g *gpuBench) loadOf(mode string, page int) (RequestTransfers, int) {
+	meta := g.meta
+	var mib int
+	if i := strings.Index(mode, "load="); i >= 0 {
+		if _, err := fmt.Sscanf(mode[i:], "load=%dMiB", &mib); err == nil && mib > 0 {
+			meta.Pages = meta.Pages[:min(len(meta.Pages), max(1, (mib<<20)/page))]
+		}
+	}
+	return meta, len(meta.Pages) * page
 }
 
 var gpuBenchPages = []int{64 << 10, 256 << 10, 1 << 20}
@@ -251,7 +272,8 @@ func scatterMode(mode string) gpu.ScatterPath {
 func BenchmarkGPULoad(b *testing.B) {
 	for _, page := range gpuBenchPages {
 		for _, mode := range []string{"direct", "direct,engines", "direct,kernel", "direct,hostcheck", "direct,nocheck", "direct,nocheck,engines", "direct,batch=8MiB", "direct,batch=16MiB", "direct,batch=32MiB", "direct,batch=64MiB",
-			"direct,workers=4", "direct,workers=8", "staged"} {
+			"direct,workers=4", "direct,workers=8", "staged",
+			"direct,load=4MiB", "direct,load=16MiB", "direct,load=64MiB", "direct,load=180MiB"} {
 			b.Run(fmt.Sprintf("%dKiB/%s", page>>10, mode), func(b *testing.B) {
 				defer setDirectBatch(mode)()
 				gpuPageChecksOff = strings.Contains(mode, "hostcheck")
@@ -270,13 +292,14 @@ func BenchmarkGPULoad(b *testing.B) {
 					lp = newUncheckedPool(b, pool, ks)
 				}
 				w, tm, rep := g.timedWorker(b, lp, mode == "staged")
+				meta, loadBytes := g.loadOf(mode, page)
 				b.ResetTimer()
 				ctx := context.Background()
 				var loadT, anchorT time.Duration
 				for b.Loop() {
 					anchorT += g.anchor(b, true)
 					t0 := time.Now()
-					w.BindMeta(Metadata{Loads: []RequestTransfers{g.meta}})
+					w.BindMeta(Metadata{Loads: []RequestTransfers{meta}})
 					if err := w.StartLoad(ctx); err != nil {
 						b.Fatal(err)
 					}
@@ -285,7 +308,7 @@ func BenchmarkGPULoad(b *testing.B) {
 				if f := w.TakeFailedLoadRequests(); len(f) > 0 {
 					b.Fatalf("failed loads %v", f)
 				}
-				reportGPU(b, "load", loadT, anchorT, "h2d")
+				reportGPUBytes(b, "load", loadBytes, loadT, anchorT, "h2d")
 				// Where a load's time goes, per operation: the pool calls (get: checks or
 				// copies), the wait for the last scatter (sync), and the scatters' own time.
 				ph := rep.LoadTotals().Phases

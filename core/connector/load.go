@@ -281,13 +281,18 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 		if len(srcs) > 0 {
 			m = sample.Start()
 			done := make(chan scattered, 1)
-			if checked {
-				go func() {
+			scatter := func() {
+				if checked {
 					check, err := checker.ScatterChecked(ctx, srcs, refs, sums)
 					done <- scattered{err: err, check: check}
-				}()
+				} else {
+					done <- scattered{err: mover.Scatter(ctx, srcs, refs)}
+				}
+			}
+			if next < len(items) {
+				go scatter() // overlaps the next batch's pool call
 			} else {
-				go func() { done <- scattered{err: mover.Scatter(ctx, srcs, refs)} }()
+				scatter() // the last batch: nothing to overlap, and no hand-off to another thread
 			}
 			inflight, inflightRelease = done, release
 			inflightOwners, inflightView, inflightIdx = scatteredOwners, v, idx

@@ -19,10 +19,19 @@ import (
 
 // BenchmarkLookupRoundTrip32k compares, on one daemon and one warm pool, a 32k-token lookup
 // made in process (the connector's Scheduler.Lookup, the anchor) with the same lookup over the
-// engine socket, tokens sent packed (tokens_packed) and as the repeated varint field. Run it
-// with -count N: every count runs the three in turn, so they see the same machine load.
+// engine socket: tokens sent packed (tokens_packed), through the engine's prompt arena (the
+// engine's RemoteRank, as enginesim and replay call it: the prompt written into the arena and
+// only its range sent), and as the repeated varint field; and two floors: the packed prompt
+// sent to an engine that is not registered (the socket's share of socket-packed) and an empty
+// call (a RequestReset, the least any call over the socket costs). One run times every mode
+// once, one after the other, against the same warm pool. -count N repeats each mode N times in a
+// row before the next (that is how the testing package runs sub-benchmarks), so to alternate
+// the modes under the same machine load, run the binary N times instead:
 //
-//	go test -run '^$' -bench 'LookupRoundTrip32k' -benchtime 2000x -count 4 ./core/daemon/
+//	go test -c -o daemon.test ./core/daemon/
+//	for i in 1 2 3 4; do ./daemon.test -test.run '^$' -test.bench 'LookupRoundTrip32k' -test.benchtime 2000x; done
+//
+// (or go test -run '^$' -bench 'LookupRoundTrip32k' -benchtime 2000x ./core/daemon/ four times).
 func BenchmarkLookupRoundTrip32k(b *testing.B) {
 	const tokens = 32 << 10
 	r := benchStart(b, 256<<20)
@@ -65,6 +74,16 @@ func BenchmarkLookupRoundTrip32k(b *testing.B) {
 			return int(resp.GetMatchedTokens()), err
 		}
 	}
+	// overArena is the engine's own RemoteRank, which writes the prompt into its prompt arena
+	// and sends the range.
+	rk := e.Remote(0)
+	if _, err := rk.PromptArena(ctx); err != nil {
+		b.Fatalf("the engine has no prompt arena: %v", err)
+	}
+	overArena := func(id string) (int, error) {
+		n, _, err := rk.Lookup(ctx, connector.Request{ID: id, Tokens: prompt, ContextOnly: true}, 0)
+		return n, err
+	}
 	// transportOnly sends the same packed prompt to an engine that is not registered: the daemon
 	// decodes the message and answers NotFound, so this is the socket's share without the lookup.
 	transportOnly := func(id string) (int, error) {
@@ -76,14 +95,22 @@ func BenchmarkLookupRoundTrip32k(b *testing.B) {
 		}
 		return want, nil
 	}
+	// emptyCall is the smallest call over the socket, a RequestReset of a request the engine
+	// does not track: what any call costs, prompt or not.
+	emptyCall := func(id string) (int, error) {
+		_, err := c.RequestReset(ctx, &enginepb.RequestRef{Engine: "lk/rank0", RequestId: "none-" + id})
+		return want, err
+	}
 	for _, m := range []struct {
 		name string
 		fn   lookupFn
 	}{
 		{"in-process", inproc},
 		{"socket-packed", overSocket(true)},
+		{"socket-arena", overArena},
 		{"socket-repeated", overSocket(false)},
 		{"socket-transport-only", transportOnly},
+		{"socket-empty-call", emptyCall},
 	} {
 		b.Run(m.name, func(b *testing.B) {
 			lat := make([]time.Duration, 0, 4096)
@@ -102,6 +129,11 @@ func BenchmarkLookupRoundTrip32k(b *testing.B) {
 				b.StopTimer()
 				sc.RequestReset(id)
 				b.StartTimer()
+			}
+			if m.name == "socket-arena" {
+				if _, packed := rk.PromptCounts(); packed != 0 {
+					b.Fatalf("%d lookups went packed instead of through the arena", packed)
+				}
 			}
 			slices.Sort(lat)
 			b.ReportMetric(float64(percentile(lat, 0.50).Nanoseconds()), "p50-ns")

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,6 +41,10 @@ type engine struct {
 	rank      int
 	deploy    deployment
 	offers    *offers // pages its BuildMeta calls offered (scheduler ranks)
+
+	arenaMu     sync.Mutex
+	arena       *promptArena // its prompt arena, nil when it registered none
+	arenaClosed bool
 }
 
 // checkTransfers refuses metadata that names a layer group or page slot outside the engine's
@@ -69,6 +74,7 @@ func (e *engine) close(ctx context.Context) error {
 	if e.scheduler != nil {
 		e.scheduler.Close()
 	}
+	errs = append(errs, e.closeArena())
 	e.reporter.Flush()
 	e.reporter.Unregister()
 	if e.mover != nil {

@@ -33,8 +33,12 @@ type torchPass struct {
 	MismatchedBlocks int     `json:"mismatched_blocks"`
 	MismatchedBytes  int     `json:"mismatched_bytes"`
 	StartLoadSeconds float64 `json:"start_load_seconds"`
-	LoadedBytes      int64   `json:"loaded_bytes"`
-	WallSeconds      float64 `json:"wall_seconds"`
+	StartLoads       int     `json:"start_loads"`
+	// RPCSeconds is the time of the TakeFailedLoads calls made right after each StartLoad,
+	// which do next to nothing in the daemon: an engine RPC's own cost.
+	RPCSeconds  float64 `json:"rpc_seconds"`
+	LoadedBytes int64   `json:"loaded_bytes"`
+	WallSeconds float64 `json:"wall_seconds"`
 }
 
 type torchSummary struct {
@@ -48,6 +52,9 @@ type torchSummary struct {
 	Warm           torchPass               `json:"warm"`
 	ExpectedLoaded int                     `json:"expected_warm_loaded_blocks"`
 	DaemonLoads    *statsapi.LoadStatsJSON `json:"daemon_loads"`
+	// IdleRPCSeconds is the mean time of a call that does next to nothing, made 200 times on
+	// the idle daemon before the warm pass.
+	IdleRPCSeconds float64 `json:"idle_rpc_seconds"`
 	// Anchor and AnchorAfter are the pinned 64 MiB copies (h2d_64mib_gbs, d2h_64mib_gbs)
 	// measured by the engine before the cold pass and after the warm pass.
 	Anchor      map[string]float64 `json:"anchor"`
@@ -66,6 +73,8 @@ type torchSummary struct {
 //	KVCTL_TORCH_PYTHON=python3  the interpreter
 //	KVCTL_TORCH_MEMORY=cuda     cuda, or shm to check the script on a machine without a GPU
 //	KVCTL_TORCH_REQUESTS=64     requests per pass
+//	KVCTL_TORCH_SCATTER=auto    how the daemon copies pages in: auto, kernel or engines
+//	                            (gpu.CUDAMoverOptions.Scatter), to compare the two
 func TestGPUTorchEngine(t *testing.T) {
 	if os.Getenv("KVCTL_GPU_E2E") != "1" {
 		t.Skip("set KVCTL_GPU_E2E=1 to run the PyTorch engine over CUDA IPC (needs a GPU, PyTorch and grpcio)")
@@ -127,6 +136,9 @@ func TestGPUTorchEngine(t *testing.T) {
 				w.LoadedBlocks, sum.PageBytes, w.StartLoadSeconds,
 				float64(w.LoadedBlocks)/w.StartLoadSeconds, float64(w.LoadedBytes)/w.StartLoadSeconds/1e9)
 			line += fmt.Sprintf("; whole pass %.3fs", w.WallSeconds)
+			if w.StartLoads > 0 {
+				line += fmt.Sprintf("; %d StartLoads, a plain RPC %.0f µs after one (idle %.0f µs)", w.StartLoads, w.RPCSeconds/float64(w.StartLoads)*1e6, sum.IdleRPCSeconds*1e6)
+			}
 			if d := sum.DaemonLoads; d != nil && d.TransferSeconds > 0 {
 				line += fmt.Sprintf("; daemon: %d pages, %d bytes landed in %.3fs of transfers: %.0f pages/s, %.2f GB/s",
 					d.Pages, d.LandedBytes, d.TransferSeconds, float64(d.Pages)/d.TransferSeconds, float64(d.LandedBytes)/d.TransferSeconds/1e9)
@@ -189,7 +201,14 @@ func startOnGPU(t *testing.T, poolBytes int64) *daemontest.Running {
 	t.Helper()
 	popts := mooncake.DefaultOptions()
 	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: poolBytes}}
-	return daemontest.Start(t, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20}, Device: gpu.CUDA{}})
+	var dev gpu.CUDA
+	switch os.Getenv("KVCTL_TORCH_SCATTER") {
+	case "kernel":
+		dev.Options.Scatter = gpu.ScatterKernel
+	case "engines":
+		dev.Options.Scatter = gpu.ScatterCopyEngines
+	}
+	return daemontest.Start(t, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20}, Device: dev})
 }
 
 func envOr(k, def string) string {

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvctl/kvctl/core/connector"
+	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 )
 
@@ -60,6 +61,9 @@ type Limits struct {
 	MaxLiveRequests int
 	// MaxTrackedTokens bounds the tokens one scheduler rank holds over all its live requests.
 	MaxTrackedTokens int
+	// MaxPromptArenaBytes bounds the prompt arena one engine rank may register (mapped
+	// read-only for as long as the rank is registered).
+	MaxPromptArenaBytes uint64
 }
 
 // DefaultLimits returns the limits kvctl serve runs with.
@@ -86,6 +90,7 @@ func DefaultLimits() Limits {
 		MaxStagingBufferBytes: 4 << 30,
 		MaxLiveRequests:       1 << 16,
 		MaxTrackedTokens:      1 << 27,
+		MaxPromptArenaBytes:   engineapi.DefaultMaxPromptArenaBytes,
 	}
 }
 
@@ -119,6 +124,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxStagingBufferBytes == 0 {
 		l.MaxStagingBufferBytes = d.MaxStagingBufferBytes
+	}
+	if l.MaxPromptArenaBytes == 0 {
+		l.MaxPromptArenaBytes = d.MaxPromptArenaBytes
 	}
 	return l
 }

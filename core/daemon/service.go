@@ -54,6 +54,15 @@ func (s *service) lookup(ctx context.Context, req *enginepb.LookupRequest, admis
 	if err != nil {
 		return nil, err
 	}
+	if pr := req.GetRequest(); pr.GetTokensArena() != nil {
+		toks, put, err := s.d.arenaTokens(ctx, req.GetEngine(), pr)
+		if err != nil {
+			return nil, err
+		}
+		defer put()
+		// From here on the request is as if the prompt had come in the repeated field.
+		pr.TokensArena, pr.Tokens = nil, toks
+	}
 	r, err := engineapi.RequestFromPB(req.GetRequest())
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "lookup: %v", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -21,6 +22,9 @@ type Client struct {
 	enginepb.EngineClient
 	conn   *grpc.ClientConn
 	socket string
+
+	mu     sync.Mutex
+	arenas []*PromptArena // prompt arenas RemoteRanks over this client made; closed with it
 }
 
 // Dial connects to the daemon's engine socket at path. It does not wait for the daemon: the
@@ -42,8 +46,37 @@ func Dial(path string, opts ...grpc.DialOption) (*Client, error) {
 	return &Client{EngineClient: enginepb.NewEngineClient(conn), conn: conn, socket: path}, nil
 }
 
-// Close closes the connection.
-func (c *Client) Close() error { return c.conn.Close() }
+// Close closes the connection and releases the prompt arenas RemoteRanks made over it.
+func (c *Client) Close() error {
+	err := c.conn.Close()
+	c.mu.Lock()
+	arenas := c.arenas
+	c.arenas = nil
+	c.mu.Unlock()
+	for _, a := range arenas {
+		_ = a.Close()
+	}
+	return err
+}
+
+// adopt makes a's lifetime the connection's.
+func (c *Client) adopt(a *PromptArena) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.arenas = append(c.arenas, a)
+}
+
+// RegisterPromptArena hands arena's descriptor to the daemon over the side channel and
+// registers it as the prompt arena of engine, a rank registered over this client. Lookups of
+// that rank may then name their prompt as a range of the arena (Request.tokens_arena).
+func (c *Client) RegisterPromptArena(ctx context.Context, engine string, arena *PromptArena) error {
+	tok, err := SendFD(ctx, FDSocketPath(c.socket), arena.FD())
+	if err != nil {
+		return err
+	}
+	_, err = c.EngineClient.RegisterPromptArena(ctx, &enginepb.PromptArenaRequest{Engine: engine, FdToken: tok, Size: arena.Size()})
+	return err
+}
 
 // Socket is the path the client dialled.
 func (c *Client) Socket() string { return c.socket }

@@ -85,6 +85,11 @@ func FuzzCodecUnmarshal(f *testing.F) {
 	f.Add(seed, uint16(7))
 	f.Add([]byte{0x12, 0x02, 0x4a, 0x05}, uint16(1))
 	f.Add([]byte{}, uint16(0))
+	arena, _ := proto.Marshal(&enginepb.LookupRequest{Engine: "e", Request: &enginepb.Request{Id: "r", TokensArena: &enginepb.ArenaRange{Offset: 24, Count: 32768}}})
+	f.Add(arena, uint16(3))
+	// tokens_arena twice (merged), and an ArenaRange with an unknown field.
+	f.Add(append(slices.Clone(arena), 0x12, 0x04, 0x52, 0x02, 0x08, 0x01), uint16(64))
+	f.Add([]byte{0x12, 0x06, 0x52, 0x04, 0x08, 0x01, 0x18, 0x02}, uint16(5))
 	f.Fuzz(func(t *testing.T, b []byte, frame uint16) {
 		var want enginepb.LookupRequest
 		wantErr := proto.Unmarshal(b, &want)

@@ -20,4 +20,9 @@
 // older engines. Both ends of the socket use ServerOptions / Dial's settings: 1 MiB flow-control
 // windows, a buffer pool that does not clear buffers, and a codec that decodes a LookupRequest
 // with a single copy of its prompt.
+//
+// Or prompts stay out of the message: a scheduler rank registers a prompt arena (PromptArena, a
+// sealed memfd handed over the side channel, Client.RegisterPromptArena) and names each prompt
+// as a range of it (Request.tokens_arena, decoded by CopyArenaTokens on the daemon's side).
+// RemoteRank does that by default and falls back to tokens_packed.
 package engineapi

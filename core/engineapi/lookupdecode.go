@@ -193,9 +193,38 @@ func decodeRequestFast(b []byte, r *enginepb.Request) bool {
 			r.MultimodalDigests = append(r.MultimodalDigests, v[:len(v):len(v)])
 		case 9:
 			r.TokensPacked = v[:len(v):len(v)]
+		case 10:
+			if r.TokensArena != nil || !decodeArenaRangeFast(v, r) {
+				// A repeated message field merges; leave that rare case to proto.Unmarshal.
+				return false
+			}
 		default:
 			return false
 		}
 	}
+	return true
+}
+
+// decodeArenaRangeFast decodes an ArenaRange into r.TokensArena.
+func decodeArenaRangeFast(b []byte, r *enginepb.Request) bool {
+	a := &enginepb.ArenaRange{}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || typ != protowire.VarintType || (num != 1 && num != 2) {
+			return false
+		}
+		b = b[n:]
+		v, n := protowire.ConsumeVarint(b)
+		if n < 0 {
+			return false
+		}
+		b = b[n:]
+		if num == 1 {
+			a.Offset = v
+		} else {
+			a.Count = v
+		}
+	}
+	r.TokensArena = a
 	return true
 }

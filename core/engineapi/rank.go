@@ -2,6 +2,12 @@ package engineapi
 
 import (
 	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
@@ -9,21 +15,137 @@ import (
 
 // RemoteRank is a connector.Rank over the engine API: every call is the RPC of the same name
 // on a registered engine rank, its errors the daemon's gRPC status errors.
+//
+// Lookup and AdmissionQuery pass the prompt through a prompt arena when they can: on the first
+// one the rank creates an arena (RemoteRankOptions.PromptArenaBytes), registers it with the
+// daemon and from then on writes each prompt into a free range of it and sends only the range.
+// A daemon that refuses the arena (an older one answers Unimplemented) turns it off for the
+// rank; a prompt that does not fit in the free part of the arena goes in tokens_packed.
 type RemoteRank struct {
 	c      *Client
 	engine string
 	decl   connector.Declarations
 	ref    *enginepb.EngineRef
+	opts   RemoteRankOptions
+
+	arenaMu    sync.Mutex
+	arenaState int
+	arena      *PromptArena
+	arenaErr   error
+
+	viaArena, viaPacked atomic.Uint64
 }
+
+// RemoteRankOptions tunes a RemoteRank. The zero value is the default.
+type RemoteRankOptions struct {
+	// NoPromptArena sends every prompt in tokens_packed and never creates a prompt arena.
+	NoPromptArena bool
+	// PromptArenaBytes is the size of the prompt arena (DefaultPromptArenaBytes when zero).
+	PromptArenaBytes int64
+}
+
+const (
+	arenaUntried = iota
+	arenaReady
+	arenaOff
+)
+
+// ErrNoPromptArena is what PromptArena reports for a rank whose options turned the arena off.
+var ErrNoPromptArena = errors.New("prompt arena turned off")
 
 var _ connector.Rank = (*RemoteRank)(nil)
 
 // NewRemoteRank returns the rank resp registered over c, with role's reading of its
-// declarations. A registration can be named only over the connection that made it, so c must
-// be the client that called Register.
+// declarations and the default options. A registration can be named only over the connection
+// that made it, so c must be the client that called Register.
 func NewRemoteRank(c *Client, resp *enginepb.RegisterResponse, role connector.Role) *RemoteRank {
+	return NewRemoteRankWith(c, resp, role, RemoteRankOptions{})
+}
+
+// NewRemoteRankWith is NewRemoteRank with options.
+func NewRemoteRankWith(c *Client, resp *enginepb.RegisterResponse, role connector.Role, opts RemoteRankOptions) *RemoteRank {
 	name := resp.GetEngine()
-	return &RemoteRank{c: c, engine: name, decl: DeclarationsFromPB(resp.GetDeclarations(), role), ref: &enginepb.EngineRef{Engine: name}}
+	r := &RemoteRank{c: c, engine: name, decl: DeclarationsFromPB(resp.GetDeclarations(), role), ref: &enginepb.EngineRef{Engine: name}, opts: opts}
+	if opts.NoPromptArena {
+		r.arenaState, r.arenaErr = arenaOff, ErrNoPromptArena
+	}
+	return r
+}
+
+// PromptArena returns the rank's prompt arena, setting it up first if no lookup has yet, or nil
+// and the reason the rank sends its prompts packed instead (ErrNoPromptArena, or the daemon's
+// refusal).
+func (r *RemoteRank) PromptArena(ctx context.Context) (*PromptArena, error) {
+	r.arenaMu.Lock()
+	defer r.arenaMu.Unlock()
+	switch r.arenaState {
+	case arenaReady:
+		return r.arena, nil
+	case arenaOff:
+		return nil, r.arenaErr
+	}
+	size := r.opts.PromptArenaBytes
+	if size <= 0 {
+		size = DefaultPromptArenaBytes
+	}
+	a, err := NewPromptArena(size)
+	if err == nil {
+		if err = r.c.RegisterPromptArena(ctx, r.engine, a); err != nil {
+			_ = a.Close()
+		}
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			// Refused for good (or the machine cannot make one): packed from now on. A call
+			// cut short by its own context tries again next time.
+			r.arenaState, r.arenaErr = arenaOff, err
+		}
+		return nil, err
+	}
+	r.c.adopt(a)
+	r.arena, r.arenaState = a, arenaReady
+	return a, nil
+}
+
+// PromptCounts returns how many Lookup and AdmissionQuery calls sent their prompt through the
+// prompt arena and how many in tokens_packed (an empty prompt counts as packed).
+func (r *RemoteRank) PromptCounts() (arena, packed uint64) {
+	return r.viaArena.Load(), r.viaPacked.Load()
+}
+
+// lookupRequest builds the LookupRequest of req, its prompt in a range of the arena when one is
+// in use and has room, and the function to call with the RPC's error once it returned.
+func (r *RemoteRank) lookupRequest(ctx context.Context, req connector.Request, numComputedTokens int) (*enginepb.LookupRequest, func(error)) {
+	pb := RequestToPB(req)
+	lr := &enginepb.LookupRequest{Engine: r.engine, Request: pb, NumComputedTokens: int32(numComputedTokens)}
+	packed := func(error) { r.viaPacked.Add(1) }
+	if len(req.Tokens) == 0 {
+		return lr, packed
+	}
+	a, _ := r.PromptArena(ctx)
+	if a == nil {
+		return lr, packed
+	}
+	off, ok := a.Alloc(uint64(len(req.Tokens)) * TokenBytes)
+	if !ok {
+		return lr, packed
+	}
+	if !a.Write(off, req.Tokens) {
+		a.Free(off)
+		return lr, packed
+	}
+	r.viaArena.Add(1)
+	pb.TokensPacked = nil
+	pb.TokensArena = &enginepb.ArenaRange{Offset: off, Count: uint64(len(req.Tokens))}
+	return lr, func(err error) {
+		switch status.Code(err) {
+		case codes.Canceled, codes.DeadlineExceeded:
+			// The call may still be running in the daemon, which may not have copied the
+			// range yet: the range stays reserved rather than be overwritten under it.
+			return
+		}
+		a.Free(off)
+	}
 }
 
 // Client returns the connection the rank calls over.
@@ -37,7 +159,9 @@ func (r *RemoteRank) Declarations() connector.Declarations { return r.decl }
 
 // Lookup implements connector.Rank.
 func (r *RemoteRank) Lookup(ctx context.Context, req connector.Request, numComputedTokens int) (int, bool, error) {
-	resp, err := r.c.Lookup(ctx, &enginepb.LookupRequest{Engine: r.engine, Request: RequestToPB(req), NumComputedTokens: int32(numComputedTokens)})
+	lr, done := r.lookupRequest(ctx, req, numComputedTokens)
+	resp, err := r.c.Lookup(ctx, lr)
+	done(err)
 	if err != nil {
 		return 0, false, err
 	}
@@ -46,7 +170,9 @@ func (r *RemoteRank) Lookup(ctx context.Context, req connector.Request, numCompu
 
 // AdmissionQuery implements connector.Rank.
 func (r *RemoteRank) AdmissionQuery(ctx context.Context, req connector.Request, numComputedTokens int) (int, bool, error) {
-	resp, err := r.c.AdmissionQuery(ctx, &enginepb.LookupRequest{Engine: r.engine, Request: RequestToPB(req), NumComputedTokens: int32(numComputedTokens)})
+	lr, done := r.lookupRequest(ctx, req, numComputedTokens)
+	resp, err := r.c.AdmissionQuery(ctx, lr)
+	done(err)
 	if err != nil {
 		return 0, false, err
 	}

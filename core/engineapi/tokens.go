@@ -106,8 +106,13 @@ func checkPacked(n int) error {
 // repeated tokens field. The result may share memory with r (on a little-endian machine an
 // aligned tokens_packed is used in place), so the caller must not modify it while r is in use
 // and must not modify r's fields while the result is. A request that sets both
-// is refused with ErrPackedTokens, since the two could disagree.
+// is refused with ErrPackedTokens, since the two could disagree, and so is one that names its
+// prompt in tokens_arena: the daemon resolves that against the engine's arena first.
 func RequestTokens(r *enginepb.Request) ([]int64, error) {
+	if r.GetTokensArena() != nil {
+		// Only the daemon, which holds the engine's arena, can read the range (ArenaRequestTokens).
+		return nil, fmt.Errorf("%w: tokens_arena is set but was not read from a prompt arena", ErrPackedTokens)
+	}
 	packed := r.GetTokensPacked()
 	if len(packed) == 0 {
 		return r.GetTokens(), nil

@@ -2,6 +2,7 @@ package engineapi
 
 import (
 	"math/bits"
+	"runtime"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -19,7 +20,11 @@ const WindowBytes = 1 << 20
 const ioBufferBytes = 256 << 10
 
 // ServerOptions are the gRPC server options `kvctl serve` uses on its engine socket: message
-// bounds, flow-control windows and a buffer pool that does not zero buffers it hands out.
+// bounds, flow-control windows, a buffer pool that does not zero buffers it hands out, and a
+// fixed set of goroutines that run calls (one per CPU), whose stacks stay grown from one call
+// to the next instead of a new goroutine's growing through a lookup's deep stack every call
+// (0.06-0.07 ms of a 32k-token lookup's 0.8 ms round trip on the development VM; gRPC still
+// starts a goroutine for a call that finds every worker busy).
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(MaxMessageBytes),
@@ -30,6 +35,7 @@ func ServerOptions() []grpc.ServerOption {
 		grpc.WriteBufferSize(ioBufferBytes),
 		experimental.BufferPool(bufferPool),
 		grpc.ForceServerCodecV2(codec{}),
+		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 	}
 }
 

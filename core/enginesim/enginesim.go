@@ -51,6 +51,9 @@ type Config struct {
 	// finished. AsyncLoadWorkers is passed to Register (0: the daemon's default).
 	AsyncLoad        bool
 	AsyncLoadWorkers int
+	// NoPromptArena makes the scheduler rank send every prompt in tokens_packed instead of
+	// through a prompt arena (engineapi.RemoteRankOptions).
+	NoPromptArena bool
 	// AfterBuild, when set, sees every pass's metadata after it is built and before any rank
 	// binds it: tests use it to lose pages between a lookup and its load.
 	AfterBuild func(meta *enginepb.Metadata)
@@ -166,7 +169,7 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 		if err != nil {
 			return nil, fmt.Errorf("register %s: %w", rk.name, err)
 		}
-		rk.remote = engineapi.NewRemoteRank(rk.client, resp, connector.RoleBoth)
+		rk.remote = engineapi.NewRemoteRankWith(rk.client, resp, connector.RoleBoth, engineapi.RemoteRankOptions{NoPromptArena: cfg.NoPromptArena})
 		e.kv.Ranks = append(e.kv.Ranks, rk.mem.mover)
 	}
 	e.slots = simkv.NewSlots(len(layout.Groups), cfg.Slots)
@@ -306,3 +309,6 @@ func (e *Engine) Abandon() {
 // Client is rank r's connection to the daemon. A registration can be named only over the
 // connection that made it, so tests that send a rank calls of their own use this one.
 func (e *Engine) Client(r int) *engineapi.Client { return e.ranks[r].client }
+
+// Remote is rank r's engineapi.RemoteRank, the connector.Rank its runs call.
+func (e *Engine) Remote(r int) *engineapi.RemoteRank { return e.ranks[r].remote }

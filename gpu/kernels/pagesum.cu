@@ -6,7 +6,10 @@
 // 64-byte stripe adds to every lane; after each 1024-byte block (16 stripes) every lane is
 // scrambled. Within a block the additions commute, so the sum a block adds to each lane (its
 // "delta") can be computed independently of the blocks before it; only applying deltas and
-// scrambles is sequential, and it is per lane. One thread block hashes one page (see THREADS).
+// scrambles is sequential, and it is per lane. So a check is two kernels: kvBlockDeltas computes
+// every block's delta of every page in parallel (the bulk of the work, spread over the whole GPU
+// whatever the pages' number and size), and kvPageFinish runs each page's sequential part, one
+// thread per lane, over the deltas, then adds the last stripes and merges the lanes.
 // Algorithm: https://github.com/Cyan4973/xxHash/blob/v0.8.2/doc/xxhash_spec.md
 //
 // A page is a list of pieces (device address, offset in the page, length), in page order. The
@@ -29,6 +32,7 @@ struct kvPage {
 	u64 len;   // bytes in the page
 	u32 first; // its first piece
 	u32 count; // its number of pieces
+	u64 base;  // index in the deltas of its first block
 };
 
 struct kvPiece {
@@ -37,11 +41,10 @@ struct kvPiece {
 	u64 len;  // bytes
 };
 
-// A thread block is 8 warps. Warp 0 applies deltas and scrambles (its first 8 threads, one per
-// lane); the other 7 warps, 28 groups of 8 threads, compute the deltas of 28 blocks at a time
-// into one of two buffers while warp 0 applies the previous 28 from the other.
+// Both kernels run blocks of THREADS threads in groups of 8, one thread per lane: a group of
+// kvBlockDeltas computes one 1024-byte block's delta, a group of kvPageFinish finishes one page.
 #define THREADS 256
-#define GROUPS 28
+#define GROUPS (THREADS / 8)
 // A page's pieces are read from shared memory when it has at most this many: every stripe
 // looks its piece up, and global memory would make each lookup a long dependent load.
 #define SHARED_PIECES 128
@@ -119,61 +122,94 @@ __device__ u64 kvStripes(const kvPiece *ps, u32 np, u64 start, u32 n, const kvSe
 	return d;
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) kvPageSums(const kvPage *pages, const kvPiece *pieces, kvSecret sec, u64 *out) {
-	__shared__ u64 delta[2][GROUPS][8];
-	__shared__ u64 lanes[8];
+// kvScramble applies one block's delta d to lane's accumulator and scrambles it.
+__device__ __forceinline__ u64 kvScramble(u64 acc, u64 d, u64 key) {
+	acc += d;
+	acc ^= acc >> 47;
+	acc ^= key;
+	return acc * 0x9E3779B1ULL;
+}
+
+// kvBlockDeltas writes the delta of every full block of every page: lane's delta of block b of
+// page p (a block is full when bytes follow it, so a page has blocks = (len - 1) / 1024 of them)
+// to deltas[p.base * 8 + lane * blocks + b], so each lane's deltas of a page are contiguous. The grid is (blocks of the longest page / GROUPS, rounded up) by pages; thread
+// block (x, y) computes blocks [x * GROUPS, (x + 1) * GROUPS) of page y.
+extern "C" __global__ void __launch_bounds__(THREADS) kvBlockDeltas(const kvPage *pages, const kvPiece *pieces, kvSecret sec, u64 *deltas) {
 	__shared__ kvPiece local[SHARED_PIECES];
-	const kvPage pg = pages[blockIdx.x];
+	const kvPage pg = pages[blockIdx.y];
+	const u64 blocks = (pg.len - 1) / 1024;
+	const u64 first = (u64)blockIdx.x * GROUPS;
+	if (first >= blocks) return; // the whole thread block: a shorter page
 	const kvPiece *ps = pieces + pg.first;
 	if (pg.count <= SHARED_PIECES) {
 		for (u32 i = threadIdx.x; i < pg.count; i += THREADS) local[i] = ps[i];
 		__syncthreads();
 		ps = local;
 	}
-	const bool scrambler = threadIdx.x < 32;
-	const u32 lane = threadIdx.x & 7, group = (threadIdx.x - 32) >> 3;
+	const u32 lane = threadIdx.x & 7;
+	const u64 b = first + (threadIdx.x >> 3);
+	if (b < blocks) deltas[pg.base * 8 + lane * blocks + b] = kvBlock(ps, pg.count, b * 1024, sec, lane);
+}
+
+// kvPageFinish computes the digest of pages [0, n) into out, one group of 8 threads per page,
+// from the deltas kvBlockDeltas wrote: each thread applies its lane's deltas and scrambles in
+// block order, adds the last partial block's stripes and the last stripe; the group then merges
+// its lanes.
+extern "C" __global__ void __launch_bounds__(THREADS) kvPageFinish(const kvPage *pages, const kvPiece *pieces, kvSecret sec, const u64 *deltas, u32 n, u64 *out) {
+	const u32 p = blockIdx.x * GROUPS + (threadIdx.x >> 3);
+	if (p >= n) return; // the whole group: p is the same for its 8 threads
+	const u32 lane = threadIdx.x & 7;
+	const kvPage pg = pages[p];
+	const kvPiece *ps = pieces + pg.first;
 	const u64 blocks = (pg.len - 1) / 1024;
-	const u64 chunks = (blocks + GROUPS - 1) / GROUPS;
+	const u64 *d = deltas + pg.base * 8 + lane * blocks;
+	const u64 key = sec.acc[16 + lane];
 	u64 acc = kvInit(lane);
-	for (u64 c = 0; c <= chunks; c++) {
-		if (!scrambler && c < chunks) {
-			u64 b = c * GROUPS + group;
-			delta[c & 1][group][lane] = b < blocks ? kvBlock(ps, pg.count, b * 1024, sec, lane) : 0;
+	u64 b = 0;
+	// The chain is sequential; its loads are not: the next DEPTH deltas are loaded while the
+	// chain applies the current ones, so it does not wait on memory at every step.
+#define DEPTH 32
+	if (blocks >= DEPTH) {
+		u64 cur[DEPTH];
+#pragma unroll
+		for (u32 j = 0; j < DEPTH; j++) cur[j] = d[j];
+		for (b = DEPTH; b + DEPTH <= blocks; b += DEPTH) {
+			u64 nxt[DEPTH];
+#pragma unroll
+			for (u32 j = 0; j < DEPTH; j++) nxt[j] = d[b + j];
+#pragma unroll
+			for (u32 j = 0; j < DEPTH; j++) acc = kvScramble(acc, cur[j], key);
+#pragma unroll
+			for (u32 j = 0; j < DEPTH; j++) cur[j] = nxt[j];
 		}
-		if (scrambler && threadIdx.x < 8 && c > 0) {
-			u64 first = (c - 1) * GROUPS;
-			u64 n = blocks - first < GROUPS ? blocks - first : GROUPS;
-			for (u32 j = 0; j < n; j++) {
-				acc += delta[(c - 1) & 1][j][lane];
-				acc ^= acc >> 47;
-				acc ^= sec.acc[16 + lane];
-				acc *= 0x9E3779B1ULL;
-			}
-		}
-		__syncthreads();
+#pragma unroll
+		for (u32 j = 0; j < DEPTH; j++) acc = kvScramble(acc, cur[j], key);
 	}
-	if (threadIdx.x < 8) {
-		u64 start = blocks * 1024;
-		u32 stripes = (u32)(((pg.len - 1) - start) / 64);
-		acc += kvStripes(ps, pg.count, start, stripes, sec, lane);
-		// The last stripe: the page's final 64 bytes, with the secret at byte 121.
-		u64 o = pg.len - 64;
-		u32 k = kvFind(ps, pg.count, o);
-		acc += kvStripe(kvAddr(ps, k, o), lane, sec.last[lane]);
-		lanes[lane] = acc;
+#undef DEPTH
+	for (; b < blocks; b++) acc = kvScramble(acc, d[b], key);
+	const u64 start = blocks * 1024;
+	acc += kvStripes(ps, pg.count, start, (u32)(((pg.len - 1) - start) / 64), sec, lane);
+	// The last stripe: the page's final 64 bytes, with the secret at byte 121.
+	const u64 o = pg.len - 64;
+	u32 k = kvFind(ps, pg.count, o);
+	acc += kvStripe(kvAddr(ps, k, o), lane, sec.last[lane]);
+	// Merge: lanes 2i and 2i + 1 make one term; the even lanes' terms are summed in the group.
+	const unsigned mask = 0xFFu << (threadIdx.x & 24);
+	const u64 odd = __shfl_xor_sync(mask, acc, 1);
+	u64 term = 0;
+	if ((lane & 1) == 0) {
+		u64 a = acc ^ sec.merge[lane];
+		u64 c = odd ^ sec.merge[lane + 1];
+		term = (a * c) ^ __umul64hi(a, c);
 	}
-	__syncthreads();
-	if (threadIdx.x == 0) {
-		u64 h = pg.len * 0x9E3779B185EBCA87ULL;
-		for (u32 i = 0; i < 4; i++) {
-			u64 a = lanes[2 * i] ^ sec.merge[2 * i];
-			u64 c = lanes[2 * i + 1] ^ sec.merge[2 * i + 1];
-			h += (a * c) ^ __umul64hi(a, c);
-		}
+	term += __shfl_xor_sync(mask, term, 2);
+	term += __shfl_xor_sync(mask, term, 4);
+	if (lane == 0) {
+		u64 h = pg.len * 0x9E3779B185EBCA87ULL + term;
 		h ^= h >> 37;
 		h *= 0x165667919E3779F9ULL;
 		h ^= h >> 32;
-		out[blockIdx.x] = h;
+		out[p] = h;
 	}
 }
 

@@ -303,7 +303,7 @@ class Engine:
         a, api, name, T = self.args, self.api, self.name, self.T
         res = dict(requests=len(reqs), passes=0, prompt_tokens=0, matched_tokens=0, loaded_blocks=0,
                    computed_blocks=0, restarts=0, mismatched_blocks=0, mismatched_bytes=0,
-                   start_load_seconds=0.0, loaded_bytes=0, wall_seconds=0.0)
+                   start_load_seconds=0.0, start_loads=0, rpc_seconds=0.0, loaded_bytes=0, wall_seconds=0.0)
         rs = [Req(rid, toks) for rid, toks in reqs]
         by_id = {r.id: r for r in rs}
         res["prompt_tokens"] = sum(len(r.tokens) for r in rs)
@@ -349,8 +349,12 @@ class Engine:
             self.mem.sync()  # the poison must land before the daemon's copies
             t1 = time.perf_counter()
             api.call("StartLoad", engine=name)
-            res["start_load_seconds"] += time.perf_counter() - t1
+            t2 = time.perf_counter()
+            res["start_load_seconds"] += t2 - t1
+            res["start_loads"] += 1
             failed = api.call("TakeFailedLoads", engine=name)
+            # A call that does next to nothing in the daemon: the RPC's own cost, for comparison.
+            res["rpc_seconds"] += time.perf_counter() - t2
             for rid in failed.ids:
                 r = by_id[rid]
                 scheduled.pop(rid, None)
@@ -496,6 +500,11 @@ def main():
     # Warm pass: a new engine with fresh memory loads what the cold pass saved.
     mem = new_memory(args)
     warm = Engine(api, args, args.name + "-warm/rank0", mem)
+    # An engine RPC's own cost on an idle daemon: calls that do next to nothing there.
+    t0 = time.perf_counter()
+    for _ in range(200):
+        api.call("TakeFailedLoads", engine=warm.name)
+    summary["idle_rpc_seconds"] = (time.perf_counter() - t0) / 200
     summary["warm"] = warm.run([(rid + "-warm", toks) for rid, toks in reqs])
     # Every full block but the one holding the last prompt token is offered.
     summary["expected_warm_loaded_blocks"] = sum((len(t) - 1) // T for _, t in reqs)

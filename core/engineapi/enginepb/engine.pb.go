@@ -805,7 +805,11 @@ type Request struct {
 	// tokens_packed is the prompt as 8 bytes per token, each a little-endian two's-complement
 	// int64: a plain copy on the wire instead of one varint per token. Its length must be a
 	// multiple of 8 and at most 8 * MaxRequestTokens (core/engineapi).
-	TokensPacked  []byte `protobuf:"bytes,9,opt,name=tokens_packed,json=tokensPacked,proto3" json:"tokens_packed,omitempty"`
+	TokensPacked []byte `protobuf:"bytes,9,opt,name=tokens_packed,json=tokensPacked,proto3" json:"tokens_packed,omitempty"`
+	// tokens_arena names the prompt as a range of the engine's prompt arena (see
+	// RegisterPromptArena) in the tokens_packed encoding. The daemon copies it out before it uses
+	// it. Set at most one of tokens, tokens_packed and tokens_arena.
+	TokensArena   *ArenaRange `protobuf:"bytes,10,opt,name=tokens_arena,json=tokensArena,proto3" json:"tokens_arena,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -903,6 +907,132 @@ func (x *Request) GetTokensPacked() []byte {
 	return nil
 }
 
+func (x *Request) GetTokensArena() *ArenaRange {
+	if x != nil {
+		return x.TokensArena
+	}
+	return nil
+}
+
+// ArenaRange is count tokens of the prompt arena, 8 bytes each (the tokens_packed encoding),
+// starting at byte offset. offset needs no alignment; the range must lie inside the arena and
+// count must be within the daemon's per-request token limit.
+type ArenaRange struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Offset        uint64                 `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	Count         uint64                 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ArenaRange) Reset() {
+	*x = ArenaRange{}
+	mi := &file_engine_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ArenaRange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ArenaRange) ProtoMessage() {}
+
+func (x *ArenaRange) ProtoReflect() protoreflect.Message {
+	mi := &file_engine_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ArenaRange.ProtoReflect.Descriptor instead.
+func (*ArenaRange) Descriptor() ([]byte, []int) {
+	return file_engine_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ArenaRange) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *ArenaRange) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+// PromptArenaRequest hands the daemon a prompt arena for engine: a memfd of size bytes (at
+// most the daemon's limit, 64 MiB by default) sealed with F_SEAL_SHRINK, sent over the
+// descriptor side channel, which returned fd_token. The engine keeps its own descriptor and
+// mapping and writes prompts into the arena; the daemon only reads it.
+type PromptArenaRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Engine        string                 `protobuf:"bytes,1,opt,name=engine,proto3" json:"engine,omitempty"`
+	FdToken       string                 `protobuf:"bytes,2,opt,name=fd_token,json=fdToken,proto3" json:"fd_token,omitempty"`
+	Size          uint64                 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PromptArenaRequest) Reset() {
+	*x = PromptArenaRequest{}
+	mi := &file_engine_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PromptArenaRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PromptArenaRequest) ProtoMessage() {}
+
+func (x *PromptArenaRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_engine_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PromptArenaRequest.ProtoReflect.Descriptor instead.
+func (*PromptArenaRequest) Descriptor() ([]byte, []int) {
+	return file_engine_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *PromptArenaRequest) GetEngine() string {
+	if x != nil {
+		return x.Engine
+	}
+	return ""
+}
+
+func (x *PromptArenaRequest) GetFdToken() string {
+	if x != nil {
+		return x.FdToken
+	}
+	return ""
+}
+
+func (x *PromptArenaRequest) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
 type LookupRequest struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	Engine            string                 `protobuf:"bytes,1,opt,name=engine,proto3" json:"engine,omitempty"`
@@ -914,7 +1044,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_engine_proto_msgTypes[11]
+	mi := &file_engine_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -926,7 +1056,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[11]
+	mi := &file_engine_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -939,7 +1069,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{11}
+	return file_engine_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LookupRequest) GetEngine() string {
@@ -973,7 +1103,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_engine_proto_msgTypes[12]
+	mi := &file_engine_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -985,7 +1115,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[12]
+	mi := &file_engine_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -998,7 +1128,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{12}
+	return file_engine_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LookupResponse) GetMatchedTokens() int32 {
@@ -1027,7 +1157,7 @@ type CancelLoadRequest struct {
 
 func (x *CancelLoadRequest) Reset() {
 	*x = CancelLoadRequest{}
-	mi := &file_engine_proto_msgTypes[13]
+	mi := &file_engine_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1039,7 +1169,7 @@ func (x *CancelLoadRequest) String() string {
 func (*CancelLoadRequest) ProtoMessage() {}
 
 func (x *CancelLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[13]
+	mi := &file_engine_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1052,7 +1182,7 @@ func (x *CancelLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelLoadRequest.ProtoReflect.Descriptor instead.
 func (*CancelLoadRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{13}
+	return file_engine_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CancelLoadRequest) GetEngine() string {
@@ -1092,7 +1222,7 @@ type BlockIDs struct {
 
 func (x *BlockIDs) Reset() {
 	*x = BlockIDs{}
-	mi := &file_engine_proto_msgTypes[14]
+	mi := &file_engine_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1104,7 +1234,7 @@ func (x *BlockIDs) String() string {
 func (*BlockIDs) ProtoMessage() {}
 
 func (x *BlockIDs) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[14]
+	mi := &file_engine_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1117,7 +1247,7 @@ func (x *BlockIDs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockIDs.ProtoReflect.Descriptor instead.
 func (*BlockIDs) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{14}
+	return file_engine_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *BlockIDs) GetIds() []int32 {
@@ -1139,7 +1269,7 @@ type AllocRequest struct {
 
 func (x *AllocRequest) Reset() {
 	*x = AllocRequest{}
-	mi := &file_engine_proto_msgTypes[15]
+	mi := &file_engine_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1151,7 +1281,7 @@ func (x *AllocRequest) String() string {
 func (*AllocRequest) ProtoMessage() {}
 
 func (x *AllocRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[15]
+	mi := &file_engine_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1164,7 +1294,7 @@ func (x *AllocRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocRequest.ProtoReflect.Descriptor instead.
 func (*AllocRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{15}
+	return file_engine_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AllocRequest) GetEngine() string {
@@ -1209,7 +1339,7 @@ type RequestData struct {
 
 func (x *RequestData) Reset() {
 	*x = RequestData{}
-	mi := &file_engine_proto_msgTypes[16]
+	mi := &file_engine_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1221,7 +1351,7 @@ func (x *RequestData) String() string {
 func (*RequestData) ProtoMessage() {}
 
 func (x *RequestData) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[16]
+	mi := &file_engine_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1234,7 +1364,7 @@ func (x *RequestData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestData.ProtoReflect.Descriptor instead.
 func (*RequestData) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{16}
+	return file_engine_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RequestData) GetId() string {
@@ -1291,7 +1421,7 @@ type BuildMetaRequest struct {
 
 func (x *BuildMetaRequest) Reset() {
 	*x = BuildMetaRequest{}
-	mi := &file_engine_proto_msgTypes[17]
+	mi := &file_engine_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1303,7 +1433,7 @@ func (x *BuildMetaRequest) String() string {
 func (*BuildMetaRequest) ProtoMessage() {}
 
 func (x *BuildMetaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[17]
+	mi := &file_engine_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1316,7 +1446,7 @@ func (x *BuildMetaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildMetaRequest.ProtoReflect.Descriptor instead.
 func (*BuildMetaRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{17}
+	return file_engine_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *BuildMetaRequest) GetEngine() string {
@@ -1358,7 +1488,7 @@ type PageTransfer struct {
 
 func (x *PageTransfer) Reset() {
 	*x = PageTransfer{}
-	mi := &file_engine_proto_msgTypes[18]
+	mi := &file_engine_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1370,7 +1500,7 @@ func (x *PageTransfer) String() string {
 func (*PageTransfer) ProtoMessage() {}
 
 func (x *PageTransfer) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[18]
+	mi := &file_engine_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1383,7 +1513,7 @@ func (x *PageTransfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PageTransfer.ProtoReflect.Descriptor instead.
 func (*PageTransfer) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{18}
+	return file_engine_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PageTransfer) GetHash() []byte {
@@ -1417,7 +1547,7 @@ type RequestTransfers struct {
 
 func (x *RequestTransfers) Reset() {
 	*x = RequestTransfers{}
-	mi := &file_engine_proto_msgTypes[19]
+	mi := &file_engine_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1429,7 +1559,7 @@ func (x *RequestTransfers) String() string {
 func (*RequestTransfers) ProtoMessage() {}
 
 func (x *RequestTransfers) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[19]
+	mi := &file_engine_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1442,7 +1572,7 @@ func (x *RequestTransfers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestTransfers.ProtoReflect.Descriptor instead.
 func (*RequestTransfers) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{19}
+	return file_engine_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RequestTransfers) GetRequestId() string {
@@ -1470,7 +1600,7 @@ type Metadata struct {
 
 func (x *Metadata) Reset() {
 	*x = Metadata{}
-	mi := &file_engine_proto_msgTypes[20]
+	mi := &file_engine_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1482,7 +1612,7 @@ func (x *Metadata) String() string {
 func (*Metadata) ProtoMessage() {}
 
 func (x *Metadata) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[20]
+	mi := &file_engine_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1495,7 +1625,7 @@ func (x *Metadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metadata.ProtoReflect.Descriptor instead.
 func (*Metadata) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{20}
+	return file_engine_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Metadata) GetLoads() []*RequestTransfers {
@@ -1529,7 +1659,7 @@ type BindMetaRequest struct {
 
 func (x *BindMetaRequest) Reset() {
 	*x = BindMetaRequest{}
-	mi := &file_engine_proto_msgTypes[21]
+	mi := &file_engine_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1541,7 +1671,7 @@ func (x *BindMetaRequest) String() string {
 func (*BindMetaRequest) ProtoMessage() {}
 
 func (x *BindMetaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[21]
+	mi := &file_engine_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1554,7 +1684,7 @@ func (x *BindMetaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindMetaRequest.ProtoReflect.Descriptor instead.
 func (*BindMetaRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{21}
+	return file_engine_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *BindMetaRequest) GetEngine() string {
@@ -1581,7 +1711,7 @@ type RequestRef struct {
 
 func (x *RequestRef) Reset() {
 	*x = RequestRef{}
-	mi := &file_engine_proto_msgTypes[22]
+	mi := &file_engine_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1593,7 +1723,7 @@ func (x *RequestRef) String() string {
 func (*RequestRef) ProtoMessage() {}
 
 func (x *RequestRef) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[22]
+	mi := &file_engine_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1606,7 +1736,7 @@ func (x *RequestRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestRef.ProtoReflect.Descriptor instead.
 func (*RequestRef) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{22}
+	return file_engine_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RequestRef) GetEngine() string {
@@ -1632,7 +1762,7 @@ type RequestFinishedResponse struct {
 
 func (x *RequestFinishedResponse) Reset() {
 	*x = RequestFinishedResponse{}
-	mi := &file_engine_proto_msgTypes[23]
+	mi := &file_engine_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1644,7 +1774,7 @@ func (x *RequestFinishedResponse) String() string {
 func (*RequestFinishedResponse) ProtoMessage() {}
 
 func (x *RequestFinishedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[23]
+	mi := &file_engine_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1657,7 +1787,7 @@ func (x *RequestFinishedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestFinishedResponse.ProtoReflect.Descriptor instead.
 func (*RequestFinishedResponse) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{23}
+	return file_engine_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RequestFinishedResponse) GetAsyncSaving() bool {
@@ -1678,7 +1808,7 @@ type GetFinishedRequest struct {
 
 func (x *GetFinishedRequest) Reset() {
 	*x = GetFinishedRequest{}
-	mi := &file_engine_proto_msgTypes[24]
+	mi := &file_engine_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1690,7 +1820,7 @@ func (x *GetFinishedRequest) String() string {
 func (*GetFinishedRequest) ProtoMessage() {}
 
 func (x *GetFinishedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[24]
+	mi := &file_engine_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1703,7 +1833,7 @@ func (x *GetFinishedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFinishedRequest.ProtoReflect.Descriptor instead.
 func (*GetFinishedRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{24}
+	return file_engine_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetFinishedRequest) GetEngine() string {
@@ -1737,7 +1867,7 @@ type GetFinishedResponse struct {
 
 func (x *GetFinishedResponse) Reset() {
 	*x = GetFinishedResponse{}
-	mi := &file_engine_proto_msgTypes[25]
+	mi := &file_engine_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1749,7 +1879,7 @@ func (x *GetFinishedResponse) String() string {
 func (*GetFinishedResponse) ProtoMessage() {}
 
 func (x *GetFinishedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[25]
+	mi := &file_engine_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1762,7 +1892,7 @@ func (x *GetFinishedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFinishedResponse.ProtoReflect.Descriptor instead.
 func (*GetFinishedResponse) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{25}
+	return file_engine_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetFinishedResponse) GetFinishedSaving() []string {
@@ -1788,7 +1918,7 @@ type RequestIDs struct {
 
 func (x *RequestIDs) Reset() {
 	*x = RequestIDs{}
-	mi := &file_engine_proto_msgTypes[26]
+	mi := &file_engine_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1800,7 +1930,7 @@ func (x *RequestIDs) String() string {
 func (*RequestIDs) ProtoMessage() {}
 
 func (x *RequestIDs) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[26]
+	mi := &file_engine_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1813,7 +1943,7 @@ func (x *RequestIDs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestIDs.ProtoReflect.Descriptor instead.
 func (*RequestIDs) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{26}
+	return file_engine_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RequestIDs) GetIds() []string {
@@ -1833,7 +1963,7 @@ type DropRequest struct {
 
 func (x *DropRequest) Reset() {
 	*x = DropRequest{}
-	mi := &file_engine_proto_msgTypes[27]
+	mi := &file_engine_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1845,7 +1975,7 @@ func (x *DropRequest) String() string {
 func (*DropRequest) ProtoMessage() {}
 
 func (x *DropRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[27]
+	mi := &file_engine_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1858,7 +1988,7 @@ func (x *DropRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropRequest.ProtoReflect.Descriptor instead.
 func (*DropRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{27}
+	return file_engine_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DropRequest) GetEngine() string {
@@ -1941,7 +2071,7 @@ const file_engine_proto_rawDesc = "" +
 	"\fdeclarations\x18\x03 \x03(\v23.kvctl.engine.v1.RegisterResponse.DeclarationsEntryR\fdeclarations\x1a?\n" +
 	"\x11DeclarationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01\"\xd0\x02\n" +
+	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01\"\x90\x03\n" +
 	"\aRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06tokens\x18\x02 \x03(\x03R\x06tokens\x12\"\n" +
@@ -1953,9 +2083,19 @@ const file_engine_proto_rawDesc = "" +
 	"\x0ehas_multimodal\x18\x06 \x01(\bR\rhasMultimodal\x12\x14\n" +
 	"\x05dummy\x18\a \x01(\bR\x05dummy\x12!\n" +
 	"\fcontext_only\x18\b \x01(\bR\vcontextOnly\x12#\n" +
-	"\rtokens_packed\x18\t \x01(\fR\ftokensPackedB\r\n" +
+	"\rtokens_packed\x18\t \x01(\fR\ftokensPacked\x12>\n" +
+	"\ftokens_arena\x18\n" +
+	" \x01(\v2\x1b.kvctl.engine.v1.ArenaRangeR\vtokensArenaB\r\n" +
 	"\v_cache_saltB\x0f\n" +
-	"\r_lora_task_id\"\x8b\x01\n" +
+	"\r_lora_task_id\":\n" +
+	"\n" +
+	"ArenaRange\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x04R\x06offset\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x04R\x05count\"[\n" +
+	"\x12PromptArenaRequest\x12\x16\n" +
+	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x19\n" +
+	"\bfd_token\x18\x02 \x01(\tR\afdToken\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x04R\x04size\"\x8b\x01\n" +
 	"\rLookupRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x122\n" +
 	"\arequest\x18\x02 \x01(\v2\x18.kvctl.engine.v1.RequestR\arequest\x12.\n" +
@@ -2026,7 +2166,7 @@ const file_engine_proto_rawDesc = "" +
 	"\vDropRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x1f\n" +
 	"\vrequest_ids\x18\x02 \x03(\tR\n" +
-	"requestIds2\x95\n" +
+	"requestIds2\xe9\n" +
 	"\n" +
 	"\x06Engine\x12O\n" +
 	"\bRegister\x12 .kvctl.engine.v1.RegisterRequest\x1a!.kvctl.engine.v1.RegisterResponse\x12@\n" +
@@ -2047,7 +2187,8 @@ const file_engine_proto_rawDesc = "" +
 	"\x0fTakeFailedLoads\x12\x1a.kvctl.engine.v1.EngineRef\x1a\x1b.kvctl.engine.v1.RequestIDs\x12O\n" +
 	"\x14TakeFailedAsyncLoads\x12\x1a.kvctl.engine.v1.EngineRef\x1a\x1b.kvctl.engine.v1.RequestIDs\x12M\n" +
 	"\x12TakeSubmittedSaves\x12\x1a.kvctl.engine.v1.EngineRef\x1a\x1b.kvctl.engine.v1.RequestIDs\x12F\n" +
-	"\x0eDropBoundSaves\x12\x1c.kvctl.engine.v1.DropRequest\x1a\x16.kvctl.engine.v1.EmptyB0Z.github.com/kvctl/kvctl/core/engineapi/enginepbb\x06proto3"
+	"\x0eDropBoundSaves\x12\x1c.kvctl.engine.v1.DropRequest\x1a\x16.kvctl.engine.v1.Empty\x12R\n" +
+	"\x13RegisterPromptArena\x12#.kvctl.engine.v1.PromptArenaRequest\x1a\x16.kvctl.engine.v1.EmptyB0Z.github.com/kvctl/kvctl/core/engineapi/enginepbb\x06proto3"
 
 var (
 	file_engine_proto_rawDescOnce sync.Once
@@ -2061,7 +2202,7 @@ func file_engine_proto_rawDescGZIP() []byte {
 	return file_engine_proto_rawDescData
 }
 
-var file_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_engine_proto_goTypes = []any{
 	(*Empty)(nil),                   // 0: kvctl.engine.v1.Empty
 	(*EngineRef)(nil),               // 1: kvctl.engine.v1.EngineRef
@@ -2074,24 +2215,26 @@ var file_engine_proto_goTypes = []any{
 	(*RegisterRequest)(nil),         // 8: kvctl.engine.v1.RegisterRequest
 	(*RegisterResponse)(nil),        // 9: kvctl.engine.v1.RegisterResponse
 	(*Request)(nil),                 // 10: kvctl.engine.v1.Request
-	(*LookupRequest)(nil),           // 11: kvctl.engine.v1.LookupRequest
-	(*LookupResponse)(nil),          // 12: kvctl.engine.v1.LookupResponse
-	(*CancelLoadRequest)(nil),       // 13: kvctl.engine.v1.CancelLoadRequest
-	(*BlockIDs)(nil),                // 14: kvctl.engine.v1.BlockIDs
-	(*AllocRequest)(nil),            // 15: kvctl.engine.v1.AllocRequest
-	(*RequestData)(nil),             // 16: kvctl.engine.v1.RequestData
-	(*BuildMetaRequest)(nil),        // 17: kvctl.engine.v1.BuildMetaRequest
-	(*PageTransfer)(nil),            // 18: kvctl.engine.v1.PageTransfer
-	(*RequestTransfers)(nil),        // 19: kvctl.engine.v1.RequestTransfers
-	(*Metadata)(nil),                // 20: kvctl.engine.v1.Metadata
-	(*BindMetaRequest)(nil),         // 21: kvctl.engine.v1.BindMetaRequest
-	(*RequestRef)(nil),              // 22: kvctl.engine.v1.RequestRef
-	(*RequestFinishedResponse)(nil), // 23: kvctl.engine.v1.RequestFinishedResponse
-	(*GetFinishedRequest)(nil),      // 24: kvctl.engine.v1.GetFinishedRequest
-	(*GetFinishedResponse)(nil),     // 25: kvctl.engine.v1.GetFinishedResponse
-	(*RequestIDs)(nil),              // 26: kvctl.engine.v1.RequestIDs
-	(*DropRequest)(nil),             // 27: kvctl.engine.v1.DropRequest
-	nil,                             // 28: kvctl.engine.v1.RegisterResponse.DeclarationsEntry
+	(*ArenaRange)(nil),              // 11: kvctl.engine.v1.ArenaRange
+	(*PromptArenaRequest)(nil),      // 12: kvctl.engine.v1.PromptArenaRequest
+	(*LookupRequest)(nil),           // 13: kvctl.engine.v1.LookupRequest
+	(*LookupResponse)(nil),          // 14: kvctl.engine.v1.LookupResponse
+	(*CancelLoadRequest)(nil),       // 15: kvctl.engine.v1.CancelLoadRequest
+	(*BlockIDs)(nil),                // 16: kvctl.engine.v1.BlockIDs
+	(*AllocRequest)(nil),            // 17: kvctl.engine.v1.AllocRequest
+	(*RequestData)(nil),             // 18: kvctl.engine.v1.RequestData
+	(*BuildMetaRequest)(nil),        // 19: kvctl.engine.v1.BuildMetaRequest
+	(*PageTransfer)(nil),            // 20: kvctl.engine.v1.PageTransfer
+	(*RequestTransfers)(nil),        // 21: kvctl.engine.v1.RequestTransfers
+	(*Metadata)(nil),                // 22: kvctl.engine.v1.Metadata
+	(*BindMetaRequest)(nil),         // 23: kvctl.engine.v1.BindMetaRequest
+	(*RequestRef)(nil),              // 24: kvctl.engine.v1.RequestRef
+	(*RequestFinishedResponse)(nil), // 25: kvctl.engine.v1.RequestFinishedResponse
+	(*GetFinishedRequest)(nil),      // 26: kvctl.engine.v1.GetFinishedRequest
+	(*GetFinishedResponse)(nil),     // 27: kvctl.engine.v1.GetFinishedResponse
+	(*RequestIDs)(nil),              // 28: kvctl.engine.v1.RequestIDs
+	(*DropRequest)(nil),             // 29: kvctl.engine.v1.DropRequest
+	nil,                             // 30: kvctl.engine.v1.RegisterResponse.DeclarationsEntry
 }
 var file_engine_proto_depIdxs = []int32{
 	2,  // 0: kvctl.engine.v1.LayerGroup.regions:type_name -> kvctl.engine.v1.Region
@@ -2101,56 +2244,59 @@ var file_engine_proto_depIdxs = []int32{
 	5,  // 4: kvctl.engine.v1.RegisterRequest.shared_memory:type_name -> kvctl.engine.v1.SharedMemory
 	6,  // 5: kvctl.engine.v1.RegisterRequest.cuda_ipc:type_name -> kvctl.engine.v1.CudaIPC
 	7,  // 6: kvctl.engine.v1.RegisterRequest.cuda_fd:type_name -> kvctl.engine.v1.CudaFD
-	28, // 7: kvctl.engine.v1.RegisterResponse.declarations:type_name -> kvctl.engine.v1.RegisterResponse.DeclarationsEntry
-	10, // 8: kvctl.engine.v1.LookupRequest.request:type_name -> kvctl.engine.v1.Request
-	14, // 9: kvctl.engine.v1.AllocRequest.block_ids_by_group:type_name -> kvctl.engine.v1.BlockIDs
-	14, // 10: kvctl.engine.v1.RequestData.new_block_ids_by_group:type_name -> kvctl.engine.v1.BlockIDs
-	16, // 11: kvctl.engine.v1.BuildMetaRequest.new_requests:type_name -> kvctl.engine.v1.RequestData
-	16, // 12: kvctl.engine.v1.BuildMetaRequest.cached_requests:type_name -> kvctl.engine.v1.RequestData
-	18, // 13: kvctl.engine.v1.RequestTransfers.pages:type_name -> kvctl.engine.v1.PageTransfer
-	19, // 14: kvctl.engine.v1.Metadata.loads:type_name -> kvctl.engine.v1.RequestTransfers
-	19, // 15: kvctl.engine.v1.Metadata.saves:type_name -> kvctl.engine.v1.RequestTransfers
-	19, // 16: kvctl.engine.v1.Metadata.async_loads:type_name -> kvctl.engine.v1.RequestTransfers
-	20, // 17: kvctl.engine.v1.BindMetaRequest.metadata:type_name -> kvctl.engine.v1.Metadata
-	8,  // 18: kvctl.engine.v1.Engine.Register:input_type -> kvctl.engine.v1.RegisterRequest
-	1,  // 19: kvctl.engine.v1.Engine.Unregister:input_type -> kvctl.engine.v1.EngineRef
-	11, // 20: kvctl.engine.v1.Engine.Lookup:input_type -> kvctl.engine.v1.LookupRequest
-	11, // 21: kvctl.engine.v1.Engine.AdmissionQuery:input_type -> kvctl.engine.v1.LookupRequest
-	13, // 22: kvctl.engine.v1.Engine.CancelLoad:input_type -> kvctl.engine.v1.CancelLoadRequest
-	15, // 23: kvctl.engine.v1.Engine.UpdateStateAfterAlloc:input_type -> kvctl.engine.v1.AllocRequest
-	17, // 24: kvctl.engine.v1.Engine.BuildMeta:input_type -> kvctl.engine.v1.BuildMetaRequest
-	22, // 25: kvctl.engine.v1.Engine.RequestFinished:input_type -> kvctl.engine.v1.RequestRef
-	22, // 26: kvctl.engine.v1.Engine.RequestReset:input_type -> kvctl.engine.v1.RequestRef
-	21, // 27: kvctl.engine.v1.Engine.BindMeta:input_type -> kvctl.engine.v1.BindMetaRequest
-	1,  // 28: kvctl.engine.v1.Engine.StartLoad:input_type -> kvctl.engine.v1.EngineRef
-	1,  // 29: kvctl.engine.v1.Engine.WaitForSave:input_type -> kvctl.engine.v1.EngineRef
-	24, // 30: kvctl.engine.v1.Engine.GetFinished:input_type -> kvctl.engine.v1.GetFinishedRequest
-	1,  // 31: kvctl.engine.v1.Engine.TakeFailedLoads:input_type -> kvctl.engine.v1.EngineRef
-	1,  // 32: kvctl.engine.v1.Engine.TakeFailedAsyncLoads:input_type -> kvctl.engine.v1.EngineRef
-	1,  // 33: kvctl.engine.v1.Engine.TakeSubmittedSaves:input_type -> kvctl.engine.v1.EngineRef
-	27, // 34: kvctl.engine.v1.Engine.DropBoundSaves:input_type -> kvctl.engine.v1.DropRequest
-	9,  // 35: kvctl.engine.v1.Engine.Register:output_type -> kvctl.engine.v1.RegisterResponse
-	0,  // 36: kvctl.engine.v1.Engine.Unregister:output_type -> kvctl.engine.v1.Empty
-	12, // 37: kvctl.engine.v1.Engine.Lookup:output_type -> kvctl.engine.v1.LookupResponse
-	12, // 38: kvctl.engine.v1.Engine.AdmissionQuery:output_type -> kvctl.engine.v1.LookupResponse
-	0,  // 39: kvctl.engine.v1.Engine.CancelLoad:output_type -> kvctl.engine.v1.Empty
-	0,  // 40: kvctl.engine.v1.Engine.UpdateStateAfterAlloc:output_type -> kvctl.engine.v1.Empty
-	20, // 41: kvctl.engine.v1.Engine.BuildMeta:output_type -> kvctl.engine.v1.Metadata
-	23, // 42: kvctl.engine.v1.Engine.RequestFinished:output_type -> kvctl.engine.v1.RequestFinishedResponse
-	0,  // 43: kvctl.engine.v1.Engine.RequestReset:output_type -> kvctl.engine.v1.Empty
-	0,  // 44: kvctl.engine.v1.Engine.BindMeta:output_type -> kvctl.engine.v1.Empty
-	0,  // 45: kvctl.engine.v1.Engine.StartLoad:output_type -> kvctl.engine.v1.Empty
-	0,  // 46: kvctl.engine.v1.Engine.WaitForSave:output_type -> kvctl.engine.v1.Empty
-	25, // 47: kvctl.engine.v1.Engine.GetFinished:output_type -> kvctl.engine.v1.GetFinishedResponse
-	26, // 48: kvctl.engine.v1.Engine.TakeFailedLoads:output_type -> kvctl.engine.v1.RequestIDs
-	26, // 49: kvctl.engine.v1.Engine.TakeFailedAsyncLoads:output_type -> kvctl.engine.v1.RequestIDs
-	26, // 50: kvctl.engine.v1.Engine.TakeSubmittedSaves:output_type -> kvctl.engine.v1.RequestIDs
-	0,  // 51: kvctl.engine.v1.Engine.DropBoundSaves:output_type -> kvctl.engine.v1.Empty
-	35, // [35:52] is the sub-list for method output_type
-	18, // [18:35] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	30, // 7: kvctl.engine.v1.RegisterResponse.declarations:type_name -> kvctl.engine.v1.RegisterResponse.DeclarationsEntry
+	11, // 8: kvctl.engine.v1.Request.tokens_arena:type_name -> kvctl.engine.v1.ArenaRange
+	10, // 9: kvctl.engine.v1.LookupRequest.request:type_name -> kvctl.engine.v1.Request
+	16, // 10: kvctl.engine.v1.AllocRequest.block_ids_by_group:type_name -> kvctl.engine.v1.BlockIDs
+	16, // 11: kvctl.engine.v1.RequestData.new_block_ids_by_group:type_name -> kvctl.engine.v1.BlockIDs
+	18, // 12: kvctl.engine.v1.BuildMetaRequest.new_requests:type_name -> kvctl.engine.v1.RequestData
+	18, // 13: kvctl.engine.v1.BuildMetaRequest.cached_requests:type_name -> kvctl.engine.v1.RequestData
+	20, // 14: kvctl.engine.v1.RequestTransfers.pages:type_name -> kvctl.engine.v1.PageTransfer
+	21, // 15: kvctl.engine.v1.Metadata.loads:type_name -> kvctl.engine.v1.RequestTransfers
+	21, // 16: kvctl.engine.v1.Metadata.saves:type_name -> kvctl.engine.v1.RequestTransfers
+	21, // 17: kvctl.engine.v1.Metadata.async_loads:type_name -> kvctl.engine.v1.RequestTransfers
+	22, // 18: kvctl.engine.v1.BindMetaRequest.metadata:type_name -> kvctl.engine.v1.Metadata
+	8,  // 19: kvctl.engine.v1.Engine.Register:input_type -> kvctl.engine.v1.RegisterRequest
+	1,  // 20: kvctl.engine.v1.Engine.Unregister:input_type -> kvctl.engine.v1.EngineRef
+	13, // 21: kvctl.engine.v1.Engine.Lookup:input_type -> kvctl.engine.v1.LookupRequest
+	13, // 22: kvctl.engine.v1.Engine.AdmissionQuery:input_type -> kvctl.engine.v1.LookupRequest
+	15, // 23: kvctl.engine.v1.Engine.CancelLoad:input_type -> kvctl.engine.v1.CancelLoadRequest
+	17, // 24: kvctl.engine.v1.Engine.UpdateStateAfterAlloc:input_type -> kvctl.engine.v1.AllocRequest
+	19, // 25: kvctl.engine.v1.Engine.BuildMeta:input_type -> kvctl.engine.v1.BuildMetaRequest
+	24, // 26: kvctl.engine.v1.Engine.RequestFinished:input_type -> kvctl.engine.v1.RequestRef
+	24, // 27: kvctl.engine.v1.Engine.RequestReset:input_type -> kvctl.engine.v1.RequestRef
+	23, // 28: kvctl.engine.v1.Engine.BindMeta:input_type -> kvctl.engine.v1.BindMetaRequest
+	1,  // 29: kvctl.engine.v1.Engine.StartLoad:input_type -> kvctl.engine.v1.EngineRef
+	1,  // 30: kvctl.engine.v1.Engine.WaitForSave:input_type -> kvctl.engine.v1.EngineRef
+	26, // 31: kvctl.engine.v1.Engine.GetFinished:input_type -> kvctl.engine.v1.GetFinishedRequest
+	1,  // 32: kvctl.engine.v1.Engine.TakeFailedLoads:input_type -> kvctl.engine.v1.EngineRef
+	1,  // 33: kvctl.engine.v1.Engine.TakeFailedAsyncLoads:input_type -> kvctl.engine.v1.EngineRef
+	1,  // 34: kvctl.engine.v1.Engine.TakeSubmittedSaves:input_type -> kvctl.engine.v1.EngineRef
+	29, // 35: kvctl.engine.v1.Engine.DropBoundSaves:input_type -> kvctl.engine.v1.DropRequest
+	12, // 36: kvctl.engine.v1.Engine.RegisterPromptArena:input_type -> kvctl.engine.v1.PromptArenaRequest
+	9,  // 37: kvctl.engine.v1.Engine.Register:output_type -> kvctl.engine.v1.RegisterResponse
+	0,  // 38: kvctl.engine.v1.Engine.Unregister:output_type -> kvctl.engine.v1.Empty
+	14, // 39: kvctl.engine.v1.Engine.Lookup:output_type -> kvctl.engine.v1.LookupResponse
+	14, // 40: kvctl.engine.v1.Engine.AdmissionQuery:output_type -> kvctl.engine.v1.LookupResponse
+	0,  // 41: kvctl.engine.v1.Engine.CancelLoad:output_type -> kvctl.engine.v1.Empty
+	0,  // 42: kvctl.engine.v1.Engine.UpdateStateAfterAlloc:output_type -> kvctl.engine.v1.Empty
+	22, // 43: kvctl.engine.v1.Engine.BuildMeta:output_type -> kvctl.engine.v1.Metadata
+	25, // 44: kvctl.engine.v1.Engine.RequestFinished:output_type -> kvctl.engine.v1.RequestFinishedResponse
+	0,  // 45: kvctl.engine.v1.Engine.RequestReset:output_type -> kvctl.engine.v1.Empty
+	0,  // 46: kvctl.engine.v1.Engine.BindMeta:output_type -> kvctl.engine.v1.Empty
+	0,  // 47: kvctl.engine.v1.Engine.StartLoad:output_type -> kvctl.engine.v1.Empty
+	0,  // 48: kvctl.engine.v1.Engine.WaitForSave:output_type -> kvctl.engine.v1.Empty
+	27, // 49: kvctl.engine.v1.Engine.GetFinished:output_type -> kvctl.engine.v1.GetFinishedResponse
+	28, // 50: kvctl.engine.v1.Engine.TakeFailedLoads:output_type -> kvctl.engine.v1.RequestIDs
+	28, // 51: kvctl.engine.v1.Engine.TakeFailedAsyncLoads:output_type -> kvctl.engine.v1.RequestIDs
+	28, // 52: kvctl.engine.v1.Engine.TakeSubmittedSaves:output_type -> kvctl.engine.v1.RequestIDs
+	0,  // 53: kvctl.engine.v1.Engine.DropBoundSaves:output_type -> kvctl.engine.v1.Empty
+	0,  // 54: kvctl.engine.v1.Engine.RegisterPromptArena:output_type -> kvctl.engine.v1.Empty
+	37, // [37:55] is the sub-list for method output_type
+	19, // [19:37] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_engine_proto_init() }
@@ -2170,7 +2316,7 @@ func file_engine_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_engine_proto_rawDesc), len(file_engine_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   29,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

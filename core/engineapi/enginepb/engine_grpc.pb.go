@@ -42,6 +42,7 @@ const (
 	Engine_TakeFailedAsyncLoads_FullMethodName  = "/kvctl.engine.v1.Engine/TakeFailedAsyncLoads"
 	Engine_TakeSubmittedSaves_FullMethodName    = "/kvctl.engine.v1.Engine/TakeSubmittedSaves"
 	Engine_DropBoundSaves_FullMethodName        = "/kvctl.engine.v1.Engine/DropBoundSaves"
+	Engine_RegisterPromptArena_FullMethodName   = "/kvctl.engine.v1.Engine/RegisterPromptArena"
 )
 
 // EngineClient is the client API for Engine service.
@@ -70,6 +71,11 @@ type EngineClient interface {
 	TakeFailedAsyncLoads(ctx context.Context, in *EngineRef, opts ...grpc.CallOption) (*RequestIDs, error)
 	TakeSubmittedSaves(ctx context.Context, in *EngineRef, opts ...grpc.CallOption) (*RequestIDs, error)
 	DropBoundSaves(ctx context.Context, in *DropRequest, opts ...grpc.CallOption) (*Empty, error)
+	// RegisterPromptArena gives a registered scheduler rank a prompt arena: shared memory that
+	// later Lookup and AdmissionQuery calls name their prompt in (Request.tokens_arena) instead of
+	// carrying it. The daemon maps it read-only and releases it with the rank (Unregister or the
+	// end of the connection that registered it); a second call replaces the first arena.
+	RegisterPromptArena(ctx context.Context, in *PromptArenaRequest, opts ...grpc.CallOption) (*Empty, error)
 }
 
 type engineClient struct {
@@ -250,6 +256,16 @@ func (c *engineClient) DropBoundSaves(ctx context.Context, in *DropRequest, opts
 	return out, nil
 }
 
+func (c *engineClient) RegisterPromptArena(ctx context.Context, in *PromptArenaRequest, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, Engine_RegisterPromptArena_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // EngineServer is the server API for Engine service.
 // All implementations must embed UnimplementedEngineServer
 // for forward compatibility.
@@ -276,6 +292,11 @@ type EngineServer interface {
 	TakeFailedAsyncLoads(context.Context, *EngineRef) (*RequestIDs, error)
 	TakeSubmittedSaves(context.Context, *EngineRef) (*RequestIDs, error)
 	DropBoundSaves(context.Context, *DropRequest) (*Empty, error)
+	// RegisterPromptArena gives a registered scheduler rank a prompt arena: shared memory that
+	// later Lookup and AdmissionQuery calls name their prompt in (Request.tokens_arena) instead of
+	// carrying it. The daemon maps it read-only and releases it with the rank (Unregister or the
+	// end of the connection that registered it); a second call replaces the first arena.
+	RegisterPromptArena(context.Context, *PromptArenaRequest) (*Empty, error)
 	mustEmbedUnimplementedEngineServer()
 }
 
@@ -336,6 +357,9 @@ func (UnimplementedEngineServer) TakeSubmittedSaves(context.Context, *EngineRef)
 }
 func (UnimplementedEngineServer) DropBoundSaves(context.Context, *DropRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method DropBoundSaves not implemented")
+}
+func (UnimplementedEngineServer) RegisterPromptArena(context.Context, *PromptArenaRequest) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method RegisterPromptArena not implemented")
 }
 func (UnimplementedEngineServer) mustEmbedUnimplementedEngineServer() {}
 func (UnimplementedEngineServer) testEmbeddedByValue()                {}
@@ -664,6 +688,24 @@ func _Engine_DropBoundSaves_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Engine_RegisterPromptArena_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PromptArenaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EngineServer).RegisterPromptArena(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Engine_RegisterPromptArena_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EngineServer).RegisterPromptArena(ctx, req.(*PromptArenaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Engine_ServiceDesc is the grpc.ServiceDesc for Engine service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -738,6 +780,10 @@ var Engine_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DropBoundSaves",
 			Handler:    _Engine_DropBoundSaves_Handler,
+		},
+		{
+			MethodName: "RegisterPromptArena",
+			Handler:    _Engine_RegisterPromptArena_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

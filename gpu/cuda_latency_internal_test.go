@@ -1,0 +1,124 @@
+//go:build cgo && linux
+
+package gpu
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvctl/kvctl/core/kvmem"
+)
+
+// BenchmarkCUDAThreadHop is the cost of one call on the device's CUDA thread with nothing to
+// do: the hand-off every driver call of a mover pays.
+func BenchmarkCUDAThreadHop(b *testing.B) {
+	d, err := OpenCUDA(0)
+	if err != nil {
+		b.Skip(err)
+	}
+	defer d.Close()
+	for b.Loop() {
+		d.t.do(func() {})
+	}
+}
+
+// BenchmarkCUDACheckSteps shows where a checked scatter's time goes on the GPU: events recorded
+// at each step of the check (checkTimer) give the microseconds from the first copy to the end of
+// the copies (copied), of the descriptors' copy (descriptors), of each kernel (deltas,
+// finished) and of the digests' copy (digests); host-us is the wall time of ScatterChecked and
+// its wait. "chunked" is the default (a batch of 16 MiB or more copied by the copy engines, or
+// of 64 MiB or more by the copy kernel, is checked chunk by chunk behind its copies);
+// "one-chunk" checks the whole batch after its copies.
+func BenchmarkCUDACheckSteps(b *testing.B) {
+	d, err := OpenCUDA(0)
+	if err != nil {
+		b.Skip(err)
+	}
+	defer d.Close()
+	for _, c := range []struct{ batchMiB, pageKiB int }{{4, 64}, {4, 1024}, {16, 64}, {64, 64}, {256, 64}, {64, 1024}, {180, 1024}} {
+		size := c.pageKiB << 10
+		n := (c.batchMiB << 20) / size
+		half := uint64(size / 2)
+		l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: n, Regions: []kvmem.Region{
+			{Offset: 0, Stride: half, Size: half}, {Offset: half * uint64(n), Stride: half, Size: half}}}}}
+		mem, err := d.AllocDeviceMemory(uint64(n * size))
+		if err != nil {
+			b.Fatal(err)
+		}
+		mv, err := d.NewMover(mem, l, CUDAMoverOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		m := mv.(*cudaMover)
+		st, err := m.NewStaging(n, size)
+		if err != nil {
+			b.Fatal(err)
+		}
+		refs := make([]kvmem.PageRef, n)
+		src := make([][]byte, n)
+		sums := make([]uint64, n)
+		for i := range refs {
+			refs[i] = kvmem.PageRef{Slot: (i * 7919) % n}
+			src[i] = st.Slot(i)
+			for j := range src[i] {
+				src[i][j] = byte(i*31 + j)
+			}
+			sums[i] = xxh3.Hash(src[i])
+		}
+		for _, mode := range []string{"chunked", "one-chunk"} {
+			b.Run(fmt.Sprintf("batch=%dMiB/page=%dKiB/%s", c.batchMiB, c.pageKiB, mode), func(b *testing.B) {
+				if mode == "one-chunk" {
+					defer func(old int) { checkChunkMin = old }(checkChunkMin)
+					checkChunkMin = 1 << 40
+				}
+				t, err := m.newCheckTimer()
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer t.close()
+				checkTrace = t.record
+				defer func() { checkTrace = nil }()
+				var total [checkSteps]float64
+				var host time.Duration
+				ctx := context.Background()
+				for b.Loop() {
+					t0 := time.Now()
+					wait, err := m.ScatterChecked(ctx, src, refs, sums)
+					if err != nil {
+						b.Fatal(err)
+					}
+					bad, err := wait()
+					host += time.Since(t0)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if slices.Contains(bad, true) {
+						b.Fatal("a page failed its check")
+					}
+					ms, err := t.since()
+					if err != nil {
+						b.Fatal(err)
+					}
+					for i := range ms {
+						total[i] += ms[i]
+					}
+				}
+				us := func(ms float64) float64 { return ms * 1e3 / float64(b.N) }
+				for i, name := range []string{"", "copied", "descriptors", "deltas", "finished", "digests"} {
+					if i > 0 {
+						b.ReportMetric(us(total[i]), name+"-us")
+					}
+				}
+				b.ReportMetric(float64(host.Microseconds())/float64(b.N), "host-us")
+			})
+		}
+		st.Close()
+		mv.Close()
+		mem.Close()
+	}
+}
