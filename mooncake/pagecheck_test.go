@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -216,5 +217,110 @@ func TestPrefaultMakesSegmentsResident(t *testing.T) {
 	}
 	if got := warm.BatchGet(bg, []string{"k"}, [][]byte{dst}); got[0] != int64(mooncake.ErrChecksumMismatch) {
 		t.Fatalf("get of a corrupted page = %d", got[0])
+	}
+}
+
+// TestLargePagesUnderEviction runs writers, readers (copying and in place) and removers over
+// pages longer than the checksum's 64 KiB pieces in a pool far too small for them, with the
+// eviction goroutine running: every page handed out is byte for byte what was put, no check
+// fails on an intact page, and all memory comes back. Run it with -race.
+func TestLargePagesUnderEviction(t *testing.T) {
+	o := func(mo *mooncake.Options) {
+		mo.Segments = []mooncake.SegmentSpec{{Name: "s0", Capacity: 3 << 20}, {Name: "s1", Capacity: 3 << 20}}
+		mo.EvictionPeriod = time.Millisecond
+		mo.LeaseTTL = 2 * time.Millisecond
+	}
+	p := bigPool(t, 6<<20, o)
+	sizes := []int{64<<10 + 1, 200<<10 + 17, 513 << 10}
+	r := rand.New(rand.NewPCG(27, 28))
+	const nKeys = 48
+	names := make([]string, nKeys)
+	pages := make(map[string][]byte, nKeys)
+	for i := range names {
+		names[i] = fmt.Sprintf("large/%02d", i)
+		pages[names[i]] = randomPage(r, sizes[i%len(sizes)])
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var problems []string
+	var hits int
+	report := func(format string, a ...any) {
+		mu.Lock()
+		if len(problems) < 20 {
+			problems = append(problems, fmt.Sprintf(format, a...))
+		}
+		mu.Unlock()
+	}
+	for w := range 6 {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(w), 29))
+			for range 150 {
+				batch := make([]string, 1+r.IntN(4))
+				for j := range batch {
+					batch[j] = names[r.IntN(nKeys)]
+				}
+				switch r.IntN(6) {
+				case 0, 1:
+					bufs := make([][]byte, len(batch))
+					for j, k := range batch {
+						bufs[j] = pages[k]
+					}
+					for j, c := range p.BatchPut(bg, batch, bufs, mooncake.ReplicateConfig{}) {
+						if c != mooncake.OK && c != mooncake.ErrNoAvailableHandle {
+							report("put %s = %v", batch[j], c)
+						}
+					}
+				case 2, 3:
+					bufs := make([][]byte, len(batch))
+					for j := range bufs {
+						bufs[j] = make([]byte, 513<<10)
+					}
+					for j, n := range p.BatchGet(bg, batch, bufs) {
+						switch {
+						case n >= 0:
+							if !bytes.Equal(bufs[j][:n], pages[batch[j]]) {
+								report("get %s returned %d bytes that differ from the put", batch[j], n)
+							}
+							mu.Lock()
+							hits++
+							mu.Unlock()
+						case n == int64(mooncake.ErrObjectNotFound), n == int64(mooncake.ErrReplicaNotReady):
+						default:
+							report("get %s = %d", batch[j], n)
+						}
+					}
+				case 4:
+					v := p.BatchView(bg, batch)
+					for j, n := range v.Codes {
+						if n >= 0 && !bytes.Equal(v.Bufs[j], pages[batch[j]]) {
+							report("view %s differs from the put", batch[j])
+						}
+						if n == int64(mooncake.ErrChecksumMismatch) {
+							report("view %s failed its check", batch[j])
+						}
+					}
+					v.Release()
+				case 5:
+					p.Remove(bg, batch[0], r.IntN(2) == 0)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, pr := range problems {
+		t.Error(pr)
+	}
+	st, err := p.Stats(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.ChecksumErrors != 0 || hits == 0 || st.EvictionRounds == 0 {
+		t.Fatalf("checksum errors %d, hits %d, eviction rounds %d: want 0 errors, some hits and rounds", st.ChecksumErrors, hits, st.EvictionRounds)
+	}
+	for _, k := range names {
+		p.Remove(bg, k, true)
+	}
+	if st, _ := p.Stats(bg); st.UsedBytes != 0 || st.FreeExtents != 2 {
+		t.Fatalf("after removing all: used %d, %d free extents", st.UsedBytes, st.FreeExtents)
 	}
 }
