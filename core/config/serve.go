@@ -141,6 +141,9 @@ func (s ServeConfig) validate(d *dec) {
 		}
 		s.warnUnused(d)
 	case PoolBackendMooncake:
+		if s.PoolPrefault {
+			d.at(SeverityWarning, ServeKeyPoolPrefault, "pool-prefault is read only by the embedded backend", "")
+		}
 		if s.Pool != "" {
 			if _, _, err := ParsePoolRef(s.Pool); err != nil {
 				d.at(SeverityError, ServeKeyPool, err.Error(), "write file:///path/pool.json or host:port")

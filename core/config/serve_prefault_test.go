@@ -31,3 +31,28 @@ func TestServePoolPrefaultKey(t *testing.T) {
 		}
 	}
 }
+
+// TestServePoolPrefaultMooncakeWarns checks that pool-prefault with the mooncake backend, which
+// does not read it, gives a warning naming the key and no error of its own.
+func TestServePoolPrefaultMooncakeWarns(t *testing.T) {
+	s := DefaultServeConfig()
+	s.PoolBackend, s.PoolPrefault = PoolBackendMooncake, true
+	var warned bool
+	for _, d := range s.Validate() {
+		if d.Path == ServeKeyPoolPrefault {
+			if d.Severity != SeverityWarning {
+				t.Fatalf("pool-prefault with the mooncake backend: %v, want a warning", d)
+			}
+			warned = true
+		}
+	}
+	if !warned {
+		t.Fatal("no warning for pool-prefault with the mooncake backend")
+	}
+	s.PoolBackend = PoolBackendEmbedded
+	for _, d := range s.Validate() {
+		if d.Path == ServeKeyPoolPrefault {
+			t.Fatalf("pool-prefault with the embedded backend: %v", d)
+		}
+	}
+}
