@@ -230,7 +230,7 @@ func (t *checkTimer) close() {
 
 // kernelChunkMin is the smallest checked batch copied by the copy kernel that is copied and
 // checked in chunks.
-var kernelChunkMin = 64 << 20
+var kernelChunkMin = 128 << 20
 
 // pageSumGroups is GROUPS in kernels/pagesum.cu: the blocks of a page one thread block of
 // kvBlockDeltas computes. maxGridY is the most pages one launch of it covers (a grid's y).
@@ -373,32 +373,40 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kv
 	if err != nil {
 		return nil, err
 	}
-	le := binary.LittleEndian
-	for k, pc := range m.pieces {
-		q := buf[piecesAt+k*pieceDescBytes:]
-		le.PutUint64(q[0:], pc.addr)
-		le.PutUint64(q[8:], pc.off)
-		le.PutUint64(q[16:], pc.len)
-		d := buf[pc.page*pageDescBytes:]
-		if pc.off == 0 {
-			le.PutUint32(d[8:], uint32(k))
-			le.PutUint32(d[12:], 0)
-			le.PutUint64(d[0:], 0)
-		}
-		le.PutUint32(d[12:], le.Uint32(d[12:])+1)
-		le.PutUint64(d[0:], pc.off+pc.len)
-	}
-	// Each page's full blocks get their deltas at base, after the pages before it.
+	// Each page's full blocks get their deltas at base, after the pages before it; a page is as
+	// long as its source (the walk above checked that).
 	var blocks, most uint64
-	for p := range pages {
-		d := buf[p*pageDescBytes:]
-		le.PutUint64(d[16:], blocks)
-		n := (le.Uint64(d[0:]) - 1) / 1024
+	for _, b := range src {
+		n := uint64(len(b)-1) / 1024
 		blocks += n
 		most = max(most, n)
 	}
 	if err := m.growDeltas(set, blocks*64); err != nil {
 		return nil, err
+	}
+	// describe writes the descriptors into the set's host buffer. It runs once the first copies
+	// are issued, so the copy engines do not wait for it.
+	describe := func() {
+		le := binary.LittleEndian
+		for k, pc := range m.pieces {
+			q := buf[piecesAt+k*pieceDescBytes:]
+			le.PutUint64(q[0:], pc.addr)
+			le.PutUint64(q[8:], pc.off)
+			le.PutUint64(q[16:], pc.len)
+			d := buf[pc.page*pageDescBytes:]
+			if pc.off == 0 {
+				le.PutUint32(d[8:], uint32(k))
+				le.PutUint32(d[12:], 0)
+			}
+			le.PutUint32(d[12:], le.Uint32(d[12:])+1)
+		}
+		var base uint64
+		for p, b := range src {
+			d := buf[p*pageDescBytes:]
+			le.PutUint64(d[0:], uint64(len(b)))
+			le.PutUint64(d[16:], base)
+			base += uint64(len(b)-1) / 1024
+		}
 	}
 	// Each chunk's check is queued on the checks' stream right after the chunk's copies are
 	// issued, behind them (an event per copy stream), so it runs while the next chunk is copied
@@ -427,6 +435,7 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kv
 			trace(checkWaited, s)
 		}
 		if k == 0 {
+			describe()
 			if err := cuErr("cuMemcpyHtoDAsync", C.kvCopyHtoDAsync(descs, host, C.size_t(outAt), s)); err != nil {
 				return err
 			}
@@ -468,23 +477,30 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kv
 		return cuErr("cuEventRecord", C.kvEventRecord(C.uintptr_t(set.done), s))
 	}
 	// Chunks pay where the copy engines copy. The copy kernel's copies slow down when split (16
-	// MiB of 64 KiB pages: 0.43 ms in one launch, 0.47 in chunks), so its batches are chunked
-	// only from kernelChunkMin on, where the check left after the copies weighs more.
-	chunked := len(ends) > 1
-	if chunked && m.kernelScatters(uint64(len(m.pieces)), src) {
+	// MiB of 64 KiB pages: 0.43 ms in one launch, 0.47 in chunks; 64 MiB: 1.60 against 1.66),
+	// so its batches are chunked only from kernelChunkMin on, where the check left after the
+	// copies weighs more (256 MiB: 6.06 ms in chunks, 6.26 in one).
+	if len(ends) > 1 && m.kernelScatters(uint64(len(m.pieces)), src) {
 		var total int
 		for _, b := range src {
 			total += len(b)
 		}
-		chunked = total >= kernelChunkMin
+		if total < kernelChunkMin {
+			ends = ends[len(ends)-1:]
+		}
 	}
+	pinned := true
 	for _, b := range src {
-		chunked = chunked && m.d.isPinned(b)
+		if !m.d.isPinned(b) {
+			pinned = false
+			break
+		}
 	}
-	if chunked {
+	if pinned {
 		err = m.scatterChunks(ctx, pages, src, ends, queued)
 	} else {
-		ends = ends[len(ends)-1:] // one chunk: the whole batch
+		// Through the bounce buffer, in one chunk.
+		ends = ends[len(ends)-1:]
 		m.afterIssue = func(_, ns int) error { return queued(0, ns) }
 		err = m.transfer(ctx, true, pages, src)
 		m.afterIssue = nil
