@@ -27,6 +27,205 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// CallChannelMethod numbers the methods a call channel carries (a frame's method field).
+// Numbers are a contract, like field numbers: never renumber or reuse them.
+type CallChannelMethod int32
+
+const (
+	CallChannelMethod_CALL_CHANNEL_METHOD_UNSPECIFIED              CallChannelMethod = 0
+	CallChannelMethod_CALL_CHANNEL_METHOD_REGISTER                 CallChannelMethod = 1
+	CallChannelMethod_CALL_CHANNEL_METHOD_UNREGISTER               CallChannelMethod = 2
+	CallChannelMethod_CALL_CHANNEL_METHOD_LOOKUP                   CallChannelMethod = 3
+	CallChannelMethod_CALL_CHANNEL_METHOD_ADMISSION_QUERY          CallChannelMethod = 4
+	CallChannelMethod_CALL_CHANNEL_METHOD_CANCEL_LOAD              CallChannelMethod = 5
+	CallChannelMethod_CALL_CHANNEL_METHOD_UPDATE_STATE_AFTER_ALLOC CallChannelMethod = 6
+	CallChannelMethod_CALL_CHANNEL_METHOD_BUILD_META               CallChannelMethod = 7
+	CallChannelMethod_CALL_CHANNEL_METHOD_REQUEST_FINISHED         CallChannelMethod = 8
+	CallChannelMethod_CALL_CHANNEL_METHOD_REQUEST_RESET            CallChannelMethod = 9
+	CallChannelMethod_CALL_CHANNEL_METHOD_BIND_META                CallChannelMethod = 10
+	CallChannelMethod_CALL_CHANNEL_METHOD_START_LOAD               CallChannelMethod = 11
+	CallChannelMethod_CALL_CHANNEL_METHOD_WAIT_FOR_SAVE            CallChannelMethod = 12
+	CallChannelMethod_CALL_CHANNEL_METHOD_GET_FINISHED             CallChannelMethod = 13
+	CallChannelMethod_CALL_CHANNEL_METHOD_TAKE_FAILED_LOADS        CallChannelMethod = 14
+	CallChannelMethod_CALL_CHANNEL_METHOD_TAKE_FAILED_ASYNC_LOADS  CallChannelMethod = 15
+	CallChannelMethod_CALL_CHANNEL_METHOD_TAKE_SUBMITTED_SAVES     CallChannelMethod = 16
+	CallChannelMethod_CALL_CHANNEL_METHOD_DROP_BOUND_SAVES         CallChannelMethod = 17
+	CallChannelMethod_CALL_CHANNEL_METHOD_REGISTER_PROMPT_ARENA    CallChannelMethod = 18
+)
+
+// Enum value maps for CallChannelMethod.
+var (
+	CallChannelMethod_name = map[int32]string{
+		0:  "CALL_CHANNEL_METHOD_UNSPECIFIED",
+		1:  "CALL_CHANNEL_METHOD_REGISTER",
+		2:  "CALL_CHANNEL_METHOD_UNREGISTER",
+		3:  "CALL_CHANNEL_METHOD_LOOKUP",
+		4:  "CALL_CHANNEL_METHOD_ADMISSION_QUERY",
+		5:  "CALL_CHANNEL_METHOD_CANCEL_LOAD",
+		6:  "CALL_CHANNEL_METHOD_UPDATE_STATE_AFTER_ALLOC",
+		7:  "CALL_CHANNEL_METHOD_BUILD_META",
+		8:  "CALL_CHANNEL_METHOD_REQUEST_FINISHED",
+		9:  "CALL_CHANNEL_METHOD_REQUEST_RESET",
+		10: "CALL_CHANNEL_METHOD_BIND_META",
+		11: "CALL_CHANNEL_METHOD_START_LOAD",
+		12: "CALL_CHANNEL_METHOD_WAIT_FOR_SAVE",
+		13: "CALL_CHANNEL_METHOD_GET_FINISHED",
+		14: "CALL_CHANNEL_METHOD_TAKE_FAILED_LOADS",
+		15: "CALL_CHANNEL_METHOD_TAKE_FAILED_ASYNC_LOADS",
+		16: "CALL_CHANNEL_METHOD_TAKE_SUBMITTED_SAVES",
+		17: "CALL_CHANNEL_METHOD_DROP_BOUND_SAVES",
+		18: "CALL_CHANNEL_METHOD_REGISTER_PROMPT_ARENA",
+	}
+	CallChannelMethod_value = map[string]int32{
+		"CALL_CHANNEL_METHOD_UNSPECIFIED":              0,
+		"CALL_CHANNEL_METHOD_REGISTER":                 1,
+		"CALL_CHANNEL_METHOD_UNREGISTER":               2,
+		"CALL_CHANNEL_METHOD_LOOKUP":                   3,
+		"CALL_CHANNEL_METHOD_ADMISSION_QUERY":          4,
+		"CALL_CHANNEL_METHOD_CANCEL_LOAD":              5,
+		"CALL_CHANNEL_METHOD_UPDATE_STATE_AFTER_ALLOC": 6,
+		"CALL_CHANNEL_METHOD_BUILD_META":               7,
+		"CALL_CHANNEL_METHOD_REQUEST_FINISHED":         8,
+		"CALL_CHANNEL_METHOD_REQUEST_RESET":            9,
+		"CALL_CHANNEL_METHOD_BIND_META":                10,
+		"CALL_CHANNEL_METHOD_START_LOAD":               11,
+		"CALL_CHANNEL_METHOD_WAIT_FOR_SAVE":            12,
+		"CALL_CHANNEL_METHOD_GET_FINISHED":             13,
+		"CALL_CHANNEL_METHOD_TAKE_FAILED_LOADS":        14,
+		"CALL_CHANNEL_METHOD_TAKE_FAILED_ASYNC_LOADS":  15,
+		"CALL_CHANNEL_METHOD_TAKE_SUBMITTED_SAVES":     16,
+		"CALL_CHANNEL_METHOD_DROP_BOUND_SAVES":         17,
+		"CALL_CHANNEL_METHOD_REGISTER_PROMPT_ARENA":    18,
+	}
+)
+
+func (x CallChannelMethod) Enum() *CallChannelMethod {
+	p := new(CallChannelMethod)
+	*p = x
+	return p
+}
+
+func (x CallChannelMethod) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (CallChannelMethod) Descriptor() protoreflect.EnumDescriptor {
+	return file_engine_proto_enumTypes[0].Descriptor()
+}
+
+func (CallChannelMethod) Type() protoreflect.EnumType {
+	return &file_engine_proto_enumTypes[0]
+}
+
+func (x CallChannelMethod) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use CallChannelMethod.Descriptor instead.
+func (CallChannelMethod) EnumDescriptor() ([]byte, []int) {
+	return file_engine_proto_rawDescGZIP(), []int{0}
+}
+
+// CallChannelRequest names the descriptor (a unix SOCK_SEQPACKET socket) to make a call
+// channel of.
+type CallChannelRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	FdToken       string                 `protobuf:"bytes,1,opt,name=fd_token,json=fdToken,proto3" json:"fd_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CallChannelRequest) Reset() {
+	*x = CallChannelRequest{}
+	mi := &file_engine_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallChannelRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallChannelRequest) ProtoMessage() {}
+
+func (x *CallChannelRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_engine_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallChannelRequest.ProtoReflect.Descriptor instead.
+func (*CallChannelRequest) Descriptor() ([]byte, []int) {
+	return file_engine_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *CallChannelRequest) GetFdToken() string {
+	if x != nil {
+		return x.FdToken
+	}
+	return ""
+}
+
+// CallChannelResponse gives the channel's bounds: the largest frame, header included, either
+// side may send, and the largest message (all frames of one request or response).
+type CallChannelResponse struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	MaxFrameBytes   uint32                 `protobuf:"varint,1,opt,name=max_frame_bytes,json=maxFrameBytes,proto3" json:"max_frame_bytes,omitempty"`
+	MaxMessageBytes uint64                 `protobuf:"varint,2,opt,name=max_message_bytes,json=maxMessageBytes,proto3" json:"max_message_bytes,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *CallChannelResponse) Reset() {
+	*x = CallChannelResponse{}
+	mi := &file_engine_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallChannelResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallChannelResponse) ProtoMessage() {}
+
+func (x *CallChannelResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_engine_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallChannelResponse.ProtoReflect.Descriptor instead.
+func (*CallChannelResponse) Descriptor() ([]byte, []int) {
+	return file_engine_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *CallChannelResponse) GetMaxFrameBytes() uint32 {
+	if x != nil {
+		return x.MaxFrameBytes
+	}
+	return 0
+}
+
+func (x *CallChannelResponse) GetMaxMessageBytes() uint64 {
+	if x != nil {
+		return x.MaxMessageBytes
+	}
+	return 0
+}
+
 type Empty struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -35,7 +234,7 @@ type Empty struct {
 
 func (x *Empty) Reset() {
 	*x = Empty{}
-	mi := &file_engine_proto_msgTypes[0]
+	mi := &file_engine_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -47,7 +246,7 @@ func (x *Empty) String() string {
 func (*Empty) ProtoMessage() {}
 
 func (x *Empty) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[0]
+	mi := &file_engine_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -60,7 +259,7 @@ func (x *Empty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Empty.ProtoReflect.Descriptor instead.
 func (*Empty) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{0}
+	return file_engine_proto_rawDescGZIP(), []int{2}
 }
 
 type EngineRef struct {
@@ -72,7 +271,7 @@ type EngineRef struct {
 
 func (x *EngineRef) Reset() {
 	*x = EngineRef{}
-	mi := &file_engine_proto_msgTypes[1]
+	mi := &file_engine_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -84,7 +283,7 @@ func (x *EngineRef) String() string {
 func (*EngineRef) ProtoMessage() {}
 
 func (x *EngineRef) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[1]
+	mi := &file_engine_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -97,7 +296,7 @@ func (x *EngineRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineRef.ProtoReflect.Descriptor instead.
 func (*EngineRef) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{1}
+	return file_engine_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *EngineRef) GetEngine() string {
@@ -118,7 +317,7 @@ type Region struct {
 
 func (x *Region) Reset() {
 	*x = Region{}
-	mi := &file_engine_proto_msgTypes[2]
+	mi := &file_engine_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -130,7 +329,7 @@ func (x *Region) String() string {
 func (*Region) ProtoMessage() {}
 
 func (x *Region) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[2]
+	mi := &file_engine_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -143,7 +342,7 @@ func (x *Region) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Region.ProtoReflect.Descriptor instead.
 func (*Region) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{2}
+	return file_engine_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Region) GetOffset() uint64 {
@@ -179,7 +378,7 @@ type LayerGroup struct {
 
 func (x *LayerGroup) Reset() {
 	*x = LayerGroup{}
-	mi := &file_engine_proto_msgTypes[3]
+	mi := &file_engine_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -191,7 +390,7 @@ func (x *LayerGroup) String() string {
 func (*LayerGroup) ProtoMessage() {}
 
 func (x *LayerGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[3]
+	mi := &file_engine_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -204,7 +403,7 @@ func (x *LayerGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerGroup.ProtoReflect.Descriptor instead.
 func (*LayerGroup) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{3}
+	return file_engine_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *LayerGroup) GetId() int32 {
@@ -245,7 +444,7 @@ type Layout struct {
 
 func (x *Layout) Reset() {
 	*x = Layout{}
-	mi := &file_engine_proto_msgTypes[4]
+	mi := &file_engine_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -257,7 +456,7 @@ func (x *Layout) String() string {
 func (*Layout) ProtoMessage() {}
 
 func (x *Layout) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[4]
+	mi := &file_engine_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -270,7 +469,7 @@ func (x *Layout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layout.ProtoReflect.Descriptor instead.
 func (*Layout) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{4}
+	return file_engine_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Layout) GetTokensPerBlock() int32 {
@@ -299,7 +498,7 @@ type SharedMemory struct {
 
 func (x *SharedMemory) Reset() {
 	*x = SharedMemory{}
-	mi := &file_engine_proto_msgTypes[5]
+	mi := &file_engine_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -311,7 +510,7 @@ func (x *SharedMemory) String() string {
 func (*SharedMemory) ProtoMessage() {}
 
 func (x *SharedMemory) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[5]
+	mi := &file_engine_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -324,7 +523,7 @@ func (x *SharedMemory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SharedMemory.ProtoReflect.Descriptor instead.
 func (*SharedMemory) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{5}
+	return file_engine_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SharedMemory) GetFdToken() string {
@@ -354,7 +553,7 @@ type CudaIPC struct {
 
 func (x *CudaIPC) Reset() {
 	*x = CudaIPC{}
-	mi := &file_engine_proto_msgTypes[6]
+	mi := &file_engine_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -366,7 +565,7 @@ func (x *CudaIPC) String() string {
 func (*CudaIPC) ProtoMessage() {}
 
 func (x *CudaIPC) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[6]
+	mi := &file_engine_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -379,7 +578,7 @@ func (x *CudaIPC) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CudaIPC.ProtoReflect.Descriptor instead.
 func (*CudaIPC) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{6}
+	return file_engine_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CudaIPC) GetHandle() []byte {
@@ -423,7 +622,7 @@ type CudaFD struct {
 
 func (x *CudaFD) Reset() {
 	*x = CudaFD{}
-	mi := &file_engine_proto_msgTypes[7]
+	mi := &file_engine_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -435,7 +634,7 @@ func (x *CudaFD) String() string {
 func (*CudaFD) ProtoMessage() {}
 
 func (x *CudaFD) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[7]
+	mi := &file_engine_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -448,7 +647,7 @@ func (x *CudaFD) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CudaFD.ProtoReflect.Descriptor instead.
 func (*CudaFD) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{7}
+	return file_engine_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CudaFD) GetFdToken() string {
@@ -511,7 +710,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_engine_proto_msgTypes[8]
+	mi := &file_engine_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -523,7 +722,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[8]
+	mi := &file_engine_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -536,7 +735,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{8}
+	return file_engine_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RegisterRequest) GetEngine() string {
@@ -740,7 +939,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_engine_proto_msgTypes[9]
+	mi := &file_engine_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -752,7 +951,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[9]
+	mi := &file_engine_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -765,7 +964,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{9}
+	return file_engine_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RegisterResponse) GetEngine() string {
@@ -816,7 +1015,7 @@ type Request struct {
 
 func (x *Request) Reset() {
 	*x = Request{}
-	mi := &file_engine_proto_msgTypes[10]
+	mi := &file_engine_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -828,7 +1027,7 @@ func (x *Request) String() string {
 func (*Request) ProtoMessage() {}
 
 func (x *Request) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[10]
+	mi := &file_engine_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -841,7 +1040,7 @@ func (x *Request) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Request.ProtoReflect.Descriptor instead.
 func (*Request) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{10}
+	return file_engine_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Request) GetId() string {
@@ -927,7 +1126,7 @@ type ArenaRange struct {
 
 func (x *ArenaRange) Reset() {
 	*x = ArenaRange{}
-	mi := &file_engine_proto_msgTypes[11]
+	mi := &file_engine_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -939,7 +1138,7 @@ func (x *ArenaRange) String() string {
 func (*ArenaRange) ProtoMessage() {}
 
 func (x *ArenaRange) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[11]
+	mi := &file_engine_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -952,7 +1151,7 @@ func (x *ArenaRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArenaRange.ProtoReflect.Descriptor instead.
 func (*ArenaRange) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{11}
+	return file_engine_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ArenaRange) GetOffset() uint64 {
@@ -984,7 +1183,7 @@ type PromptArenaRequest struct {
 
 func (x *PromptArenaRequest) Reset() {
 	*x = PromptArenaRequest{}
-	mi := &file_engine_proto_msgTypes[12]
+	mi := &file_engine_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -996,7 +1195,7 @@ func (x *PromptArenaRequest) String() string {
 func (*PromptArenaRequest) ProtoMessage() {}
 
 func (x *PromptArenaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[12]
+	mi := &file_engine_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1009,7 +1208,7 @@ func (x *PromptArenaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromptArenaRequest.ProtoReflect.Descriptor instead.
 func (*PromptArenaRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{12}
+	return file_engine_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PromptArenaRequest) GetEngine() string {
@@ -1044,7 +1243,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_engine_proto_msgTypes[13]
+	mi := &file_engine_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1056,7 +1255,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[13]
+	mi := &file_engine_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1069,7 +1268,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{13}
+	return file_engine_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *LookupRequest) GetEngine() string {
@@ -1103,7 +1302,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_engine_proto_msgTypes[14]
+	mi := &file_engine_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1115,7 +1314,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[14]
+	mi := &file_engine_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1128,7 +1327,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{14}
+	return file_engine_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LookupResponse) GetMatchedTokens() int32 {
@@ -1157,7 +1356,7 @@ type CancelLoadRequest struct {
 
 func (x *CancelLoadRequest) Reset() {
 	*x = CancelLoadRequest{}
-	mi := &file_engine_proto_msgTypes[15]
+	mi := &file_engine_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1169,7 +1368,7 @@ func (x *CancelLoadRequest) String() string {
 func (*CancelLoadRequest) ProtoMessage() {}
 
 func (x *CancelLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[15]
+	mi := &file_engine_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1182,7 +1381,7 @@ func (x *CancelLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelLoadRequest.ProtoReflect.Descriptor instead.
 func (*CancelLoadRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{15}
+	return file_engine_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CancelLoadRequest) GetEngine() string {
@@ -1222,7 +1421,7 @@ type BlockIDs struct {
 
 func (x *BlockIDs) Reset() {
 	*x = BlockIDs{}
-	mi := &file_engine_proto_msgTypes[16]
+	mi := &file_engine_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1234,7 +1433,7 @@ func (x *BlockIDs) String() string {
 func (*BlockIDs) ProtoMessage() {}
 
 func (x *BlockIDs) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[16]
+	mi := &file_engine_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1247,7 +1446,7 @@ func (x *BlockIDs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockIDs.ProtoReflect.Descriptor instead.
 func (*BlockIDs) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{16}
+	return file_engine_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *BlockIDs) GetIds() []int32 {
@@ -1269,7 +1468,7 @@ type AllocRequest struct {
 
 func (x *AllocRequest) Reset() {
 	*x = AllocRequest{}
-	mi := &file_engine_proto_msgTypes[17]
+	mi := &file_engine_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1281,7 +1480,7 @@ func (x *AllocRequest) String() string {
 func (*AllocRequest) ProtoMessage() {}
 
 func (x *AllocRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[17]
+	mi := &file_engine_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1294,7 +1493,7 @@ func (x *AllocRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocRequest.ProtoReflect.Descriptor instead.
 func (*AllocRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{17}
+	return file_engine_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AllocRequest) GetEngine() string {
@@ -1339,7 +1538,7 @@ type RequestData struct {
 
 func (x *RequestData) Reset() {
 	*x = RequestData{}
-	mi := &file_engine_proto_msgTypes[18]
+	mi := &file_engine_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1351,7 +1550,7 @@ func (x *RequestData) String() string {
 func (*RequestData) ProtoMessage() {}
 
 func (x *RequestData) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[18]
+	mi := &file_engine_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1364,7 +1563,7 @@ func (x *RequestData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestData.ProtoReflect.Descriptor instead.
 func (*RequestData) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{18}
+	return file_engine_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RequestData) GetId() string {
@@ -1421,7 +1620,7 @@ type BuildMetaRequest struct {
 
 func (x *BuildMetaRequest) Reset() {
 	*x = BuildMetaRequest{}
-	mi := &file_engine_proto_msgTypes[19]
+	mi := &file_engine_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1433,7 +1632,7 @@ func (x *BuildMetaRequest) String() string {
 func (*BuildMetaRequest) ProtoMessage() {}
 
 func (x *BuildMetaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[19]
+	mi := &file_engine_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1446,7 +1645,7 @@ func (x *BuildMetaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildMetaRequest.ProtoReflect.Descriptor instead.
 func (*BuildMetaRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{19}
+	return file_engine_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *BuildMetaRequest) GetEngine() string {
@@ -1488,7 +1687,7 @@ type PageTransfer struct {
 
 func (x *PageTransfer) Reset() {
 	*x = PageTransfer{}
-	mi := &file_engine_proto_msgTypes[20]
+	mi := &file_engine_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1500,7 +1699,7 @@ func (x *PageTransfer) String() string {
 func (*PageTransfer) ProtoMessage() {}
 
 func (x *PageTransfer) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[20]
+	mi := &file_engine_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1513,7 +1712,7 @@ func (x *PageTransfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PageTransfer.ProtoReflect.Descriptor instead.
 func (*PageTransfer) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{20}
+	return file_engine_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PageTransfer) GetHash() []byte {
@@ -1547,7 +1746,7 @@ type RequestTransfers struct {
 
 func (x *RequestTransfers) Reset() {
 	*x = RequestTransfers{}
-	mi := &file_engine_proto_msgTypes[21]
+	mi := &file_engine_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1559,7 +1758,7 @@ func (x *RequestTransfers) String() string {
 func (*RequestTransfers) ProtoMessage() {}
 
 func (x *RequestTransfers) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[21]
+	mi := &file_engine_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1572,7 +1771,7 @@ func (x *RequestTransfers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestTransfers.ProtoReflect.Descriptor instead.
 func (*RequestTransfers) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{21}
+	return file_engine_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RequestTransfers) GetRequestId() string {
@@ -1600,7 +1799,7 @@ type Metadata struct {
 
 func (x *Metadata) Reset() {
 	*x = Metadata{}
-	mi := &file_engine_proto_msgTypes[22]
+	mi := &file_engine_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1612,7 +1811,7 @@ func (x *Metadata) String() string {
 func (*Metadata) ProtoMessage() {}
 
 func (x *Metadata) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[22]
+	mi := &file_engine_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1625,7 +1824,7 @@ func (x *Metadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metadata.ProtoReflect.Descriptor instead.
 func (*Metadata) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{22}
+	return file_engine_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Metadata) GetLoads() []*RequestTransfers {
@@ -1659,7 +1858,7 @@ type BindMetaRequest struct {
 
 func (x *BindMetaRequest) Reset() {
 	*x = BindMetaRequest{}
-	mi := &file_engine_proto_msgTypes[23]
+	mi := &file_engine_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1671,7 +1870,7 @@ func (x *BindMetaRequest) String() string {
 func (*BindMetaRequest) ProtoMessage() {}
 
 func (x *BindMetaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[23]
+	mi := &file_engine_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1684,7 +1883,7 @@ func (x *BindMetaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindMetaRequest.ProtoReflect.Descriptor instead.
 func (*BindMetaRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{23}
+	return file_engine_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *BindMetaRequest) GetEngine() string {
@@ -1711,7 +1910,7 @@ type RequestRef struct {
 
 func (x *RequestRef) Reset() {
 	*x = RequestRef{}
-	mi := &file_engine_proto_msgTypes[24]
+	mi := &file_engine_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1723,7 +1922,7 @@ func (x *RequestRef) String() string {
 func (*RequestRef) ProtoMessage() {}
 
 func (x *RequestRef) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[24]
+	mi := &file_engine_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1736,7 +1935,7 @@ func (x *RequestRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestRef.ProtoReflect.Descriptor instead.
 func (*RequestRef) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{24}
+	return file_engine_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RequestRef) GetEngine() string {
@@ -1762,7 +1961,7 @@ type RequestFinishedResponse struct {
 
 func (x *RequestFinishedResponse) Reset() {
 	*x = RequestFinishedResponse{}
-	mi := &file_engine_proto_msgTypes[25]
+	mi := &file_engine_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1774,7 +1973,7 @@ func (x *RequestFinishedResponse) String() string {
 func (*RequestFinishedResponse) ProtoMessage() {}
 
 func (x *RequestFinishedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[25]
+	mi := &file_engine_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1787,7 +1986,7 @@ func (x *RequestFinishedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestFinishedResponse.ProtoReflect.Descriptor instead.
 func (*RequestFinishedResponse) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{25}
+	return file_engine_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RequestFinishedResponse) GetAsyncSaving() bool {
@@ -1808,7 +2007,7 @@ type GetFinishedRequest struct {
 
 func (x *GetFinishedRequest) Reset() {
 	*x = GetFinishedRequest{}
-	mi := &file_engine_proto_msgTypes[26]
+	mi := &file_engine_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1820,7 +2019,7 @@ func (x *GetFinishedRequest) String() string {
 func (*GetFinishedRequest) ProtoMessage() {}
 
 func (x *GetFinishedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[26]
+	mi := &file_engine_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1833,7 +2032,7 @@ func (x *GetFinishedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFinishedRequest.ProtoReflect.Descriptor instead.
 func (*GetFinishedRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{26}
+	return file_engine_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetFinishedRequest) GetEngine() string {
@@ -1867,7 +2066,7 @@ type GetFinishedResponse struct {
 
 func (x *GetFinishedResponse) Reset() {
 	*x = GetFinishedResponse{}
-	mi := &file_engine_proto_msgTypes[27]
+	mi := &file_engine_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1879,7 +2078,7 @@ func (x *GetFinishedResponse) String() string {
 func (*GetFinishedResponse) ProtoMessage() {}
 
 func (x *GetFinishedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[27]
+	mi := &file_engine_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1892,7 +2091,7 @@ func (x *GetFinishedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFinishedResponse.ProtoReflect.Descriptor instead.
 func (*GetFinishedResponse) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{27}
+	return file_engine_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetFinishedResponse) GetFinishedSaving() []string {
@@ -1918,7 +2117,7 @@ type RequestIDs struct {
 
 func (x *RequestIDs) Reset() {
 	*x = RequestIDs{}
-	mi := &file_engine_proto_msgTypes[28]
+	mi := &file_engine_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1930,7 +2129,7 @@ func (x *RequestIDs) String() string {
 func (*RequestIDs) ProtoMessage() {}
 
 func (x *RequestIDs) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[28]
+	mi := &file_engine_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1943,7 +2142,7 @@ func (x *RequestIDs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestIDs.ProtoReflect.Descriptor instead.
 func (*RequestIDs) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{28}
+	return file_engine_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RequestIDs) GetIds() []string {
@@ -1963,7 +2162,7 @@ type DropRequest struct {
 
 func (x *DropRequest) Reset() {
 	*x = DropRequest{}
-	mi := &file_engine_proto_msgTypes[29]
+	mi := &file_engine_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1975,7 +2174,7 @@ func (x *DropRequest) String() string {
 func (*DropRequest) ProtoMessage() {}
 
 func (x *DropRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[29]
+	mi := &file_engine_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1988,7 +2187,7 @@ func (x *DropRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropRequest.ProtoReflect.Descriptor instead.
 func (*DropRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{29}
+	return file_engine_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DropRequest) GetEngine() string {
@@ -2009,7 +2208,12 @@ var File_engine_proto protoreflect.FileDescriptor
 
 const file_engine_proto_rawDesc = "" +
 	"\n" +
-	"\fengine.proto\x12\x0fkvctl.engine.v1\"\a\n" +
+	"\fengine.proto\x12\x0fkvctl.engine.v1\"/\n" +
+	"\x12CallChannelRequest\x12\x19\n" +
+	"\bfd_token\x18\x01 \x01(\tR\afdToken\"i\n" +
+	"\x13CallChannelResponse\x12&\n" +
+	"\x0fmax_frame_bytes\x18\x01 \x01(\rR\rmaxFrameBytes\x12*\n" +
+	"\x11max_message_bytes\x18\x02 \x01(\x04R\x0fmaxMessageBytes\"\a\n" +
 	"\x05Empty\"#\n" +
 	"\tEngineRef\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\"L\n" +
@@ -2166,8 +2370,28 @@ const file_engine_proto_rawDesc = "" +
 	"\vDropRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x1f\n" +
 	"\vrequest_ids\x18\x02 \x03(\tR\n" +
-	"requestIds2\xe9\n" +
-	"\n" +
+	"requestIds*\x8a\x06\n" +
+	"\x11CallChannelMethod\x12#\n" +
+	"\x1fCALL_CHANNEL_METHOD_UNSPECIFIED\x10\x00\x12 \n" +
+	"\x1cCALL_CHANNEL_METHOD_REGISTER\x10\x01\x12\"\n" +
+	"\x1eCALL_CHANNEL_METHOD_UNREGISTER\x10\x02\x12\x1e\n" +
+	"\x1aCALL_CHANNEL_METHOD_LOOKUP\x10\x03\x12'\n" +
+	"#CALL_CHANNEL_METHOD_ADMISSION_QUERY\x10\x04\x12#\n" +
+	"\x1fCALL_CHANNEL_METHOD_CANCEL_LOAD\x10\x05\x120\n" +
+	",CALL_CHANNEL_METHOD_UPDATE_STATE_AFTER_ALLOC\x10\x06\x12\"\n" +
+	"\x1eCALL_CHANNEL_METHOD_BUILD_META\x10\a\x12(\n" +
+	"$CALL_CHANNEL_METHOD_REQUEST_FINISHED\x10\b\x12%\n" +
+	"!CALL_CHANNEL_METHOD_REQUEST_RESET\x10\t\x12!\n" +
+	"\x1dCALL_CHANNEL_METHOD_BIND_META\x10\n" +
+	"\x12\"\n" +
+	"\x1eCALL_CHANNEL_METHOD_START_LOAD\x10\v\x12%\n" +
+	"!CALL_CHANNEL_METHOD_WAIT_FOR_SAVE\x10\f\x12$\n" +
+	" CALL_CHANNEL_METHOD_GET_FINISHED\x10\r\x12)\n" +
+	"%CALL_CHANNEL_METHOD_TAKE_FAILED_LOADS\x10\x0e\x12/\n" +
+	"+CALL_CHANNEL_METHOD_TAKE_FAILED_ASYNC_LOADS\x10\x0f\x12,\n" +
+	"(CALL_CHANNEL_METHOD_TAKE_SUBMITTED_SAVES\x10\x10\x12(\n" +
+	"$CALL_CHANNEL_METHOD_DROP_BOUND_SAVES\x10\x11\x12-\n" +
+	")CALL_CHANNEL_METHOD_REGISTER_PROMPT_ARENA\x10\x122\xc7\v\n" +
 	"\x06Engine\x12O\n" +
 	"\bRegister\x12 .kvctl.engine.v1.RegisterRequest\x1a!.kvctl.engine.v1.RegisterResponse\x12@\n" +
 	"\n" +
@@ -2188,7 +2412,8 @@ const file_engine_proto_rawDesc = "" +
 	"\x14TakeFailedAsyncLoads\x12\x1a.kvctl.engine.v1.EngineRef\x1a\x1b.kvctl.engine.v1.RequestIDs\x12M\n" +
 	"\x12TakeSubmittedSaves\x12\x1a.kvctl.engine.v1.EngineRef\x1a\x1b.kvctl.engine.v1.RequestIDs\x12F\n" +
 	"\x0eDropBoundSaves\x12\x1c.kvctl.engine.v1.DropRequest\x1a\x16.kvctl.engine.v1.Empty\x12R\n" +
-	"\x13RegisterPromptArena\x12#.kvctl.engine.v1.PromptArenaRequest\x1a\x16.kvctl.engine.v1.EmptyB0Z.github.com/kvctl/kvctl/core/engineapi/enginepbb\x06proto3"
+	"\x13RegisterPromptArena\x12#.kvctl.engine.v1.PromptArenaRequest\x1a\x16.kvctl.engine.v1.Empty\x12\\\n" +
+	"\x0fOpenCallChannel\x12#.kvctl.engine.v1.CallChannelRequest\x1a$.kvctl.engine.v1.CallChannelResponseB0Z.github.com/kvctl/kvctl/core/engineapi/enginepbb\x06proto3"
 
 var (
 	file_engine_proto_rawDescOnce sync.Once
@@ -2202,98 +2427,104 @@ func file_engine_proto_rawDescGZIP() []byte {
 	return file_engine_proto_rawDescData
 }
 
-var file_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_engine_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_engine_proto_goTypes = []any{
-	(*Empty)(nil),                   // 0: kvctl.engine.v1.Empty
-	(*EngineRef)(nil),               // 1: kvctl.engine.v1.EngineRef
-	(*Region)(nil),                  // 2: kvctl.engine.v1.Region
-	(*LayerGroup)(nil),              // 3: kvctl.engine.v1.LayerGroup
-	(*Layout)(nil),                  // 4: kvctl.engine.v1.Layout
-	(*SharedMemory)(nil),            // 5: kvctl.engine.v1.SharedMemory
-	(*CudaIPC)(nil),                 // 6: kvctl.engine.v1.CudaIPC
-	(*CudaFD)(nil),                  // 7: kvctl.engine.v1.CudaFD
-	(*RegisterRequest)(nil),         // 8: kvctl.engine.v1.RegisterRequest
-	(*RegisterResponse)(nil),        // 9: kvctl.engine.v1.RegisterResponse
-	(*Request)(nil),                 // 10: kvctl.engine.v1.Request
-	(*ArenaRange)(nil),              // 11: kvctl.engine.v1.ArenaRange
-	(*PromptArenaRequest)(nil),      // 12: kvctl.engine.v1.PromptArenaRequest
-	(*LookupRequest)(nil),           // 13: kvctl.engine.v1.LookupRequest
-	(*LookupResponse)(nil),          // 14: kvctl.engine.v1.LookupResponse
-	(*CancelLoadRequest)(nil),       // 15: kvctl.engine.v1.CancelLoadRequest
-	(*BlockIDs)(nil),                // 16: kvctl.engine.v1.BlockIDs
-	(*AllocRequest)(nil),            // 17: kvctl.engine.v1.AllocRequest
-	(*RequestData)(nil),             // 18: kvctl.engine.v1.RequestData
-	(*BuildMetaRequest)(nil),        // 19: kvctl.engine.v1.BuildMetaRequest
-	(*PageTransfer)(nil),            // 20: kvctl.engine.v1.PageTransfer
-	(*RequestTransfers)(nil),        // 21: kvctl.engine.v1.RequestTransfers
-	(*Metadata)(nil),                // 22: kvctl.engine.v1.Metadata
-	(*BindMetaRequest)(nil),         // 23: kvctl.engine.v1.BindMetaRequest
-	(*RequestRef)(nil),              // 24: kvctl.engine.v1.RequestRef
-	(*RequestFinishedResponse)(nil), // 25: kvctl.engine.v1.RequestFinishedResponse
-	(*GetFinishedRequest)(nil),      // 26: kvctl.engine.v1.GetFinishedRequest
-	(*GetFinishedResponse)(nil),     // 27: kvctl.engine.v1.GetFinishedResponse
-	(*RequestIDs)(nil),              // 28: kvctl.engine.v1.RequestIDs
-	(*DropRequest)(nil),             // 29: kvctl.engine.v1.DropRequest
-	nil,                             // 30: kvctl.engine.v1.RegisterResponse.DeclarationsEntry
+	(CallChannelMethod)(0),          // 0: kvctl.engine.v1.CallChannelMethod
+	(*CallChannelRequest)(nil),      // 1: kvctl.engine.v1.CallChannelRequest
+	(*CallChannelResponse)(nil),     // 2: kvctl.engine.v1.CallChannelResponse
+	(*Empty)(nil),                   // 3: kvctl.engine.v1.Empty
+	(*EngineRef)(nil),               // 4: kvctl.engine.v1.EngineRef
+	(*Region)(nil),                  // 5: kvctl.engine.v1.Region
+	(*LayerGroup)(nil),              // 6: kvctl.engine.v1.LayerGroup
+	(*Layout)(nil),                  // 7: kvctl.engine.v1.Layout
+	(*SharedMemory)(nil),            // 8: kvctl.engine.v1.SharedMemory
+	(*CudaIPC)(nil),                 // 9: kvctl.engine.v1.CudaIPC
+	(*CudaFD)(nil),                  // 10: kvctl.engine.v1.CudaFD
+	(*RegisterRequest)(nil),         // 11: kvctl.engine.v1.RegisterRequest
+	(*RegisterResponse)(nil),        // 12: kvctl.engine.v1.RegisterResponse
+	(*Request)(nil),                 // 13: kvctl.engine.v1.Request
+	(*ArenaRange)(nil),              // 14: kvctl.engine.v1.ArenaRange
+	(*PromptArenaRequest)(nil),      // 15: kvctl.engine.v1.PromptArenaRequest
+	(*LookupRequest)(nil),           // 16: kvctl.engine.v1.LookupRequest
+	(*LookupResponse)(nil),          // 17: kvctl.engine.v1.LookupResponse
+	(*CancelLoadRequest)(nil),       // 18: kvctl.engine.v1.CancelLoadRequest
+	(*BlockIDs)(nil),                // 19: kvctl.engine.v1.BlockIDs
+	(*AllocRequest)(nil),            // 20: kvctl.engine.v1.AllocRequest
+	(*RequestData)(nil),             // 21: kvctl.engine.v1.RequestData
+	(*BuildMetaRequest)(nil),        // 22: kvctl.engine.v1.BuildMetaRequest
+	(*PageTransfer)(nil),            // 23: kvctl.engine.v1.PageTransfer
+	(*RequestTransfers)(nil),        // 24: kvctl.engine.v1.RequestTransfers
+	(*Metadata)(nil),                // 25: kvctl.engine.v1.Metadata
+	(*BindMetaRequest)(nil),         // 26: kvctl.engine.v1.BindMetaRequest
+	(*RequestRef)(nil),              // 27: kvctl.engine.v1.RequestRef
+	(*RequestFinishedResponse)(nil), // 28: kvctl.engine.v1.RequestFinishedResponse
+	(*GetFinishedRequest)(nil),      // 29: kvctl.engine.v1.GetFinishedRequest
+	(*GetFinishedResponse)(nil),     // 30: kvctl.engine.v1.GetFinishedResponse
+	(*RequestIDs)(nil),              // 31: kvctl.engine.v1.RequestIDs
+	(*DropRequest)(nil),             // 32: kvctl.engine.v1.DropRequest
+	nil,                             // 33: kvctl.engine.v1.RegisterResponse.DeclarationsEntry
 }
 var file_engine_proto_depIdxs = []int32{
-	2,  // 0: kvctl.engine.v1.LayerGroup.regions:type_name -> kvctl.engine.v1.Region
-	2,  // 1: kvctl.engine.v1.LayerGroup.replicated_regions:type_name -> kvctl.engine.v1.Region
-	3,  // 2: kvctl.engine.v1.Layout.groups:type_name -> kvctl.engine.v1.LayerGroup
-	4,  // 3: kvctl.engine.v1.RegisterRequest.layout:type_name -> kvctl.engine.v1.Layout
-	5,  // 4: kvctl.engine.v1.RegisterRequest.shared_memory:type_name -> kvctl.engine.v1.SharedMemory
-	6,  // 5: kvctl.engine.v1.RegisterRequest.cuda_ipc:type_name -> kvctl.engine.v1.CudaIPC
-	7,  // 6: kvctl.engine.v1.RegisterRequest.cuda_fd:type_name -> kvctl.engine.v1.CudaFD
-	30, // 7: kvctl.engine.v1.RegisterResponse.declarations:type_name -> kvctl.engine.v1.RegisterResponse.DeclarationsEntry
-	11, // 8: kvctl.engine.v1.Request.tokens_arena:type_name -> kvctl.engine.v1.ArenaRange
-	10, // 9: kvctl.engine.v1.LookupRequest.request:type_name -> kvctl.engine.v1.Request
-	16, // 10: kvctl.engine.v1.AllocRequest.block_ids_by_group:type_name -> kvctl.engine.v1.BlockIDs
-	16, // 11: kvctl.engine.v1.RequestData.new_block_ids_by_group:type_name -> kvctl.engine.v1.BlockIDs
-	18, // 12: kvctl.engine.v1.BuildMetaRequest.new_requests:type_name -> kvctl.engine.v1.RequestData
-	18, // 13: kvctl.engine.v1.BuildMetaRequest.cached_requests:type_name -> kvctl.engine.v1.RequestData
-	20, // 14: kvctl.engine.v1.RequestTransfers.pages:type_name -> kvctl.engine.v1.PageTransfer
-	21, // 15: kvctl.engine.v1.Metadata.loads:type_name -> kvctl.engine.v1.RequestTransfers
-	21, // 16: kvctl.engine.v1.Metadata.saves:type_name -> kvctl.engine.v1.RequestTransfers
-	21, // 17: kvctl.engine.v1.Metadata.async_loads:type_name -> kvctl.engine.v1.RequestTransfers
-	22, // 18: kvctl.engine.v1.BindMetaRequest.metadata:type_name -> kvctl.engine.v1.Metadata
-	8,  // 19: kvctl.engine.v1.Engine.Register:input_type -> kvctl.engine.v1.RegisterRequest
-	1,  // 20: kvctl.engine.v1.Engine.Unregister:input_type -> kvctl.engine.v1.EngineRef
-	13, // 21: kvctl.engine.v1.Engine.Lookup:input_type -> kvctl.engine.v1.LookupRequest
-	13, // 22: kvctl.engine.v1.Engine.AdmissionQuery:input_type -> kvctl.engine.v1.LookupRequest
-	15, // 23: kvctl.engine.v1.Engine.CancelLoad:input_type -> kvctl.engine.v1.CancelLoadRequest
-	17, // 24: kvctl.engine.v1.Engine.UpdateStateAfterAlloc:input_type -> kvctl.engine.v1.AllocRequest
-	19, // 25: kvctl.engine.v1.Engine.BuildMeta:input_type -> kvctl.engine.v1.BuildMetaRequest
-	24, // 26: kvctl.engine.v1.Engine.RequestFinished:input_type -> kvctl.engine.v1.RequestRef
-	24, // 27: kvctl.engine.v1.Engine.RequestReset:input_type -> kvctl.engine.v1.RequestRef
-	23, // 28: kvctl.engine.v1.Engine.BindMeta:input_type -> kvctl.engine.v1.BindMetaRequest
-	1,  // 29: kvctl.engine.v1.Engine.StartLoad:input_type -> kvctl.engine.v1.EngineRef
-	1,  // 30: kvctl.engine.v1.Engine.WaitForSave:input_type -> kvctl.engine.v1.EngineRef
-	26, // 31: kvctl.engine.v1.Engine.GetFinished:input_type -> kvctl.engine.v1.GetFinishedRequest
-	1,  // 32: kvctl.engine.v1.Engine.TakeFailedLoads:input_type -> kvctl.engine.v1.EngineRef
-	1,  // 33: kvctl.engine.v1.Engine.TakeFailedAsyncLoads:input_type -> kvctl.engine.v1.EngineRef
-	1,  // 34: kvctl.engine.v1.Engine.TakeSubmittedSaves:input_type -> kvctl.engine.v1.EngineRef
-	29, // 35: kvctl.engine.v1.Engine.DropBoundSaves:input_type -> kvctl.engine.v1.DropRequest
-	12, // 36: kvctl.engine.v1.Engine.RegisterPromptArena:input_type -> kvctl.engine.v1.PromptArenaRequest
-	9,  // 37: kvctl.engine.v1.Engine.Register:output_type -> kvctl.engine.v1.RegisterResponse
-	0,  // 38: kvctl.engine.v1.Engine.Unregister:output_type -> kvctl.engine.v1.Empty
-	14, // 39: kvctl.engine.v1.Engine.Lookup:output_type -> kvctl.engine.v1.LookupResponse
-	14, // 40: kvctl.engine.v1.Engine.AdmissionQuery:output_type -> kvctl.engine.v1.LookupResponse
-	0,  // 41: kvctl.engine.v1.Engine.CancelLoad:output_type -> kvctl.engine.v1.Empty
-	0,  // 42: kvctl.engine.v1.Engine.UpdateStateAfterAlloc:output_type -> kvctl.engine.v1.Empty
-	22, // 43: kvctl.engine.v1.Engine.BuildMeta:output_type -> kvctl.engine.v1.Metadata
-	25, // 44: kvctl.engine.v1.Engine.RequestFinished:output_type -> kvctl.engine.v1.RequestFinishedResponse
-	0,  // 45: kvctl.engine.v1.Engine.RequestReset:output_type -> kvctl.engine.v1.Empty
-	0,  // 46: kvctl.engine.v1.Engine.BindMeta:output_type -> kvctl.engine.v1.Empty
-	0,  // 47: kvctl.engine.v1.Engine.StartLoad:output_type -> kvctl.engine.v1.Empty
-	0,  // 48: kvctl.engine.v1.Engine.WaitForSave:output_type -> kvctl.engine.v1.Empty
-	27, // 49: kvctl.engine.v1.Engine.GetFinished:output_type -> kvctl.engine.v1.GetFinishedResponse
-	28, // 50: kvctl.engine.v1.Engine.TakeFailedLoads:output_type -> kvctl.engine.v1.RequestIDs
-	28, // 51: kvctl.engine.v1.Engine.TakeFailedAsyncLoads:output_type -> kvctl.engine.v1.RequestIDs
-	28, // 52: kvctl.engine.v1.Engine.TakeSubmittedSaves:output_type -> kvctl.engine.v1.RequestIDs
-	0,  // 53: kvctl.engine.v1.Engine.DropBoundSaves:output_type -> kvctl.engine.v1.Empty
-	0,  // 54: kvctl.engine.v1.Engine.RegisterPromptArena:output_type -> kvctl.engine.v1.Empty
-	37, // [37:55] is the sub-list for method output_type
-	19, // [19:37] is the sub-list for method input_type
+	5,  // 0: kvctl.engine.v1.LayerGroup.regions:type_name -> kvctl.engine.v1.Region
+	5,  // 1: kvctl.engine.v1.LayerGroup.replicated_regions:type_name -> kvctl.engine.v1.Region
+	6,  // 2: kvctl.engine.v1.Layout.groups:type_name -> kvctl.engine.v1.LayerGroup
+	7,  // 3: kvctl.engine.v1.RegisterRequest.layout:type_name -> kvctl.engine.v1.Layout
+	8,  // 4: kvctl.engine.v1.RegisterRequest.shared_memory:type_name -> kvctl.engine.v1.SharedMemory
+	9,  // 5: kvctl.engine.v1.RegisterRequest.cuda_ipc:type_name -> kvctl.engine.v1.CudaIPC
+	10, // 6: kvctl.engine.v1.RegisterRequest.cuda_fd:type_name -> kvctl.engine.v1.CudaFD
+	33, // 7: kvctl.engine.v1.RegisterResponse.declarations:type_name -> kvctl.engine.v1.RegisterResponse.DeclarationsEntry
+	14, // 8: kvctl.engine.v1.Request.tokens_arena:type_name -> kvctl.engine.v1.ArenaRange
+	13, // 9: kvctl.engine.v1.LookupRequest.request:type_name -> kvctl.engine.v1.Request
+	19, // 10: kvctl.engine.v1.AllocRequest.block_ids_by_group:type_name -> kvctl.engine.v1.BlockIDs
+	19, // 11: kvctl.engine.v1.RequestData.new_block_ids_by_group:type_name -> kvctl.engine.v1.BlockIDs
+	21, // 12: kvctl.engine.v1.BuildMetaRequest.new_requests:type_name -> kvctl.engine.v1.RequestData
+	21, // 13: kvctl.engine.v1.BuildMetaRequest.cached_requests:type_name -> kvctl.engine.v1.RequestData
+	23, // 14: kvctl.engine.v1.RequestTransfers.pages:type_name -> kvctl.engine.v1.PageTransfer
+	24, // 15: kvctl.engine.v1.Metadata.loads:type_name -> kvctl.engine.v1.RequestTransfers
+	24, // 16: kvctl.engine.v1.Metadata.saves:type_name -> kvctl.engine.v1.RequestTransfers
+	24, // 17: kvctl.engine.v1.Metadata.async_loads:type_name -> kvctl.engine.v1.RequestTransfers
+	25, // 18: kvctl.engine.v1.BindMetaRequest.metadata:type_name -> kvctl.engine.v1.Metadata
+	11, // 19: kvctl.engine.v1.Engine.Register:input_type -> kvctl.engine.v1.RegisterRequest
+	4,  // 20: kvctl.engine.v1.Engine.Unregister:input_type -> kvctl.engine.v1.EngineRef
+	16, // 21: kvctl.engine.v1.Engine.Lookup:input_type -> kvctl.engine.v1.LookupRequest
+	16, // 22: kvctl.engine.v1.Engine.AdmissionQuery:input_type -> kvctl.engine.v1.LookupRequest
+	18, // 23: kvctl.engine.v1.Engine.CancelLoad:input_type -> kvctl.engine.v1.CancelLoadRequest
+	20, // 24: kvctl.engine.v1.Engine.UpdateStateAfterAlloc:input_type -> kvctl.engine.v1.AllocRequest
+	22, // 25: kvctl.engine.v1.Engine.BuildMeta:input_type -> kvctl.engine.v1.BuildMetaRequest
+	27, // 26: kvctl.engine.v1.Engine.RequestFinished:input_type -> kvctl.engine.v1.RequestRef
+	27, // 27: kvctl.engine.v1.Engine.RequestReset:input_type -> kvctl.engine.v1.RequestRef
+	26, // 28: kvctl.engine.v1.Engine.BindMeta:input_type -> kvctl.engine.v1.BindMetaRequest
+	4,  // 29: kvctl.engine.v1.Engine.StartLoad:input_type -> kvctl.engine.v1.EngineRef
+	4,  // 30: kvctl.engine.v1.Engine.WaitForSave:input_type -> kvctl.engine.v1.EngineRef
+	29, // 31: kvctl.engine.v1.Engine.GetFinished:input_type -> kvctl.engine.v1.GetFinishedRequest
+	4,  // 32: kvctl.engine.v1.Engine.TakeFailedLoads:input_type -> kvctl.engine.v1.EngineRef
+	4,  // 33: kvctl.engine.v1.Engine.TakeFailedAsyncLoads:input_type -> kvctl.engine.v1.EngineRef
+	4,  // 34: kvctl.engine.v1.Engine.TakeSubmittedSaves:input_type -> kvctl.engine.v1.EngineRef
+	32, // 35: kvctl.engine.v1.Engine.DropBoundSaves:input_type -> kvctl.engine.v1.DropRequest
+	15, // 36: kvctl.engine.v1.Engine.RegisterPromptArena:input_type -> kvctl.engine.v1.PromptArenaRequest
+	1,  // 37: kvctl.engine.v1.Engine.OpenCallChannel:input_type -> kvctl.engine.v1.CallChannelRequest
+	12, // 38: kvctl.engine.v1.Engine.Register:output_type -> kvctl.engine.v1.RegisterResponse
+	3,  // 39: kvctl.engine.v1.Engine.Unregister:output_type -> kvctl.engine.v1.Empty
+	17, // 40: kvctl.engine.v1.Engine.Lookup:output_type -> kvctl.engine.v1.LookupResponse
+	17, // 41: kvctl.engine.v1.Engine.AdmissionQuery:output_type -> kvctl.engine.v1.LookupResponse
+	3,  // 42: kvctl.engine.v1.Engine.CancelLoad:output_type -> kvctl.engine.v1.Empty
+	3,  // 43: kvctl.engine.v1.Engine.UpdateStateAfterAlloc:output_type -> kvctl.engine.v1.Empty
+	25, // 44: kvctl.engine.v1.Engine.BuildMeta:output_type -> kvctl.engine.v1.Metadata
+	28, // 45: kvctl.engine.v1.Engine.RequestFinished:output_type -> kvctl.engine.v1.RequestFinishedResponse
+	3,  // 46: kvctl.engine.v1.Engine.RequestReset:output_type -> kvctl.engine.v1.Empty
+	3,  // 47: kvctl.engine.v1.Engine.BindMeta:output_type -> kvctl.engine.v1.Empty
+	3,  // 48: kvctl.engine.v1.Engine.StartLoad:output_type -> kvctl.engine.v1.Empty
+	3,  // 49: kvctl.engine.v1.Engine.WaitForSave:output_type -> kvctl.engine.v1.Empty
+	30, // 50: kvctl.engine.v1.Engine.GetFinished:output_type -> kvctl.engine.v1.GetFinishedResponse
+	31, // 51: kvctl.engine.v1.Engine.TakeFailedLoads:output_type -> kvctl.engine.v1.RequestIDs
+	31, // 52: kvctl.engine.v1.Engine.TakeFailedAsyncLoads:output_type -> kvctl.engine.v1.RequestIDs
+	31, // 53: kvctl.engine.v1.Engine.TakeSubmittedSaves:output_type -> kvctl.engine.v1.RequestIDs
+	3,  // 54: kvctl.engine.v1.Engine.DropBoundSaves:output_type -> kvctl.engine.v1.Empty
+	3,  // 55: kvctl.engine.v1.Engine.RegisterPromptArena:output_type -> kvctl.engine.v1.Empty
+	2,  // 56: kvctl.engine.v1.Engine.OpenCallChannel:output_type -> kvctl.engine.v1.CallChannelResponse
+	38, // [38:57] is the sub-list for method output_type
+	19, // [19:38] is the sub-list for method input_type
 	19, // [19:19] is the sub-list for extension type_name
 	19, // [19:19] is the sub-list for extension extendee
 	0,  // [0:19] is the sub-list for field type_name
@@ -2304,24 +2535,25 @@ func file_engine_proto_init() {
 	if File_engine_proto != nil {
 		return
 	}
-	file_engine_proto_msgTypes[8].OneofWrappers = []any{
+	file_engine_proto_msgTypes[10].OneofWrappers = []any{
 		(*RegisterRequest_SharedMemory)(nil),
 		(*RegisterRequest_CudaIpc)(nil),
 		(*RegisterRequest_CudaFd)(nil),
 	}
-	file_engine_proto_msgTypes[10].OneofWrappers = []any{}
+	file_engine_proto_msgTypes[12].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_engine_proto_rawDesc), len(file_engine_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   31,
+			NumEnums:      1,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_engine_proto_goTypes,
 		DependencyIndexes: file_engine_proto_depIdxs,
+		EnumInfos:         file_engine_proto_enumTypes,
 		MessageInfos:      file_engine_proto_msgTypes,
 	}.Build()
 	File_engine_proto = out.File

@@ -43,6 +43,7 @@ const (
 	Engine_TakeSubmittedSaves_FullMethodName    = "/kvctl.engine.v1.Engine/TakeSubmittedSaves"
 	Engine_DropBoundSaves_FullMethodName        = "/kvctl.engine.v1.Engine/DropBoundSaves"
 	Engine_RegisterPromptArena_FullMethodName   = "/kvctl.engine.v1.Engine/RegisterPromptArena"
+	Engine_OpenCallChannel_FullMethodName       = "/kvctl.engine.v1.Engine/OpenCallChannel"
 )
 
 // EngineClient is the client API for Engine service.
@@ -76,6 +77,26 @@ type EngineClient interface {
 	// carrying it. The daemon maps it read-only and releases it with the rank (Unregister or the
 	// end of the connection that registered it); a second call replaces the first arena.
 	RegisterPromptArena(ctx context.Context, in *PromptArenaRequest, opts ...grpc.CallOption) (*Empty, error)
+	// OpenCallChannel makes a descriptor the engine sent over the descriptor side channel
+	// (fd_token) a call channel of this connection: one end of a unix SOCK_SEQPACKET socket pair
+	// whose other end the engine keeps. Over it the engine may make any call of this service but
+	// this one, each request and response a message of one or more frames of a 16-byte header and
+	// a fragment of the protobuf message, instead of an HTTP/2 stream: one write and one read a
+	// call. A call made over a channel is a call of the connection that opened it: the same
+	// ownership checks, limits, errors and metrics. The daemon closes the channel when that
+	// connection ends.
+	//
+	// Frame header, little-endian:
+	//
+	//	bytes 0-3   magic 0x3143564b ("KVC1")
+	//	bytes 4-5   method: the number CallChannelMethod gives it
+	//	byte  6     flags: bit 0 set when more frames of the same message follow; other bits 0
+	//	byte  7     status: 0 in requests; in responses the gRPC status code (0 OK)
+	//	bytes 8-15  call id, chosen by the engine and echoed in every frame of the response
+	//
+	// then up to max_frame_bytes - 16 bytes of the message. A response with status 0 carries the
+	// method's protobuf response; any other status carries its error message as UTF-8.
+	OpenCallChannel(ctx context.Context, in *CallChannelRequest, opts ...grpc.CallOption) (*CallChannelResponse, error)
 }
 
 type engineClient struct {
@@ -266,6 +287,16 @@ func (c *engineClient) RegisterPromptArena(ctx context.Context, in *PromptArenaR
 	return out, nil
 }
 
+func (c *engineClient) OpenCallChannel(ctx context.Context, in *CallChannelRequest, opts ...grpc.CallOption) (*CallChannelResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CallChannelResponse)
+	err := c.cc.Invoke(ctx, Engine_OpenCallChannel_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // EngineServer is the server API for Engine service.
 // All implementations must embed UnimplementedEngineServer
 // for forward compatibility.
@@ -297,6 +328,26 @@ type EngineServer interface {
 	// carrying it. The daemon maps it read-only and releases it with the rank (Unregister or the
 	// end of the connection that registered it); a second call replaces the first arena.
 	RegisterPromptArena(context.Context, *PromptArenaRequest) (*Empty, error)
+	// OpenCallChannel makes a descriptor the engine sent over the descriptor side channel
+	// (fd_token) a call channel of this connection: one end of a unix SOCK_SEQPACKET socket pair
+	// whose other end the engine keeps. Over it the engine may make any call of this service but
+	// this one, each request and response a message of one or more frames of a 16-byte header and
+	// a fragment of the protobuf message, instead of an HTTP/2 stream: one write and one read a
+	// call. A call made over a channel is a call of the connection that opened it: the same
+	// ownership checks, limits, errors and metrics. The daemon closes the channel when that
+	// connection ends.
+	//
+	// Frame header, little-endian:
+	//
+	//	bytes 0-3   magic 0x3143564b ("KVC1")
+	//	bytes 4-5   method: the number CallChannelMethod gives it
+	//	byte  6     flags: bit 0 set when more frames of the same message follow; other bits 0
+	//	byte  7     status: 0 in requests; in responses the gRPC status code (0 OK)
+	//	bytes 8-15  call id, chosen by the engine and echoed in every frame of the response
+	//
+	// then up to max_frame_bytes - 16 bytes of the message. A response with status 0 carries the
+	// method's protobuf response; any other status carries its error message as UTF-8.
+	OpenCallChannel(context.Context, *CallChannelRequest) (*CallChannelResponse, error)
 	mustEmbedUnimplementedEngineServer()
 }
 
@@ -360,6 +411,9 @@ func (UnimplementedEngineServer) DropBoundSaves(context.Context, *DropRequest) (
 }
 func (UnimplementedEngineServer) RegisterPromptArena(context.Context, *PromptArenaRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method RegisterPromptArena not implemented")
+}
+func (UnimplementedEngineServer) OpenCallChannel(context.Context, *CallChannelRequest) (*CallChannelResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method OpenCallChannel not implemented")
 }
 func (UnimplementedEngineServer) mustEmbedUnimplementedEngineServer() {}
 func (UnimplementedEngineServer) testEmbeddedByValue()                {}
@@ -706,6 +760,24 @@ func _Engine_RegisterPromptArena_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Engine_OpenCallChannel_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CallChannelRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EngineServer).OpenCallChannel(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Engine_OpenCallChannel_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EngineServer).OpenCallChannel(ctx, req.(*CallChannelRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Engine_ServiceDesc is the grpc.ServiceDesc for Engine service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -784,6 +856,10 @@ var Engine_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RegisterPromptArena",
 			Handler:    _Engine_RegisterPromptArena_Handler,
+		},
+		{
+			MethodName: "OpenCallChannel",
+			Handler:    _Engine_OpenCallChannel_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
