@@ -15,7 +15,8 @@ func runLive(ctx context.Context, opts *Options, tr *replay.Trace, p replay.Para
 	if fi, err := os.Stat(opts.Target); err != nil || fi.Mode().Type() != os.ModeSocket {
 		return nil, cmdutil.Unreachable(fmt.Errorf("no kvctl serve is listening on %s: start `kvctl serve` or pass --target with its socket", opts.Target))
 	}
-	lo := replay.LiveOptions{Socket: opts.Target, Engines: opts.Engines, AsFastAsPossible: opts.Pace == PaceMax, Speed: opts.Speed}
+	lo := replay.LiveOptions{Socket: opts.Target, Engines: opts.Engines, AsFastAsPossible: opts.Pace == PaceMax, Speed: opts.Speed,
+		NoCallChannels: opts.NoCallChannels}
 	rep, err := replay.Live(ctx, tr, p, c, lo)
 	if errors.Is(err, replay.ErrUnreachable) {
 		return nil, cmdutil.Unreachable(err)

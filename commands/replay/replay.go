@@ -53,6 +53,8 @@ type Options struct {
 	Engines int
 	Pace    string
 	Speed   float64
+	// NoCallChannels keeps the live engines' calls on gRPC instead of call channels.
+	NoCallChannels bool
 
 	OutputFormat string
 }
@@ -106,7 +108,8 @@ report a "scheduler" object per run.
 Live (--target SOCKET, or --live for kvctl serve's default socket) drives a running kvctl serve's engine API with --engines simulated
 engines, at the trace's pace (--pace trace, scaled by --speed) or as fast as possible
 (--pace max), and reports the same hit figures with requests per second; its bytes are the
-bytes the daemon moved, pages of --sim-page-size.
+bytes the daemon moved, pages of --sim-page-size. The engines call the daemon over call
+channels (one SOCK_SEQPACKET write and read a call) unless --no-call-channels keeps them on gRPC.
 
 --plot FILE.png draws hit rate (top) and pool occupancy (bottom) over trace time, with a title,
 axes in seconds and percent, and a legend naming each run's --set combination; every run has a
@@ -186,6 +189,7 @@ plotting elsewhere. A progress bar goes to standard error when it is a terminal.
 	fl.IntVar(&opts.Engines, "engines", 1, "live mode: simulated engines")
 	fl.StringVar(&opts.Pace, "pace", PaceTrace, "live mode: trace (arrival times, scaled by --speed) or max")
 	fl.Float64Var(&opts.Speed, "speed", 1, "live mode: arrival time speed-up under --pace trace")
+	fl.BoolVar(&opts.NoCallChannels, "no-call-channels", false, "live mode: make the engines' calls over gRPC instead of call channels")
 	_ = cmd.RegisterFlagCompletionFunc("format", cobra.FixedCompletions([]string{replay.FormatAuto, replay.FormatMooncake, replay.FormatTokens}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("router", cobra.FixedCompletions(router.Policies, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("pace", cobra.FixedCompletions([]string{PaceTrace, PaceMax}, cobra.ShellCompDirectiveNoFileComp))
@@ -218,8 +222,8 @@ func check(o *Options) error {
 	if !(o.Speed > 0) {
 		return cmdutil.FlagErrorf("--speed must be positive, got %v", o.Speed)
 	}
-	if o.Target == "" && (o.Pace != PaceTrace || o.Engines != 1 || o.Speed != 1) {
-		return cmdutil.FlagErrorf("--engines, --pace and --speed need --target")
+	if o.Target == "" && (o.Pace != PaceTrace || o.Engines != 1 || o.Speed != 1 || o.NoCallChannels) {
+		return cmdutil.FlagErrorf("--engines, --pace, --speed and --no-call-channels need --target")
 	}
 	if o.Target != "" && len(o.Sets) > 0 {
 		return cmdutil.FlagErrorf("--set varies offline configurations; a live replay runs the daemon's one configuration")

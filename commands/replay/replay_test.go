@@ -31,10 +31,16 @@ func TestFlags(t *testing.T) {
 			}
 		}},
 		{args: "--target /tmp/e.sock --engines 3 --pace max t", check: func(t *testing.T, o *Options) {
-			if o.Target != "/tmp/e.sock" || o.Engines != 3 || o.Pace != PaceMax {
+			if o.Target != "/tmp/e.sock" || o.Engines != 3 || o.Pace != PaceMax || o.NoCallChannels {
 				t.Errorf("%+v", o)
 			}
 		}},
+		{args: "--target /tmp/e.sock --no-call-channels t", check: func(t *testing.T, o *Options) {
+			if !o.NoCallChannels {
+				t.Errorf("--no-call-channels: %+v", o)
+			}
+		}},
+		{args: "--no-call-channels t", wantErr: "need --target"},
 		{args: "--live --pace max t", check: func(t *testing.T, o *Options) {
 			if o.Target != filepath.Join(os.TempDir(), fmt.Sprintf("kvctl-%d", os.Getuid()), "kvctl.sock") || o.Pace != PaceMax {
 				t.Errorf("--live must target kvctl serve's default socket: %+v", o)

@@ -34,6 +34,10 @@ type LiveOptions struct {
 	// divided by Speed.
 	AsFastAsPossible bool
 	Speed            float64
+	// NoCallChannels keeps every engine's calls on its gRPC connection; by default each engine
+	// calls over call channels (engineapi.Client.UseCallChannels), falling back to gRPC only
+	// when the daemon has none (an older one answers Unimplemented).
+	NoCallChannels bool
 }
 
 // LiveInfo is what a live replay measured.
@@ -288,6 +292,11 @@ func newLiveEngine(ctx context.Context, i int, p Params, c Config, lo LiveOption
 			return nil, fmt.Errorf("%w: %w", ErrUnreachable, err)
 		}
 		return nil, fmt.Errorf("register engine %s: %w", e.name, unreachable(err))
+	}
+	if !lo.NoCallChannels {
+		if err := e.cl.UseCallChannels(ctx, 0); err != nil && status.Code(err) != codes.Unimplemented {
+			return nil, fmt.Errorf("engine %s: %w", e.name, unreachable(err))
+		}
 	}
 	rank := engineapi.NewRemoteRank(e.cl, resp, connector.RoleBoth)
 	if e.mgr, err = kvcache.New(cacheConfig(p, c), managerDeclarations(rank.Declarations()), kvcache.Options{AttentionDP: lo.Engines > 1}); err != nil {

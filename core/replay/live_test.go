@@ -23,13 +23,8 @@ func startDaemon(t *testing.T, poolBytes int64) string {
 
 func TestLiveMatchesOfflineAndIdeal(t *testing.T) {
 	tr := readTrace(t, "testdata/conversation_head500.jsonl")
-	sock := startDaemon(t, 64<<20)
 	p := DefaultParams()
 	cfg := DefaultConfig()
-	live, err := Live(context.Background(), tr, p, cfg, LiveOptions{Socket: sock, Engines: 1, AsFastAsPossible: true})
-	if err != nil {
-		t.Fatal(err)
-	}
 	off, err := Offline(context.Background(), tr, p, []Config{cfg})
 	if err != nil {
 		t.Fatal(err)
@@ -38,6 +33,20 @@ func TestLiveMatchesOfflineAndIdeal(t *testing.T) {
 	for _, h := range idealHits(tr) {
 		ideal += int64(h)
 	}
+	// Over call channels (the default) and over gRPC alone the engine makes the same calls.
+	// Each on a fresh daemon, so that both start from an empty pool.
+	for _, noChannels := range []bool{false, true} {
+		sock := startDaemon(t, 64<<20)
+		live, err := Live(context.Background(), tr, p, cfg, LiveOptions{Socket: sock, Engines: 1, AsFastAsPossible: true, NoCallChannels: noChannels})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkLive(t, tr, live, off, ideal)
+	}
+}
+
+func checkLive(t *testing.T, tr *Trace, live, off *Report, ideal int64) {
+	t.Helper()
 	lr, or := live.Runs[0], off.Runs[0]
 	if lr.Requests != len(tr.Requests) || lr.FailedRequests != 0 {
 		t.Fatalf("live replay served %d of %d requests, %d failed", lr.Requests, len(tr.Requests), lr.FailedRequests)
