@@ -13,6 +13,9 @@
 //   - drain: on shutdown the daemon stops taking calls, then closes every worker against one
 //     deadline, so that queued saves reach the pool, unmounts this host's segment and closes
 //     the pool last.
+//   - call channel: a unix SOCK_SEQPACKET socket an engine hands over (OpenCallChannel) to make
+//     its calls without HTTP/2. Its calls run through the same handlers and interceptor as the
+//     gRPC calls of the connection that opened it, and it closes with that connection.
 //   - backend: the pool the daemon serves from, behind the mooncake.Pool interface: the
 //     embedded pool, or a Mooncake cluster client whose segment (the memory this host donates)
 //     must be mounted with the master before the daemon is ready. The daemon supervises it:

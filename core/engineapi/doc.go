@@ -25,4 +25,11 @@
 // sealed memfd handed over the side channel, Client.RegisterPromptArena) and names each prompt
 // as a range of it (Request.tokens_arena, decoded by CopyArenaTokens on the daemon's side).
 // RemoteRank does that by default and falls back to tokens_packed.
+//
+// Call channels: an engine may make its calls over one end of a unix SOCK_SEQPACKET socket pair
+// handed over the side channel and named in OpenCallChannel, each request and response a message
+// of frames (callframe.go: a 16-byte header and up to MaxCallFrameBytes in all), one write and
+// one read a call. CallChannels is the Go client: a grpc.ClientConnInterface over a pool of
+// channels of one connection that falls back to the connection when every channel is busy or a
+// request is above the daemon's bound (Client.UseCallChannels switches a Client to it).
 package engineapi
