@@ -772,3 +772,57 @@ func FuzzCallChannel(f *testing.F) {
 		}
 	})
 }
+
+// TestCallChannelVanishesMidStartLoad binds a pass's loads and starts them over a call channel of
+// the engine's own connection, then closes the channel without reading a reply, so the daemon's
+// StartLoad runs (or is about to run) real loads from the pool when the channel goes. The
+// daemon closes the channel and cancels that call, keeps serving (the engine's other calls,
+// then a fresh engine whose every loaded byte is checked), and stops cleanly at the end of the
+// test (daemontest fails it otherwise).
+func TestCallChannelVanishesMidStartLoad(t *testing.T) {
+	r := start(t, 64<<20)
+	ctx := context.Background()
+	reqs := prompts(45, 6, 16, "m")
+	arenaEngine(t, r.Info.Socket, "mfill", reqs)
+	base := channelsGauge(t, r)
+	var e *enginesim.Engine
+	fired := false
+	cfg := enginesim.Config{Socket: r.Info.Socket, ModelKey: "m", Name: "mid", TokensPerBlock: 16, Slots: 128,
+		AfterBuild: func(meta *enginepb.Metadata) {
+			if fired || len(meta.GetLoads()) == 0 {
+				return
+			}
+			fired = true
+			ch := rawChannel(t, e.Client(0))
+			sendMsg(t, ch, enginepb.CallChannelMethod_CALL_CHANNEL_METHOD_BIND_META, 1, mustMarshal(t, &enginepb.BindMetaRequest{Engine: "mid/rank0", Metadata: meta}))
+			sendMsg(t, ch, enginepb.CallChannelMethod_CALL_CHANNEL_METHOD_START_LOAD, 2, mustMarshal(t, &enginepb.EngineRef{Engine: "mid/rank0"}))
+			_ = ch.Close()
+		}}
+	var err error
+	if e, err = enginesim.Start(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close(ctx)
+	// The engine's own run goes on after the hook; its outcome depends on how far the daemon got
+	// with the abandoned StartLoad, so it is not checked, only that the daemon survives it.
+	_, runErr := e.Run(ctx, renamed(reqs, "-mid"), 0)
+	t.Logf("the engine's run after its channel vanished: %v", runErr)
+	if !fired {
+		t.Fatal("no pass had loads: the hook never ran")
+	}
+	waitFor(t, "the vanished channel to close", func() bool {
+		opened, _ := e.Client(0).CallChannels().Stats()
+		return channelsGauge(t, r) <= base+float64(opened)
+	})
+	if _, err := e.Client(0).RequestReset(ctx, &enginepb.RequestRef{Engine: "mid/rank0", RequestId: "none"}); err != nil {
+		t.Errorf("the engine's connection after the channel vanished: %v", err)
+	}
+	fresh := arenaEngine(t, r.Info.Socket, "fresh", nil)
+	res, err := fresh.Run(ctx, renamed(reqs, "-fresh"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.LoadedBlocks == 0 {
+		t.Errorf("a fresh engine after the vanished StartLoad loaded nothing: %+v", res)
+	}
+}
