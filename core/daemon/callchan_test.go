@@ -826,3 +826,25 @@ func TestCallChannelVanishesMidStartLoad(t *testing.T) {
 		t.Errorf("a fresh engine after the vanished StartLoad loaded nothing: %+v", res)
 	}
 }
+
+// TestCallChannelLimitsValidated pins the call channel limits' defaults and refuses values New
+// must not run with: negative ones, and a request bound above the engine API's message limit.
+func TestCallChannelLimitsValidated(t *testing.T) {
+	def := daemon.DefaultLimits()
+	if def.MaxCallChannelsPerConn != 16 || def.MaxCallRequestBytes != 4<<20 {
+		t.Errorf("defaults: %d channels per connection, %d request bytes; want 16 and 4 MiB", def.MaxCallChannelsPerConn, def.MaxCallRequestBytes)
+	}
+	for _, tc := range []struct {
+		limits daemon.Limits
+		msg    string
+	}{
+		{daemon.Limits{MaxCallChannelsPerConn: -1}, "max call channels per connection is negative (-1)"},
+		{daemon.Limits{MaxCallRequestBytes: -5}, "max call request bytes is negative (-5)"},
+		{daemon.Limits{MaxCallRequestBytes: engineapi.MaxMessageBytes + 1}, "max call request bytes 67108865 is above the engine API's message limit of 67108864"},
+	} {
+		_, err := daemon.New(daemon.Config{Socket: "unused", Limits: tc.limits, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err == nil || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%+v: %v, want an error naming %q", tc.limits, err, tc.msg)
+		}
+	}
+}
