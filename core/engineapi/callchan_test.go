@@ -233,3 +233,58 @@ func TestCallChannelsDeadlineAndCancel(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkEmptyCall times the smallest call (a RequestReset the daemon answers NotFound) over
+// gRPC and over call channels, from one goroutine and from 8 per CPU at once (b.RunParallel),
+// against one real daemon in the same run. In the parallel modes the channel pool holds at most
+// DefaultCallChannels channels, so some calls find every channel busy and go over gRPC: the
+// figure is what a client with that many concurrent callers gets.
+//
+//	go test -run '^$' -bench EmptyCall -benchtime 20000x ./core/engineapi/
+func BenchmarkEmptyCall(b *testing.B) {
+	popts := mooncake.DefaultOptions()
+	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: 16 << 20}}
+	r := daemontest.Start(b, daemon.Config{Pool: popts})
+	ctx := context.Background()
+	grpcOnly, err := engineapi.Dial(r.Info.Socket)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer grpcOnly.Close()
+	chans, err := engineapi.Dial(r.Info.Socket)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer chans.Close()
+	if err := chans.UseCallChannels(ctx, 0); err != nil {
+		b.Fatal(err)
+	}
+	call := func(b *testing.B, c *engineapi.Client) {
+		_, err := c.RequestReset(ctx, &enginepb.RequestRef{Engine: "nobody", RequestId: "r"})
+		if status.Code(err) != codes.NotFound {
+			b.Fatal(err)
+		}
+	}
+	for _, m := range []struct {
+		name string
+		c    *engineapi.Client
+	}{{"grpc", grpcOnly}, {"chan", chans}} {
+		b.Run(m.name+"-serial", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				call(b, m.c)
+			}
+		})
+		b.Run(m.name+"-parallel", func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetParallelism(8)
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					call(b, m.c)
+				}
+			})
+		})
+	}
+	opened, fallbacks := chans.CallChannels().Stats()
+	b.Logf("channels opened %d, calls over gRPC because every channel was busy %d", opened, fallbacks)
+}
