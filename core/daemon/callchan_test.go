@@ -848,3 +848,34 @@ func TestCallChannelLimitsValidated(t *testing.T) {
 		}
 	}
 }
+
+// TestCallChannelDraining: while the daemon drains, a call over a channel is refused with
+// Unavailable and the same message as the same call over gRPC, and counted as its error.
+func TestCallChannelDraining(t *testing.T) {
+	r := start(t, 16<<20)
+	ctx := context.Background()
+	c, err := engineapi.Dial(r.Info.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ch := rawChannel(t, c)
+	unavailable := func() float64 {
+		v, _ := value(scrape(t, "http://"+r.Info.AdminAddr), "kvctl_engine_call_errors_total", map[string]string{"method": "RequestReset", "code": "Unavailable"})
+		return v
+	}
+	before := unavailable()
+	daemon.SetDraining(r.Daemon, true)
+	ref := &enginepb.RequestRef{Engine: "x"}
+	_, gerr := c.RequestReset(ctx, ref)
+	var out enginepb.Empty
+	cerr := chanCall(t, ch, enginepb.CallChannelMethod_CALL_CHANNEL_METHOD_REQUEST_RESET, 1, ref, &out)
+	daemon.SetDraining(r.Daemon, false)
+	if status.Code(cerr) != codes.Unavailable || !strings.Contains(cerr.Error(), "kvctl serve is shutting down") {
+		t.Errorf("a channel call while draining: %v", cerr)
+	}
+	sameStatus(t, "while draining", gerr, cerr)
+	if got := unavailable() - before; got != 2 {
+		t.Errorf("kvctl_engine_call_errors_total{RequestReset,Unavailable} grew by %v, want 2", got)
+	}
+}
