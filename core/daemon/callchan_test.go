@@ -482,10 +482,18 @@ func TestCallChannelOversizedMessage(t *testing.T) {
 	ch := nc.(*net.UnixConn)
 	lookup := enginepb.CallChannelMethod_CALL_CHANNEL_METHOD_LOOKUP
 	huge := mustMarshal(t, &enginepb.LookupRequest{Engine: "x", Request: &enginepb.Request{Id: "h", TokensPacked: make([]byte, 3<<20)}})
+	tooLarge := func() float64 {
+		v, _ := value(scrape(t, "http://"+r.Info.AdminAddr), "kvctl_engine_call_channel_refused_frames_total", map[string]string{"reason": "message_too_large"})
+		return v
+	}
+	refusedBefore := tooLarge()
 	sendMsg(t, ch, lookup, 41, huge)
 	h, body := readReply(t, ch)
 	if h.CallID != 41 || codes.Code(h.Status) != codes.ResourceExhausted || !strings.Contains(string(body), "above the limit of 1048576") || !strings.Contains(string(body), "max call request bytes") {
 		t.Errorf("oversized request: call %d %v %q", h.CallID, codes.Code(h.Status), body)
+	}
+	if got := tooLarge() - refusedBefore; got != 1 {
+		t.Errorf("refused frames{reason=message_too_large} grew by %v, want 1", got)
 	}
 	near := mustMarshal(t, &enginepb.LookupRequest{Engine: "x", Request: &enginepb.Request{Id: "n", TokensPacked: make([]byte, 1<<20-64)}})
 	var out enginepb.LookupResponse
