@@ -135,13 +135,17 @@ class CallChannel:
         self.rview = memoryview(self.rbuf)
 
     def _set_timeout(self, timeout):
-        # SO_RCVTIMEO rather than socket.settimeout: a timeout there costs a poll before every
-        # recv, which is a third more system calls a call.
+        # SO_RCVTIMEO rather than socket.settimeout: Python's own timeout costs a poll before
+        # every send and recv, two more system calls a call.
         if timeout == self.timeout:
             return
         t = 0 if timeout is None else max(timeout, 1e-3)
         sec = int(t)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("@ll", sec, int((t - sec) * 1e6)))
+        tv = struct.pack("@ll", sec, int((t - sec) * 1e6))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+        # A daemon that stops reading fails the send instead of hanging it (the channel is then
+        # out of step and closed).
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
         self.timeout = timeout
 
     def _fail(self, why):
