@@ -130,6 +130,10 @@ class CallChannel:
         self.next_id = 1
         self.closed = None  # why the channel can no longer be used
         self.timeout = None
+        # What went over the channel: calls, frames each way, messages of more than one frame,
+        # the largest request and response.
+        self.stats = dict(calls=0, frames_sent=0, frames_received=0, multi_frame_requests=0,
+                          multi_frame_responses=0, largest_request_bytes=0, largest_response_bytes=0)
         # One byte more than a frame may hold: a datagram that fills it was truncated.
         self.rbuf = bytearray(max_frame_bytes + 1)
         self.rview = memoryview(self.rbuf)
@@ -163,14 +167,20 @@ class CallChannel:
         frag = self.max_frame - self.HEADER.size
         pack, send = self.HEADER.pack, self.sock.send
         n = len(request)
+        st = self.stats
+        st["calls"] += 1
+        st["largest_request_bytes"] = max(st["largest_request_bytes"], n)
         try:
             if n <= frag:
                 send(pack(self.MAGIC, method, 0, 0, cid) + request)
+                st["frames_sent"] += 1
             else:
                 view = memoryview(request)
                 for off in range(0, n, frag):
                     more = self.MORE if off + frag < n else 0
                     send(pack(self.MAGIC, method, more, 0, cid) + view[off : off + frag])
+                    st["frames_sent"] += 1
+                st["multi_frame_requests"] += 1
         except OSError as e:
             self._fail("sending call %d: %s" % (cid, e))
         return self._response(method, cid)
@@ -188,6 +198,7 @@ class CallChannel:
             self._fail("closed by the daemon")
         if n > self.max_frame:
             self._fail("a frame of more than %d bytes, the channel's max_frame_bytes" % self.max_frame)
+        self.stats["frames_received"] += 1
         if n < self.HEADER.size:
             self._fail("a frame of %d bytes, shorter than the %d-byte header" % (n, self.HEADER.size))
         magic, m, flags, status, rid = self.HEADER.unpack_from(self.rbuf)
@@ -198,7 +209,7 @@ class CallChannel:
         return m, flags, status, rid, n
 
     def _response(self, method, cid):
-        parts, size, over = [], 0, False
+        parts, size, over, frames = [], 0, False, 0
         first = None
         while True:
             m, flags, status, rid, n = self._frame(cid)
@@ -215,6 +226,7 @@ class CallChannel:
             elif status != first:
                 self._fail("call %d's response changed status from %d to %d between frames" % (cid, first, status))
             size += n - self.HEADER.size
+            frames += 1
             if size > self.max_response:
                 over, parts = True, []  # skipped to its last frame, so the ends stay in step
             elif not over:
@@ -225,6 +237,10 @@ class CallChannel:
             raise CallError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                             "call channel: a response of %d bytes, above the limit of %d" % (size, self.max_response))
         body = parts[0] if len(parts) == 1 else b"".join(parts)
+        st = self.stats
+        st["largest_response_bytes"] = max(st["largest_response_bytes"], size)
+        if frames > 1:
+            st["multi_frame_responses"] += 1
         if first != 0:
             raise CallError(STATUS_CODES.get(first, grpc.StatusCode.UNKNOWN), body.decode("utf-8", "replace"))
         return body
@@ -313,7 +329,13 @@ class API:
 
     def call(self, method, timeout=120, **kw):
         if self.use_channel and self.calls is not None and method in self.channel_methods:
-            return self.call_channel(method, timeout=timeout, **kw)
+            req = self.cls(self._inputs[method])(**kw)
+            body = req.SerializeToString()
+            # The daemon takes requests up to max_message_bytes over a channel; a larger one
+            # (a prompt of over half a million tokens) goes over gRPC.
+            if len(body) <= self.calls.max_message:
+                return self._channel_call(method, body, timeout)
+            return self._methods[method](req, timeout=timeout)
         return self.call_grpc(method, timeout=timeout, **kw)
 
     def call_grpc(self, method, timeout=120, **kw):
@@ -321,8 +343,11 @@ class API:
         return self._methods[method](req, timeout=timeout)
 
     def call_channel(self, method, timeout=120, **kw):
-        req = self.cls(self._inputs[method])(**kw)
-        body = self.calls.call(self.channel_methods[method], req.SerializeToString(), timeout)
+        """Makes the call over the channel whatever its size."""
+        return self._channel_call(method, self.cls(self._inputs[method])(**kw).SerializeToString(), timeout)
+
+    def _channel_call(self, method, request, timeout):
+        body = self.calls.call(self.channel_methods[method], request, timeout)
         try:
             return self.cls(self._outputs[method]).FromString(body)
         except Exception as e:  # a response that does not decode, as gRPC reports one
@@ -683,6 +708,38 @@ def pinned_anchor(torch, nbytes=64 << 20, reps=20):
     return out
 
 
+def large_calls(api, engine, seed, prefix):
+    """Calls of requests larger than a frame, and one larger than the channel takes: a Lookup of
+    a 32k-token prompt that starts with a saved prompt (prefix) over each transport (the answers
+    must agree and match the saved blocks), then a prompt over the
+    channel's max_message_bytes, which the channel must refuse (RESOURCE_EXHAUSTED) and call()
+    sends over gRPC instead, and a plain call over the channel after it."""
+    rng = random.Random(seed + 7)
+    out = {}
+    toks = list(prefix) + [rng.randrange(150000) for _ in range((32 << 10) - len(prefix))]
+    for via, call in (("grpc", api.call_grpc), ("channel", api.call_channel)):
+        r = call("Lookup", engine=engine, num_computed_tokens=0,
+                 request=api.msg("Request", id="large-32k-" + via, tokens_packed=pack_tokens(toks)))
+        out["lookup_32k_" + via] = r.matched_tokens
+    # Past the bound by one token's bytes and a little more for the other fields.
+    toks = [rng.randrange(150000) for _ in range(api.calls.max_message // 8 + 1)]
+    req = api.msg("Request", id="large-over", tokens_packed=pack_tokens(toks))
+    try:
+        api.call_channel("Lookup", engine=engine, num_computed_tokens=0, request=req)
+        out["over_channel_error"] = None
+    except grpc.RpcError as e:
+        out["over_channel_error"] = {"code": e.code().name, "details": e.details()}
+    out["over_bytes"] = len(api.msg("LookupRequest", engine=engine, request=req).SerializeToString())
+    use, api.use_channel = api.use_channel, True
+    try:
+        out["over_routed_matched"] = api.call("Lookup", engine=engine, num_computed_tokens=0, request=req).matched_tokens
+    finally:
+        api.use_channel = use
+    api.call_channel("TakeFailedLoads", engine=engine)
+    out["channel_after_over"] = "ok"
+    return out
+
+
 def time_calls(call, engine, n):
     """The mean seconds of n calls that do next to nothing in the daemon."""
     t0 = time.perf_counter()
@@ -783,6 +840,7 @@ def main():
     cold = Engine(api, args, args.name + "-cold/rank0", mem)
     summary["registration"] = cold.memory_info
     summary["cold"] = cold.run(reqs)
+    summary["large_calls"] = large_calls(api, cold.name, args.seed, reqs[0][1])
     cold.close()
     mem.close()
 
@@ -802,6 +860,7 @@ def main():
             summary["daemon_loads"] = json.load(resp)["loads"]
     warm.close()
     mem.close()
+    summary["call_channel_stats"] = api.calls.stats
     api.close()
 
     if args.memory == "cuda":
