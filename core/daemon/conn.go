@@ -40,9 +40,12 @@ func connOf(ctx context.Context) uint64 {
 	return id
 }
 
-// connEnded unregisters every engine registered over connection id, draining its saves within
+// connEnded closes connection id's call channels and unregisters every engine registered over
+// it, draining its saves within
 // the drain timeout.
 func (d *Daemon) connEnded(id uint64) {
+	// The connection's call channels go with it, before its engines do.
+	d.chans.closeConn(id)
 	d.mu.Lock()
 	var gone []*engine
 	for name, e := range d.engines {

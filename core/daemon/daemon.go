@@ -84,6 +84,9 @@ type Config struct {
 	DescriptorTTL time.Duration
 	// Limits bounds what one registration and one request may ask for (DefaultLimits when zero).
 	Limits Limits
+	// CallChannelWriteTimeout bounds how long one reply on a call channel may wait for the
+	// engine to read (DefaultCallChannelWriteTimeout when zero); past it the channel is closed.
+	CallChannelWriteTimeout time.Duration
 	// FaultLogInterval is the window over which repeated warnings are folded into one line with
 	// a count (DefaultFaultLogInterval when zero).
 	FaultLogInterval time.Duration
@@ -130,6 +133,9 @@ type Daemon struct {
 	met      *daemonMetrics
 
 	sec *security
+
+	svc   *service
+	chans *callChannels
 }
 
 // New builds a daemon and its embedded pool. It listens on nothing until Run.
@@ -185,6 +191,8 @@ func New(cfg Config) (*Daemon, error) {
 		sec:     sec,
 	}
 	d.calls.register(d.reg)
+	d.svc = &service{d: d}
+	d.chans = newCallChannels(d, d.reg)
 	d.guard = newGuardedPool(backend.Pool, cfg.PoolTimeout, d.reg)
 	d.pool = d.guard
 	d.met = newDaemonMetrics(d, cfg.EngineSeriesRetention)
@@ -249,7 +257,7 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 		grpc.ChainUnaryInterceptor(d.intercept),
 		grpc.StatsHandler(&connTracker{ended: d.connEnded}),
 	)...)
-	enginepb.RegisterEngineServer(gs, &service{d: d})
+	enginepb.RegisterEngineServer(gs, d.svc)
 
 	var wg sync.WaitGroup
 	errc := make(chan error, 4)
@@ -319,7 +327,9 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 
 	drainCtx, cancel := context.WithTimeout(context.Background(), d.cfg.DrainTimeout)
 	defer cancel()
-	// Calls in flight finish first (GracefulStop waits for them), then the workers flush.
+	// Calls in flight finish first (GracefulStop waits for them, closeAll for those on call
+	// channels), then the workers flush.
+	d.chans.closeAll(drainCtx)
 	stopped := make(chan struct{})
 	go func() { gs.GracefulStop(); close(stopped) }()
 	select {

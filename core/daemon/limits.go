@@ -64,6 +64,13 @@ type Limits struct {
 	// MaxPromptArenaBytes bounds the prompt arena one engine rank may register (mapped
 	// read-only for as long as the rank is registered).
 	MaxPromptArenaBytes uint64
+	// MaxCallChannelsPerConn bounds the call channels (OpenCallChannel) one engine connection
+	// may have open at once; each holds a descriptor and two goroutines.
+	MaxCallChannelsPerConn int
+	// MaxCallRequestBytes bounds one request message on a call channel (all its frames); a
+	// larger one is refused with ResourceExhausted and the channel stays usable. At most
+	// engineapi.MaxMessageBytes.
+	MaxCallRequestBytes int
 }
 
 // DefaultLimits returns the limits kvctl serve runs with.
@@ -91,6 +98,10 @@ func DefaultLimits() Limits {
 		MaxLiveRequests:       1 << 16,
 		MaxTrackedTokens:      1 << 27,
 		MaxPromptArenaBytes:   engineapi.DefaultMaxPromptArenaBytes,
+		// An engine opens one channel per thread that makes calls.
+		MaxCallChannelsPerConn: 16,
+		// A 32k-token prompt is 256 KiB packed; a larger request goes over gRPC.
+		MaxCallRequestBytes: 4 << 20,
 	}
 }
 
@@ -119,6 +130,8 @@ func (l Limits) withDefaults() Limits {
 	set(&l.MaxRequestIDBytes, d.MaxRequestIDBytes)
 	set(&l.MaxLiveRequests, d.MaxLiveRequests)
 	set(&l.MaxTrackedTokens, d.MaxTrackedTokens)
+	set(&l.MaxCallChannelsPerConn, d.MaxCallChannelsPerConn)
+	set(&l.MaxCallRequestBytes, d.MaxCallRequestBytes)
 	if l.MaxPageBytes == 0 {
 		l.MaxPageBytes = d.MaxPageBytes
 	}
@@ -139,10 +152,14 @@ func (l Limits) validate() error {
 		"max tokens per block": l.MaxTokensPerBlock, "max prompt lookahead": l.MaxPromptLookahead, "max async load workers": l.MaxAsyncLoadWorkers,
 		"max transfer batch size": l.MaxTransferBatchSize, "max tokens per request": l.MaxTokensPerRequest,
 		"max keys per lookup": l.MaxKeysPerLookup, "max request id bytes": l.MaxRequestIDBytes,
+		"max call channels per connection": l.MaxCallChannelsPerConn, "max call request bytes": l.MaxCallRequestBytes,
 	} {
 		if v < 0 {
 			return fmt.Errorf("limits: %s is negative (%d)", name, v)
 		}
+	}
+	if l.MaxCallRequestBytes > engineapi.MaxMessageBytes {
+		return fmt.Errorf("limits: max call request bytes %d is above the engine API's message limit of %d", l.MaxCallRequestBytes, engineapi.MaxMessageBytes)
 	}
 	return nil
 }

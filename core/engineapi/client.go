@@ -25,6 +25,7 @@ type Client struct {
 
 	mu     sync.Mutex
 	arenas []*PromptArena // prompt arenas RemoteRanks over this client made; closed with it
+	chans  *CallChannels  // set by UseCallChannels
 }
 
 // Dial connects to the daemon's engine socket at path. It does not wait for the daemon: the
@@ -46,8 +47,40 @@ func Dial(path string, opts ...grpc.DialOption) (*Client, error) {
 	return &Client{EngineClient: enginepb.NewEngineClient(conn), conn: conn, socket: path}, nil
 }
 
-// Close closes the connection and releases the prompt arenas RemoteRanks made over it.
+// UseCallChannels makes the client's calls go over call channels of its connection (see
+// CallChannels), at most max of them (DefaultCallChannels when max <= 0). It opens the first
+// channel before it returns, so a daemon that cannot open one is an error here and the client
+// keeps calling over gRPC. Call it before the client is shared: it replaces EngineClient.
+func (c *Client) UseCallChannels(ctx context.Context, max int) error {
+	p := NewCallChannels(c.conn, FDSocketPath(c.socket), max)
+	if err := p.Open(ctx); err != nil {
+		_ = p.Close()
+		return fmt.Errorf("call channels: %w", err)
+	}
+	c.mu.Lock()
+	old := c.chans
+	c.chans = p
+	c.mu.Unlock()
+	if old != nil {
+		_ = old.Close()
+	}
+	c.EngineClient = enginepb.NewEngineClient(p)
+	return nil
+}
+
+// CallChannels is the pool UseCallChannels set up, nil when the client calls over gRPC only.
+func (c *Client) CallChannels() *CallChannels {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.chans
+}
+
+// Close closes the connection and its call channels and releases the prompt arenas RemoteRanks
+// made over it.
 func (c *Client) Close() error {
+	if p := c.CallChannels(); p != nil {
+		_ = p.Close()
+	}
 	err := c.conn.Close()
 	c.mu.Lock()
 	arenas := c.arenas

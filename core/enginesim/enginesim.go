@@ -54,6 +54,10 @@ type Config struct {
 	// NoPromptArena makes the scheduler rank send every prompt in tokens_packed instead of
 	// through a prompt arena (engineapi.RemoteRankOptions).
 	NoPromptArena bool
+	// NoCallChannels makes every rank call the daemon over its gRPC connection only; by default
+	// each rank's client uses call channels (engineapi.Client.UseCallChannels), the engine API's
+	// faster path.
+	NoCallChannels bool
 	// AfterBuild, when set, sees every pass's metadata after it is built and before any rank
 	// binds it: tests use it to lose pages between a lookup and its load.
 	AfterBuild func(meta *enginepb.Metadata)
@@ -153,6 +157,11 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 		}
 		if rk.client, err = engineapi.Dial(cfg.Socket); err != nil {
 			return nil, err
+		}
+		if !cfg.NoCallChannels {
+			if err := rk.client.UseCallChannels(ctx, 0); err != nil {
+				return nil, fmt.Errorf("%s: %w", rk.name, err)
+			}
 		}
 		req := &enginepb.RegisterRequest{
 			Engine: rk.name, ModelKey: cfg.ModelKey, Namespace: cfg.Namespace, WorldSize: int32(cfg.World), Rank: int32(r),

@@ -1,0 +1,518 @@
+package daemon
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvctl/kvctl/core/engineapi"
+	"github.com/kvctl/kvctl/core/engineapi/enginepb"
+)
+
+// A call channel (OpenCallChannel in engine.proto, frames in engineapi/callframe.go) is one end
+// of a unix SOCK_SEQPACKET socket pair that an engine hands over the descriptor side channel. A
+// call made over it is a call of the gRPC connection that opened it: it runs through the same
+// generated handler and interceptor as the gRPC call (so the same ownership checks, limits,
+// status codes, metrics and draining), with the opening connection's id and peer in its
+// context. Each channel has two goroutines: a reader that joins frames into messages (bounded by
+// Limits.MaxCallRequestBytes) and a worker that runs one call at a time and writes its response.
+// The reader keeps reading while a call runs, so an engine that goes away cancels the call at
+// once; a message it joins meanwhile waits for the worker, which is all the buffering a channel
+// does. Every reply is written under a deadline: an engine that never reads its replies loses
+// its channel, nothing else.
+
+// DefaultCallChannelWriteTimeout bounds how long the daemon waits to write one reply on a call
+// channel before it closes the channel.
+const DefaultCallChannelWriteTimeout = 5 * time.Second
+
+// Reasons a call channel refused a frame or a message (the reason label of
+// kvctl_engine_call_channel_refused_frames_total).
+const (
+	refusedShort          = "short"
+	refusedMagic          = "magic"
+	refusedFlags          = "flags"
+	refusedFrameTooLarge  = "frame_too_large"
+	refusedInterleaved    = "interleaved"
+	refusedMessageTooLong = "message_too_large"
+	refusedUnknownMethod  = "unknown_method"
+	refusedUndecodable    = "undecodable"
+)
+
+var refusedReasons = []string{refusedShort, refusedMagic, refusedFlags, refusedFrameTooLarge, refusedInterleaved,
+	refusedMessageTooLong, refusedUnknownMethod, refusedUndecodable}
+
+// callHandlers maps each channel method number to the generated gRPC handler of its method.
+var callHandlers = func() map[enginepb.CallChannelMethod]grpc.MethodHandler {
+	out := map[enginepb.CallChannelMethod]grpc.MethodHandler{}
+	for _, md := range enginepb.Engine_ServiceDesc.Methods {
+		full := "/" + enginepb.Engine_ServiceDesc.ServiceName + "/" + md.MethodName
+		if m, ok := engineapi.CallMethodOf(full); ok {
+			out[m] = md.Handler
+		}
+	}
+	return out
+}()
+
+// callChannels is the daemon's set of open call channels, by the connection that opened them.
+type callChannels struct {
+	d       *Daemon
+	open    prometheus.Gauge
+	refused *prometheus.CounterVec
+
+	mu     sync.Mutex
+	byConn map[uint64]map[*callChannel]struct{}
+	closed bool
+}
+
+func newCallChannels(d *Daemon, reg prometheus.Registerer) *callChannels {
+	s := &callChannels{
+		d:       d,
+		byConn:  map[uint64]map[*callChannel]struct{}{},
+		open:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvctl_engine_call_channels", Help: "Call channels open on the engine socket's connections."}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvctl_engine_call_channel_refused_frames_total", Help: "Frames and messages refused on call channels, by reason."}, []string{"reason"}),
+	}
+	for _, r := range refusedReasons {
+		s.refused.WithLabelValues(r)
+	}
+	reg.MustRegister(s.open, s.refused)
+	return s
+}
+
+// add makes c one of connection id's channels, within the per-connection cap.
+func (s *callChannels) add(id uint64, c *callChannel) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return status.Error(codes.Unavailable, "kvctl serve is shutting down")
+	}
+	set := s.byConn[id]
+	if limit := s.d.sec.limits.MaxCallChannelsPerConn; len(set) >= limit {
+		return status.Errorf(codes.ResourceExhausted, "open call channel: this connection has %d call channels open, the limit (max call channels per connection); close one first", len(set))
+	}
+	if set == nil {
+		set = map[*callChannel]struct{}{}
+		s.byConn[id] = set
+	}
+	set[c] = struct{}{}
+	s.open.Inc()
+	return nil
+}
+
+// remove forgets c; it reports whether c was there.
+func (s *callChannels) remove(c *callChannel) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	set := s.byConn[c.connID]
+	if _, ok := set[c]; !ok {
+		return false
+	}
+	delete(set, c)
+	if len(set) == 0 {
+		delete(s.byConn, c.connID)
+	}
+	s.open.Dec()
+	return true
+}
+
+// take removes and returns the channels of connection id, or of every connection when all.
+func (s *callChannels) take(id uint64, all bool) []*callChannel {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*callChannel
+	for cid, set := range s.byConn {
+		if !all && cid != id {
+			continue
+		}
+		for c := range set {
+			out = append(out, c)
+			s.open.Dec()
+		}
+		delete(s.byConn, cid)
+	}
+	if all {
+		s.closed = true
+	}
+	return out
+}
+
+// closeConn closes connection id's channels, cancelling their calls, and waits (within the drain
+// timeout) for their goroutines.
+func (s *callChannels) closeConn(id uint64) {
+	chans := s.take(id, false)
+	for _, c := range chans {
+		c.close()
+	}
+	wait(chans, s.d.cfg.DrainTimeout)
+}
+
+// closeAll refuses new channels, lets each open channel's call in flight finish (within ctx),
+// then closes every channel and waits for their goroutines.
+func (s *callChannels) closeAll(ctx context.Context) {
+	chans := s.take(0, true)
+	var wg sync.WaitGroup
+	for _, c := range chans {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case c.busy <- struct{}{}:
+			case <-ctx.Done():
+			case <-c.ctx.Done():
+			}
+			c.close()
+		}()
+	}
+	wg.Wait()
+	wait(chans, s.d.cfg.DrainTimeout)
+}
+
+func wait(chans []*callChannel, timeout time.Duration) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for _, c := range chans {
+		select {
+		case <-c.done:
+		case <-t.C:
+			return
+		}
+	}
+}
+
+// callJob is what the reader hands the worker: a whole request, or a refusal to answer.
+type callJob struct {
+	hdr  engineapi.CallHeader
+	body []byte // the assembler's buffer: valid until the worker signals decoded
+	// A refusal: the status and message to answer with instead of running a call.
+	code   codes.Code
+	msg    string
+	refuse bool
+}
+
+// callChannel is one open call channel.
+type callChannel struct {
+	d      *Daemon
+	set    *callChannels
+	conn   *net.UnixConn
+	connID uint64
+	ctx    context.Context // carries the connection id and peer; cancelled when the channel closes
+	cancel context.CancelFunc
+
+	jobs    chan callJob
+	decoded chan struct{} // the worker is done with a job's body
+	busy    chan struct{} // held by the worker while a call runs
+	done    chan struct{} // closed when both goroutines have returned
+
+	closeOnce sync.Once
+
+	// The worker's buffers.
+	resp []byte
+	out  []byte
+}
+
+func (s *service) OpenCallChannel(ctx context.Context, req *enginepb.CallChannelRequest) (*enginepb.CallChannelResponse, error) {
+	// Claimed first, so that a refused call does not leave the descriptor held until it expires.
+	f, err := s.d.fds.Claim(req.GetFdToken())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "open call channel: %v", err)
+	}
+	// net.FileConn takes its own copy of the descriptor.
+	defer f.Close()
+	if err := checkCallSocket(f); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "open call channel: %v", err)
+	}
+	nc, err := net.FileConn(f)
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "open call channel: %v", err)
+	}
+	uc, ok := nc.(*net.UnixConn)
+	if !ok {
+		_ = nc.Close()
+		return nil, status.Errorf(codes.InvalidArgument, "open call channel: descriptor is a %T, not a unix socket", nc)
+	}
+	id := connOf(ctx)
+	cctx := context.WithValue(context.Background(), connKey{}, id)
+	if p, ok := peer.FromContext(ctx); ok {
+		cctx = peer.NewContext(cctx, p)
+	}
+	cctx, cancel := context.WithCancel(cctx)
+	c := &callChannel{
+		d: s.d, set: s.d.chans, conn: uc, connID: id, ctx: cctx, cancel: cancel,
+		jobs: make(chan callJob), decoded: make(chan struct{}, 1), busy: make(chan struct{}, 1), done: make(chan struct{}),
+	}
+	if err := s.d.chans.add(id, c); err != nil {
+		cancel()
+		_ = uc.Close()
+		return nil, err
+	}
+	// The connection may have ended while the channel was being set up, after connEnded looked
+	// for its channels: then the call's own context is done too.
+	if ctx.Err() != nil {
+		c.close()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); c.read() }()
+	go func() { defer wg.Done(); c.work() }()
+	go func() { wg.Wait(); close(c.done) }()
+	return &enginepb.CallChannelResponse{
+		MaxFrameBytes:   engineapi.MaxCallFrameBytes,
+		MaxMessageBytes: uint64(s.d.sec.limits.MaxCallRequestBytes),
+	}, nil
+}
+
+// checkCallSocket refuses a descriptor that is not a connected unix SOCK_SEQPACKET socket,
+// naming what it is instead.
+func checkCallSocket(f *os.File) error {
+	fd := int(f.Fd())
+	domain, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+	if errors.Is(err, unix.ENOTSOCK) {
+		return fmt.Errorf("descriptor is %s, not a unix SOCK_SEQPACKET socket", describeFD(fd))
+	}
+	if err != nil {
+		return fmt.Errorf("descriptor's socket domain: %w", err)
+	}
+	if domain != unix.AF_UNIX {
+		return fmt.Errorf("descriptor is a socket of address family %d, not a unix (AF_UNIX) SOCK_SEQPACKET socket", domain)
+	}
+	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+	if err != nil {
+		return fmt.Errorf("descriptor's socket type: %w", err)
+	}
+	if typ != unix.SOCK_SEQPACKET {
+		return fmt.Errorf("descriptor is a unix %s socket, not SOCK_SEQPACKET (create it with socketpair(AF_UNIX, SOCK_SEQPACKET))", sockTypeName(typ))
+	}
+	if acc, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err == nil && acc != 0 {
+		return errors.New("descriptor is a listening unix SOCK_SEQPACKET socket, not one end of a socket pair")
+	}
+	if _, err := unix.Getpeername(fd); err != nil {
+		return fmt.Errorf("descriptor is a unix SOCK_SEQPACKET socket that is not connected (%w), not one end of a socket pair", err)
+	}
+	return nil
+}
+
+func sockTypeName(t int) string {
+	switch t {
+	case unix.SOCK_STREAM:
+		return "SOCK_STREAM"
+	case unix.SOCK_DGRAM:
+		return "SOCK_DGRAM"
+	case unix.SOCK_RAW:
+		return "SOCK_RAW"
+	}
+	return fmt.Sprintf("type %d", t)
+}
+
+// describeFD names the kind of file fd is.
+func describeFD(fd int) string {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return "a descriptor that cannot be examined"
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFIFO:
+		return "a pipe"
+	case unix.S_IFREG:
+		return "a regular file (or memfd)"
+	case unix.S_IFDIR:
+		return "a directory"
+	case unix.S_IFCHR:
+		return "a character device"
+	case unix.S_IFBLK:
+		return "a block device"
+	}
+	return fmt.Sprintf("a file of mode %#o", st.Mode&unix.S_IFMT)
+}
+
+// close ends the channel: its call is cancelled and its socket closed. It may be called any
+// number of times, from anywhere.
+func (c *callChannel) close() {
+	c.closeOnce.Do(func() {
+		c.cancel()
+		_ = c.conn.Close()
+		c.set.remove(c)
+	})
+}
+
+// read joins frames into messages and hands them, or the refusal of a bad one, to the worker.
+func (c *callChannel) read() {
+	defer c.close()
+	limit := c.d.sec.limits.MaxCallRequestBytes
+	asm := engineapi.NewCallAssembler(limit)
+	buf := make([]byte, engineapi.MaxCallFrameBytes+1)
+	for {
+		n, _, flags, _, err := c.conn.ReadMsgUnix(buf, nil)
+		if err != nil {
+			return
+		}
+		frame := buf[:n]
+		reason := frameProblem(frame, flags&unix.MSG_TRUNC != 0)
+		msg, hdr, err := asm.Add(frame)
+		if reason == refusedFrameTooLarge {
+			err = fmt.Errorf("%w: a frame of more than %d bytes (the socket cut it short)", engineapi.ErrCallFrame, engineapi.MaxCallFrameBytes)
+		}
+		if err != nil {
+			code := codes.InvalidArgument
+			if reason == "" {
+				reason = refusedInterleaved
+				if strings.Contains(err.Error(), "above the limit") {
+					reason, code = refusedMessageTooLong, codes.ResourceExhausted
+					err = fmt.Errorf("%w (max call request bytes); send it over gRPC instead", err)
+				}
+			}
+			c.set.refused.WithLabelValues(reason).Inc()
+			if !c.hand(callJob{hdr: hdr, refuse: true, code: code, msg: "call channel: " + err.Error()}) {
+				return
+			}
+			continue
+		}
+		if msg == nil {
+			continue
+		}
+		if !c.hand(callJob{hdr: msg.Header, body: msg.Body}) {
+			return
+		}
+		// The body is the assembler's buffer: the next frame may not be read into it until the
+		// worker has decoded it.
+		select {
+		case <-c.decoded:
+		case <-c.ctx.Done():
+			return
+		}
+	}
+}
+
+// frameProblem is the reason a frame is refused for its own sake, "" when it is well formed.
+func frameProblem(frame []byte, truncated bool) string {
+	switch {
+	case len(frame) < engineapi.CallFrameHeaderBytes:
+		return refusedShort
+	case binary.LittleEndian.Uint32(frame) != engineapi.CallFrameMagic:
+		return refusedMagic
+	case truncated || len(frame) > engineapi.MaxCallFrameBytes:
+		return refusedFrameTooLarge
+	case frame[6]&^engineapi.CallFrameMore != 0:
+		return refusedFlags
+	}
+	return ""
+}
+
+// hand gives the worker a job; false once the channel is closed.
+func (c *callChannel) hand(j callJob) bool {
+	select {
+	case c.jobs <- j:
+		return true
+	case <-c.ctx.Done():
+		return false
+	}
+}
+
+// work runs the calls the reader hands it, one at a time, and writes their responses.
+func (c *callChannel) work() {
+	defer c.close()
+	for {
+		var j callJob
+		select {
+		case j = <-c.jobs:
+		case <-c.ctx.Done():
+			return
+		}
+		select {
+		case c.busy <- struct{}{}:
+		case <-c.ctx.Done():
+			return
+		}
+		ok := c.serve(j)
+		<-c.busy
+		if !ok {
+			return
+		}
+	}
+}
+
+// serve answers one job; false when the response could not be written.
+func (c *callChannel) serve(j callJob) bool {
+	if j.refuse {
+		return c.reply(j.hdr, j.code, []byte(engineapi.CallErrorMessage(j.msg)))
+	}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			c.decoded <- struct{}{}
+		}
+	}
+	defer release()
+	h := callHandlers[j.hdr.Method]
+	if h == nil {
+		release()
+		c.set.refused.WithLabelValues(refusedUnknownMethod).Inc()
+		return c.reply(j.hdr, codes.Unimplemented, []byte(fmt.Sprintf("call channel: unknown method number %d", j.hdr.Method)))
+	}
+	name := engineapi.CallMethodName(j.hdr.Method)
+	dec := func(v any) error {
+		defer release()
+		if err := engineapi.UnmarshalCall(j.body, v); err != nil {
+			c.set.refused.WithLabelValues(refusedUndecodable).Inc()
+			return status.Errorf(codes.InvalidArgument, "call channel: %s request of %d bytes does not decode: %v", name[strings.LastIndexByte(name, '/')+1:], len(j.body), err)
+		}
+		return nil
+	}
+	resp, err := h(c.d.svc, c.ctx, dec, c.d.intercept)
+	release()
+	if err != nil {
+		st := status.Convert(err)
+		return c.reply(j.hdr, st.Code(), []byte(engineapi.CallErrorMessage(st.Message())))
+	}
+	c.resp, err = engineapi.AppendCall(c.resp[:0], resp)
+	if err == nil && len(c.resp) > engineapi.MaxMessageBytes {
+		err = fmt.Errorf("a response of %d bytes, above the limit of %d", len(c.resp), engineapi.MaxMessageBytes)
+	}
+	if err != nil {
+		return c.reply(j.hdr, codes.Internal, []byte(engineapi.CallErrorMessage("call channel: "+err.Error())))
+	}
+	ok := c.reply(j.hdr, codes.OK, c.resp)
+	// A buffer grown for one large response is not kept for the small ones that usually follow.
+	if cap(c.resp) > 1<<20 {
+		c.resp = nil
+	}
+	return ok
+}
+
+// reply writes one response message, under the write deadline.
+func (c *callChannel) reply(h engineapi.CallHeader, code codes.Code, body []byte) bool {
+	h.Status = uint8(code)
+	timeout := c.d.cfg.CallChannelWriteTimeout
+	if timeout <= 0 {
+		timeout = DefaultCallChannelWriteTimeout
+	}
+	_ = c.conn.SetWriteDeadline(time.Now().Add(timeout))
+	var err error
+	c.out, err = engineapi.AppendCallFrames(c.out[:0], h, body, func(frame []byte) error {
+		_, err := c.conn.Write(frame)
+		return err
+	})
+	if cap(c.out) > 2*engineapi.MaxCallFrameBytes {
+		c.out = nil
+	}
+	if err == nil {
+		return true
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		c.d.log.Warn("closed a call channel whose engine does not read its replies", "timeout", timeout, "conn", c.connID)
+	}
+	return false
+}
