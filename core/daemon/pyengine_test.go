@@ -48,6 +48,12 @@ type pyEngineSummary struct {
 		OverRoutedMatched *int       `json:"over_routed_matched"`
 		ChannelAfterOver  string     `json:"channel_after_over"`
 	} `json:"large_calls"`
+	// ChannelAfterConnectionEnd is the error of a call over the channel once the gRPC
+	// connection that opened it has ended.
+	ChannelAfterConnectionEnd struct {
+		callError
+		Seconds float64 `json:"seconds"`
+	} `json:"channel_after_connection_end"`
 	// CallChannelStats counts what went over the call channel.
 	CallChannelStats struct {
 		Calls                int `json:"calls"`
@@ -140,6 +146,10 @@ func TestPythonEngineSharedMemory(t *testing.T) {
 					t.Errorf("a call for an engine never registered: %+v", *g)
 				}
 				checkLargeCalls(t, sum, calls == "channel" && c.long)
+				// The daemon closes a connection's channels when the connection ends.
+				if e := sum.ChannelAfterConnectionEnd; e.Code != "UNAVAILABLE" {
+					t.Errorf("a call over the channel after its connection ended: %+v, want UNAVAILABLE", e)
+				}
 				w := sum.Warm
 				t.Logf("calls over %s: %d pages of %d bytes loaded in %.3fs of StartLoad (%d StartLoads, %.0f µs each); a plain call %.0f µs after one; idle: grpc %.0f µs, channel %.0f µs",
 					calls, w.LoadedBlocks, sum.PageBytes, w.StartLoadSeconds, w.StartLoads, w.StartLoadSeconds/float64(max(w.StartLoads, 1))*1e6,

@@ -181,6 +181,8 @@ class CallChannel:
                     send(pack(self.MAGIC, method, more, 0, cid) + view[off : off + frag])
                     st["frames_sent"] += 1
                 st["multi_frame_requests"] += 1
+        except (BrokenPipeError, ConnectionResetError) as e:
+            self._fail("closed by the daemon (sending call %d: %s)" % (cid, e))
         except OSError as e:
             self._fail("sending call %d: %s" % (cid, e))
         return self._response(method, cid)
@@ -740,6 +742,24 @@ def large_calls(api, engine, seed, prefix):
     return out
 
 
+def channel_after_connection_end(api, engine, wait=10.0):
+    """Ends the gRPC connection that opened the call channel and calls over the channel until
+    the daemon has closed it, as it must when that connection ends: the error and how long it
+    took to come."""
+    api.channel.close()
+    t0 = time.monotonic()
+    while True:
+        try:
+            api.call_channel("TakeFailedLoads", engine=engine, timeout=wait)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNAVAILABLE or time.monotonic() - t0 > wait:
+                return {"code": e.code().name, "details": e.details(), "seconds": time.monotonic() - t0}
+        if time.monotonic() - t0 > wait:
+            return {"code": "OK", "details": "the channel still answered %.0fs after its connection ended" % wait,
+                    "seconds": time.monotonic() - t0}
+        time.sleep(0.001)
+
+
 def time_calls(call, engine, n):
     """The mean seconds of n calls that do next to nothing in the daemon."""
     t0 = time.perf_counter()
@@ -860,7 +880,8 @@ def main():
             summary["daemon_loads"] = json.load(resp)["loads"]
     warm.close()
     mem.close()
-    summary["call_channel_stats"] = api.calls.stats
+    summary["call_channel_stats"] = dict(api.calls.stats)
+    summary["channel_after_connection_end"] = channel_after_connection_end(api, warm.name)
     api.close()
 
     if args.memory == "cuda":
