@@ -146,6 +146,16 @@ func TestPythonEngineSharedMemory(t *testing.T) {
 					t.Errorf("a call for an engine never registered: %+v", *g)
 				}
 				checkLargeCalls(t, sum, calls == "channel" && c.long)
+				// Over the channel whatever the transport: the failing call, 200 idle calls and
+				// three of large_calls' (the 32k-token lookup, the refused oversized one, the call
+				// after it; the oversized one that call() routes goes over gRPC). The passes'
+				// calls (at least a StartLoad and a TakeFailedLoads a pass) go over the chosen
+				// transport.
+				const fixed = 1 + 200 + 3
+				passCalls := 2 * (sum.Cold.StartLoads + sum.Warm.StartLoads)
+				if n := sum.CallChannelStats.Calls; (calls == "grpc" && n != fixed) || (calls == "channel" && n < fixed+passCalls) {
+					t.Errorf("%d calls went over the channel with --calls %s (%d a pass's calls at least)", n, calls, passCalls)
+				}
 				// The daemon closes a connection's channels when the connection ends.
 				if e := sum.ChannelAfterConnectionEnd; e.Code != "UNAVAILABLE" {
 					t.Errorf("a call over the channel after its connection ended: %+v, want UNAVAILABLE", e)
