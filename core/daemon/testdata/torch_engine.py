@@ -20,9 +20,12 @@ same request lifecycle and is there to check the script on a machine without a G
 `--calls channel` (the default) makes the engine calls over a call channel (OpenCallChannel in
 engine.proto): a unix SOCK_SEQPACKET socket pair whose one end goes to the daemon over the
 descriptor side channel, each call one message of frames written and one read, instead of an
-HTTP/2 stream; `--calls grpc` makes them as plain gRPC calls. Errors surface the same way
-either way: a grpc.RpcError with the daemon's status code and message. Every run times a plain
-call on the idle daemon over both transports.
+HTTP/2 stream; `--calls grpc` makes them as plain gRPC calls. A request larger than the
+channel takes (OpenCallChannel's max_message_bytes) goes over gRPC either way. Errors surface
+the same way on both: a grpc.RpcError with the daemon's status code and message. Every run
+times a plain call on the idle daemon over both transports, checks that a failing call reads
+the same over both, and ends by checking that the daemon closes the channel once the gRPC
+connection that opened it has ended.
 
 `--bench-calls N` only registers an engine, then reads lines from stdin: for each line holding a
 count n it makes n plain calls over each transport (interleaved in chunks) and prints one line
