@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,7 +24,11 @@ import (
 // engine's RemoteRank, as enginesim and replay call it: the prompt written into the arena and
 // only its range sent), and as the repeated varint field; and two floors: the packed prompt
 // sent to an engine that is not registered (the socket's share of socket-packed) and an empty
-// call (a RequestReset, the least any call over the socket costs). One run times every mode
+// call (a RequestReset, the least any call over the socket costs). The chan-* modes make the
+// arena lookup, the packed lookup and the empty call over a call channel of the engine's own
+// connection (Client.UseCallChannels) instead of an HTTP/2 stream; they run last, once the
+// socket modes are done, because switching the client moves its RemoteRank to channels too.
+// One run times every mode
 // once, one after the other, against the same warm pool. -count N repeats each mode N times in a
 // row before the next (that is how the testing package runs sub-benchmarks), so to alternate
 // the modes under the same machine load, run the binary N times instead:
@@ -38,7 +43,7 @@ func BenchmarkLookupRoundTrip32k(b *testing.B) {
 	ctx := context.Background()
 	blocks := tokens / benchT
 	cfg := enginesim.Config{Socket: r.Info.Socket, ModelKey: "bench-model", Name: "lk", TokensPerBlock: benchT,
-		Slots: blocks + 1, PageBytes: []int{16 << 10}, Chunk: 8 << 10}
+		Slots: blocks + 1, PageBytes: []int{16 << 10}, Chunk: 8 << 10, NoCallChannels: true}
 	e, err := enginesim.Start(ctx, cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -74,6 +79,7 @@ func BenchmarkLookupRoundTrip32k(b *testing.B) {
 			return int(resp.GetMatchedTokens()), err
 		}
 	}
+
 	// overArena is the engine's own RemoteRank, which writes the prompt into its prompt arena
 	// and sends the range.
 	rk := e.Remote(0)
@@ -111,7 +117,15 @@ func BenchmarkLookupRoundTrip32k(b *testing.B) {
 		{"socket-repeated", overSocket(false)},
 		{"socket-transport-only", transportOnly},
 		{"socket-empty-call", emptyCall},
+		{"chan-arena", overArena},
+		{"chan-packed", overSocket(true)},
+		{"chan-empty-call", emptyCall},
 	} {
+		if strings.HasPrefix(m.name, "chan-") && c.CallChannels() == nil {
+			if err := c.UseCallChannels(ctx, 1); err != nil {
+				b.Fatal(err)
+			}
+		}
 		b.Run(m.name, func(b *testing.B) {
 			lat := make([]time.Duration, 0, 4096)
 			b.ReportAllocs()
@@ -130,9 +144,14 @@ func BenchmarkLookupRoundTrip32k(b *testing.B) {
 				sc.RequestReset(id)
 				b.StartTimer()
 			}
-			if m.name == "socket-arena" {
+			if m.name == "socket-arena" || m.name == "chan-arena" {
 				if _, packed := rk.PromptCounts(); packed != 0 {
 					b.Fatalf("%d lookups went packed instead of through the arena", packed)
+				}
+			}
+			if p := c.CallChannels(); strings.HasPrefix(m.name, "chan-") {
+				if _, fallbacks := p.Stats(); fallbacks != 0 {
+					b.Fatalf("%d calls went over gRPC instead of the call channel", fallbacks)
 				}
 			}
 			slices.Sort(lat)

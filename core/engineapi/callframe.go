@@ -28,6 +28,9 @@ const (
 	MaxCallFragmentBytes = MaxCallFrameBytes - CallFrameHeaderBytes
 	// CallFrameMore is the flag of a frame that more frames of the same message follow.
 	CallFrameMore uint8 = 1
+	// maxKeptAssemblyBytes is the largest message buffer a CallAssembler keeps between
+	// messages.
+	maxKeptAssemblyBytes = 16 * MaxCallFrameBytes
 	// maxCallErrorBytes bounds an error message sent in a response.
 	maxCallErrorBytes = 4 << 10
 )
@@ -150,7 +153,9 @@ func (a *CallAssembler) Add(frame []byte) (*CallMessage, CallHeader, error) {
 		a.cur.Flags = 0
 		a.buf = a.buf[:0]
 		// A buffer grown for a large message is not kept for the small ones that usually follow.
-		if cap(a.buf) > 4*MaxCallFrameBytes {
+		// Up to 1 MiB is kept: a 32k-token prompt sent packed is 256 KiB and a bit, and with a
+		// bound at 256 KiB its buffer was dropped and regrown (about 1 MiB of garbage) every call.
+		if cap(a.buf) > maxKeptAssemblyBytes {
 			a.buf = nil
 		}
 	}
