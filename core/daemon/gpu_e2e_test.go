@@ -75,6 +75,8 @@ type torchSummary struct {
 //	KVCTL_TORCH_REQUESTS=64     requests per pass
 //	KVCTL_TORCH_SCATTER=auto    how the daemon copies pages in: auto, kernel or engines
 //	                            (gpu.CUDAMoverOptions.Scatter), to compare the two
+//	KVCTL_TORCH_CALLS=channel   the engine calls' transport (--calls): channel, a call channel
+//	                            (OpenCallChannel), or grpc, plain gRPC calls
 func TestGPUTorchEngine(t *testing.T) {
 	if os.Getenv("KVCTL_GPU_E2E") != "1" {
 		t.Skip("set KVCTL_GPU_E2E=1 to run the PyTorch engine over CUDA IPC (needs a GPU, PyTorch and grpcio)")
@@ -83,6 +85,7 @@ func TestGPUTorchEngine(t *testing.T) {
 	python := envOr("KVCTL_TORCH_PYTHON", "python3")
 	memory := envOr("KVCTL_TORCH_MEMORY", "cuda")
 	requests := envOr("KVCTL_TORCH_REQUESTS", "64")
+	calls := envOr("KVCTL_TORCH_CALLS", "channel")
 
 	cases := []struct {
 		name      string
@@ -100,7 +103,7 @@ func TestGPUTorchEngine(t *testing.T) {
 			args := []string{script, "--socket", r.Info.Socket, "--memory", memory,
 				"--stats-url", "http://" + r.Info.AdminAddr + "/v1/stats",
 				"--requests", requests, "--page-bytes", strconv.Itoa(c.pageBytes), "--layers", strconv.Itoa(c.layers),
-				"--transfer-batch", strconv.Itoa(c.batch)}
+				"--transfer-batch", strconv.Itoa(c.batch), "--calls", calls}
 			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, python, args...)
