@@ -368,13 +368,14 @@ func (c *callChannel) read() {
 			code := codes.InvalidArgument
 			if reason == "" {
 				reason = refusedInterleaved
-				if strings.Contains(err.Error(), "above the limit") {
+				if tooLarge := (*engineapi.CallMessageTooLargeError)(nil); errors.As(err, &tooLarge) {
 					reason, code = refusedMessageTooLong, codes.ResourceExhausted
 					err = fmt.Errorf("%w (max call request bytes); send it over gRPC instead", err)
 				}
 			}
 			c.set.refused.WithLabelValues(reason).Inc()
-			if !c.hand(callJob{hdr: hdr, refuse: true, code: code, msg: "call channel: " + err.Error()}) {
+			// The frame errors name the call channel already ("call channel frame: ...").
+			if !c.hand(callJob{hdr: hdr, refuse: true, code: code, msg: err.Error()}) {
 				return
 			}
 			continue

@@ -38,6 +38,19 @@ const (
 // ErrCallFrame is wrapped by every error about a malformed frame or message.
 var ErrCallFrame = errors.New("call channel frame")
 
+// CallMessageTooLargeError is the error of a message whose frames add up to more than the
+// assembler's bound. It is an ErrCallFrame.
+type CallMessageTooLargeError struct {
+	Bytes, Limit int
+}
+
+func (e *CallMessageTooLargeError) Error() string {
+	return fmt.Sprintf("%v: a message of %d bytes, above the limit of %d", ErrCallFrame, e.Bytes, e.Limit)
+}
+
+// Is makes a CallMessageTooLargeError match ErrCallFrame.
+func (e *CallMessageTooLargeError) Is(target error) bool { return target == ErrCallFrame }
+
 // CallHeader is a frame's header.
 type CallHeader struct {
 	Method enginepb.CallChannelMethod
@@ -175,7 +188,7 @@ func (a *CallAssembler) Add(frame []byte) (*CallMessage, CallHeader, error) {
 	if a.skipped > 0 {
 		n := a.skipped
 		a.skipped = 0
-		return nil, a.cur, fmt.Errorf("%w: a message of %d bytes, above the limit of %d", ErrCallFrame, n, a.max)
+		return nil, a.cur, &CallMessageTooLargeError{Bytes: n, Limit: a.max}
 	}
 	return &CallMessage{Header: a.cur, Body: a.buf}, a.cur, nil
 }
