@@ -858,6 +858,13 @@ def main():
                "tokens_per_block": T, "slots": args.slots, "max_running": args.max_running,
                "calls": args.calls, "unregistered_call_errors": errors,
                "call_channel": {"max_frame_bytes": opened.max_frame_bytes, "max_message_bytes": opened.max_message_bytes}}
+    if args.memory == "cuda":
+        import torch
+
+        summary["torch"] = torch.__version__
+        summary["gpu"] = torch.cuda.get_device_name()
+        summary["anchor"] = pinned_anchor(torch)
+
     # Cold pass: computes and saves every block.
     mem = new_memory(args)
     cold = Engine(api, args, args.name + "-cold/rank0", mem)
