@@ -268,12 +268,15 @@ func scatterMode(mode string) gpu.ScatterPath {
 // is the default path (pool memory registered, one DMA per region, pages checked on the GPU
 // where they land); "hostcheck" checks them on the host before the copy instead (the pool's
 // BatchView); "nocheck" is the in-place load with no check at all (uncheckedPool); "staged"
-// copies through pinned staging (StagedTransfers).
+// copies through pinned staging (StagedTransfers). "load=NMiB" loads only the first N MiB of
+// pages; "idle=D" leaves the GPU idle for D before each load.
 func BenchmarkGPULoad(b *testing.B) {
 	for _, page := range gpuBenchPages {
 		for _, mode := range []string{"direct", "direct,engines", "direct,kernel", "direct,hostcheck", "direct,nocheck", "direct,nocheck,engines", "direct,batch=8MiB", "direct,batch=16MiB", "direct,batch=32MiB", "direct,batch=64MiB",
 			"direct,workers=4", "direct,workers=8", "staged",
-			"direct,load=4MiB", "direct,load=16MiB", "direct,load=64MiB", "direct,load=180MiB"} {
+			"direct,load=4MiB", "direct,load=16MiB", "direct,load=64MiB", "direct,load=180MiB",
+			"direct,load=12MiB", "direct,load=12MiB,idle=30ms", "direct,load=48MiB", "direct,load=48MiB,idle=30ms",
+			"direct,engines,load=12MiB", "direct,engines,load=12MiB,idle=30ms"} {
 			b.Run(fmt.Sprintf("%dKiB/%s", page>>10, mode), func(b *testing.B) {
 				defer setDirectBatch(mode)()
 				gpuPageChecksOff = strings.Contains(mode, "hostcheck")
@@ -296,8 +299,18 @@ func BenchmarkGPULoad(b *testing.B) {
 				b.ResetTimer()
 				ctx := context.Background()
 				var loadT, anchorT time.Duration
+				// idle=D leaves the GPU idle for D before each load, as an engine's GPU is between
+				// two StartLoads when it does little else (the test engine through kvctl serve).
+				var idle time.Duration
+				if i := strings.Index(mode, "idle="); i >= 0 {
+					var err error
+					if idle, err = time.ParseDuration(mode[i+len("idle="):]); err != nil {
+						b.Fatal(err)
+					}
+				}
 				for b.Loop() {
 					anchorT += g.anchor(b, true)
+					time.Sleep(idle)
 					t0 := time.Now()
 					w.BindMeta(Metadata{Loads: []RequestTransfers{meta}})
 					if err := w.StartLoad(ctx); err != nil {

@@ -77,6 +77,8 @@ type torchSummary struct {
 //	                            (gpu.CUDAMoverOptions.Scatter), to compare the two
 //	KVCTL_TORCH_CALLS=channel   the engine calls' transport (--calls): channel, a call channel
 //	                            (OpenCallChannel), or grpc, plain gRPC calls
+//	KVCTL_TORCH_BUSY_MS=0       milliseconds the engine keeps the GPU computing before each
+//	                            StartLoad (--busy-ms), as a forward pass does; 0 leaves it idle
 func TestGPUTorchEngine(t *testing.T) {
 	if os.Getenv("KVCTL_GPU_E2E") != "1" {
 		t.Skip("set KVCTL_GPU_E2E=1 to run the PyTorch engine over CUDA IPC (needs a GPU, PyTorch and grpcio)")
@@ -86,6 +88,7 @@ func TestGPUTorchEngine(t *testing.T) {
 	memory := envOr("KVCTL_TORCH_MEMORY", "cuda")
 	requests := envOr("KVCTL_TORCH_REQUESTS", "64")
 	calls := envOr("KVCTL_TORCH_CALLS", "channel")
+	busy := envOr("KVCTL_TORCH_BUSY_MS", "0")
 
 	cases := []struct {
 		name      string
@@ -103,7 +106,7 @@ func TestGPUTorchEngine(t *testing.T) {
 			args := []string{script, "--socket", r.Info.Socket, "--memory", memory,
 				"--stats-url", "http://" + r.Info.AdminAddr + "/v1/stats",
 				"--requests", requests, "--page-bytes", strconv.Itoa(c.pageBytes), "--layers", strconv.Itoa(c.layers),
-				"--transfer-batch", strconv.Itoa(c.batch), "--calls", calls}
+				"--transfer-batch", strconv.Itoa(c.batch), "--calls", calls, "--busy-ms", busy}
 			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, python, args...)

@@ -429,6 +429,18 @@ class CudaMemory:
     def sync(self):
         self.torch.cuda.synchronize()
 
+    def busy(self, seconds):
+        """Keeps the GPU computing for about seconds, then waits for it: what the previous
+        step's forward pass leaves behind when an engine calls StartLoad."""
+        t = self.torch
+        if not hasattr(self, "_busy"):
+            self._busy = t.randn(2048, 2048, device=self.dev, dtype=t.float16)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            for _ in range(4):
+                self._busy @ self._busy
+            t.cuda.synchronize()
+
     def close(self):
         self.sync()
         del self.regions, self.mem, self.base
@@ -483,6 +495,9 @@ class ShmMemory:
         return bad
 
     def sync(self):
+        pass
+
+    def busy(self, seconds):
         pass
 
     def close(self):
@@ -619,6 +634,8 @@ class Engine:
                             submitted_saves=list(subs.ids))
             api.call("BindMeta", engine=name, metadata=meta)
             self.mem.sync()  # the poison must land before the daemon's copies
+            if a.busy_ms > 0:
+                self.mem.busy(a.busy_ms / 1000)
             t1 = time.perf_counter()
             api.call("StartLoad", engine=name)
             t2 = time.perf_counter()
@@ -826,6 +843,8 @@ def main():
     p.add_argument("--chunk-blocks", type=int, default=4, help="blocks a request computes per pass")
     p.add_argument("--slots", type=int, default=0, help="page slots (0: enough for --max-running requests)")
     p.add_argument("--transfer-batch", type=int, default=0)
+    p.add_argument("--busy-ms", type=float, default=0,
+                   help="keep the GPU computing this long before each StartLoad, as the previous step's forward pass does in a serving engine (0: the GPU idles between passes)")
     p.add_argument("--staging-bytes", type=int, default=256 << 20)
     p.add_argument("--pass-timeout", type=int, default=300)
     p.add_argument("--calls", choices=["channel", "grpc"], default="channel",
@@ -854,7 +873,7 @@ def main():
             errors[via] = None
         except grpc.RpcError as e:
             errors[via] = {"code": e.code().name, "details": e.details()}
-    summary = {"memory": args.memory, "page_bytes": args.page_bytes, "layers": args.layers,
+    summary = {"memory": args.memory, "page_bytes": args.page_bytes, "layers": args.layers, "busy_ms": args.busy_ms,
                "tokens_per_block": T, "slots": args.slots, "max_running": args.max_running,
                "calls": args.calls, "unregistered_call_errors": errors,
                "call_channel": {"max_frame_bytes": opened.max_frame_bytes, "max_message_bytes": opened.max_message_bytes}}
