@@ -31,8 +31,9 @@ func BenchmarkCUDAThreadHop(b *testing.B) {
 // at each step of the check (checkTimer) give the microseconds from the first copy to the end of
 // the copies (copied), of the descriptors' copy (descriptors), of each kernel (deltas,
 // finished) and of the digests' copy (digests); host-us is the wall time of ScatterChecked and
-// its wait. "chunked" is the default (a batch of 16 MiB or more copied by the copy engines, or
-// of 64 MiB or more by the copy kernel, is checked chunk by chunk behind its copies);
+// its wait, returned-us the wall time until ScatterChecked returned (its copies done).
+// "chunked" is the default (a batch of 16 MiB or more copied by the copy engines, or of
+// kernelChunkMin or more by the copy kernel, is checked chunk by chunk behind its copies);
 // "one-chunk" checks the whole batch after its copies.
 func BenchmarkCUDACheckSteps(b *testing.B) {
 	d, err := OpenCUDA(0)
@@ -40,7 +41,7 @@ func BenchmarkCUDACheckSteps(b *testing.B) {
 		b.Skip(err)
 	}
 	defer d.Close()
-	for _, c := range []struct{ batchMiB, pageKiB int }{{4, 64}, {4, 1024}, {16, 64}, {64, 64}, {256, 64}, {64, 1024}, {180, 1024}} {
+	for _, c := range []struct{ batchMiB, pageKiB int }{{4, 64}, {4, 1024}, {12, 64}, {16, 64}, {48, 256}, {64, 64}, {256, 64}, {64, 1024}, {180, 1024}} {
 		size := c.pageKiB << 10
 		n := (c.batchMiB << 20) / size
 		half := uint64(size / 2)
@@ -84,7 +85,7 @@ func BenchmarkCUDACheckSteps(b *testing.B) {
 				checkTrace = t.record
 				defer func() { checkTrace = nil }()
 				var total [checkSteps]float64
-				var host time.Duration
+				var host, returned time.Duration
 				ctx := context.Background()
 				for b.Loop() {
 					t0 := time.Now()
@@ -92,6 +93,7 @@ func BenchmarkCUDACheckSteps(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
+					returned += time.Since(t0)
 					bad, err := wait()
 					host += time.Since(t0)
 					if err != nil {
@@ -115,6 +117,7 @@ func BenchmarkCUDACheckSteps(b *testing.B) {
 					}
 				}
 				b.ReportMetric(float64(host.Microseconds())/float64(b.N), "host-us")
+				b.ReportMetric(float64(returned.Microseconds())/float64(b.N), "returned-us")
 			})
 		}
 		st.Close()
