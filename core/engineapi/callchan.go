@@ -47,9 +47,15 @@ type CallChannels struct {
 	open   int // idle and busy channels
 	maxReq int // the daemon's max_message_bytes; 0 until a channel is open
 	closed bool
+	// noDialUntil holds back opening channels for a while after one could not be opened (the
+	// daemon at its per-connection cap, say), so that calls meanwhile go straight over gRPC
+	// instead of each paying a failed attempt.
+	noDialUntil time.Time
 	// opened counts the channels ever opened and fallbacks the calls that went over gRPC
 	// because no channel was free or the request was too large (for tests and benchmarks).
 	opened, fallbacks atomic.Int64
+	// dialFailures counts the channels that could not be opened.
+	dialFailures atomic.Int64
 }
 
 // NewCallChannels returns a pool of at most max channels (DefaultCallChannels when max <= 0)
@@ -168,7 +174,7 @@ func (p *CallChannels) get(ctx context.Context) (*callConn, error) {
 		p.mu.Unlock()
 		return c, nil
 	}
-	if p.open >= p.max {
+	if p.open >= p.max || time.Now().Before(p.noDialUntil) {
 		p.mu.Unlock()
 		return nil, nil
 	}
@@ -176,13 +182,20 @@ func (p *CallChannels) get(ctx context.Context) (*callConn, error) {
 	p.mu.Unlock()
 	c, err := p.dial(ctx)
 	if err != nil {
+		p.dialFailures.Add(1)
 		p.mu.Lock()
 		p.open--
+		if ctx.Err() == nil {
+			p.noDialUntil = time.Now().Add(dialRetryAfter)
+		}
 		p.mu.Unlock()
 		return nil, nil //nolint:nilerr // the call goes over gRPC, which reports its own errors
 	}
 	return c, nil
 }
+
+// dialRetryAfter is how long a pool sends its calls over gRPC after a channel could not be opened.
+const dialRetryAfter = time.Second
 
 // put returns c to the idle channels, or closes it when the pool was closed meanwhile.
 func (p *CallChannels) put(c *callConn) {

@@ -288,3 +288,37 @@ func BenchmarkEmptyCall(b *testing.B) {
 	opened, fallbacks := chans.CallChannels().Stats()
 	b.Logf("channels opened %d, calls over gRPC because every channel was busy %d", opened, fallbacks)
 }
+
+// TestCallChannelsDialBackoff: when the daemon refuses another channel (its per-connection cap),
+// the pool sends calls over gRPC without trying to open a channel for each of them.
+func TestCallChannelsDialBackoff(t *testing.T) {
+	r := startDaemon(t, daemon.Limits{MaxCallChannelsPerConn: 1})
+	ctx := context.Background()
+	c := dial(t, r.Info.Socket)
+	if err := c.UseCallChannels(ctx, 4); err != nil {
+		t.Fatal(err)
+	}
+	p := c.CallChannels()
+	release, ok := engineapi.HoldIdleChannel(p)
+	if !ok {
+		t.Fatal("no idle channel")
+	}
+	for range 20 {
+		if _, err := c.RequestReset(ctx, &enginepb.RequestRef{Engine: "nobody"}); status.Code(err) != codes.NotFound {
+			t.Fatalf("a call while the daemon refuses more channels: %v", err)
+		}
+	}
+	if n := engineapi.DialFailures(p); n != 1 {
+		t.Errorf("%d attempts to open a channel failed during 20 calls, want 1", n)
+	}
+	if opened, fallbacks := p.Stats(); opened != 1 || fallbacks != 20 {
+		t.Errorf("opened %d, over gRPC %d; want 1 and 20", opened, fallbacks)
+	}
+	release()
+	if _, err := c.RequestReset(ctx, &enginepb.RequestRef{Engine: "nobody"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("a call over the channel again: %v", err)
+	}
+	if _, fallbacks := p.Stats(); fallbacks != 20 {
+		t.Errorf("the idle channel was not used again: %d calls over gRPC", fallbacks)
+	}
+}

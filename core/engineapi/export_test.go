@@ -25,3 +25,6 @@ func AdoptChannel(p *CallChannels, conn *net.UnixConn, maxReq int) {
 	p.open++
 	p.maxReq = maxReq
 }
+
+// DialFailures is how many channels p could not open.
+func DialFailures(p *CallChannels) int64 { return p.dialFailures.Load() }
