@@ -276,7 +276,8 @@ func BenchmarkGPULoad(b *testing.B) {
 			"direct,workers=4", "direct,workers=8", "staged",
 			"direct,load=4MiB", "direct,load=16MiB", "direct,load=64MiB", "direct,load=180MiB",
 			"direct,load=12MiB", "direct,load=12MiB,idle=30ms", "direct,load=48MiB", "direct,load=48MiB,idle=30ms",
-			"direct,engines,load=12MiB", "direct,engines,load=12MiB,idle=30ms"} {
+			"direct,engines,load=12MiB", "direct,engines,load=12MiB,idle=30ms",
+			"direct,nocheck,load=12MiB", "direct,hostcheck,load=12MiB", "direct,nocheck,load=48MiB"} {
 			b.Run(fmt.Sprintf("%dKiB/%s", page>>10, mode), func(b *testing.B) {
 				defer setDirectBatch(mode)()
 				gpuPageChecksOff = strings.Contains(mode, "hostcheck")
