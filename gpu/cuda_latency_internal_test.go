@@ -125,3 +125,77 @@ func BenchmarkCUDACheckSteps(b *testing.B) {
 		mem.Close()
 	}
 }
+
+// BenchmarkCUDAScatterOrChecked compares, on one mover and the same batch, a plain Scatter with
+// a checked one (ScatterChecked, then its wait), at the sizes a StartLoad moves: returned-us is
+// when the call returned (its copies done), host-us when the check had been read too.
+func BenchmarkCUDAScatterOrChecked(b *testing.B) {
+	d, err := OpenCUDA(0)
+	if err != nil {
+		b.Skip(err)
+	}
+	defer d.Close()
+	for _, c := range []struct{ batchMiB, pageKiB int }{{12, 64}, {12, 1024}, {48, 1024}} {
+		size := c.pageKiB << 10
+		n := (c.batchMiB << 20) / size
+		half := uint64(size / 2)
+		l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: n, Regions: []kvmem.Region{
+			{Offset: 0, Stride: half, Size: half}, {Offset: half * uint64(n), Stride: half, Size: half}}}}}
+		mem, err := d.AllocDeviceMemory(uint64(n * size))
+		if err != nil {
+			b.Fatal(err)
+		}
+		mv, err := d.NewMover(mem, l, CUDAMoverOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		m := mv.(*cudaMover)
+		st, err := m.NewStaging(n, size)
+		if err != nil {
+			b.Fatal(err)
+		}
+		refs := make([]kvmem.PageRef, n)
+		src := make([][]byte, n)
+		sums := make([]uint64, n)
+		for i := range refs {
+			refs[i] = kvmem.PageRef{Slot: (i * 7919) % n}
+			src[i] = st.Slot(i)
+			for j := range src[i] {
+				src[i][j] = byte(i*31 + j)
+			}
+			sums[i] = xxh3.Hash(src[i])
+		}
+		for _, mode := range []string{"scatter", "checked"} {
+			b.Run(fmt.Sprintf("batch=%dMiB/page=%dKiB/%s", c.batchMiB, c.pageKiB, mode), func(b *testing.B) {
+				var returned, host time.Duration
+				ctx := context.Background()
+				for b.Loop() {
+					t0 := time.Now()
+					if mode == "scatter" {
+						if err := m.Scatter(ctx, src, refs); err != nil {
+							b.Fatal(err)
+						}
+						returned += time.Since(t0)
+						host += time.Since(t0)
+						continue
+					}
+					wait, err := m.ScatterChecked(ctx, src, refs, sums)
+					if err != nil {
+						b.Fatal(err)
+					}
+					returned += time.Since(t0)
+					bad, err := wait()
+					host += time.Since(t0)
+					if err != nil || slices.Contains(bad, true) {
+						b.Fatal("check failed", err)
+					}
+				}
+				b.ReportMetric(float64(returned.Microseconds())/float64(b.N), "returned-us")
+				b.ReportMetric(float64(host.Microseconds())/float64(b.N), "host-us")
+			})
+		}
+		st.Close()
+		mv.Close()
+		mem.Close()
+	}
+}
