@@ -18,10 +18,12 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/daemon/daemontest"
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
+	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -320,5 +322,58 @@ func TestCallChannelsDialBackoff(t *testing.T) {
 	}
 	if _, fallbacks := p.Stats(); fallbacks != 20 {
 		t.Errorf("the idle channel was not used again: %d calls over gRPC", fallbacks)
+	}
+}
+
+// TestClientNeverIdles: a registration lives as long as its gRPC connection, so a client whose
+// calls all go over call channels must not let that connection go idle and close. With a short
+// idle timeout the daemon drops the registration while the engine keeps calling over its channel
+// (what gRPC's default of 30 minutes would do); with Dial's setting it does not.
+func TestClientNeverIdles(t *testing.T) {
+	const idle = 200 * time.Millisecond
+	for _, c := range []struct {
+		name        string
+		timeout     time.Duration
+		wantDropped bool
+	}{{"idle-timeout=200ms", idle, true}, {"dial-default", 0, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.timeout != 0 {
+				defer engineapi.SetIdleTimeout(c.timeout)()
+			}
+			layout, size := rankLayout(8)
+			r := startDaemon(t, daemon.Limits{})
+			ctx := context.Background()
+			cl := dial(t, r.Info.Socket)
+			mem := sharedMemory(t, size)
+			if _, err := cl.RegisterSharedMemory(ctx, &enginepb.RegisterRequest{
+				Engine: "quiet", ModelKey: rankNamespace.ModelKey, WorldSize: 1, Role: string(connector.RoleBoth),
+				Format: string(keys.FormatTRTLLM), Scheduler: true, Layout: engineapi.LayoutToPB(layout),
+			}, mem.FD, uint64(size)); err != nil {
+				t.Fatal(err)
+			}
+			if err := cl.UseCallChannels(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+			// Calls only over the channel for five idle timeouts.
+			var err error
+			for end := time.Now().Add(5 * idle); time.Now().Before(end); time.Sleep(idle / 10) {
+				if _, err = cl.TakeFailedLoads(ctx, &enginepb.EngineRef{Engine: "quiet"}); err != nil {
+					break
+				}
+			}
+			// Once the daemon has closed the channel with the connection, the next call finds it
+			// broken before sending and goes over gRPC (a new connection), which names the
+			// engine unknown.
+			if _, fallbacks := cl.CallChannels().Stats(); fallbacks > 1 || (fallbacks == 1) != c.wantDropped {
+				t.Fatalf("%d calls went over gRPC", fallbacks)
+			}
+			dropped := status.Code(err) == codes.Unavailable || status.Code(err) == codes.NotFound
+			if err != nil && !dropped {
+				t.Fatalf("a call over the channel: %v", err)
+			}
+			if dropped != c.wantDropped {
+				t.Fatalf("registration dropped: %v (last call: %v), want %v", dropped, err, c.wantDropped)
+			}
+		})
 	}
 }

@@ -1,6 +1,9 @@
 package engineapi
 
-import "net"
+import (
+	"net"
+	"time"
+)
 
 // HoldIdleChannel takes an idle channel out of p, as a call in flight would, and returns the
 // function that gives it back.
@@ -28,3 +31,11 @@ func AdoptChannel(p *CallChannels, conn *net.UnixConn, maxReq int) {
 
 // DialFailures is how many channels p could not open.
 func DialFailures(p *CallChannels) int64 { return p.dialFailures.Load() }
+
+// SetIdleTimeout sets the gRPC idle timeout of clients dialled from now on, and returns the
+// function that restores it.
+func SetIdleTimeout(d time.Duration) (restore func()) {
+	old := idleTimeout
+	idleTimeout = d
+	return func() { idleTimeout = old }
+}

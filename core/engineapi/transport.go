@@ -4,6 +4,7 @@ import (
 	"math/bits"
 	"runtime"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/experimental"
@@ -39,9 +40,16 @@ func ServerOptions() []grpc.ServerOption {
 	}
 }
 
+// idleTimeout is the client's gRPC idle timeout: 0, never idle. gRPC's default (30 minutes)
+// closes a connection that made no call for that long, and the daemon releases every
+// registration of a connection that ends, so an engine whose calls all go over call channels, or
+// that is merely quiet for half an hour, would lose its registration. Tests shorten it.
+var idleTimeout time.Duration
+
 // clientOptions are the matching dial options of Dial.
 func clientOptions() []grpc.DialOption {
 	return []grpc.DialOption{
+		grpc.WithIdleTimeout(idleTimeout),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes),
 			grpc.ForceCodecV2(codec{})),
 		grpc.WithInitialWindowSize(WindowBytes),
