@@ -42,35 +42,7 @@ func BenchmarkCUDACheckSteps(b *testing.B) {
 	}
 	defer d.Close()
 	for _, c := range []struct{ batchMiB, pageKiB int }{{4, 64}, {4, 1024}, {12, 64}, {16, 64}, {48, 256}, {64, 64}, {256, 64}, {64, 1024}, {180, 1024}} {
-		size := c.pageKiB << 10
-		n := (c.batchMiB << 20) / size
-		half := uint64(size / 2)
-		l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: n, Regions: []kvmem.Region{
-			{Offset: 0, Stride: half, Size: half}, {Offset: half * uint64(n), Stride: half, Size: half}}}}}
-		mem, err := d.AllocDeviceMemory(uint64(n * size))
-		if err != nil {
-			b.Fatal(err)
-		}
-		mv, err := d.NewMover(mem, l, CUDAMoverOptions{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		m := mv.(*cudaMover)
-		st, err := m.NewStaging(n, size)
-		if err != nil {
-			b.Fatal(err)
-		}
-		refs := make([]kvmem.PageRef, n)
-		src := make([][]byte, n)
-		sums := make([]uint64, n)
-		for i := range refs {
-			refs[i] = kvmem.PageRef{Slot: (i * 7919) % n}
-			src[i] = st.Slot(i)
-			for j := range src[i] {
-				src[i][j] = byte(i*31 + j)
-			}
-			sums[i] = xxh3.Hash(src[i])
-		}
+		m, src, refs, sums, done := checkBatch(b, d, c.batchMiB, c.pageKiB)
 		for _, mode := range []string{"chunked", "one-chunk"} {
 			b.Run(fmt.Sprintf("batch=%dMiB/page=%dKiB/%s", c.batchMiB, c.pageKiB, mode), func(b *testing.B) {
 				if mode == "one-chunk" {
@@ -120,9 +92,7 @@ func BenchmarkCUDACheckSteps(b *testing.B) {
 				b.ReportMetric(float64(returned.Microseconds())/float64(b.N), "returned-us")
 			})
 		}
-		st.Close()
-		mv.Close()
-		mem.Close()
+		done()
 	}
 }
 
@@ -136,35 +106,7 @@ func BenchmarkCUDAScatterOrChecked(b *testing.B) {
 	}
 	defer d.Close()
 	for _, c := range []struct{ batchMiB, pageKiB int }{{12, 64}, {12, 1024}, {48, 1024}} {
-		size := c.pageKiB << 10
-		n := (c.batchMiB << 20) / size
-		half := uint64(size / 2)
-		l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: n, Regions: []kvmem.Region{
-			{Offset: 0, Stride: half, Size: half}, {Offset: half * uint64(n), Stride: half, Size: half}}}}}
-		mem, err := d.AllocDeviceMemory(uint64(n * size))
-		if err != nil {
-			b.Fatal(err)
-		}
-		mv, err := d.NewMover(mem, l, CUDAMoverOptions{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		m := mv.(*cudaMover)
-		st, err := m.NewStaging(n, size)
-		if err != nil {
-			b.Fatal(err)
-		}
-		refs := make([]kvmem.PageRef, n)
-		src := make([][]byte, n)
-		sums := make([]uint64, n)
-		for i := range refs {
-			refs[i] = kvmem.PageRef{Slot: (i * 7919) % n}
-			src[i] = st.Slot(i)
-			for j := range src[i] {
-				src[i][j] = byte(i*31 + j)
-			}
-			sums[i] = xxh3.Hash(src[i])
-		}
+		m, src, refs, sums, done := checkBatch(b, d, c.batchMiB, c.pageKiB)
 		for _, mode := range []string{"scatter", "checked"} {
 			b.Run(fmt.Sprintf("batch=%dMiB/page=%dKiB/%s", c.batchMiB, c.pageKiB, mode), func(b *testing.B) {
 				var returned, host time.Duration
@@ -194,6 +136,45 @@ func BenchmarkCUDAScatterOrChecked(b *testing.B) {
 				b.ReportMetric(float64(host.Microseconds())/float64(b.N), "host-us")
 			})
 		}
+		done()
+	}
+}
+
+// checkBatch makes a mover over new device memory of batchMiB of pageKiB pages in two regions,
+// and a batch to scatter into all of it: pages from pinned staging in a scrambled slot order,
+// with their checksums. done releases it all.
+func checkBatch(b *testing.B, d *CUDADevice, batchMiB, pageKiB int) (m *cudaMover, src [][]byte, refs []kvmem.PageRef, sums []uint64, done func()) {
+	b.Helper()
+	size := pageKiB << 10
+	n := (batchMiB << 20) / size
+	half := uint64(size / 2)
+	l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: n, Regions: []kvmem.Region{
+		{Offset: 0, Stride: half, Size: half}, {Offset: half * uint64(n), Stride: half, Size: half}}}}}
+	mem, err := d.AllocDeviceMemory(uint64(n * size))
+	if err != nil {
+		b.Fatal(err)
+	}
+	mv, err := d.NewMover(mem, l, CUDAMoverOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	m = mv.(*cudaMover)
+	st, err := m.NewStaging(n, size)
+	if err != nil {
+		b.Fatal(err)
+	}
+	refs = make([]kvmem.PageRef, n)
+	src = make([][]byte, n)
+	sums = make([]uint64, n)
+	for i := range refs {
+		refs[i] = kvmem.PageRef{Slot: (i * 7919) % n}
+		src[i] = st.Slot(i)
+		for j := range src[i] {
+			src[i][j] = byte(i*31 + j)
+		}
+		sums[i] = xxh3.Hash(src[i])
+	}
+	return m, src, refs, sums, func() {
 		st.Close()
 		mv.Close()
 		mem.Close()

@@ -1,15 +1,10 @@
 package daemon_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -107,35 +102,8 @@ func TestGPUTorchEngine(t *testing.T) {
 				"--stats-url", "http://" + r.Info.AdminAddr + "/v1/stats",
 				"--requests", requests, "--page-bytes", strconv.Itoa(c.pageBytes), "--layers", strconv.Itoa(c.layers),
 				"--transfer-batch", strconv.Itoa(c.batch), "--calls", calls, "--busy-ms", busy}
-			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, python, args...)
-			var stdout, stderr bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &stdout, &stderr
-			cmd.Env = append(os.Environ(), "PYTHONUNBUFFERED=1")
-			runErr := cmd.Run()
-			if s := strings.TrimSpace(stderr.String()); s != "" {
-				t.Logf("engine stderr:\n%s", s)
-			}
-			var sum *torchSummary
-			sc := bufio.NewScanner(&stdout)
-			sc.Buffer(make([]byte, 1<<20), 1<<20)
-			for sc.Scan() {
-				if line, ok := strings.CutPrefix(sc.Text(), "SUMMARY "); ok {
-					t.Logf("summary: %s", line)
-					sum = new(torchSummary)
-					if err := json.Unmarshal([]byte(line), sum); err != nil {
-						t.Fatalf("summary: %v", err)
-					}
-				}
-			}
-			if sum == nil {
-				t.Fatalf("engine printed no summary (%v):\n%s", runErr, stdout.String())
-			}
+			sum := &runPythonEngine(t, python, args).torchSummary
 			checkTorchSummary(t, sum)
-			if runErr != nil {
-				t.Fatalf("engine: %v", runErr)
-			}
 
 			w := sum.Warm
 			line := fmt.Sprintf("warm pass: %d pages (%d bytes each) loaded in %.3fs of StartLoad: %.0f pages/s, %.2f GB/s",
