@@ -41,8 +41,7 @@ func connOf(ctx context.Context) uint64 {
 }
 
 // connEnded closes connection id's call channels and unregisters every engine registered over
-// it, draining its saves within
-// the drain timeout.
+// it, draining its saves within the drain timeout.
 func (d *Daemon) connEnded(id uint64) {
 	// The connection's call channels go with it, before its engines do.
 	d.chans.closeConn(id)
