@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -638,3 +639,36 @@ func (m *trackingMover) Clone() (gpuMover, error) {
 }
 
 var _ = mooncake.OK
+
+// TestLookupTokensOwned: a lookup that hands its tokens over (TokensOwned) leaves them with the
+// scheduler uncopied, and the tokens a later BuildMeta appends never land in the caller's array;
+// without the flag the scheduler keeps its own copy, so the caller may reuse its slice.
+func TestLookupTokensOwned(t *testing.T) {
+	for _, owned := range []bool{true, false} {
+		s, _ := NewScheduler(baseOptions(), newMemPool())
+		_ = s.RegisterLayout(testLayout(16))
+		buf := make([]int64, 13, 64)
+		copy(buf, prompt(14, 0, 13))
+		want := slices.Clone(buf)
+		if _, _, err := s.Lookup(context.Background(), Request{ID: "r", Tokens: buf, TokensOwned: owned}, 0); err != nil {
+			t.Fatal(err)
+		}
+		kept := s.reqs["r"].tokens
+		if shared := &kept[0] == &buf[0]; shared != owned {
+			t.Fatalf("owned %v: the scheduler shares the caller's array: %v", owned, shared)
+		}
+		pages := [][]int{{0, 1, 2, 3}, {0, 1, 2, 3}}
+		if _, err := s.BuildMeta(SchedulerOutput{CachedRequests: []RequestData{{ID: "r", NewTokens: []int64{7, 8, 9}, NewBlockIDsByGroup: pages, NumScheduledTokens: 3}}}); err != nil {
+			t.Fatal(err)
+		}
+		if got := buf[:16]; !slices.Equal(got[:13], want) || got[13] != 0 || got[14] != 0 || got[15] != 0 {
+			t.Fatalf("owned %v: the caller's array changed: %v", owned, got)
+		}
+		if !owned {
+			buf[0] = -1 // the caller reuses its slice
+		}
+		if got := s.reqs["r"].tokens; len(got) != 16 || got[0] != want[0] || !slices.Equal(got[13:], []int64{7, 8, 9}) {
+			t.Fatalf("owned %v: the scheduler holds %v", owned, got)
+		}
+	}
+}

@@ -12,7 +12,11 @@ type Request struct {
 	ID string
 	// Tokens is the request's token list so far (beam 0), prompt first.
 	Tokens []int64
-	Scope  keys.Scope
+	// TokensOwned hands Tokens over to the scheduler with the call: it may keep the slice
+	// instead of copying it, and the caller must not use or change it afterwards. Otherwise
+	// the scheduler keeps a copy and Tokens stays the caller's.
+	TokensOwned bool
+	Scope       keys.Scope
 	// HasMultimodal is set when the request has multimodal positions or lengths. Without
 	// digests in Scope such a request is bypassed: never looked up, never saved.
 	HasMultimodal bool

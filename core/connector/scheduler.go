@@ -170,7 +170,11 @@ func (s *Scheduler) lookup(ctx context.Context, req Request, numComputed int) (i
 	if len(req.Tokens) < len(st.tokens) {
 		return 0, false, fmt.Errorf("request %s: %w (%d tokens after %d)", req.ID, keys.ErrTokensShrank, len(req.Tokens), len(st.tokens))
 	}
-	st.tokens = append(st.tokens[:0:0], req.Tokens...)
+	if req.TokensOwned {
+		st.tokens = req.Tokens[:len(req.Tokens):len(req.Tokens)]
+	} else {
+		st.tokens = append(st.tokens[:0:0], req.Tokens...)
+	}
 	if _, err := st.chain.Extend(st.tokens); err != nil {
 		return 0, false, fmt.Errorf("request %s: %w", req.ID, err)
 	}

@@ -134,44 +134,33 @@ func (s *service) RegisterPromptArena(ctx context.Context, req *enginepb.PromptA
 	return &enginepb.Empty{}, nil
 }
 
-// arenaBufs holds token buffers for prompts copied out of arenas; the connector copies a
-// request's tokens into its own state, so a buffer is free again once the lookup returns.
-var arenaBufs sync.Pool
-
-// arenaTokens reads the prompt pr names in tokens_arena out of engine name's arena. put hands the
-// buffer back once the lookup is over.
-func (d *Daemon) arenaTokens(ctx context.Context, name string, pr *enginepb.Request) (toks []int64, put func(), err error) {
+// arenaTokens reads the prompt pr names in tokens_arena out of engine name's arena into a new
+// slice, which the lookup hands over to the scheduler (connector.Request.TokensOwned): the
+// prompt is copied once, out of the arena, and not again into the scheduler's state.
+func (d *Daemon) arenaTokens(ctx context.Context, name string, pr *enginepb.Request) (toks []int64, err error) {
 	const call = "lookup"
 	if len(pr.GetTokens()) > 0 || len(pr.GetTokensPacked()) > 0 {
-		return nil, nil, status.Errorf(codes.InvalidArgument, "%s: tokens_arena and tokens or tokens_packed are all set; send the prompt in one of them", call)
+		return nil, status.Errorf(codes.InvalidArgument, "%s: tokens_arena and tokens or tokens_packed are all set; send the prompt in one of them", call)
 	}
 	e, err := d.lookupEngine(ctx, name)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	a := e.promptArena()
 	if a == nil {
-		return nil, nil, status.Errorf(codes.FailedPrecondition, "%s: engine %q has no prompt arena: call RegisterPromptArena first, or send the prompt in tokens_packed", call, name)
+		return nil, status.Errorf(codes.FailedPrecondition, "%s: engine %q has no prompt arena: call RegisterPromptArena first, or send the prompt in tokens_packed", call, name)
 	}
 	r := pr.GetTokensArena()
 	limit := min(d.sec.limits.MaxTokensPerRequest, engineapi.MaxRequestTokens)
 	if r.GetCount() > uint64(limit) {
-		return nil, nil, limitError(call, "tokens_arena count", r.GetCount(), limit)
+		return nil, limitError(call, "tokens_arena count", r.GetCount(), limit)
 	}
-	bp, _ := arenaBufs.Get().(*[]int64)
-	if bp == nil {
-		bp = new([]int64)
-	}
-	toks, err = a.tokens(*bp, r, limit)
+	toks, err = a.tokens(nil, r, limit)
 	if err != nil {
-		arenaBufs.Put(bp)
 		if errors.Is(err, errArenaReleased) {
-			return nil, nil, status.Errorf(codes.FailedPrecondition, "%s: engine %q: %v", call, name, err)
+			return nil, status.Errorf(codes.FailedPrecondition, "%s: engine %q: %v", call, name, err)
 		}
-		return nil, nil, status.Errorf(codes.InvalidArgument, "%s: %v", call, err)
+		return nil, status.Errorf(codes.InvalidArgument, "%s: %v", call, err)
 	}
-	return toks, func() {
-		*bp = toks[:0]
-		arenaBufs.Put(bp)
-	}, nil
+	return toks, nil
 }

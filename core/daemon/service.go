@@ -54,19 +54,21 @@ func (s *service) lookup(ctx context.Context, req *enginepb.LookupRequest, admis
 	if err != nil {
 		return nil, err
 	}
+	owned := false
 	if pr := req.GetRequest(); pr.GetTokensArena() != nil {
-		toks, put, err := s.d.arenaTokens(ctx, req.GetEngine(), pr)
+		toks, err := s.d.arenaTokens(ctx, req.GetEngine(), pr)
 		if err != nil {
 			return nil, err
 		}
-		defer put()
-		// From here on the request is as if the prompt had come in the repeated field.
-		pr.TokensArena, pr.Tokens = nil, toks
+		// From here on the request is as if the prompt had come in the repeated field, in a
+		// slice nothing else holds: the scheduler may keep it.
+		pr.TokensArena, pr.Tokens, owned = nil, toks, true
 	}
 	r, err := engineapi.RequestFromPB(req.GetRequest())
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "lookup: %v", err)
 	}
+	r.TokensOwned = owned
 	if err := s.d.checkLookup(ctx, req.GetEngine(), r); err != nil {
 		return nil, err
 	}

@@ -58,15 +58,21 @@ func CopyArenaTokens(dst []int64, arena []byte, offset, count uint64, maxTokens 
 		return dst[:0], fmt.Errorf("%w: tokens_arena of %d tokens at offset %d ends past the end of the %d-byte arena", ErrArenaRange, count, offset, size)
 	}
 	n := int(count)
+	if n == 0 {
+		return dst[:0], nil
+	}
+	src := arena[offset : offset+count*TokenBytes]
+	defer recoverArenaFault(&err, debug.SetPanicOnFault(true))
+	if littleEndian && cap(dst) < n {
+		// A new array filled by the copy itself: append to a nil slice allocates without
+		// clearing first, where make would clear 8 bytes a token only to overwrite them.
+		b := append([]byte(nil), src...)
+		return unsafe.Slice((*int64)(unsafe.Pointer(unsafe.SliceData(b))), n), nil
+	}
 	if cap(dst) < n {
 		dst = make([]int64, n)
 	}
 	dst = dst[:n]
-	if n == 0 {
-		return dst, nil
-	}
-	src := arena[offset : offset+count*TokenBytes]
-	defer recoverArenaFault(&err, debug.SetPanicOnFault(true))
 	if littleEndian {
 		copy(unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), len(src)), src)
 		return dst, nil
