@@ -151,6 +151,7 @@ func (d *CUDADevice) NewMover(mem *EngineMemory, layout kvmem.Layout, opts CUDAM
 		m.destroyStreams()
 		return nil, fmt.Errorf("cuda mover: %w", serr)
 	}
+	m.reserve()
 	mem.retain()
 	return m, nil
 }

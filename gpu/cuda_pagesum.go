@@ -554,6 +554,70 @@ func (c *pageChecks) harvest(pc *pendingCheck, err error) {
 	}
 }
 
+// reserveBatchBytes is the batch a new mover sizes its check and copy kernel buffers for, so
+// that a load of up to this many bytes (what a StartLoad usually moves) allocates nothing on
+// the device: each pinned or device allocation and free costs 0.1 ms or more, and the buffers
+// used to grow during an engine's first loads (both check sets, then again as loads grew).
+// Larger batches still grow them.
+const reserveBatchBytes = 64 << 20
+
+// batchNeeds is what the check and copy kernel buffers must hold for a batch of pages of one
+// group's regions.
+type batchNeeds struct {
+	pages, pieces, blocks, copies uint64
+}
+
+// reserveNeeds is the most a batch of up to reserveBatchBytes of one group's pages (sharded or
+// replicated) needs, over the layout's groups.
+func reserveNeeds(l kvmem.Layout) batchNeeds {
+	var most batchNeeds
+	for _, g := range l.Groups {
+		for _, rs := range [][]kvmem.Region{g.Regions, g.ReplicatedRegions} {
+			var size, copies uint64
+			for _, r := range rs {
+				size += r.Size
+				copies += (r.Size + copyChunk - 1) / copyChunk
+			}
+			if size == 0 || g.Slots <= 0 {
+				continue
+			}
+			n := min(uint64(g.Slots), (reserveBatchBytes+size-1)/size)
+			most.pages = max(most.pages, n)
+			most.pieces = max(most.pieces, n*uint64(len(rs)))
+			most.blocks = max(most.blocks, n*((size-1)/1024))
+			most.copies = max(most.copies, n*copies)
+		}
+	}
+	return most
+}
+
+// reserve sizes the check sets and the copy kernel's descriptors for a batch of
+// reserveBatchBytes (reserveNeeds). It is best effort: where device or pinned memory is short,
+// the buffers are left to grow when a load needs them, as before.
+func (m *cudaMover) reserve() {
+	n := reserveNeeds(m.layout)
+	if n.pages == 0 {
+		return
+	}
+	if m.checks.err == nil {
+		set := int(n.pages)*pageDescBytes + int(n.pieces)*pieceDescBytes + 8*int(n.pages)
+		for i := range m.checks.sets {
+			s := &m.checks.sets[i]
+			if _, err := m.growSet(s, set); err != nil {
+				_ = m.freeSet(s)
+				break
+			}
+			if err := m.growDeltas(s, n.blocks*64); err != nil {
+				_ = m.freeSet(s)
+				break
+			}
+		}
+	}
+	if m.d.sums.copyFn != 0 && m.opts.Scatter != ScatterCopyEngines {
+		_ = m.growCopies(int(n.copies))
+	}
+}
+
 // growSet makes a set's buffers hold at least n bytes and returns the host side's first n. The
 // set has no check in flight.
 func (m *cudaMover) growSet(set *checkSet, n int) ([]byte, error) {

@@ -1,9 +1,11 @@
 package daemon_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -34,6 +36,8 @@ type torchPass struct {
 	RPCSeconds  float64 `json:"rpc_seconds"`
 	LoadedBytes int64   `json:"loaded_bytes"`
 	WallSeconds float64 `json:"wall_seconds"`
+	// StartLoadEach is each StartLoad's seconds and the pages it restored, in order.
+	StartLoadEach [][2]float64 `json:"start_load_each"`
 }
 
 type torchSummary struct {
@@ -113,6 +117,9 @@ func TestGPUTorchEngine(t *testing.T) {
 			if w.StartLoads > 0 {
 				line += fmt.Sprintf("; %d StartLoads, a plain RPC %.0f µs after one (idle %.0f µs)", w.StartLoads, w.RPCSeconds/float64(w.StartLoads)*1e6, sum.IdleRPCSeconds*1e6)
 			}
+			if each := startLoadSpread(w.StartLoadEach); each != "" {
+				line += "; " + each
+			}
 			if d := sum.DaemonLoads; d != nil && d.TransferSeconds > 0 {
 				line += fmt.Sprintf("; daemon: %d pages, %d bytes landed in %.3fs of transfers: %.0f pages/s, %.2f GB/s",
 					d.Pages, d.LandedBytes, d.TransferSeconds, float64(d.Pages)/d.TransferSeconds, float64(d.LandedBytes)/d.TransferSeconds/1e9)
@@ -124,6 +131,25 @@ func TestGPUTorchEngine(t *testing.T) {
 			t.Log(line)
 		})
 	}
+}
+
+// startLoadSpread describes how the StartLoads that restored pages were spread: the first one's
+// time, the median and the slowest, in ms, with the pages each restored.
+func startLoadSpread(each [][2]float64) string {
+	var ls [][2]float64
+	for _, e := range each {
+		if e[1] > 0 {
+			ls = append(ls, e)
+		}
+	}
+	if len(ls) == 0 {
+		return ""
+	}
+	first := ls[0]
+	slices.SortFunc(ls, func(a, b [2]float64) int { return cmp.Compare(a[0], b[0]) })
+	med, most := ls[len(ls)/2], ls[len(ls)-1]
+	return fmt.Sprintf("loading StartLoads: first %.3f ms (%.0f pages), median %.3f ms (%.0f pages), slowest %.3f ms (%.0f pages)",
+		first[0]*1e3, first[1], med[0]*1e3, med[1], most[0]*1e3, most[1])
 }
 
 func checkTorchSummary(t *testing.T, s *torchSummary) {

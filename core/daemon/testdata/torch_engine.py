@@ -590,7 +590,8 @@ class Engine:
         a, api, name, T = self.args, self.api, self.name, self.T
         res = dict(requests=len(reqs), passes=0, prompt_tokens=0, matched_tokens=0, loaded_blocks=0,
                    computed_blocks=0, restarts=0, mismatched_blocks=0, mismatched_bytes=0,
-                   start_load_seconds=0.0, start_loads=0, rpc_seconds=0.0, loaded_bytes=0, wall_seconds=0.0)
+                   start_load_seconds=0.0, start_loads=0, rpc_seconds=0.0, loaded_bytes=0, wall_seconds=0.0,
+                   start_load_each=[])
         rs = [Req(rid, toks) for rid, toks in reqs]
         by_id = {r.id: r for r in rs}
         res["prompt_tokens"] = sum(len(r.tokens) for r in rs)
@@ -641,6 +642,9 @@ class Engine:
             t2 = time.perf_counter()
             res["start_load_seconds"] += t2 - t1
             res["start_loads"] += 1
+            # Each StartLoad's seconds and the pages it restores, to tell a slow first load
+            # from a uniformly slow one.
+            res["start_load_each"].append([t2 - t1, sum(r.restore // T for r in rs if r.id in scheduled)])
             failed = api.call("TakeFailedLoads", engine=name)
             # A call that does next to nothing in the daemon: the RPC's own cost, for comparison.
             res["rpc_seconds"] += time.perf_counter() - t2

@@ -1,0 +1,167 @@
+//go:build cgo && linux
+
+package gpu
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvctl/kvctl/core/kvmem"
+)
+
+// ipcChild is the other process of BenchmarkCUDAScatterIPC: it allocates argv[1] bytes of
+// device memory with PyTorch (inside a larger allocation, as an engine's KV pool is), prints
+// its CUDA IPC handle and offset as JSON, and holds the memory until its stdin closes.
+const ipcChild = `
+import json, sys, torch
+n = int(sys.argv[1])
+base = torch.empty(4096 + n, dtype=torch.uint8, device="cuda")
+mem = base[4096:]
+mem.fill_(0)
+torch.cuda.synchronize()
+shared = mem.untyped_storage()._share_cuda_()
+print(json.dumps({"handle": shared[1].hex(), "offset": shared[3] + mem.storage_offset()}), flush=True)
+sys.stdin.read()
+`
+
+// BenchmarkCUDAScatterIPC times checked scatters of the batches a StartLoad through kvctl serve
+// moves (12 MiB of 64 KiB pages in 2 regions, 48 MiB of 256 KiB pages in 8) into device memory
+// another process allocated with PyTorch and exported over CUDA IPC, as the PyTorch engine's KV
+// memory reaches the daemon, and into memory this process allocated; each with the GPU idle
+// for 40 ms before every batch (as between a serving engine's passes in TestGPUTorchEngine) or
+// not. It tells whether imported memory, or a GPU shared with another process's context, is
+// what slows the daemon's loads against the mover's benchmarks. ms/load is the median of the
+// timed loads (ScatterChecked and its wait). Needs KVCTL_IPC_PYTHON, a Python with PyTorch.
+func BenchmarkCUDAScatterIPC(b *testing.B) {
+	py := os.Getenv("KVCTL_IPC_PYTHON")
+	if py == "" {
+		b.Skip("set KVCTL_IPC_PYTHON to a Python with PyTorch")
+	}
+	d, err := OpenCUDA(0)
+	if errors.Is(err, ErrNoCUDA) {
+		b.Skip("no CUDA device")
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	const memBytes = 48 << 20
+	cmd := exec.Command(py, "-c", ipcChild, strconv.Itoa(memBytes))
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = in.Close(); _ = cmd.Wait() }()
+	line, err := bufio.NewReader(out).ReadBytes('\n')
+	if err != nil {
+		b.Fatalf("the PyTorch process said nothing: %v", err)
+	}
+	var exported struct {
+		Handle string `json:"handle"`
+		Offset uint64 `json:"offset"`
+	}
+	if err := json.Unmarshal(line, &exported); err != nil {
+		b.Fatalf("the PyTorch process said %q: %v", line, err)
+	}
+	handle, err := hex.DecodeString(exported.Handle)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ipc, err := d.ImportIPC(handle, exported.Offset, memBytes)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ipc.Close()
+	local, err := d.AllocDeviceMemory(memBytes)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer local.Close()
+
+	for _, c := range []struct{ pageKiB, regions, batchMiB int }{{64, 2, 12}, {256, 8, 48}} {
+		size := c.pageKiB << 10
+		slots := memBytes / size
+		piece := uint64(size / c.regions)
+		var regions []kvmem.Region
+		for r := range c.regions {
+			regions = append(regions, kvmem.Region{Offset: uint64(r*slots) * piece, Stride: piece, Size: piece})
+		}
+		l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: slots, Regions: regions}}}
+		n := (c.batchMiB << 20) / size
+		st, err := d.AllocPinned(n*size, true)
+		if err != nil {
+			b.Fatal(err)
+		}
+		src := make([][]byte, n)
+		refs := make([]kvmem.PageRef, n)
+		sums := make([]uint64, n)
+		for i := range src {
+			src[i] = st.Bytes()[i*size : (i+1)*size]
+			for j := range src[i] {
+				src[i][j] = byte(i*31 + j)
+			}
+			sums[i] = xxh3.Hash(src[i])
+			refs[i] = kvmem.PageRef{Slot: (i * 7919) % slots}
+		}
+		for _, idle := range []time.Duration{0, 40 * time.Millisecond} {
+			for _, dest := range []struct {
+				name string
+				mem  *EngineMemory
+			}{{"local", local}, {"ipc", ipc}} {
+				mv, err := d.NewMover(dest.mem, l, CUDAMoverOptions{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				m := mv.(*cudaMover)
+				b.Run(fmt.Sprintf("page=%dKiB/regions=%d/batch=%dMiB/idle=%v/%s", c.pageKiB, c.regions, c.batchMiB, idle, dest.name), func(b *testing.B) {
+					b.SetBytes(int64(n * size))
+					var each []time.Duration
+					for b.Loop() {
+						if idle > 0 {
+							b.StopTimer()
+							time.Sleep(idle)
+							b.StartTimer()
+						}
+						t0 := time.Now()
+						wait, err := m.ScatterChecked(context.Background(), src, refs, sums)
+						if err != nil {
+							b.Fatal(err)
+						}
+						bad, err := wait()
+						if err != nil {
+							b.Fatal(err)
+						}
+						each = append(each, time.Since(t0))
+						if slices.Contains(bad, true) {
+							b.Fatal("a page failed its check")
+						}
+					}
+					slices.Sort(each)
+					b.ReportMetric(float64(each[len(each)/2].Microseconds())/1e3, "ms/load")
+				})
+				mv.Close()
+			}
+		}
+		st.Close()
+	}
+}

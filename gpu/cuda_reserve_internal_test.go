@@ -1,0 +1,43 @@
+//go:build cgo && linux
+
+package gpu
+
+import (
+	"testing"
+
+	"github.com/kvctl/kvctl/core/kvmem"
+)
+
+func TestReserveNeeds(t *testing.T) {
+	regions := func(n int, size uint64) []kvmem.Region {
+		var rs []kvmem.Region
+		for i := range n {
+			rs = append(rs, kvmem.Region{Offset: uint64(i) << 30, Stride: size, Size: size})
+		}
+		return rs
+	}
+	cases := []struct {
+		name   string
+		layout kvmem.Layout
+		want   batchNeeds
+	}{
+		{"64KiB pages, 2 regions, fewer slots than the batch", kvmem.Layout{Groups: []kvmem.GroupLayout{
+			{Slots: 272, Regions: regions(2, 32<<10)}}},
+			batchNeeds{pages: 272, pieces: 544, blocks: 272 * 63, copies: 544}},
+		{"1MiB pages, 2 regions", kvmem.Layout{Groups: []kvmem.GroupLayout{
+			{Slots: 4096, Regions: regions(2, 512<<10)}}},
+			batchNeeds{pages: 64, pieces: 128, blocks: 64 * 1023, copies: 64 * 16}},
+		{"the group with the most pages decides; replicated regions count", kvmem.Layout{Groups: []kvmem.GroupLayout{
+			{Slots: 4096, Regions: regions(8, 32<<10)},
+			{Slots: 8192, Regions: regions(1, 128<<10), ReplicatedRegions: regions(1, 4<<10)}}},
+			batchNeeds{pages: 8192, pieces: 8192, blocks: 256 * 255, copies: 8192}},
+		{"no slots", kvmem.Layout{Groups: []kvmem.GroupLayout{{Slots: 0, Regions: regions(2, 4096)}}}, batchNeeds{}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := reserveNeeds(c.layout); got != c.want {
+				t.Errorf("reserveNeeds = %+v, want %+v", got, c.want)
+			}
+		})
+	}
+}
