@@ -23,23 +23,33 @@ import (
 // is registered already, by another context of the process (registrations are portable).
 const cudaErrHostMemoryAlreadyRegistered = 712
 
-// hostRegistration is one registered range of a device and how many holders it has.
+// hostRegistration is one registered range of a context and who holds it. A range is
+// registered with the driver once per context: every CUDADevice of one GPU shares its primary
+// context, so the engines of one GPU (each with a device of its own) share the registration,
+// and it must outlive every holder on every one of them.
 type hostRegistration struct {
 	size  int
-	refs  int
-	owned bool // registered by this device, so unregistered by it
+	refs  int                 // holders over every device of the context
+	devs  map[*CUDADevice]int // holders per device: the range is pinned memory of each
+	owned bool                // registered here, so unregistered when the last holder closes
 }
 
-// hostRegs holds every device's registrations made through RegisterHost.
+// regKey names a registration: the context and the range's first byte.
+type regKey struct{ ctx, base uintptr }
+
+// hostRegs holds every registration made through RegisterHost, by context.
 var hostRegs struct {
 	mu  sync.Mutex
-	reg map[*CUDADevice]map[uintptr]*hostRegistration
+	reg map[regKey]*hostRegistration
 }
 
 // RegisterHost page-locks mem and registers it with the driver, so the device copies to and
 // from it at full speed, and counts it as pinned memory of this device until the returned
-// Closer is closed. A range already registered through this device is counted once more; a
-// range registered by another device (registrations are portable) is used as it is.
+// Closer is closed. A range already registered through any device of the same GPU (they share
+// its context) is counted once more, and the driver's registration is dropped only when the
+// last holder on any of them closes: an engine that leaves does not unpin the pool under
+// another engine still loading from it. A range registered by someone else in the process
+// (outside RegisterHost) is used as it is and never unregistered here.
 func (d *CUDADevice) RegisterHost(mem []byte) (io.Closer, error) {
 	if len(mem) == 0 {
 		return nil, errors.New("register host memory: empty range")
@@ -48,22 +58,21 @@ func (d *CUDADevice) RegisterHost(mem []byte) (io.Closer, error) {
 		return nil, errors.New("register host memory: device is closed")
 	}
 	base := ptrOf(mem)
+	key := regKey{d.ctx, base}
 	hostRegs.mu.Lock()
 	defer hostRegs.mu.Unlock()
 	if hostRegs.reg == nil {
-		hostRegs.reg = map[*CUDADevice]map[uintptr]*hostRegistration{}
+		hostRegs.reg = map[regKey]*hostRegistration{}
 	}
-	regs := hostRegs.reg[d]
-	if regs == nil {
-		regs = map[uintptr]*hostRegistration{}
-		hostRegs.reg[d] = regs
-	}
-	if r := regs[base]; r != nil {
+	if r := hostRegs.reg[key]; r != nil {
 		if r.size != len(mem) {
 			return nil, fmt.Errorf("register host memory: %#x is registered with %d bytes, not %d", base, r.size, len(mem))
 		}
 		r.refs++
-		return &hostRegCloser{d: d, base: base}, nil
+		if r.devs[d]++; r.devs[d] == 1 {
+			d.addPinned(base, len(mem))
+		}
+		return &hostRegCloser{d: d, key: key}, nil
 	}
 	// Portable, and mapped into the device's address space (at the same address, with unified
 	// addressing) so the mover's copy kernel can read it.
@@ -79,15 +88,15 @@ func (d *CUDADevice) RegisterHost(mem []byte) (io.Closer, error) {
 		}
 		owned = false
 	}
-	regs[base] = &hostRegistration{size: len(mem), refs: 1, owned: owned}
+	hostRegs.reg[key] = &hostRegistration{size: len(mem), refs: 1, devs: map[*CUDADevice]int{d: 1}, owned: owned}
 	d.addPinned(base, len(mem))
-	return &hostRegCloser{d: d, base: base}, nil
+	return &hostRegCloser{d: d, key: key}, nil
 }
 
 // hostRegCloser is one holder of a registration.
 type hostRegCloser struct {
 	d    *CUDADevice
-	base uintptr
+	key  regKey
 	once sync.Once
 }
 
@@ -96,18 +105,23 @@ func (c *hostRegCloser) Close() error {
 	c.once.Do(func() {
 		hostRegs.mu.Lock()
 		defer hostRegs.mu.Unlock()
-		regs := hostRegs.reg[c.d]
-		r := regs[c.base]
+		r := hostRegs.reg[c.key]
 		if r == nil {
 			return
+		}
+		if r.devs[c.d]--; r.devs[c.d] == 0 {
+			delete(r.devs, c.d)
+			c.d.removePinned(c.key.base)
 		}
 		if r.refs--; r.refs > 0 {
 			return
 		}
-		delete(regs, c.base)
-		c.d.removePinned(c.base)
+		delete(hostRegs.reg, c.key)
+		// The last holder's device unregisters. Were it closed already, the context went with
+		// it unless another device still retains it; the registration then lasts as long as
+		// the context does.
 		if r.owned && !c.d.closed.Load() {
-			err = c.d.call(func() error { return cuErr("cuMemHostUnregister", C.kvHostUnregister(C.uintptr_t(c.base))) })
+			err = c.d.call(func() error { return cuErr("cuMemHostUnregister", C.kvHostUnregister(C.uintptr_t(c.key.base))) })
 		}
 	})
 	return err

@@ -441,3 +441,74 @@ func TestCUDARegisterHost(t *testing.T) {
 		t.Fatal("gathered bytes differ after unregistering")
 	}
 }
+
+// TestCUDARegisterHostSharedByDevices is two engines of one GPU, each with a device of its own
+// (as kvctl serve opens one per registered engine), registering the same pool memory: the
+// driver registers it once for the GPU's context, and the first engine leaving must not unpin
+// it under the second, whose copy kernel reads it through the device's mapping. The second
+// engine's scatter after the first closed its registration and its device must land the bytes.
+func TestCUDARegisterHostSharedByDevices(t *testing.T) {
+	first := openCUDA(t)
+	second := openCUDA(t)
+	const size = 4 << 20
+	l := twoRegionLayout(size)
+	host, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(host)
+	r1, err := first.RegisterHost(host)
+	if err != nil {
+		t.Fatalf("first engine's registration: %v", err)
+	}
+	r2, err := second.RegisterHost(host)
+	if err != nil {
+		t.Fatalf("second engine's registration: %v", err)
+	}
+	mem, err := second.AllocDeviceMemory(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	// The copy kernel reads registered memory in place; it is what an unpinned range breaks.
+	m, err := second.NewMover(mem, l, gpu.CUDAMoverOptions{Scatter: gpu.ScatterKernel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := r1.Close(); err != nil {
+		t.Fatalf("first engine's registration closed: %v", err)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatalf("first engine's device closed: %v", err)
+	}
+	want := pattern(size, 7)
+	copy(host, want)
+	var pages []kvmem.PageRef
+	var bufs [][]byte
+	for s := range l.Groups[0].Slots {
+		pages = append(pages, kvmem.PageRef{Slot: s})
+		bufs = append(bufs, host[s*8192:(s+1)*8192])
+	}
+	if err := m.Scatter(context.Background(), bufs, pages); err != nil {
+		t.Fatalf("second engine's scatter after the first left: %v", err)
+	}
+	got := make([]byte, size)
+	if err := mem.CopyOut(0, got); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("device memory differs from the pool bytes scattered into it after the first engine left")
+	}
+	if err := r2.Close(); err != nil {
+		t.Fatalf("second engine's registration closed: %v", err)
+	}
+	// Unregistered now: registering the range again is a fresh registration that succeeds.
+	r3, err := second.RegisterHost(host)
+	if err != nil {
+		t.Fatalf("registration after the last holder closed: %v", err)
+	}
+	if err := r3.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
