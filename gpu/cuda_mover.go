@@ -12,6 +12,7 @@ CUresult kvCopies(int toDevice, int n, const uint64_t *dev, const uint64_t *host
                   const int32_t *stream, const uintptr_t *streams, int *failed);
 CUresult kvCopiesBatch(int toDevice, int n, uint64_t *dev, uint64_t *host, uint64_t *size, uintptr_t s, int ordinal);
 int kvHasBatch(void);
+CUresult kvEventRecord(uintptr_t e, uintptr_t s);
 */
 import "C"
 
@@ -99,6 +100,9 @@ type cudaMover struct {
 	// issued on the first ns streams, before the host waits for them: ScatterChecked queues
 	// its check behind them there.
 	afterIssue func(chunk, ns int) error
+	// startEvent, when set, is recorded on the first stream before the next copies are issued,
+	// once (markStart): the start of a checked scatter as the device sees it.
+	startEvent uintptr
 
 	mu     sync.Mutex
 	closed bool
@@ -235,6 +239,15 @@ func (m *cudaMover) transfer(ctx context.Context, toDevice bool, pages []kvmem.P
 	return m.flush(ctx, toDevice, true)
 }
 
+// markStart records startEvent on the first stream, if set, and clears it. It runs inside the
+// mover's CUDA call, before copies are issued.
+func (m *cudaMover) markStart() {
+	if m.startEvent != 0 {
+		_ = C.kvEventRecord(C.uintptr_t(m.startEvent), C.uintptr_t(m.streams[0]))
+		m.startEvent = 0
+	}
+}
+
 func (m *cudaMover) reset() {
 	m.dev, m.host, m.size, m.stream, m.pending = m.dev[:0], m.host[:0], m.size[:0], m.stream[:0], m.pending[:0]
 }
@@ -286,6 +299,7 @@ func (m *cudaMover) flush(ctx context.Context, toDevice, last bool) error {
 	}
 	var err error
 	m.t.do(func() {
+		m.markStart()
 		if last && m.afterIssue != nil {
 			trace(checkStart, C.uintptr_t(m.streams[0]))
 		}
@@ -396,6 +410,7 @@ func (m *cudaMover) scatterChunks(ctx context.Context, pages []kvmem.PageRef, sr
 	}
 	var err error
 	m.t.do(func() {
+		m.markStart()
 		trace(checkStart, C.uintptr_t(m.streams[0]))
 		used, at := 0, 0
 		for k := range ends {

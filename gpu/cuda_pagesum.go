@@ -41,6 +41,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/kvctl/kvctl/core/kvmem"
@@ -253,7 +254,9 @@ type pageChecks struct {
 	sets   [2]checkSet
 	next   int
 	gen    uint64
-	mu     sync.Mutex
+	// gpu is the device time of every check read so far (GPUTime).
+	gpu kvmem.GPUTime
+	mu  sync.Mutex
 }
 
 // checkSet is one set of check buffers and the check that last used it.
@@ -265,6 +268,9 @@ type checkSet struct {
 	deltas, deltaCap uint64
 	// done is recorded on the checks' stream after the set's digests are copied back.
 	done uintptr
+	// Timed events of the set's check: started on the first copy stream before the copies,
+	// copied on the checks' stream once the copies are done, checked after the digests.
+	started, copied, checked uintptr
 	// The check in flight on this set, if any.
 	pending *pendingCheck
 }
@@ -316,6 +322,13 @@ func (m *cudaMover) initChecks() {
 			return
 		}
 		m.checks.sets[i].done = uintptr(e)
+		for _, ev := range []*uintptr{&m.checks.sets[i].started, &m.checks.sets[i].copied, &m.checks.sets[i].checked} {
+			if err := cuErr("cuEventCreate", C.kvEventCreateTimed(&e)); err != nil {
+				m.checks.err = fmt.Errorf("%w: %w", errNotCheckable, err)
+				return
+			}
+			*ev = uintptr(e)
+		}
 	}
 	for range m.streams {
 		var e C.uintptr_t
@@ -432,6 +445,7 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kv
 		}
 		last := k == len(ends)-1
 		if last {
+			_ = C.kvEventRecord(C.uintptr_t(set.copied), s)
 			trace(checkWaited, s)
 		}
 		if k == 0 {
@@ -474,6 +488,7 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kv
 			return err
 		}
 		trace(checkDigests, s)
+		_ = C.kvEventRecord(C.uintptr_t(set.checked), s)
 		return cuErr("cuEventRecord", C.kvEventRecord(C.uintptr_t(set.done), s))
 	}
 	// Chunks pay where the copy engines copy. The copy kernel's copies slow down when split (16
@@ -489,6 +504,8 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kv
 			ends = ends[len(ends)-1:]
 		}
 	}
+	m.startEvent = set.started
+	defer func() { m.startEvent = 0 }()
 	pinned := true
 	for _, b := range src {
 		if !m.d.isPinned(b) {
@@ -532,13 +549,46 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kv
 func (c *pageChecks) syncLocked(m *cudaMover, pc *pendingCheck) {
 	var err error
 	ev := C.uintptr_t(c.sets[pc.set].done)
-	m.t.do(func() { err = cuErr("cuEventSynchronize", C.kvEventSync(ev)) })
-	c.harvest(pc, err)
 	// An older check on the other set is done too: the stream runs checks in order.
-	if other := c.sets[pc.set^1].pending; other != nil && !other.done && other.seq < pc.seq {
+	other := c.sets[pc.set^1].pending
+	older := other != nil && !other.done && other.seq < pc.seq
+	m.t.do(func() {
+		if err = cuErr("cuEventSynchronize", C.kvEventSync(ev)); err != nil {
+			return
+		}
+		if older {
+			c.timeLocked(other)
+		}
+		c.timeLocked(pc)
+	})
+	c.harvest(pc, err)
+	if older {
 		c.harvest(other, err)
 	}
 }
+
+// timeLocked adds a finished check's device times to the totals. It runs inside the mover's
+// CUDA call; a time the driver cannot tell (an event never recorded) adds nothing.
+func (c *pageChecks) timeLocked(pc *pendingCheck) {
+	set := &c.sets[pc.set]
+	var copyMs, checkMs C.float
+	if C.kvEventElapsed(&copyMs, C.uintptr_t(set.started), C.uintptr_t(set.copied)) != 0 ||
+		C.kvEventElapsed(&checkMs, C.uintptr_t(set.copied), C.uintptr_t(set.checked)) != 0 || copyMs < 0 || checkMs < 0 {
+		return
+	}
+	c.gpu.Copy += time.Duration(float64(copyMs) * float64(time.Millisecond))
+	c.gpu.Check += time.Duration(float64(checkMs) * float64(time.Millisecond))
+}
+
+// GPUTime returns the device time of every checked scatter whose check has been read: from
+// before its first copy to its last copy done, and from then to its digests back on the host.
+func (m *cudaMover) GPUTime() kvmem.GPUTime {
+	m.checks.mu.Lock()
+	defer m.checks.mu.Unlock()
+	return m.checks.gpu
+}
+
+var _ kvmem.GPUTimer = (*cudaMover)(nil)
 
 // harvest reads a finished check's digests.
 func (c *pageChecks) harvest(pc *pendingCheck, err error) {
@@ -699,9 +749,11 @@ func (m *cudaMover) freeChecks() error {
 		if pc := c.sets[i].pending; pc != nil && !pc.done {
 			c.harvest(pc, err)
 		}
-		if e := c.sets[i].done; e != 0 {
-			m.t.do(func() { err = errors.Join(err, cuErr("cuEventDestroy", C.kvEventDestroy(C.uintptr_t(e)))) })
-			c.sets[i].done = 0
+		for _, ev := range []*uintptr{&c.sets[i].done, &c.sets[i].started, &c.sets[i].copied, &c.sets[i].checked} {
+			if e := *ev; e != 0 {
+				m.t.do(func() { err = errors.Join(err, cuErr("cuEventDestroy", C.kvEventDestroy(C.uintptr_t(e)))) })
+				*ev = 0
+			}
 		}
 	}
 	for _, e := range c.copied {
@@ -804,6 +856,7 @@ func (m *cudaMover) flushKernel(last bool) error {
 	var err error
 	m.t.do(func() {
 		s := C.uintptr_t(m.streams[0])
+		m.markStart()
 		if last && m.afterIssue != nil {
 			trace(checkStart, s)
 		}

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/zeebo/xxh3"
 
@@ -269,6 +270,7 @@ func TestCUDAPageCheckOverlapped(t *testing.T) {
 		want []bool
 	}
 	var batches []batch
+	began := time.Now()
 	for k := range 5 {
 		n := 40
 		refs := make([]kvmem.PageRef, n)
@@ -304,6 +306,14 @@ func TestCUDAPageCheckOverlapped(t *testing.T) {
 			}
 		}
 	}
+	// Every check read adds its device time: copies and check both took some, and no more
+	// than the host waited for all of them.
+	wall := time.Since(began)
+	g := pc.(kvmem.GPUTimer).GPUTime()
+	if g.Copy <= 0 || g.Check <= 0 || g.Copy+g.Check > wall {
+		t.Errorf("GPU time %+v after five checked scatters in %v", g, wall)
+	}
+	t.Logf("GPU time of five checked scatters of 40 pages: %+v (wall %v)", g, wall)
 }
 
 // TestCUDAPageCheckRefused: a layout the kernel cannot read stripe by stripe makes the mover

@@ -116,7 +116,16 @@ func (o *ownedMover) ScatterChecked(ctx context.Context, src [][]byte, pages []k
 	return pc.ScatterChecked(ctx, src, pages, sums)
 }
 
+// GPUTime passes the wrapped mover's GPUTimer through (zero when it has none).
+func (o *ownedMover) GPUTime() kvmem.GPUTime {
+	if t, ok := o.Mover.(kvmem.GPUTimer); ok {
+		return t.GPUTime()
+	}
+	return kvmem.GPUTime{}
+}
+
 var (
 	_ kvmem.HostRegistrar = (*ownedMover)(nil)
 	_ kvmem.PageChecker   = (*ownedMover)(nil)
+	_ kvmem.GPUTimer      = (*ownedMover)(nil)
 )

@@ -245,6 +245,9 @@ func rows(res *probe.StatsReport) cmdutil.Table {
 				ph := l.Phases[p.String()]
 				add("phase "+p.String(), fmt.Sprintf("%s wall, %s cpu", secs(ph.WallSeconds), secs(ph.CPUSeconds)), 0, false)
 			}
+			if l.GPUCopySeconds > 0 || l.GPUCheckSeconds > 0 {
+				add("gpu time", fmt.Sprintf("%s copying, %s checking after the copies", secs(l.GPUCopySeconds), secs(l.GPUCheckSeconds)), 0, false)
+			}
 		}
 		if lg := s.Log; lg != nil {
 			add("log lines", fmt.Sprintf("%d (%d prefix-hole, %d load, %d skipped, %d malformed)", lg.Lines, lg.HoleLines, lg.LoadLines, lg.Skipped, lg.Malformed), 0, false)

@@ -119,6 +119,8 @@ func (m *timedMover) ScatterChecked(ctx context.Context, src [][]byte, pages []k
 	return wait, err
 }
 
+func (m *timedMover) GPUTime() kvmem.GPUTime { return m.Mover.(kvmem.GPUTimer).GPUTime() }
+
 func (m *timedMover) RegisterHost(mem []byte) (io.Closer, error) {
 	return m.Mover.(kvmem.HostRegistrar).RegisterHost(mem)
 }

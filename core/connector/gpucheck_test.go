@@ -7,9 +7,11 @@ import (
 	"slices"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
+	"github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -152,5 +154,71 @@ func TestGPUPageChecksOff(t *testing.T) {
 	}
 	if got := pageBytes(m.hostMover, 0, 11, false); !bytes.Equal(got, bytes.Repeat([]byte{0xEE}, len(got))) {
 		t.Fatal("checked on the host, the corrupted page still reached engine memory")
+	}
+}
+
+// timingMover is checkingMover with device times, as the CUDA mover's events give them: each
+// check read adds copy and check time.
+type timingMover struct {
+	checkingMover
+	read *atomic.Int32
+}
+
+const fakeGPUCopy, fakeGPUCheck = 3 * time.Millisecond, time.Millisecond
+
+func (m timingMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kvmem.PageRef, sums []uint64) (func() ([]bool, error), error) {
+	wait, err := m.checkingMover.ScatterChecked(ctx, src, pages, sums)
+	if err != nil {
+		return nil, err
+	}
+	return func() ([]bool, error) { m.read.Add(1); return wait() }, nil
+}
+
+func (m timingMover) GPUTime() kvmem.GPUTime {
+	n := time.Duration(m.read.Load())
+	return kvmem.GPUTime{Copy: n * fakeGPUCopy, Check: n * fakeGPUCheck}
+}
+
+// TestGPUCheckedLoadRecordsGPUTime: a load checked on the GPU adds the mover's device time of
+// its own checks to the load stats, and only that (the mover's totals before the load are not
+// counted again).
+func TestGPUCheckedLoadRecordsGPUTime(t *testing.T) {
+	old := directCheckedBatchBytes
+	directCheckedBatchBytes = 4 * 64
+	defer func() { directCheckedBatchBytes = old }()
+	pool := newEmbPool(t, 1<<20)
+	l := testLayout(32)
+	saveDirectPages(t, pool, l, 10)
+	m := timingMover{newCheckingMover(l), new(atomic.Int32)}
+	m.read.Store(7) // checks read before this worker's loads
+	rep, err := stats.NewReporter(stats.ReporterOptions{Interval: time.Hour, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := baseOptions()
+	o.Stats = rep
+	w, err := NewWorker(o, pool, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(context.Background())
+	if err := w.RegisterLayout(l); err != nil {
+		t.Fatal(err)
+	}
+	var reqs []RequestTransfers
+	for i := range 10 {
+		reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%02d", i), Pages: []PageTransfer{{Hash: directHash(i), Group: 0, Page: 16 + i}}})
+	}
+	w.BindMeta(Metadata{Loads: reqs})
+	if err := w.StartLoad(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	checks := time.Duration(m.calls.Load())
+	if checks < 2 {
+		t.Fatalf("%d checked scatters", checks)
+	}
+	tot := rep.LoadTotals()
+	if tot.GPUCopySum != checks*fakeGPUCopy || tot.GPUCheckSum != checks*fakeGPUCheck {
+		t.Fatalf("load stats GPU time copy %v check %v, want %v and %v for %d checks", tot.GPUCopySum, tot.GPUCheckSum, checks*fakeGPUCopy, checks*fakeGPUCheck, checks)
 	}
 }

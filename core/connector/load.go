@@ -94,6 +94,15 @@ const directBatchMaxPages = 8192
 func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mover kvmem.Mover, stage kvmem.Staging, batch int, items []pageIO, sample *stats.LoadSample) (res loadResult, err error) {
 	res.failed = map[int]bool{}
 	deferred, checker := gpuPageChecks(view, mover)
+	// The device's own time on this load's checked scatters: what the mover's totals grew by
+	// once every check is read (the mover is this load's alone until it returns).
+	var timer kvmem.GPUTimer
+	var gpuBefore kvmem.GPUTime
+	if checker != nil && sample != nil {
+		if timer, _ = mover.(kvmem.GPUTimer); timer != nil {
+			gpuBefore = timer.GPUTime()
+		}
+	}
 	sets := 1
 	if view != nil {
 		sets = 2 // no slots to share: one batch is verified while the previous one is scattered
@@ -181,6 +190,11 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 		if sample != nil {
 			sample.LandedBytes += res.landedBytes
 			sample.FailedPages += int64(res.failedPages)
+			if timer != nil {
+				g := timer.GPUTime()
+				sample.GPUCopy += g.Copy - gpuBefore.Copy
+				sample.GPUCheck += g.Check - gpuBefore.Check
+			}
 		}
 	}()
 	// In place, the first batch holds a quarter of directBatchBytes: its check on the host is

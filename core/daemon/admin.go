@@ -50,7 +50,8 @@ func loadsJSON(t stats.LoadTotals) statsapi.LoadStatsJSON {
 		LandedBytes: t.LandedBytes, FailedPages: t.FailedPages,
 		TransferSeconds: t.TransferSum.Seconds(), TransferMaxSecs: t.TransferMax.Seconds(),
 		WaitSeconds: t.WaitSum.Seconds(), WaitMaxSeconds: t.WaitMax.Seconds(),
-		Phases: map[string]statsapi.PhaseJSON{},
+		Phases:         map[string]statsapi.PhaseJSON{},
+		GPUCopySeconds: t.GPUCopySum.Seconds(), GPUCheckSeconds: t.GPUCheckSum.Seconds(),
 	}
 	for p := stats.Phase(0); p < stats.NumPhases; p++ {
 		out.Phases[p.String()] = statsapi.PhaseJSON{WallSeconds: t.Phases[p].Wall.Seconds(), CPUSeconds: t.Phases[p].CPU.Seconds()}

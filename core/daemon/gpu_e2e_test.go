@@ -14,6 +14,7 @@ import (
 	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/daemon/daemontest"
 	"github.com/kvctl/kvctl/core/enginesim"
+	corestats "github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/gpu"
 	"github.com/kvctl/kvctl/mooncake"
@@ -123,6 +124,13 @@ func TestGPUTorchEngine(t *testing.T) {
 			if d := sum.DaemonLoads; d != nil && d.TransferSeconds > 0 {
 				line += fmt.Sprintf("; daemon: %d pages, %d bytes landed in %.3fs of transfers: %.0f pages/s, %.2f GB/s",
 					d.Pages, d.LandedBytes, d.TransferSeconds, float64(d.Pages)/d.TransferSeconds, float64(d.LandedBytes)/d.TransferSeconds/1e9)
+				if d.Loads > 0 {
+					line += fmt.Sprintf(" (per load: %.3f ms of transfer, of which the GPU copied %.3f ms and checked %.3f ms after the copies)",
+						d.TransferSeconds/float64(d.Loads)*1e3, d.GPUCopySeconds/float64(d.Loads)*1e3, d.GPUCheckSeconds/float64(d.Loads)*1e3)
+					for p := corestats.Phase(0); p < corestats.NumPhases; p++ {
+						line += fmt.Sprintf(", %s %.3f", p, d.Phases[p.String()].WallSeconds/float64(d.Loads)*1e3)
+					}
+				}
 			}
 			if h2d := (sum.Anchor["h2d_64mib_gbs"] + sum.AnchorAfter["h2d_64mib_gbs"]) / 2; h2d > 0 && w.StartLoadSeconds > 0 {
 				line += fmt.Sprintf("; pinned H2D 64 MiB %.2f / %.2f GB/s (before / after): StartLoad at %.1f %% of their mean",

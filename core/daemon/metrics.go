@@ -126,6 +126,8 @@ var totalDefs = []totalDef{
 	{"load_failed_pages_total", "Pages the pool could not serve to a load.", prometheus.CounterValue, func(t *engineTotals) float64 { return n64(t.loads.FailedPages) }},
 	{"load_transfer_seconds_total", "Seconds from the start to the end of loads.", prometheus.CounterValue, func(t *engineTotals) float64 { return t.loads.TransferSum.Seconds() }},
 	{"load_wait_seconds_total", "Seconds asynchronous loads waited for a load worker.", prometheus.CounterValue, func(t *engineTotals) float64 { return t.loads.WaitSum.Seconds() }},
+	{"load_gpu_copy_seconds_total", "Seconds the GPU spent copying pages that it checked, from each batch's first copy to its last (CUDA events).", prometheus.CounterValue, func(t *engineTotals) float64 { return t.loads.GPUCopySum.Seconds() }},
+	{"load_gpu_check_seconds_total", "Seconds the GPU spent on page checks after the copies were done, until the digests were back on the host (CUDA events).", prometheus.CounterValue, func(t *engineTotals) float64 { return t.loads.GPUCheckSum.Seconds() }},
 	{"load_queue", "Asynchronous loads waiting for a load worker.", prometheus.GaugeValue, func(t *engineTotals) float64 { return float64(t.queued) }},
 	{"load_active", "Asynchronous loads being loaded.", prometheus.GaugeValue, func(t *engineTotals) float64 { return float64(t.active) }},
 	{"save_saves_total", "Save jobs written (one per WaitForSave with saves bound).", prometheus.CounterValue, func(t *engineTotals) float64 { return n64(t.saves.Saves) }},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"time"
 )
 
 // Mover copies page values between an engine's registered memory and host buffers. A value is
@@ -67,6 +68,22 @@ type PageChecker interface {
 	// slot's bytes must not be used. Checks overlap the next call's copies; a result is kept
 	// until wait asks for it.
 	ScatterChecked(ctx context.Context, src [][]byte, pages []PageRef, sums []uint64) (wait func() (bad []bool, err error), err error)
+}
+
+// GPUTime is the device's own time on checked scatters, measured with events on its streams.
+type GPUTime struct {
+	// Copy runs from a checked scatter's first copy to its last copy done.
+	Copy time.Duration
+	// Check runs from then to the check's digests being back in host memory: the part of the
+	// check no copy overlaps.
+	Check time.Duration
+}
+
+// GPUTimer is implemented by page checkers that time their checked scatters on the device, so
+// a load can tell the device's time from the host's.
+type GPUTimer interface {
+	// GPUTime returns the totals over every checked scatter whose check has been read.
+	GPUTime() GPUTime
 }
 
 // ErrClosed is returned by a Mover used after Close.

@@ -241,6 +241,8 @@ func (ls *LogStats) addLoads(f map[string]string, asyncLine bool) error {
 	tMax := r.get("transfer_ms_max", "transfer_max_ms")
 	wMean := r.get("wait_ms_mean", "wait_mean_ms")
 	wMax := r.get("wait_ms_max", "wait_max_ms")
+	gpuCopy := r.get("gpu_copy_ms") / 1000
+	gpuCheck := r.get("gpu_check_ms") / 1000
 	phases := map[string]statsapi.PhaseJSON{}
 	for p := stats.Phase(0); p < stats.NumPhases; p++ {
 		n := p.String()
@@ -271,6 +273,8 @@ func (ls *LogStats) addLoads(f map[string]string, asyncLine bool) error {
 	l.TransferMaxSecs = max(l.TransferMaxSecs, tMax/1000)
 	l.WaitSeconds += wMean * async / 1000
 	l.WaitMaxSeconds = max(l.WaitMaxSeconds, wMax/1000)
+	l.GPUCopySeconds += gpuCopy
+	l.GPUCheckSeconds += gpuCheck
 	for n, p := range phases {
 		q := l.Phases[n]
 		q.WallSeconds += p.WallSeconds

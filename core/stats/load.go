@@ -54,6 +54,10 @@ type LoadSample struct {
 	FailedPages int64         // pages the pool could not serve
 	Async       bool          // the sample is an asynchronous load
 	Wait        time.Duration // asynchronous only: queued until a load worker took it
+	// GPUCopy and GPUCheck are the device's own time on the load's pages checked on the GPU,
+	// from CUDA events: from the first copy to the last copy done, and from then to the
+	// check's digests back on the host. Zero where pages are checked on the host.
+	GPUCopy, GPUCheck time.Duration
 	// ThreadCPU also reads the thread's CPU clock at each phase boundary. It needs the goroutine
 	// pinned to its OS thread (runtime.LockOSThread) for the whole sample, which costs a thread
 	// hand-off every time the load blocks, so callers set it only when the stats line that
@@ -97,6 +101,8 @@ type LoadTotals struct {
 	TransferMax time.Duration
 	WaitSum     time.Duration // asynchronous loads only
 	WaitMax     time.Duration
+	GPUCopySum  time.Duration // LoadSample.GPUCopy
+	GPUCheckSum time.Duration // LoadSample.GPUCheck
 }
 
 // Add folds one sample in.
@@ -117,6 +123,8 @@ func (t *LoadTotals) Add(s *LoadSample) {
 	t.FailedPages += s.FailedPages
 	t.TransferSum += s.Transfer
 	t.TransferMax = max(t.TransferMax, s.Transfer)
+	t.GPUCopySum += s.GPUCopy
+	t.GPUCheckSum += s.GPUCheck
 }
 
 // LoadStats accumulates load samples. It is safe for concurrent use: synchronous loads and
@@ -179,4 +187,6 @@ func (t *LoadTotals) Merge(o LoadTotals) {
 	t.TransferMax = max(t.TransferMax, o.TransferMax)
 	t.WaitSum += o.WaitSum
 	t.WaitMax = max(t.WaitMax, o.WaitMax)
+	t.GPUCopySum += o.GPUCopySum
+	t.GPUCheckSum += o.GPUCheckSum
 }

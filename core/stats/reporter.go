@@ -299,6 +299,9 @@ func (r *Reporter) logLoads(t LoadTotals, queued, active int) {
 	for p := Phase(0); p < NumPhases; p++ {
 		attrs = append(attrs, p.String()+"_wall_ms", ms(t.Phases[p].Wall), p.String()+"_cpu_ms", ms(t.Phases[p].CPU))
 	}
+	if t.GPUCopySum > 0 || t.GPUCheckSum > 0 {
+		attrs = append(attrs, "gpu_copy_ms", ms(t.GPUCopySum), "gpu_check_ms", ms(t.GPUCheckSum))
+	}
 	if t.AsyncLoads > 0 || queued > 0 || active > 0 {
 		attrs = append(attrs,
 			"async_loads", t.AsyncLoads,

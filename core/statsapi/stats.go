@@ -83,6 +83,11 @@ type LoadStatsJSON struct {
 	WaitSeconds     float64              `json:"wait_seconds"`
 	WaitMaxSeconds  float64              `json:"wait_max_seconds"`
 	Phases          map[string]PhaseJSON `json:"phases"`
+	// GPUCopySeconds and GPUCheckSeconds are the device's own time on pages checked on the GPU
+	// (CUDA events): from each batch's first copy to its last copy done, and from then to its
+	// check's digests back on the host. 0 where pages are checked on the host.
+	GPUCopySeconds  float64 `json:"gpu_copy_seconds"`
+	GPUCheckSeconds float64 `json:"gpu_check_seconds"`
 }
 
 // EngineJSON describes one registered engine rank in /v1/stats.
