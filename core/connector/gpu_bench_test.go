@@ -332,6 +332,11 @@ func BenchmarkGPULoad(b *testing.B) {
 				b.ReportMetric(perOp(ph[stats.PhaseGet].Wall), "get-ms/op")
 				b.ReportMetric(perOp(ph[stats.PhaseSync].Wall), "sync-ms/op")
 				b.ReportMetric(perOp(tm.busy), "scatter-ms/op")
+				// The GPU's own time (CUDA events) on the copies and on the check after them.
+				if lt := rep.LoadTotals(); lt.GPUCopySum > 0 {
+					b.ReportMetric(perOp(lt.GPUCopySum), "gpu-copy-ms/op")
+					b.ReportMetric(perOp(lt.GPUCheckSum), "gpu-check-ms/op")
+				}
 			})
 		}
 	}
