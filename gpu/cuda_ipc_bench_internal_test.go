@@ -23,7 +23,8 @@ import (
 
 // ipcChild is the other process of BenchmarkCUDAScatterIPC: it allocates argv[1] bytes of
 // device memory with PyTorch (inside a larger allocation, as an engine's KV pool is), prints
-// its CUDA IPC handle and offset as JSON, and holds the memory until its stdin closes.
+// its CUDA IPC handle and offset as JSON, and holds the memory until its stdin closes; for each
+// line it reads it runs a small kernel on its own context, waits for it and answers "ok".
 const ipcChild = `
 import json, sys, torch
 n = int(sys.argv[1])
@@ -32,8 +33,13 @@ mem = base[4096:]
 mem.fill_(0)
 torch.cuda.synchronize()
 shared = mem.untyped_storage()._share_cuda_()
+x = torch.zeros(1 << 20, device="cuda")
+torch.cuda.synchronize()
 print(json.dumps({"handle": shared[1].hex(), "offset": shared[3] + mem.storage_offset()}), flush=True)
-sys.stdin.read()
+for line in sys.stdin:
+    x.add_(1)
+    torch.cuda.synchronize()
+    print("ok", flush=True)
 `
 
 // BenchmarkCUDAScatterIPC times checked scatters of the batches a StartLoad through kvctl serve
@@ -41,9 +47,12 @@ sys.stdin.read()
 // another process allocated with PyTorch and exported over CUDA IPC, as the PyTorch engine's KV
 // memory reaches the daemon, and into memory this process allocated; each with the GPU idle
 // for 40 ms before every batch (as between a serving engine's passes in TestGPUTorchEngine) or
-// not. It tells whether imported memory, or a GPU shared with another process's context, is
-// what slows the daemon's loads against the mover's benchmarks. ms/load is the median of the
-// timed loads (ScatterChecked and its wait). Needs KVCTL_IPC_PYTHON, a Python with PyTorch.
+// not, and into the imported memory right after the other process ran a kernel on its own
+// context ("touched", as the engine checks and writes its pages between StartLoads). It tells
+// whether imported memory, or a GPU shared with another process's context, is what slows the
+// daemon's loads against the mover's benchmarks. ms/load is the median of the timed loads
+// (ScatterChecked and its wait); gpu-copy-ms and gpu-check-ms the device's own time (GPUTime).
+// Needs KVCTL_IPC_PYTHON, a Python with PyTorch.
 func BenchmarkCUDAScatterIPC(b *testing.B) {
 	py := os.Getenv("KVCTL_IPC_PYTHON")
 	if py == "" {
@@ -72,7 +81,8 @@ func BenchmarkCUDAScatterIPC(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer func() { _ = in.Close(); _ = cmd.Wait() }()
-	line, err := bufio.NewReader(out).ReadBytes('\n')
+	rd := bufio.NewReader(out)
+	line, err := rd.ReadBytes('\n')
 	if err != nil {
 		b.Fatalf("the PyTorch process said nothing: %v", err)
 	}
@@ -125,9 +135,10 @@ func BenchmarkCUDAScatterIPC(b *testing.B) {
 		}
 		for _, idle := range []time.Duration{0, 40 * time.Millisecond} {
 			for _, dest := range []struct {
-				name string
-				mem  *EngineMemory
-			}{{"local", local}, {"ipc", ipc}} {
+				name    string
+				mem     *EngineMemory
+				touched bool // the other process runs a kernel right before each load
+			}{{"local", local, false}, {"ipc", ipc, false}, {"ipc,touched", ipc, true}} {
 				mv, err := d.NewMover(dest.mem, l, CUDAMoverOptions{})
 				if err != nil {
 					b.Fatal(err)
@@ -136,10 +147,19 @@ func BenchmarkCUDAScatterIPC(b *testing.B) {
 				b.Run(fmt.Sprintf("page=%dKiB/regions=%d/batch=%dMiB/idle=%v/%s", c.pageKiB, c.regions, c.batchMiB, idle, dest.name), func(b *testing.B) {
 					b.SetBytes(int64(n * size))
 					var each []time.Duration
+					g0 := m.GPUTime()
 					for b.Loop() {
-						if idle > 0 {
+						if idle > 0 || dest.touched {
 							b.StopTimer()
 							time.Sleep(idle)
+							if dest.touched {
+								if _, err := in.Write([]byte("t\n")); err != nil {
+									b.Fatal(err)
+								}
+								if ok, err := rd.ReadString('\n'); err != nil || ok != "ok\n" {
+									b.Fatalf("the PyTorch process answered %q: %v", ok, err)
+								}
+							}
 							b.StartTimer()
 						}
 						t0 := time.Now()
@@ -158,6 +178,9 @@ func BenchmarkCUDAScatterIPC(b *testing.B) {
 					}
 					slices.Sort(each)
 					b.ReportMetric(float64(each[len(each)/2].Microseconds())/1e3, "ms/load")
+					g := m.GPUTime()
+					b.ReportMetric((g.Copy-g0.Copy).Seconds()*1e3/float64(len(each)), "gpu-copy-ms/load")
+					b.ReportMetric((g.Check-g0.Check).Seconds()*1e3/float64(len(each)), "gpu-check-ms/load")
 				})
 				mv.Close()
 			}

@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	rtrace "runtime/trace"
 	"sync"
 	"unsafe"
 
@@ -412,6 +413,7 @@ func (m *cudaMover) scatterChunks(ctx context.Context, pages []kvmem.PageRef, sr
 	m.t.do(func() {
 		m.markStart()
 		trace(checkStart, C.uintptr_t(m.streams[0]))
+		issue := rtrace.StartRegion(ctx, "gpu.issue")
 		used, at := 0, 0
 		for k := range ends {
 			a, b := starts[k], starts[k+1]
@@ -432,9 +434,12 @@ func (m *cudaMover) scatterChunks(ctx context.Context, pages []kvmem.PageRef, sr
 				break
 			}
 		}
+		issue.End()
+		r := rtrace.StartRegion(ctx, "gpu.sync")
 		for _, s := range m.streams[:used] {
 			err = errors.Join(err, cuErr("cuStreamSynchronize", C.kvStreamSync(C.uintptr_t(s))))
 		}
+		r.End()
 	})
 	if err != nil {
 		return fmt.Errorf("cuda mover: %w", err)

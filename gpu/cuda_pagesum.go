@@ -40,6 +40,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	rtrace "runtime/trace"
 	"sync"
 	"time"
 	"unsafe"
@@ -353,6 +354,15 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kv
 	if m.checks.err != nil {
 		return nil, m.checks.err
 	}
+	// Regions for `go tool trace`: what the host does before the copies are issued.
+	prepare, prepared := rtrace.StartRegion(ctx, "gpu.prepare"), false
+	endPrepare := func() {
+		if !prepared {
+			prepared = true
+			prepare.End()
+		}
+	}
+	defer endPrepare()
 	if len(sums) != len(pages) {
 		return nil, fmt.Errorf("%w: %d pages but %d checksums", kvmem.ErrBadPage, len(pages), len(sums))
 	}
@@ -506,6 +516,7 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kv
 	}
 	m.startEvent = set.started
 	defer func() { m.startEvent = 0 }()
+	endPrepare()
 	pinned := true
 	for _, b := range src {
 		if !m.d.isPinned(b) {

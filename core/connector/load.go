@@ -3,6 +3,7 @@ package connector
 import (
 	"context"
 	"fmt"
+	"runtime/trace"
 
 	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/stats"
@@ -138,7 +139,9 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 			c := checks[0]
 			checks = checks[1:]
 			m := sample.Start()
+			r := trace.StartRegion(ctx, "load.check")
 			bad, err := c.wait()
+			r.End()
 			sample.End(stats.PhaseSync, m)
 			if err != nil {
 				return fmt.Errorf("check loaded pages: %w", err)
@@ -242,6 +245,7 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 		}
 
 		m = sample.Start()
+		getRegion := trace.StartRegion(ctx, "load.get")
 		var got []int64
 		var release func()
 		var v *mooncake.View
@@ -256,6 +260,7 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 			got = pool.BatchGet(ctx, keys, bufs)
 		}
 		sample.End(stats.PhaseGet, m)
+		getRegion.End()
 		res.storeCalls++
 		if sample != nil {
 			sample.Pages += int64(len(keys))
@@ -296,6 +301,7 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 			m = sample.Start()
 			done := make(chan scattered, 1)
 			scatter := func() {
+				defer trace.StartRegion(ctx, "load.scatter").End()
 				if checked {
 					check, err := checker.ScatterChecked(ctx, srcs, refs, sums)
 					done <- scattered{err: err, check: check}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"runtime"
+	"runtime/trace"
 	"slices"
 	"sync"
 	"time"
@@ -416,6 +417,7 @@ func (w *Worker) StartLoad(ctx context.Context) error {
 		}
 	}
 	began := time.Now()
+	defer trace.StartRegion(ctx, "load").End()
 	m := sample.Start()
 	items, err := w.resolveLoads(loads)
 	sample.End(stats.PhaseResolve, m)

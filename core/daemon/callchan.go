@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime/trace"
 	"strings"
 	"sync"
 	"time"
@@ -464,6 +465,8 @@ func (c *callChannel) serve(j callJob) bool {
 		return c.reply(j.hdr, codes.Unimplemented, []byte(fmt.Sprintf("call channel: unknown method number %d", j.hdr.Method)))
 	}
 	name := engineapi.CallMethodName(j.hdr.Method)
+	// A region per call for `go tool trace` (free when no trace runs).
+	defer trace.StartRegion(c.ctx, "callchannel "+name).End()
 	dec := func(v any) error {
 		defer release()
 		if err := engineapi.UnmarshalCall(j.body, v); err != nil {
