@@ -13,6 +13,9 @@ CUresult kvCopies(int toDevice, int n, const uint64_t *dev, const uint64_t *host
 CUresult kvCopiesBatch(int toDevice, int n, uint64_t *dev, uint64_t *host, uint64_t *size, uintptr_t s, int ordinal);
 int kvHasBatch(void);
 CUresult kvEventRecord(uintptr_t e, uintptr_t s);
+CUresult kvEventSync(uintptr_t e);
+CUresult kvEventCreate(uintptr_t *e);
+CUresult kvEventDestroy(uintptr_t e);
 */
 import "C"
 
@@ -96,6 +99,11 @@ type cudaMover struct {
 	copyHost *PinnedBuffer
 	copyDev  uint64
 	copyCap  int
+	// descIssued is recorded on the first stream once a launch's descriptors are copied to the
+	// device (descRecorded): a call that did not wait for its copies (IssueChecked) may leave
+	// that copy queued, and the next call must not rewrite the host buffer before it ran.
+	descIssued   uintptr
+	descRecorded bool
 
 	// afterIssue, when set, runs inside the mover's CUDA call (its cudaCaller) once the last copies of a transfer are
 	// issued on the first ns streams, before the host waits for them: ScatterChecked queues
@@ -370,8 +378,9 @@ func (m *cudaMover) issueEngines(toDevice bool, a, b int) (int, error) {
 // scatterChunks copies pages to the device from pinned memory in chunks, ends[k] being the page
 // after chunk k, all queued without waiting in between: after chunk k's copies are issued on
 // the first ns streams, queued(k, ns) runs (inside the mover's CUDA call), so work queued behind
-// one chunk runs while the next is copied. It returns once every copy is done.
-func (m *cudaMover) scatterChunks(ctx context.Context, pages []kvmem.PageRef, src [][]byte, ends []int, queued func(k, ns int) error) error {
+// one chunk runs while the next is copied. With wait it returns once every copy is done;
+// without, once they are queued (an error still waits, so nothing runs on return).
+func (m *cudaMover) scatterChunks(ctx context.Context, pages []kvmem.PageRef, src [][]byte, ends []int, queued func(k, ns int) error, wait bool) error {
 	if m.closed {
 		return kvmem.ErrClosed
 	}
@@ -435,6 +444,9 @@ func (m *cudaMover) scatterChunks(ctx context.Context, pages []kvmem.PageRef, sr
 			}
 		}
 		issue.End()
+		if !wait && err == nil {
+			return // IssueChecked: the check's wait waits for the copies
+		}
 		r := rtrace.StartRegion(ctx, "gpu.sync")
 		for _, s := range m.streams[:used] {
 			err = errors.Join(err, cuErr("cuStreamSynchronize", C.kvStreamSync(C.uintptr_t(s))))
@@ -481,6 +493,10 @@ func (m *cudaMover) Close() error {
 		errs = append(errs, m.bounce.Close())
 	}
 	errs = append(errs, m.freeChecks(), m.freeCopies())
+	if e := m.descIssued; e != 0 {
+		m.t.do(func() { errs = append(errs, cuErr("cuEventDestroy", C.kvEventDestroy(C.uintptr_t(e)))) })
+		m.descIssued = 0
+	}
 	m.destroyStreams()
 	errs = append(errs, m.mem.unref())
 	return errors.Join(errs...)

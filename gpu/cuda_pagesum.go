@@ -351,6 +351,21 @@ func (m *cudaMover) initChecks() {
 // flight, keeping their results for their wait). It
 // fails with the reason from PageCheckError when the mover cannot check.
 func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kvmem.PageRef, sums []uint64) (wait func() ([]bool, error), err error) {
+	return m.scatterChecked(ctx, src, pages, sums, true)
+}
+
+// IssueChecked is ScatterChecked returning once the copies and the check are queued: wait then
+// waits for both (the check's stream waits for the copies), and src must stay unchanged until it
+// returns. Batches issued without waiting may be copied in any order (the copy engines use
+// several streams), so they must not write the same pages. Sources that are not pinned go
+// through the bounce buffer and are copied before it returns, as ScatterChecked does.
+func (m *cudaMover) IssueChecked(ctx context.Context, src [][]byte, pages []kvmem.PageRef, sums []uint64) (wait func() ([]bool, error), err error) {
+	return m.scatterChecked(ctx, src, pages, sums, false)
+}
+
+var _ kvmem.AsyncPageChecker = (*cudaMover)(nil)
+
+func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kvmem.PageRef, sums []uint64, waitCopies bool) (wait func() ([]bool, error), err error) {
 	if m.checks.err != nil {
 		return nil, m.checks.err
 	}
@@ -525,7 +540,7 @@ func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kv
 		}
 	}
 	if pinned {
-		err = m.scatterChunks(ctx, pages, src, ends, queued)
+		err = m.scatterChunks(ctx, pages, src, ends, queued, waitCopies)
 	} else {
 		// Through the bounce buffer, in one chunk.
 		ends = ends[len(ends)-1:]
@@ -806,6 +821,23 @@ func (m *cudaMover) growCopies(n int) error {
 	if need <= m.copyCap {
 		return nil
 	}
+	var err error
+	s0 := C.uintptr_t(m.streams[0])
+	m.t.do(func() {
+		if m.descIssued == 0 {
+			var e C.uintptr_t
+			if err = cuErr("cuEventCreate", C.kvEventCreate(&e)); err == nil {
+				m.descIssued = uintptr(e)
+			}
+		}
+		if err == nil && m.descRecorded {
+			// A launch that was not waited for (IssueChecked) may still read the buffers.
+			err = cuErr("cuStreamSynchronize", C.kvStreamSync(s0))
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("copy kernel buffers: %w", err)
+	}
 	if err := m.freeCopies(); err != nil {
 		return err
 	}
@@ -837,6 +869,12 @@ func (m *cudaMover) kernelCopies(a, b int) int {
 // kernel on the first stream, its descriptors at descriptor slot at of the buffers (grown
 // beforehand), and returns the slot after them. It runs inside the mover's CUDA call.
 func (m *cudaMover) issueKernel(a, b, at int) (int, error) {
+	if at == 0 && m.descRecorded {
+		// The previous launch's descriptors may still be queued for the device (IssueChecked).
+		if err := cuErr("cuEventSynchronize", C.kvEventSync(C.uintptr_t(m.descIssued))); err != nil {
+			return at, err
+		}
+	}
 	buf := m.copyHost.Bytes()
 	le := binary.LittleEndian
 	k := at
@@ -854,6 +892,10 @@ func (m *cudaMover) issueKernel(a, b, at int) (int, error) {
 	if err := cuErr("cuMemcpyHtoDAsync", C.kvCopyHtoDAsync(dev, C.uintptr_t(ptrOf(buf[at*24:])), C.size_t((k-at)*24), s)); err != nil {
 		return k, err
 	}
+	if err := cuErr("cuEventRecord", C.kvEventRecord(C.uintptr_t(m.descIssued), s)); err != nil {
+		return k, err
+	}
+	m.descRecorded = true
 	return k, cuErr("cuLaunchKernel", C.kvLaunchCopies(C.uintptr_t(m.d.sums.copyFn), C.uint(k-at), s, dev))
 }
 

@@ -463,3 +463,96 @@ func scatterPath(kernel bool) gpu.ScatterPath {
 	}
 	return gpu.ScatterCopyEngines
 }
+
+// TestCUDAIssueChecked queues checked scatters back to back without waiting for their copies
+// (IssueChecked), from pinned memory through the copy kernel and through the copy engines: each
+// batch's check result is right whatever order they are read in, and once every wait returned
+// the device holds every page's bytes. The third and fourth batches reuse the first two's check
+// buffers, so they also wait for those internally.
+func TestCUDAIssueChecked(t *testing.T) {
+	d := openCUDA(t)
+	const piece, slots, batches, per = 32 << 10, 512, 4, 100
+	l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: slots, Regions: []kvmem.Region{
+		{Offset: 0, Stride: piece, Size: piece}, {Offset: piece * slots, Stride: piece, Size: piece}}}}}
+	mem, err := d.AllocDeviceMemory(2 * piece * slots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	src, err := d.AllocPinned(batches*per*2*piece, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	rng := rand.New(rand.NewPCG(9, 10))
+	for i := range src.Bytes() {
+		src.Bytes()[i] = byte(rng.Uint32())
+	}
+	for _, path := range []gpu.ScatterPath{gpu.ScatterKernel, gpu.ScatterCopyEngines} {
+		t.Run(fmt.Sprint(path), func(t *testing.T) {
+			mv, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{Scatter: path})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer mv.Close()
+			ac := mv.(kvmem.AsyncPageChecker)
+			type batch struct {
+				wait  func() ([]bool, error)
+				want  []bool
+				pages []kvmem.PageRef
+				src   [][]byte
+			}
+			var bs []batch
+			for k := range batches {
+				var b batch
+				for i := range per {
+					p := (k*per + i) * 2 * piece
+					b.src = append(b.src, src.Bytes()[p:p+2*piece])
+					b.pages = append(b.pages, kvmem.PageRef{Slot: (k*per*7 + i*7) % slots}) // distinct over every batch
+				}
+				sums := make([]uint64, per)
+				b.want = make([]bool, per)
+				for i := range sums {
+					sums[i] = xxh3.Hash(b.src[i])
+					if rng.IntN(5) == 0 {
+						sums[i] ^= 1
+						b.want[i] = true
+					}
+				}
+				if b.wait, err = ac.IssueChecked(context.Background(), b.src, b.pages, sums); err != nil {
+					t.Fatalf("batch %d: %v", k, err)
+				}
+				bs = append(bs, b)
+			}
+			for _, k := range []int{2, 0, 3, 1} {
+				bad, err := bs[k].wait()
+				if err != nil {
+					t.Fatalf("batch %d: %v", k, err)
+				}
+				if !slices.Equal(bad, bs[k].want) {
+					t.Fatalf("batch %d: check says %v, want %v", k, bad, bs[k].want)
+				}
+			}
+			last := map[int][]byte{}
+			for _, b := range bs {
+				for i, p := range b.pages {
+					last[p.Slot] = b.src[i]
+				}
+			}
+			if len(last) != batches*per {
+				t.Fatalf("%d distinct slots, want %d", len(last), batches*per)
+			}
+			got := make([]byte, piece)
+			for s, want := range last {
+				for r := range 2 {
+					if err := mem.CopyOut(uint64(r*piece*slots+s*piece), got); err != nil {
+						t.Fatal(err)
+					}
+					if !bytes.Equal(got, want[r*piece:(r+1)*piece]) {
+						t.Fatalf("slot %d region %d holds other bytes than were scattered into it", s, r)
+					}
+				}
+			}
+		})
+	}
+}

@@ -116,6 +116,15 @@ func (o *ownedMover) ScatterChecked(ctx context.Context, src [][]byte, pages []k
 	return pc.ScatterChecked(ctx, src, pages, sums)
 }
 
+// IssueChecked passes the wrapped mover's AsyncPageChecker through.
+func (o *ownedMover) IssueChecked(ctx context.Context, src [][]byte, pages []kvmem.PageRef, sums []uint64) (func() ([]bool, error), error) {
+	pc, ok := o.Mover.(kvmem.AsyncPageChecker)
+	if !ok {
+		return nil, fmt.Errorf("%w: the mover does not check pages", errNotCheckable)
+	}
+	return pc.IssueChecked(ctx, src, pages, sums)
+}
+
 // GPUTime passes the wrapped mover's GPUTimer through (zero when it has none).
 func (o *ownedMover) GPUTime() kvmem.GPUTime {
 	if t, ok := o.Mover.(kvmem.GPUTimer); ok {
@@ -125,7 +134,7 @@ func (o *ownedMover) GPUTime() kvmem.GPUTime {
 }
 
 var (
-	_ kvmem.HostRegistrar = (*ownedMover)(nil)
-	_ kvmem.PageChecker   = (*ownedMover)(nil)
-	_ kvmem.GPUTimer      = (*ownedMover)(nil)
+	_ kvmem.HostRegistrar    = (*ownedMover)(nil)
+	_ kvmem.AsyncPageChecker = (*ownedMover)(nil)
+	_ kvmem.GPUTimer         = (*ownedMover)(nil)
 )

@@ -119,6 +119,18 @@ func (m *timedMover) ScatterChecked(ctx context.Context, src [][]byte, pages []k
 	return wait, err
 }
 
+// IssueChecked times the issue of a checked scatter that is not waited for.
+func (m *timedMover) IssueChecked(ctx context.Context, src [][]byte, pages []kvmem.PageRef, sums []uint64) (func() ([]bool, error), error) {
+	t0 := time.Now()
+	wait, err := m.Mover.(kvmem.AsyncPageChecker).IssueChecked(ctx, src, pages, sums)
+	m.mu.Lock()
+	m.scatters++
+	m.checked++
+	m.busy += time.Since(t0)
+	m.mu.Unlock()
+	return wait, err
+}
+
 func (m *timedMover) GPUTime() kvmem.GPUTime { return m.Mover.(kvmem.GPUTimer).GPUTime() }
 
 func (m *timedMover) RegisterHost(mem []byte) (io.Closer, error) {
@@ -271,7 +283,8 @@ func scatterMode(mode string) gpu.ScatterPath {
 // where they land); "hostcheck" checks them on the host before the copy instead (the pool's
 // BatchView); "nocheck" is the in-place load with no check at all (uncheckedPool); "staged"
 // copies through pinned staging (StagedTransfers). "load=NMiB" loads only the first N MiB of
-// pages; "idle=D" leaves the GPU idle for D before each load.
+// pages; "idle=D" leaves the GPU idle for D before each load; "oneissue" issues a checked load's
+// pages in one batch instead of a quarter first and the rest queued behind it.
 func BenchmarkGPULoad(b *testing.B) {
 	for _, page := range gpuBenchPages {
 		for _, mode := range []string{"direct", "direct,engines", "direct,kernel", "direct,hostcheck", "direct,nocheck", "direct,nocheck,engines", "direct,batch=8MiB", "direct,batch=16MiB", "direct,batch=32MiB", "direct,batch=64MiB",
@@ -279,12 +292,14 @@ func BenchmarkGPULoad(b *testing.B) {
 			"direct,load=4MiB", "direct,load=16MiB", "direct,load=64MiB", "direct,load=180MiB",
 			"direct,load=12MiB", "direct,load=12MiB,idle=30ms", "direct,load=48MiB", "direct,load=48MiB,idle=30ms",
 			"direct,engines,load=12MiB", "direct,engines,load=12MiB,idle=30ms",
-			"direct,nocheck,load=12MiB", "direct,hostcheck,load=12MiB", "direct,nocheck,load=48MiB"} {
+			"direct,nocheck,load=12MiB", "direct,hostcheck,load=12MiB", "direct,nocheck,load=48MiB",
+			"direct,oneissue,load=12MiB", "direct,oneissue,load=48MiB", "direct,oneissue,load=12MiB,idle=30ms", "direct,oneissue,load=48MiB,idle=30ms"} {
 			b.Run(fmt.Sprintf("%dKiB/%s", page>>10, mode), func(b *testing.B) {
 				defer setDirectBatch(mode)()
 				gpuPageChecksOff = strings.Contains(mode, "hostcheck")
+				issuedFirstBatchOff = strings.Contains(mode, "oneissue")
 				benchScatterPath = scatterMode(mode)
-				defer func() { gpuPageChecksOff, benchScatterPath = false, gpu.ScatterAuto }()
+				defer func() { gpuPageChecksOff, issuedFirstBatchOff, benchScatterPath = false, false, gpu.ScatterAuto }()
 				g := newGPUBench(b, page)
 				pool := gpuPool(b, mode)
 				opts := benchOptions()

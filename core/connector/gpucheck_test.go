@@ -222,3 +222,92 @@ func TestGPUCheckedLoadRecordsGPUTime(t *testing.T) {
 		t.Fatalf("load stats GPU time copy %v check %v, want %v and %v for %d checks", tot.GPUCopySum, tot.GPUCheckSum, checks*fakeGPUCopy, checks*fakeGPUCheck, checks)
 	}
 }
+
+// issuingMover is checkingMover queueing its checked scatters (kvmem.AsyncPageChecker): the
+// copy lands at once, and the check runs only when wait is called, so a page whose source the
+// load gave back (its pool view released) before the wait would be checked too late.
+type issuingMover struct {
+	checkingMover
+	issued  *atomic.Int32
+	batches *[]int // pages per issued batch
+}
+
+func (m issuingMover) IssueChecked(ctx context.Context, src [][]byte, pages []kvmem.PageRef, sums []uint64) (func() ([]bool, error), error) {
+	if len(sums) != len(pages) {
+		return nil, fmt.Errorf("%d pages, %d sums", len(pages), len(sums))
+	}
+	if err := m.Scatter(ctx, src, pages); err != nil {
+		return nil, err
+	}
+	m.issued.Add(1)
+	m.pending.Add(1)
+	*m.batches = append(*m.batches, len(pages))
+	return func() ([]bool, error) {
+		m.pending.Add(-1)
+		bad := make([]bool, len(pages))
+		for i, ref := range pages {
+			bad[i] = uint64(keys.PageChecksum(pageBytes(m.hostMover, ref.Group, ref.Slot, ref.Replicated))) != sums[i]
+		}
+		return bad, nil
+	}, nil
+}
+
+// TestGPUIssuedLoad: with a mover that queues checked scatters without waiting for them, a load
+// issues a first batch of about a quarter of its bytes and the rest behind it, reads every
+// check before it returns, fails exactly the requests whose pages were corrupted in the pool
+// (counted by the pool as checksum errors) and lands every other page.
+func TestGPUIssuedLoad(t *testing.T) {
+	const n = 16
+	pool := newEmbPool(t, 4<<20)
+	l := testLayout(32)
+	src := saveDirectPages(t, pool, l, n)
+	ns := baseOptions().Namespace
+	corrupt := map[int]bool{1: true, 12: true}
+	for i := range corrupt {
+		if !pool.CorruptForTest(ns.PageKey(0, testT, l.Groups[0].BytesPerPage(), directHash(i))) {
+			t.Fatalf("no stored page %d", i)
+		}
+	}
+	var batches []int
+	m := issuingMover{newCheckingMover(l), new(atomic.Int32), &batches}
+	old := issuedFirstBatchMin
+	issuedFirstBatchMin = 1
+	defer func() { issuedFirstBatchMin = old }()
+	w := registeredWorker(t, pool, m, l)
+	var reqs []RequestTransfers
+	for i := range n {
+		reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%02d", i), Pages: []PageTransfer{
+			{Hash: directHash(i), Group: 0, Page: 16 + i}, {Hash: directHash(i), Group: 1, Page: 16 + i}}})
+	}
+	w.BindMeta(Metadata{Loads: reqs})
+	if err := w.StartLoad(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(batches) != 2 || batches[0] > batches[1] {
+		t.Fatalf("issued batches of %v pages, want a small first one and the rest", batches)
+	}
+	if m.calls.Load() != 0 {
+		t.Fatalf("%d scatters waited for: an issuing mover's load queues them all", m.calls.Load())
+	}
+	if p := m.pending.Load(); p != 0 {
+		t.Fatalf("%d checks not read when the load returned", p)
+	}
+	failed := w.TakeFailedLoadRequests()
+	slices.Sort(failed)
+	if want := []string{"r01", "r12"}; !slices.Equal(failed, want) {
+		t.Fatalf("failed loads %v, want %v", failed, want)
+	}
+	for i := range n {
+		if corrupt[i] {
+			continue
+		}
+		for g := range 2 {
+			if !bytes.Equal(pageBytes(m.hostMover, g, 16+i, false), pageBytes(src, g, i, false)) {
+				t.Fatalf("request r%02d: group %d page holds other bytes than were saved", i, g)
+			}
+		}
+	}
+	if st := pool.stats(t); st.ChecksumErrors != int64(len(corrupt)) {
+		t.Fatalf("pool counted %d checksum errors, want %d", st.ChecksumErrors, len(corrupt))
+	}
+}

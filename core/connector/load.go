@@ -128,10 +128,11 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 	// GPU checks launched and not read yet, oldest first: a batch's check runs while the next
 	// batch is copied, and is read once that copy is done.
 	type pendingCheck struct {
-		wait   func() ([]bool, error)
-		owners []*pageIO
-		view   *mooncake.View
-		idx    []int // index in view of each checked page
+		wait    func() ([]bool, error)
+		owners  []*pageIO
+		view    *mooncake.View
+		idx     []int  // index in view of each checked page
+		release func() // the view's release, for a batch issued without waiting for its copies
 	}
 	var checks []pendingCheck
 	collect := func(keep int) error {
@@ -143,6 +144,9 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 			bad, err := c.wait()
 			r.End()
 			sample.End(stats.PhaseSync, m)
+			if c.release != nil {
+				c.release() // issued without waiting: the copies are done only now
+			}
 			if err != nil {
 				return fmt.Errorf("check loaded pages: %w", err)
 			}
@@ -207,6 +211,20 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 	target, later := directBatchBytes/4, directBatchBytes
 	if deferred != nil {
 		target, later = directCheckedBatchBytes, directCheckedBatchBytes
+	}
+	// A mover that queues checked scatters without waiting for their copies (IssueChecked)
+	// starts copying a first batch of a quarter of the load while the host prepares the rest,
+	// whose copies then queue right behind it.
+	issuer, _ := checker.(kvmem.AsyncPageChecker)
+	if deferred == nil || issuedFirstBatchOff {
+		issuer = nil
+	}
+	if issuer != nil {
+		var total int
+		for i := range items {
+			total += items[i].size
+		}
+		target = min(later, max(issuedFirstBatchMin, total/4))
 	}
 	full := func(pages, bytes int) bool {
 		if view == nil {
@@ -297,7 +315,23 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 			}
 			return res, err
 		}
-		if len(srcs) > 0 {
+		if len(srcs) > 0 && checked && issuer != nil {
+			m = sample.Start()
+			r := trace.StartRegion(ctx, "load.issue")
+			check, err := issuer.IssueChecked(ctx, srcs, refs, sums)
+			r.End()
+			sample.End(stats.PhaseUnstage, m)
+			if err != nil {
+				release()
+				return res, fmt.Errorf("scatter loaded pages: %w", err)
+			}
+			checks = append(checks, pendingCheck{wait: check, owners: scatteredOwners, view: v, idx: idx, release: release})
+			// The mover keeps two checks in flight; reading the older ones here keeps their
+			// views no longer than needed.
+			if err := collect(2); err != nil {
+				return res, err
+			}
+		} else if len(srcs) > 0 {
 			m = sample.Start()
 			done := make(chan scattered, 1)
 			scatter := func() {
@@ -331,6 +365,14 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 	}
 	return res, nil
 }
+
+// issuedFirstBatchOff makes checked loads issue their pages in one batch even where the mover
+// can queue batches without waiting (kvmem.AsyncPageChecker); the GPU benchmarks set it to
+// compare. issuedFirstBatchMin is the smallest first batch such a load issues.
+var (
+	issuedFirstBatchOff = false
+	issuedFirstBatchMin = 1 << 20
+)
 
 // gpuPageChecksOff makes loads check pages on the host even where the mover could check them
 // on the GPU; the GPU benchmarks set it to compare the two.

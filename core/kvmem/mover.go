@@ -70,6 +70,18 @@ type PageChecker interface {
 	ScatterChecked(ctx context.Context, src [][]byte, pages []PageRef, sums []uint64) (wait func() (bad []bool, err error), err error)
 }
 
+// AsyncPageChecker is a PageChecker that can also return as soon as a checked scatter's copies
+// are queued, so the caller prepares its next batch while the device copies this one and the
+// next batch's copies queue right behind it.
+type AsyncPageChecker interface {
+	PageChecker
+	// IssueChecked is ScatterChecked returning once the copies and the check are queued rather
+	// than once the copies are done. src must stay mapped and unchanged until wait returns;
+	// wait waits for the copies and the check and returns the check's result. Batches queued
+	// this way may be copied in any order, so they must not write the same pages.
+	IssueChecked(ctx context.Context, src [][]byte, pages []PageRef, sums []uint64) (wait func() (bad []bool, err error), err error)
+}
+
 // GPUTime is the device's own time on checked scatters, measured with events on its streams.
 type GPUTime struct {
 	// Copy runs from a checked scatter's first copy to its last copy done.
