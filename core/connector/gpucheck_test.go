@@ -270,9 +270,9 @@ func TestGPUIssuedLoad(t *testing.T) {
 	}
 	var batches []int
 	m := issuingMover{newCheckingMover(l), new(atomic.Int32), &batches}
-	old := issuedFirstBatchMin
-	issuedFirstBatchMin = 1
-	defer func() { issuedFirstBatchMin = old }()
+	oldMin, oldPages := issuedFirstBatchMin, issuedSplitMinPages
+	issuedFirstBatchMin, issuedSplitMinPages = 1, 1
+	defer func() { issuedFirstBatchMin, issuedSplitMinPages = oldMin, oldPages }()
 	w := registeredWorker(t, pool, m, l)
 	var reqs []RequestTransfers
 	for i := range n {
@@ -309,5 +309,31 @@ func TestGPUIssuedLoad(t *testing.T) {
 	}
 	if st := pool.stats(t); st.ChecksumErrors != int64(len(corrupt)) {
 		t.Fatalf("pool counted %d checksum errors, want %d", st.ChecksumErrors, len(corrupt))
+	}
+}
+
+// TestGPUIssuedLoadFewPages: a load of fewer pages than issuedSplitMinPages is scattered and
+// checked in one batch that is waited for, as with a mover that cannot queue.
+func TestGPUIssuedLoadFewPages(t *testing.T) {
+	const n = 8
+	pool := newEmbPool(t, 4<<20)
+	l := testLayout(32)
+	saveDirectPages(t, pool, l, n)
+	var batches []int
+	m := issuingMover{newCheckingMover(l), new(atomic.Int32), &batches}
+	w := registeredWorker(t, pool, m, l)
+	var reqs []RequestTransfers
+	for i := range n {
+		reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%02d", i), Pages: []PageTransfer{{Hash: directHash(i), Group: 0, Page: 16 + i}}})
+	}
+	w.BindMeta(Metadata{Loads: reqs})
+	if err := w.StartLoad(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if m.issued.Load() != 0 || m.calls.Load() != 1 {
+		t.Fatalf("%d batches issued without waiting and %d waited for, want 0 and 1", m.issued.Load(), m.calls.Load())
+	}
+	if f := w.TakeFailedLoadRequests(); len(f) != 0 {
+		t.Fatalf("failed loads %v", f)
 	}
 }

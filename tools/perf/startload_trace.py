@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Where a StartLoad's time goes inside kvctl serve, from a Go execution trace.
+
+    ./daemon.test -test.run 'TestGPUTorchEngine$/page=64KiB' -test.trace=trace.out ...
+    go tool trace -d=parsed trace.out | tools/perf/startload_trace.py [METHOD [N]]
+
+Reads the parsed events on stdin. For every call-channel region of METHOD (default StartLoad)
+it takes the regions nested in it on the same goroutine (load, load.get, load.issue,
+load.scatter, load.check, gpu.prepare, gpu.issue, gpu.sync) and prints the median and 90th
+percentile of each over all calls, then the first N calls (default 0) event by event, with
+microseconds from the call's start. Tracing adds about a microsecond to every cgo call, so
+the absolute times are a little above an untraced run's.
+"""
+import collections
+import re
+import sys
+
+HEAD = re.compile(r'^M=(-?\d+) P=(-?\d+) G=(-?\d+) (\w+) Time=(\d+)(.*)$')
+FRAME_PREFIXES = ("runtime.", "github.com", "syscall", "internal", "net.")
+
+
+def events(lines):
+    out = []
+    for i, line in enumerate(lines):
+        m = HEAD.match(line)
+        if not m:
+            continue
+        frame = ""
+        for j in range(i + 1, min(i + 4, len(lines))):
+            s = lines[j].strip()
+            if s.startswith(FRAME_PREFIXES):
+                frame = s.split(" @")[0]
+                break
+            if HEAD.match(lines[j]):
+                break
+        out.append((int(m.group(5)), int(m.group(3)), m.group(4), m.group(6).strip(), frame))
+    out.sort()
+    return out
+
+
+def main():
+    want = sys.argv[1] if len(sys.argv) > 1 else "StartLoad"
+    show = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    ev = events(sys.stdin.read().split("\n"))
+    opened, n = {}, 0
+    spans = collections.defaultdict(list)
+    for idx, (t, g, kind, rest, frame) in enumerate(ev):
+        if kind == "RegionBegin" and want in rest:
+            opened[g] = (t, idx)
+        elif kind == "RegionEnd" and want in rest and g in opened:
+            t0, i0 = opened.pop(g)
+            n += 1
+            inner = [e for e in ev[i0:idx + 1] if e[1] == g]
+            begun, loaded = {}, False
+            for (tt, _, k, r, _) in inner:
+                if k not in ("RegionBegin", "RegionEnd"):
+                    continue
+                ty = re.search(r'Type="([^"]+)"', r).group(1)
+                if k == "RegionBegin":
+                    begun[ty] = tt
+                    loaded = loaded or ty == "load"
+                elif ty in begun:
+                    spans[ty].append((tt - begun.pop(ty)) / 1000)
+            if loaded:
+                spans["call that loaded"].append((t - t0) / 1000)
+            if n <= show:
+                print("=== %s #%d: %.1f us" % (want, n, (t - t0) / 1000))
+                for (tt, gg, k, r, f) in inner:
+                    if k != "Metric":
+                        print("  %8.1f %s %s %s" % ((tt - t0) / 1000, k, r[:90], f))
+    print("regions over %d %s calls (us): median, 90th percentile, count" % (n, want))
+    for k, v in sorted(spans.items()):
+        v.sort()
+        print("  %-48s %8.1f %8.1f %5d" % (k, v[len(v) // 2], v[int(len(v) * 0.9)], len(v)))
+
+
+if __name__ == "__main__":
+    main()
