@@ -215,8 +215,9 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 	// A mover that queues checked scatters without waiting for their copies (IssueChecked)
 	// starts copying a first batch of a quarter of the load while the host prepares the rest,
 	// whose copies then queue right behind it. That pays where the host's work per page weighs:
-	// loads of many pages (on the H200, 768 pages of 64 KiB loaded 8–15 % faster; 48 pages of
-	// 256 KiB 5–13 % slower, for the second batch's fixed cost; 192 pages within noise).
+	// loads of many pages (on the H200, docs/perf/serve-gpu.md run 44: 768 pages of 64 KiB
+	// loaded 8–18 % faster; 192 pages of 64 KiB 2–13 % faster but of 256 KiB up to 5 % slower;
+	// 48 pages of 256 KiB 12–35 % slower, for the second batch's fixed cost).
 	issuer, _ := checker.(kvmem.AsyncPageChecker)
 	if deferred == nil || issuedFirstBatchOff || len(items) < issuedSplitMinPages {
 		issuer = nil
