@@ -293,7 +293,8 @@ func BenchmarkGPULoad(b *testing.B) {
 			"direct,load=12MiB", "direct,load=12MiB,idle=30ms", "direct,load=48MiB", "direct,load=48MiB,idle=30ms",
 			"direct,engines,load=12MiB", "direct,engines,load=12MiB,idle=30ms",
 			"direct,nocheck,load=12MiB", "direct,hostcheck,load=12MiB", "direct,nocheck,load=48MiB",
-			"direct,oneissue,load=12MiB", "direct,oneissue,load=48MiB", "direct,oneissue,load=12MiB,idle=30ms", "direct,oneissue,load=48MiB,idle=30ms"} {
+			"direct,oneissue,load=12MiB", "direct,oneissue,load=48MiB", "direct,oneissue,load=12MiB,idle=30ms", "direct,oneissue,load=48MiB,idle=30ms",
+			"direct,nocheck,load=12MiB,idle=30ms", "direct,nocheck,load=48MiB,idle=30ms"} {
 			b.Run(fmt.Sprintf("%dKiB/%s", page>>10, mode), func(b *testing.B) {
 				defer setDirectBatch(mode)()
 				gpuPageChecksOff = strings.Contains(mode, "hostcheck")
