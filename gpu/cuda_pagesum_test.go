@@ -488,9 +488,12 @@ func TestCUDAIssueChecked(t *testing.T) {
 	for i := range src.Bytes() {
 		src.Bytes()[i] = byte(rng.Uint32())
 	}
-	for _, path := range []gpu.ScatterPath{gpu.ScatterKernel, gpu.ScatterCopyEngines} {
-		t.Run(fmt.Sprint(path), func(t *testing.T) {
-			mv, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{Scatter: path})
+	for _, path := range []struct {
+		name string
+		path gpu.ScatterPath
+	}{{"kernel", gpu.ScatterKernel}, {"engines", gpu.ScatterCopyEngines}} {
+		t.Run(path.name, func(t *testing.T) {
+			mv, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{Scatter: path.path})
 			if err != nil {
 				t.Fatal(err)
 			}
