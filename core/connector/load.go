@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"runtime/trace"
+	"strings"
 
+	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/mooncake"
@@ -13,32 +15,74 @@ import (
 // pageIO is one pool value to move: its key, the engine page it belongs to and the index of
 // the request that owns it.
 type pageIO struct {
-	req  int
+	req int
+	// key is a slice of one string shared by the load's keys (resolveLoads): nothing keeps it
+	// past the load, or the whole string stays alive with it.
 	key  string
 	ref  kvmem.PageRef
 	size int
 }
 
 // resolveLoads turns transfer lists into the page values to get: every page's sharded value
-// and, for a group with replicated regions, its replicated value.
+// and, for a group with replicated regions, its replicated value. The keys of one load are
+// built into one buffer from each group's key prefix, computed once, rather than one at a time
+// (a StartLoad resolves a few hundred pages before its first copy can start).
 func (w *Worker) resolveLoads(ts []RequestTransfers) ([]pageIO, error) {
 	g := w.geom
 	T := w.opts.TokensPerBlock
 	ns := w.opts.Namespace
-	var out []pageIO
-	for ri, t := range ts {
+	type prefixes struct{ sharded, replicated string }
+	byGroup := map[int]prefixes{}
+	n, items := 0, 0
+	for _, t := range ts {
 		for _, p := range t.Pages {
 			if err := g.checkPage(p.Group, p.Page); err != nil {
 				return nil, fmt.Errorf("request %s: %w", t.RequestID, err)
 			}
-			lg := g.groups[p.Group]
-			out = append(out, pageIO{req: ri, key: ns.PageKey(p.Group, T, lg.BytesPerPage, p.Hash),
-				ref: kvmem.PageRef{Group: p.Group, Slot: p.Page}, size: int(lg.BytesPerPage)})
-			if lg.ReplicatedBytesPerPage > 0 {
-				out = append(out, pageIO{req: ri, key: ns.ReplicatedPageKey(p.Group, T, lg.ReplicatedBytesPerPage, p.Hash),
-					ref: kvmem.PageRef{Group: p.Group, Slot: p.Page, Replicated: true}, size: int(lg.ReplicatedBytesPerPage)})
+			pre, ok := byGroup[p.Group]
+			if !ok {
+				lg := g.groups[p.Group]
+				pre.sharded = ns.PageKeyPrefix(p.Group, T, lg.BytesPerPage)
+				if lg.ReplicatedBytesPerPage > 0 {
+					pre.replicated = ns.ReplicatedPageKeyPrefix(p.Group, T, lg.ReplicatedBytesPerPage)
+				}
+				byGroup[p.Group] = pre
+			}
+			n += len(pre.sharded) + 2*keys.HashSize
+			items++
+			if pre.replicated != "" {
+				n += len(pre.replicated) + 2*keys.HashSize
+				items++
 			}
 		}
+	}
+	// Every key is a slice of one string: the offsets first, then the string once built.
+	var sb strings.Builder
+	sb.Grow(n)
+	type span struct{ at, end int }
+	spans := make([]span, 0, items)
+	out := make([]pageIO, 0, items)
+	var hex [2 * keys.HashSize]byte
+	add := func(ri int, prefix string, h keys.Hash, ref kvmem.PageRef, size uint64) {
+		at := sb.Len()
+		sb.WriteString(prefix)
+		sb.Write(keys.AppendHex(hex[:0], h))
+		spans = append(spans, span{at, sb.Len()})
+		out = append(out, pageIO{req: ri, ref: ref, size: int(size)})
+	}
+	for ri, t := range ts {
+		for _, p := range t.Pages {
+			lg := g.groups[p.Group]
+			pre := byGroup[p.Group]
+			add(ri, pre.sharded, p.Hash, kvmem.PageRef{Group: p.Group, Slot: p.Page}, lg.BytesPerPage)
+			if pre.replicated != "" {
+				add(ri, pre.replicated, p.Hash, kvmem.PageRef{Group: p.Group, Slot: p.Page, Replicated: true}, lg.ReplicatedBytesPerPage)
+			}
+		}
+	}
+	all := sb.String()
+	for i, sp := range spans {
+		out[i].key = all[sp.at:sp.end]
 	}
 	return out, nil
 }

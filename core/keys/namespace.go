@@ -83,6 +83,11 @@ func appendShard(b []byte, world, rank int) []byte {
 // appendKey appends "{ns}/{model}/{shard}/lg{g}/t{T}b{bytes}/{hash}"; shard is written by
 // the caller-supplied world/rank, or is ReplicatedShard when world < 0.
 func (n Namespace) appendKey(b []byte, world, rank, group, tokensPerBlock int, bytesPerPage uint64, h *[2 * HashSize]byte) []byte {
+	return append(n.appendKeyPrefix(b, world, rank, group, tokensPerBlock, bytesPerPage), h[:]...)
+}
+
+// appendKeyPrefix appends appendKey's key without the hash: everything up to its last '/'.
+func (n Namespace) appendKeyPrefix(b []byte, world, rank, group, tokensPerBlock int, bytesPerPage uint64) []byte {
 	b = append(b, n.ns()...)
 	b = append(b, '/')
 	b = append(b, n.ModelKey...)
@@ -98,8 +103,24 @@ func (n Namespace) appendKey(b []byte, world, rank, group, tokensPerBlock int, b
 	b = strconv.AppendInt(b, int64(tokensPerBlock), 10)
 	b = append(b, 'b')
 	b = strconv.AppendUint(b, bytesPerPage, 10)
-	b = append(b, '/')
-	return append(b, h[:]...)
+	return append(b, '/')
+}
+
+// PageKeyPrefix is PageKey without the hash: the key of block h is the prefix followed by
+// AppendHex's hex of h. Callers that build many keys of one group compute it once.
+func (n Namespace) PageKeyPrefix(group, tokensPerBlock int, bytesPerPage uint64) string {
+	return string(n.appendKeyPrefix(nil, n.AttentionWorldSize(), n.AttentionRank(), group, tokensPerBlock, bytesPerPage))
+}
+
+// ReplicatedPageKeyPrefix is ReplicatedPageKey without the hash, as PageKeyPrefix.
+func (n Namespace) ReplicatedPageKeyPrefix(group, tokensPerBlock int, bytesPerPage uint64) string {
+	return string(n.appendKeyPrefix(nil, -1, 0, group, tokensPerBlock, bytesPerPage))
+}
+
+// AppendHex appends h in lowercase hex, as a key ends.
+func AppendHex(b []byte, h Hash) []byte {
+	x := hexOf(h)
+	return append(b, x[:]...)
 }
 
 func hexOf(h Hash) (x [2 * HashSize]byte) {
