@@ -285,12 +285,17 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 			return res, err
 		}
 		m := sample.Start()
-		keys := make([]string, 0, batch)
+		// A batch read in place takes pages by bytes, not by count: room for what is left.
+		room := batch
+		if view != nil {
+			room = min(len(items)-next, directBatchMaxPages)
+		}
+		keys := make([]string, 0, room)
 		var bufs [][]byte
 		if view == nil {
 			bufs = make([][]byte, 0, batch)
 		}
-		owners := make([]*pageIO, 0, batch)
+		owners := make([]*pageIO, 0, room)
 		for bytes := 0; next < len(items) && !full(len(keys), bytes); next++ {
 			it := &items[next]
 			if res.failed[it.req] {
@@ -334,10 +339,13 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 
 		srcs := make([][]byte, 0, len(keys))
 		refs := make([]kvmem.PageRef, 0, len(keys))
+		checked := v != nil && v.Sums != nil // a deferred view: the GPU checks what it copies
 		var sums []uint64
 		var idx []int
-		checked := v != nil && v.Sums != nil // a deferred view: the GPU checks what it copies
 		var scatteredOwners []*pageIO
+		if checked {
+			sums, idx, scatteredOwners = make([]uint64, 0, len(keys)), make([]int, 0, len(keys)), make([]*pageIO, 0, len(keys))
+		}
 		for i, it := range owners {
 			if len(got) == len(keys) && got[i] == int64(it.size) && len(bufs) == len(keys) && len(bufs[i]) == it.size {
 				srcs = append(srcs, bufs[i])
