@@ -109,26 +109,23 @@ func (m *timedMover) PageCheckError() error {
 // ScatterChecked times the copies and the launch of the check (what the loading goroutine
 // waits for), as Scatter is timed.
 func (m *timedMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kvmem.PageRef, sums []uint64) (func() ([]bool, error), error) {
-	t0 := time.Now()
-	wait, err := m.Mover.(kvmem.PageChecker).ScatterChecked(ctx, src, pages, sums)
+	defer m.countChecked(time.Now())
+	return m.Mover.(kvmem.PageChecker).ScatterChecked(ctx, src, pages, sums)
+}
+
+// countChecked counts a checked scatter that started at t0.
+func (m *timedMover) countChecked(t0 time.Time) {
 	m.mu.Lock()
 	m.scatters++
 	m.checked++
 	m.busy += time.Since(t0)
 	m.mu.Unlock()
-	return wait, err
 }
 
 // IssueChecked times the issue of a checked scatter that is not waited for.
 func (m *timedMover) IssueChecked(ctx context.Context, src [][]byte, pages []kvmem.PageRef, sums []uint64) (func() ([]bool, error), error) {
-	t0 := time.Now()
-	wait, err := m.Mover.(kvmem.AsyncPageChecker).IssueChecked(ctx, src, pages, sums)
-	m.mu.Lock()
-	m.scatters++
-	m.checked++
-	m.busy += time.Since(t0)
-	m.mu.Unlock()
-	return wait, err
+	defer m.countChecked(time.Now())
+	return m.Mover.(kvmem.AsyncPageChecker).IssueChecked(ctx, src, pages, sums)
 }
 
 func (m *timedMover) GPUTime() kvmem.GPUTime { return m.Mover.(kvmem.GPUTimer).GPUTime() }
