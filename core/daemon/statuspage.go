@@ -327,6 +327,7 @@ svg .grid { stroke: var(--muted); stroke-width: 1; stroke-dasharray: 4 4; opacit
 <tr><th>phase</th><th class="n">wall</th><th class="n">cpu</th><th class="n">share</th></tr>
 {{range .Phases}}<tr><td>{{.Name}}</td><td class="n" data-phase="{{.Name}}" data-value="{{f .Wall}}">{{secs .Wall}}</td><td class="n">{{secs .CPU}}</td><td class="n">{{pct1 .Share}}</td></tr>
 {{end}}</table>
+{{if or .Stats.Loads.GPUCopySeconds .Stats.Loads.GPUCheckSeconds}}<p id="gpu-time" data-copy="{{f .Stats.Loads.GPUCopySeconds}}" data-check="{{f .Stats.Loads.GPUCheckSeconds}}">GPU's own time on checked pages: {{secs .Stats.Loads.GPUCopySeconds}} copying, {{secs .Stats.Loads.GPUCheckSeconds}} checking after the copies</p>{{end}}
 </section>
 <section class="wide">
 <h2>Engines (<span id="engine-count" data-value="{{len .Engines}}">{{len .Engines}}</span>)</h2>
