@@ -199,13 +199,7 @@ func TestPromptArenaLookup(t *testing.T) {
 	if got, err := call(false, "after", 0, &enginepb.Request{TokensArena: whole}); err != nil || got != (len(toks)-1)/T*T {
 		t.Errorf("lookup after the refusals: %d, %v", got, err)
 	}
-	res, err := e.Run(ctx, renamed(reqs, "-again"), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.MatchedTokens == 0 {
-		t.Errorf("second run matched nothing: %+v", res)
-	}
+	warmRun(ctx, t, e, reqs, "-again", "second run")
 }
 
 // TestPromptArenaBelongsToItsEngine checks who may register and use an arena: a lookup of an
@@ -349,13 +343,7 @@ func TestPromptArenaRefusesMemory(t *testing.T) {
 	if _, err := def.Run(ctx, reqs, 0); err != nil {
 		t.Fatal(err)
 	}
-	res, err := def.Run(ctx, renamed(reqs, "-warm"), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.MatchedTokens == 0 || res.LoadedBlocks == 0 {
-		t.Errorf("warm run over packed prompts matched nothing: %+v", res)
-	}
+	warmRun(ctx, t, def, reqs, "-warm", "warm run over packed prompts")
 	if a, err := def.Remote(0).PromptArena(ctx); a != nil || status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "above the limit") {
 		t.Errorf("arena over the daemon's limit: %v, %v; want the refusal", a, err)
 	}

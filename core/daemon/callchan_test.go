@@ -238,13 +238,7 @@ func TestCallChannelMatchesGRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	startLoads := callsOf("StartLoad")
-	res, err := e2.Run(ctx, renamed(reqs, "-warm"), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.LoadedBlocks == 0 || res.MatchedTokens == 0 {
-		t.Errorf("warm run over call channels loaded nothing: %+v", res)
-	}
+	warmRun(ctx, t, e2, reqs, "-warm", "warm run over call channels")
 	if callsOf("StartLoad") <= startLoads {
 		t.Error("the run made no StartLoad")
 	}
@@ -683,13 +677,7 @@ func TestCallChannelPeerVanishes(t *testing.T) {
 	sendMsg(t, ch, enginepb.CallChannelMethod_CALL_CHANNEL_METHOD_START_LOAD, 1, mustMarshal(t, &enginepb.EngineRef{Engine: "vanish/rank0"}))
 	_ = ch.Close()
 	waitFor(t, "the vanished channel to close", func() bool { return channelsGauge(t, r) == base })
-	res, err := e.Run(ctx, renamed(reqs, "-again"), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.LoadedBlocks == 0 {
-		t.Errorf("warm run after a channel vanished loaded nothing: %+v", res)
-	}
+	warmRun(ctx, t, e, reqs, "-again", "warm run after a channel vanished")
 }
 
 // FuzzCallChannel feeds arbitrary frames to a live call channel of a real daemon. The input is
@@ -826,13 +814,7 @@ func TestCallChannelVanishesMidStartLoad(t *testing.T) {
 		t.Errorf("the engine's connection after the channel vanished: %v", err)
 	}
 	fresh := arenaEngine(t, r.Info.Socket, "fresh", nil)
-	res, err := fresh.Run(ctx, renamed(reqs, "-fresh"), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.LoadedBlocks == 0 {
-		t.Errorf("a fresh engine after the vanished StartLoad loaded nothing: %+v", res)
-	}
+	warmRun(ctx, t, fresh, reqs, "-fresh", "a fresh engine after the vanished StartLoad")
 }
 
 // TestCallChannelLimitsValidated pins the call channel limits' defaults and refuses values New

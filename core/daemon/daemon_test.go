@@ -346,6 +346,21 @@ func TestSeveralEngines(t *testing.T) {
 	}
 }
 
+// warmRun runs reqs again under new ids (renamed) on e, whose pages an earlier run saved, and
+// checks that the run matched and loaded part of every prompt's prefix; what names the run in
+// failures.
+func warmRun(ctx context.Context, t *testing.T, e *enginesim.Engine, reqs []enginesim.Request, suffix, what string) enginesim.Result {
+	t.Helper()
+	res, err := e.Run(ctx, renamed(reqs, suffix), 0)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	if res.MatchedTokens == 0 || res.LoadedBlocks == 0 {
+		t.Errorf("%s matched or loaded nothing: %+v", what, res)
+	}
+	return res
+}
+
 func renamed(reqs []enginesim.Request, suffix string) []enginesim.Request {
 	out := make([]enginesim.Request, len(reqs))
 	for i, q := range reqs {

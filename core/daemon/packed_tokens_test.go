@@ -102,13 +102,7 @@ func TestPackedTokensLookup(t *testing.T) {
 	}
 	// Still serving, and the refused requests left nothing behind: the engine runs its prompts
 	// again and loads every offerable block.
-	res, err := e.Run(ctx, renamed(reqs, "-again"), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.MatchedTokens == 0 {
-		t.Errorf("second run matched nothing: %+v", res)
-	}
+	warmRun(ctx, t, e, reqs, "-again", "second run")
 }
 
 // TestPlainGRPCClient checks that an engine using stock gRPC (default codec, windows and buffer
