@@ -3,13 +3,14 @@ package engineapi
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"runtime/debug"
 	"slices"
 	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvctl/kvctl/core/kvmem"
 )
 
 // A prompt arena is shared memory an engine writes its prompts into, so that a Lookup names a
@@ -62,7 +63,7 @@ func CopyArenaTokens(dst []int64, arena []byte, offset, count uint64, maxTokens 
 		return dst[:0], nil
 	}
 	src := arena[offset : offset+count*TokenBytes]
-	defer recoverArenaFault(&err, debug.SetPanicOnFault(true))
+	defer kvmem.RecoverFault(&err, debug.SetPanicOnFault(true), ErrArenaFault)
 	if littleEndian && cap(dst) < n {
 		// A new array filled by the copy itself: append to a nil slice allocates without
 		// clearing first, where make would clear 8 bytes a token only to overwrite them.
@@ -78,24 +79,6 @@ func CopyArenaTokens(dst []int64, arena []byte, offset, count uint64, maxTokens 
 		return dst, nil
 	}
 	return UnpackTokens(dst, src)
-}
-
-// recoverArenaFault turns a memory fault during a copy out of an arena into ErrArenaFault; see
-// hostmem's recoverFault, which it mirrors.
-func recoverArenaFault(err *error, old bool) {
-	debug.SetPanicOnFault(old)
-	v := recover()
-	if v == nil {
-		return
-	}
-	if re, ok := v.(interface {
-		runtime.Error
-		Addr() uintptr
-	}); ok {
-		*err = fmt.Errorf("%w at address %#x: %w", ErrArenaFault, re.Addr(), re)
-		return
-	}
-	panic(v)
 }
 
 // PromptArena is an engine's side of a prompt arena: a memfd sealed against shrinking and

@@ -50,7 +50,7 @@ func BenchmarkFaultGuard(b *testing.B) {
 	src, dst := make([]byte, 64<<10), make([]byte, 64<<10)
 	plain := func() error { copy(dst, src); return nil }
 	guarded := func() (err error) {
-		defer recoverFault(&err, debug.SetPanicOnFault(true))
+		defer kvmem.RecoverFault(&err, debug.SetPanicOnFault(true), ErrMemoryFault)
 		copy(dst, src)
 		return nil
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -132,7 +131,7 @@ func (h *hostMover) Gather(ctx context.Context, pages []kvmem.PageRef, dst [][]b
 	if err := h.check(ctx); err != nil {
 		return err
 	}
-	defer recoverFault(&err, debug.SetPanicOnFault(true))
+	defer kvmem.RecoverFault(&err, debug.SetPanicOnFault(true), ErrMemoryFault)
 	mem := h.mem.data
 	return kvmem.WalkPages(h.layout, pages, dst, func(p int, eo, vo, n uint64) {
 		copy(dst[p][vo:vo+n], mem[eo:eo+n])
@@ -143,7 +142,7 @@ func (h *hostMover) Scatter(ctx context.Context, src [][]byte, pages []kvmem.Pag
 	if err := h.check(ctx); err != nil {
 		return err
 	}
-	defer recoverFault(&err, debug.SetPanicOnFault(true))
+	defer kvmem.RecoverFault(&err, debug.SetPanicOnFault(true), ErrMemoryFault)
 	mem := h.mem.data
 	return kvmem.WalkPages(h.layout, pages, src, func(p int, eo, vo, n uint64) {
 		copy(mem[eo:eo+n], src[p][vo:vo+n])
@@ -153,29 +152,6 @@ func (h *hostMover) Scatter(ctx context.Context, src [][]byte, pages []kvmem.Pag
 // ErrMemoryFault is wrapped by a copy's error when touching engine memory faulted (SIGBUS: the
 // file under the mapping lost pages). The copy fails; the process does not.
 var ErrMemoryFault = errors.New("engine memory fault")
-
-// recoverFault turns a memory fault during a copy into ErrMemoryFault. Use it as
-//
-//	defer recoverFault(&err, debug.SetPanicOnFault(true))
-//
-// so that the goroutine panics on a fault (instead of the process dying) for the copy's
-// duration; it restores the previous setting and recovers only the runtime's fault panics.
-func recoverFault(err *error, old bool) {
-	debug.SetPanicOnFault(old)
-	v := recover()
-	if v == nil {
-		return
-	}
-	// A fault under SetPanicOnFault panics with a runtime.Error that also says where.
-	if re, ok := v.(interface {
-		runtime.Error
-		Addr() uintptr
-	}); ok {
-		*err = fmt.Errorf("%w at address %#x: %w", ErrMemoryFault, re.Addr(), re)
-		return
-	}
-	panic(v)
-}
 
 func (h *hostMover) NewStaging(slots int, slotBytes int) (kvmem.Staging, error) {
 	if h.closed {
