@@ -112,6 +112,8 @@ type cudaMover struct {
 	// startEvent, when set, is recorded on the first stream before the next copies are issued,
 	// once (markStart): the start of a checked scatter as the device sees it.
 	startEvent uintptr
+	// wakeDesc holds the one empty copy WakeDevice launches the copy kernel over.
+	wakeDesc *PinnedBuffer
 
 	mu     sync.Mutex
 	closed bool
@@ -493,6 +495,10 @@ func (m *cudaMover) Close() error {
 		errs = append(errs, m.bounce.Close())
 	}
 	errs = append(errs, m.freeChecks(), m.freeCopies())
+	if m.wakeDesc != nil {
+		errs = append(errs, m.wakeDesc.Close())
+		m.wakeDesc = nil
+	}
 	if e := m.descIssued; e != 0 {
 		m.t.do(func() { errs = append(errs, cuErr("cuEventDestroy", C.kvEventDestroy(C.uintptr_t(e)))) })
 		m.descIssued = 0

@@ -306,6 +306,13 @@ func (m *cudaMover) initChecks() {
 		m.checks.err = err
 		return
 	}
+	// The check kernel writes each digest into pinned host memory at its host address.
+	const attrUnified, attrHostPointer = 41, 91 // CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, _CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
+	var unified, hostPointer C.int
+	if C.kvDeviceAttr(&unified, attrUnified, m.d.dev) != 0 || C.kvDeviceAttr(&hostPointer, attrHostPointer, m.d.dev) != 0 || unified == 0 || hostPointer == 0 {
+		m.checks.err = fmt.Errorf("%w: the device cannot address pinned host memory at its host address (unified addressing %d, host pointers for registered memory %d)", errNotCheckable, unified, hostPointer)
+		return
+	}
 	if err := m.d.sums.load(m.d.dev); err != nil {
 		m.checks.err = err
 		return
@@ -451,14 +458,23 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 	// and only the last chunk's check is left when the copies are done.
 	ends := checkChunkEnds(src)
 	launched := false
-	// The descriptors go to device memory once, before the first chunk's check, and the digests
-	// come back after the last. (Kernels reading and writing them in mapped host memory instead
-	// slowed a 180 MiB batch's copies by 6 %, BenchmarkCUDACheckSteps.)
+	// The descriptors go to device memory once, while the first chunk is copied: kernels that
+	// read them in mapped host memory instead slowed a 180 MiB batch's copies by 6 %
+	// (BenchmarkCUDACheckSteps), for every stripe looks its piece up. The digests, 8 bytes a
+	// page written once, go straight into the set's host buffer through the device's mapping of
+	// it (the same address under unified addressing), which saves a copy after the last kernel.
 	host := C.uintptr_t(ptrOf(buf))
-	descs, digests := C.uint64_t(set.dev), C.uint64_t(set.dev)+C.uint64_t(outAt)
+	descs, digests := C.uint64_t(set.dev), host+C.uint64_t(outAt)
 	secret := unsafe.Pointer(&c.secret[0])
 	queued := func(k, ns int) error {
 		s := C.uintptr_t(c.stream)
+		if k == 0 {
+			// Before the waits below, so the descriptors travel while the copies run.
+			describe()
+			if err := cuErr("cuMemcpyHtoDAsync", C.kvCopyHtoDAsync(descs, host, C.size_t(outAt), s)); err != nil {
+				return err
+			}
+		}
 		for i := range ns {
 			ev := C.uintptr_t(c.copied[i])
 			if err := cuErr("cuEventRecord", C.kvEventRecord(ev, C.uintptr_t(m.streams[i]))); err != nil {
@@ -472,12 +488,6 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 		if last {
 			_ = C.kvEventRecord(C.uintptr_t(set.copied), s)
 			trace(checkWaited, s)
-		}
-		if k == 0 {
-			describe()
-			if err := cuErr("cuMemcpyHtoDAsync", C.kvCopyHtoDAsync(descs, host, C.size_t(outAt), s)); err != nil {
-				return err
-			}
 		}
 		launched = true
 		if last {
@@ -509,10 +519,7 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 			return nil
 		}
 		trace(checkFinished, s)
-		if err := cuErr("cuMemcpyDtoHAsync", C.kvCopyDtoHAsync(host+C.uintptr_t(outAt), digests, C.size_t(8*len(pages)), s)); err != nil {
-			return err
-		}
-		trace(checkDigests, s)
+		trace(checkDigests, s) // written by kvPageFinish into the host buffer
 		_ = C.kvEventRecord(C.uintptr_t(set.checked), s)
 		return cuErr("cuEventRecord", C.kvEventRecord(C.uintptr_t(set.done), s))
 	}
@@ -813,6 +820,40 @@ func (m *cudaMover) kernelScatters(pieces uint64, src [][]byte) bool {
 	}
 	return total < kernelCopyBelow*pieces
 }
+
+// WakeDevice implements kvmem.DeviceWaker: it launches the copy kernel over one empty copy
+// (its descriptor in pinned host memory, read through the device's mapping) on the first
+// stream, where the batch's copies follow. On a GPU another process used last (an engine's
+// kernels), the device switches to this process's context for it, and that switch, with the
+// driver's first calls after an idle spell, then overlaps the host's work on the batch rather
+// than delaying its first copy (docs/perf/serve-gpu.md). It does not wait for the kernel.
+func (m *cudaMover) WakeDevice() error {
+	if m.closed {
+		return kvmem.ErrClosed
+	}
+	if m.d.sums.copyFn == 0 {
+		return nil // no copy kernel: nothing cheap to launch, and the copies start the device
+	}
+	if m.wakeDesc == nil {
+		b, err := m.d.AllocPinned(64, false)
+		if err != nil {
+			return fmt.Errorf("wake device: %w", err)
+		}
+		clear(b.Bytes()) // an empty copy: source, destination and length 0
+		m.wakeDesc = b
+	}
+	var err error
+	desc := C.uint64_t(ptrOf(m.wakeDesc.Bytes()))
+	m.t.do(func() {
+		err = cuErr("cuLaunchKernel", C.kvLaunchCopies(C.uintptr_t(m.d.sums.copyFn), 1, C.uintptr_t(m.streams[0]), desc))
+	})
+	if err != nil {
+		return fmt.Errorf("wake device: %w", err)
+	}
+	return nil
+}
+
+var _ kvmem.DeviceWaker = (*cudaMover)(nil)
 
 // growCopies makes the copy kernel's descriptor buffers hold n copies of at most copyChunk
 // bytes. Nothing may be reading them.

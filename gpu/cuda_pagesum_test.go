@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -555,6 +556,86 @@ func TestCUDAIssueChecked(t *testing.T) {
 						t.Fatalf("slot %d region %d holds other bytes than were scattered into it", s, r)
 					}
 				}
+			}
+		})
+	}
+}
+
+// TestCUDAWakeDevice: waking the device queues nothing a transfer notices. Woken (twice) before
+// each of several checked scatters, on the stream the copies use, every page lands and passes
+// its check, a page with a wrong digest still fails, and a closed mover refuses to wake.
+func TestCUDAWakeDevice(t *testing.T) {
+	l := checkLayout()
+	d := openCUDA(t)
+	mem, err := d.AllocDeviceMemory(layoutBytes(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	for _, kernel := range []bool{true, false} {
+		t.Run(fmt.Sprintf("kernel=%v", kernel), func(t *testing.T) {
+			m, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{Scatter: scatterPath(kernel)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w, ok := m.(kvmem.DeviceWaker)
+			if !ok {
+				t.Fatal("the CUDA mover is not a DeviceWaker")
+			}
+			pc := m.(kvmem.PageChecker)
+			rng := rand.New(rand.NewPCG(5, 6))
+			ctx := context.Background()
+			const n = 200
+			// From pinned memory, as loads from the pool copy: the copies queue on the stream
+			// the device was woken on.
+			pinned, err := d.AllocPinned(n<<16, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pinned.Close()
+			refs := make([]kvmem.PageRef, n)
+			src := make([][]byte, n)
+			sums := make([]uint64, n)
+			for i := range refs {
+				refs[i] = kvmem.PageRef{Group: 1, Slot: i}
+				src[i] = pinned.Bytes()[i<<16 : (i+1)<<16]
+				for j := range src[i] {
+					src[i][j] = byte(rng.Uint32())
+				}
+				sums[i] = xxh3.Hash(src[i])
+			}
+			for round := range 3 {
+				for range 2 {
+					if err := w.WakeDevice(); err != nil {
+						t.Fatalf("round %d: wake: %v", round, err)
+					}
+				}
+				bad := round == 2
+				if bad {
+					sums[17] ^= 1
+				}
+				got, err := scatterChecked(ctx, pc, src, refs, sums)
+				if err != nil {
+					t.Fatalf("round %d: %v", round, err)
+				}
+				for i, b := range got {
+					if b != (bad && i == 17) {
+						t.Fatalf("round %d: page %d bad=%v", round, i, b)
+					}
+				}
+				back := [][]byte{make([]byte, 64<<10)}
+				if err := m.Gather(ctx, refs[n-1:], back); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(back[0], src[n-1]) {
+					t.Fatalf("round %d: the last page did not land", round)
+				}
+			}
+			if err := m.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.WakeDevice(); !errors.Is(err, kvmem.ErrClosed) {
+				t.Fatalf("wake after close = %v, want kvmem.ErrClosed", err)
 			}
 		})
 	}

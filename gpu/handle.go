@@ -133,7 +133,16 @@ func (o *ownedMover) GPUTime() kvmem.GPUTime {
 	return kvmem.GPUTime{}
 }
 
+// WakeDevice passes the wrapped mover's DeviceWaker through (nothing to do when it has none).
+func (o *ownedMover) WakeDevice() error {
+	if w, ok := o.Mover.(kvmem.DeviceWaker); ok {
+		return w.WakeDevice()
+	}
+	return nil
+}
+
 var (
+	_ kvmem.DeviceWaker      = (*ownedMover)(nil)
 	_ kvmem.HostRegistrar    = (*ownedMover)(nil)
 	_ kvmem.AsyncPageChecker = (*ownedMover)(nil)
 	_ kvmem.GPUTimer         = (*ownedMover)(nil)

@@ -52,3 +52,29 @@ func TestOwnedMoverPassesCapabilitiesThrough(t *testing.T) {
 		t.Fatalf("close: %v, released %v", err, released)
 	}
 }
+
+// wakingMover counts the times its device is woken.
+type wakingMover struct {
+	registrarMover
+	woken int
+}
+
+func (m *wakingMover) WakeDevice() error { m.woken++; return nil }
+
+// TestOwnedMoverPassesWakeThrough: loads through kvctl serve wake the device through the wrapper
+// OpenMover puts around a CUDA mover; over a mover with no device to wake, waking does nothing.
+func TestOwnedMoverPassesWakeThrough(t *testing.T) {
+	inner := &wakingMover{}
+	var m kvmem.Mover = newOwnedMover(inner, func() error { return nil })
+	w, ok := m.(kvmem.DeviceWaker)
+	if !ok {
+		t.Fatal("ownedMover hides DeviceWaker")
+	}
+	if err := w.WakeDevice(); err != nil || inner.woken != 1 {
+		t.Fatalf("wake through the wrapper: %v, %d wakes reached the mover", err, inner.woken)
+	}
+	plain := newOwnedMover(&registrarMover{}, func() error { return nil })
+	if err := plain.WakeDevice(); err != nil {
+		t.Fatalf("wake over a mover with no device to wake: %v", err)
+	}
+}

@@ -130,6 +130,13 @@ func (m *timedMover) IssueChecked(ctx context.Context, src [][]byte, pages []kvm
 
 func (m *timedMover) GPUTime() kvmem.GPUTime { return m.Mover.(kvmem.GPUTimer).GPUTime() }
 
+func (m *timedMover) WakeDevice() error {
+	if w, ok := m.Mover.(kvmem.DeviceWaker); ok {
+		return w.WakeDevice()
+	}
+	return nil
+}
+
 func (m *timedMover) RegisterHost(mem []byte) (io.Closer, error) {
 	return m.Mover.(kvmem.HostRegistrar).RegisterHost(mem)
 }
@@ -281,7 +288,8 @@ func scatterMode(mode string) gpu.ScatterPath {
 // BatchView); "nocheck" is the in-place load with no check at all (uncheckedPool); "staged"
 // copies through pinned staging (StagedTransfers). "load=NMiB" loads only the first N MiB of
 // pages; "idle=D" leaves the GPU idle for D before each load; "oneissue" issues a checked load's
-// pages in one batch instead of a quarter first and the rest queued behind it.
+// pages in one batch instead of a quarter first and the rest queued behind it; "nowake" leaves
+// the GPU alone until the load's first copy (wakeDeviceOff).
 func BenchmarkGPULoad(b *testing.B) {
 	for _, page := range gpuBenchPages {
 		for _, mode := range []string{"direct", "direct,engines", "direct,kernel", "direct,hostcheck", "direct,nocheck", "direct,nocheck,engines", "direct,batch=8MiB", "direct,batch=16MiB", "direct,batch=32MiB", "direct,batch=64MiB",
@@ -291,13 +299,18 @@ func BenchmarkGPULoad(b *testing.B) {
 			"direct,engines,load=12MiB", "direct,engines,load=12MiB,idle=30ms",
 			"direct,nocheck,load=12MiB", "direct,hostcheck,load=12MiB", "direct,nocheck,load=48MiB",
 			"direct,oneissue,load=12MiB", "direct,oneissue,load=48MiB", "direct,oneissue,load=12MiB,idle=30ms", "direct,oneissue,load=48MiB,idle=30ms",
-			"direct,nocheck,load=12MiB,idle=30ms", "direct,nocheck,load=48MiB,idle=30ms"} {
+			"direct,nocheck,load=12MiB,idle=30ms", "direct,nocheck,load=48MiB,idle=30ms",
+			"direct,nowake,load=12MiB", "direct,nowake,load=12MiB,idle=30ms", "direct,nowake,load=48MiB", "direct,nowake,load=48MiB,idle=30ms",
+			"direct,nocheck,nowake,load=12MiB", "direct,nocheck,nowake,load=12MiB,idle=30ms"} {
 			b.Run(fmt.Sprintf("%dKiB/%s", page>>10, mode), func(b *testing.B) {
 				defer setDirectBatch(mode)()
 				gpuPageChecksOff = strings.Contains(mode, "hostcheck")
 				issuedFirstBatchOff = strings.Contains(mode, "oneissue")
+				wakeDeviceOff = strings.Contains(mode, "nowake")
 				benchScatterPath = scatterMode(mode)
-				defer func() { gpuPageChecksOff, issuedFirstBatchOff, benchScatterPath = false, false, gpu.ScatterAuto }()
+				defer func() {
+					gpuPageChecksOff, issuedFirstBatchOff, wakeDeviceOff, benchScatterPath = false, false, false, gpu.ScatterAuto
+				}()
 				g := newGPUBench(b, page)
 				pool := gpuPool(b, mode)
 				opts := benchOptions()

@@ -310,28 +310,35 @@ func TestGPUIssuedLoad(t *testing.T) {
 	checkCorruptLoad(t, w, pool, m.hostMover, src, n, corrupt)
 }
 
-// TestGPUIssuedLoadFewPages: a load of fewer pages than issuedSplitMinPages is scattered and
-// checked in one batch that is waited for, as with a mover that cannot queue.
+// TestGPUIssuedLoadFewPages: a load of fewer pages than issuedSplitMinPages is queued in one
+// batch (its check's wait is the load's only wait on the device), read before the load returns,
+// and fails exactly the request whose page was corrupted in the pool.
 func TestGPUIssuedLoadFewPages(t *testing.T) {
 	const n = 8
 	pool := newEmbPool(t, 4<<20)
 	l := testLayout(32)
-	saveDirectPages(t, pool, l, n)
+	src := saveDirectPages(t, pool, l, n)
+	corrupt := map[int]bool{3: true}
+	if !pool.CorruptForTest(baseOptions().Namespace.PageKey(0, testT, l.Groups[0].BytesPerPage(), directHash(3))) {
+		t.Fatal("no stored page 3")
+	}
 	var batches []int
 	m := issuingMover{newCheckingMover(l), new(atomic.Int32), &batches}
 	w := registeredWorker(t, pool, m, l)
 	var reqs []RequestTransfers
 	for i := range n {
-		reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%02d", i), Pages: []PageTransfer{{Hash: directHash(i), Group: 0, Page: 16 + i}}})
+		reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%02d", i), Pages: []PageTransfer{
+			{Hash: directHash(i), Group: 0, Page: 16 + i}, {Hash: directHash(i), Group: 1, Page: 16 + i}}})
 	}
 	w.BindMeta(Metadata{Loads: reqs})
 	if err := w.StartLoad(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if m.issued.Load() != 0 || m.calls.Load() != 1 {
-		t.Fatalf("%d batches issued without waiting and %d waited for, want 0 and 1", m.issued.Load(), m.calls.Load())
+	if m.calls.Load() != 0 || len(batches) != 1 {
+		t.Fatalf("%d scatters waited for and batches of %v pages issued, want 0 and one batch", m.calls.Load(), batches)
 	}
-	if f := w.TakeFailedLoadRequests(); len(f) != 0 {
-		t.Fatalf("failed loads %v", f)
+	if p := m.pending.Load(); p != 0 {
+		t.Fatalf("%d checks not read when the load returned", p)
 	}
+	checkCorruptLoad(t, w, pool, m.hostMover, src, n, corrupt)
 }

@@ -262,11 +262,13 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 	// loads of many pages (on the H200, docs/perf/serve-gpu.md run 44: 768 pages of 64 KiB
 	// loaded 8–18 % faster; 192 pages of 64 KiB 2–13 % faster but of 256 KiB up to 5 % slower;
 	// 48 pages of 256 KiB 12–35 % slower, for the second batch's fixed cost).
+	// Such a mover queues every checked batch, a single one too: waiting for its check, which
+	// runs behind its copies, is then the load's only wait on the device.
 	issuer, _ := checker.(kvmem.AsyncPageChecker)
-	if deferred == nil || issuedFirstBatchOff || len(items) < issuedSplitMinPages {
+	if deferred == nil {
 		issuer = nil
 	}
-	if issuer != nil {
+	if issuer != nil && !issuedFirstBatchOff && len(items) >= issuedSplitMinPages {
 		var total int
 		for i := range items {
 			total += items[i].size
@@ -430,6 +432,24 @@ var (
 	issuedFirstBatchMin = 1 << 20
 	issuedSplitMinPages = 256
 )
+
+// wakeDeviceOff makes loads leave the device alone until their first copy; the GPU benchmarks
+// set it to compare.
+var wakeDeviceOff = false
+
+// wakeDevice wakes the mover's device, when it has one to wake (kvmem.DeviceWaker), as a load
+// begins: on the H200 a GPU an engine's kernels used last takes 0.06–0.13 ms to switch to the
+// daemon's context, and that switch then overlaps the load's keys and pool lookups instead of
+// following its first copy (docs/perf/serve-gpu.md). A device that fails to wake fails the
+// load's copies, which report it.
+func wakeDevice(mover kvmem.Mover) {
+	if wakeDeviceOff {
+		return
+	}
+	if w, ok := mover.(kvmem.DeviceWaker); ok {
+		_ = w.WakeDevice()
+	}
+}
 
 // gpuPageChecksOff makes loads check pages on the host even where the mover could check them
 // on the GPU; the GPU benchmarks set it to compare the two.

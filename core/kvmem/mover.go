@@ -98,5 +98,16 @@ type GPUTimer interface {
 	GPUTime() GPUTime
 }
 
+// DeviceWaker is implemented by movers whose device pays a start-up cost on the first work
+// after another process used it or after an idle spell (on a GPU: switching from another
+// process's context to this one, and the driver's first calls). A load calls WakeDevice as it
+// begins, before it looks its pages up, so the device pays that cost while the host prepares the
+// batch instead of after the first copy is issued.
+type DeviceWaker interface {
+	// WakeDevice queues a trivial piece of work on the device and returns without waiting for
+	// it. It changes no memory a transfer uses; an error only means the device was not woken.
+	WakeDevice() error
+}
+
 // ErrClosed is returned by a Mover used after Close.
 var ErrClosed = errors.New("mover is closed")
