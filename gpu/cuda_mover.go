@@ -377,12 +377,13 @@ func (m *cudaMover) issueEngines(toDevice bool, a, b int) (int, error) {
 	return ns, nil
 }
 
-// scatterChunks copies pages to the device from pinned memory in chunks, ends[k] being the page
-// after chunk k, all queued without waiting in between: after chunk k's copies are issued on
-// the first ns streams, queued(k, ns) runs (inside the mover's CUDA call), so work queued behind
-// one chunk runs while the next is copied. With wait it returns once every copy is done;
-// without, once they are queued (an error still waits, so nothing runs on return).
-func (m *cudaMover) scatterChunks(ctx context.Context, pages []kvmem.PageRef, src [][]byte, ends []int, queued func(k, ns int) error, wait bool) error {
+// scatterPieces copies pages to the device from pinned memory in chunks, the pages' regions
+// being m.pieces (in page order, as scatterChecked lists them) and ends[k] the page after chunk
+// k, all queued without waiting in between: after chunk k's copies are issued on the first ns
+// streams, queued(k, ns) runs (inside the mover's CUDA call), so work queued behind one chunk
+// runs while the next is copied. With wait it returns once every copy is done; without, once
+// they are queued (an error still waits, so nothing runs on return).
+func (m *cudaMover) scatterPieces(ctx context.Context, src [][]byte, ends []int, queued func(k, ns int) error, wait bool) error {
 	if m.closed {
 		return kvmem.ErrClosed
 	}
@@ -392,21 +393,20 @@ func (m *cudaMover) scatterChunks(ctx context.Context, pages []kvmem.PageRef, sr
 	m.reset()
 	defer m.reset()
 	starts := make([]int, len(ends)+1)
-	lo := 0
+	at := 0
 	for k, hi := range ends {
 		starts[k] = len(m.dev)
 		first := true
-		// The pages were checked by the caller, so this walk cannot fail.
-		_ = kvmem.WalkPages(m.layout, pages[lo:hi], src[lo:hi], func(p int, eo, vo, n uint64) {
-			dev, host := m.mem.ptr+eo, uint64(ptrOf(src[lo+p][vo:vo+n]))
+		for ; at < len(m.pieces) && m.pieces[at].page < hi; at++ {
+			pc := m.pieces[at]
+			dev, host := pc.addr, uint64(ptrOf(src[pc.page]))+pc.off
 			if first { // never merged into the previous chunk's last copy
-				m.dev, m.host, m.size = append(m.dev, dev), append(m.host, host), append(m.size, n)
+				m.dev, m.host, m.size = append(m.dev, dev), append(m.host, host), append(m.size, pc.len)
 				first = false
-				return
+				continue
 			}
-			m.add(dev, host, n)
-		})
-		lo = hi
+			m.add(dev, host, pc.len)
+		}
 	}
 	starts[len(ends)] = len(m.dev)
 	kernel := make([]bool, len(ends))

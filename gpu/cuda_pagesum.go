@@ -388,7 +388,12 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 	if len(sums) != len(pages) {
 		return nil, fmt.Errorf("%w: %d pages but %d checksums", kvmem.ErrBadPage, len(pages), len(sums))
 	}
-	if err := kvmem.WalkPages(m.layout, pages, src, nil); err != nil {
+	// One walk checks every reference and lists the regions, in page order: the check's
+	// descriptors and the copies are both made from it (scatterPieces).
+	m.pieces = m.pieces[:0]
+	if err := kvmem.WalkPages(m.layout, pages, src, func(p int, eo, vo, n uint64) {
+		m.pieces = append(m.pieces, checkPiece{page: p, addr: m.mem.ptr + eo, off: vo, len: n})
+	}); err != nil {
 		return nil, err
 	}
 	if len(pages) == 0 {
@@ -406,11 +411,6 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 		c.syncLocked(m, set.pending)
 	}
 	// The descriptors: kvPage per page, then kvPiece per region, then room for the digests.
-	// The walk above checked every reference, so this one cannot fail.
-	m.pieces = m.pieces[:0]
-	_ = kvmem.WalkPages(m.layout, pages, src, func(p int, eo, vo, n uint64) {
-		m.pieces = append(m.pieces, checkPiece{page: p, addr: m.mem.ptr + eo, off: vo, len: n})
-	})
 	piecesAt := len(pages) * pageDescBytes
 	outAt := piecesAt + len(m.pieces)*pieceDescBytes
 	need := outAt + 8*len(pages)
@@ -547,7 +547,7 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 		}
 	}
 	if pinned {
-		err = m.scatterChunks(ctx, pages, src, ends, queued, waitCopies)
+		err = m.scatterPieces(ctx, src, ends, queued, waitCopies)
 	} else {
 		// Through the bounce buffer, in one chunk.
 		ends = ends[len(ends)-1:]

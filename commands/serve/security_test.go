@@ -32,3 +32,37 @@ func TestSecurityFlags(t *testing.T) {
 		})
 	}
 }
+
+// TestCallChannelPollFlag pins --call-channel-poll: its name, its default of 0 (the daemon picks)
+// and that a negative value (off) and a too long one reach the config checks as given.
+func TestCallChannelPollFlag(t *testing.T) {
+	for _, tt := range []struct {
+		args string
+		want time.Duration
+		bad  bool
+	}{
+		{"", 0, false},
+		{"--call-channel-poll 500us", 500 * time.Microsecond, false},
+		{"--call-channel-poll=-1ns", -1, false},
+		{"--call-channel-poll 1s", time.Second, true},
+	} {
+		t.Run(tt.args, func(t *testing.T) {
+			var got *Options
+			cmd := NewCmdServe(cmdtest.Factory(), func(_ context.Context, o *Options) error { got = o; return nil })
+			if err := cmdtest.Execute(t, cmd, tt.args); err != nil {
+				t.Fatal(err)
+			}
+			if got.CallChannelPoll != tt.want {
+				t.Errorf("got %v, want %v", got.CallChannelPoll, tt.want)
+			}
+			s, diags := got.serveConfig()
+			bad := false
+			for _, d := range diags {
+				bad = bad || d.Path == config.ServeKeyCallChannelPoll
+			}
+			if s.CallChannelPoll != tt.want || bad != tt.bad {
+				t.Errorf("config %v, diagnostics %v; want %v, an error at %s %v", s.CallChannelPoll, diags, tt.want, config.ServeKeyCallChannelPoll, tt.bad)
+			}
+		})
+	}
+}

@@ -42,6 +42,7 @@ type Options struct {
 	DrainTimeout     time.Duration
 	MetricsAddr      string
 	EngineMetricsTTL time.Duration
+	CallChannelPoll  time.Duration
 	// Cluster holds the mooncake backend's flags (cluster.go).
 	Cluster config.ClusterKeys
 	// Security holds the flags of security.go (--engine-group, --max-conns, ...).
@@ -165,6 +166,7 @@ messages of kvctl validate-config.`,
 	cmdutil.DurationVar(fl, &opts.DrainTimeout, config.ServeKeyDrainTimeout, def.DrainTimeout, "how long a shutdown waits for queued saves")
 	fl.StringVar(&opts.MetricsAddr, config.ServeKeyMetricsAddr, "", "metrics and health listener `host:port` serving only /metrics, /healthz and /readyz (any address; empty turns it off)")
 	cmdutil.DurationVar(fl, &opts.EngineMetricsTTL, config.ServeKeyEngineMetricsTTL, def.EngineMetricsRetention, "how long the per-rank metric series of an engine that left are still exported")
+	cmdutil.DurationVar(fl, &opts.CallChannelPoll, config.ServeKeyCallChannelPoll, 0, "how long a call channel keeps polling for an engine's next call before it sleeps, so a burst of calls skips the kernel's wake-ups (0 = 200µs with 4 or more CPUs, else none; negative = none; at most 10ms)")
 	fl.StringVar(&opts.DisaggConfig, FlagDisaggConfig, "", "run the disaggregated front described by TensorRT-LLM's disagg_config.yaml `FILE` instead of the daemon")
 	addClusterFlags(fl, &opts.Cluster)
 	addSecurityFlags(cmd, opts)
@@ -179,7 +181,7 @@ func (o *Options) serveConfig() (config.ServeConfig, config.Diagnostics) {
 		Socket: o.Socket, AdminAddr: o.AdminAddr, AllowRemoteAdmin: o.AllowRemoteAdmin,
 		PoolBackend: o.PoolBackend, Pool: o.Pool, PoolSize: o.PoolSize, PoolPrefault: o.PoolPrefault,
 		LogLevel: o.LogLevel, LogFormat: o.LogFormat, StatsInterval: o.StatsInterval, DrainTimeout: o.DrainTimeout,
-		MetricsAddr: o.MetricsAddr, EngineMetricsRetention: o.EngineMetricsTTL,
+		MetricsAddr: o.MetricsAddr, EngineMetricsRetention: o.EngineMetricsTTL, CallChannelPoll: o.CallChannelPoll,
 		ClusterKeys:   o.Cluster,
 		ServeSecurity: o.Security,
 	}
@@ -310,6 +312,7 @@ func runServe(ctx context.Context, opts *Options) error {
 		AdminGrantsLeases:     sc.AdminGrantsLeases,
 		AdminLeaseRate:        sc.AdminLeaseRate,
 		DescriptorTTL:         sc.DescriptorTTL,
+		CallChannelPoll:       sc.CallChannelPoll,
 		Device:                gpu.CUDA{},
 	})
 	if err != nil {

@@ -34,6 +34,10 @@ type ServeConfig struct {
 	EngineMetricsRetention time.Duration `json:"engine-metrics-retention,omitempty" yaml:"engine-metrics-retention,omitempty"`
 	// PoolPrefault makes the embedded pool's memory resident at start (mooncake.Options.Prefault).
 	PoolPrefault bool `json:"pool-prefault,omitempty" yaml:"pool-prefault,omitempty"`
+	// CallChannelPoll is how long a call channel keeps polling for an engine's next call before
+	// it sleeps (daemon.Config.CallChannelPoll): 0 takes the default (200µs on a host with 4 or
+	// more CPUs, none on a smaller one), a negative value turns polling off.
+	CallChannelPoll time.Duration `json:"call-channel-poll,omitempty" yaml:"call-channel-poll,omitempty"`
 
 	// The mooncake backend's keys (cluster.go): the master, the metadata server, this host's
 	// address and donated memory, the transfer settings, and an existing mooncake.json.
@@ -59,7 +63,12 @@ const (
 	ServeKeyMetricsAddr        = "metrics-addr"
 	ServeKeyEngineMetricsTTL   = "engine-metrics-retention"
 	ServeKeyDisaggConfig       = "disagg-config"
+	ServeKeyCallChannelPoll    = "call-channel-poll"
 )
+
+// MaxCallChannelPoll is the longest call channel poll window a config may ask for: a longer one
+// keeps a core busy well past an engine's burst of calls.
+const MaxCallChannelPoll = 10 * time.Millisecond
 
 // globalKeys are kvctl's global flags, which may share the config file with serve's keys.
 var globalKeys = []string{"output", "no-color"}
@@ -68,7 +77,7 @@ var globalKeys = []string{"output", "no-color"}
 func ServeKeys() []string {
 	return append([]string{ServeKeySocket, ServeKeyAdminAddr, ServeKeyPoolBackend, ServeKeyPool, ServeKeyPoolSize, ServeKeyPoolPrefault,
 		ServeKeyStagingBufferBytes, ServeKeyLogLevel, ServeKeyLogFormat, ServeKeyStatsInterval,
-		ServeKeyAllowRemoteAdmin, ServeKeyDrainTimeout, ServeKeyMetricsAddr, ServeKeyEngineMetricsTTL, ServeKeyDisaggConfig,
+		ServeKeyAllowRemoteAdmin, ServeKeyDrainTimeout, ServeKeyMetricsAddr, ServeKeyEngineMetricsTTL, ServeKeyCallChannelPoll, ServeKeyDisaggConfig,
 		ServeKeyMaster, ServeKeyMetadata, ServeKeyHostAddress, ServeKeyLocalBufferSize, ServeKeyProtocol,
 		ServeKeyDeviceName, ServeKeyMooncakeConfig, ServeKeyPoolTimeout, ServeKeyMasterAdmin, ServeKeyTransferPort}, serveSecurityKeys()...)
 }
@@ -179,6 +188,10 @@ func (s ServeConfig) validate(d *dec) {
 	if s.StatsInterval < 0 {
 		d.at(SeverityError, ServeKeyStatsInterval, "must not be negative", "0 turns stats off")
 	}
+	if s.CallChannelPoll > MaxCallChannelPoll {
+		d.at(SeverityError, ServeKeyCallChannelPoll, fmt.Sprintf("%v is longer than the most, %v: a call channel would keep a core busy long after an engine's calls", s.CallChannelPoll, MaxCallChannelPoll),
+			"0 takes the default (200µs with 4 or more CPUs), a negative value turns polling off")
+	}
 	s.validateSecurity(d)
 }
 
@@ -213,6 +226,9 @@ func decodeServe(d *dec, root *node, otherKeys []string) *ServeConfig {
 	o.str(ServeKeyDisaggConfig, &s.DisaggConfig, true)
 	if n := o.field(ServeKeyEngineMetricsTTL); n != nil && !isNull(n) {
 		s.EngineMetricsRetention = readDuration(o, ServeKeyEngineMetricsTTL, n)
+	}
+	if n := o.field(ServeKeyCallChannelPoll); n != nil && !isNull(n) {
+		s.CallChannelPoll = readDuration(o, ServeKeyCallChannelPoll, n)
 	}
 	if v, ok := o.boolv(ServeKeyAllowRemoteAdmin, boolStrict); ok {
 		s.AllowRemoteAdmin = v

@@ -437,18 +437,24 @@ var (
 // set it to compare.
 var wakeDeviceOff = false
 
-// wakeDevice wakes the mover's device, when it has one to wake (kvmem.DeviceWaker), as a load
-// begins: on the H200 a GPU an engine's kernels used last takes 0.06–0.13 ms to switch to the
-// daemon's context, and that switch then overlaps the load's keys and pool lookups instead of
-// following its first copy (docs/perf/serve-gpu.md). A device that fails to wake fails the
-// load's copies, which report it.
-func wakeDevice(mover kvmem.Mover) {
-	if wakeDeviceOff {
-		return
+// wakeDevice starts waking the mover's device, when it has one to wake (kvmem.DeviceWaker), as a
+// load begins, and returns a func that waits for the wake call, to be called before the load
+// first uses the mover (so the mover is never used by two goroutines at once). On the H200 a GPU
+// an engine's kernels used last takes 0.06–0.13 ms to switch to the daemon's context; woken
+// first, it switches while the host looks the load's pages up instead of after the first copy
+// (docs/perf/serve-gpu.md). The call itself (a kernel launch, 5–25 µs) runs on another goroutine,
+// beside the key resolution. A device that fails to wake fails the load's copies, which report it.
+func wakeDevice(mover kvmem.Mover) (wait func()) {
+	w, ok := mover.(kvmem.DeviceWaker)
+	if !ok || wakeDeviceOff {
+		return func() {}
 	}
-	if w, ok := mover.(kvmem.DeviceWaker); ok {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
 		_ = w.WakeDevice()
-	}
+	}()
+	return func() { <-done }
 }
 
 // gpuPageChecksOff makes loads check pages on the host even where the mover could check them

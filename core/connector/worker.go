@@ -418,10 +418,11 @@ func (w *Worker) StartLoad(ctx context.Context) error {
 	}
 	began := time.Now()
 	defer trace.StartRegion(ctx, "load").End()
-	wakeDevice(w.mover)
+	woken := wakeDevice(w.mover)
 	m := sample.Start()
 	items, err := w.resolveLoads(loads)
 	sample.End(stats.PhaseResolve, m)
+	woken()
 	if err != nil {
 		return w.keep(err)
 	}
@@ -847,10 +848,11 @@ func (w *Worker) loadParked(i int, a *asyncLoad, mover kvmem.Mover, stage kvmem.
 			return true, fmt.Errorf("request %s: allocation fence: %w", a.id, err)
 		}
 	}
-	wakeDevice(mover)
+	woken := wakeDevice(mover)
 	m := sample.Start()
 	items, err := w.resolveLoads([]RequestTransfers{{RequestID: a.id, Pages: a.pages}})
 	sample.End(stats.PhaseResolve, m)
+	woken()
 	if err != nil {
 		return true, err
 	}

@@ -5,11 +5,15 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
+	"runtime"
 	"runtime/trace"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,6 +42,30 @@ import (
 // DefaultCallChannelWriteTimeout bounds how long the daemon waits to write one reply on a call
 // channel before it closes the channel.
 const DefaultCallChannelWriteTimeout = 5 * time.Second
+
+// DefaultCallChannelPoll is how long a call channel's reader polls for the next request after
+// one arrived or was answered (Config.CallChannelPoll) on a host with callPollMinCPUs or more
+// CPUs; on a smaller one it does not poll. An engine makes its calls in bursts (a scheduler
+// step's lookups, metadata, StartLoad, TakeFailedLoads): a reader that sleeps between them is
+// woken by the kernel for each, which on the H200 host made a call right after a StartLoad take
+// 120-180 µs against 30-40 µs for the same call back to back (docs/perf/serve-gpu.md). A reader
+// that polls answers the burst's next call without that wake-up, for a core busy at most this
+// long after each call.
+const DefaultCallChannelPoll = 200 * time.Microsecond
+
+// callPollMinCPUs is the fewest CPUs (GOMAXPROCS) on which call channels poll by default.
+// callPollBusyFactor bounds the polling while a call runs: for at most this many times the
+// poll window from the call's start, so a StartLoad's reply is followed by the next call at
+// once, but a call that waits long (WaitForSave) does not keep a core busy.
+const (
+	callPollMinCPUs    = 4
+	callPollBusyFactor = 25
+)
+
+// callPollEpoch is the origin of the channels' activity times (monotonic nanoseconds).
+var callPollEpoch = time.Now()
+
+func callPollNow() int64 { return int64(time.Since(callPollEpoch)) }
 
 // Reasons a call channel refused a frame or a message (the reason label of
 // kvctl_engine_call_channel_refused_frames_total).
@@ -218,9 +246,76 @@ type callChannel struct {
 
 	closeOnce sync.Once
 
+	// Polling for the next request (Config.CallChannelPoll): poll is the window (0: none), raw
+	// the socket's descriptor access, active when a request last arrived or a reply was last
+	// written, callStart when the call running began (0 when none), in callPollNow's time.
+	poll      time.Duration
+	raw       syscall.RawConn
+	active    atomic.Int64
+	callStart atomic.Int64
+
 	// The worker's buffers.
 	resp []byte
 	out  []byte
+}
+
+// callPollWindow is the poll window a new channel uses under cfg.
+func callPollWindow(cfg time.Duration) time.Duration {
+	switch {
+	case cfg < 0:
+		return 0
+	case cfg > 0:
+		return cfg
+	case runtime.GOMAXPROCS(0) >= callPollMinCPUs:
+		return DefaultCallChannelPoll
+	}
+	return 0
+}
+
+// polling reports whether the reader should keep polling rather than sleep.
+func (c *callChannel) polling() bool {
+	if c.ctx.Err() != nil {
+		return false
+	}
+	now, w := callPollNow(), int64(c.poll)
+	if now-c.active.Load() < w {
+		return true
+	}
+	s := c.callStart.Load()
+	return s != 0 && now-s < callPollBusyFactor*w
+}
+
+// recv reads the next datagram into buf and reports whether the socket cut it short. With a
+// poll window it first polls without blocking while polling says so, yielding to other
+// goroutines between tries, then sleeps until the socket is readable.
+func (c *callChannel) recv(buf []byte) (n int, truncated bool, err error) {
+	if c.poll <= 0 || c.raw == nil {
+		n, _, flags, _, err := c.conn.ReadMsgUnix(buf, nil)
+		return n, flags&unix.MSG_TRUNC != 0, err
+	}
+	var rerr error
+	var flags int
+	err = c.raw.Read(func(fd uintptr) bool {
+		for {
+			n, _, flags, _, rerr = unix.Recvmsg(int(fd), buf, nil, unix.MSG_DONTWAIT)
+			switch {
+			case rerr == unix.EINTR:
+				continue
+			case rerr != unix.EAGAIN:
+				return true
+			case !c.polling():
+				return false // sleep until readable, then try again
+			}
+			runtime.Gosched()
+		}
+	})
+	if err == nil {
+		err = rerr
+	}
+	if err == nil && n == 0 {
+		err = io.EOF // a SOCK_SEQPACKET socket reads nothing once the engine closed its end
+	}
+	return n, flags&unix.MSG_TRUNC != 0, err
 }
 
 func (s *service) OpenCallChannel(ctx context.Context, req *enginepb.CallChannelRequest) (*enginepb.CallChannelResponse, error) {
@@ -252,6 +347,12 @@ func (s *service) OpenCallChannel(ctx context.Context, req *enginepb.CallChannel
 	c := &callChannel{
 		d: s.d, set: s.d.chans, conn: uc, connID: id, ctx: cctx, cancel: cancel,
 		jobs: make(chan callJob), decoded: make(chan struct{}, 1), busy: make(chan struct{}, 1), done: make(chan struct{}),
+		poll: callPollWindow(s.d.cfg.CallChannelPoll),
+	}
+	if c.poll > 0 {
+		if raw, err := uc.SyscallConn(); err == nil {
+			c.raw = raw
+		}
 	}
 	if err := s.d.chans.add(id, c); err != nil {
 		cancel()
@@ -355,12 +456,13 @@ func (c *callChannel) read() {
 	asm := engineapi.NewCallAssembler(limit)
 	buf := make([]byte, engineapi.MaxCallFrameBytes+1)
 	for {
-		n, _, flags, _, err := c.conn.ReadMsgUnix(buf, nil)
+		n, truncated, err := c.recv(buf)
 		if err != nil {
 			return
 		}
+		c.active.Store(callPollNow())
 		frame := buf[:n]
-		reason := frameProblem(frame, flags&unix.MSG_TRUNC != 0)
+		reason := frameProblem(frame, truncated)
 		msg, hdr, err := asm.Add(frame)
 		if reason == refusedFrameTooLarge {
 			err = fmt.Errorf("%w: a frame of more than %d bytes (the socket cut it short)", engineapi.ErrCallFrame, engineapi.MaxCallFrameBytes)
@@ -437,7 +539,10 @@ func (c *callChannel) work() {
 		case <-c.ctx.Done():
 			return
 		}
+		c.callStart.Store(callPollNow())
 		ok := c.serve(j)
+		c.active.Store(callPollNow())
+		c.callStart.Store(0)
 		<-c.busy
 		if !ok {
 			return

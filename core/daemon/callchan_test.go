@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -144,8 +145,10 @@ func sameStatus(t *testing.T, what string, grpcErr, chanErr error) {
 // and error counters count the channel's calls as they count gRPC's. Then an engine whose
 // client uses call channels runs warm prompts: StartLoad and the rest of the pass go over the
 // channels, and every loaded byte is checked.
-func TestCallChannelMatchesGRPC(t *testing.T) {
-	r := start(t, 64<<20)
+func TestCallChannelMatchesGRPC(t *testing.T) { eachCallPoll(t, testCallChannelMatchesGRPC) }
+
+func testCallChannelMatchesGRPC(t *testing.T, poll time.Duration) {
+	r := startPolling(t, 64<<20, poll)
 	ctx := context.Background()
 	const T = 16
 	reqs := prompts(31, 3, T, "fill")
@@ -356,8 +359,10 @@ func TestCallChannelLifecycle(t *testing.T) {
 // TestCallChannelMalformed sends every kind of malformed input the contract lists and checks the
 // error response (code, call id, a message naming the problem), that the channel still answers a
 // good call afterwards, and the refused-frames counter by reason.
-func TestCallChannelMalformed(t *testing.T) {
-	r := start(t, 16<<20)
+func TestCallChannelMalformed(t *testing.T) { eachCallPoll(t, testCallChannelMalformed) }
+
+func testCallChannelMalformed(t *testing.T, poll time.Duration) {
+	r := startPolling(t, 16<<20, poll)
 	c, err := engineapi.Dial(r.Info.Socket)
 	if err != nil {
 		t.Fatal(err)
@@ -666,8 +671,10 @@ func openChannelsOf(e *enginesim.Engine) []struct{} {
 // TestCallChannelPeerVanishes closes the engine's end of a channel right after sending a
 // StartLoad on it, before reading the reply: the daemon closes its end, the gauge drops, and the
 // engine's next run (its loads checked byte for byte) works over its other channels.
-func TestCallChannelPeerVanishes(t *testing.T) {
-	r := start(t, 64<<20)
+func TestCallChannelPeerVanishes(t *testing.T) { eachCallPoll(t, testCallChannelPeerVanishes) }
+
+func testCallChannelPeerVanishes(t *testing.T, poll time.Duration) {
+	r := startPolling(t, 64<<20, poll)
 	ctx := context.Background()
 	reqs := prompts(44, 6, 16, "v")
 	e := arenaEngine(t, r.Info.Socket, "vanish", reqs)
@@ -776,7 +783,11 @@ func FuzzCallChannel(f *testing.F) {
 // then a fresh engine whose every loaded byte is checked), and stops cleanly at the end of the
 // test (daemontest fails it otherwise).
 func TestCallChannelVanishesMidStartLoad(t *testing.T) {
-	r := start(t, 64<<20)
+	eachCallPoll(t, testCallChannelVanishesMidStartLoad)
+}
+
+func testCallChannelVanishesMidStartLoad(t *testing.T, poll time.Duration) {
+	r := startPolling(t, 64<<20, poll)
 	ctx := context.Background()
 	reqs := prompts(45, 6, 16, "m")
 	arenaEngine(t, r.Info.Socket, "mfill", reqs)
@@ -868,4 +879,20 @@ func TestCallChannelDraining(t *testing.T) {
 	if got := unavailable() - before; got != 2 {
 		t.Errorf("kvctl_engine_call_errors_total{RequestReset,Unavailable} grew by %v, want 2", got)
 	}
+}
+
+// eachCallPoll runs test with the call channels' readers sleeping until each request comes and
+// polling for it (Config.CallChannelPoll), whatever the host's CPUs would pick.
+func eachCallPoll(t *testing.T, test func(*testing.T, time.Duration)) {
+	for _, poll := range []time.Duration{-1, 2 * time.Millisecond} {
+		t.Run(fmt.Sprintf("poll=%v", max(poll, 0)), func(t *testing.T) { test(t, poll) })
+	}
+}
+
+// startPolling is start with the call channels' poll window set.
+func startPolling(t *testing.T, poolBytes int64, poll time.Duration) *daemontest.Running {
+	t.Helper()
+	popts := mooncake.DefaultOptions()
+	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: poolBytes}}
+	return daemontest.Start(t, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20}, CallChannelPoll: poll})
 }

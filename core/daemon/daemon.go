@@ -87,6 +87,11 @@ type Config struct {
 	// CallChannelWriteTimeout bounds how long one reply on a call channel may wait for the
 	// engine to read (DefaultCallChannelWriteTimeout when zero); past it the channel is closed.
 	CallChannelWriteTimeout time.Duration
+	// CallChannelPoll is how long a call channel's reader keeps polling its socket for the
+	// engine's next request after a request arrived or a reply was written (and while a call
+	// runs, for up to callPollBusyFactor times as long) before it sleeps until one comes:
+	// DefaultCallChannelPoll when zero, no polling when negative.
+	CallChannelPoll time.Duration
 	// FaultLogInterval is the window over which repeated warnings are folded into one line with
 	// a count (DefaultFaultLogInterval when zero).
 	FaultLogInterval time.Duration

@@ -45,6 +45,7 @@ type torchSummary struct {
 	Memory         string                  `json:"memory"`
 	PageBytes      int                     `json:"page_bytes"`
 	Layers         int                     `json:"layers"`
+	SpinUS         float64                 `json:"spin_us"`
 	GPU            string                  `json:"gpu"`
 	Torch          string                  `json:"torch"`
 	Registration   map[string]any          `json:"registration"`
@@ -79,6 +80,11 @@ type torchSummary struct {
 //	                            (OpenCallChannel), or grpc, plain gRPC calls
 //	KVCTL_TORCH_BUSY_MS=0       milliseconds the engine keeps the GPU computing before each
 //	                            StartLoad (--busy-ms), as a forward pass does; 0 leaves it idle
+//	KVCTL_TORCH_SPIN_US=10000   microseconds a call over the channel polls for its response
+//	                            before the engine sleeps in recv (--spin-us), as an engine
+//	                            waiting on its load does (README, "Call channels"); 0 sleeps
+//	KVCTL_TORCH_CALL_POLL=      the daemon's call channel poll window (Config.CallChannelPoll,
+//	                            a Go duration; -1ns turns polling off); unset, the default
 func TestGPUTorchEngine(t *testing.T) {
 	if os.Getenv("KVCTL_GPU_E2E") != "1" {
 		t.Skip("set KVCTL_GPU_E2E=1 to run the PyTorch engine over CUDA IPC (needs a GPU, PyTorch and grpcio)")
@@ -89,6 +95,7 @@ func TestGPUTorchEngine(t *testing.T) {
 	requests := envOr("KVCTL_TORCH_REQUESTS", "64")
 	calls := envOr("KVCTL_TORCH_CALLS", "channel")
 	busy := envOr("KVCTL_TORCH_BUSY_MS", "0")
+	spin := envOr("KVCTL_TORCH_SPIN_US", "10000")
 
 	cases := []struct {
 		name      string
@@ -106,7 +113,7 @@ func TestGPUTorchEngine(t *testing.T) {
 			args := []string{script, "--socket", r.Info.Socket, "--memory", memory,
 				"--stats-url", "http://" + r.Info.AdminAddr + "/v1/stats",
 				"--requests", requests, "--page-bytes", strconv.Itoa(c.pageBytes), "--layers", strconv.Itoa(c.layers),
-				"--transfer-batch", strconv.Itoa(c.batch), "--calls", calls, "--busy-ms", busy}
+				"--transfer-batch", strconv.Itoa(c.batch), "--calls", calls, "--busy-ms", busy, "--spin-us", spin}
 			sum := &runPythonEngine(t, python, args).torchSummary
 			checkTorchSummary(t, sum)
 
@@ -216,7 +223,15 @@ func startOnGPU(t *testing.T, poolBytes int64) *daemontest.Running {
 	case "engines":
 		dev.Options.Scatter = gpu.ScatterCopyEngines
 	}
-	return daemontest.Start(t, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20}, Device: dev})
+	cfg := daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20}, Device: dev}
+	if v := os.Getenv("KVCTL_TORCH_CALL_POLL"); v != "" {
+		poll, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("KVCTL_TORCH_CALL_POLL=%q: %v", v, err)
+		}
+		cfg.CallChannelPoll = poll
+	}
+	return daemontest.Start(t, cfg)
 }
 
 func envOr(k, def string) string {

@@ -114,9 +114,15 @@ func TestPythonEngineSharedMemory(t *testing.T) {
 		}{
 			{"page=64KiB/layers=2", []string{"--page-bytes", "65536", "--layers", "2", "--requests", "12",
 				"--min-blocks", "4", "--max-blocks", "8", "--max-running", "6"}, false},
+			// Every call polls for its response for up to 2 ms before it sleeps in recv.
+			{"page=64KiB/layers=2/spin", []string{"--page-bytes", "65536", "--layers", "2", "--requests", "12",
+				"--min-blocks", "4", "--max-blocks", "8", "--max-running", "6", "--spin-us", "2000"}, false},
 			{"page=4KiB/layers=2/long", []string{"--page-bytes", "4096", "--layers", "2", "--requests", "24",
 				"--min-blocks", "128", "--max-blocks", "160", "--max-running", "24", "--chunk-blocks", "160"}, true},
 		} {
+			if calls == "grpc" && strings.HasSuffix(c.name, "/spin") {
+				continue // only calls over the channel poll
+			}
 			t.Run("calls="+calls+"/"+c.name, func(t *testing.T) {
 				r := start(t, 512<<20)
 				args := append([]string{"testdata/torch_engine.py", "--socket", r.Info.Socket, "--memory", "shm",
@@ -125,6 +131,9 @@ func TestPythonEngineSharedMemory(t *testing.T) {
 				checkTorchSummary(t, &sum.torchSummary)
 				if sum.Calls != calls {
 					t.Errorf("summary: calls %q, want %q", sum.Calls, calls)
+				}
+				if spin := strings.HasSuffix(c.name, "/spin"); spin != (sum.SpinUS == 2000) {
+					t.Errorf("summary: spin_us %v for case %s", sum.SpinUS, c.name)
 				}
 				if sum.CallChannel.MaxFrameBytes != engineapi.MaxCallFrameBytes || sum.CallChannel.MaxMessageBytes <= 0 {
 					t.Errorf("OpenCallChannel answered %+v, want max_frame_bytes %d and a message bound", sum.CallChannel, engineapi.MaxCallFrameBytes)

@@ -140,6 +140,8 @@ class CallChannel:
         # One byte more than a frame may hold: a datagram that fills it was truncated.
         self.rbuf = bytearray(max_frame_bytes + 1)
         self.rview = memoryview(self.rbuf)
+        # Seconds a call polls for its response before it sleeps in recv (--spin-us).
+        self.spin = 0.0
 
     def _set_timeout(self, timeout):
         # SO_RCVTIMEO rather than socket.settimeout: Python's own timeout costs a poll before
@@ -190,9 +192,23 @@ class CallChannel:
             self._fail("sending call %d: %s" % (cid, e))
         return self._response(method, cid)
 
+    def _recv(self):
+        """Receives one datagram into rbuf. With spin set it polls for that long first: a thread
+        that sleeps in recv is woken by the kernel when the response comes, and on a CPU that
+        went idle meanwhile that wake-up can cost more than a short call itself."""
+        if self.spin > 0:
+            recv, end = self.sock.recv_into, time.perf_counter() + self.spin
+            while True:
+                try:
+                    return recv(self.rbuf, 0, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    if time.perf_counter() >= end:
+                        break
+        return self.sock.recv_into(self.rbuf)
+
     def _frame(self, cid):
         try:
-            n = self.sock.recv_into(self.rbuf)
+            n = self._recv()
         except BlockingIOError:
             # The call's deadline passed. Its response, should it come later, is skipped by
             # call id.
@@ -851,6 +867,8 @@ def main():
                    help="keep the GPU computing this long before each StartLoad, as the previous step's forward pass does in a serving engine (0: the GPU idles between passes)")
     p.add_argument("--staging-bytes", type=int, default=256 << 20)
     p.add_argument("--pass-timeout", type=int, default=300)
+    p.add_argument("--spin-us", type=float, default=0,
+                   help="microseconds a call channel call polls for its response before sleeping in recv")
     p.add_argument("--calls", choices=["channel", "grpc"], default="channel",
                    help="the transport of engine calls: a call channel or plain gRPC")
     p.add_argument("--bench-calls", type=int, default=0,
@@ -864,6 +882,7 @@ def main():
     api = API(args.descriptor, args.socket)
     # A channel is opened whichever transport runs, so both can be timed.
     opened = api.open_call_channel()
+    api.calls.spin = args.spin_us / 1e6
     api.use_channel = args.calls == "channel"
     if args.bench_calls:
         return bench_calls(api, args)
@@ -879,7 +898,7 @@ def main():
             errors[via] = {"code": e.code().name, "details": e.details()}
     summary = {"memory": args.memory, "page_bytes": args.page_bytes, "layers": args.layers, "busy_ms": args.busy_ms,
                "tokens_per_block": T, "slots": args.slots, "max_running": args.max_running,
-               "calls": args.calls, "unregistered_call_errors": errors,
+               "calls": args.calls, "spin_us": args.spin_us, "unregistered_call_errors": errors,
                "call_channel": {"max_frame_bytes": opened.max_frame_bytes, "max_message_bytes": opened.max_message_bytes}}
     if args.memory == "cuda":
         import torch
