@@ -68,6 +68,7 @@ static struct {
 	CUresult (*eventDestroy)(void *);
 	CUresult (*eventRecord)(void *, void *);
 	CUresult (*eventSynchronize)(void *);
+	CUresult (*eventQuery)(void *);
 	CUresult (*eventElapsedTime)(float *, void *, void *);
 	CUresult (*ipcOpenMemHandle)(CUdeviceptr *, kvIpcHandle, unsigned int);
 	CUresult (*ipcCloseMemHandle)(CUdeviceptr);
@@ -147,6 +148,7 @@ int kvLoad(char *err, size_t errlen) {
 	REQ(eventDestroy, "cuEventDestroy_v2");
 	REQ(eventRecord, "cuEventRecord");
 	REQ(eventSynchronize, "cuEventSynchronize");
+	REQ(eventQuery, "cuEventQuery");
 	REQ(eventElapsedTime, "cuEventElapsedTime");
 	REQ(ipcOpenMemHandle, "cuIpcOpenMemHandle_v2");
 	REQ(ipcCloseMemHandle, "cuIpcCloseMemHandle");
@@ -307,6 +309,7 @@ CUresult kvEventCreate(uintptr_t *e) {
 CUresult kvEventDestroy(uintptr_t e) { return kv.eventDestroy((void *)e); }
 CUresult kvEventRecord(uintptr_t e, uintptr_t s) { return kv.eventRecord((void *)e, (void *)s); }
 CUresult kvEventSync(uintptr_t e) { return kv.eventSynchronize((void *)e); }
+CUresult kvEventQuery(uintptr_t e) { return kv.eventQuery((void *)e); }
 // kvEventCreateTimed creates an event that records a time (for measurements).
 CUresult kvEventCreateTimed(uintptr_t *e) {
 	void *q = NULL;

@@ -19,6 +19,7 @@ CUresult kvLaunchBlockDeltas(uintptr_t fn, unsigned int gx, unsigned int gy, uin
 CUresult kvLaunchPageFinish(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t deltas, uint64_t out);
 CUresult kvCopyHtoDAsync(uint64_t dst, uintptr_t src, size_t n, uintptr_t s);
 CUresult kvCopyDtoHAsync(uintptr_t dst, uint64_t src, size_t n, uintptr_t s);
+CUresult kvEventQuery(uintptr_t e);
 CUresult kvStreamSync(uintptr_t s);
 CUresult kvMemAlloc(uint64_t *p, size_t n);
 CUresult kvMemFree(uint64_t p);
@@ -828,6 +829,9 @@ func (m *cudaMover) kernelScatters(pieces uint64, src [][]byte) bool {
 // driver's first calls after an idle spell, then overlaps the host's work on the batch rather
 // than delaying its first copy (docs/perf/serve-gpu.md). It does not wait for the kernel.
 func (m *cudaMover) WakeDevice() error {
+	// Under the mover's lock, so a Close from another goroutine waits for the launch.
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	if m.closed {
 		return kvmem.ErrClosed
 	}
@@ -912,8 +916,12 @@ func (m *cudaMover) kernelCopies(a, b int) int {
 func (m *cudaMover) issueKernel(a, b, at int) (int, error) {
 	if at == 0 && m.descRecorded {
 		// The previous launch's descriptors may still be queued for the device (IssueChecked).
-		if err := cuErr("cuEventSynchronize", C.kvEventSync(C.uintptr_t(m.descIssued))); err != nil {
-			return at, err
+		// Mostly they are long copied, and asking costs less than a synchronize.
+		ev := C.uintptr_t(m.descIssued)
+		if r := C.kvEventQuery(ev); r != 0 {
+			if err := cuErr("cuEventSynchronize", C.kvEventSync(ev)); err != nil {
+				return at, err
+			}
 		}
 	}
 	buf := m.copyHost.Bytes()

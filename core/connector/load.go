@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime/trace"
 	"strings"
+	"time"
 
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
@@ -437,25 +438,25 @@ var (
 // set it to compare.
 var wakeDeviceOff = false
 
-// wakeDevice starts waking the mover's device, when it has one to wake (kvmem.DeviceWaker), as a
-// load begins, and returns a func that waits for the wake call, to be called before the load
-// first uses the mover (so the mover is never used by two goroutines at once). On the H200 a GPU
-// an engine's kernels used last takes 0.06–0.13 ms to switch to the daemon's context; woken
-// first, it switches while the host looks the load's pages up instead of after the first copy
-// (docs/perf/serve-gpu.md). The call itself (a kernel launch, 5–25 µs) runs on another goroutine,
-// beside the key resolution. A device that fails to wake fails the load's copies, which report it.
-func wakeDevice(mover kvmem.Mover) (wait func()) {
+// wakeDevice wakes the mover's device, when it has one to wake (kvmem.DeviceWaker), and reports
+// whether it did. On the H200 a GPU an engine's kernels used last takes 0.06–0.13 ms to switch to
+// the daemon's context; woken before the load looks its pages up, it switches meanwhile instead
+// of after the first copy (docs/perf/serve-gpu.md). The call itself (a kernel launch) costs the
+// host 5–30 µs, so the daemon wakes the device once it has answered BindMeta, while the engine
+// sends StartLoad (Worker.WakeForLoads), and a load wakes it only when that did not happen.
+// A device that fails to wake fails the load's copies, which report it.
+func wakeDevice(mover kvmem.Mover) bool {
 	w, ok := mover.(kvmem.DeviceWaker)
 	if !ok || wakeDeviceOff {
-		return func() {}
+		return false
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = w.WakeDevice()
-	}()
-	return func() { <-done }
+	return w.WakeDevice() == nil
 }
+
+// wakeFresh is how long after WakeForLoads a StartLoad takes the device as still woken: an
+// engine calls StartLoad right after BindMeta; after a longer gap its own kernels may have taken
+// the GPU back.
+const wakeFresh = 2 * time.Millisecond
 
 // gpuPageChecksOff makes loads check pages on the host even where the mover could check them
 // on the GPU; the GPU benchmarks set it to compare the two.

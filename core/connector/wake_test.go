@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvctl/kvctl/core/kvmem"
 )
@@ -89,5 +90,56 @@ func TestLoadWakesDeviceFirst(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestWakeForLoads: WakeForLoads wakes the device when loads are bound and only then; the
+// StartLoad right after it does not wake it again, one after wakeFresh does, and a closed worker
+// is left alone.
+func TestWakeForLoads(t *testing.T) {
+	const n = 4
+	pool := newEmbPool(t, 4<<20)
+	l := testLayout(32)
+	saveDirectPages(t, pool, l, n)
+	var events []string
+	m := wakingMover{newCheckingMover(l), new(sync.Mutex), &events, nil}
+	w := registeredWorker(t, pool, m, l)
+	bind := func(tag string) {
+		var reqs []RequestTransfers
+		for i := range n {
+			reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("%s%d", tag, i), Pages: []PageTransfer{{Hash: directHash(i), Group: 0, Page: 16 + i}}})
+		}
+		w.BindMeta(Metadata{Loads: reqs})
+	}
+	w.WakeForLoads()
+	if len(events) != 0 {
+		t.Fatalf("woken with nothing bound: %v", events)
+	}
+	bind("a")
+	w.WakeForLoads()
+	if err := w.StartLoad(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(events); got != fmt.Sprint([]string{"wake", "scatter 4"}) {
+		t.Fatalf("WakeForLoads, then StartLoad: %v, want one wake before the scatter", got)
+	}
+	events = events[:0]
+	bind("b")
+	w.WakeForLoads()
+	time.Sleep(wakeFresh + time.Millisecond)
+	if err := w.StartLoad(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(events); got != fmt.Sprint([]string{"wake", "wake", "scatter 4"}) {
+		t.Fatalf("StartLoad %v after WakeForLoads: %v, want it to wake the device again", wakeFresh, got)
+	}
+	events = events[:0]
+	bind("c")
+	if err := w.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	w.WakeForLoads()
+	if len(events) != 0 {
+		t.Fatalf("a closed worker woke its device: %v", events)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"runtime/trace"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvctl/kvctl/core/kvmem"
@@ -37,9 +38,12 @@ type Worker struct {
 	ctx    context.Context // cancelled when Close gives up waiting
 	cancel context.CancelFunc
 
-	mu          sync.Mutex
-	geom        *geometry
-	loadStage   kvmem.Staging // synchronous loads
+	mu        sync.Mutex
+	geom      *geometry
+	loadStage kvmem.Staging // synchronous loads
+	// wokenAt is when WakeForLoads last woke the device (Unix nanoseconds), 0 once a StartLoad
+	// took it.
+	wokenAt     atomic.Int64
 	bound       Metadata
 	failedSync  []string
 	failedAsync []string
@@ -340,6 +344,20 @@ func (w *Worker) BindMeta(meta Metadata) {
 	}
 }
 
+// WakeForLoads wakes the mover's device (kvmem.DeviceWaker) when synchronous loads are bound,
+// so that it switches to this process while the engine sends StartLoad; the next StartLoad, if
+// it comes within wakeFresh, then does not wake it again. The daemon calls it once it has
+// answered BindMeta. It does nothing for a worker that is closed or failed, or has no loads bound.
+func (w *Worker) WakeForLoads() {
+	w.mu.Lock()
+	ok := w.usableLocked() == nil && len(w.bound.Loads) > 0 && w.loadStage != nil
+	mover := w.mover
+	w.mu.Unlock()
+	if ok && wakeDevice(mover) {
+		w.wokenAt.Store(time.Now().UnixNano())
+	}
+}
+
 // DropBoundSaves removes the given requests' saves from the bound metadata, so a request whose
 // load failed does not publish pages it never computed. It is idempotent. A request that is
 // neither in the bound pass nor handed back by TakeFailedLoadRequests or
@@ -418,11 +436,12 @@ func (w *Worker) StartLoad(ctx context.Context) error {
 	}
 	began := time.Now()
 	defer trace.StartRegion(ctx, "load").End()
-	woken := wakeDevice(w.mover)
+	if woke := w.wokenAt.Swap(0); woke == 0 || time.Since(time.Unix(0, woke)) > wakeFresh {
+		wakeDevice(w.mover)
+	}
 	m := sample.Start()
 	items, err := w.resolveLoads(loads)
 	sample.End(stats.PhaseResolve, m)
-	woken()
 	if err != nil {
 		return w.keep(err)
 	}
@@ -848,11 +867,10 @@ func (w *Worker) loadParked(i int, a *asyncLoad, mover kvmem.Mover, stage kvmem.
 			return true, fmt.Errorf("request %s: allocation fence: %w", a.id, err)
 		}
 	}
-	woken := wakeDevice(mover)
+	wakeDevice(mover)
 	m := sample.Start()
 	items, err := w.resolveLoads([]RequestTransfers{{RequestID: a.id, Pages: a.pages}})
 	sample.End(stats.PhaseResolve, m)
-	woken()
 	if err != nil {
 		return true, err
 	}

@@ -62,6 +62,24 @@ const (
 	callPollBusyFactor = 25
 )
 
+// afterReplyKey is the context key of a call channel call's afterReplyHook.
+type afterReplyKey struct{}
+
+// afterReplyHook holds what a call made over a call channel leaves to run once its reply is
+// written, on the channel's worker before it takes the next call.
+type afterReplyHook struct{ f func() }
+
+// afterReply has f run once the reply of the call ctx belongs to is written, when the call came
+// over a call channel; it reports whether it will. A gRPC call has no such hook: its reply is
+// written by gRPC after the handler returns.
+func afterReply(ctx context.Context, f func()) bool {
+	h, ok := ctx.Value(afterReplyKey{}).(*afterReplyHook)
+	if ok {
+		h.f = f
+	}
+	return ok
+}
+
 // callPollEpoch is the origin of the channels' activity times (monotonic nanoseconds).
 var callPollEpoch = time.Now()
 
@@ -254,6 +272,9 @@ type callChannel struct {
 	active    atomic.Int64
 	callStart atomic.Int64
 
+	// after is the hook of the call the worker runs (afterReply), in ctx.
+	after *afterReplyHook
+
 	// The worker's buffers.
 	resp []byte
 	out  []byte
@@ -343,9 +364,11 @@ func (s *service) OpenCallChannel(ctx context.Context, req *enginepb.CallChannel
 	if p, ok := peer.FromContext(ctx); ok {
 		cctx = peer.NewContext(cctx, p)
 	}
+	after := &afterReplyHook{}
+	cctx = context.WithValue(cctx, afterReplyKey{}, after)
 	cctx, cancel := context.WithCancel(cctx)
 	c := &callChannel{
-		d: s.d, set: s.d.chans, conn: uc, connID: id, ctx: cctx, cancel: cancel,
+		d: s.d, set: s.d.chans, conn: uc, connID: id, ctx: cctx, cancel: cancel, after: after,
 		jobs: make(chan callJob), decoded: make(chan struct{}, 1), busy: make(chan struct{}, 1), done: make(chan struct{}),
 		poll: callPollWindow(s.d.cfg.CallChannelPoll),
 	}
@@ -540,9 +563,14 @@ func (c *callChannel) work() {
 			return
 		}
 		c.callStart.Store(callPollNow())
+		c.after.f = nil
 		ok := c.serve(j)
 		c.active.Store(callPollNow())
 		c.callStart.Store(0)
+		if f := c.after.f; f != nil && ok {
+			c.after.f = nil
+			f()
+		}
 		<-c.busy
 		if !ok {
 			return

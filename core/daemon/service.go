@@ -177,6 +177,11 @@ func (s *service) BindMeta(ctx context.Context, req *enginepb.BindMetaRequest) (
 		return nil, status.Errorf(codes.PermissionDenied, "bind metadata: %v", err)
 	}
 	e.worker.BindMeta(m)
+	if len(m.Loads) > 0 {
+		// Over a call channel, once the reply is written: the GPU switches to the daemon while
+		// the engine sends StartLoad. Over gRPC StartLoad wakes it itself.
+		afterReply(ctx, e.worker.WakeForLoads)
+	}
 	return &enginepb.Empty{}, nil
 }
 

@@ -106,6 +106,8 @@ type GPUTimer interface {
 type DeviceWaker interface {
 	// WakeDevice queues a trivial piece of work on the device and returns without waiting for
 	// it. It changes no memory a transfer uses; an error only means the device was not woken.
+	// Unlike the Mover's other methods it may be called from another goroutine than the
+	// mover's user, at the same time as them, Close included.
 	WakeDevice() error
 }
 

@@ -1,0 +1,108 @@
+package daemon_test
+
+import (
+	"context"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kvctl/kvctl/core/daemon"
+	"github.com/kvctl/kvctl/core/daemon/daemontest"
+	"github.com/kvctl/kvctl/core/enginesim"
+	"github.com/kvctl/kvctl/core/kvmem"
+	"github.com/kvctl/kvctl/mooncake"
+)
+
+// wakeCounts counts a device's wakes by where they came from: inside a StartLoad, or not (the
+// daemon's wake once it answered BindMeta over a call channel).
+type wakeCounts struct {
+	mu                    sync.Mutex
+	inStartLoad, outsideS int
+}
+
+// wakingMover is a device mover that can be woken (kvmem.DeviceWaker), as the CUDA mover.
+type wakingMover struct {
+	kvmem.Mover
+	n *wakeCounts
+}
+
+func (m wakingMover) WakeDevice() error {
+	inLoad := strings.Contains(string(debug.Stack()), "(*Worker).StartLoad")
+	m.n.mu.Lock()
+	defer m.n.mu.Unlock()
+	if inLoad {
+		m.n.inStartLoad++
+	} else {
+		m.n.outsideS++
+	}
+	return nil
+}
+
+// wakingDevice is memfdDevice whose movers can be woken.
+type wakingDevice struct {
+	memfdDevice
+	n wakeCounts
+}
+
+func (d *wakingDevice) OpenMover(h kvmem.EngineHandle, layout kvmem.Layout) (kvmem.Mover, error) {
+	m, err := d.memfdDevice.OpenMover(h, layout)
+	if err != nil {
+		return nil, err
+	}
+	return wakingMover{m, &d.n}, nil
+}
+
+// TestWakeAfterBindMeta: over call channels the daemon wakes an engine's device once it has
+// answered a BindMeta that binds loads, before the engine sends StartLoad; over gRPC it cannot
+// act after its reply, and StartLoad wakes the device itself. Either way every warm block loads.
+func TestWakeAfterBindMeta(t *testing.T) {
+	for _, grpcOnly := range []bool{false, true} {
+		name := "channels"
+		if grpcOnly {
+			name = "grpc"
+		}
+		t.Run(name, func(t *testing.T) {
+			dev := &wakingDevice{}
+			popts := mooncake.DefaultOptions()
+			popts.Segments = []mooncake.SegmentSpec{{Name: "t", Capacity: 64 << 20}}
+			r := daemontest.Start(t, daemon.Config{Pool: popts, Device: dev})
+			ctx := context.Background()
+			const T = 16
+			cfg := enginesim.Config{Socket: r.Info.Socket, ModelKey: "wake-model", TokensPerBlock: T, Slots: 256,
+				Memory: enginesim.MemoryCUDAFD, Device: &dev.memfdDevice, NoCallChannels: grpcOnly}
+			reqs := prompts(47, 8, T, "wake")
+			var warm enginesim.Result
+			for _, pass := range []string{"cold", "warm"} {
+				cfg.Name = pass
+				e, err := enginesim.Start(ctx, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				res, err := e.Run(ctx, reqs, 4)
+				if err != nil {
+					t.Fatalf("%s pass: %v", pass, err)
+				}
+				if err := e.Close(ctx); err != nil {
+					t.Fatal(err)
+				}
+				warm = res
+			}
+			want := 0
+			for _, q := range reqs {
+				want += (len(q.Tokens) - 1) / T
+			}
+			if warm.LoadedBlocks != want || warm.Restarts != 0 {
+				t.Fatalf("warm pass loaded %d blocks (restarts %d), want %d", warm.LoadedBlocks, warm.Restarts, want)
+			}
+			dev.n.mu.Lock()
+			defer dev.n.mu.Unlock()
+			switch {
+			case grpcOnly && (dev.n.outsideS != 0 || dev.n.inStartLoad == 0):
+				t.Errorf("over gRPC: %d wakes after BindMeta, %d in StartLoad; want none and some", dev.n.outsideS, dev.n.inStartLoad)
+			case !grpcOnly && dev.n.outsideS == 0:
+				t.Errorf("over call channels: no wake after BindMeta (%d in StartLoad)", dev.n.inStartLoad)
+			}
+		})
+	}
+}
