@@ -63,7 +63,7 @@ func pageBytes(m *hostMover, g, slot int, replicated bool) []byte {
 
 // saveDirectPages saves n pages of both groups (slots 0..n-1, hashes directHash(i)) from an
 // engine whose memory holds a pattern, and returns that engine's mover.
-func saveDirectPages(t *testing.T, pool mooncake.Pool, l kvmem.Layout, n int) *hostMover {
+func saveDirectPages(t testing.TB, pool mooncake.Pool, l kvmem.Layout, n int) *hostMover {
 	t.Helper()
 	m := newHostMover(l)
 	for i := range m.mem {
