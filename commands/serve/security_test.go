@@ -21,12 +21,7 @@ func TestSecurityFlags(t *testing.T) {
 			config.ServeSecurity{EngineGroup: "kvctl", MaxConns: 300, AdminGrantsLeases: true, AdminLeaseRate: 5, DescriptorTTL: 10 * time.Second}},
 	} {
 		t.Run(tt.args, func(t *testing.T) {
-			var got *Options
-			cmd := NewCmdServe(cmdtest.Factory(), func(_ context.Context, o *Options) error { got = o; return nil })
-			if err := cmdtest.Execute(t, cmd, tt.args); err != nil {
-				t.Fatal(err)
-			}
-			if got.Security != tt.want {
+			if got := parseServe(t, tt.args); got.Security != tt.want {
 				t.Errorf("got %+v, want %+v", got.Security, tt.want)
 			}
 		})
@@ -47,11 +42,7 @@ func TestCallChannelPollFlag(t *testing.T) {
 		{"--call-channel-poll 1s", time.Second, true},
 	} {
 		t.Run(tt.args, func(t *testing.T) {
-			var got *Options
-			cmd := NewCmdServe(cmdtest.Factory(), func(_ context.Context, o *Options) error { got = o; return nil })
-			if err := cmdtest.Execute(t, cmd, tt.args); err != nil {
-				t.Fatal(err)
-			}
+			got := parseServe(t, tt.args)
 			if got.CallChannelPoll != tt.want {
 				t.Errorf("got %v, want %v", got.CallChannelPoll, tt.want)
 			}
@@ -65,4 +56,15 @@ func TestCallChannelPollFlag(t *testing.T) {
 			}
 		})
 	}
+}
+
+// parseServe runs `kvctl serve args` up to the point it would serve and returns its options.
+func parseServe(t *testing.T, args string) *Options {
+	t.Helper()
+	var got *Options
+	cmd := NewCmdServe(cmdtest.Factory(), func(_ context.Context, o *Options) error { got = o; return nil })
+	if err := cmdtest.Execute(t, cmd, args); err != nil {
+		t.Fatal(err)
+	}
+	return got
 }

@@ -12,22 +12,7 @@ import (
 // PyTorch engine's warm StartLoads hold, before any copy can start.
 func BenchmarkResolveLoads(b *testing.B) {
 	l := testLayout(256)
-	w, err := NewWorker(baseOptions(), newEmbPool(b, 1<<20), newRegisteringMover(l))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer w.Close(context.Background())
-	if err := w.RegisterLayout(l); err != nil {
-		b.Fatal(err)
-	}
-	var reqs []RequestTransfers
-	for i := range 190 {
-		if i%12 == 0 {
-			reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%03d", i)})
-		}
-		r := &reqs[len(reqs)-1]
-		r.Pages = append(r.Pages, PageTransfer{Hash: directHash(i), Group: 0, Page: i})
-	}
+	w, reqs := startLoadBench(b, newEmbPool(b, 1<<20), newRegisteringMover(l), l)
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := w.resolveLoads(reqs); err != nil {
@@ -55,26 +40,10 @@ func (m nullIssuer) IssueChecked(ctx context.Context, src [][]byte, pages []kvme
 // and checked by a mover that does nothing: the host's own work per StartLoad (keys, the pool's
 // view, the batch lists, the check's bookkeeping), which on a GPU comes before the first copy.
 func BenchmarkStartLoadHost(b *testing.B) {
-	const n = 190
 	pool := newEmbPool(b, 8<<20)
 	l := testLayout(256)
-	saveDirectPages(b, pool, l, n)
-	w, err := NewWorker(baseOptions(), pool, nullIssuer{newRegisteringMover(l)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer w.Close(context.Background())
-	if err := w.RegisterLayout(l); err != nil {
-		b.Fatal(err)
-	}
-	var reqs []RequestTransfers
-	for i := range n {
-		if i%12 == 0 {
-			reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%03d", i)})
-		}
-		r := &reqs[len(reqs)-1]
-		r.Pages = append(r.Pages, PageTransfer{Hash: directHash(i), Group: 0, Page: i})
-	}
+	saveDirectPages(b, pool, l, startLoadBenchPages)
+	w, reqs := startLoadBench(b, pool, nullIssuer{newRegisteringMover(l)}, l)
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
@@ -86,4 +55,30 @@ func BenchmarkStartLoadHost(b *testing.B) {
 			b.Fatalf("failed loads %v", f)
 		}
 	}
+}
+
+// startLoadBenchPages is how many pages the PyTorch engine's warm StartLoads hold, about.
+const startLoadBenchPages = 190
+
+// startLoadBench is a worker over pool and m with layout l registered (closed when the
+// benchmark ends) and the loads of a StartLoad of startLoadBenchPages pages of group 0, 12 to a
+// request.
+func startLoadBench(b *testing.B, pool *embPool, m kvmem.Mover, l kvmem.Layout) (*Worker, []RequestTransfers) {
+	w, err := NewWorker(baseOptions(), pool, m)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = w.Close(context.Background()) })
+	if err := w.RegisterLayout(l); err != nil {
+		b.Fatal(err)
+	}
+	var reqs []RequestTransfers
+	for i := range startLoadBenchPages {
+		if i%12 == 0 {
+			reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%03d", i)})
+		}
+		r := &reqs[len(reqs)-1]
+		r.Pages = append(r.Pages, PageTransfer{Hash: directHash(i), Group: 0, Page: i})
+	}
+	return w, reqs
 }

@@ -158,31 +158,39 @@ func TestSimulatedEngineOnInjectedDevice(t *testing.T) {
 		t.Fatalf("CUDA fd engine without a device backend: %v, want ErrNoDevice", err)
 	}
 	cfg.Device = dev
-	reqs := prompts(43, 24, T, "dev")
-	var results [2]enginesim.Result
-	for i, name := range []string{"cold", "warm"} {
+	coldWarm(t, cfg, prompts(43, 24, T, "dev"), 8)
+	if a, o := dev.allocs.Load(), dev.opens.Load(); a != 4 || o != 4 {
+		t.Errorf("device backend allocated %d and opened %d rank memories, want 4 and 4", a, o)
+	}
+}
+
+// coldWarm runs a cold engine over reqs (running at most running at once), then a warm one
+// over the same prompts, each started from cfg under the names "cold" and "warm" and closed
+// after its pass; the warm pass must load every full block without a restart.
+func coldWarm(t *testing.T, cfg enginesim.Config, reqs []enginesim.Request, running int) {
+	t.Helper()
+	ctx := context.Background()
+	var warm enginesim.Result
+	for _, name := range []string{"cold", "warm"} {
 		cfg.Name = name
 		e, err := enginesim.Start(ctx, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := e.Run(ctx, reqs, 8)
+		res, err := e.Run(ctx, reqs, running)
 		if err != nil {
 			t.Fatalf("%s pass: %v", name, err)
 		}
 		if err := e.Close(ctx); err != nil {
 			t.Fatal(err)
 		}
-		results[i] = res
+		warm = res
 	}
 	want := 0
 	for _, q := range reqs {
-		want += (len(q.Tokens) - 1) / T
+		want += (len(q.Tokens) - 1) / cfg.TokensPerBlock
 	}
-	if w := results[1]; w.LoadedBlocks != want || w.Restarts != 0 {
-		t.Errorf("warm pass loaded %d blocks (restarts %d), want %d", w.LoadedBlocks, w.Restarts, want)
-	}
-	if a, o := dev.allocs.Load(), dev.opens.Load(); a != 4 || o != 4 {
-		t.Errorf("device backend allocated %d and opened %d rank memories, want 4 and 4", a, o)
+	if warm.LoadedBlocks != want || warm.Restarts != 0 {
+		t.Errorf("warm pass loaded %d blocks (restarts %d), want %d", warm.LoadedBlocks, warm.Restarts, want)
 	}
 }

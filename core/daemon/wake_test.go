@@ -1,7 +1,6 @@
 package daemon_test
 
 import (
-	"context"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -67,34 +66,10 @@ func TestWakeAfterBindMeta(t *testing.T) {
 			popts := mooncake.DefaultOptions()
 			popts.Segments = []mooncake.SegmentSpec{{Name: "t", Capacity: 64 << 20}}
 			r := daemontest.Start(t, daemon.Config{Pool: popts, Device: dev})
-			ctx := context.Background()
 			const T = 16
 			cfg := enginesim.Config{Socket: r.Info.Socket, ModelKey: "wake-model", TokensPerBlock: T, Slots: 256,
 				Memory: enginesim.MemoryCUDAFD, Device: &dev.memfdDevice, NoCallChannels: grpcOnly}
-			reqs := prompts(47, 8, T, "wake")
-			var warm enginesim.Result
-			for _, pass := range []string{"cold", "warm"} {
-				cfg.Name = pass
-				e, err := enginesim.Start(ctx, cfg)
-				if err != nil {
-					t.Fatal(err)
-				}
-				res, err := e.Run(ctx, reqs, 4)
-				if err != nil {
-					t.Fatalf("%s pass: %v", pass, err)
-				}
-				if err := e.Close(ctx); err != nil {
-					t.Fatal(err)
-				}
-				warm = res
-			}
-			want := 0
-			for _, q := range reqs {
-				want += (len(q.Tokens) - 1) / T
-			}
-			if warm.LoadedBlocks != want || warm.Restarts != 0 {
-				t.Fatalf("warm pass loaded %d blocks (restarts %d), want %d", warm.LoadedBlocks, warm.Restarts, want)
-			}
+			coldWarm(t, cfg, prompts(47, 8, T, "wake"), 4)
 			dev.n.mu.Lock()
 			defer dev.n.mu.Unlock()
 			switch {
