@@ -89,15 +89,7 @@ func TestGPUCheckedLoadNeverReportsCorruptedPages(t *testing.T) {
 	}
 	m := newCheckingMover(l)
 	w := registeredWorker(t, pool, m, l)
-	var reqs []RequestTransfers
-	for i := range n {
-		reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%02d", i), Pages: []PageTransfer{
-			{Hash: directHash(i), Group: 0, Page: 16 + i}, {Hash: directHash(i), Group: 1, Page: 16 + i}}})
-	}
-	w.BindMeta(Metadata{Loads: reqs})
-	if err := w.StartLoad(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	loadSavedPairs(t, w, n)
 	if m.calls.Load() < 3 {
 		t.Fatalf("%d checked scatters: the GPU-checked path with several batches is not under test", m.calls.Load())
 	}
@@ -289,15 +281,7 @@ func TestGPUIssuedLoad(t *testing.T) {
 	issuedFirstBatchMin, issuedSplitMinPages = 1, 1
 	defer func() { issuedFirstBatchMin, issuedSplitMinPages = oldMin, oldPages }()
 	w := registeredWorker(t, pool, m, l)
-	var reqs []RequestTransfers
-	for i := range n {
-		reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%02d", i), Pages: []PageTransfer{
-			{Hash: directHash(i), Group: 0, Page: 16 + i}, {Hash: directHash(i), Group: 1, Page: 16 + i}}})
-	}
-	w.BindMeta(Metadata{Loads: reqs})
-	if err := w.StartLoad(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	loadSavedPairs(t, w, n)
 	if len(batches) != 2 || batches[0] > batches[1] {
 		t.Fatalf("issued batches of %v pages, want a small first one and the rest", batches)
 	}
@@ -325,6 +309,20 @@ func TestGPUIssuedLoadFewPages(t *testing.T) {
 	var batches []int
 	m := issuingMover{newCheckingMover(l), new(atomic.Int32), &batches}
 	w := registeredWorker(t, pool, m, l)
+	loadSavedPairs(t, w, n)
+	if m.calls.Load() != 0 || len(batches) != 1 {
+		t.Fatalf("%d scatters waited for and batches of %v pages issued, want 0 and one batch", m.calls.Load(), batches)
+	}
+	if p := m.pending.Load(); p != 0 {
+		t.Fatalf("%d checks not read when the load returned", p)
+	}
+	checkCorruptLoad(t, w, pool, m.hostMover, src, n, corrupt)
+}
+
+// loadSavedPairs binds the loads of n requests, request i loading saveDirectPages' page i of
+// both groups into slot 16 + i, and runs StartLoad.
+func loadSavedPairs(t *testing.T, w *Worker, n int) {
+	t.Helper()
 	var reqs []RequestTransfers
 	for i := range n {
 		reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%02d", i), Pages: []PageTransfer{
@@ -334,11 +332,4 @@ func TestGPUIssuedLoadFewPages(t *testing.T) {
 	if err := w.StartLoad(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if m.calls.Load() != 0 || len(batches) != 1 {
-		t.Fatalf("%d scatters waited for and batches of %v pages issued, want 0 and one batch", m.calls.Load(), batches)
-	}
-	if p := m.pending.Load(); p != 0 {
-		t.Fatalf("%d checks not read when the load returned", p)
-	}
-	checkCorruptLoad(t, w, pool, m.hostMover, src, n, corrupt)
 }
