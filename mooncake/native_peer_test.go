@@ -96,8 +96,14 @@ func TestNativePeerConnsBound(t *testing.T) {
 	if got := maxConns.Load(); got == 0 {
 		t.Error("the poll never saw a connection to the peer: the reads did not cross the Transfer Engine")
 	}
+	// The peer counts a read once it has written all of it, which may be after the reader
+	// has it: wait for the count to settle.
+	wantReads := uint64(goroutines * rounds * pages)
 	st := owner.SegmentServerStats()
-	if wantReads := uint64(goroutines * rounds * pages); st.Reads != wantReads {
+	for deadline := time.Now().Add(5 * time.Second); st.Reads < wantReads && time.Now().Before(deadline); st = owner.SegmentServerStats() {
+		time.Sleep(time.Millisecond)
+	}
+	if st.Reads != wantReads {
 		t.Errorf("the peer served %d reads, want %d", st.Reads, wantReads)
 	}
 	if st.Conns > peerConns || st.Conns == 0 {
