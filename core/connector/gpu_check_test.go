@@ -73,15 +73,8 @@ func TestGPUCheckedLoadOnDevice(t *testing.T) {
 		t.Fatalf("the CUDA mover cannot check this layout: %v", err)
 	}
 	m := &timedMover{Mover: cm}
-	defer m.Close()
-	w, err := NewWorker(opts, pool, m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close(context.Background())
-	if err := w.RegisterLayout(l); err != nil {
-		t.Fatal(err)
-	}
+	t.Cleanup(func() { _ = m.Close() }) // after the worker's (cleanups run last first)
+	w := registeredWorkerWith(t, opts, pool, m, l)
 	var reqs []RequestTransfers
 	slotOf := func(i int) int { return (i * 37) % slots }
 	for i := range n {

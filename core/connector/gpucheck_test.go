@@ -17,9 +17,15 @@ import (
 
 // registeredWorker is a worker with the base options over pool and m, with layout l registered,
 // closed when the test ends.
-func registeredWorker(t *testing.T, pool mooncake.Pool, m kvmem.Mover, l kvmem.Layout) *Worker {
+func registeredWorker(t testing.TB, pool mooncake.Pool, m kvmem.Mover, l kvmem.Layout) *Worker {
 	t.Helper()
-	w, err := NewWorker(baseOptions(), pool, m)
+	return registeredWorkerWith(t, baseOptions(), pool, m, l)
+}
+
+// registeredWorkerWith is registeredWorker with options o.
+func registeredWorkerWith(t testing.TB, o Options, pool mooncake.Pool, m kvmem.Mover, l kvmem.Layout) *Worker {
+	t.Helper()
+	w, err := NewWorker(o, pool, m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,14 +210,7 @@ func TestGPUCheckedLoadRecordsGPUTime(t *testing.T) {
 	}
 	o := baseOptions()
 	o.Stats = rep
-	w, err := NewWorker(o, pool, m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close(context.Background())
-	if err := w.RegisterLayout(l); err != nil {
-		t.Fatal(err)
-	}
+	w := registeredWorkerWith(t, o, pool, m, l)
 	var reqs []RequestTransfers
 	for i := range 10 {
 		reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%02d", i), Pages: []PageTransfer{{Hash: directHash(i), Group: 0, Page: 16 + i}}})

@@ -64,14 +64,7 @@ const startLoadBenchPages = 190
 // benchmark ends) and the loads of a StartLoad of startLoadBenchPages pages of group 0, 12 to a
 // request.
 func startLoadBench(b *testing.B, pool *embPool, m kvmem.Mover, l kvmem.Layout) (*Worker, []RequestTransfers) {
-	w, err := NewWorker(baseOptions(), pool, m)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = w.Close(context.Background()) })
-	if err := w.RegisterLayout(l); err != nil {
-		b.Fatal(err)
-	}
+	w := registeredWorker(b, pool, m, l)
 	var reqs []RequestTransfers
 	for i := range startLoadBenchPages {
 		if i%12 == 0 {
