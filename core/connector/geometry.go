@@ -13,6 +13,16 @@ type geometry struct {
 	groups []keys.LayerGroupPages
 	// keysPerBlock is how many keys a hit on one block needs.
 	keysPerBlock int
+	// prefixes are this rank's key prefixes of each group, by group: a page's keys are made
+	// from them without formatting the namespace again (resolveLoads). The namespace and block
+	// size are the options', fixed for the connector's life, and a geometry is made per layout.
+	prefixes []groupPrefixes
+}
+
+// groupPrefixes are the key prefixes of one layer group's pages: a page of block h has the key
+// sharded+hex(h) and, when replicated is not empty, the key replicated+hex(h).
+type groupPrefixes struct {
+	sharded, replicated string
 }
 
 func newGeometry(l kvmem.Layout, o Options) (*geometry, error) {
@@ -34,9 +44,12 @@ func newGeometry(l kvmem.Layout, o Options) (*geometry, error) {
 		p := keys.LayerGroupPages{Group: lg.ID, BytesPerPage: lg.BytesPerPage(), ReplicatedBytesPerPage: lg.ReplicatedBytesPerPage()}
 		g.groups = append(g.groups, p)
 		g.keysPerBlock += world
+		pre := groupPrefixes{sharded: o.Namespace.PageKeyPrefix(lg.ID, o.TokensPerBlock, p.BytesPerPage)}
 		if p.ReplicatedBytesPerPage > 0 {
 			g.keysPerBlock++
+			pre.replicated = o.Namespace.ReplicatedPageKeyPrefix(lg.ID, o.TokensPerBlock, p.ReplicatedBytesPerPage)
 		}
+		g.prefixes = append(g.prefixes, pre)
 	}
 	return g, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime/trace"
+	"slices"
 	"strings"
 	"time"
 
@@ -25,30 +26,19 @@ type pageIO struct {
 }
 
 // resolveLoads turns transfer lists into the page values to get: every page's sharded value
-// and, for a group with replicated regions, its replicated value. The keys of one load are
-// built into one buffer from each group's key prefix, computed once, rather than one at a time
-// (a StartLoad resolves a few hundred pages before its first copy can start).
-func (w *Worker) resolveLoads(ts []RequestTransfers) ([]pageIO, error) {
+// and, for a group with replicated regions, its replicated value. It appends them to dst[:0]
+// (a worker's lists, reused from load to load). The keys of one load are built into one string
+// from the geometry's key prefixes, the hash's hex made once per page (a StartLoad resolves a
+// few hundred pages before its first copy can start).
+func (w *Worker) resolveLoads(dst []pageIO, ts []RequestTransfers) ([]pageIO, error) {
 	g := w.geom
-	T := w.opts.TokensPerBlock
-	ns := w.opts.Namespace
-	type prefixes struct{ sharded, replicated string }
-	byGroup := map[int]prefixes{}
 	n, items := 0, 0
 	for _, t := range ts {
 		for _, p := range t.Pages {
 			if err := g.checkPage(p.Group, p.Page); err != nil {
 				return nil, fmt.Errorf("request %s: %w", t.RequestID, err)
 			}
-			pre, ok := byGroup[p.Group]
-			if !ok {
-				lg := g.groups[p.Group]
-				pre.sharded = ns.PageKeyPrefix(p.Group, T, lg.BytesPerPage)
-				if lg.ReplicatedBytesPerPage > 0 {
-					pre.replicated = ns.ReplicatedPageKeyPrefix(p.Group, T, lg.ReplicatedBytesPerPage)
-				}
-				byGroup[p.Group] = pre
-			}
+			pre := &g.prefixes[p.Group]
 			n += len(pre.sharded) + 2*keys.HashSize
 			items++
 			if pre.replicated != "" {
@@ -57,33 +47,33 @@ func (w *Worker) resolveLoads(ts []RequestTransfers) ([]pageIO, error) {
 			}
 		}
 	}
-	// Every key is a slice of one string: the offsets first, then the string once built.
+	out := slices.Grow(dst[:0], items)
 	var sb strings.Builder
 	sb.Grow(n)
-	type span struct{ at, end int }
-	spans := make([]span, 0, items)
-	out := make([]pageIO, 0, items)
 	var hex [2 * keys.HashSize]byte
-	add := func(ri int, prefix string, h keys.Hash, ref kvmem.PageRef, size uint64) {
-		at := sb.Len()
-		sb.WriteString(prefix)
-		sb.Write(keys.AppendHex(hex[:0], h))
-		spans = append(spans, span{at, sb.Len()})
-		out = append(out, pageIO{req: ri, ref: ref, size: int(size)})
-	}
 	for ri, t := range ts {
 		for _, p := range t.Pages {
-			lg := g.groups[p.Group]
-			pre := byGroup[p.Group]
-			add(ri, pre.sharded, p.Hash, kvmem.PageRef{Group: p.Group, Slot: p.Page}, lg.BytesPerPage)
+			pre := &g.prefixes[p.Group]
+			lg := &g.groups[p.Group]
+			x := keys.AppendHex(hex[:0], p.Hash)
+			// Until the string is built, each key holds its prefix: the key is that many bytes
+			// and the hex, at the same place in the string.
+			sb.WriteString(pre.sharded)
+			sb.Write(x)
+			out = append(out, pageIO{req: ri, key: pre.sharded, ref: kvmem.PageRef{Group: p.Group, Slot: p.Page}, size: int(lg.BytesPerPage)})
 			if pre.replicated != "" {
-				add(ri, pre.replicated, p.Hash, kvmem.PageRef{Group: p.Group, Slot: p.Page, Replicated: true}, lg.ReplicatedBytesPerPage)
+				sb.WriteString(pre.replicated)
+				sb.Write(x)
+				out = append(out, pageIO{req: ri, key: pre.replicated, ref: kvmem.PageRef{Group: p.Group, Slot: p.Page, Replicated: true}, size: int(lg.ReplicatedBytesPerPage)})
 			}
 		}
 	}
 	all := sb.String()
-	for i, sp := range spans {
-		out[i].key = all[sp.at:sp.end]
+	at := 0
+	for i := range out {
+		end := at + len(out[i].key) + 2*keys.HashSize
+		out[i].key = all[at:end]
+		at = end
 	}
 	return out, nil
 }

@@ -9,13 +9,16 @@ import (
 )
 
 // BenchmarkResolveLoads resolves the pool keys of a StartLoad of 190 pages of one group, as the
-// PyTorch engine's warm StartLoads hold, before any copy can start.
+// PyTorch engine's warm StartLoads hold, before any copy can start: into the list the previous
+// load left, as StartLoad does.
 func BenchmarkResolveLoads(b *testing.B) {
 	l := testLayout(256)
 	w, reqs := startLoadBench(b, newEmbPool(b, 1<<20), newRegisteringMover(l), l)
+	var items []pageIO
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := w.resolveLoads(reqs); err != nil {
+		var err error
+		if items, err = w.resolveLoads(items, reqs); err != nil {
 			b.Fatal(err)
 		}
 	}

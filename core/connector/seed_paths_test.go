@@ -239,7 +239,7 @@ func TestLoadPagesAcrossCallsAndShortResults(t *testing.T) {
 		}
 		loads = append(loads, meta.Loads...)
 	}
-	items, err := w.resolveLoads(loads)
+	items, err := w.resolveLoads(nil, loads)
 	if err != nil {
 		t.Fatal(err)
 	}

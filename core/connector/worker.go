@@ -440,7 +440,7 @@ func (w *Worker) StartLoad(ctx context.Context) error {
 		wakeDevice(w.mover)
 	}
 	m := sample.Start()
-	items, err := w.resolveLoads(loads)
+	items, err := w.resolveLoads(nil, loads)
 	sample.End(stats.PhaseResolve, m)
 	if err != nil {
 		return w.keep(err)
@@ -869,7 +869,7 @@ func (w *Worker) loadParked(i int, a *asyncLoad, mover kvmem.Mover, stage kvmem.
 	}
 	wakeDevice(mover)
 	m := sample.Start()
-	items, err := w.resolveLoads([]RequestTransfers{{RequestID: a.id, Pages: a.pages}})
+	items, err := w.resolveLoads(nil, []RequestTransfers{{RequestID: a.id, Pages: a.pages}})
 	sample.End(stats.PhaseResolve, m)
 	if err != nil {
 		return true, err
