@@ -80,11 +80,66 @@ func (w *Worker) resolveLoads(dst []pageIO, ts []RequestTransfers) ([]pageIO, er
 
 // loadResult is what loadPages did.
 type loadResult struct {
-	failed       map[int]bool // request indices that lost a page
+	failed       map[int]bool // request indices that lost a page; nil when none did
 	failedPages  int
 	firstMissing string
 	landedBytes  int64
 	storeCalls   int
+}
+
+// fail records that request req lost a page.
+func (r *loadResult) fail(req int) {
+	if r.failed == nil {
+		r.failed = map[int]bool{}
+	}
+	r.failed[req] = true
+}
+
+// loadLists are the lists a load is made of: the pages it resolves and, for each batch, its keys
+// and what it scatters and checks. A worker keeps one set per goroutine that loads and reuses it
+// from load to load (keepLoadLists), so a warm load allocates none of them. Each list is as long
+// as the load's pages, and a batch takes its lists from the index of its first page: a batch
+// holds no more entries than the pages it covers, so no two batches of a load share an element,
+// and what a batch in flight still uses (a scatter, a check not read yet) is never written by
+// the next. Every batch is done, its scatter and check read, before its load returns.
+type loadLists struct {
+	items   []pageIO
+	keys    []string
+	owners  []*pageIO
+	bufs    [][]byte // staging slots, for a load that does not read the pool in place
+	srcs    [][]byte
+	refs    []kvmem.PageRef
+	sums    []uint64
+	idx     []int
+	checked []*pageIO
+}
+
+// maxKeptLoadLists is the most values (a page of a group with replicated regions is two) a
+// worker's kept lists are sized for: the lists of a larger load are dropped once it is done, so
+// one unusually large load does not leave them held for good.
+const maxKeptLoadLists = 4096
+
+// fit makes every batch list at least n long.
+func (l *loadLists) fit(n int) {
+	if len(l.keys) >= n {
+		return
+	}
+	l.keys = make([]string, n)
+	l.owners = make([]*pageIO, n)
+	l.bufs = make([][]byte, n)
+	l.srcs = make([][]byte, n)
+	l.refs = make([]kvmem.PageRef, n)
+	l.sums = make([]uint64, n)
+	l.idx = make([]int, n)
+	l.checked = make([]*pageIO, n)
+}
+
+// keepLoadLists returns l to be used again, or nil when it has grown past maxKeptLoadLists.
+func keepLoadLists(l *loadLists) *loadLists {
+	if l == nil || cap(l.items) > maxKeptLoadLists || len(l.keys) > maxKeptLoadLists {
+		return nil
+	}
+	return l
 }
 
 // directBatchBytes is what one batch moves when pages are used in place: a load or save batch
@@ -127,8 +182,14 @@ const directBatchMaxPages = 8192
 // next batch is copied and is read once that copy is done (sync); a page that fails it fails its
 // request as a missing page does, is counted by the pool as a checksum error, and is never
 // reported loaded. Every check is read before loadPages returns.
-func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mover kvmem.Mover, stage kvmem.Staging, batch int, items []pageIO, sample *stats.LoadSample) (res loadResult, err error) {
-	res.failed = map[int]bool{}
+//
+// The batches' lists are taken from lists (nil: lists of its own).
+func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mover kvmem.Mover, stage kvmem.Staging, batch int, items []pageIO, lists *loadLists, sample *stats.LoadSample) (res loadResult, err error) {
+	if lists == nil {
+		lists = new(loadLists)
+	}
+	lists.fit(len(items))
+	n := len(items) // a batch's lists run from its first page's index to at most here
 	deferred, checker := gpuPageChecks(view, mover)
 	// The device's own time on this load's checked scatters: what the mover's totals grew by
 	// once every check is read (the mover is this load's alone until it returns).
@@ -192,7 +253,7 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 				it := c.owners[i]
 				res.failedPages++
 				res.landedBytes -= int64(it.size)
-				res.failed[it.req] = true
+				res.fail(it.req)
 				if res.firstMissing == "" {
 					res.firstMissing = it.key
 				}
@@ -278,17 +339,13 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 			return res, err
 		}
 		m := sample.Start()
-		// A batch read in place takes pages by bytes, not by count: room for what is left.
-		room := batch
-		if view != nil {
-			room = min(len(items)-next, directBatchMaxPages)
-		}
-		keys := make([]string, 0, room)
+		start := next
+		keys := lists.keys[start:start:n]
 		var bufs [][]byte
 		if view == nil {
-			bufs = make([][]byte, 0, batch)
+			bufs = lists.bufs[start:start:n]
 		}
-		owners := make([]*pageIO, 0, room)
+		owners := lists.owners[start:start:n]
 		for bytes := 0; next < len(items) && !full(len(keys), bytes); next++ {
 			it := &items[next]
 			if res.failed[it.req] {
@@ -330,14 +387,14 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 			sample.StoreCalls++
 		}
 
-		srcs := make([][]byte, 0, len(keys))
-		refs := make([]kvmem.PageRef, 0, len(keys))
+		srcs := lists.srcs[start:start:n]
+		refs := lists.refs[start:start:n]
 		checked := v != nil && v.Sums != nil // a deferred view: the GPU checks what it copies
 		var sums []uint64
 		var idx []int
 		var scatteredOwners []*pageIO
 		if checked {
-			sums, idx, scatteredOwners = make([]uint64, 0, len(keys)), make([]int, 0, len(keys)), make([]*pageIO, 0, len(keys))
+			sums, idx, scatteredOwners = lists.sums[start:start:n], lists.idx[start:start:n], lists.checked[start:start:n]
 		}
 		for i, it := range owners {
 			if len(got) == len(keys) && got[i] == int64(it.size) && len(bufs) == len(keys) && len(bufs[i]) == it.size {
@@ -355,7 +412,7 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 			if res.firstMissing == "" {
 				res.firstMissing = it.key
 			}
-			res.failed[it.req] = true
+			res.fail(it.req)
 		}
 		if err := wait(); err != nil {
 			if release != nil {

@@ -254,7 +254,7 @@ func TestLoadPagesAcrossCallsAndShortResults(t *testing.T) {
 	}
 	// Two slot sets of 4: calls of 4 keys. Call 1 (a's values 4..7) comes back short.
 	pool := &scriptedPool{Pool: mem, short: map[int]bool{1: true}}
-	res, err := loadPages(context.Background(), pool, nil, mover, stage, 64, items, nil)
+	res, err := loadPages(context.Background(), pool, nil, mover, stage, 64, items, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

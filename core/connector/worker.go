@@ -43,7 +43,10 @@ type Worker struct {
 	loadStage kvmem.Staging // synchronous loads
 	// wokenAt is when WakeForLoads last woke the device (Unix nanoseconds), 0 once a StartLoad
 	// took it.
-	wokenAt     atomic.Int64
+	wokenAt atomic.Int64
+	// syncLists are the synchronous loads' lists, kept between StartLoads (loadLists); a
+	// StartLoad takes them, so one running beside another makes its own.
+	syncLists   atomic.Pointer[loadLists]
 	bound       Metadata
 	failedSync  []string
 	failedAsync []string
@@ -439,13 +442,19 @@ func (w *Worker) StartLoad(ctx context.Context) error {
 	if woke := w.wokenAt.Swap(0); woke == 0 || time.Since(time.Unix(0, woke)) > wakeFresh {
 		wakeDevice(w.mover)
 	}
+	lists := w.syncLists.Swap(nil)
+	if lists == nil {
+		lists = new(loadLists)
+	}
 	m := sample.Start()
-	items, err := w.resolveLoads(nil, loads)
+	items, err := w.resolveLoads(lists.items, loads)
 	sample.End(stats.PhaseResolve, m)
 	if err != nil {
 		return w.keep(err)
 	}
-	res, err := loadPages(ctx, w.pool, w.direct, w.mover, stage, w.opts.TransferBatchSize, items, sample)
+	lists.items = items
+	res, err := loadPages(ctx, w.pool, w.direct, w.mover, stage, w.opts.TransferBatchSize, items, lists, sample)
+	w.syncLists.Store(keepLoadLists(lists))
 	if sample != nil {
 		sample.Transfer = time.Since(began)
 		w.stats.RecordLoad(sample)
@@ -828,6 +837,7 @@ func (w *Worker) asyncLoop(i int) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	mover, stage := w.asyncMovers[i], w.asyncStages[i]
+	var lists *loadLists // this goroutine's, kept between its loads
 	for {
 		a, ok := w.asyncQ.pop()
 		if !ok {
@@ -839,7 +849,11 @@ func (w *Worker) asyncLoop(i int) {
 		w.stats.SetLoadQueue(w.asyncQueued, w.asyncActive)
 		w.mu.Unlock()
 
-		failed, err := w.loadParked(i, a, mover, stage)
+		if lists == nil {
+			lists = new(loadLists)
+		}
+		failed, err := w.loadParked(i, a, mover, stage, lists)
+		lists = keepLoadLists(lists)
 
 		w.mu.Lock()
 		w.asyncActive--
@@ -852,7 +866,7 @@ func (w *Worker) asyncLoop(i int) {
 	}
 }
 
-func (w *Worker) loadParked(i int, a *asyncLoad, mover kvmem.Mover, stage kvmem.Staging) (failed bool, err error) {
+func (w *Worker) loadParked(i int, a *asyncLoad, mover kvmem.Mover, stage kvmem.Staging, lists *loadLists) (failed bool, err error) {
 	var sample *stats.LoadSample
 	if w.stats.Enabled() {
 		sample = &stats.LoadSample{Async: true, Wait: w.opts.Clock().Sub(a.enqueued), ThreadCPU: true}
@@ -869,12 +883,13 @@ func (w *Worker) loadParked(i int, a *asyncLoad, mover kvmem.Mover, stage kvmem.
 	}
 	wakeDevice(mover)
 	m := sample.Start()
-	items, err := w.resolveLoads(nil, []RequestTransfers{{RequestID: a.id, Pages: a.pages}})
+	items, err := w.resolveLoads(lists.items, []RequestTransfers{{RequestID: a.id, Pages: a.pages}})
 	sample.End(stats.PhaseResolve, m)
 	if err != nil {
 		return true, err
 	}
-	res, err := loadPages(w.ctx, w.pool, w.direct, mover, stage, w.opts.TransferBatchSize, items, sample)
+	lists.items = items
+	res, err := loadPages(w.ctx, w.pool, w.direct, mover, stage, w.opts.TransferBatchSize, items, lists, sample)
 	if sample != nil {
 		sample.Transfer = time.Since(began)
 	}
