@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"time"
 
 	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake"
@@ -16,6 +17,9 @@ type inPlacePool struct {
 	*guardedPool
 	v mooncake.Viewer
 	r mooncake.Reserver
+	// corrupt counts a page a deferred view's caller found corrupt (View.OnCorrupt): made once
+	// rather than per view.
+	corrupt func()
 }
 
 // connectorPool is the pool the daemon hands a connector: the guarded pool, with the in-place
@@ -33,37 +37,48 @@ func (d *Daemon) connectorPool() mooncake.Pool {
 	if !ok {
 		return d.pool
 	}
-	return &inPlacePool{guardedPool: d.guard, v: v, r: r}
+	p := &inPlacePool{guardedPool: d.guard, v: v, r: r}
+	p.corrupt = func() { p.failed("get", &p.loadPages, 1) }
+	return p
 }
 
-// BatchView checks within the timeout and counts the pages it did not offer, as BatchGet.
+// BatchView checks and counts the pages it did not offer, as BatchGet.
+//
+// A view, unlike the guard's other calls, carries no deadline of its own: the backend answers
+// it from its memory, under its lock, and waits on nothing a deadline could cut off, so a timer
+// per call (a StartLoad makes one view per batch) would bound nothing. A view that ran past the
+// pool timeout, or whose caller's deadline passed, is still counted as a get that timed out.
 func (p *inPlacePool) BatchView(ctx context.Context, keys []string) *mooncake.View {
-	ctx, cancel := context.WithTimeout(ctx, p.timeout)
-	defer cancel()
+	began := time.Now()
 	v := p.v.BatchView(ctx, keys)
-	p.timedOut("get", ctx)
-	bad := 0
-	for _, n := range v.Codes {
-		if n < 0 {
-			bad++
-		}
-	}
-	p.failed("get", &p.loadPages, bad)
+	p.countView(ctx, began, v)
 	return v
 }
 
-// BatchViewDeferred leases without checking, within the timeout, and counts the pages it did
-// not offer as BatchView does; a page the caller's check later finds corrupt is counted then.
-// A backend without deferred views checks here, and the view it returns has no Sums.
+// BatchViewDeferred leases without checking and counts the pages it did not offer as
+// BatchView does; a page the caller's check later finds corrupt is counted then. A backend
+// without deferred views checks here, and the view it returns has no Sums.
 func (p *inPlacePool) BatchViewDeferred(ctx context.Context, keys []string) *mooncake.View {
 	dv, ok := p.v.(mooncake.DeferredViewer)
 	if !ok {
 		return p.BatchView(ctx, keys)
 	}
-	ctx, cancel := context.WithTimeout(ctx, p.timeout)
-	defer cancel()
+	began := time.Now()
 	v := dv.BatchViewDeferred(ctx, keys)
-	p.timedOut("get", ctx)
+	p.countView(ctx, began, v)
+	v.OnCorrupt(p.corrupt)
+	return v
+}
+
+// countView counts a view that began at began as the guard counts a get: a timeout when it ran
+// past the pool timeout or its context's deadline passed, and the pages it did not offer.
+func (p *inPlacePool) countView(ctx context.Context, began time.Time, v *mooncake.View) {
+	if time.Since(began) > p.timeout {
+		p.timeouts.Add(1)
+		p.m.timeouts.WithLabelValues("get").Inc()
+	} else {
+		p.timedOut("get", ctx)
+	}
 	bad := 0
 	for _, n := range v.Codes {
 		if n < 0 {
@@ -71,8 +86,6 @@ func (p *inPlacePool) BatchViewDeferred(ctx context.Context, keys []string) *moo
 		}
 	}
 	p.failed("get", &p.loadPages, bad)
-	v.OnCorrupt(func() { p.failed("get", &p.loadPages, 1) })
-	return v
 }
 
 // MemoryRegions is the backend's.

@@ -1,7 +1,9 @@
 package daemon
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake"
@@ -37,5 +39,56 @@ func TestConnectorPoolInPlace(t *testing.T) {
 	}
 	if _, ok := d2.connectorPool().(mooncake.Viewer); ok {
 		t.Fatal("a Mooncake backend is read in place")
+	}
+}
+
+// TestInPlaceViewsCounted: the in-place reads count as the guard counts gets, without a timer of
+// their own: a page not offered and a page the caller's check finds corrupt are failed load
+// pages; a view past the pool timeout, or past its caller's deadline, is a timeout; a view
+// within both is not.
+func TestInPlaceViewsCounted(t *testing.T) {
+	o := mooncake.DefaultOptions()
+	o.Segments = []mooncake.SegmentSpec{{Name: "s", Capacity: 1 << 20}}
+	o.EvictionPeriod = 0
+	for _, timeout := range []time.Duration{time.Hour, time.Nanosecond} {
+		d, err := New(Config{Pool: o, PoolTimeout: timeout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		// Straight into the backend: through the guard, a put would time out too.
+		if c := d.Pool().BatchPut(ctx, []string{"a", "b"}, [][]byte{[]byte("aaaa"), []byte("bbbb")}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK || c[1] != mooncake.OK {
+			t.Fatalf("put: %v", c)
+		}
+		p := d.connectorPool()
+		want := statsapi.PoolFailuresJSON{}
+		check := func(what string) {
+			t.Helper()
+			if got := d.guard.failures(); got != want {
+				t.Fatalf("timeout %v, %s: counted %+v, want %+v", timeout, what, got, want)
+			}
+		}
+		timedOut := int64(0)
+		if timeout == time.Nanosecond {
+			timedOut = 1
+		}
+		v := p.(mooncake.Viewer).BatchView(ctx, []string{"a", "missing"})
+		v.Release()
+		want.LoadPages, want.Timeouts = 1, timedOut
+		check("a view with a missing page")
+		v = p.(mooncake.DeferredViewer).BatchViewDeferred(ctx, []string{"missing", "b"})
+		want.LoadPages, want.Timeouts = 2, 2*timedOut
+		check("a deferred view with a missing page")
+		v.Corrupt(1)
+		v.Release()
+		want.LoadPages = 3
+		check("a page the caller found corrupt")
+		past, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+		v = p.(mooncake.DeferredViewer).BatchViewDeferred(past, []string{"a"})
+		cancel()
+		v.Release()
+		want.LoadPages, want.Timeouts = 4, 2*timedOut+1
+		check("a view past its caller's deadline")
+		_ = d.closeBackend()
 	}
 }

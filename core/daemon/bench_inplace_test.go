@@ -1,0 +1,54 @@
+package daemon
+
+import (
+	"context"
+	"testing"
+
+	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/mooncake"
+)
+
+// BenchmarkInPlaceViewDeferred is the daemon's pool as a connector reads it in place: one
+// deferred view of 190 stored pages of 64 KiB (a warm StartLoad's) through the pool guard, and
+// its release.
+func BenchmarkInPlaceViewDeferred(b *testing.B) {
+	const pages, size = 190, 64 << 10
+	o := mooncake.DefaultOptions()
+	o.Segments = []mooncake.SegmentSpec{{Name: "s", Capacity: 2 * pages * size}}
+	o.EvictionPeriod = 0
+	d, err := New(Config{Pool: o})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = d.closeBackend() })
+	p, ok := d.connectorPool().(mooncake.DeferredViewer)
+	if !ok {
+		b.Fatal("the embedded backend's connector pool has no deferred views")
+	}
+	ns := keys.Namespace{ModelKey: "meta-llama/Llama-3.1-8B-Instruct", WorldSize: 1}
+	ks := make([]string, pages)
+	bufs := make([][]byte, pages)
+	for i := range ks {
+		var h keys.Hash
+		h[0], h[1], h[15] = byte(i), byte(i>>8), 0x5a
+		ks[i] = ns.PageKey(0, 32, size, h)
+		bufs[i] = make([]byte, size)
+		bufs[i][0] = byte(i)
+	}
+	ctx := context.Background()
+	for i, c := range d.pool.BatchPut(ctx, ks, bufs, mooncake.ReplicateConfig{}) {
+		if c != mooncake.OK {
+			b.Fatalf("put %d: %v", i, c)
+		}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		v := p.BatchViewDeferred(ctx, ks)
+		for i, n := range v.Codes {
+			if n != size {
+				b.Fatalf("page %d: %d", i, n)
+			}
+		}
+		v.Release()
+	}
+}
