@@ -243,10 +243,10 @@ func (e *Embedded) validKey(k string) bool {
 	return k != "" && len(k) <= e.opts.MaxKeyLength
 }
 
-// grantLease renews o's read lease to now+TTL (never shortening it) and refreshes its group.
-func (e *Embedded) grantLease(o *object, now time.Time) {
+// grantLease renews o's read lease to deadline, now+TTL (never shortening it), and refreshes
+// its group. A call that grants many leases at one now computes the deadline once.
+func (e *Embedded) grantLease(o *object, now, deadline time.Time) {
 	ttl := e.opts.LeaseTTL
-	deadline := now.Add(ttl)
 	if g := o.group; g != nil {
 		refresh := g.needsRefresh || !e.opts.GroupRefreshHalfTTL || o.lease.Sub(now) < ttl/2
 		if refresh {
@@ -278,6 +278,7 @@ func (e *Embedded) BatchIsExist(ctx context.Context, ks []string) []int {
 	}
 	e.mu.Lock()
 	now := e.clock.Now()
+	deadline := now.Add(e.opts.LeaseTTL)
 	var failed int64
 	for i, k := range ks {
 		if !e.validKey(k) {
@@ -291,7 +292,7 @@ func (e *Embedded) BatchIsExist(ctx context.Context, ks []string) []int {
 		}
 		out[i] = 1
 		if e.opts.ExistRenewsLease {
-			e.grantLease(o, now)
+			e.grantLease(o, now, deadline)
 		}
 	}
 	e.mu.Unlock()
@@ -672,6 +673,7 @@ func (e *Embedded) acquire(ctx context.Context, ks []string, room func(i int) in
 	}
 	e.mu.Lock()
 	now := e.clock.Now()
+	deadline := now.Add(e.opts.LeaseTTL)
 	for i, k := range ks {
 		if !e.validKey(k) {
 			out[i] = int64(ErrInvalidParams)
@@ -690,7 +692,7 @@ func (e *Embedded) acquire(ctx context.Context, ks []string, room func(i int) in
 			out[i] = int64(ErrInvalidParams)
 			continue
 		}
-		e.grantLease(o, now)
+		e.grantLease(o, now, deadline)
 		o.refcnt++
 		held[i] = o
 	}

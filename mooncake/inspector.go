@@ -153,7 +153,8 @@ func (e *Embedded) QueryKey(ctx context.Context, key string) ([]ReplicaDesc, Cod
 		e.c.misses.Add(1)
 		return nil, ErrObjectNotFound
 	}
-	e.grantLease(o, e.clock.Now())
+	now := e.clock.Now()
+	e.grantLease(o, now, now.Add(e.opts.LeaseTTL))
 	return []ReplicaDesc{e.replicaLocked(o)}, OK
 }
 
