@@ -662,24 +662,30 @@ func (e *Embedded) BatchGet(ctx context.Context, ks []string, bufs [][]byte) []i
 // the others.
 func (e *Embedded) acquire(ctx context.Context, ks []string, room func(i int) int64) (out []int64, held []*object, misses int64) {
 	out = make([]int64, len(ks))
+	held = make([]*object, len(ks))
+	return out, held, acquireInto(e, ctx, ks, room, out, held)
+}
+
+// acquireInto is acquire into out and held, len(ks) long and zero, for keys given as strings or
+// as bytes (a key's bytes are only read).
+func acquireInto[K string | []byte](e *Embedded, ctx context.Context, ks []K, room func(i int) int64, out []int64, held []*object) (misses int64) {
 	e.c.getCalls.Add(1)
 	e.c.getItems.Add(int64(len(ks)))
-	held = make([]*object, len(ks))
 	if ctx.Err() != nil {
 		for i := range out {
 			out[i] = int64(ErrRPCFail)
 		}
-		return out, held, 0
+		return 0
 	}
 	e.mu.Lock()
 	now := e.clock.Now()
 	deadline := now.Add(e.opts.LeaseTTL)
 	for i, k := range ks {
-		if !e.validKey(k) {
+		if len(k) == 0 || len(k) > e.opts.MaxKeyLength { // validKey
 			out[i] = int64(ErrInvalidParams)
 			continue
 		}
-		o := e.objs[k]
+		o := e.objs[string(k)]
 		switch {
 		case o == nil:
 			out[i] = int64(ErrObjectNotFound)
@@ -697,7 +703,7 @@ func (e *Embedded) acquire(ctx context.Context, ks []string, room func(i int) in
 		held[i] = o
 	}
 	e.mu.Unlock()
-	return out, held, misses
+	return misses
 }
 
 // finishGet counts a get whose copies or checks are done: out[i] is the size delivered or a

@@ -33,6 +33,18 @@ type DeferredViewer interface {
 	BatchViewDeferred(ctx context.Context, ks []string) *View
 }
 
+// ReusingViewer is implemented by DeferredViewers that also take keys as bytes and fill a View
+// their caller keeps from call to call, so a caller that views a few hundred values per call (a
+// load, before its first copy) makes neither a string per key nor the view's lists each call.
+type ReusingViewer interface {
+	DeferredViewer
+	// BatchViewDeferredInto is BatchViewDeferred of ks into v. A key's bytes are only read
+	// during the call. v is a new View, or one an earlier BatchViewDeferredInto filled that
+	// has been released and whose Corrupt calls are all made: what it held is forgotten and
+	// its lists are reused where they are long enough.
+	BatchViewDeferredInto(ctx context.Context, ks [][]byte, v *View)
+}
+
 // View is the result of Viewer.BatchView. Bufs[i] is key i's value in pool memory, nil where
 // Codes[i] is negative; Codes[i] is the value's size or a negative Code (ErrChecksumMismatch
 // for a value that failed its check: its bytes are not offered). A view must not be written.
@@ -44,6 +56,7 @@ type View struct {
 
 	e         *Embedded
 	held      []*object
+	bufs      [][]byte // Bufs' array, kept past Release for BatchViewDeferredInto to reuse
 	once      sync.Once
 	mu        sync.Mutex
 	onCorrupt []func()
@@ -123,16 +136,54 @@ func (e *Embedded) BatchView(ctx context.Context, ks []string) *View {
 func (e *Embedded) BatchViewDeferred(ctx context.Context, ks []string) *View {
 	out, held, misses := e.acquire(ctx, ks, nil)
 	v := &View{Bufs: make([][]byte, len(ks)), Codes: out, Sums: make([]uint64, len(ks)), e: e, held: held}
-	for i, o := range held {
+	e.offerDeferred(v, misses)
+	return v
+}
+
+// BatchViewDeferredInto implements ReusingViewer.
+func (e *Embedded) BatchViewDeferredInto(ctx context.Context, ks [][]byte, v *View) {
+	v.reuse(e, len(ks))
+	misses := acquireInto(e, ctx, ks, nil, v.Codes, v.held)
+	e.offerDeferred(v, misses)
+}
+
+// offerDeferred fills a deferred view whose keys acquire looked up: each held value's memory,
+// size and checksum at put.
+func (e *Embedded) offerDeferred(v *View, misses int64) {
+	for i, o := range v.held {
 		if o == nil {
 			continue
 		}
 		v.Bufs[i] = o.seg.mem[o.off : o.off+o.size : o.off+o.size]
 		v.Sums[i] = uint64(o.sum)
-		out[i] = o.size
+		v.Codes[i] = o.size
 	}
-	e.finishGet(out, held, misses)
-	return v
+	e.finishGet(v.Codes, v.held, misses)
+}
+
+// reuse readies v, new or released with its Corrupt calls made, for a deferred view of n keys
+// of e: every list n long and zero, in the arrays it had where they are long enough, no hook,
+// not released.
+func (v *View) reuse(e *Embedded, n int) {
+	v.bufs = zeroed(v.bufs, n)
+	v.Bufs = v.bufs
+	v.Codes = zeroed(v.Codes, n)
+	v.Sums = zeroed(v.Sums, n)
+	v.held = zeroed(v.held, n)
+	v.e = e
+	v.once = sync.Once{}
+	clear(v.onCorrupt)
+	v.onCorrupt = v.onCorrupt[:0]
+}
+
+// zeroed returns s's array, or a new one when it is shorter than n, as a list of n zero values.
+func zeroed[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	s = s[:n]
+	clear(s)
+	return s
 }
 
 // MemoryRegions implements Viewer.
@@ -214,5 +265,6 @@ func (p *PutReservation) Revoke() []Code {
 var (
 	_ Viewer         = (*Embedded)(nil)
 	_ DeferredViewer = (*Embedded)(nil)
+	_ ReusingViewer  = (*Embedded)(nil)
 	_ Reserver       = (*Embedded)(nil)
 )

@@ -3,6 +3,7 @@ package mooncake_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/kvctl/kvctl/core/keys"
@@ -220,5 +221,119 @@ func TestBatchViewDeferred(t *testing.T) {
 	}
 	if v.Codes[2] != int64(mooncake.ErrChecksumMismatch) {
 		t.Fatalf("corrupted value's code %d", v.Codes[2])
+	}
+}
+
+// TestBatchViewDeferredInto: a deferred view filled from keys given as bytes, into a View the
+// caller reuses, is the view BatchViewDeferred gives (codes, bytes, checksums, counters); the
+// key bytes are not kept (overwriting them after the call changes nothing); a reused view holds
+// nothing of its previous call (shorter and longer calls, misses where hits were, no hook of
+// the previous call) and is filled in the same arrays; its references keep removed values'
+// memory until Release; a cancelled call fails every key.
+func TestBatchViewDeferredInto(t *testing.T) {
+	p, _ := newPool(t, nil)
+	a, b := pattern(3*unit, 1), pattern(unit+17, 2)
+	if c := p.BatchPut(bg, []string{"a", "b"}, [][]byte{a, b}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK || c[1] != mooncake.OK {
+		t.Fatalf("put: %v", c)
+	}
+	mustPut(t, p, "bad", 4096, mooncake.ReplicateConfig{})
+	p.CorruptForTest("bad")
+	keyBytes := func(ks ...string) [][]byte {
+		out := make([][]byte, len(ks))
+		for i, k := range ks {
+			out[i] = []byte(k)
+		}
+		return out
+	}
+	ks := keyBytes("a", "missing", "bad", "")
+	want := p.BatchViewDeferred(bg, []string{"a", "missing", "bad", ""})
+	want.Release()
+	var v mooncake.View
+	p.BatchViewDeferredInto(bg, ks, &v)
+	for _, k := range ks {
+		for i := range k {
+			k[i] = 'x'
+		}
+	}
+	for i := range want.Codes {
+		if v.Codes[i] != want.Codes[i] || v.Sums[i] != want.Sums[i] {
+			t.Fatalf("key %d: code %d sum %#x, BatchViewDeferred gives %d %#x", i, v.Codes[i], v.Sums[i], want.Codes[i], want.Sums[i])
+		}
+	}
+	if !bytes.Equal(v.Bufs[0], a) || v.Bufs[1] != nil || len(v.Bufs[2]) != 4096 || v.Bufs[3] != nil {
+		t.Fatal("the view's bytes differ from what was put")
+	}
+	hooked := 0
+	v.OnCorrupt(func() { hooked++ })
+	v.Corrupt(2)
+	v.Release()
+	st, _ := p.Stats(bg)
+	// a and bad of both calls are hits, less the one found corrupt; missing misses twice.
+	if st.Hits != 3 || st.ChecksumErrors != 1 || st.Misses != 2 || hooked != 1 {
+		t.Fatalf("hits %d checksum errors %d misses %d hooks %d; want 3, 1, 2, 1", st.Hits, st.ChecksumErrors, st.Misses, hooked)
+	}
+
+	codes := &v.Codes[0]
+	p.BatchViewDeferredInto(bg, keyBytes("b"), &v)
+	if len(v.Codes) != 1 || len(v.Bufs) != 1 || len(v.Sums) != 1 || !bytes.Equal(v.Bufs[0], b) || v.Codes[0] != int64(len(b)) {
+		t.Fatalf("a shorter call into the view: codes %v", v.Codes)
+	}
+	if &v.Codes[0] != codes {
+		t.Fatal("the view's lists were not reused")
+	}
+	v.Corrupt(0) // no hook of the previous call may run
+	if hooked != 1 {
+		t.Fatal("a reused view kept the previous call's hook")
+	}
+	v.Release()
+
+	p.BatchViewDeferredInto(bg, keyBytes("missing", "b", "gone", "a", "b"), &v)
+	wantCodes := []int64{int64(mooncake.ErrObjectNotFound), int64(len(b)), int64(mooncake.ErrObjectNotFound), int64(len(a)), int64(len(b))}
+	for i, c := range wantCodes {
+		if v.Codes[i] != c {
+			t.Fatalf("a longer call into the view: codes %v, want %v", v.Codes, wantCodes)
+		}
+	}
+	if v.Bufs[0] != nil || v.Sums[0] != 0 || v.Bufs[2] != nil || v.Sums[2] != 0 || !bytes.Equal(v.Bufs[3], a) {
+		t.Fatal("a reused view offers something for a miss")
+	}
+	if p.Remove(bg, "a", true) != mooncake.OK {
+		t.Fatal("remove a")
+	}
+	used, _ := p.Stats(bg)
+	v.Release()
+	after, _ := p.Stats(bg)
+	if after.UsedBytes != used.UsedBytes-int64(len(a)) {
+		t.Fatalf("used bytes %d before the release, %d after; the view's reference on a removed value did not hold its memory until Release", used.UsedBytes, after.UsedBytes)
+	}
+
+	cancelled, cancel := context.WithCancel(bg)
+	cancel()
+	p.BatchViewDeferredInto(cancelled, keyBytes("b", "bad"), &v)
+	if v.Codes[0] != int64(mooncake.ErrRPCFail) || v.Codes[1] != int64(mooncake.ErrRPCFail) || v.Bufs[0] != nil {
+		t.Fatalf("a cancelled call: codes %v", v.Codes)
+	}
+	v.Release()
+}
+
+// TestBatchViewDeferredIntoAllocatesNothing: once a reused view's lists are long enough, a call
+// into it and its release allocate nothing.
+func TestBatchViewDeferredIntoAllocatesNothing(t *testing.T) {
+	p, _ := newPool(t, nil)
+	var ks [][]byte
+	for i := range 16 {
+		k := fmt.Sprintf("page-%02d", i)
+		mustPut(t, p, k, 64, mooncake.ReplicateConfig{})
+		ks = append(ks, []byte(k))
+	}
+	var v mooncake.View
+	if n := testing.AllocsPerRun(100, func() {
+		p.BatchViewDeferredInto(bg, ks, &v)
+		v.Release()
+	}); n != 0 {
+		t.Fatalf("%v allocations a call", n)
+	}
+	if v.Codes[15] != 64 {
+		t.Fatalf("codes %v", v.Codes)
 	}
 }
