@@ -10,7 +10,8 @@ import (
 
 // BenchmarkInPlaceViewDeferred is the daemon's pool as a connector reads it in place: one
 // deferred view of 190 stored pages of 64 KiB (a warm StartLoad's) through the pool guard, and
-// its release.
+// its release; keys as strings, a new View per call (strings), or keys as bytes into a View
+// reused from call to call (into).
 func BenchmarkInPlaceViewDeferred(b *testing.B) {
 	const pages, size = 190, 64 << 10
 	o := mooncake.DefaultOptions()
@@ -41,14 +42,36 @@ func BenchmarkInPlaceViewDeferred(b *testing.B) {
 			b.Fatalf("put %d: %v", i, c)
 		}
 	}
-	b.ReportAllocs()
-	for b.Loop() {
-		v := p.BatchViewDeferred(ctx, ks)
+	check := func(v *mooncake.View) {
 		for i, n := range v.Codes {
 			if n != size {
 				b.Fatalf("page %d: %d", i, n)
 			}
 		}
-		v.Release()
 	}
+	b.Run("strings", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			v := p.BatchViewDeferred(ctx, ks)
+			check(v)
+			v.Release()
+		}
+	})
+	b.Run("into", func(b *testing.B) {
+		rv, ok := p.(mooncake.ReusingViewer)
+		if !ok {
+			b.Fatal("the embedded backend's connector pool has no views into a reused View")
+		}
+		kb := make([][]byte, len(ks))
+		for i, k := range ks {
+			kb[i] = []byte(k)
+		}
+		var v mooncake.View
+		b.ReportAllocs()
+		for b.Loop() {
+			rv.BatchViewDeferredInto(ctx, kb, &v)
+			check(&v)
+			v.Release()
+		}
+	})
 }

@@ -39,7 +39,25 @@ func (d *Daemon) connectorPool() mooncake.Pool {
 	}
 	p := &inPlacePool{guardedPool: d.guard, v: v, r: r}
 	p.corrupt = func() { p.failed("get", &p.loadPages, 1) }
+	if rv, ok := d.backend.Pool.(mooncake.ReusingViewer); ok {
+		return &reusingInPlacePool{inPlacePool: p, rv: rv}
+	}
 	return p
+}
+
+// reusingInPlacePool is inPlacePool over a backend whose deferred views also take keys as bytes
+// into a View the caller reuses (mooncake.ReusingViewer), so a load's views allocate nothing.
+type reusingInPlacePool struct {
+	*inPlacePool
+	rv mooncake.ReusingViewer
+}
+
+// BatchViewDeferredInto is BatchViewDeferred into the caller's view, counted the same way.
+func (p *reusingInPlacePool) BatchViewDeferredInto(ctx context.Context, keys [][]byte, v *mooncake.View) {
+	began := time.Now()
+	p.rv.BatchViewDeferredInto(ctx, keys, v)
+	p.countView(ctx, began, v)
+	v.OnCorrupt(p.corrupt)
 }
 
 // BatchView checks and counts the pages it did not offer, as BatchGet.
@@ -112,4 +130,5 @@ var (
 	_ mooncake.Viewer         = (*inPlacePool)(nil)
 	_ mooncake.DeferredViewer = (*inPlacePool)(nil)
 	_ mooncake.Reserver       = (*inPlacePool)(nil)
+	_ mooncake.ReusingViewer  = (*reusingInPlacePool)(nil)
 )

@@ -27,6 +27,9 @@ func TestConnectorPoolInPlace(t *testing.T) {
 	if _, ok := p.(mooncake.Reserver); !ok {
 		t.Fatal("the embedded backend's connector pool has no in-place writes")
 	}
+	if _, ok := p.(mooncake.ReusingViewer); !ok {
+		t.Fatal("the embedded backend's connector pool has no views into a reused View")
+	}
 
 	e, err := mooncake.NewEmbedded(o)
 	if err != nil {
@@ -89,6 +92,19 @@ func TestInPlaceViewsCounted(t *testing.T) {
 		v.Release()
 		want.LoadPages, want.Timeouts = 4, 2*timedOut+1
 		check("a view past its caller's deadline")
+		var into mooncake.View
+		p.(mooncake.ReusingViewer).BatchViewDeferredInto(ctx, [][]byte{[]byte("a"), []byte("missing"), []byte("b")}, &into)
+		want.LoadPages, want.Timeouts = 5, 3*timedOut+1
+		check("a view into the caller's View with a missing page")
+		into.Corrupt(2)
+		into.Release()
+		want.LoadPages = 6
+		check("a page of a view into the caller's View found corrupt")
+		p.(mooncake.ReusingViewer).BatchViewDeferredInto(ctx, [][]byte{[]byte("b")}, &into)
+		into.Corrupt(0)
+		into.Release()
+		want.LoadPages, want.Timeouts = 7, 4*timedOut+1
+		check("the reused View's page found corrupt, counted once")
 		_ = d.closeBackend()
 	}
 }
