@@ -223,6 +223,17 @@ func (u *uncheckedPool) BatchViewDeferred(ctx context.Context, ks []string) *moo
 	return u.BatchView(ctx, ks)
 }
 
+// BatchViewDeferredInto answers as BatchView does, into v (it hides the embedded pool's, which
+// would hand out the checksums to check).
+func (u *uncheckedPool) BatchViewDeferredInto(ctx context.Context, ks [][]byte, v *mooncake.View) {
+	strs := make([]string, len(ks))
+	for i, k := range ks {
+		strs[i] = string(k)
+	}
+	nv := u.BatchView(ctx, strs)
+	v.Bufs, v.Codes, v.Sums = nv.Bufs, nv.Codes, nil
+}
+
 func (u *uncheckedPool) BatchView(_ context.Context, ks []string) *mooncake.View {
 	v := &mooncake.View{Bufs: make([][]byte, len(ks)), Codes: make([]int64, len(ks))}
 	for i, k := range ks {

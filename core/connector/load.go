@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"runtime/trace"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/kvctl/kvctl/core/keys"
@@ -14,29 +13,34 @@ import (
 	"github.com/kvctl/kvctl/mooncake"
 )
 
-// pageIO is one pool value to move: its key, the engine page it belongs to and the index of
-// the request that owns it.
+// pageIO is one pool value a save moves: its key and the engine page it comes from.
 type pageIO struct {
-	req int
-	// key is a slice of one string shared by the load's keys (resolveLoads): nothing keeps it
-	// past the load, or the whole string stays alive with it.
 	key  string
 	ref  kvmem.PageRef
 	size int
 }
 
-// resolveLoads turns transfer lists into the page values to get: every page's sharded value
-// and, for a group with replicated regions, its replicated value. It appends them to dst[:0]
-// (a worker's lists, reused from load to load). The keys of one load are built into one string
-// from the geometry's key prefixes, the hash's hex made once per page (a StartLoad resolves a
-// few hundred pages before its first copy can start).
-func (w *Worker) resolveLoads(dst []pageIO, ts []RequestTransfers) ([]pageIO, error) {
+// loadItem is one pool value a load gets: the index of the request that owns it, its key
+// (loadLists.key), and the engine page it lands in.
+type loadItem struct {
+	req     int
+	at, end int // its key's place in loadLists.keyBuf
+	ref     kvmem.PageRef
+	size    int
+}
+
+// resolveLoads turns transfer lists into the values a load gets, into l (its lists, reused
+// from load to load): every page's sharded value and, for a group with replicated regions, its
+// replicated value, in l.items, each with its key in l.keyBuf. A key is made from the
+// geometry's key prefix for its group and the hash's hex, made once per page (a StartLoad
+// resolves a few hundred pages before its first copy can start).
+func (w *Worker) resolveLoads(l *loadLists, ts []RequestTransfers) error {
 	g := w.geom
 	n, items := 0, 0
 	for _, t := range ts {
 		for _, p := range t.Pages {
 			if err := g.checkPage(p.Group, p.Page); err != nil {
-				return nil, fmt.Errorf("request %s: %w", t.RequestID, err)
+				return fmt.Errorf("request %s: %w", t.RequestID, err)
 			}
 			pre := &g.prefixes[p.Group]
 			n += len(pre.sharded) + 2*keys.HashSize
@@ -47,35 +51,26 @@ func (w *Worker) resolveLoads(dst []pageIO, ts []RequestTransfers) ([]pageIO, er
 			}
 		}
 	}
-	out := slices.Grow(dst[:0], items)
-	var sb strings.Builder
-	sb.Grow(n)
+	out := slices.Grow(l.items[:0], items)
+	buf := slices.Grow(l.keyBuf[:0], n)
 	var hex [2 * keys.HashSize]byte
 	for ri, t := range ts {
 		for _, p := range t.Pages {
 			pre := &g.prefixes[p.Group]
 			lg := &g.groups[p.Group]
 			x := keys.AppendHex(hex[:0], p.Hash)
-			// Until the string is built, each key holds its prefix: the key is that many bytes
-			// and the hex, at the same place in the string.
-			sb.WriteString(pre.sharded)
-			sb.Write(x)
-			out = append(out, pageIO{req: ri, key: pre.sharded, ref: kvmem.PageRef{Group: p.Group, Slot: p.Page}, size: int(lg.BytesPerPage)})
+			at := len(buf)
+			buf = append(append(buf, pre.sharded...), x...)
+			out = append(out, loadItem{req: ri, at: at, end: len(buf), ref: kvmem.PageRef{Group: p.Group, Slot: p.Page}, size: int(lg.BytesPerPage)})
 			if pre.replicated != "" {
-				sb.WriteString(pre.replicated)
-				sb.Write(x)
-				out = append(out, pageIO{req: ri, key: pre.replicated, ref: kvmem.PageRef{Group: p.Group, Slot: p.Page, Replicated: true}, size: int(lg.ReplicatedBytesPerPage)})
+				at = len(buf)
+				buf = append(append(buf, pre.replicated...), x...)
+				out = append(out, loadItem{req: ri, at: at, end: len(buf), ref: kvmem.PageRef{Group: p.Group, Slot: p.Page, Replicated: true}, size: int(lg.ReplicatedBytesPerPage)})
 			}
 		}
 	}
-	all := sb.String()
-	at := 0
-	for i := range out {
-		end := at + len(out[i].key) + 2*keys.HashSize
-		out[i].key = all[at:end]
-		at = end
-	}
-	return out, nil
+	l.items, l.keyBuf = out, buf
+	return nil
 }
 
 // loadResult is what loadPages did.
@@ -95,24 +90,32 @@ func (r *loadResult) fail(req int) {
 	r.failed[req] = true
 }
 
-// loadLists are the lists a load is made of: the pages it resolves and, for each batch, its keys
-// and what it scatters and checks. A worker keeps one set per goroutine that loads and reuses it
-// from load to load (keepLoadLists), so a warm load allocates none of them. Each list is as long
-// as the load's pages, and a batch takes its lists from the index of its first page: a batch
-// holds no more entries than the pages it covers, so no two batches of a load share an element,
-// and what a batch in flight still uses (a scatter, a check not read yet) is never written by
-// the next. Every batch is done, its scatter and check read, before its load returns.
+// loadLists are the lists a load is made of: the values it resolves and their keys, and for each
+// batch its keys, its pool view and what it scatters and checks. A worker keeps one set per
+// goroutine that loads and reuses it from load to load (keepLoadLists), so a warm load allocates
+// none of them. Each batch list is as long as the load's values, and a batch takes its lists
+// from the index of its first value: a batch holds no more entries than the values it covers,
+// so no two batches of a load share an element, and what a batch in flight still uses (a
+// scatter, a check not read yet) is never written by the next. Every batch is done, its scatter
+// and check read and its view released, before a load returns without an error.
 type loadLists struct {
-	items   []pageIO
-	keys    []string
-	owners  []*pageIO
-	bufs    [][]byte // staging slots, for a load that does not read the pool in place
-	srcs    [][]byte
-	refs    []kvmem.PageRef
-	sums    []uint64
-	idx     []int
-	checked []*pageIO
+	items  []loadItem
+	keyBuf []byte // every key of items, end to end
+
+	keys     []string // for a pool that takes keys as strings: slices of one string per load
+	keyBytes [][]byte // for one that takes them as bytes (mooncake.ReusingViewer): of keyBuf
+	owners   []*loadItem
+	bufs     [][]byte // staging slots, for a load that does not read the pool in place
+	srcs     [][]byte
+	refs     []kvmem.PageRef
+	sums     []uint64
+	idx      []int
+	checked  []*loadItem
+	views    []*mooncake.View // a load's views by batch, for mooncake.ReusingViewer
 }
+
+// key is the key of it, one of l.items.
+func (l *loadLists) key(it *loadItem) []byte { return l.keyBuf[it.at:it.end] }
 
 // maxKeptLoadLists is the most values (a page of a group with replicated regions is two) a
 // worker's kept lists are sized for: the lists of a larger load are dropped once it is done, so
@@ -125,18 +128,29 @@ func (l *loadLists) fit(n int) {
 		return
 	}
 	l.keys = make([]string, n)
-	l.owners = make([]*pageIO, n)
+	l.keyBytes = make([][]byte, n)
+	l.owners = make([]*loadItem, n)
 	l.bufs = make([][]byte, n)
 	l.srcs = make([][]byte, n)
 	l.refs = make([]kvmem.PageRef, n)
 	l.sums = make([]uint64, n)
 	l.idx = make([]int, n)
-	l.checked = make([]*pageIO, n)
+	l.checked = make([]*loadItem, n)
 }
 
-// keepLoadLists returns l to be used again, or nil when it has grown past maxKeptLoadLists.
-func keepLoadLists(l *loadLists) *loadLists {
-	if l == nil || cap(l.items) > maxKeptLoadLists || len(l.keys) > maxKeptLoadLists {
+// view returns the view of a load's batch b, kept for the next load.
+func (l *loadLists) view(b int) *mooncake.View {
+	for len(l.views) <= b {
+		l.views = append(l.views, new(mooncake.View))
+	}
+	return l.views[b]
+}
+
+// keepLoadLists returns the lists of a load that returned err to be used again: nil when it
+// failed (a view of one of its batches may not have been released) or when they have grown past
+// maxKeptLoadLists.
+func keepLoadLists(l *loadLists, err error) *loadLists {
+	if l == nil || err != nil || cap(l.items) > maxKeptLoadLists || len(l.keys) > maxKeptLoadLists {
 		return nil
 	}
 	return l
@@ -183,14 +197,26 @@ const directBatchMaxPages = 8192
 // request as a missing page does, is counted by the pool as a checksum error, and is never
 // reported loaded. Every check is read before loadPages returns.
 //
-// The batches' lists are taken from lists (nil: lists of its own).
-func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mover kvmem.Mover, stage kvmem.Staging, batch int, items []pageIO, lists *loadLists, sample *stats.LoadSample) (res loadResult, err error) {
-	if lists == nil {
-		lists = new(loadLists)
-	}
+// The values are lists.items (resolveLoads), and the batches' lists are taken from lists. A
+// pool with deferred views that also takes keys as bytes into a View the caller reuses
+// (mooncake.ReusingViewer) gets the keys' bytes, and views kept in lists; any other call gets
+// the keys as slices of one string made for the load.
+func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mover kvmem.Mover, stage kvmem.Staging, batch int, lists *loadLists, sample *stats.LoadSample) (res loadResult, err error) {
+	items := lists.items
 	lists.fit(len(items))
-	n := len(items) // a batch's lists run from its first page's index to at most here
+	n := len(items) // a batch's lists run from its first value's index to at most here
 	deferred, checker := gpuPageChecks(view, mover)
+	into, _ := deferred.(mooncake.ReusingViewer)
+	var keyString string
+	if into == nil {
+		keyString = string(lists.keyBuf)
+	}
+	// missing records the key of the load's first value that failed.
+	missing := func(it *loadItem) {
+		if res.firstMissing == "" {
+			res.firstMissing = string(lists.key(it))
+		}
+	}
 	// The device's own time on this load's checked scatters: what the mover's totals grew by
 	// once every check is read (the mover is this load's alone until it returns).
 	var timer kvmem.GPUTimer
@@ -217,18 +243,17 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 		check func() ([]bool, error) // the GPU check of the batch, when the mover checks
 	}
 	var inflight chan scattered
-	var inflightRelease func()
-	var inflightOwners []*pageIO
-	var inflightView *mooncake.View
+	var inflightOwners []*loadItem
+	var inflightView *mooncake.View // released once its scatter is done
 	var inflightIdx []int
 	// GPU checks launched and not read yet, oldest first: a batch's check runs while the next
 	// batch is copied, and is read once that copy is done.
 	type pendingCheck struct {
 		wait    func() ([]bool, error)
-		owners  []*pageIO
+		owners  []*loadItem
 		view    *mooncake.View
-		idx     []int  // index in view of each checked page
-		release func() // the view's release, for a batch issued without waiting for its copies
+		idx     []int // index in view of each checked page
+		release bool  // release the view once read: a batch issued without waiting for its copies
 	}
 	var checks []pendingCheck
 	collect := func(keep int) error {
@@ -240,8 +265,8 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 			bad, err := c.wait()
 			r.End()
 			sample.End(stats.PhaseSync, m)
-			if c.release != nil {
-				c.release() // issued without waiting: the copies are done only now
+			if c.release {
+				c.view.Release() // issued without waiting: the copies are done only now
 			}
 			if err != nil {
 				return fmt.Errorf("check loaded pages: %w", err)
@@ -254,9 +279,7 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 				res.failedPages++
 				res.landedBytes -= int64(it.size)
 				res.fail(it.req)
-				if res.firstMissing == "" {
-					res.firstMissing = it.key
-				}
+				missing(it)
 				c.view.Corrupt(c.idx[i])
 			}
 		}
@@ -270,9 +293,8 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 		out := <-inflight
 		sample.End(stats.PhaseSync, m)
 		inflight = nil
-		if inflightRelease != nil {
-			inflightRelease()
-			inflightRelease = nil
+		if inflightView != nil {
+			inflightView.Release()
 		}
 		if out.err != nil {
 			return fmt.Errorf("scatter loaded pages: %w", out.err)
@@ -334,24 +356,28 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 		return pages >= directBatchMaxPages || bytes >= target
 	}
 	set := 0
-	for next := 0; next < len(items); {
+	for b, next := 0, 0; next < len(items); b++ {
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
 		m := sample.Start()
 		start := next
-		keys := lists.keys[start:start:n]
+		keys, keyBytes := lists.keys[start:start:n], lists.keyBytes[start:start:n]
 		var bufs [][]byte
 		if view == nil {
 			bufs = lists.bufs[start:start:n]
 		}
 		owners := lists.owners[start:start:n]
-		for bytes := 0; next < len(items) && !full(len(keys), bytes); next++ {
+		for bytes := 0; next < len(items) && !full(len(owners), bytes); next++ {
 			it := &items[next]
 			if res.failed[it.req] {
 				continue
 			}
-			keys = append(keys, it.key)
+			if into != nil {
+				keyBytes = append(keyBytes, lists.key(it))
+			} else {
+				keys = append(keys, keyString[it.at:it.end])
+			}
 			if view == nil {
 				bufs = append(bufs, stage.Slot(set*batch + len(bufs))[:it.size])
 			}
@@ -360,30 +386,33 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 		}
 		sample.End(stats.PhaseDescribe, m)
 		target = later
-		if len(keys) == 0 {
+		if len(owners) == 0 {
 			continue
 		}
 
 		m = sample.Start()
 		getRegion := trace.StartRegion(ctx, "load.get")
 		var got []int64
-		var release func()
 		var v *mooncake.View
 		switch {
+		case into != nil:
+			v = lists.view(b)
+			into.BatchViewDeferredInto(ctx, keyBytes, v)
 		case deferred != nil:
 			v = deferred.BatchViewDeferred(ctx, keys)
-			got, bufs, release = v.Codes, v.Bufs, v.Release
 		case view != nil:
 			v = view.BatchView(ctx, keys)
-			got, bufs, release = v.Codes, v.Bufs, v.Release
 		default:
 			got = pool.BatchGet(ctx, keys, bufs)
+		}
+		if v != nil {
+			got, bufs = v.Codes, v.Bufs
 		}
 		sample.End(stats.PhaseGet, m)
 		getRegion.End()
 		res.storeCalls++
 		if sample != nil {
-			sample.Pages += int64(len(keys))
+			sample.Pages += int64(len(owners))
 			sample.StoreCalls++
 		}
 
@@ -392,12 +421,12 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 		checked := v != nil && v.Sums != nil // a deferred view: the GPU checks what it copies
 		var sums []uint64
 		var idx []int
-		var scatteredOwners []*pageIO
+		var scatteredOwners []*loadItem
 		if checked {
 			sums, idx, scatteredOwners = lists.sums[start:start:n], lists.idx[start:start:n], lists.checked[start:start:n]
 		}
 		for i, it := range owners {
-			if len(got) == len(keys) && got[i] == int64(it.size) && len(bufs) == len(keys) && len(bufs[i]) == it.size {
+			if len(got) == len(owners) && got[i] == int64(it.size) && len(bufs) == len(owners) && len(bufs[i]) == it.size {
 				srcs = append(srcs, bufs[i])
 				refs = append(refs, it.ref)
 				res.landedBytes += int64(it.size)
@@ -409,14 +438,12 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 				continue
 			}
 			res.failedPages++
-			if res.firstMissing == "" {
-				res.firstMissing = it.key
-			}
+			missing(it)
 			res.fail(it.req)
 		}
 		if err := wait(); err != nil {
-			if release != nil {
-				release()
+			if v != nil {
+				v.Release()
 			}
 			return res, err
 		}
@@ -427,10 +454,10 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 			r.End()
 			sample.End(stats.PhaseUnstage, m)
 			if err != nil {
-				release()
+				v.Release()
 				return res, fmt.Errorf("scatter loaded pages: %w", err)
 			}
-			checks = append(checks, pendingCheck{wait: check, owners: scatteredOwners, view: v, idx: idx, release: release})
+			checks = append(checks, pendingCheck{wait: check, owners: scatteredOwners, view: v, idx: idx, release: true})
 			// The mover keeps two checks in flight; reading the older ones here keeps their
 			// views no longer than needed.
 			if err := collect(2); err != nil {
@@ -453,11 +480,11 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 			} else {
 				scatter() // the last batch: nothing to overlap, and no hand-off to another thread
 			}
-			inflight, inflightRelease = done, release
+			inflight = done
 			inflightOwners, inflightView, inflightIdx = scatteredOwners, v, idx
 			sample.End(stats.PhaseUnstage, m)
-		} else if release != nil {
-			release()
+		} else if v != nil {
+			v.Release()
 		}
 		if sets == 2 {
 			set ^= 1

@@ -3,26 +3,29 @@ package connector
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
 
 	"github.com/kvctl/kvctl/core/kvmem"
+	"github.com/kvctl/kvctl/mooncake"
 )
 
 // TestLoadListsReusedAcrossLoads runs StartLoads of different sizes, several batches each, on
 // one worker whose lists are kept between them, for every way a load reads the pool (staged,
-// in place checked on the host, checked by the mover after each copy, issued without waiting).
-// A page evicted from the pool after the previous load fails exactly its request and leaves the
-// slot it would have filled alone; every other page lands with the saved bytes, a smaller load
-// after a larger one included; the lists are the same ones throughout.
+// in place checked on the host, checked by the mover after each copy with views into reused
+// Views or with keys as strings, issued without waiting). A page evicted from the pool after
+// the previous load fails exactly its request and leaves the slot it would have filled alone;
+// every other page lands with the saved bytes, a smaller load after a larger one included; the
+// lists, and the views, are the same ones throughout.
 func TestLoadListsReusedAcrossLoads(t *testing.T) {
 	oldDirect, oldChecked := directBatchBytes, directCheckedBatchBytes
 	directBatchBytes, directCheckedBatchBytes = 4*64, 4*64 // a few pages a batch
 	defer func() { directBatchBytes, directCheckedBatchBytes = oldDirect, oldChecked }()
 	const saved = 12
-	for _, kind := range []string{"staged", "in-place", "checked", "issued"} {
+	for _, kind := range []string{"staged", "in-place", "checked", "checked-strings", "issued"} {
 		t.Run(kind, func(t *testing.T) {
 			pool := newEmbPool(t, 1<<20)
 			l := testLayout(64)
@@ -39,7 +42,7 @@ func TestLoadListsReusedAcrossLoads(t *testing.T) {
 			case "in-place":
 				rm := newRegisteringMover(l)
 				m, got = rm, rm.hostMover
-			case "checked":
+			case "checked", "checked-strings":
 				cm := newCheckingMover(l)
 				m, got = cm, cm.hostMover
 			case "issued":
@@ -50,7 +53,16 @@ func TestLoadListsReusedAcrossLoads(t *testing.T) {
 			for i := range got.mem {
 				got.mem[i] = 0xEE
 			}
-			w := registeredWorkerWith(t, o, pool, m, l)
+			var wp mooncake.Pool = pool
+			if kind == "checked-strings" {
+				wp = stringViewPool{pool, pool.Embedded}
+			}
+			w := registeredWorkerWith(t, o, wp, m, l)
+			deferred, _ := gpuPageChecks(w.direct, w.mover)
+			_, into := deferred.(mooncake.ReusingViewer)
+			if wantInto := kind == "checked" || kind == "issued"; into != wantInto {
+				t.Fatalf("views into reused Views: %v, want %v", into, wantInto)
+			}
 			ns := o.Namespace
 
 			// load requests r<i> for the saved pages first..first+n-1, both groups, into slots
@@ -101,6 +113,10 @@ func TestLoadListsReusedAcrossLoads(t *testing.T) {
 			if lists == nil {
 				t.Fatal("the load's lists were not kept")
 			}
+			views := slices.Clone(lists.views)
+			if into && len(views) < 2 {
+				t.Fatalf("%d views kept: a load of several batches into reused Views is not under test", len(views))
+			}
 			// Evicted after the load that looked it up: its request fails, never wrong bytes.
 			if !pool.evict(ns.PageKey(0, testT, l.Groups[0].BytesPerPage(), directHash(5))) {
 				t.Fatal("page 5 was not in the pool")
@@ -111,11 +127,35 @@ func TestLoadListsReusedAcrossLoads(t *testing.T) {
 			if w.syncLists.Load() != lists {
 				t.Fatal("a later load did not reuse the kept lists")
 			}
+			if len(views) > 0 && lists.views[0] != views[0] {
+				t.Fatal("a later load did not reuse the kept views")
+			}
 			if st := pool.stats(t); st.ChecksumErrors != 0 {
 				t.Fatalf("%d checksum errors", st.ChecksumErrors)
 			}
 		})
 	}
+}
+
+// stringViewPool is the embedded pool without views into reused Views: its deferred views take
+// their keys as strings, as a pool's that is a DeferredViewer and not a ReusingViewer.
+type stringViewPool struct {
+	mooncake.Pool
+	e *mooncake.Embedded
+}
+
+func (p stringViewPool) BatchView(ctx context.Context, ks []string) *mooncake.View {
+	return p.e.BatchView(ctx, ks)
+}
+
+func (p stringViewPool) BatchViewDeferred(ctx context.Context, ks []string) *mooncake.View {
+	return p.e.BatchViewDeferred(ctx, ks)
+}
+
+func (p stringViewPool) MemoryRegions() [][]byte { return p.e.MemoryRegions() }
+
+func (p stringViewPool) BatchPutStart(ctx context.Context, ks []string, sizes []int64, cfg mooncake.ReplicateConfig) *mooncake.PutReservation {
+	return p.e.BatchPutStart(ctx, ks, sizes, cfg)
 }
 
 // TestLargeLoadListsNotKept: the lists of a load of more values than maxKeptLoadLists are
@@ -147,5 +187,31 @@ func TestLargeLoadListsNotKept(t *testing.T) {
 	loadGroup0(16)
 	if l := w.syncLists.Load(); l == nil || len(l.keys) != 16 {
 		t.Fatal("the lists of a small load were not kept at its size")
+	}
+}
+
+// lostCheckMover is checkingMover whose checks fail, as a device lost mid-load does.
+type lostCheckMover struct{ checkingMover }
+
+func (m lostCheckMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kvmem.PageRef, _ []uint64) (func() ([]bool, error), error) {
+	if err := m.Scatter(ctx, src, pages); err != nil {
+		return nil, err
+	}
+	return func() ([]bool, error) { return nil, errors.New("device lost") }, nil
+}
+
+// TestFailedLoadListsNotKept: the lists of a load that failed (a view of one of its batches may
+// still be held) are not kept for the next load.
+func TestFailedLoadListsNotKept(t *testing.T) {
+	pool := newEmbPool(t, 1<<20)
+	l := testLayout(32)
+	saveDirectPages(t, pool, l, 4)
+	w := registeredWorker(t, pool, lostCheckMover{newCheckingMover(l)}, l)
+	w.BindMeta(Metadata{Loads: []RequestTransfers{{RequestID: "r", Pages: []PageTransfer{{Hash: directHash(1), Group: 0, Page: 3}}}}})
+	if err := w.StartLoad(context.Background()); err == nil {
+		t.Fatal("a load whose check failed succeeded")
+	}
+	if w.syncLists.Load() != nil {
+		t.Fatal("the lists of a failed load were kept")
 	}
 }

@@ -14,11 +14,10 @@ import (
 func BenchmarkResolveLoads(b *testing.B) {
 	l := testLayout(256)
 	w, reqs := startLoadBench(b, newEmbPool(b, 1<<20), newRegisteringMover(l), l)
-	var items []pageIO
+	var lists loadLists
 	b.ReportAllocs()
 	for b.Loop() {
-		var err error
-		if items, err = w.resolveLoads(items, reqs); err != nil {
+		if err := w.resolveLoads(&lists, reqs); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -12,7 +12,7 @@ import (
 // TestResolveLoadsKeys: every value a load resolves carries exactly the key keys.Namespace gives
 // its page (sharded and replicated, for the rank's own shard under tensor parallelism, shard 0
 // of 1 under attention DP), its request, its reference and its size, in transfer order; the
-// list passed in is reused, and the keys of a longer earlier load do not linger in it.
+// lists passed in are reused, and nothing of a longer earlier load lingers in them.
 func TestResolveLoadsKeys(t *testing.T) {
 	l := testLayout(16)
 	for _, ns := range []keys.Namespace{
@@ -24,7 +24,7 @@ func TestResolveLoadsKeys(t *testing.T) {
 			o := baseOptions()
 			o.Namespace = ns
 			w := registeredWorkerWith(t, o, newMemPool(), newHostMover(l), l)
-			var dst []pageIO
+			var lists loadLists
 			for round, n := range []int{5, 2} {
 				var ts []RequestTransfers
 				for r := range n {
@@ -33,34 +33,45 @@ func TestResolveLoadsKeys(t *testing.T) {
 						{Hash: directHash(10*round + r + 100), Group: 0, Page: 15 - r},
 					}})
 				}
-				items, err := w.resolveLoads(dst, ts)
-				if err != nil {
+				before := lists.items
+				if err := w.resolveLoads(&lists, ts); err != nil {
 					t.Fatal(err)
 				}
-				var want []pageIO
+				type value struct {
+					req  int
+					key  string
+					ref  kvmem.PageRef
+					size int
+				}
+				var want []value
 				for ri, tr := range ts {
 					for _, p := range tr.Pages {
 						lg := l.Groups[p.Group]
-						want = append(want, pageIO{req: ri, key: ns.PageKey(p.Group, testT, lg.BytesPerPage(), p.Hash),
-							ref: kvmem.PageRef{Group: p.Group, Slot: p.Page}, size: int(lg.BytesPerPage())})
+						want = append(want, value{ri, ns.PageKey(p.Group, testT, lg.BytesPerPage(), p.Hash),
+							kvmem.PageRef{Group: p.Group, Slot: p.Page}, int(lg.BytesPerPage())})
 						if lg.ReplicatedBytesPerPage() > 0 {
-							want = append(want, pageIO{req: ri, key: ns.ReplicatedPageKey(p.Group, testT, lg.ReplicatedBytesPerPage(), p.Hash),
-								ref: kvmem.PageRef{Group: p.Group, Slot: p.Page, Replicated: true}, size: int(lg.ReplicatedBytesPerPage())})
+							want = append(want, value{ri, ns.ReplicatedPageKey(p.Group, testT, lg.ReplicatedBytesPerPage(), p.Hash),
+								kvmem.PageRef{Group: p.Group, Slot: p.Page, Replicated: true}, int(lg.ReplicatedBytesPerPage())})
 						}
 					}
 				}
-				if len(items) != len(want) {
-					t.Fatalf("round %d: %d values, want %d", round, len(items), len(want))
+				if len(lists.items) != len(want) {
+					t.Fatalf("round %d: %d values, want %d", round, len(lists.items), len(want))
 				}
+				end := 0
 				for i := range want {
-					if items[i] != want[i] {
-						t.Fatalf("round %d: value %d is %+v, want %+v", round, i, items[i], want[i])
+					it := &lists.items[i]
+					if got := (value{it.req, string(lists.key(it)), it.ref, it.size}); got != want[i] {
+						t.Fatalf("round %d: value %d is %+v, want %+v", round, i, got, want[i])
 					}
+					end = it.end
 				}
-				if round > 0 && &items[0] != &dst[0] {
-					t.Fatal("the list passed in was not reused")
+				if end != len(lists.keyBuf) {
+					t.Fatalf("round %d: %d bytes of keys, the last key ends at %d", round, len(lists.keyBuf), end)
 				}
-				dst = items
+				if round > 0 && &lists.items[0] != &before[0] {
+					t.Fatal("the lists passed in were not reused")
+				}
 			}
 		})
 	}
@@ -72,7 +83,7 @@ func TestResolveLoadsRejectsBadPages(t *testing.T) {
 	l := testLayout(16)
 	w := registeredWorker(t, newMemPool(), newHostMover(l), l)
 	for _, p := range []PageTransfer{{Group: 2, Page: 0}, {Group: -1, Page: 0}, {Group: 0, Page: 16}, {Group: 1, Page: -1}} {
-		if _, err := w.resolveLoads(nil, []RequestTransfers{{RequestID: "ok", Pages: []PageTransfer{{Group: 0, Page: 1}}}, {RequestID: "bad", Pages: []PageTransfer{p}}}); err == nil {
+		if err := w.resolveLoads(new(loadLists), []RequestTransfers{{RequestID: "ok", Pages: []PageTransfer{{Group: 0, Page: 1}}}, {RequestID: "bad", Pages: []PageTransfer{p}}}); err == nil {
 			t.Fatalf("page %+v resolved", p)
 		} else if !strings.HasPrefix(err.Error(), "request bad:") {
 			t.Fatalf("page %+v: error %q does not name the request", p, err)

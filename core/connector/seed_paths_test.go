@@ -239,13 +239,13 @@ func TestLoadPagesAcrossCallsAndShortResults(t *testing.T) {
 		}
 		loads = append(loads, meta.Loads...)
 	}
-	items, err := w.resolveLoads(nil, loads)
-	if err != nil {
+	var lists loadLists
+	if err := w.resolveLoads(&lists, loads); err != nil {
 		t.Fatal(err)
 	}
 	// a and b each have 7 blocks x (2 sharded + 1 replicated) = 21 values.
-	if len(items) != 42 {
-		t.Fatalf("%d values to load, want 42", len(items))
+	if len(lists.items) != 42 {
+		t.Fatalf("%d values to load, want 42", len(lists.items))
 	}
 	mover := newHostMover(layout)
 	stage, err := mover.NewStaging(8, int(layout.MaxValueSize()))
@@ -254,7 +254,7 @@ func TestLoadPagesAcrossCallsAndShortResults(t *testing.T) {
 	}
 	// Two slot sets of 4: calls of 4 keys. Call 1 (a's values 4..7) comes back short.
 	pool := &scriptedPool{Pool: mem, short: map[int]bool{1: true}}
-	res, err := loadPages(context.Background(), pool, nil, mover, stage, 64, items, nil, nil)
+	res, err := loadPages(context.Background(), pool, nil, mover, stage, 64, &lists, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,6 +276,7 @@ func TestLoadPagesAcrossCallsAndShortResults(t *testing.T) {
 	if asked != 8+21 {
 		t.Fatalf("asked for %d values, want 29: a's pages after its failure must be skipped", asked)
 	}
+	items := lists.items
 	var landed int64
 	for _, it := range items[:4] {
 		landed += int64(it.size)
@@ -298,7 +299,7 @@ func TestLoadPagesAcrossCallsAndShortResults(t *testing.T) {
 	}
 	// And b's last value landed byte-identical to the pool's copy.
 	last := items[len(items)-1]
-	want, _ := mem.get(last.key)
+	want, _ := mem.get(string(lists.key(&last)))
 	buf := make([]byte, last.size)
 	if err := mover.Gather(context.Background(), []kvmem.PageRef{last.ref}, [][]byte{buf}); err != nil {
 		t.Fatal(err)

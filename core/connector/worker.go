@@ -447,14 +447,14 @@ func (w *Worker) StartLoad(ctx context.Context) error {
 		lists = new(loadLists)
 	}
 	m := sample.Start()
-	items, err := w.resolveLoads(lists.items, loads)
+	err := w.resolveLoads(lists, loads)
 	sample.End(stats.PhaseResolve, m)
 	if err != nil {
 		return w.keep(err)
 	}
-	lists.items = items
-	res, err := loadPages(ctx, w.pool, w.direct, w.mover, stage, w.opts.TransferBatchSize, items, lists, sample)
-	w.syncLists.Store(keepLoadLists(lists))
+	values := len(lists.items)
+	res, err := loadPages(ctx, w.pool, w.direct, w.mover, stage, w.opts.TransferBatchSize, lists, sample)
+	w.syncLists.Store(keepLoadLists(lists, err))
 	if sample != nil {
 		sample.Transfer = time.Since(began)
 		w.stats.RecordLoad(sample)
@@ -462,7 +462,7 @@ func (w *Worker) StartLoad(ctx context.Context) error {
 	if err != nil {
 		return w.keep(fmt.Errorf("load: %w", err))
 	}
-	w.log.Debug("mooncake-store loaded pages", "rank", w.opts.Namespace.Rank, "pages", len(items)-res.failedPages)
+	w.log.Debug("mooncake-store loaded pages", "rank", w.opts.Namespace.Rank, "pages", values-res.failedPages)
 	if len(res.failed) == 0 {
 		return nil
 	}
@@ -853,7 +853,7 @@ func (w *Worker) asyncLoop(i int) {
 			lists = new(loadLists)
 		}
 		failed, err := w.loadParked(i, a, mover, stage, lists)
-		lists = keepLoadLists(lists)
+		lists = keepLoadLists(lists, err)
 
 		w.mu.Lock()
 		w.asyncActive--
@@ -883,20 +883,20 @@ func (w *Worker) loadParked(i int, a *asyncLoad, mover kvmem.Mover, stage kvmem.
 	}
 	wakeDevice(mover)
 	m := sample.Start()
-	items, err := w.resolveLoads(lists.items, []RequestTransfers{{RequestID: a.id, Pages: a.pages}})
+	err = w.resolveLoads(lists, []RequestTransfers{{RequestID: a.id, Pages: a.pages}})
 	sample.End(stats.PhaseResolve, m)
 	if err != nil {
 		return true, err
 	}
-	lists.items = items
-	res, err := loadPages(w.ctx, w.pool, w.direct, mover, stage, w.opts.TransferBatchSize, items, lists, sample)
+	values := len(lists.items)
+	res, err := loadPages(w.ctx, w.pool, w.direct, mover, stage, w.opts.TransferBatchSize, lists, sample)
 	if sample != nil {
 		sample.Transfer = time.Since(began)
 	}
 	if err != nil {
 		return true, fmt.Errorf("request %s: asynchronous load: %w", a.id, err)
 	}
-	w.log.Debug("mooncake-store loaded pages for a parked request", "rank", w.opts.Namespace.Rank, "load_worker", i, "pages", len(items)-res.failedPages, "request", a.id)
+	w.log.Debug("mooncake-store loaded pages for a parked request", "rank", w.opts.Namespace.Rank, "load_worker", i, "pages", values-res.failedPages, "request", a.id)
 	if len(res.failed) == 0 {
 		return false, nil
 	}
