@@ -1,8 +1,10 @@
 package keys
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 )
 
@@ -119,16 +121,37 @@ func (n Namespace) ReplicatedPageKeyPrefix(group, tokensPerBlock int, bytesPerPa
 
 // AppendHex appends h in lowercase hex, as a key ends.
 func AppendHex(b []byte, h Hash) []byte {
-	x := hexOf(h)
-	return append(b, x[:]...)
+	n := len(b)
+	b = slices.Grow(b, 2*HashSize)[:n+2*HashSize]
+	putHex((*[2 * HashSize]byte)(b[n:]), &h)
+	return b
 }
 
 func hexOf(h Hash) (x [2 * HashSize]byte) {
-	const digits = "0123456789abcdef"
-	for i, v := range h {
-		x[2*i], x[2*i+1] = digits[v>>4], digits[v&0x0f]
-	}
+	putHex(&x, &h)
 	return x
+}
+
+// putHex writes h in lowercase hex into x, eight digits at a time (a load builds a few hundred
+// keys before its first copy).
+func putHex(x *[2 * HashSize]byte, h *Hash) {
+	for i := 0; i < HashSize; i += 4 {
+		binary.LittleEndian.PutUint64(x[2*i:], hex8(binary.BigEndian.Uint32(h[i:])))
+	}
+}
+
+// hex8 is the eight hex digits of v, most significant first, as the bytes of a little-endian
+// word: each nibble is spread into a byte of its own, then '0' is added to every digit and the
+// 0x27 between '9'+1 and 'a' to those above 9, without a branch.
+func hex8(v uint32) uint64 {
+	x := uint64(v)
+	// The bytes of v, most significant first, into the low bytes of four 16-bit lanes.
+	x = x>>24 | (x>>16&0xff)<<16 | (x>>8&0xff)<<32 | (x&0xff)<<48
+	// Each lane's high nibble into its low byte, its low nibble into its high byte.
+	x = x>>4&0x000f000f000f000f | (x&0x000f000f000f000f)<<8
+	// A digit d has d+6 carry into bit 4 exactly when d > 9; no byte overflows into the next.
+	above9 := (x + 0x0606060606060606) >> 4 & 0x0101010101010101
+	return x + 0x3030303030303030 + above9*0x27
 }
 
 // PageKey returns the key of this rank's page of block h in layer group group:
