@@ -29,7 +29,9 @@ func TestGPUCheckedLoadOnDevice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer d.Close()
+	// Cleanups, not defers: the worker and its mover close in cleanups, and the device and the
+	// engine memory must outlive them (cleanups run last first).
+	t.Cleanup(func() { _ = d.Close() })
 	old := directCheckedBatchBytes
 	directCheckedBatchBytes = 1 << 20
 	defer func() { directCheckedBatchBytes = old }()
@@ -41,7 +43,7 @@ func TestGPUCheckedLoadOnDevice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer mem.Close()
+	t.Cleanup(func() { _ = mem.Close() })
 	pool := newEmbPool(t, 64<<20)
 	opts := benchOptions()
 	c, _ := keys.NewChain(keys.ChainConfig{TokensPerBlock: 32})
