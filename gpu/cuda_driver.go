@@ -58,6 +58,8 @@ static struct {
 	CUresult (*memHostRegister)(void *, size_t, unsigned int);
 	CUresult (*memHostUnregister)(void *);
 	CUresult (*memcpyHtoD)(CUdeviceptr, const void *, size_t);
+	CUresult (*memsetD8)(CUdeviceptr, unsigned char, size_t);
+	CUresult (*memsetD8Async)(CUdeviceptr, unsigned char, size_t, void *);
 	CUresult (*memcpyDtoH)(void *, CUdeviceptr, size_t);
 	CUresult (*memcpyHtoDAsync)(CUdeviceptr, const void *, size_t, void *);
 	CUresult (*memcpyDtoHAsync)(void *, CUdeviceptr, size_t, void *);
@@ -138,6 +140,8 @@ int kvLoad(char *err, size_t errlen) {
 	REQ(memHostRegister, "cuMemHostRegister_v2");
 	REQ(memHostUnregister, "cuMemHostUnregister");
 	REQ(memcpyHtoD, "cuMemcpyHtoD_v2");
+	REQ(memsetD8, "cuMemsetD8_v2");
+	REQ(memsetD8Async, "cuMemsetD8Async");
 	REQ(memcpyDtoH, "cuMemcpyDtoH_v2");
 	REQ(memcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
 	REQ(memcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
@@ -251,6 +255,25 @@ CUresult kvLaunchCopies(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t copi
 	void *args[1] = {&copies};
 	return kv.launchKernel((void *)fn, n, 1, 1, 256, 1, 1, 0, (void *)s, args, NULL);
 }
+// kvLaunchCopyCheck launches kvCopyCheck (kernels/pagesum.cu) with one block of 256 threads per
+// copy on stream s: copies is the device address of n kvCheckedCopy records, secret the 320-byte
+// kvSecret, sums the device address of the batch's page sums.
+CUresult kvLaunchCopyCheck(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t copies, const void *secret, uint64_t sums) {
+	void *args[3] = {&copies, (void *)secret, &sums};
+	return kv.launchKernel((void *)fn, n, 1, 1, 256, 1, 1, 0, (void *)s, args, NULL);
+}
+// kvLaunchFusedFinish launches kvFusedFinish (kernels/pagesum.cu) for n pages on stream s, per
+// pages to a block of 8 threads each: pages is the device address of n kvFusedPage records, out
+// of one 64-bit digest per page.
+CUresult kvLaunchFusedFinish(uintptr_t fn, unsigned int n, unsigned int per, uintptr_t s, uint64_t pages, const void *secret, uint64_t sums, uint64_t out) {
+	unsigned int count = n;
+	void *args[5] = {&pages, (void *)secret, &sums, &count, &out};
+	return kv.launchKernel((void *)fn, (n + per - 1) / per, 1, 1, 8 * per, 1, 1, 0, (void *)s, args, NULL);
+}
+// kvMemZero sets n bytes of device memory at p to zero, synchronously.
+CUresult kvMemZero(uint64_t p, size_t n) { return kv.memsetD8(p, 0, n); }
+// kvMemZeroAsync queues setting n bytes of device memory at p to zero on stream s.
+CUresult kvMemZeroAsync(uint64_t p, size_t n, uintptr_t s) { return kv.memsetD8Async(p, 0, n, (void *)s); }
 CUresult kvCopyHtoDAsync(uint64_t dst, uintptr_t src, size_t n, uintptr_t s) {
 	return kv.memcpyHtoDAsync(dst, (const void *)src, n, (void *)s);
 }

@@ -34,7 +34,9 @@ func BenchmarkCUDAThreadHop(b *testing.B) {
 // its wait, returned-us the wall time until ScatterChecked returned (its copies done).
 // "chunked" is the default (a batch of 16 MiB or more copied by the copy engines, or of
 // kernelChunkMin or more by the copy kernel, is checked chunk by chunk behind its copies);
-// "one-chunk" checks the whole batch after its copies.
+// "one-chunk" checks the whole batch after its copies. Batches the copy kernel moves take the
+// check's deltas on the way (kvCopyCheck) in both; "separate" checks them with kernels of their
+// own, as chunked.
 func BenchmarkCUDACheckSteps(b *testing.B) {
 	d, err := OpenCUDA(0)
 	if err != nil {
@@ -43,8 +45,10 @@ func BenchmarkCUDACheckSteps(b *testing.B) {
 	defer d.Close()
 	for _, c := range []struct{ batchMiB, pageKiB int }{{4, 64}, {4, 1024}, {12, 64}, {16, 64}, {48, 256}, {64, 64}, {256, 64}, {64, 1024}, {180, 1024}} {
 		m, src, refs, sums, done := checkBatch(b, d, c.batchMiB, c.pageKiB)
-		for _, mode := range []string{"chunked", "one-chunk"} {
+		for _, mode := range []string{"chunked", "one-chunk", "separate"} {
 			b.Run(fmt.Sprintf("batch=%dMiB/page=%dKiB/%s", c.batchMiB, c.pageKiB, mode), func(b *testing.B) {
+				defer func(old bool) { fuseChecks = old }(fuseChecks)
+				fuseChecks = mode != "separate"
 				if mode == "one-chunk" {
 					defer func(old int) { checkChunkMin = old }(checkChunkMin)
 					checkChunkMin = 1 << 40
@@ -98,17 +102,21 @@ func BenchmarkCUDACheckSteps(b *testing.B) {
 
 // BenchmarkCUDAScatterOrChecked compares, on one mover and the same batch, a plain Scatter with
 // a checked one (ScatterChecked, then its wait), at the sizes a StartLoad moves: returned-us is
-// when the call returned (its copies done), host-us when the check had been read too.
+// when the call returned (its copies done), host-us when the check had been read too. "checked"
+// is the default (batches the copy kernel moves take the check's deltas on the way,
+// kvCopyCheck); "checked-separate" checks them with kernels of their own after the copies.
 func BenchmarkCUDAScatterOrChecked(b *testing.B) {
 	d, err := OpenCUDA(0)
 	if err != nil {
 		b.Skip(err)
 	}
 	defer d.Close()
-	for _, c := range []struct{ batchMiB, pageKiB int }{{12, 64}, {12, 1024}, {48, 1024}} {
+	for _, c := range []struct{ batchMiB, pageKiB int }{{12, 64}, {12, 256}, {48, 64}, {48, 256}, {12, 1024}, {48, 1024}} {
 		m, src, refs, sums, done := checkBatch(b, d, c.batchMiB, c.pageKiB)
-		for _, mode := range []string{"scatter", "checked"} {
+		for _, mode := range []string{"scatter", "checked", "checked-separate"} {
 			b.Run(fmt.Sprintf("batch=%dMiB/page=%dKiB/%s", c.batchMiB, c.pageKiB, mode), func(b *testing.B) {
+				defer func(old bool) { fuseChecks = old }(fuseChecks)
+				fuseChecks = mode != "checked-separate"
 				var returned, host time.Duration
 				ctx := context.Background()
 				for b.Loop() {

@@ -95,6 +95,8 @@ type cudaMover struct {
 	// Page checks on the GPU (cuda_pagesum.go).
 	checks pageChecks
 	pieces []checkPiece
+	// fused lists a checked batch's kvCopyCheck records, when it has them.
+	fused []checkedCopy
 	// The copy kernel's descriptors (CUDAMoverOptions.Scatter).
 	copyHost *PinnedBuffer
 	copyDev  uint64

@@ -14,6 +14,10 @@ int kvHasLinker(void);
 CUresult kvCompilePTX(const char *ptx, void **out, size_t *n);
 CUresult kvDeviceAttr(int *v, int attr, int d);
 CUresult kvLaunchCopies(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t copies);
+CUresult kvLaunchCopyCheck(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t copies, const void *secret, uint64_t sums);
+CUresult kvLaunchFusedFinish(uintptr_t fn, unsigned int n, unsigned int per, uintptr_t s, uint64_t pages, const void *secret, uint64_t sums, uint64_t out);
+CUresult kvMemZero(uint64_t p, size_t n);
+CUresult kvMemZeroAsync(uint64_t p, size_t n, uintptr_t s);
 CUresult kvUnloadModule(uintptr_t mod);
 CUresult kvLaunchBlockDeltas(uintptr_t fn, unsigned int gx, unsigned int gy, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t deltas);
 CUresult kvLaunchPageFinish(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t deltas, uint64_t out);
@@ -54,14 +58,17 @@ var pageSumPTX string
 
 // pageSumKernel is kvctl's kernels module (kernels/pagesum.cu) on one device, loaded into its
 // primary context the first time a mover asks for it: the page checksum's two kernels (deltaFn,
-// finishFn) and the copy kernel (copyFn).
+// finishFn), the copy kernel (copyFn), and the copy kernel that takes the check's sums on the way
+// with the kernel that finishes them (copyCheckFn, fusedFinishFn).
 type pageSumKernel struct {
-	once     sync.Once
-	mod      uintptr
-	deltaFn  uintptr
-	finishFn uintptr
-	copyFn   uintptr
-	err      error
+	once          sync.Once
+	mod           uintptr
+	deltaFn       uintptr
+	finishFn      uintptr
+	copyFn        uintptr
+	copyCheckFn   uintptr
+	fusedFinishFn uintptr
+	err           error
 }
 
 // compiledKernels holds the kernels compiled from pageSumPTX for each compute capability seen
@@ -123,11 +130,11 @@ func (k *pageSumKernel) load(dev C.int) error {
 			k.err = fmt.Errorf("%w: loading the kernels: %w", errNotCheckable, err)
 			return
 		}
-		var deltaFn, finishFn, copyFn C.uintptr_t
+		var deltaFn, finishFn, copyFn, copyCheckFn, fusedFinishFn C.uintptr_t
 		for _, f := range []struct {
 			name string
 			out  *C.uintptr_t
-		}{{"kvBlockDeltas", &deltaFn}, {"kvPageFinish", &finishFn}, {"kvCopyPieces", &copyFn}} {
+		}{{"kvBlockDeltas", &deltaFn}, {"kvPageFinish", &finishFn}, {"kvCopyPieces", &copyFn}, {"kvCopyCheck", &copyCheckFn}, {"kvFusedFinish", &fusedFinishFn}} {
 			name := C.CString(f.name)
 			err := cuErr("cuModuleGetFunction", C.kvGetFunction(f.out, mod, name))
 			C.free(unsafe.Pointer(name))
@@ -138,6 +145,7 @@ func (k *pageSumKernel) load(dev C.int) error {
 			}
 		}
 		k.mod, k.deltaFn, k.finishFn, k.copyFn = uintptr(mod), uintptr(deltaFn), uintptr(finishFn), uintptr(copyFn)
+		k.copyCheckFn, k.fusedFinishFn = uintptr(copyCheckFn), uintptr(fusedFinishFn)
 	})
 	return k.err
 }
@@ -148,7 +156,7 @@ func (k *pageSumKernel) unload() error {
 		return nil
 	}
 	err := cuErr("cuModuleUnload", C.kvUnloadModule(C.uintptr_t(k.mod)))
-	k.mod, k.deltaFn, k.finishFn, k.copyFn = 0, 0, 0, 0
+	k.mod, k.deltaFn, k.finishFn, k.copyFn, k.copyCheckFn, k.fusedFinishFn = 0, 0, 0, 0, 0, 0
 	return err
 }
 
@@ -266,8 +274,12 @@ type checkSet struct {
 	host *PinnedBuffer
 	dev  uint64
 	cap  int
-	// deltas is device memory for the deltas of the batch's blocks (64 bytes a block).
+	// deltas is device memory for the deltas of the batch's blocks (64 bytes a block), or for a
+	// fused check's sums (fusedSums, 64 bytes each). A fused check needs it zero and leaves it so
+	// (kvCopyCheck adds to it, kvFusedFinish clears it); dirty says it may not be: kvBlockDeltas
+	// wrote deltas, or a fused check failed between its copies and its finish.
 	deltas, deltaCap uint64
+	dirty            bool
 	// done is recorded on the checks' stream after the set's digests are copied back.
 	done uintptr
 	// Timed events of the set's check: started on the first copy stream before the copies,
@@ -277,22 +289,16 @@ type checkSet struct {
 	pending *pendingCheck
 }
 
-// checkPiece is one region of a page to check: page index, device address, offset in the page,
-// length.
-type checkPiece struct {
-	page           int
-	addr, off, len uint64
-}
-
 // pendingCheck is a launched check whose digests have not been read yet.
 type pendingCheck struct {
-	seq   uint64 // launch order
-	set   int
-	outAt int
-	sums  []uint64
-	done  bool
-	bad   []bool
-	err   error
+	seq    uint64  // launch order
+	stream uintptr // the stream its check runs on
+	set    int
+	outAt  int
+	sums   []uint64
+	done   bool
+	bad    []bool
+	err    error
 }
 
 // PageCheckError reports whether ScatterChecked can check this mover's pages on the GPU: nil
@@ -403,6 +409,20 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 		}
 		return func() ([]bool, error) { return nil, nil }, nil
 	}
+	pinned := true
+	for _, b := range src {
+		if !m.d.isPinned(b) {
+			pinned = false
+			break
+		}
+	}
+	// From pinned memory through the copy kernel, the copies take the check's sums on the way
+	// (kvCopyCheck), where the pieces allow it.
+	fused := false
+	m.fused = m.fused[:0]
+	if pinned && fuseChecks && m.d.sums.copyCheckFn != 0 && m.kernelScatters(uint64(len(m.pieces)), src) {
+		m.fused, fused = checkedCopies(m.fused, m.pieces, src, func(p int) uint64 { return uint64(ptrOf(src[p])) })
+	}
 	c := &m.checks
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -411,6 +431,11 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 	if set.pending != nil && !set.pending.done {
 		c.syncLocked(m, set.pending)
 	}
+	if fused {
+		endPrepare()
+		return m.scatterFused(ctx, j, src, sums, waitCopies)
+	}
+	m.fused = m.fused[:0]
 	// The descriptors: kvPage per page, then kvPiece per region, then room for the digests.
 	piecesAt := len(pages) * pageDescBytes
 	outAt := piecesAt + len(m.pieces)*pieceDescBytes
@@ -502,6 +527,7 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 		// The deltas of the chunk's pages' blocks, spread over the GPU (at most maxGridY pages a
 		// launch), then each page's sequential part.
 		for first := lo; first < hi && most > 0; first += maxGridY {
+			set.dirty = true // deltas written, not added: a fused check clears them first
 			n := min(hi-first, maxGridY)
 			gx := C.uint((most + pageSumGroups - 1) / pageSumGroups)
 			if err := cuErr("cuLaunchKernel", C.kvLaunchBlockDeltas(C.uintptr_t(m.d.sums.deltaFn), gx, C.uint(n), s,
@@ -540,13 +566,6 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 	m.startEvent = set.started
 	defer func() { m.startEvent = 0 }()
 	endPrepare()
-	pinned := true
-	for _, b := range src {
-		if !m.d.isPinned(b) {
-			pinned = false
-			break
-		}
-	}
 	if pinned {
 		err = m.scatterPieces(ctx, src, ends, queued, waitCopies)
 	} else {
@@ -564,9 +583,16 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 		}
 		return nil, fmt.Errorf("cuda mover: page check: %w", err)
 	}
+	return c.pendLocked(m, j, outAt, sums, c.stream), nil
+}
+
+// pendLocked records the check just queued on set j (its digests at outAt of the set's host
+// buffer, on stream s) as the set's pending check, makes the other set the next one, and returns
+// the check's wait.
+func (c *pageChecks) pendLocked(m *cudaMover, j, outAt int, sums []uint64, s uintptr) func() ([]bool, error) {
 	c.gen++
-	pc := &pendingCheck{set: j, outAt: outAt, sums: sums, seq: c.gen}
-	set.pending = pc
+	pc := &pendingCheck{set: j, outAt: outAt, sums: sums, seq: c.gen, stream: s}
+	c.sets[j].pending = pc
 	c.next ^= 1
 	return func() ([]bool, error) {
 		c.mu.Lock()
@@ -575,7 +601,7 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 			c.syncLocked(m, pc)
 		}
 		return pc.bad, pc.err
-	}, nil
+	}
 }
 
 // syncLocked waits for check pc (and so for every check launched before it on the checks'
@@ -583,9 +609,10 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 func (c *pageChecks) syncLocked(m *cudaMover, pc *pendingCheck) {
 	var err error
 	ev := C.uintptr_t(c.sets[pc.set].done)
-	// An older check on the other set is done too: the stream runs checks in order.
+	// An older check on the other set is done too when it ran on the same stream: a stream runs
+	// its work in order.
 	other := c.sets[pc.set^1].pending
-	older := other != nil && !other.done && other.seq < pc.seq
+	older := other != nil && !other.done && other.seq < pc.seq && other.stream == pc.stream
 	m.t.do(func() {
 		if err = cuErr("cuEventSynchronize", C.kvEventSync(ev)); err != nil {
 			return
@@ -691,7 +718,8 @@ func (m *cudaMover) reserve() {
 				_ = m.freeSet(s)
 				break
 			}
-			if err := m.growDeltas(s, n.blocks*64); err != nil {
+			// Deltas of the blocks, or a fused check's sums: two more a page.
+			if err := m.growDeltas(s, (n.blocks+2*n.pages)*64); err != nil {
 				_ = m.freeSet(s)
 				break
 			}
@@ -742,11 +770,19 @@ func (m *cudaMover) growDeltas(set *checkSet, n uint64) error {
 		}
 	}
 	var dev C.uint64_t
-	m.t.do(func() { err = cuErr("cuMemAlloc", C.kvMemAlloc(&dev, C.size_t(n))) })
+	m.t.do(func() {
+		if err = cuErr("cuMemAlloc", C.kvMemAlloc(&dev, C.size_t(n))); err != nil {
+			return
+		}
+		// kvCopyCheck adds to the deltas: they start zero.
+		if err = cuErr("cuMemsetD8", C.kvMemZero(dev, C.size_t(n))); err != nil {
+			_ = C.kvMemFree(dev)
+		}
+	})
 	if err != nil {
 		return fmt.Errorf("page check buffers: %w", err)
 	}
-	set.deltas, set.deltaCap = uint64(dev), n
+	set.deltas, set.deltaCap, set.dirty = uint64(dev), n, false
 	return nil
 }
 
@@ -802,9 +838,6 @@ func (m *cudaMover) freeChecks() error {
 	c.stream = 0
 	return err
 }
-
-// copyChunk is the most one block of the copy kernel moves.
-const copyChunk = 64 << 10
 
 // kernelScatters reports whether a scatter of src in pieces copies would go through the copy
 // kernel (before merging adjacent pieces, which the choice for the whole batch may differ by).
@@ -986,4 +1019,124 @@ func (m *cudaMover) freeCopies() error {
 	}
 	m.copyHost, m.copyDev, m.copyCap = nil, 0, 0
 	return err
+}
+
+// fuseChecks turns on copies that take the check's sums on the way (kvCopyCheck, scatterFused)
+// where the mover copies pinned pages with its kernel; off, such batches are checked by
+// kvBlockDeltas and kvPageFinish after their copies (benchmarks compare the two).
+var fuseChecks = true
+
+// fusedFinishPages is how many pages one block of kvFusedFinish finishes: few, so that a batch of
+// a few hundred pages keeps dozens of multiprocessors busy rather than a handful.
+const fusedFinishPages = 4
+
+// Sizes of a fused check's records (kernels/pagesum.cu): kvFusedPage and kvCheckedCopy.
+const (
+	fusedPageBytes   = 16
+	checkedCopyBytes = 48
+)
+
+// scatterFused queues a checked batch whose copies are m.fused on the first stream, on check set
+// j (its previous check read): the descriptors (one copy to the device: a kvFusedPage per page,
+// then the copies), kvCopyCheck, which copies the pages and adds their sums, then kvFusedFinish,
+// which writes each page's digest into the set's host buffer through the device's mapping, with
+// the set's events around them. The copies and the check need no other stream to wait for them,
+// and nothing reads the pages a second time. With waitCopies it returns once the copies are done;
+// an error waits for the stream, so nothing reads the buffers on return. It runs with the checks'
+// lock held.
+func (m *cudaMover) scatterFused(ctx context.Context, j int, src [][]byte, sums []uint64, waitCopies bool) (func() ([]bool, error), error) {
+	if m.closed {
+		return nil, kvmem.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	c := &m.checks
+	set := &c.sets[j]
+	copiesAt := len(src) * fusedPageBytes
+	outAt := copiesAt + len(m.fused)*checkedCopyBytes
+	buf, err := m.growSet(set, outAt+8*len(src))
+	if err != nil {
+		return nil, err
+	}
+	var words uint64
+	for _, b := range src {
+		words += fusedSums(uint64(len(b)))
+	}
+	if err := m.growDeltas(set, words*64); err != nil {
+		return nil, err
+	}
+	le := binary.LittleEndian
+	var base uint64
+	for p, b := range src {
+		q := buf[p*fusedPageBytes:]
+		le.PutUint64(q[0:], uint64(len(b)))
+		le.PutUint64(q[8:], base)
+		base += fusedSums(uint64(len(b)))
+	}
+	for k, fc := range m.fused {
+		q := buf[copiesAt+k*checkedCopyBytes:]
+		le.PutUint64(q[0:], fc.src)
+		le.PutUint64(q[8:], fc.dst)
+		le.PutUint64(q[16:], fc.len)
+		le.PutUint64(q[24:], fc.off)
+		le.PutUint64(q[32:], fc.base)
+		le.PutUint64(q[40:], fc.pageLen)
+	}
+	host := C.uintptr_t(ptrOf(buf))
+	descs, digests := C.uint64_t(set.dev), C.uint64_t(host)+C.uint64_t(outAt)
+	secret := unsafe.Pointer(&c.secret[0])
+	sumsAt := C.uint64_t(set.deltas)
+	m.t.do(func() {
+		s := C.uintptr_t(m.streams[0])
+		issue := rtrace.StartRegion(ctx, "gpu.issue")
+		queued := false
+		defer func() {
+			issue.End()
+			if err != nil && queued {
+				_ = C.kvStreamSync(s)
+			}
+		}()
+		_ = C.kvEventRecord(C.uintptr_t(set.started), s)
+		trace(checkStart, s)
+		if set.dirty {
+			if err = cuErr("cuMemsetD8Async", C.kvMemZeroAsync(sumsAt, C.size_t(words*64), s)); err != nil {
+				return
+			}
+			set.dirty = false
+		}
+		if err = cuErr("cuMemcpyHtoDAsync", C.kvCopyHtoDAsync(descs, host, C.size_t(outAt), s)); err != nil {
+			return
+		}
+		queued = true
+		if err = cuErr("cuLaunchKernel", C.kvLaunchCopyCheck(C.uintptr_t(m.d.sums.copyCheckFn), C.uint(len(m.fused)), s,
+			descs+C.uint64_t(copiesAt), secret, sumsAt)); err != nil {
+			return
+		}
+		set.dirty = true
+		_ = C.kvEventRecord(C.uintptr_t(set.copied), s)
+		trace(checkWaited, s)
+		trace(checkDescriptors, s)
+		trace(checkDeltas, s)
+		if err = cuErr("cuLaunchKernel", C.kvLaunchFusedFinish(C.uintptr_t(m.d.sums.fusedFinishFn), C.uint(len(src)), fusedFinishPages, s,
+			descs, secret, sumsAt, digests)); err != nil {
+			return
+		}
+		set.dirty = false
+		trace(checkFinished, s)
+		trace(checkDigests, s)
+		_ = C.kvEventRecord(C.uintptr_t(set.checked), s)
+		if err = cuErr("cuEventRecord", C.kvEventRecord(C.uintptr_t(set.done), s)); err != nil {
+			return
+		}
+		if waitCopies {
+			r := rtrace.StartRegion(ctx, "gpu.sync")
+			err = cuErr("cuEventSynchronize", C.kvEventSync(C.uintptr_t(set.copied)))
+			r.End()
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cuda mover: page check: %w", err)
+	}
+	return c.pendLocked(m, j, outAt, sums, m.streams[0]), nil
 }

@@ -124,3 +124,76 @@ func checkChunkEnds(src [][]byte) []int {
 	}
 	return append(ends, len(src))
 }
+
+// checkPiece is one region of a page to check: page index, device address, offset in the page,
+// length.
+type checkPiece struct {
+	page           int
+	addr, off, len uint64
+}
+
+// checkedCopy is one kvCheckedCopy record of kvCopyCheck (kernels/pagesum.cu): a copy of at most
+// copyChunk bytes inside one page, and where its page's sums are.
+type checkedCopy struct {
+	src, dst, len uint64
+	off           uint64 // offset in the page, a multiple of 64
+	base          uint64 // the page's first sum, in groups of 8 (fusedSums of the pages before it)
+	pageLen       uint64
+}
+
+// fusedSums is how many sums a lane of a page of n bytes takes in a fused check: one per full
+// 1024-byte block, one for the rest of the stripes but the last, one for the last stripe.
+func fusedSums(n uint64) uint64 { return (n-1)/1024 + 2 }
+
+// copyChunk is the most one block of the copy kernels moves.
+const copyChunk = 64 << 10
+
+// checkedCopies appends to dst the copy records that move a checked batch's pieces (in page
+// order, every page of src listed) with kvCopyCheck: adjacent pieces of a page that are adjacent
+// in engine memory too are one copy, and copies are cut at copyChunk bytes. A page's source is
+// the len(src[p]) bytes at srcAddr(p). It reports false when the kernel cannot take the batch:
+// a source, destination or length that is not a multiple of 16 bytes, or a piece at a page
+// offset or a page length that is not a multiple of 64.
+func checkedCopies(dst []checkedCopy, pieces []checkPiece, src [][]byte, srcAddr func(page int) uint64) ([]checkedCopy, bool) {
+	var base uint64 // the sums of the pages before page, in groups of 8
+	page := 0
+	var cur checkedCopy
+	curPage := -1
+	flush := func() bool {
+		if curPage < 0 {
+			return true
+		}
+		if (cur.src|cur.dst|cur.len)%16 != 0 || cur.off%64 != 0 {
+			return false
+		}
+		for o := uint64(0); o < cur.len; o += copyChunk {
+			c := cur
+			c.src, c.dst, c.off, c.len = cur.src+o, cur.dst+o, cur.off+o, min(copyChunk, cur.len-o)
+			dst = append(dst, c)
+		}
+		curPage = -1
+		return true
+	}
+	for _, pc := range pieces {
+		if pc.page < page || pc.page >= len(src) {
+			return dst, false // not in page order
+		}
+		for ; page < pc.page; page++ {
+			base += fusedSums(uint64(len(src[page])))
+		}
+		if curPage == pc.page && cur.dst+cur.len == pc.addr && cur.off+cur.len == pc.off {
+			cur.len += pc.len
+			continue
+		}
+		if !flush() {
+			return dst, false
+		}
+		n := uint64(len(src[pc.page]))
+		if n%64 != 0 || n < minCheckedPage {
+			return dst, false
+		}
+		cur = checkedCopy{src: srcAddr(pc.page) + pc.off, dst: pc.addr, len: pc.len, off: pc.off, base: base, pageLen: n}
+		curPage = pc.page
+	}
+	return dst, flush()
+}

@@ -35,21 +35,29 @@ func pageSumModel(pieces [][]byte, sec pageSumSecret) uint64 {
 		}
 		panic("offset outside the page")
 	}
-	stripes := func(start uint64, n int, lane int) uint64 {
-		var d uint64
-		for s := range n {
-			o := start + uint64(s)*64
-			v, pair := word(o+uint64(8*lane)), word(o+uint64(8*(lane^1)))
-			key := v ^ sec.acc[s+lane]
-			d += pair + (key&0xFFFFFFFF)*(key>>32)
-		}
-		return d
+	return pageSumFinish(total, word, func(lane int, b uint64) uint64 { return modelStripes(word, b*1024, 16, lane, sec) }, sec)
+}
+
+// modelStripes is what stripes [0, n) from page offset start add to lane (kvStripes).
+func modelStripes(word func(uint64) uint64, start uint64, n int, lane int, sec pageSumSecret) uint64 {
+	var d uint64
+	for s := range n {
+		o := start + uint64(s)*64
+		v, pair := word(o+uint64(8*lane)), word(o+uint64(8*(lane^1)))
+		key := v ^ sec.acc[s+lane]
+		d += pair + (key&0xFFFFFFFF)*(key>>32)
 	}
+	return d
+}
+
+// pageSumFinish is kvPageFinish for a page of total bytes read through word: the scrambles over
+// the full blocks' deltas (delta(lane, b)), the last partial block, the last stripe, the merge.
+func pageSumFinish(total uint64, word func(uint64) uint64, delta func(lane int, b uint64) uint64, sec pageSumSecret) uint64 {
 	acc := [8]uint64{0xC2B2AE3D, 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63, 0x85EBCA77, 0x27D4EB2F165667C5, 0x9E3779B1}
 	blocks := (total - 1) / 1024
 	for b := range blocks {
 		for lane := range 8 {
-			a := acc[lane] + stripes(b*1024, 16, lane)
+			a := acc[lane] + delta(lane, b)
 			a ^= a >> 47
 			a ^= sec.acc[16+lane]
 			acc[lane] = a * 0x9E3779B1
@@ -58,7 +66,7 @@ func pageSumModel(pieces [][]byte, sec pageSumSecret) uint64 {
 	start := blocks * 1024
 	n := int(((total - 1) - start) / 64)
 	for lane := range 8 {
-		acc[lane] += stripes(start, n, lane)
+		acc[lane] += modelStripes(word, start, n, lane, sec)
 		o := total - 64
 		v, pair := word(o+uint64(8*lane)), word(o+uint64(8*(lane^1)))
 		key := v ^ sec.last[lane]
@@ -186,6 +194,232 @@ func TestCheckChunkEnds(t *testing.T) {
 	} {
 		if got := checkChunkEnds(c.src); !slices.Equal(got, c.want) {
 			t.Errorf("%s: chunk ends %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// copyCheckModel runs kvCopyCheck (kernels/pagesum.cu) in Go over copy records, thread by thread
+// as the kernel's index arithmetic has it: read(addr) returns the 16 bytes at a source address;
+// the page sums are added to sums. It fails t where a thread's fixed stripe (the kernel takes its
+// secret words once) is not the stripe of a word it copies, or a warp's span reaches further
+// than the kernel assumes.
+func copyCheckModel(t *testing.T, copies []checkedCopy, read func(addr uint64) []byte, sec pageSumSecret, sums []uint64) {
+	t.Helper()
+	const threads = 256
+	le := binary.LittleEndian
+	for _, c := range copies {
+		n := c.len / 16
+		blocks := (c.pageLen - 1) / 1024
+		final := c.pageLen - 64
+		sum := func(l, k uint64) *uint64 { return &sums[(c.base+k)*8+l] } // lane l's sum k
+		for u0 := uint64(0); u0 < n; u0 += 4 * threads {
+			for q := range uint64(4) {
+				for warp := range uint64(threads / 32) {
+					w := u0 + q*threads + warp*32
+					if w >= n {
+						continue
+					}
+					span := c.off + 16*w
+					b0 := span / 1024
+					two, hasFinal := span%1024 > 512, span <= final && final < span+512
+					var a, e, f [8]uint64 // per lane: to block b0, to b0 + 1, to the last stripe
+					for tt := range uint64(32) {
+						u, thread, j := w+tt, warp*32+tt, tt&3
+						if u >= n {
+							continue
+						}
+						o := c.off + 16*u
+						stripe := (c.off/64 + thread/4) & 15
+						if want := (o / 64) % 16; stripe != want {
+							t.Fatalf("copy at page offset %d: thread %d takes stripe %d's secret for a word of stripe %d", c.off, thread, stripe, want)
+						}
+						v := read(c.src + 16*u)
+						w0, w1 := le.Uint64(v), le.Uint64(v[8:])
+						k0, k1 := sec.acc[stripe+2*j], sec.acc[stripe+2*j+1]
+						isFinal := o&^63 == final
+						if isFinal {
+							k0, k1 = sec.last[2*j], sec.last[2*j+1]
+						}
+						x0, x1 := w0^k0, w1^k1
+						t0, t1 := w1+(x0&0xFFFFFFFF)*(x0>>32), w0+(x1&0xFFFFFFFF)*(x1>>32)
+						switch {
+						case isFinal:
+							if !hasFinal {
+								t.Fatalf("the last stripe in a span at %d the kernel does not expect it in", span)
+							}
+							f[2*j] += t0
+							f[2*j+1] += t1
+						case o/1024 == b0:
+							a[2*j] += t0
+							a[2*j+1] += t1
+						default:
+							if o/1024 != b0+1 || !two || b0+1 > blocks {
+								t.Fatalf("a warp's span at page offset %d reaches block %d", span, o/1024)
+							}
+							e[2*j] += t0
+							e[2*j+1] += t1
+						}
+					}
+					for l := range uint64(8) {
+						*sum(l, b0) += a[l]
+						if two && b0+1 <= blocks {
+							*sum(l, b0+1) += e[l]
+						}
+						if hasFinal {
+							*sum(l, blocks+1) += f[l]
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// fusedFinishModel is kvFusedFinish for a page of n bytes whose sums (fusedSums(n) of them, each
+// eight words, one a lane) kvCopyCheck added.
+func fusedFinishModel(n uint64, sums []uint64, sec pageSumSecret) uint64 {
+	blocks := (n - 1) / 1024
+	acc := [8]uint64{0xC2B2AE3D, 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63, 0x85EBCA77, 0x27D4EB2F165667C5, 0x9E3779B1}
+	for l := range uint64(8) {
+		d := func(k uint64) uint64 { return sums[8*k+l] }
+		for b := range blocks {
+			a := acc[l] + d(b)
+			a ^= a >> 47
+			a ^= sec.acc[16+l]
+			acc[l] = a * 0x9E3779B1
+		}
+		acc[l] += d(blocks) + d(blocks+1)
+	}
+	h := n * 0x9E3779B185EBCA87
+	for i := range 4 {
+		a, c := acc[2*i]^sec.merge[2*i], acc[2*i+1]^sec.merge[2*i+1]
+		hi, lo := bits.Mul64(a, c)
+		h += hi ^ lo
+	}
+	h ^= h >> 37
+	h *= 0x165667919E3779F9
+	return h ^ h>>32
+}
+
+// TestCopyCheckModelIsXXH3 checks the fused check's decomposition: pages split into pieces of
+// random multiples of 64 bytes (some longer than a copy block, some adjacent in engine memory,
+// many starting inside a block), turned into copy records by checkedCopies, their sums taken as
+// kvCopyCheck's threads take them and finished as kvFusedFinish does, give XXH3-64 of every page,
+// without reading a page twice.
+func TestCopyCheckModelIsXXH3(t *testing.T) {
+	sec := newPageSumSecret()
+	rng := rand.New(rand.NewPCG(11, 12))
+	sizes := []int{256, 320, 960, 1024, 1088, 1536, 2048, 4096, 15 * 1024, 64*1024 - 64, 64 * 1024, 65 * 1024, 200*1024 + 64*3, 1 << 20}
+	for range 12 {
+		sizes = append(sizes, 64*(4+rng.IntN(3000)))
+	}
+	const srcBase = 1 << 40
+	for round := range 4 {
+		// One batch of every size; sources back to back, as in a pool slab.
+		var flat []byte
+		var src [][]byte
+		var addrs []uint64
+		for _, n := range sizes {
+			addrs = append(addrs, srcBase+uint64(len(flat)))
+			page := make([]byte, n)
+			for i := range page {
+				page[i] = byte(rng.Uint32())
+			}
+			flat = append(flat, page...)
+			src = append(src, page)
+		}
+		var pieces []checkPiece
+		dev := uint64(1 << 30)
+		for p, page := range src {
+			for off := 0; off < len(page); {
+				k := len(page) - off // whole pages
+				switch round {
+				case 1: // long pieces, cut into several copies
+					k = min(k, 64*(1+rng.IntN(2500)))
+				case 2, 3: // short pieces, starting anywhere in a block
+					k = min(k, 64*(1+rng.IntN(40)))
+				}
+				if rng.IntN(3) == 0 {
+					dev += 16 * uint64(1+rng.IntN(100)) // not adjacent to the last piece
+				}
+				pieces = append(pieces, checkPiece{page: p, addr: dev, off: uint64(off), len: uint64(k)})
+				dev += uint64(k)
+				off += k
+			}
+		}
+		copies, ok := checkedCopies(nil, pieces, src, func(p int) uint64 { return addrs[p] })
+		if !ok {
+			t.Fatal("checkedCopies refused 16-byte aligned pieces")
+		}
+		var words uint64
+		for _, page := range src {
+			words += fusedSums(uint64(len(page)))
+		}
+		for _, c := range copies {
+			if c.len == 0 || c.len > copyChunk {
+				t.Fatalf("a copy of %d bytes", c.len)
+			}
+		}
+		sums := make([]uint64, 8*words)
+		copyCheckModel(t, copies, func(a uint64) []byte { return flat[a-srcBase : a-srcBase+16] }, sec, sums)
+		var base uint64
+		for p, page := range src {
+			n := uint64(len(page))
+			got := fusedFinishModel(n, sums[base*8:], sec)
+			if want := xxh3.Hash(page); got != want {
+				t.Fatalf("round %d, page %d (%d bytes): fused model %#x, XXH3 %#x", round, p, len(page), got, want)
+			}
+			base += fusedSums(n)
+		}
+	}
+}
+
+// TestCheckedCopies pins how checked batches become kvCopyCheck records: pieces of a page that
+// continue each other in engine memory are one copy, copies are cut at 64 KiB, a page's sums
+// follow the earlier pages' (fusedSums), and batches the kernel cannot take are refused.
+func TestCheckedCopies(t *testing.T) {
+	src := [][]byte{make([]byte, 3000), make([]byte, 200<<10)}
+	addr := func(p int) uint64 { return uint64(0x10000 * (p + 1)) }
+	pieces := []checkPiece{
+		{page: 0, addr: 0x100000, off: 0, len: 1024},
+		{page: 0, addr: 0x100400, off: 1024, len: 1976 - 8}, // continues the first
+		{page: 0, addr: 0x200000, off: 3000 - 8, len: 8},
+		{page: 1, addr: 0x300000, off: 0, len: 200 << 10},
+	}
+	// 1976 - 8 is a multiple of 16, 2992 is not a multiple of 64: refused.
+	if _, ok := checkedCopies(nil, pieces, src, addr); ok {
+		t.Fatal("a piece at page offset 2992 accepted")
+	}
+	src[0] = make([]byte, 3072)
+	pieces[1].len, pieces[2].off, pieces[2].len = 1024, 2048, 1024
+	got, ok := checkedCopies(nil, pieces, src, addr)
+	if !ok {
+		t.Fatal("aligned pieces refused")
+	}
+	want := []checkedCopy{
+		{src: 0x10000, dst: 0x100000, len: 2048, off: 0, base: 0, pageLen: 3072},
+		{src: 0x10000 + 2048, dst: 0x200000, len: 1024, off: 2048, base: 0, pageLen: 3072},
+		{src: 0x20000, dst: 0x300000, len: 64 << 10, off: 0, base: 4, pageLen: 200 << 10},
+		{src: 0x20000 + 64<<10, dst: 0x300000 + 64<<10, len: 64 << 10, off: 64 << 10, base: 4, pageLen: 200 << 10},
+		{src: 0x20000 + 128<<10, dst: 0x300000 + 128<<10, len: 64 << 10, off: 128 << 10, base: 4, pageLen: 200 << 10},
+		{src: 0x20000 + 192<<10, dst: 0x300000 + 192<<10, len: 8 << 10, off: 192 << 10, base: 4, pageLen: 200 << 10},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("records\n%+v\nwant\n%+v", got, want)
+	}
+	for _, bad := range []struct {
+		name   string
+		pieces []checkPiece
+		addr   func(int) uint64
+	}{
+		{"destination 8-byte aligned", []checkPiece{{page: 0, addr: 0x100008, off: 0, len: 3072}}, addr},
+		{"source 8-byte aligned", []checkPiece{{page: 0, addr: 0x100000, off: 0, len: 3072}}, func(int) uint64 { return 0x10008 }},
+		{"length a multiple of 8", []checkPiece{{page: 0, addr: 0x100000, off: 0, len: 3064}}, addr},
+		{"pages out of order", []checkPiece{{page: 1, addr: 0x100000, off: 0, len: 1024}, {page: 0, addr: 0x200000, off: 0, len: 1024}}, addr},
+		{"page outside the batch", []checkPiece{{page: 2, addr: 0x100000, off: 0, len: 1024}}, addr},
+	} {
+		if _, ok := checkedCopies(nil, bad.pieces, src, bad.addr); ok {
+			t.Errorf("%s: accepted", bad.name)
 		}
 	}
 }

@@ -130,6 +130,31 @@ __device__ __forceinline__ u64 kvScramble(u64 acc, u64 d, u64 key) {
 	return acc * 0x9E3779B1ULL;
 }
 
+// kvChain applies the deltas d[0, blocks) to lane's accumulator acc in block order, scrambling
+// after each. The chain is sequential; its loads are not: they are issued KV_DEPTH at a time,
+// the next ones while the current ones are applied, so the chain waits on memory about once per
+// KV_DEPTH blocks rather than at every block.
+// Delta b is at d[b * stride].
+#define KV_DEPTH 32
+__device__ __forceinline__ u64 kvChain(const u64 *d, u64 stride, u64 blocks, u64 acc, u64 key) {
+	u64 cur[KV_DEPTH];
+#pragma unroll
+	for (u32 k = 0; k < KV_DEPTH; k++) cur[k] = k < blocks ? d[k * stride] : 0;
+	for (u64 b = 0; b < blocks; b += KV_DEPTH) {
+		u64 nxt[KV_DEPTH];
+#pragma unroll
+		for (u32 k = 0; k < KV_DEPTH; k++) nxt[k] = b + KV_DEPTH + k < blocks ? d[(b + KV_DEPTH + k) * stride] : 0;
+#pragma unroll
+		for (u32 k = 0; k < KV_DEPTH; k++) {
+			if (b + k < blocks) acc = kvScramble(acc, cur[k], key);
+		}
+#pragma unroll
+		for (u32 k = 0; k < KV_DEPTH; k++) cur[k] = nxt[k];
+	}
+	return acc;
+}
+#undef KV_DEPTH
+
 // kvBlockDeltas writes the delta of every full block of every page: lane's delta of block b of
 // page p (a block is full when bytes follow it, so a page has blocks = (len - 1) / 1024 of them)
 // to deltas[p.base * 8 + lane * blocks + b], so each lane's deltas of a page are contiguous. The grid is (blocks of the longest page / GROUPS, rounded up) by pages; thread
@@ -164,29 +189,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) kvPageFinish(const kvPage 
 	const u64 blocks = (pg.len - 1) / 1024;
 	const u64 *d = deltas + pg.base * 8 + lane * blocks;
 	const u64 key = sec.acc[16 + lane];
-	u64 acc = kvInit(lane);
-	u64 b = 0;
-	// The chain is sequential; its loads are not: the next DEPTH deltas are loaded while the
-	// chain applies the current ones, so it does not wait on memory at every step.
-#define DEPTH 32
-	if (blocks >= DEPTH) {
-		u64 cur[DEPTH];
-#pragma unroll
-		for (u32 j = 0; j < DEPTH; j++) cur[j] = d[j];
-		for (b = DEPTH; b + DEPTH <= blocks; b += DEPTH) {
-			u64 nxt[DEPTH];
-#pragma unroll
-			for (u32 j = 0; j < DEPTH; j++) nxt[j] = d[b + j];
-#pragma unroll
-			for (u32 j = 0; j < DEPTH; j++) acc = kvScramble(acc, cur[j], key);
-#pragma unroll
-			for (u32 j = 0; j < DEPTH; j++) cur[j] = nxt[j];
-		}
-#pragma unroll
-		for (u32 j = 0; j < DEPTH; j++) acc = kvScramble(acc, cur[j], key);
-	}
-#undef DEPTH
-	for (; b < blocks; b++) acc = kvScramble(acc, d[b], key);
+	u64 acc = kvChain(d, 1, blocks, kvInit(lane), key);
 	const u64 start = blocks * 1024;
 	acc += kvStripes(ps, pg.count, start, (u32)(((pg.len - 1) - start) / 64), sec, lane);
 	// The last stripe: the page's final 64 bytes, with the secret at byte 121.
@@ -245,4 +248,161 @@ extern "C" __global__ void __launch_bounds__(THREADS) kvCopyPieces(const kvCopy 
 	const unsigned char *s = (const unsigned char *)c.src;
 	unsigned char *d = (unsigned char *)c.dst;
 	for (u64 i = threadIdx.x; i < c.len; i += THREADS) d[i] = s[i];
+}
+
+// Checks taken on the way: kvCopyCheck copies like kvCopyPieces (one thread block per copy of at
+// most 64 KiB, 16 bytes a load) and adds every term the bytes it moves contribute to their page's
+// digest, from the registers it copied, so a checked batch copied by the GPU's threads is never
+// read a second time; kvFusedFinish then only scrambles and merges the sums. Every copy lies in
+// one page at a page offset that is a multiple of 64, and its source, destination and length are
+// multiples of 16; a page's length is a multiple of 64.
+//
+// A page's sums, per lane, are blocks + 2 words: one per full 1024-byte block (its delta, as
+// kvBlockDeltas computes it), one for the stripes of the last, partial block but its last stripe
+// (read with the same secret words as a full block's), and one for the page's last stripe (read
+// with the secret at byte 121). The eight lanes' sums of one of these are adjacent (sum k of lane
+// i at 8k + i), so the threads that add or read them touch one 64-byte segment.
+//
+// Why the sums work out: a warp copies 32 consecutive 16-byte words, 512 bytes starting on a
+// stripe, so thread t holds half of lanes 2(t%4) and 2(t%4)+1 of stripe t/4 of that span; the
+// span lies in at most two 1024-byte blocks and may hold the page's last stripe. The warp sums its
+// threads' terms per lane and per word they go to (a butterfly over the threads with the same
+// t%4), and four threads add the sums with atomics (addition is mod 2^64 and commutes). The sums
+// must be zero before a batch's first copy; kvFusedFinish leaves them so.
+struct kvCheckedCopy {
+	u64 src;
+	u64 dst;
+	u64 len;
+	u64 off;     // offset of the copy in its page
+	u64 base;    // index of the page's first sum, in groups of 8 (one a lane)
+	u64 pageLen; // the page's length
+};
+
+struct kvFusedPage {
+	u64 len;  // bytes in the page
+	u64 base; // as kvCheckedCopy.base
+};
+
+// kvWarpSum returns the sum of v over the threads of the warp with the same t % 4.
+__device__ __forceinline__ u64 kvWarpSum(u64 v) {
+	v += __shfl_xor_sync(0xFFFFFFFFu, v, 4);
+	v += __shfl_xor_sync(0xFFFFFFFFu, v, 8);
+	v += __shfl_xor_sync(0xFFFFFFFFu, v, 16);
+	return v;
+}
+
+__device__ __forceinline__ u64 kvTerm(u64 v, u64 pair, u64 key) {
+	const u64 x = v ^ key;
+	return pair + (x & 0xFFFFFFFFULL) * (x >> 32);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) kvCopyCheck(const kvCheckedCopy *copies, kvSecret sec, u64 *sums) {
+	const kvCheckedCopy c = copies[blockIdx.x];
+	const uint4 *s = (const uint4 *)c.src;
+	uint4 *d = (uint4 *)c.dst;
+	const u64 n = c.len / 16;
+	const u32 t = threadIdx.x & 31;
+	const u32 j = t & 3;
+	// Every word this thread copies is at the same stripe of its block (words 4 * THREADS apart
+	// are 256 stripes apart) and the same place in it, so it needs the same secret words throughout.
+	const u32 stripe = (u32)((c.off / 64 + threadIdx.x / 4) & 15);
+	const u64 key0 = sec.acc[stripe + 2 * j], key1 = sec.acc[stripe + 2 * j + 1];
+	const u64 last0 = sec.last[2 * j], last1 = sec.last[2 * j + 1];
+	const u64 blocks = (c.pageLen - 1) / 1024;
+	const u64 final = c.pageLen - 64; // the page's last stripe
+	u64 *lane0 = sums + c.base * 8 + 2 * j; // sum k at lane0[8k]
+	u64 *lane1 = lane0 + 1;
+	for (u64 u0 = 0; u0 < n; u0 += 4 * THREADS) {
+		uint4 v[4];
+		// Four loads in flight per thread.
+#pragma unroll
+		for (u32 q = 0; q < 4; q++) {
+			const u64 u = u0 + q * THREADS + threadIdx.x;
+			v[q] = u < n ? s[u] : make_uint4(0, 0, 0, 0);
+		}
+#pragma unroll
+		for (u32 q = 0; q < 4; q++) {
+			const u64 u = u0 + q * THREADS + threadIdx.x;
+			if (u < n) d[u] = v[q];
+		}
+#pragma unroll
+		for (u32 q = 0; q < 4; q++) {
+			const u64 w = u0 + q * THREADS + (threadIdx.x & ~31u); // the warp's first word
+			if (w >= n) break; // the whole warp: the copy ends before its span
+			const u64 u = w + t;
+			const u64 span = c.off + 16 * w; // page offset of the span
+			const u64 o = c.off + 16 * u;    // and of this thread's word
+			const u64 b0 = span / 1024;
+			const bool two = span % 1024 > 512, hasFinal = span <= final && final < span + 512;
+			u64 t0 = 0, t1 = 0;
+			bool isFinal = false;
+			if (u < n) {
+				const u64 w0 = (u64)v[q].x | (u64)v[q].y << 32, w1 = (u64)v[q].z | (u64)v[q].w << 32;
+				isFinal = (o & ~63ULL) == final;
+				t0 = kvTerm(w0, w1, isFinal ? last0 : key0);
+				t1 = kvTerm(w1, w0, isFinal ? last1 : key1);
+			}
+			// To the first block of the span, the second, the last stripe.
+			const bool first = !isFinal && o / 1024 == b0;
+			const u64 a0 = kvWarpSum(first ? t0 : 0), a1 = kvWarpSum(first ? t1 : 0);
+			u64 e0 = 0, e1 = 0, f0 = 0, f1 = 0;
+			if (two) {
+				const bool second = !isFinal && !first;
+				e0 = kvWarpSum(second ? t0 : 0);
+				e1 = kvWarpSum(second ? t1 : 0);
+			}
+			if (hasFinal) {
+				f0 = kvWarpSum(isFinal ? t0 : 0);
+				f1 = kvWarpSum(isFinal ? t1 : 0);
+			}
+			if (t < 4) {
+				// Sum b <= blocks: a full block's delta, or blocks: the partial block's stripes.
+				atomicAdd((unsigned long long *)&lane0[8 * b0], (unsigned long long)a0);
+				atomicAdd((unsigned long long *)&lane1[8 * b0], (unsigned long long)a1);
+				if (two && b0 + 1 <= blocks) {
+					atomicAdd((unsigned long long *)&lane0[8 * (b0 + 1)], (unsigned long long)e0);
+					atomicAdd((unsigned long long *)&lane1[8 * (b0 + 1)], (unsigned long long)e1);
+				}
+				if (hasFinal) {
+					atomicAdd((unsigned long long *)&lane0[8 * (blocks + 1)], (unsigned long long)f0);
+					atomicAdd((unsigned long long *)&lane1[8 * (blocks + 1)], (unsigned long long)f1);
+				}
+			}
+		}
+	}
+}
+
+// kvFusedFinish computes the digest of pages [0, n) into out from the sums kvCopyCheck added, one
+// group of 8 threads per page, one thread per lane: the scrambles over the full blocks' deltas,
+// then the partial block's and the last stripe's sums, then the merge. It leaves the sums zero.
+// Blocks may have fewer than THREADS threads (a multiple of 8): a batch's few pages then spread
+// over more multiprocessors.
+extern "C" __global__ void __launch_bounds__(THREADS) kvFusedFinish(const kvFusedPage *pages, kvSecret sec, u64 *sums, u32 n, u64 *out) {
+	const u32 p = blockIdx.x * (blockDim.x >> 3) + (threadIdx.x >> 3);
+	if (p >= n) return; // the whole group: p is the same for its 8 threads
+	const u32 lane = threadIdx.x & 7;
+	const kvFusedPage pg = pages[p];
+	const u64 blocks = (pg.len - 1) / 1024;
+	u64 *d = sums + pg.base * 8 + lane; // sum k at d[8k]
+	const u64 key = sec.acc[16 + lane];
+	const u64 rest = d[8 * blocks] + d[8 * (blocks + 1)]; // loaded before the chain, not after it
+	u64 acc = kvChain(d, 8, blocks, kvInit(lane), key) + rest;
+	for (u64 b = 0; b < blocks + 2; b++) d[8 * b] = 0;
+	const unsigned mask = 0xFFu << (threadIdx.x & 24);
+	const u64 odd = __shfl_xor_sync(mask, acc, 1);
+	u64 term = 0;
+	if ((lane & 1) == 0) {
+		u64 a = acc ^ sec.merge[lane];
+		u64 c = odd ^ sec.merge[lane + 1];
+		term = (a * c) ^ __umul64hi(a, c);
+	}
+	term += __shfl_xor_sync(mask, term, 2);
+	term += __shfl_xor_sync(mask, term, 4);
+	if (lane == 0) {
+		u64 h = pg.len * 0x9E3779B185EBCA87ULL + term;
+		h ^= h >> 37;
+		h *= 0x165667919E3779F9ULL;
+		h ^= h >> 32;
+		out[p] = h;
+	}
 }
