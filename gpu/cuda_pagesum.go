@@ -711,7 +711,7 @@ func (m *cudaMover) reserve() {
 		return
 	}
 	if m.checks.err == nil {
-		set := int(n.pages)*pageDescBytes + int(n.pieces)*pieceDescBytes + 8*int(n.pages)
+		set := reserveSetBytes(n)
 		for i := range m.checks.sets {
 			s := &m.checks.sets[i]
 			if _, err := m.growSet(s, set); err != nil {
@@ -728,6 +728,15 @@ func (m *cudaMover) reserve() {
 	if m.d.sums.copyFn != 0 && m.opts.Scatter != ScatterCopyEngines {
 		_ = m.growCopies(int(n.copies))
 	}
+}
+
+// reserveSetBytes is what a check set's buffers must hold for a batch that needs n: the
+// descriptors and digests of a check after the copies, or of a fused one (a kvFusedPage per page,
+// a kvCheckedCopy per copy of at most copyChunk bytes), whichever is more.
+func reserveSetBytes(n batchNeeds) int {
+	separate := int(n.pages)*pageDescBytes + int(n.pieces)*pieceDescBytes
+	fused := int(n.pages)*fusedPageBytes + int(n.copies)*checkedCopyBytes
+	return max(separate, fused) + 8*int(n.pages)
 }
 
 // growSet makes a set's buffers hold at least n bytes and returns the host side's first n. The
