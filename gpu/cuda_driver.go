@@ -257,18 +257,11 @@ CUresult kvLaunchCopies(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t copi
 }
 // kvLaunchCopyCheck launches kvCopyCheck (kernels/pagesum.cu) with one block of 256 threads per
 // copy on stream s: copies is the device address of n kvCheckedCopy records, secret the 320-byte
-// kvSecret, sums the device address of the batch's page sums.
-CUresult kvLaunchCopyCheck(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t copies, const void *secret, uint64_t sums) {
-	void *args[3] = {&copies, (void *)secret, &sums};
+// kvSecret, sums and counts the device addresses of the batch's page sums and copy counts, out
+// the address of one 64-bit digest per page.
+CUresult kvLaunchCopyCheck(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t copies, const void *secret, uint64_t sums, uint64_t counts, uint64_t out) {
+	void *args[5] = {&copies, (void *)secret, &sums, &counts, &out};
 	return kv.launchKernel((void *)fn, n, 1, 1, 256, 1, 1, 0, (void *)s, args, NULL);
-}
-// kvLaunchFusedFinish launches kvFusedFinish (kernels/pagesum.cu) for n pages on stream s, per
-// pages to a block of 8 threads each: pages is the device address of n kvFusedPage records, out
-// of one 64-bit digest per page.
-CUresult kvLaunchFusedFinish(uintptr_t fn, unsigned int n, unsigned int per, uintptr_t s, uint64_t pages, const void *secret, uint64_t sums, uint64_t out) {
-	unsigned int count = n;
-	void *args[5] = {&pages, (void *)secret, &sums, &count, &out};
-	return kv.launchKernel((void *)fn, (n + per - 1) / per, 1, 1, 8 * per, 1, 1, 0, (void *)s, args, NULL);
 }
 // kvMemZero sets n bytes of device memory at p to zero, synchronously.
 CUresult kvMemZero(uint64_t p, size_t n) { return kv.memsetD8(p, 0, n); }

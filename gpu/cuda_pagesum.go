@@ -14,8 +14,7 @@ int kvHasLinker(void);
 CUresult kvCompilePTX(const char *ptx, void **out, size_t *n);
 CUresult kvDeviceAttr(int *v, int attr, int d);
 CUresult kvLaunchCopies(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t copies);
-CUresult kvLaunchCopyCheck(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t copies, const void *secret, uint64_t sums);
-CUresult kvLaunchFusedFinish(uintptr_t fn, unsigned int n, unsigned int per, uintptr_t s, uint64_t pages, const void *secret, uint64_t sums, uint64_t out);
+CUresult kvLaunchCopyCheck(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t copies, const void *secret, uint64_t sums, uint64_t counts, uint64_t out);
 CUresult kvMemZero(uint64_t p, size_t n);
 CUresult kvMemZeroAsync(uint64_t p, size_t n, uintptr_t s);
 CUresult kvUnloadModule(uintptr_t mod);
@@ -58,17 +57,16 @@ var pageSumPTX string
 
 // pageSumKernel is kvctl's kernels module (kernels/pagesum.cu) on one device, loaded into its
 // primary context the first time a mover asks for it: the page checksum's two kernels (deltaFn,
-// finishFn), the copy kernel (copyFn), and the copy kernel that takes the check's sums on the way
-// with the kernel that finishes them (copyCheckFn, fusedFinishFn).
+// finishFn), the copy kernel (copyFn), and the copy kernel that checks the pages it copies
+// (copyCheckFn).
 type pageSumKernel struct {
-	once          sync.Once
-	mod           uintptr
-	deltaFn       uintptr
-	finishFn      uintptr
-	copyFn        uintptr
-	copyCheckFn   uintptr
-	fusedFinishFn uintptr
-	err           error
+	once        sync.Once
+	mod         uintptr
+	deltaFn     uintptr
+	finishFn    uintptr
+	copyFn      uintptr
+	copyCheckFn uintptr
+	err         error
 }
 
 // compiledKernels holds the kernels compiled from pageSumPTX for each compute capability seen
@@ -130,11 +128,11 @@ func (k *pageSumKernel) load(dev C.int) error {
 			k.err = fmt.Errorf("%w: loading the kernels: %w", errNotCheckable, err)
 			return
 		}
-		var deltaFn, finishFn, copyFn, copyCheckFn, fusedFinishFn C.uintptr_t
+		var deltaFn, finishFn, copyFn, copyCheckFn C.uintptr_t
 		for _, f := range []struct {
 			name string
 			out  *C.uintptr_t
-		}{{"kvBlockDeltas", &deltaFn}, {"kvPageFinish", &finishFn}, {"kvCopyPieces", &copyFn}, {"kvCopyCheck", &copyCheckFn}, {"kvFusedFinish", &fusedFinishFn}} {
+		}{{"kvBlockDeltas", &deltaFn}, {"kvPageFinish", &finishFn}, {"kvCopyPieces", &copyFn}, {"kvCopyCheck", &copyCheckFn}} {
 			name := C.CString(f.name)
 			err := cuErr("cuModuleGetFunction", C.kvGetFunction(f.out, mod, name))
 			C.free(unsafe.Pointer(name))
@@ -145,7 +143,7 @@ func (k *pageSumKernel) load(dev C.int) error {
 			}
 		}
 		k.mod, k.deltaFn, k.finishFn, k.copyFn = uintptr(mod), uintptr(deltaFn), uintptr(finishFn), uintptr(copyFn)
-		k.copyCheckFn, k.fusedFinishFn = uintptr(copyCheckFn), uintptr(fusedFinishFn)
+		k.copyCheckFn = uintptr(copyCheckFn)
 	})
 	return k.err
 }
@@ -156,7 +154,7 @@ func (k *pageSumKernel) unload() error {
 		return nil
 	}
 	err := cuErr("cuModuleUnload", C.kvUnloadModule(C.uintptr_t(k.mod)))
-	k.mod, k.deltaFn, k.finishFn, k.copyFn, k.copyCheckFn, k.fusedFinishFn = 0, 0, 0, 0, 0, 0
+	k.mod, k.deltaFn, k.finishFn, k.copyFn, k.copyCheckFn = 0, 0, 0, 0, 0
 	return err
 }
 
@@ -275,9 +273,9 @@ type checkSet struct {
 	dev  uint64
 	cap  int
 	// deltas is device memory for the deltas of the batch's blocks (64 bytes a block), or for a
-	// fused check's sums (fusedSums, 64 bytes each). A fused check needs it zero and leaves it so
-	// (kvCopyCheck adds to it, kvFusedFinish clears it); dirty says it may not be: kvBlockDeltas
-	// wrote deltas, or a fused check failed between its copies and its finish.
+	// fused check's sums (fusedSums, 64 bytes each) and copy counts (4 bytes a page). A fused
+	// check needs it zero and leaves it so (kvCopyCheck adds to it and its finishing blocks clear
+	// it); dirty says it may not be: kvBlockDeltas wrote deltas, or a fused check failed.
 	deltas, deltaCap uint64
 	dirty            bool
 	// done is recorded on the checks' stream after the set's digests are copied back.
@@ -293,6 +291,8 @@ type checkSet struct {
 type pendingCheck struct {
 	seq    uint64  // launch order
 	stream uintptr // the stream its check runs on
+	ended  uintptr // the event recorded once its digests are written
+	fused  bool    // checked by the copies themselves (scatterFused): no check time after them
 	set    int
 	outAt  int
 	sums   []uint64
@@ -583,15 +583,15 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 		}
 		return nil, fmt.Errorf("cuda mover: page check: %w", err)
 	}
-	return c.pendLocked(m, j, outAt, sums, c.stream), nil
+	return c.pendLocked(m, j, outAt, sums, c.stream, set.done, false), nil
 }
 
 // pendLocked records the check just queued on set j (its digests at outAt of the set's host
-// buffer, on stream s) as the set's pending check, makes the other set the next one, and returns
-// the check's wait.
-func (c *pageChecks) pendLocked(m *cudaMover, j, outAt int, sums []uint64, s uintptr) func() ([]bool, error) {
+// buffer, on stream s, written once event done is) as the set's pending check, makes the other
+// set the next one, and returns the check's wait.
+func (c *pageChecks) pendLocked(m *cudaMover, j, outAt int, sums []uint64, s, done uintptr, fused bool) func() ([]bool, error) {
 	c.gen++
-	pc := &pendingCheck{set: j, outAt: outAt, sums: sums, seq: c.gen, stream: s}
+	pc := &pendingCheck{set: j, outAt: outAt, sums: sums, seq: c.gen, stream: s, ended: done, fused: fused}
 	c.sets[j].pending = pc
 	c.next ^= 1
 	return func() ([]bool, error) {
@@ -608,7 +608,7 @@ func (c *pageChecks) pendLocked(m *cudaMover, j, outAt int, sums []uint64, s uin
 // stream), not for the ones launched after it, and reads the digests of those that are done.
 func (c *pageChecks) syncLocked(m *cudaMover, pc *pendingCheck) {
 	var err error
-	ev := C.uintptr_t(c.sets[pc.set].done)
+	ev := C.uintptr_t(pc.ended)
 	// An older check on the other set is done too when it ran on the same stream: a stream runs
 	// its work in order.
 	other := c.sets[pc.set^1].pending
@@ -633,6 +633,13 @@ func (c *pageChecks) syncLocked(m *cudaMover, pc *pendingCheck) {
 func (c *pageChecks) timeLocked(pc *pendingCheck) {
 	set := &c.sets[pc.set]
 	var copyMs, checkMs C.float
+	if pc.fused {
+		// The check ended with the copies.
+		if C.kvEventElapsed(&copyMs, C.uintptr_t(set.started), C.uintptr_t(set.copied)) == 0 && copyMs >= 0 {
+			c.gpu.Copy += time.Duration(float64(copyMs) * float64(time.Millisecond))
+		}
+		return
+	}
 	if C.kvEventElapsed(&copyMs, C.uintptr_t(set.started), C.uintptr_t(set.copied)) != 0 ||
 		C.kvEventElapsed(&checkMs, C.uintptr_t(set.copied), C.uintptr_t(set.checked)) != 0 || copyMs < 0 || checkMs < 0 {
 		return
@@ -718,8 +725,8 @@ func (m *cudaMover) reserve() {
 				_ = m.freeSet(s)
 				break
 			}
-			// Deltas of the blocks, or a fused check's sums: two more a page.
-			if err := m.growDeltas(s, (n.blocks+2*n.pages)*64); err != nil {
+			// Deltas of the blocks, or a fused check's sums (two more a page) and counts.
+			if err := m.growDeltas(s, (n.blocks+2*n.pages)*64+4*n.pages); err != nil {
 				_ = m.freeSet(s)
 				break
 			}
@@ -731,11 +738,11 @@ func (m *cudaMover) reserve() {
 }
 
 // reserveSetBytes is what a check set's buffers must hold for a batch that needs n: the
-// descriptors and digests of a check after the copies, or of a fused one (a kvFusedPage per page,
-// a kvCheckedCopy per copy of at most copyChunk bytes), whichever is more.
+// descriptors and digests of a check after the copies, or of a fused one (a kvCheckedCopy per
+// copy of at most copyChunk bytes), whichever is more.
 func reserveSetBytes(n batchNeeds) int {
 	separate := int(n.pages)*pageDescBytes + int(n.pieces)*pieceDescBytes
-	fused := int(n.pages)*fusedPageBytes + int(n.copies)*checkedCopyBytes
+	fused := int(n.copies) * checkedCopyBytes
 	return max(separate, fused) + 8*int(n.pages)
 }
 
@@ -1035,24 +1042,17 @@ func (m *cudaMover) freeCopies() error {
 // kvBlockDeltas and kvPageFinish after their copies (benchmarks compare the two).
 var fuseChecks = true
 
-// fusedFinishPages is how many pages one block of kvFusedFinish finishes: few, so that a batch of
-// a few hundred pages keeps dozens of multiprocessors busy rather than a handful.
-const fusedFinishPages = 4
-
-// Sizes of a fused check's records (kernels/pagesum.cu): kvFusedPage and kvCheckedCopy.
-const (
-	fusedPageBytes   = 16
-	checkedCopyBytes = 48
-)
+// checkedCopyBytes is the size of a kvCheckedCopy record (kernels/pagesum.cu).
+const checkedCopyBytes = 56
 
 // scatterFused queues a checked batch whose copies are m.fused on the first stream, on check set
-// j (its previous check read): the descriptors (one copy to the device: a kvFusedPage per page,
-// then the copies), kvCopyCheck, which copies the pages and adds their sums, then kvFusedFinish,
-// which writes each page's digest into the set's host buffer through the device's mapping, with
-// the set's events around them. The copies and the check need no other stream to wait for them,
-// and nothing reads the pages a second time. With waitCopies it returns once the copies are done;
-// an error waits for the stream, so nothing reads the buffers on return. It runs with the checks'
-// lock held.
+// j (its previous check read): the copy records (one copy to the device), then kvCopyCheck, which
+// copies the pages, adds their sums and, in the block that finishes a page's last copy, writes
+// the page's digest into the set's host buffer through the device's mapping, with the set's
+// events around them. The copies and the check need no other stream to wait for them, nothing
+// reads the pages a second time, and nothing is left to run after the copies. With waitCopies it
+// returns once the copies are done; an error waits for the stream, so nothing reads the buffers
+// on return. It runs with the checks' lock held.
 func (m *cudaMover) scatterFused(ctx context.Context, j int, src [][]byte, sums []uint64, waitCopies bool) (func() ([]bool, error), error) {
 	if m.closed {
 		return nil, kvmem.ErrClosed
@@ -1062,8 +1062,7 @@ func (m *cudaMover) scatterFused(ctx context.Context, j int, src [][]byte, sums 
 	}
 	c := &m.checks
 	set := &c.sets[j]
-	copiesAt := len(src) * fusedPageBytes
-	outAt := copiesAt + len(m.fused)*checkedCopyBytes
+	outAt := len(m.fused) * checkedCopyBytes
 	buf, err := m.growSet(set, outAt+8*len(src))
 	if err != nil {
 		return nil, err
@@ -1072,28 +1071,24 @@ func (m *cudaMover) scatterFused(ctx context.Context, j int, src [][]byte, sums 
 	for _, b := range src {
 		words += fusedSums(uint64(len(b)))
 	}
-	if err := m.growDeltas(set, words*64); err != nil {
+	countsAt := words * 64
+	if err := m.growDeltas(set, countsAt+4*uint64(len(src))); err != nil {
 		return nil, err
 	}
 	le := binary.LittleEndian
-	var base uint64
-	for p, b := range src {
-		q := buf[p*fusedPageBytes:]
-		le.PutUint64(q[0:], uint64(len(b)))
-		le.PutUint64(q[8:], base)
-		base += fusedSums(uint64(len(b)))
-	}
 	for k, fc := range m.fused {
-		q := buf[copiesAt+k*checkedCopyBytes:]
+		q := buf[k*checkedCopyBytes:]
 		le.PutUint64(q[0:], fc.src)
 		le.PutUint64(q[8:], fc.dst)
 		le.PutUint64(q[16:], fc.len)
 		le.PutUint64(q[24:], fc.off)
 		le.PutUint64(q[32:], fc.base)
 		le.PutUint64(q[40:], fc.pageLen)
+		le.PutUint32(q[48:], fc.page)
+		le.PutUint32(q[52:], fc.pageCopies)
 	}
 	host := C.uintptr_t(ptrOf(buf))
-	descs, digests := C.uint64_t(set.dev), C.uint64_t(host)+C.uint64_t(outAt)
+	descs, digests := C.uint64_t(set.dev), host+C.uint64_t(outAt)
 	secret := unsafe.Pointer(&c.secret[0])
 	sumsAt := C.uint64_t(set.deltas)
 	m.t.do(func() {
@@ -1109,7 +1104,7 @@ func (m *cudaMover) scatterFused(ctx context.Context, j int, src [][]byte, sums 
 		_ = C.kvEventRecord(C.uintptr_t(set.started), s)
 		trace(checkStart, s)
 		if set.dirty {
-			if err = cuErr("cuMemsetD8Async", C.kvMemZeroAsync(sumsAt, C.size_t(words*64), s)); err != nil {
+			if err = cuErr("cuMemsetD8Async", C.kvMemZeroAsync(sumsAt, C.size_t(set.deltaCap), s)); err != nil {
 				return
 			}
 			set.dirty = false
@@ -1118,24 +1113,18 @@ func (m *cudaMover) scatterFused(ctx context.Context, j int, src [][]byte, sums 
 			return
 		}
 		queued = true
+		set.dirty = true // until the kernel is queued: a failed launch may leave sums behind
 		if err = cuErr("cuLaunchKernel", C.kvLaunchCopyCheck(C.uintptr_t(m.d.sums.copyCheckFn), C.uint(len(m.fused)), s,
-			descs+C.uint64_t(copiesAt), secret, sumsAt)); err != nil {
-			return
-		}
-		set.dirty = true
-		_ = C.kvEventRecord(C.uintptr_t(set.copied), s)
-		trace(checkWaited, s)
-		trace(checkDescriptors, s)
-		trace(checkDeltas, s)
-		if err = cuErr("cuLaunchKernel", C.kvLaunchFusedFinish(C.uintptr_t(m.d.sums.fusedFinishFn), C.uint(len(src)), fusedFinishPages, s,
-			descs, secret, sumsAt, digests)); err != nil {
+			descs, secret, sumsAt, sumsAt+C.uint64_t(countsAt), digests)); err != nil {
 			return
 		}
 		set.dirty = false
-		trace(checkFinished, s)
-		trace(checkDigests, s)
-		_ = C.kvEventRecord(C.uintptr_t(set.checked), s)
-		if err = cuErr("cuEventRecord", C.kvEventRecord(C.uintptr_t(set.done), s)); err != nil {
+		// The copies and the check end together: one event marks both (the check's wait waits
+		// for it).
+		for _, step := range []int{checkWaited, checkDescriptors, checkDeltas, checkFinished, checkDigests} {
+			trace(step, s)
+		}
+		if err = cuErr("cuEventRecord", C.kvEventRecord(C.uintptr_t(set.copied), s)); err != nil {
 			return
 		}
 		if waitCopies {
@@ -1147,5 +1136,5 @@ func (m *cudaMover) scatterFused(ctx context.Context, j int, src [][]byte, sums 
 	if err != nil {
 		return nil, fmt.Errorf("cuda mover: page check: %w", err)
 	}
-	return c.pendLocked(m, j, outAt, sums, m.streams[0]), nil
+	return c.pendLocked(m, j, outAt, sums, m.streams[0], set.copied, true), nil
 }

@@ -43,17 +43,17 @@ func TestReserveNeeds(t *testing.T) {
 }
 
 // TestReserveSetBytes: the reserved check buffers hold a fused check's records, which take more
-// than the separate check's descriptors (a kvCheckedCopy is 48 bytes, a kvPiece 24, and a piece
-// is one copy or more), so the first loads of a StartLoad's size do not grow them.
+// than the separate check's descriptors (a kvCheckedCopy is 56 bytes, a kvPage and a kvPiece 24
+// each, and a page has one piece or more, a piece one copy or more), so the first loads of a StartLoad's size do not grow them.
 func TestReserveSetBytes(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		n    batchNeeds
 		want int
 	}{
-		{"one region a page", batchNeeds{pages: 1024, pieces: 1024, blocks: 1024 * 63, copies: 1024}, 1024*16 + 1024*48 + 8*1024},
-		{"64 regions a page", batchNeeds{pages: 256, pieces: 256 * 64, blocks: 256 * 255, copies: 256 * 64}, 256*16 + 256*64*48 + 8*256},
-		{"regions longer than a copy", batchNeeds{pages: 16, pieces: 32, blocks: 16 * 2047, copies: 16 * 32}, 16*16 + 16*32*48 + 8*16},
+		{"one region a page", batchNeeds{pages: 1024, pieces: 1024, blocks: 1024 * 63, copies: 1024}, 1024*56 + 8*1024},
+		{"64 regions a page", batchNeeds{pages: 256, pieces: 256 * 64, blocks: 256 * 255, copies: 256 * 64}, 256*64*56 + 8*256},
+		{"regions longer than a copy", batchNeeds{pages: 16, pieces: 32, blocks: 16 * 2047, copies: 16 * 32}, 16*32*56 + 8*16},
 	} {
 		if got := reserveSetBytes(c.n); got != c.want {
 			t.Errorf("%s: %d bytes, want %d", c.name, got, c.want)

@@ -139,6 +139,8 @@ type checkedCopy struct {
 	off           uint64 // offset in the page, a multiple of 64
 	base          uint64 // the page's first sum, in groups of 8 (fusedSums of the pages before it)
 	pageLen       uint64
+	page          uint32 // the page's index in the batch
+	pageCopies    uint32 // the page's number of copies
 }
 
 // fusedSums is how many sums a lane of a page of n bytes takes in a fused check: one per full
@@ -155,6 +157,7 @@ const copyChunk = 64 << 10
 // a source, destination or length that is not a multiple of 16 bytes, or a piece at a page
 // offset or a page length that is not a multiple of 64.
 func checkedCopies(dst []checkedCopy, pieces []checkPiece, src [][]byte, srcAddr func(page int) uint64) ([]checkedCopy, bool) {
+	first := len(dst)
 	var base uint64 // the sums of the pages before page, in groups of 8
 	page := 0
 	var cur checkedCopy
@@ -192,8 +195,22 @@ func checkedCopies(dst []checkedCopy, pieces []checkPiece, src [][]byte, srcAddr
 		if n%64 != 0 || n < minCheckedPage {
 			return dst, false
 		}
-		cur = checkedCopy{src: srcAddr(pc.page) + pc.off, dst: pc.addr, len: pc.len, off: pc.off, base: base, pageLen: n}
+		cur = checkedCopy{src: srcAddr(pc.page) + pc.off, dst: pc.addr, len: pc.len, off: pc.off, base: base, pageLen: n, page: uint32(pc.page)}
 		curPage = pc.page
 	}
-	return dst, flush()
+	if !flush() {
+		return dst, false
+	}
+	// Each page's copies are consecutive: count them into every one of them.
+	for a := first; a < len(dst); {
+		b := a + 1
+		for b < len(dst) && dst[b].page == dst[a].page {
+			b++
+		}
+		for k := a; k < b; k++ {
+			dst[k].pageCopies = uint32(b - a)
+		}
+		a = b
+	}
+	return dst, true
 }

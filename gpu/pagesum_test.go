@@ -275,7 +275,7 @@ func copyCheckModel(t *testing.T, copies []checkedCopy, read func(addr uint64) [
 	}
 }
 
-// fusedFinishModel is kvFusedFinish for a page of n bytes whose sums (fusedSums(n) of them, each
+// fusedFinishModel is kvFinishSums for a page of n bytes whose sums (fusedSums(n) of them, each
 // eight words, one a lane) kvCopyCheck added.
 func fusedFinishModel(n uint64, sums []uint64, sec pageSumSecret) uint64 {
 	blocks := (n - 1) / 1024
@@ -304,7 +304,7 @@ func fusedFinishModel(n uint64, sums []uint64, sec pageSumSecret) uint64 {
 // TestCopyCheckModelIsXXH3 checks the fused check's decomposition: pages split into pieces of
 // random multiples of 64 bytes (some longer than a copy block, some adjacent in engine memory,
 // many starting inside a block), turned into copy records by checkedCopies, their sums taken as
-// kvCopyCheck's threads take them and finished as kvFusedFinish does, give XXH3-64 of every page,
+// kvCopyCheck's threads take them and finished as its finishing blocks do, give XXH3-64 of every page,
 // without reading a page twice.
 func TestCopyCheckModelIsXXH3(t *testing.T) {
 	sec := newPageSumSecret()
@@ -355,10 +355,20 @@ func TestCopyCheckModelIsXXH3(t *testing.T) {
 		for _, page := range src {
 			words += fusedSums(uint64(len(page)))
 		}
+		perPage := map[uint32]uint32{}
 		for _, c := range copies {
 			if c.len == 0 || c.len > copyChunk {
 				t.Fatalf("a copy of %d bytes", c.len)
 			}
+			perPage[c.page]++
+		}
+		for _, c := range copies {
+			if c.pageCopies != perPage[c.page] {
+				t.Fatalf("a copy of page %d says it has %d copies; it has %d", c.page, c.pageCopies, perPage[c.page])
+			}
+		}
+		if len(perPage) != len(src) {
+			t.Fatalf("copies for %d pages of %d", len(perPage), len(src))
 		}
 		sums := make([]uint64, 8*words)
 		copyCheckModel(t, copies, func(a uint64) []byte { return flat[a-srcBase : a-srcBase+16] }, sec, sums)
@@ -376,7 +386,9 @@ func TestCopyCheckModelIsXXH3(t *testing.T) {
 
 // TestCheckedCopies pins how checked batches become kvCopyCheck records: pieces of a page that
 // continue each other in engine memory are one copy, copies are cut at 64 KiB, a page's sums
-// follow the earlier pages' (fusedSums), and batches the kernel cannot take are refused.
+// follow the earlier pages' (fusedSums), every copy knows its page and how many copies the page
+// has (the kernel finishes a page when that many are done), and batches the kernel cannot take
+// are refused.
 func TestCheckedCopies(t *testing.T) {
 	src := [][]byte{make([]byte, 3000), make([]byte, 200<<10)}
 	addr := func(p int) uint64 { return uint64(0x10000 * (p + 1)) }
@@ -397,12 +409,12 @@ func TestCheckedCopies(t *testing.T) {
 		t.Fatal("aligned pieces refused")
 	}
 	want := []checkedCopy{
-		{src: 0x10000, dst: 0x100000, len: 2048, off: 0, base: 0, pageLen: 3072},
-		{src: 0x10000 + 2048, dst: 0x200000, len: 1024, off: 2048, base: 0, pageLen: 3072},
-		{src: 0x20000, dst: 0x300000, len: 64 << 10, off: 0, base: 4, pageLen: 200 << 10},
-		{src: 0x20000 + 64<<10, dst: 0x300000 + 64<<10, len: 64 << 10, off: 64 << 10, base: 4, pageLen: 200 << 10},
-		{src: 0x20000 + 128<<10, dst: 0x300000 + 128<<10, len: 64 << 10, off: 128 << 10, base: 4, pageLen: 200 << 10},
-		{src: 0x20000 + 192<<10, dst: 0x300000 + 192<<10, len: 8 << 10, off: 192 << 10, base: 4, pageLen: 200 << 10},
+		{src: 0x10000, dst: 0x100000, len: 2048, off: 0, base: 0, pageLen: 3072, page: 0, pageCopies: 2},
+		{src: 0x10000 + 2048, dst: 0x200000, len: 1024, off: 2048, base: 0, pageLen: 3072, page: 0, pageCopies: 2},
+		{src: 0x20000, dst: 0x300000, len: 64 << 10, off: 0, base: 4, pageLen: 200 << 10, page: 1, pageCopies: 4},
+		{src: 0x20000 + 64<<10, dst: 0x300000 + 64<<10, len: 64 << 10, off: 64 << 10, base: 4, pageLen: 200 << 10, page: 1, pageCopies: 4},
+		{src: 0x20000 + 128<<10, dst: 0x300000 + 128<<10, len: 64 << 10, off: 128 << 10, base: 4, pageLen: 200 << 10, page: 1, pageCopies: 4},
+		{src: 0x20000 + 192<<10, dst: 0x300000 + 192<<10, len: 8 << 10, off: 192 << 10, base: 4, pageLen: 200 << 10, page: 1, pageCopies: 4},
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("records\n%+v\nwant\n%+v", got, want)

@@ -134,16 +134,17 @@ __device__ __forceinline__ u64 kvScramble(u64 acc, u64 d, u64 key) {
 // after each. The chain is sequential; its loads are not: they are issued KV_DEPTH at a time,
 // the next ones while the current ones are applied, so the chain waits on memory about once per
 // KV_DEPTH blocks rather than at every block.
-// Delta b is at d[b * stride].
+// Delta b is at d[b * stride]; the loads go to L2 (__ldcg), where other blocks' atomic additions
+// to the deltas are.
 #define KV_DEPTH 32
 __device__ __forceinline__ u64 kvChain(const u64 *d, u64 stride, u64 blocks, u64 acc, u64 key) {
 	u64 cur[KV_DEPTH];
 #pragma unroll
-	for (u32 k = 0; k < KV_DEPTH; k++) cur[k] = k < blocks ? d[k * stride] : 0;
+	for (u32 k = 0; k < KV_DEPTH; k++) cur[k] = k < blocks ? __ldcg(d + k * stride) : 0;
 	for (u64 b = 0; b < blocks; b += KV_DEPTH) {
 		u64 nxt[KV_DEPTH];
 #pragma unroll
-		for (u32 k = 0; k < KV_DEPTH; k++) nxt[k] = b + KV_DEPTH + k < blocks ? d[(b + KV_DEPTH + k) * stride] : 0;
+		for (u32 k = 0; k < KV_DEPTH; k++) nxt[k] = b + KV_DEPTH + k < blocks ? __ldcg(d + (b + KV_DEPTH + k) * stride) : 0;
 #pragma unroll
 		for (u32 k = 0; k < KV_DEPTH; k++) {
 			if (b + k < blocks) acc = kvScramble(acc, cur[k], key);
@@ -253,9 +254,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) kvCopyPieces(const kvCopy 
 // Checks taken on the way: kvCopyCheck copies like kvCopyPieces (one thread block per copy of at
 // most 64 KiB, 16 bytes a load) and adds every term the bytes it moves contribute to their page's
 // digest, from the registers it copied, so a checked batch copied by the GPU's threads is never
-// read a second time; kvFusedFinish then only scrambles and merges the sums. Every copy lies in
-// one page at a page offset that is a multiple of 64, and its source, destination and length are
-// multiples of 16; a page's length is a multiple of 64.
+// read a second time; the block that finishes a page's last copy then scrambles and merges the
+// page's sums into its digest. Every copy lies in one page at a page offset that is a multiple of
+// 64, and its source, destination and length are multiples of 16; a page's length is a multiple
+// of 64.
 //
 // A page's sums, per lane, are blocks + 2 words: one per full 1024-byte block (its delta, as
 // kvBlockDeltas computes it), one for the stripes of the last, partial block but its last stripe
@@ -267,20 +269,20 @@ extern "C" __global__ void __launch_bounds__(THREADS) kvCopyPieces(const kvCopy 
 // stripe, so thread t holds half of lanes 2(t%4) and 2(t%4)+1 of stripe t/4 of that span; the
 // span lies in at most two 1024-byte blocks and may hold the page's last stripe. The warp sums its
 // threads' terms per lane and per word they go to (a butterfly over the threads with the same
-// t%4), and four threads add the sums with atomics (addition is mod 2^64 and commutes). The sums
-// must be zero before a batch's first copy; kvFusedFinish leaves them so.
+// t%4), and four threads add the sums with atomics (addition is mod 2^64 and commutes). Each
+// block then counts its copy done for its page (after a fence, so its additions come first); the
+// block that counts the page's last copy finishes the page, as the threadFenceReduction pattern
+// does. The sums and counts must be zero before a batch's first copy; the finishing blocks leave
+// them so.
 struct kvCheckedCopy {
 	u64 src;
 	u64 dst;
 	u64 len;
-	u64 off;     // offset of the copy in its page
-	u64 base;    // index of the page's first sum, in groups of 8 (one a lane)
-	u64 pageLen; // the page's length
-};
-
-struct kvFusedPage {
-	u64 len;  // bytes in the page
-	u64 base; // as kvCheckedCopy.base
+	u64 off;        // offset of the copy in its page
+	u64 base;       // index of the page's first sum, in groups of 8 (one a lane)
+	u64 pageLen;    // the page's length
+	u32 page;       // the page's index in the batch (its count and digest)
+	u32 pageCopies; // how many copies the page has
 };
 
 // kvWarpSum returns the sum of v over the threads of the warp with the same t % 4.
@@ -296,7 +298,35 @@ __device__ __forceinline__ u64 kvTerm(u64 v, u64 pair, u64 key) {
 	return pair + (x & 0xFFFFFFFFULL) * (x >> 32);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) kvCopyCheck(const kvCheckedCopy *copies, kvSecret sec, u64 *sums) {
+// kvFinishSums is run by threads 0-7 of a warp, one a lane, for a page of len bytes whose sums
+// are at sums: the scrambles over the full blocks' deltas, the partial block's and the last
+// stripe's sums, the merge. It clears the sums and returns the digest (to lane 0).
+__device__ u64 kvFinishSums(u64 *sums, u64 len, const kvSecret &sec, u32 lane) {
+	const u64 blocks = (len - 1) / 1024;
+	u64 *d = sums + lane; // sum k at d[8k]
+	const u64 rest = __ldcg(d + 8 * blocks) + __ldcg(d + 8 * (blocks + 1)); // before the chain
+	const u64 acc = kvChain(d, 8, blocks, kvInit(lane), sec.acc[16 + lane]) + rest;
+	for (u64 b = 0; b < blocks + 2; b++) d[8 * b] = 0;
+	const unsigned mask = 0xFFu;
+	const u64 odd = __shfl_xor_sync(mask, acc, 1);
+	u64 term = 0;
+	if ((lane & 1) == 0) {
+		u64 a = acc ^ sec.merge[lane];
+		u64 c = odd ^ sec.merge[lane + 1];
+		term = (a * c) ^ __umul64hi(a, c);
+	}
+	term += __shfl_xor_sync(mask, term, 2);
+	term += __shfl_xor_sync(mask, term, 4);
+	u64 h = len * 0x9E3779B185EBCA87ULL + term;
+	h ^= h >> 37;
+	h *= 0x165667919E3779F9ULL;
+	h ^= h >> 32;
+	return h;
+}
+
+// kvCopyCheck copies and checks a batch: copies are its records, sums the pages' sums, counts one
+// 32-bit count of finished copies per page, out one digest per page (host memory the device maps).
+extern "C" __global__ void __launch_bounds__(THREADS) kvCopyCheck(const kvCheckedCopy *copies, kvSecret sec, u64 *sums, u32 *counts, u64 *out) {
 	const kvCheckedCopy c = copies[blockIdx.x];
 	const uint4 *s = (const uint4 *)c.src;
 	uint4 *d = (uint4 *)c.dst;
@@ -310,7 +340,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) kvCopyCheck(const kvChecke
 	const u64 last0 = sec.last[2 * j], last1 = sec.last[2 * j + 1];
 	const u64 blocks = (c.pageLen - 1) / 1024;
 	const u64 final = c.pageLen - 64; // the page's last stripe
-	u64 *lane0 = sums + c.base * 8 + 2 * j; // sum k at lane0[8k]
+	u64 *const page = sums + c.base * 8;
+	u64 *lane0 = page + 2 * j; // sum k at lane0[8k]
 	u64 *lane1 = lane0 + 1;
 	for (u64 u0 = 0; u0 < n; u0 += 4 * THREADS) {
 		uint4 v[4];
@@ -370,39 +401,17 @@ extern "C" __global__ void __launch_bounds__(THREADS) kvCopyCheck(const kvChecke
 			}
 		}
 	}
-}
-
-// kvFusedFinish computes the digest of pages [0, n) into out from the sums kvCopyCheck added, one
-// group of 8 threads per page, one thread per lane: the scrambles over the full blocks' deltas,
-// then the partial block's and the last stripe's sums, then the merge. It leaves the sums zero.
-// Blocks may have fewer than THREADS threads (a multiple of 8): a batch's few pages then spread
-// over more multiprocessors.
-extern "C" __global__ void __launch_bounds__(THREADS) kvFusedFinish(const kvFusedPage *pages, kvSecret sec, u64 *sums, u32 n, u64 *out) {
-	const u32 p = blockIdx.x * (blockDim.x >> 3) + (threadIdx.x >> 3);
-	if (p >= n) return; // the whole group: p is the same for its 8 threads
-	const u32 lane = threadIdx.x & 7;
-	const kvFusedPage pg = pages[p];
-	const u64 blocks = (pg.len - 1) / 1024;
-	u64 *d = sums + pg.base * 8 + lane; // sum k at d[8k]
-	const u64 key = sec.acc[16 + lane];
-	const u64 rest = d[8 * blocks] + d[8 * (blocks + 1)]; // loaded before the chain, not after it
-	u64 acc = kvChain(d, 8, blocks, kvInit(lane), key) + rest;
-	for (u64 b = 0; b < blocks + 2; b++) d[8 * b] = 0;
-	const unsigned mask = 0xFFu << (threadIdx.x & 24);
-	const u64 odd = __shfl_xor_sync(mask, acc, 1);
-	u64 term = 0;
-	if ((lane & 1) == 0) {
-		u64 a = acc ^ sec.merge[lane];
-		u64 c = odd ^ sec.merge[lane + 1];
-		term = (a * c) ^ __umul64hi(a, c);
-	}
-	term += __shfl_xor_sync(mask, term, 2);
-	term += __shfl_xor_sync(mask, term, 4);
-	if (lane == 0) {
-		u64 h = pg.len * 0x9E3779B185EBCA87ULL + term;
-		h ^= h >> 37;
-		h *= 0x165667919E3779F9ULL;
-		h ^= h >> 32;
-		out[p] = h;
+	// This copy is done: count it, and finish the page if it was the page's last.
+	__shared__ bool lastCopy;
+	__threadfence();
+	__syncthreads();
+	if (threadIdx.x == 0) lastCopy = atomicAdd(&counts[c.page], 1u) == c.pageCopies - 1;
+	__syncthreads();
+	if (!lastCopy || threadIdx.x >= 8) return;
+	__threadfence();
+	const u64 h = kvFinishSums(page, c.pageLen, sec, threadIdx.x);
+	if (threadIdx.x == 0) {
+		out[c.page] = h;
+		counts[c.page] = 0;
 	}
 }
