@@ -201,3 +201,87 @@ func TestCUDAFusedCheck(t *testing.T) {
 		})
 	}
 }
+
+// TestCUDAFusedSmallBatches: a checked batch of pages whose pieces the copy engines would move
+// (two regions of 512 KiB) is copied and checked by kvCopyCheck while it is under
+// fusedKernelBelow, and by the copy engines with the check after them from there on; both land
+// every page and fail exactly the pages whose digests differ.
+func TestCUDAFusedSmallBatches(t *testing.T) {
+	d, err := OpenCUDA(0)
+	if err != nil {
+		t.Skip(err)
+	}
+	defer d.Close()
+	const page, slots = 1 << 20, 40
+	half := uint64(page / 2)
+	l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: slots, Regions: []kvmem.Region{
+		{Offset: 0, Stride: half, Size: half}, {Offset: half * slots, Stride: half, Size: half}}}}}
+	mem, err := d.AllocDeviceMemory(page * slots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	mv, err := d.NewMover(mem, l, CUDAMoverOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mv.Close()
+	m := mv.(*cudaMover)
+	st, err := m.NewStaging(slots, page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rng := rand.New(rand.NewPCG(15, 16))
+	src := make([][]byte, slots)
+	sums := make([]uint64, slots)
+	refs := make([]kvmem.PageRef, slots)
+	for i := range src {
+		src[i] = st.Slot(i)
+		for j := 0; j < page; j += 8 {
+			binary.LittleEndian.PutUint64(src[i][j:], rng.Uint64())
+		}
+		sums[i] = xxh3.Hash(src[i])
+		refs[i] = kvmem.PageRef{Slot: (i * 3) % slots}
+	}
+	ctx := context.Background()
+	for _, c := range []struct {
+		pages int
+		fused bool
+	}{{8, true}, {int(fusedKernelBelow/page) - 1, true}, {slots, false}} {
+		t.Run(fmt.Sprintf("pages=%d", c.pages), func(t *testing.T) {
+			s := slices.Clone(sums[:c.pages])
+			want := make([]bool, c.pages)
+			for _, i := range []int{0, c.pages / 2, c.pages - 1} {
+				s[i] ^= 1 << rng.IntN(64)
+				want[i] = true
+			}
+			wait, err := m.ScatterChecked(ctx, src[:c.pages], refs[:c.pages], s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := len(m.fused) > 0; got != c.fused {
+				t.Fatalf("%d MiB of 1 MiB pages copied by kvCopyCheck: %v, want %v", c.pages, got, c.fused)
+			}
+			bad, err := wait()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(bad, want) {
+				t.Fatalf("check says %v, want %v", bad, want)
+			}
+			got := make([][]byte, c.pages)
+			for i := range got {
+				got[i] = make([]byte, page)
+			}
+			if err := m.Gather(ctx, refs[:c.pages], got); err != nil {
+				t.Fatal(err)
+			}
+			for i := range got {
+				if !bytes.Equal(got[i], src[i]) {
+					t.Fatalf("page %d landed with other bytes", i)
+				}
+			}
+		})
+	}
+}

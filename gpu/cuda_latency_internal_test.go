@@ -103,8 +103,10 @@ func BenchmarkCUDACheckSteps(b *testing.B) {
 // BenchmarkCUDAScatterOrChecked compares, on one mover and the same batch, a plain Scatter with
 // a checked one (ScatterChecked, then its wait), at the sizes a StartLoad moves: returned-us is
 // when the call returned (its copies done), host-us when the check had been read too. "checked"
-// is the default (batches the copy kernel moves take the check's deltas on the way,
-// kvCopyCheck); "checked-separate" checks them with kernels of their own after the copies.
+// is the default (batches the copy kernel moves, and batches under fusedKernelBelow, are checked
+// on the way by kvCopyCheck); "checked-engines" leaves pieces of 128 KiB and more to the copy
+// engines whatever the batch's size, checked after them; "checked-separate" checks every batch
+// with kernels of their own after the copies.
 func BenchmarkCUDAScatterOrChecked(b *testing.B) {
 	d, err := OpenCUDA(0)
 	if err != nil {
@@ -113,10 +115,13 @@ func BenchmarkCUDAScatterOrChecked(b *testing.B) {
 	defer d.Close()
 	for _, c := range []struct{ batchMiB, pageKiB int }{{12, 64}, {12, 256}, {48, 64}, {48, 256}, {12, 1024}, {48, 1024}} {
 		m, src, refs, sums, done := checkBatch(b, d, c.batchMiB, c.pageKiB)
-		for _, mode := range []string{"scatter", "checked", "checked-separate"} {
+		for _, mode := range []string{"scatter", "checked", "checked-engines", "checked-separate"} {
 			b.Run(fmt.Sprintf("batch=%dMiB/page=%dKiB/%s", c.batchMiB, c.pageKiB, mode), func(b *testing.B) {
-				defer func(old bool) { fuseChecks = old }(fuseChecks)
+				defer func(old bool, below uint64) { fuseChecks, fusedKernelBelow = old, below }(fuseChecks, fusedKernelBelow)
 				fuseChecks = mode != "checked-separate"
+				if mode == "checked-engines" {
+					fusedKernelBelow = 0
+				}
 				var returned, host time.Duration
 				ctx := context.Background()
 				for b.Loop() {

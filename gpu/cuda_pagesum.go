@@ -420,7 +420,7 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 	// (kvCopyCheck), where the pieces allow it.
 	fused := false
 	m.fused = m.fused[:0]
-	if pinned && fuseChecks && m.d.sums.copyCheckFn != 0 && m.kernelScatters(uint64(len(m.pieces)), src) {
+	if pinned && fuseChecks && m.d.sums.copyCheckFn != 0 && m.fusedScatters(uint64(len(m.pieces)), src) {
 		m.fused, fused = checkedCopies(m.fused, m.pieces, src, func(p int) uint64 { return uint64(ptrOf(src[p])) })
 	}
 	c := &m.checks
@@ -869,6 +869,29 @@ func (m *cudaMover) kernelScatters(pieces uint64, src [][]byte) bool {
 		total += uint64(len(b))
 	}
 	return total < kernelCopyBelow*pieces
+}
+
+// fusedKernelBelow is the batch size under which a checked batch of pieces the copy engines would
+// move (CUDAMoverOptions.Scatter left to choose) goes through kvCopyCheck instead: the kernel
+// copies large pieces a little slower than the copy engines, but a small batch's check after
+// the copies costs more than that (docs/perf/serve-gpu.md). Zero turns it off (benchmarks).
+var fusedKernelBelow uint64 = 32 << 20
+
+// fusedScatters reports whether a checked batch of src in pieces copies is copied by kvCopyCheck
+// (when its pieces allow): where the copy kernel moves it anyway, or where the mover chooses and
+// the batch is under fusedKernelBelow.
+func (m *cudaMover) fusedScatters(pieces uint64, src [][]byte) bool {
+	if m.kernelScatters(pieces, src) {
+		return true
+	}
+	if m.opts.Scatter != ScatterAuto || m.d.sums.copyFn == 0 {
+		return false
+	}
+	var total uint64
+	for _, b := range src {
+		total += uint64(len(b))
+	}
+	return total < fusedKernelBelow
 }
 
 // WakeDevice implements kvmem.DeviceWaker: it launches the copy kernel over one empty copy
