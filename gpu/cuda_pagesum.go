@@ -683,7 +683,6 @@ const reserveBatchBytes = 64 << 20
 // group's regions.
 type batchNeeds struct {
 	pages, pieces, blocks, copies uint64
-	checked                       uint64 // kvCopyCheck's copies (of checkedCopyChunk bytes)
 }
 
 // reserveNeeds is the most a batch of up to reserveBatchBytes of one group's pages (sharded or
@@ -692,11 +691,10 @@ func reserveNeeds(l kvmem.Layout) batchNeeds {
 	var most batchNeeds
 	for _, g := range l.Groups {
 		for _, rs := range [][]kvmem.Region{g.Regions, g.ReplicatedRegions} {
-			var size, copies, checked uint64
+			var size, copies uint64
 			for _, r := range rs {
 				size += r.Size
 				copies += (r.Size + copyChunk - 1) / copyChunk
-				checked += (r.Size + checkedCopyChunk - 1) / checkedCopyChunk
 			}
 			if size == 0 || g.Slots <= 0 {
 				continue
@@ -706,7 +704,6 @@ func reserveNeeds(l kvmem.Layout) batchNeeds {
 			most.pieces = max(most.pieces, n*uint64(len(rs)))
 			most.blocks = max(most.blocks, n*((size-1)/1024))
 			most.copies = max(most.copies, n*copies)
-			most.checked = max(most.checked, n*checked)
 		}
 	}
 	return most
@@ -742,10 +739,10 @@ func (m *cudaMover) reserve() {
 
 // reserveSetBytes is what a check set's buffers must hold for a batch that needs n: the
 // descriptors and digests of a check after the copies, or of a fused one (a kvCheckedCopy per
-// copy of at most checkedCopyChunk bytes), whichever is more.
+// copy of at most copyChunk bytes), whichever is more.
 func reserveSetBytes(n batchNeeds) int {
 	separate := int(n.pages)*pageDescBytes + int(n.pieces)*pieceDescBytes
-	fused := int(n.checked) * checkedCopyBytes
+	fused := int(n.copies) * checkedCopyBytes
 	return max(separate, fused) + 8*int(n.pages)
 }
 

@@ -23,14 +23,14 @@ func TestReserveNeeds(t *testing.T) {
 	}{
 		{"64KiB pages, 2 regions, fewer slots than the batch", kvmem.Layout{Groups: []kvmem.GroupLayout{
 			{Slots: 272, Regions: regions(2, 32<<10)}}},
-			batchNeeds{pages: 272, pieces: 544, blocks: 272 * 63, copies: 544, checked: 544}},
+			batchNeeds{pages: 272, pieces: 544, blocks: 272 * 63, copies: 544}},
 		{"1MiB pages, 2 regions", kvmem.Layout{Groups: []kvmem.GroupLayout{
 			{Slots: 4096, Regions: regions(2, 512<<10)}}},
-			batchNeeds{pages: 64, pieces: 128, blocks: 64 * 1023, copies: 64 * 16, checked: 64 * 32}},
+			batchNeeds{pages: 64, pieces: 128, blocks: 64 * 1023, copies: 64 * 16}},
 		{"the group with the most pages decides; replicated regions count", kvmem.Layout{Groups: []kvmem.GroupLayout{
 			{Slots: 4096, Regions: regions(8, 32<<10)},
 			{Slots: 8192, Regions: regions(1, 128<<10), ReplicatedRegions: regions(1, 4<<10)}}},
-			batchNeeds{pages: 8192, pieces: 8192, blocks: 256 * 255, copies: 8192, checked: 8192}},
+			batchNeeds{pages: 8192, pieces: 8192, blocks: 256 * 255, copies: 8192}},
 		{"no slots", kvmem.Layout{Groups: []kvmem.GroupLayout{{Slots: 0, Regions: regions(2, 4096)}}}, batchNeeds{}},
 	}
 	for _, c := range cases {
@@ -51,9 +51,9 @@ func TestReserveSetBytes(t *testing.T) {
 		n    batchNeeds
 		want int
 	}{
-		{"one region a page", batchNeeds{pages: 1024, pieces: 1024, blocks: 1024 * 63, copies: 1024, checked: 1024}, 1024*56 + 8*1024},
-		{"64 regions a page", batchNeeds{pages: 256, pieces: 256 * 64, blocks: 256 * 255, copies: 256 * 64, checked: 256 * 64}, 256*64*56 + 8*256},
-		{"regions longer than a copy", batchNeeds{pages: 16, pieces: 32, blocks: 16 * 2047, copies: 16 * 32, checked: 16 * 64}, 16*64*56 + 8*16},
+		{"one region a page", batchNeeds{pages: 1024, pieces: 1024, blocks: 1024 * 63, copies: 1024}, 1024*56 + 8*1024},
+		{"64 regions a page", batchNeeds{pages: 256, pieces: 256 * 64, blocks: 256 * 255, copies: 256 * 64}, 256*64*56 + 8*256},
+		{"regions longer than a copy", batchNeeds{pages: 16, pieces: 32, blocks: 16 * 2047, copies: 16 * 32}, 16*32*56 + 8*16},
 	} {
 		if got := reserveSetBytes(c.n); got != c.want {
 			t.Errorf("%s: %d bytes, want %d", c.name, got, c.want)

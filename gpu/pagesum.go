@@ -133,7 +133,7 @@ type checkPiece struct {
 }
 
 // checkedCopy is one kvCheckedCopy record of kvCopyCheck (kernels/pagesum.cu): a copy of at most
-// checkedCopyChunk bytes inside one page, and where its page's sums are.
+// copyChunk bytes inside one page, and where its page's sums are.
 type checkedCopy struct {
 	src, dst, len uint64
 	off           uint64 // offset in the page, a multiple of 64
@@ -147,17 +147,12 @@ type checkedCopy struct {
 // 1024-byte block, one for the rest of the stripes but the last, one for the last stripe.
 func fusedSums(n uint64) uint64 { return (n-1)/1024 + 2 }
 
-// copyChunk is the most one block of kvCopyPieces moves.
+// copyChunk is the most one block of the copy kernels moves.
 const copyChunk = 64 << 10
-
-// checkedCopyChunk is the most one block of kvCopyCheck moves. Smaller than copyChunk: a small
-// batch of large pieces is spread over more blocks (12 MiB of 1 MiB pages took 0.32 ms in 64 KiB
-// blocks against 0.27 for 32 KiB pieces, docs/perf/serve-gpu.md).
-const checkedCopyChunk = 32 << 10
 
 // checkedCopies appends to dst the copy records that move a checked batch's pieces (in page
 // order, every page of src listed) with kvCopyCheck: adjacent pieces of a page that are adjacent
-// in engine memory too are one copy, and copies are cut at checkedCopyChunk bytes. A page's source is
+// in engine memory too are one copy, and copies are cut at copyChunk bytes. A page's source is
 // the len(src[p]) bytes at srcAddr(p). It reports false when the kernel cannot take the batch:
 // a source, destination or length that is not a multiple of 16 bytes, or a piece at a page
 // offset or a page length that is not a multiple of 64.
@@ -174,9 +169,9 @@ func checkedCopies(dst []checkedCopy, pieces []checkPiece, src [][]byte, srcAddr
 		if (cur.src|cur.dst|cur.len)%16 != 0 || cur.off%64 != 0 {
 			return false
 		}
-		for o := uint64(0); o < cur.len; o += checkedCopyChunk {
+		for o := uint64(0); o < cur.len; o += copyChunk {
 			c := cur
-			c.src, c.dst, c.off, c.len = cur.src+o, cur.dst+o, cur.off+o, min(checkedCopyChunk, cur.len-o)
+			c.src, c.dst, c.off, c.len = cur.src+o, cur.dst+o, cur.off+o, min(copyChunk, cur.len-o)
 			dst = append(dst, c)
 		}
 		curPage = -1

@@ -357,7 +357,7 @@ func TestCopyCheckModelIsXXH3(t *testing.T) {
 		}
 		perPage := map[uint32]uint32{}
 		for _, c := range copies {
-			if c.len == 0 || c.len > checkedCopyChunk {
+			if c.len == 0 || c.len > copyChunk {
 				t.Fatalf("a copy of %d bytes", c.len)
 			}
 			perPage[c.page]++
@@ -385,7 +385,7 @@ func TestCopyCheckModelIsXXH3(t *testing.T) {
 }
 
 // TestCheckedCopies pins how checked batches become kvCopyCheck records: pieces of a page that
-// continue each other in engine memory are one copy, copies are cut at 32 KiB, a page's sums
+// continue each other in engine memory are one copy, copies are cut at 64 KiB, a page's sums
 // follow the earlier pages' (fusedSums), every copy knows its page and how many copies the page
 // has (the kernel finishes a page when that many are done), and batches the kernel cannot take
 // are refused.
@@ -411,14 +411,10 @@ func TestCheckedCopies(t *testing.T) {
 	want := []checkedCopy{
 		{src: 0x10000, dst: 0x100000, len: 2048, off: 0, base: 0, pageLen: 3072, page: 0, pageCopies: 2},
 		{src: 0x10000 + 2048, dst: 0x200000, len: 1024, off: 2048, base: 0, pageLen: 3072, page: 0, pageCopies: 2},
-		// 200 KiB in six copies of 32 KiB and one of 8.
-		{src: 0x20000, dst: 0x300000, len: 32 << 10, off: 0, base: 4, pageLen: 200 << 10, page: 1, pageCopies: 7},
-		{src: 0x20000 + 32<<10, dst: 0x300000 + 32<<10, len: 32 << 10, off: 32 << 10, base: 4, pageLen: 200 << 10, page: 1, pageCopies: 7},
-		{src: 0x20000 + 64<<10, dst: 0x300000 + 64<<10, len: 32 << 10, off: 64 << 10, base: 4, pageLen: 200 << 10, page: 1, pageCopies: 7},
-		{src: 0x20000 + 96<<10, dst: 0x300000 + 96<<10, len: 32 << 10, off: 96 << 10, base: 4, pageLen: 200 << 10, page: 1, pageCopies: 7},
-		{src: 0x20000 + 128<<10, dst: 0x300000 + 128<<10, len: 32 << 10, off: 128 << 10, base: 4, pageLen: 200 << 10, page: 1, pageCopies: 7},
-		{src: 0x20000 + 160<<10, dst: 0x300000 + 160<<10, len: 32 << 10, off: 160 << 10, base: 4, pageLen: 200 << 10, page: 1, pageCopies: 7},
-		{src: 0x20000 + 192<<10, dst: 0x300000 + 192<<10, len: 8 << 10, off: 192 << 10, base: 4, pageLen: 200 << 10, page: 1, pageCopies: 7},
+		{src: 0x20000, dst: 0x300000, len: 64 << 10, off: 0, base: 4, pageLen: 200 << 10, page: 1, pageCopies: 4},
+		{src: 0x20000 + 64<<10, dst: 0x300000 + 64<<10, len: 64 << 10, off: 64 << 10, base: 4, pageLen: 200 << 10, page: 1, pageCopies: 4},
+		{src: 0x20000 + 128<<10, dst: 0x300000 + 128<<10, len: 64 << 10, off: 128 << 10, base: 4, pageLen: 200 << 10, page: 1, pageCopies: 4},
+		{src: 0x20000 + 192<<10, dst: 0x300000 + 192<<10, len: 8 << 10, off: 192 << 10, base: 4, pageLen: 200 << 10, page: 1, pageCopies: 4},
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("records\n%+v\nwant\n%+v", got, want)
