@@ -203,9 +203,10 @@ func TestCUDAFusedCheck(t *testing.T) {
 }
 
 // TestCUDAFusedSmallBatches: a checked batch of pages whose pieces the copy engines would move
-// (two regions of 512 KiB) is copied and checked by kvCopyCheck while it is under
-// fusedKernelBelow, and by the copy engines with the check after them from there on; both land
-// every page and fail exactly the pages whose digests differ.
+// (four regions of 256 KiB) is copied and checked by kvCopyCheck while it is under
+// fusedKernelBelow, and by the copy engines with the check after them from there on, as are
+// pages of two regions of 512 KiB whatever the batch; all land every page and fail exactly the
+// pages whose digests differ.
 func TestCUDAFusedSmallBatches(t *testing.T) {
 	d, err := OpenCUDA(0)
 	if err != nil {
@@ -213,14 +214,24 @@ func TestCUDAFusedSmallBatches(t *testing.T) {
 	}
 	defer d.Close()
 	const page, slots = 1 << 20, 40
-	half := uint64(page / 2)
-	l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: slots, Regions: []kvmem.Region{
-		{Offset: 0, Stride: half, Size: half}, {Offset: half * slots, Stride: half, Size: half}}}}}
 	mem, err := d.AllocDeviceMemory(page * slots)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer mem.Close()
+	for _, regions := range []int{4, 2} {
+		t.Run(fmt.Sprintf("regions=%d", regions), func(t *testing.T) { fusedSmallBatches(t, d, mem, regions) })
+	}
+}
+
+func fusedSmallBatches(t *testing.T, d *CUDADevice, mem *EngineMemory, regions int) {
+	const page, slots = 1 << 20, 40
+	size := uint64(page / regions)
+	var rs []kvmem.Region
+	for r := range regions {
+		rs = append(rs, kvmem.Region{Offset: uint64(r) * size * slots, Stride: size, Size: size})
+	}
+	l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: slots, Regions: rs}}}
 	mv, err := d.NewMover(mem, l, CUDAMoverOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -248,7 +259,7 @@ func TestCUDAFusedSmallBatches(t *testing.T) {
 	for _, c := range []struct {
 		pages int
 		fused bool
-	}{{8, true}, {int(fusedKernelBelow/page) - 1, true}, {slots, false}} {
+	}{{8, regions > 2}, {int(fusedKernelBelow/page) - 1, regions > 2}, {slots, false}} {
 		t.Run(fmt.Sprintf("pages=%d", c.pages), func(t *testing.T) {
 			s := slices.Clone(sums[:c.pages])
 			want := make([]bool, c.pages)

@@ -872,14 +872,20 @@ func (m *cudaMover) kernelScatters(pieces uint64, src [][]byte) bool {
 }
 
 // fusedKernelBelow is the batch size under which a checked batch of pieces the copy engines would
-// move (CUDAMoverOptions.Scatter left to choose) goes through kvCopyCheck instead: the kernel
-// copies large pieces a little slower than the copy engines, but a small batch's check after
-// the copies costs more than that (docs/perf/serve-gpu.md). Zero turns it off (benchmarks).
+// move (CUDAMoverOptions.Scatter left to choose) goes through kvCopyCheck instead, when its
+// pieces average less than fusedPieceBelow: the kernel copies large pieces a little slower than
+// the copy engines, but a small batch's check after the copies costs more than that (12 MiB of
+// 128 KiB pieces: 0.30-0.31 ms checked on the way against 0.32-0.33 after the copy engines; of
+// 512 KiB pieces no gain, 0.32 against 0.31-0.32; docs/perf/serve-gpu.md). Zero turns it off
+// (benchmarks).
 var fusedKernelBelow uint64 = 32 << 20
 
+// fusedPieceBelow: see fusedKernelBelow.
+const fusedPieceBelow = 512 << 10
+
 // fusedScatters reports whether a checked batch of src in pieces copies is copied by kvCopyCheck
-// (when its pieces allow): where the copy kernel moves it anyway, or where the mover chooses and
-// the batch is under fusedKernelBelow.
+// (when its pieces allow): where the copy kernel moves it anyway, or where the mover chooses, the
+// batch is under fusedKernelBelow and its pieces average under fusedPieceBelow.
 func (m *cudaMover) fusedScatters(pieces uint64, src [][]byte) bool {
 	if m.kernelScatters(pieces, src) {
 		return true
@@ -891,7 +897,7 @@ func (m *cudaMover) fusedScatters(pieces uint64, src [][]byte) bool {
 	for _, b := range src {
 		total += uint64(len(b))
 	}
-	return total < fusedKernelBelow
+	return total < fusedKernelBelow && total < fusedPieceBelow*pieces
 }
 
 // WakeDevice implements kvmem.DeviceWaker: it launches the copy kernel over one empty copy
