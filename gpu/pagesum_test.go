@@ -72,6 +72,11 @@ func pageSumFinish(total uint64, word func(uint64) uint64, delta func(lane int, 
 		key := v ^ sec.last[lane]
 		acc[lane] += pair + (key&0xFFFFFFFF)*(key>>32)
 	}
+	return modelMerge(acc, total, sec)
+}
+
+// modelMerge is XXH3's merge of the eight accumulators of a page of total bytes into its digest.
+func modelMerge(acc [8]uint64, total uint64, sec pageSumSecret) uint64 {
 	h := total * 0x9E3779B185EBCA87
 	for i := range 4 {
 		a, c := acc[2*i]^sec.merge[2*i], acc[2*i+1]^sec.merge[2*i+1]
@@ -290,15 +295,7 @@ func fusedFinishModel(n uint64, sums []uint64, sec pageSumSecret) uint64 {
 		}
 		acc[l] += d(blocks) + d(blocks+1)
 	}
-	h := n * 0x9E3779B185EBCA87
-	for i := range 4 {
-		a, c := acc[2*i]^sec.merge[2*i], acc[2*i+1]^sec.merge[2*i+1]
-		hi, lo := bits.Mul64(a, c)
-		h += hi ^ lo
-	}
-	h ^= h >> 37
-	h *= 0x165667919E3779F9
-	return h ^ h>>32
+	return modelMerge(acc, n, sec)
 }
 
 // TestCopyCheckModelIsXXH3 checks the fused check's decomposition: pages split into pieces of
