@@ -356,14 +356,15 @@ func (m *cudaMover) initChecks() {
 	m.checks.secret = newPageSumSecret().bytes()
 }
 
-// ScatterChecked is Scatter followed by a check of every page where it landed in engine
-// memory: the XXH3-64 digest of page i's bytes, computed on the GPU, is compared with sums[i],
+// ScatterChecked is Scatter with a check of every page it moves into engine memory: the
+// XXH3-64 digest of page i's bytes, computed on the GPU, is compared with sums[i],
 // the digest taken when the page was written. It returns once the copies are done and the
 // check is launched; wait returns the check's result, bad[i] true where the digests differ (that
-// slot's bytes must not be used). The check runs on a stream of its own, so it overlaps the next
-// call's copies; at most two checks are in flight (a third call first waits for the ones in
-// flight, keeping their results for their wait). It
-// fails with the reason from PageCheckError when the mover cannot check.
+// slot's bytes must not be used). A batch the copy kernel moves from pinned memory is checked by
+// the copies themselves (scatterFused); any other batch's check runs on a stream of its own, so
+// it overlaps the next call's copies. At most two checks are in flight (a third call first waits
+// for the ones in flight, keeping their results for their wait). It fails with the reason from
+// PageCheckError when the mover cannot check.
 func (m *cudaMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kvmem.PageRef, sums []uint64) (wait func() ([]bool, error), err error) {
 	return m.scatterChecked(ctx, src, pages, sums, true)
 }
