@@ -293,6 +293,38 @@ func TestGPUIssuedLoad(t *testing.T) {
 	checkCorruptLoad(t, w, pool, m.hostMover, src, n, corrupt)
 }
 
+// TestFirstIssuedBatch pins which checked loads a queueing mover gets in two batches and how
+// large the first is: many pages, or enough small ones, split a quarter first; fewer, or larger,
+// pages go in one batch.
+func TestFirstIssuedBatch(t *testing.T) {
+	pages := func(n, size int) []loadItem {
+		items := make([]loadItem, n)
+		for i := range items {
+			items[i].size = size
+		}
+		return items
+	}
+	for _, c := range []struct {
+		name  string
+		items []loadItem
+		want  int
+	}{
+		{"190 pages of 64 KiB", pages(190, 64<<10), 190 * 64 << 10 / 4},
+		{"128 pages of 128 KiB", pages(128, 128<<10), 4 << 20},
+		{"127 pages of 64 KiB", pages(127, 64<<10), 0},
+		{"190 pages of 256 KiB", pages(190, 256<<10), 0},
+		{"255 pages of 256 KiB", pages(255, 256<<10), 0},
+		{"256 pages of 256 KiB", pages(256, 256<<10), 16 << 20},
+		{"768 pages of 64 KiB", pages(768, 64<<10), 12 << 20},
+		{"256 pages of 4 KiB: at least 1 MiB first", pages(256, 4<<10), 1 << 20},
+		{"none", nil, 0},
+	} {
+		if got := firstIssuedBatch(c.items); got != c.want {
+			t.Errorf("%s: first batch of %d bytes, want %d", c.name, got, c.want)
+		}
+	}
+}
+
 // TestGPUIssuedLoadFewPages: a load of fewer pages than issuedSplitMinPages is queued in one
 // batch (its check's wait is the load's only wait on the device), read before the load returns,
 // and fails exactly the request whose page was corrupted in the pool.

@@ -331,23 +331,17 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 		target, later = directCheckedBatchBytes, directCheckedBatchBytes
 	}
 	// A mover that queues checked scatters without waiting for their copies (IssueChecked)
-	// starts copying a first batch of a quarter of the load while the host prepares the rest,
-	// whose copies then queue right behind it. That pays where the host's work per page weighs:
-	// loads of many pages (on the H200, docs/perf/serve-gpu.md run 44: 768 pages of 64 KiB
-	// loaded 8–18 % faster; 192 pages of 64 KiB 2–13 % faster but of 256 KiB up to 5 % slower;
-	// 48 pages of 256 KiB 12–35 % slower, for the second batch's fixed cost).
-	// Such a mover queues every checked batch, a single one too: waiting for its check, which
-	// runs behind its copies, is then the load's only wait on the device.
+	// starts copying a first batch while the host prepares the rest (firstIssuedBatch). Such a
+	// mover queues every checked batch, a single one too: waiting for its check, which runs
+	// behind its copies, is then the load's only wait on the device.
 	issuer, _ := checker.(kvmem.AsyncPageChecker)
 	if deferred == nil {
 		issuer = nil
 	}
-	if issuer != nil && !issuedFirstBatchOff && len(items) >= issuedSplitMinPages {
-		var total int
-		for i := range items {
-			total += items[i].size
+	if issuer != nil && !issuedFirstBatchOff {
+		if first := firstIssuedBatch(items); first > 0 {
+			target = min(later, first)
 		}
-		target = min(later, max(issuedFirstBatchMin, total/4))
 	}
 	full := func(pages, bytes int) bool {
 		if view == nil {
@@ -500,13 +494,39 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 
 // issuedFirstBatchOff makes checked loads issue their pages in one batch even where the mover
 // can queue batches without waiting (kvmem.AsyncPageChecker); the GPU benchmarks set it to
-// compare. issuedFirstBatchMin is the smallest first batch such a load issues.
-// issuedSplitMinPages is the fewest pages a load issues that way.
+// compare. See firstIssuedBatch for the others.
 var (
-	issuedFirstBatchOff = false
-	issuedFirstBatchMin = 1 << 20
-	issuedSplitMinPages = 256
+	issuedFirstBatchOff   = false
+	issuedFirstBatchMin   = 1 << 20
+	issuedSplitMinPages   = 256
+	issuedSplitSmallPages = 128
+	issuedSplitSmallBytes = 128 << 10
 )
+
+// firstIssuedBatch returns how many bytes a checked load of items issued through a mover that
+// queues its scatters (IssueChecked) puts in its first batch, so the GPU copies that batch while
+// the host looks up and describes the rest, whose copies then queue right behind it; 0 issues
+// the load in one batch. The first batch is a quarter of the load (at least
+// issuedFirstBatchMin bytes). A load is split when it has issuedSplitMinPages pages or more, or
+// issuedSplitSmallPages pages or more averaging at most issuedSplitSmallBytes: what the host does
+// per page then weighs against the copies. On the H200 (docs/perf/serve-gpu.md): 768 pages of
+// 64 KiB loaded 8–18 % faster (run 44); StartLoads of about 190 pages of 64 KiB into PyTorch
+// reached 0.50–0.52 of the link split against 0.48 in one batch (run 66); 192 pages of 256 KiB
+// were up to 5 % slower split, and 48 pages of 256 KiB 12–35 % slower, for the second batch's
+// fixed cost (run 44).
+func firstIssuedBatch(items []loadItem) int {
+	if len(items) < min(issuedSplitMinPages, issuedSplitSmallPages) {
+		return 0
+	}
+	var total int
+	for i := range items {
+		total += items[i].size
+	}
+	if len(items) < issuedSplitMinPages && total > issuedSplitSmallBytes*len(items) {
+		return 0
+	}
+	return max(issuedFirstBatchMin, total/4)
+}
 
 // wakeDeviceOff makes loads leave the device alone until their first copy; the GPU benchmarks
 // set it to compare.
