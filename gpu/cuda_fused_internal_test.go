@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/zeebo/xxh3"
 
@@ -96,8 +97,15 @@ func TestCUDAFusedCheck(t *testing.T) {
 				}
 				return bad
 			}
+			g0, began := m.GPUTime(), time.Now()
 			if bad := check(refs, src, sums); slices.Contains(bad, true) {
 				t.Fatalf("pages reported bad %v; their digests are XXH3's", bad)
+			}
+			// The batch's device time: the kernel's own clock when it checks on the way (no
+			// check time after the copies), the events around the copies otherwise.
+			wall, g := time.Since(began), m.GPUTime()
+			if c := g.Copy - g0.Copy; c <= 0 || c > wall || (fuse && g.Check != g0.Check) || (!fuse && g.Check <= g0.Check) {
+				t.Fatalf("GPU time of one batch %+v (before %+v) in %v", g, g0, wall)
 			}
 			got := make([][]byte, slots)
 			for i := range got {
