@@ -106,7 +106,9 @@ func BenchmarkCUDACheckSteps(b *testing.B) {
 // is the default (batches the copy kernel moves, and batches under fusedKernelBelow, are checked
 // on the way by kvCopyCheck); "checked-engines" leaves pieces of 128 KiB and more to the copy
 // engines whatever the batch's size, checked after them; "checked-separate" checks every batch
-// with kernels of their own after the copies.
+// with kernels of their own after the copies; "checked-one-part" is "checked" with small batches
+// of long pages through the copy engines checked after all their copies rather than in two parts
+// (splitChecks off).
 func BenchmarkCUDAScatterOrChecked(b *testing.B) {
 	d, err := OpenCUDA(0)
 	if err != nil {
@@ -115,10 +117,11 @@ func BenchmarkCUDAScatterOrChecked(b *testing.B) {
 	defer d.Close()
 	for _, c := range []struct{ batchMiB, pageKiB int }{{12, 64}, {12, 256}, {48, 64}, {48, 256}, {12, 1024}, {48, 1024}} {
 		m, src, refs, sums, done := checkBatch(b, d, c.batchMiB, c.pageKiB)
-		for _, mode := range []string{"scatter", "checked", "checked-engines", "checked-separate"} {
+		for _, mode := range []string{"scatter", "checked", "checked-engines", "checked-separate", "checked-one-part"} {
 			b.Run(fmt.Sprintf("batch=%dMiB/page=%dKiB/%s", c.batchMiB, c.pageKiB, mode), func(b *testing.B) {
-				defer func(old bool, below uint64) { fuseChecks, fusedKernelBelow = old, below }(fuseChecks, fusedKernelBelow)
+				defer func(old, split bool, below uint64) { fuseChecks, splitChecks, fusedKernelBelow = old, split, below }(fuseChecks, splitChecks, fusedKernelBelow)
 				fuseChecks = mode != "checked-separate"
+				splitChecks = mode != "checked-one-part"
 				if mode == "checked-engines" {
 					fusedKernelBelow = 0
 				}

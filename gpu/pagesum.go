@@ -214,3 +214,51 @@ func checkedCopies(dst []checkedCopy, pieces []checkPiece, src [][]byte, srcAddr
 	}
 	return dst, true
 }
+
+// headBlocks is how many of a page's full blocks a check in two parts takes before the
+// rest of the page is copied: three quarters (kvHeadBlocks in kernels/pagesum.cu, which must
+// agree). The chain of the rest, a quarter of the page's, is all that runs after the copies.
+func headBlocks(blocks uint64) uint64 { return blocks / 4 * 3 }
+
+// splitMinBlocks is the fewest full blocks the longest page of a batch needs for the batch to be
+// checked in two parts (splitChecks): below, the chain after the copies is short anyway.
+const splitMinBlocks = 256
+
+// splitPieces appends to dst the pieces of a batch checked in two parts (pieces in page order,
+// every page of src), in the order they are copied: the bytes of every page before its head
+// boundary (headBlocks of its full blocks), then the rest; a piece across a boundary is cut
+// there. It returns the list and how many of its pieces the first part has.
+func splitPieces(dst []checkPiece, pieces []checkPiece, src [][]byte) ([]checkPiece, int) {
+	first := len(dst)
+	boundary := func(page int) uint64 { return headBlocks(uint64(len(src[page])-1)/1024) * 1024 }
+	for _, pc := range pieces {
+		if b := boundary(pc.page); pc.off < b {
+			pc.len = min(pc.len, b-pc.off)
+			dst = append(dst, pc)
+		}
+	}
+	heads := len(dst) - first
+	for _, pc := range pieces {
+		if b := boundary(pc.page); pc.off+pc.len > b {
+			if pc.off < b {
+				cut := b - pc.off
+				pc.addr, pc.off, pc.len = pc.addr+cut, b, pc.len-cut
+			}
+			dst = append(dst, pc)
+		}
+	}
+	return dst, heads
+}
+
+// pieceEnds turns chunk ends given as pages (the page after each chunk) into indices in pieces
+// (in page order): the first piece of a page at or after each.
+func pieceEnds(dst []int, pieces []checkPiece, pageEnds []int) []int {
+	at := 0
+	for _, hi := range pageEnds {
+		for at < len(pieces) && pieces[at].page < hi {
+			at++
+		}
+		dst = append(dst, at)
+	}
+	return dst
+}

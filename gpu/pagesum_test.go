@@ -432,3 +432,51 @@ func TestCheckedCopies(t *testing.T) {
 		}
 	}
 }
+
+// TestSplitPieces: a batch checked in two parts copies every page's bytes before its head
+// boundary (three quarters of its full blocks) first, then the rest, cutting the piece across
+// the boundary there; together the parts are the batch's bytes, each once.
+func TestSplitPieces(t *testing.T) {
+	src := [][]byte{make([]byte, 1<<20), make([]byte, 3000), make([]byte, 640<<10)}
+	// Page 0: two regions of 512 KiB (boundary at 765 KiB, inside the second); page 1: one
+	// region (2 full blocks, none in the head); page 2: three regions, boundary 477 KiB (639
+	// full blocks, 477 in the head) inside the third.
+	pieces := []checkPiece{
+		{page: 0, addr: 0x1000000, off: 0, len: 512 << 10},
+		{page: 0, addr: 0x2000000, off: 512 << 10, len: 512 << 10},
+		{page: 1, addr: 0x3000000, off: 0, len: 3000},
+		{page: 2, addr: 0x4000000, off: 0, len: 128 << 10},
+		{page: 2, addr: 0x5000000, off: 128 << 10, len: 256 << 10},
+		{page: 2, addr: 0x6000000, off: 384 << 10, len: 256 << 10},
+	}
+	if got := headBlocks(1023); got != 765 {
+		t.Fatalf("headBlocks(1023) = %d, want 765", got)
+	}
+	got, heads := splitPieces(nil, pieces, src)
+	want := []checkPiece{
+		{page: 0, addr: 0x1000000, off: 0, len: 512 << 10},
+		{page: 0, addr: 0x2000000, off: 512 << 10, len: 253 << 10},
+		{page: 2, addr: 0x4000000, off: 0, len: 128 << 10},
+		{page: 2, addr: 0x5000000, off: 128 << 10, len: 256 << 10},
+		{page: 2, addr: 0x6000000, off: 384 << 10, len: 93 << 10},
+		{page: 0, addr: 0x2000000 + 253<<10, off: 765 << 10, len: 259 << 10},
+		{page: 1, addr: 0x3000000, off: 0, len: 3000},
+		{page: 2, addr: 0x6000000 + 93<<10, off: 477 << 10, len: 163 << 10},
+	}
+	if heads != 5 || !slices.Equal(got, want) {
+		t.Fatalf("split into\n%+v (%d in the first part)\nwant\n%+v (5)", got, heads, want)
+	}
+	// Every byte of every page once.
+	covered := make([]uint64, len(src))
+	for _, pc := range got {
+		covered[pc.page] += pc.len
+	}
+	for p := range src {
+		if covered[p] != uint64(len(src[p])) {
+			t.Errorf("page %d: %d bytes copied, want %d", p, covered[p], len(src[p]))
+		}
+	}
+	if ends := pieceEnds(nil, pieces, []int{1, 3}); !slices.Equal(ends, []int{2, 6}) {
+		t.Errorf("piece ends of page ends [1 3]: %v, want [2 6]", ends)
+	}
+}
