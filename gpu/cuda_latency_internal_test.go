@@ -36,19 +36,21 @@ func BenchmarkCUDAThreadHop(b *testing.B) {
 // kernelChunkMin or more by the copy kernel, is checked chunk by chunk behind its copies);
 // "one-chunk" checks the whole batch after its copies. Batches the copy kernel moves take the
 // check's deltas on the way (kvCopyCheck) in both; "separate" checks them with kernels of their
-// own, as chunked.
+// own, as chunked. "one-part" is "chunked" with a small batch of long pages checked after all its
+// copies rather than in two parts (splitChecks off).
 func BenchmarkCUDACheckSteps(b *testing.B) {
 	d, err := OpenCUDA(0)
 	if err != nil {
 		b.Skip(err)
 	}
 	defer d.Close()
-	for _, c := range []struct{ batchMiB, pageKiB int }{{4, 64}, {4, 1024}, {12, 64}, {16, 64}, {48, 256}, {64, 64}, {256, 64}, {64, 1024}, {180, 1024}} {
+	for _, c := range []struct{ batchMiB, pageKiB int }{{4, 64}, {4, 1024}, {12, 64}, {12, 1024}, {16, 64}, {48, 256}, {64, 64}, {256, 64}, {64, 1024}, {180, 1024}} {
 		m, src, refs, sums, done := checkBatch(b, d, c.batchMiB, c.pageKiB)
-		for _, mode := range []string{"chunked", "one-chunk", "separate"} {
+		for _, mode := range []string{"chunked", "one-chunk", "separate", "one-part"} {
 			b.Run(fmt.Sprintf("batch=%dMiB/page=%dKiB/%s", c.batchMiB, c.pageKiB, mode), func(b *testing.B) {
-				defer func(old bool) { fuseChecks = old }(fuseChecks)
+				defer func(old, split bool) { fuseChecks, splitChecks = old, split }(fuseChecks, splitChecks)
 				fuseChecks = mode != "separate"
+				splitChecks = mode != "one-part"
 				if mode == "one-chunk" {
 					defer func(old int) { checkChunkMin = old }(checkChunkMin)
 					checkChunkMin = 1 << 40
