@@ -36,21 +36,19 @@ func BenchmarkCUDAThreadHop(b *testing.B) {
 // kernelChunkMin or more by the copy kernel, is checked chunk by chunk behind its copies);
 // "one-chunk" checks the whole batch after its copies. Batches the copy kernel moves take the
 // check's deltas on the way (kvCopyCheck) in both; "separate" checks them with kernels of their
-// own, as chunked. "one-part" is "chunked" with a small batch of long pages checked after all its
-// copies rather than in two parts (splitChecks off).
+// own, as chunked.
 func BenchmarkCUDACheckSteps(b *testing.B) {
 	d, err := OpenCUDA(0)
 	if err != nil {
 		b.Skip(err)
 	}
 	defer d.Close()
-	for _, c := range []struct{ batchMiB, pageKiB int }{{4, 64}, {4, 1024}, {12, 64}, {12, 1024}, {16, 64}, {48, 256}, {64, 64}, {256, 64}, {64, 1024}, {180, 1024}} {
+	for _, c := range []struct{ batchMiB, pageKiB int }{{4, 64}, {4, 1024}, {12, 64}, {16, 64}, {48, 256}, {64, 64}, {256, 64}, {64, 1024}, {180, 1024}} {
 		m, src, refs, sums, done := checkBatch(b, d, c.batchMiB, c.pageKiB)
-		for _, mode := range []string{"chunked", "one-chunk", "separate", "one-part"} {
+		for _, mode := range []string{"chunked", "one-chunk", "separate"} {
 			b.Run(fmt.Sprintf("batch=%dMiB/page=%dKiB/%s", c.batchMiB, c.pageKiB, mode), func(b *testing.B) {
-				defer func(old, split bool) { fuseChecks, splitChecks = old, split }(fuseChecks, splitChecks)
+				defer func(old bool) { fuseChecks = old }(fuseChecks)
 				fuseChecks = mode != "separate"
-				splitChecks = mode != "one-part"
 				if mode == "one-chunk" {
 					defer func(old int) { checkChunkMin = old }(checkChunkMin)
 					checkChunkMin = 1 << 40
@@ -108,9 +106,7 @@ func BenchmarkCUDACheckSteps(b *testing.B) {
 // is the default (batches the copy kernel moves, and batches under fusedKernelBelow, are checked
 // on the way by kvCopyCheck); "checked-engines" leaves pieces of 128 KiB and more to the copy
 // engines whatever the batch's size, checked after them; "checked-separate" checks every batch
-// with kernels of their own after the copies; "checked-one-part" is "checked" with small batches
-// of long pages through the copy engines checked after all their copies rather than in two parts
-// (splitChecks off).
+// with kernels of their own after the copies.
 func BenchmarkCUDAScatterOrChecked(b *testing.B) {
 	d, err := OpenCUDA(0)
 	if err != nil {
@@ -119,11 +115,10 @@ func BenchmarkCUDAScatterOrChecked(b *testing.B) {
 	defer d.Close()
 	for _, c := range []struct{ batchMiB, pageKiB int }{{12, 64}, {12, 256}, {48, 64}, {48, 256}, {12, 1024}, {48, 1024}} {
 		m, src, refs, sums, done := checkBatch(b, d, c.batchMiB, c.pageKiB)
-		for _, mode := range []string{"scatter", "checked", "checked-engines", "checked-separate", "checked-one-part"} {
+		for _, mode := range []string{"scatter", "checked", "checked-engines", "checked-separate"} {
 			b.Run(fmt.Sprintf("batch=%dMiB/page=%dKiB/%s", c.batchMiB, c.pageKiB, mode), func(b *testing.B) {
-				defer func(old, split bool, below uint64) { fuseChecks, splitChecks, fusedKernelBelow = old, split, below }(fuseChecks, splitChecks, fusedKernelBelow)
+				defer func(old bool, below uint64) { fuseChecks, fusedKernelBelow = old, below }(fuseChecks, fusedKernelBelow)
 				fuseChecks = mode != "checked-separate"
-				splitChecks = mode != "checked-one-part"
 				if mode == "checked-engines" {
 					fusedKernelBelow = 0
 				}

@@ -95,8 +95,6 @@ type cudaMover struct {
 	// Page checks on the GPU (cuda_pagesum.go).
 	checks pageChecks
 	pieces []checkPiece
-	// split lists a batch checked in two parts in the order it is copied (splitPieces).
-	split []checkPiece
 	// fused lists a checked batch's kvCopyCheck records, when it has them.
 	fused []checkedCopy
 	// The copy kernel's descriptors (CUDAMoverOptions.Scatter).
@@ -381,13 +379,13 @@ func (m *cudaMover) issueEngines(toDevice bool, a, b int) (int, error) {
 	return ns, nil
 }
 
-// scatterPieces copies pages to the device from pinned memory in chunks, pieces being the
-// pages' regions (or parts of them) in the order they are copied and ends[k] the index in pieces
-// after chunk k, all queued without waiting in between: after chunk k's copies are issued on the
-// first ns streams, queued(k, ns) runs (inside the mover's CUDA call), so work queued behind one
-// chunk runs while the next is copied. With wait it returns once every copy is done; without,
-// once they are queued (an error still waits, so nothing runs on return).
-func (m *cudaMover) scatterPieces(ctx context.Context, src [][]byte, pieces []checkPiece, ends []int, queued func(k, ns int) error, wait bool) error {
+// scatterPieces copies pages to the device from pinned memory in chunks, the pages' regions
+// being m.pieces (in page order, as scatterChecked lists them) and ends[k] the page after chunk
+// k, all queued without waiting in between: after chunk k's copies are issued on the first ns
+// streams, queued(k, ns) runs (inside the mover's CUDA call), so work queued behind one chunk
+// runs while the next is copied. With wait it returns once every copy is done; without, once
+// they are queued (an error still waits, so nothing runs on return).
+func (m *cudaMover) scatterPieces(ctx context.Context, src [][]byte, ends []int, queued func(k, ns int) error, wait bool) error {
 	if m.closed {
 		return kvmem.ErrClosed
 	}
@@ -401,8 +399,8 @@ func (m *cudaMover) scatterPieces(ctx context.Context, src [][]byte, pieces []ch
 	for k, hi := range ends {
 		starts[k] = len(m.dev)
 		first := true
-		for ; at < hi; at++ {
-			pc := pieces[at]
+		for ; at < len(m.pieces) && m.pieces[at].page < hi; at++ {
+			pc := m.pieces[at]
 			dev, host := pc.addr, uint64(ptrOf(src[pc.page]))+pc.off
 			if first { // never merged into the previous chunk's last copy
 				m.dev, m.host, m.size = append(m.dev, dev), append(m.host, host), append(m.size, pc.len)

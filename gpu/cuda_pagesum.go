@@ -18,8 +18,8 @@ CUresult kvLaunchCopyCheck(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t c
 CUresult kvMemZero(uint64_t p, size_t n);
 CUresult kvMemZeroAsync(uint64_t p, size_t n, uintptr_t s);
 CUresult kvUnloadModule(uintptr_t mod);
-CUresult kvLaunchBlockDeltas(uintptr_t fn, unsigned int gx, unsigned int gy, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t deltas, unsigned int part);
-CUresult kvLaunchPageFinish(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t deltas, uint64_t out, uint64_t accs, unsigned int part);
+CUresult kvLaunchBlockDeltas(uintptr_t fn, unsigned int gx, unsigned int gy, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t deltas);
+CUresult kvLaunchPageFinish(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t deltas, uint64_t out);
 CUresult kvCopyHtoDAsync(uint64_t dst, uintptr_t src, size_t n, uintptr_t s);
 CUresult kvCopyDtoHAsync(uintptr_t dst, uint64_t src, size_t n, uintptr_t s);
 CUresult kvEventQuery(uintptr_t e);
@@ -453,48 +453,7 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 		blocks += n
 		most = max(most, n)
 	}
-	// Each chunk's check is queued on the checks' stream right after the chunk's copies are
-	// issued, behind them (an event per copy stream), so it runs while the next chunk is copied
-	// and only the last chunk's check is left when the copies are done.
-	ends := checkChunkEnds(src)
-	// Chunks pay where the copy engines copy. The copy kernel's copies slow down when split (16
-	// MiB of 64 KiB pages: 0.43 ms in one launch, 0.47 in chunks; 64 MiB: 1.60 against 1.66),
-	// so its batches are chunked only from kernelChunkMin on, where the check left after the
-	// copies weighs more (256 MiB: 6.06 ms in chunks, 6.26 in one).
-	kernel := m.kernelScatters(uint64(len(m.pieces)), src)
-	if len(ends) > 1 && kernel {
-		var total int
-		for _, b := range src {
-			total += len(b)
-		}
-		if total < kernelChunkMin {
-			ends = ends[len(ends)-1:]
-		}
-	}
-	if !pinned {
-		ends = ends[len(ends)-1:] // through the bounce buffer, in one chunk
-	}
-	// A batch of one chunk whose pages are long, copied by the copy engines, is checked in two
-	// parts instead (splitPieces): three quarters of every page are copied first and their
-	// blocks checked while the rest is copied, so only the chain of the last quarter runs after
-	// the copies rather than the chain of every block of a page, which no copy overlapped.
-	split := splitChecks && pinned && len(ends) == 1 && !kernel && most >= splitMinBlocks
-	m.split = m.split[:0]
-	chunks := len(ends)
-	var endsBuf [4]int
-	copied, copyEnds := m.pieces, pieceEnds(endsBuf[:0], m.pieces, ends)
-	if split {
-		var heads int
-		m.split, heads = splitPieces(m.split[:0], m.pieces, src)
-		copied, copyEnds, chunks = m.split, []int{heads, len(m.split)}, 2
-	}
-	// The deltas, then (checked in two parts) each page's head's accumulators, 64 bytes a page.
-	accsAt := blocks * 64
-	deltaBytes := accsAt
-	if split {
-		deltaBytes += 64 * uint64(len(src))
-	}
-	if err := m.growDeltas(set, deltaBytes); err != nil {
+	if err := m.growDeltas(set, blocks*64); err != nil {
 		return nil, err
 	}
 	// describe writes the descriptors into the set's host buffer. It runs once the first copies
@@ -521,6 +480,10 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 			base += uint64(len(b)-1) / 1024
 		}
 	}
+	// Each chunk's check is queued on the checks' stream right after the chunk's copies are
+	// issued, behind them (an event per copy stream), so it runs while the next chunk is copied
+	// and only the last chunk's check is left when the copies are done.
+	ends := checkChunkEnds(src)
 	launched := false
 	// The descriptors go to device memory once, while the first chunk is copied: kernels that
 	// read them in mapped host memory instead slowed a 180 MiB batch's copies by 6 %
@@ -548,7 +511,7 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 				return err
 			}
 		}
-		last := k == chunks-1
+		last := k == len(ends)-1
 		if last {
 			_ = C.kvEventRecord(C.uintptr_t(set.copied), s)
 			trace(checkWaited, s)
@@ -557,16 +520,11 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 		if last {
 			trace(checkDescriptors, s)
 		}
-		// The pages of chunk k and their part: a chunk of pages, or every page's head or rest.
-		lo, hi, part := 0, 0, 0
-		switch {
-		case split:
-			hi, part = len(src), k+1
-		case k > 0:
-			lo, hi = ends[k-1], ends[k]
-		default:
-			hi = ends[k]
+		lo := 0
+		if k > 0 {
+			lo = ends[k-1]
 		}
+		hi := ends[k]
 		// The deltas of the chunk's pages' blocks, spread over the GPU (at most maxGridY pages a
 		// launch), then each page's sequential part.
 		for first := lo; first < hi && most > 0; first += maxGridY {
@@ -574,7 +532,7 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 			n := min(hi-first, maxGridY)
 			gx := C.uint((most + pageSumGroups - 1) / pageSumGroups)
 			if err := cuErr("cuLaunchKernel", C.kvLaunchBlockDeltas(C.uintptr_t(m.d.sums.deltaFn), gx, C.uint(n), s,
-				descs+C.uint64_t(first*pageDescBytes), descs+C.uint64_t(piecesAt), secret, C.uint64_t(set.deltas), C.uint(part))); err != nil {
+				descs+C.uint64_t(first*pageDescBytes), descs+C.uint64_t(piecesAt), secret, C.uint64_t(set.deltas))); err != nil {
 				return err
 			}
 		}
@@ -582,8 +540,7 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 			trace(checkDeltas, s)
 		}
 		if err := cuErr("cuLaunchKernel", C.kvLaunchPageFinish(C.uintptr_t(m.d.sums.finishFn), C.uint(hi-lo), s,
-			descs+C.uint64_t(lo*pageDescBytes), descs+C.uint64_t(piecesAt), secret, C.uint64_t(set.deltas), digests+C.uint64_t(8*lo),
-			C.uint64_t(set.deltas+accsAt+uint64(64*lo)), C.uint(part))); err != nil {
+			descs+C.uint64_t(lo*pageDescBytes), descs+C.uint64_t(piecesAt), secret, C.uint64_t(set.deltas), digests+C.uint64_t(8*lo))); err != nil {
 			return err
 		}
 		if !last {
@@ -594,13 +551,27 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 		_ = C.kvEventRecord(C.uintptr_t(set.checked), s)
 		return cuErr("cuEventRecord", C.kvEventRecord(C.uintptr_t(set.done), s))
 	}
+	// Chunks pay where the copy engines copy. The copy kernel's copies slow down when split (16
+	// MiB of 64 KiB pages: 0.43 ms in one launch, 0.47 in chunks; 64 MiB: 1.60 against 1.66),
+	// so its batches are chunked only from kernelChunkMin on, where the check left after the
+	// copies weighs more (256 MiB: 6.06 ms in chunks, 6.26 in one).
+	if len(ends) > 1 && m.kernelScatters(uint64(len(m.pieces)), src) {
+		var total int
+		for _, b := range src {
+			total += len(b)
+		}
+		if total < kernelChunkMin {
+			ends = ends[len(ends)-1:]
+		}
+	}
 	m.startEvent = set.started
 	defer func() { m.startEvent = 0 }()
 	endPrepare()
 	if pinned {
-		err = m.scatterPieces(ctx, src, copied, copyEnds, queued, waitCopies)
+		err = m.scatterPieces(ctx, src, ends, queued, waitCopies)
 	} else {
-		// Through the bounce buffer, in one chunk (above).
+		// Through the bounce buffer, in one chunk.
+		ends = ends[len(ends)-1:]
 		m.afterIssue = func(_, ns int) error { return queued(0, ns) }
 		err = m.transfer(ctx, true, pages, src)
 		m.afterIssue = nil
@@ -1095,10 +1066,6 @@ func (m *cudaMover) freeCopies() error {
 	m.copyHost, m.copyDev, m.copyCap = nil, 0, 0
 	return err
 }
-
-// splitChecks turns on checks in two parts for small batches of long pages through the copy
-// engines (scatterChecked); off, their check runs after all their copies (benchmarks compare).
-var splitChecks = true
 
 // fuseChecks turns on copies that take the check's sums on the way (kvCopyCheck, scatterFused)
 // where the mover copies pinned pages with its kernel; off, such batches are checked by

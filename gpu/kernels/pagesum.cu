@@ -162,27 +162,16 @@ __device__ __forceinline__ u64 kvChain(const u64 *d, u64 stride, u64 blocks, u64
 }
 #undef KV_DEPTH
 
-// A page checked in two parts (part 1, then part 2; part 0 is the whole page at once) has its
-// first kvHeadBlocks full blocks checked while the rest of it is still being copied: part 1
-// takes the deltas of those blocks and chains them, keeping each lane's accumulator; part 2 takes
-// the rest and finishes. Only part 2's chain, a quarter of the page's, then runs after the copies.
-// The host splits the page's copies at the same block (headBlocks, gpu/pagesum.go).
-__device__ __forceinline__ u64 kvHeadBlocks(u64 blocks) { return blocks / 4 * 3; }
-
-// kvBlockDeltas writes the delta of every full block of every page (of part's blocks, see
-// kvHeadBlocks): lane's delta of block b of page p (a block is full when bytes follow it, so a
-// page has blocks = (len - 1) / 1024 of them) to deltas[p.base * 8 + lane * blocks + b], so each
-// lane's deltas of a page are contiguous. The grid is (blocks of the longest page / GROUPS,
-// rounded up) by pages; thread block (x, y) computes blocks [x * GROUPS, (x + 1) * GROUPS) of page
-// y that are in the part.
-extern "C" __global__ void __launch_bounds__(THREADS) kvBlockDeltas(const kvPage *pages, const kvPiece *pieces, kvSecret sec, u64 *deltas, u32 part) {
+// kvBlockDeltas writes the delta of every full block of every page: lane's delta of block b of
+// page p (a block is full when bytes follow it, so a page has blocks = (len - 1) / 1024 of them)
+// to deltas[p.base * 8 + lane * blocks + b], so each lane's deltas of a page are contiguous. The grid is (blocks of the longest page / GROUPS, rounded up) by pages; thread
+// block (x, y) computes blocks [x * GROUPS, (x + 1) * GROUPS) of page y.
+extern "C" __global__ void __launch_bounds__(THREADS) kvBlockDeltas(const kvPage *pages, const kvPiece *pieces, kvSecret sec, u64 *deltas) {
 	__shared__ kvPiece local[SHARED_PIECES];
 	const kvPage pg = pages[blockIdx.y];
 	const u64 blocks = (pg.len - 1) / 1024;
-	const u64 head = kvHeadBlocks(blocks);
-	const u64 lo = part == 2 ? head : 0, hi = part == 1 ? head : blocks;
 	const u64 first = (u64)blockIdx.x * GROUPS;
-	if (first >= hi || first + GROUPS <= lo) return; // the whole thread block: none of the part's
+	if (first >= blocks) return; // the whole thread block: a shorter page
 	const kvPiece *ps = pieces + pg.first;
 	if (pg.count <= SHARED_PIECES) {
 		for (u32 i = threadIdx.x; i < pg.count; i += THREADS) local[i] = ps[i];
@@ -191,15 +180,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) kvBlockDeltas(const kvPage
 	}
 	const u32 lane = threadIdx.x & 7;
 	const u64 b = first + (threadIdx.x >> 3);
-	if (b >= lo && b < hi) deltas[pg.base * 8 + lane * blocks + b] = kvBlock(ps, pg.count, b * 1024, sec, lane);
+	if (b < blocks) deltas[pg.base * 8 + lane * blocks + b] = kvBlock(ps, pg.count, b * 1024, sec, lane);
 }
 
 // kvPageFinish computes the digest of pages [0, n) into out, one group of 8 threads per page,
 // from the deltas kvBlockDeltas wrote: each thread applies its lane's deltas and scrambles in
 // block order, adds the last partial block's stripes and the last stripe; the group then merges
-// its lanes. Part 1 only chains the page's head blocks and keeps lane's accumulator in
-// accs[8p + lane]; part 2 goes on from there (kvHeadBlocks); part 0 does the whole page.
-extern "C" __global__ void __launch_bounds__(THREADS) kvPageFinish(const kvPage *pages, const kvPiece *pieces, kvSecret sec, const u64 *deltas, u32 n, u64 *out, u64 *accs, u32 part) {
+// its lanes.
+extern "C" __global__ void __launch_bounds__(THREADS) kvPageFinish(const kvPage *pages, const kvPiece *pieces, kvSecret sec, const u64 *deltas, u32 n, u64 *out) {
 	const u32 p = blockIdx.x * GROUPS + (threadIdx.x >> 3);
 	if (p >= n) return; // the whole group: p is the same for its 8 threads
 	const u32 lane = threadIdx.x & 7;
@@ -208,14 +196,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) kvPageFinish(const kvPage 
 	const u64 blocks = (pg.len - 1) / 1024;
 	const u64 *d = deltas + pg.base * 8 + lane * blocks;
 	const u64 key = sec.acc[16 + lane];
-	const u64 head = kvHeadBlocks(blocks);
-	u64 acc;
-	if (part == 1) {
-		accs[(u64)p * 8 + lane] = kvChain<false>(d, 1, head, kvInit(lane), key);
-		return; // the whole group
-	}
-	if (part == 2) acc = kvChain<false>(d + head, 1, blocks - head, accs[(u64)p * 8 + lane], key);
-	else acc = kvChain<false>(d, 1, blocks, kvInit(lane), key);
+	u64 acc = kvChain<false>(d, 1, blocks, kvInit(lane), key);
 	const u64 start = blocks * 1024;
 	acc += kvStripes(ps, pg.count, start, (u32)(((pg.len - 1) - start) / 64), sec, lane);
 	// The last stripe: the page's final 64 bytes, with the secret at byte 121.
