@@ -17,6 +17,21 @@ import (
 	"github.com/kvctl/kvctl/core/kvmem"
 )
 
+// stagedPages fills the first n slots of st with bytes from rng and returns them as a batch:
+// page i from slot i into engine slot slot(i), with its XXH3 digest.
+func stagedPages(st kvmem.Staging, n int, rng *rand.Rand, slot func(i int) int) (src [][]byte, sums []uint64, refs []kvmem.PageRef) {
+	src, sums, refs = make([][]byte, n), make([]uint64, n), make([]kvmem.PageRef, n)
+	for i := range src {
+		src[i] = st.Slot(i)
+		for j := 0; j+8 <= len(src[i]); j += 8 {
+			binary.LittleEndian.PutUint64(src[i][j:], rng.Uint64())
+		}
+		sums[i] = xxh3.Hash(src[i])
+		refs[i] = kvmem.PageRef{Slot: slot(i)}
+	}
+	return src, sums, refs
+}
+
 // fusedLayout has pages of four regions whose sizes are multiples of 64 bytes but not of 1024,
 // so the pieces after the first start inside a 1024-byte block, and one piece is longer than a
 // copy block.
@@ -70,17 +85,7 @@ func TestCUDAFusedCheck(t *testing.T) {
 			}
 			defer st.Close()
 			rng := rand.New(rand.NewPCG(13, 14))
-			src := make([][]byte, slots)
-			sums := make([]uint64, slots)
-			refs := make([]kvmem.PageRef, slots)
-			for i := range src {
-				src[i] = st.Slot(i)
-				for j := 0; j < len(src[i]); j += 8 {
-					binary.LittleEndian.PutUint64(src[i][j:], rng.Uint64())
-				}
-				sums[i] = xxh3.Hash(src[i])
-				refs[i] = kvmem.PageRef{Slot: (i * 5) % slots}
-			}
+			src, sums, refs := stagedPages(st, slots, rng, func(i int) int { return (i * 5) % slots })
 			ctx := context.Background()
 			check := func(refs []kvmem.PageRef, src [][]byte, sums []uint64) []bool {
 				t.Helper()
@@ -252,17 +257,7 @@ func fusedSmallBatches(t *testing.T, d *CUDADevice, mem *EngineMemory, regions i
 	}
 	defer st.Close()
 	rng := rand.New(rand.NewPCG(15, 16))
-	src := make([][]byte, slots)
-	sums := make([]uint64, slots)
-	refs := make([]kvmem.PageRef, slots)
-	for i := range src {
-		src[i] = st.Slot(i)
-		for j := 0; j < page; j += 8 {
-			binary.LittleEndian.PutUint64(src[i][j:], rng.Uint64())
-		}
-		sums[i] = xxh3.Hash(src[i])
-		refs[i] = kvmem.PageRef{Slot: (i * 3) % slots}
-	}
+	src, sums, refs := stagedPages(st, slots, rng, func(i int) int { return (i * 3) % slots })
 	ctx := context.Background()
 	for _, c := range []struct {
 		pages int

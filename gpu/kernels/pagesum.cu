@@ -162,6 +162,27 @@ __device__ __forceinline__ u64 kvChain(const u64 *d, u64 stride, u64 blocks, u64
 }
 #undef KV_DEPTH
 
+// kvMerge turns a page of len bytes' eight lane accumulators, one in each thread of a group of 8
+// (the threads in mask, lane its thread's lane), into the page's digest, which every thread of the
+// group returns: lanes 2i and 2i + 1 make one term, the even lanes' terms are summed in the group,
+// and the sum is mixed with the length and avalanched.
+__device__ __forceinline__ u64 kvMerge(u64 acc, u64 len, const kvSecret &sec, u32 lane, unsigned mask) {
+	const u64 odd = __shfl_xor_sync(mask, acc, 1);
+	u64 term = 0;
+	if ((lane & 1) == 0) {
+		u64 a = acc ^ sec.merge[lane];
+		u64 c = odd ^ sec.merge[lane + 1];
+		term = (a * c) ^ __umul64hi(a, c);
+	}
+	term += __shfl_xor_sync(mask, term, 2);
+	term += __shfl_xor_sync(mask, term, 4);
+	u64 h = len * 0x9E3779B185EBCA87ULL + term;
+	h ^= h >> 37;
+	h *= 0x165667919E3779F9ULL;
+	h ^= h >> 32;
+	return h;
+}
+
 // kvBlockDeltas writes the delta of every full block of every page: lane's delta of block b of
 // page p (a block is full when bytes follow it, so a page has blocks = (len - 1) / 1024 of them)
 // to deltas[p.base * 8 + lane * blocks + b], so each lane's deltas of a page are contiguous. The grid is (blocks of the longest page / GROUPS, rounded up) by pages; thread
@@ -203,24 +224,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) kvPageFinish(const kvPage 
 	const u64 o = pg.len - 64;
 	u32 k = kvFind(ps, pg.count, o);
 	acc += kvStripe(kvAddr(ps, k, o), lane, sec.last[lane]);
-	// Merge: lanes 2i and 2i + 1 make one term; the even lanes' terms are summed in the group.
-	const unsigned mask = 0xFFu << (threadIdx.x & 24);
-	const u64 odd = __shfl_xor_sync(mask, acc, 1);
-	u64 term = 0;
-	if ((lane & 1) == 0) {
-		u64 a = acc ^ sec.merge[lane];
-		u64 c = odd ^ sec.merge[lane + 1];
-		term = (a * c) ^ __umul64hi(a, c);
-	}
-	term += __shfl_xor_sync(mask, term, 2);
-	term += __shfl_xor_sync(mask, term, 4);
-	if (lane == 0) {
-		u64 h = pg.len * 0x9E3779B185EBCA87ULL + term;
-		h ^= h >> 37;
-		h *= 0x165667919E3779F9ULL;
-		h ^= h >> 32;
-		out[p] = h;
-	}
+	const u64 h = kvMerge(acc, pg.len, sec, lane, 0xFFu << (threadIdx.x & 24));
+	if (lane == 0) out[p] = h;
 }
 
 // Copies by the GPU's own threads: a batch of (source, destination, length) copies, one thread
@@ -306,28 +311,14 @@ __device__ __forceinline__ u64 kvTerm(u64 v, u64 pair, u64 key) {
 
 // kvFinishSums is run by threads 0-7 of a warp, one a lane, for a page of len bytes whose sums
 // are at sums: the scrambles over the full blocks' deltas, the partial block's and the last
-// stripe's sums, the merge. It clears the sums and returns the digest (to lane 0).
+// stripe's sums, the merge. It clears the sums and returns the digest.
 __device__ u64 kvFinishSums(u64 *sums, u64 len, const kvSecret &sec, u32 lane) {
 	const u64 blocks = (len - 1) / 1024;
 	u64 *d = sums + lane; // sum k at d[8k]
 	const u64 rest = __ldcg(d + 8 * blocks) + __ldcg(d + 8 * (blocks + 1)); // before the chain
 	const u64 acc = kvChain<true>(d, 8, blocks, kvInit(lane), sec.acc[16 + lane]) + rest;
 	for (u64 b = 0; b < blocks + 2; b++) d[8 * b] = 0;
-	const unsigned mask = 0xFFu;
-	const u64 odd = __shfl_xor_sync(mask, acc, 1);
-	u64 term = 0;
-	if ((lane & 1) == 0) {
-		u64 a = acc ^ sec.merge[lane];
-		u64 c = odd ^ sec.merge[lane + 1];
-		term = (a * c) ^ __umul64hi(a, c);
-	}
-	term += __shfl_xor_sync(mask, term, 2);
-	term += __shfl_xor_sync(mask, term, 4);
-	u64 h = len * 0x9E3779B185EBCA87ULL + term;
-	h ^= h >> 37;
-	h *= 0x165667919E3779F9ULL;
-	h ^= h >> 32;
-	return h;
+	return kvMerge(acc, len, sec, lane, 0xFFu);
 }
 
 // kvCopyCheck copies and checks a batch: copies are its records, sums the pages' sums, counts one
