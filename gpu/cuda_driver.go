@@ -256,9 +256,10 @@ CUresult kvLaunchCopies(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t copi
 	return kv.launchKernel((void *)fn, n, 1, 1, 256, 1, 1, 0, (void *)s, args, NULL);
 }
 // kvLaunchCopyCheck launches kvCopyCheck (kernels/pagesum.cu) with one block of 256 threads per
-// copy on stream s: copies is the device address of n kvCheckedCopy records, secret the 320-byte
-// kvSecret, sums and counts the device addresses of the batch's page sums and copy counts, out
-// the address of one 64-bit digest per page.
+// copy on stream s: copies is the address of n kvCheckedCopy records (in pinned host memory the
+// device maps, where scatterFused writes them), secret the 320-byte kvSecret, sums and counts
+// the device addresses of the batch's page sums and copy counts, out the address of one 64-bit
+// digest per page.
 CUresult kvLaunchCopyCheck(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t copies, const void *secret, uint64_t sums, uint64_t counts, uint64_t out) {
 	void *args[5] = {&copies, (void *)secret, &sums, &counts, &out};
 	return kv.launchKernel((void *)fn, n, 1, 1, 256, 1, 1, 0, (void *)s, args, NULL);

@@ -1118,9 +1118,10 @@ func (m *cudaMover) scatterFused(ctx context.Context, j int, src [][]byte, sums 
 		le.PutUint32(q[52:], fc.pageCopies)
 	}
 	// The kernel reads its records where they were written, in pinned host memory through the
-	// device's mapping (as it writes the digests): each thread block reads its 56 bytes once,
-	// alongside the 64 KiB it copies from pinned memory anyway, and the batch is one driver call
-	// shorter (the copy of the records to the device cost the host 16 µs on the H200 host, run 65).
+	// device's mapping (as it writes the digests): each thread block reads its 56-byte record
+	// next to the up to 64 KiB it copies from pinned memory anyway, and the batch is one driver
+	// call shorter (the copy of the records to the device cost the host 16 µs on the H200 host,
+	// run 65).
 	// The set is not written again until this batch's check is read (scatterChecked).
 	host := C.uint64_t(ptrOf(buf))
 	descs, digests := host, host+C.uint64_t(outAt)
