@@ -235,19 +235,12 @@ CUresult kvGetFunction(uintptr_t *fn, uintptr_t mod, const char *name) {
 CUresult kvUnloadModule(uintptr_t mod) { return kv.moduleUnload((void *)mod); }
 // kvStreamWaitEvent makes work queued on s after this wait for event e.
 CUresult kvStreamWaitEvent(uintptr_t s, uintptr_t e) { return kv.streamWaitEvent((void *)s, (void *)e, 0); }
-// kvLaunchBlockDeltas launches kvBlockDeltas (kernels/pagesum.cu) on stream s over a grid of gx
-// by gy blocks of 256 threads: pages and pieces are device addresses, secret the 320-byte
-// kvSecret, deltas the device address of 64 bytes per full 1024-byte block.
-CUresult kvLaunchBlockDeltas(uintptr_t fn, unsigned int gx, unsigned int gy, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t deltas) {
-	void *args[4] = {&pages, &pieces, (void *)secret, &deltas};
-	return kv.launchKernel((void *)fn, gx, gy, 1, 256, 1, 1, 0, (void *)s, args, NULL);
-}
-// kvLaunchPageFinish launches kvPageFinish (kernels/pagesum.cu) for n pages on stream s, 32 pages
-// to a block of 256 threads; out is the device address of one 64-bit digest per page.
-CUresult kvLaunchPageFinish(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t deltas, uint64_t out) {
-	unsigned int count = n;
-	void *args[6] = {&pages, &pieces, (void *)secret, &deltas, &count, &out};
-	return kv.launchKernel((void *)fn, (n + 31) / 32, 1, 1, 256, 1, 1, 0, (void *)s, args, NULL);
+// kvLaunchUnitCheck launches kvUnitCheck (kernels/pagesum.cu) for n units on stream s, a block
+// of 256 threads each: pages and pieces are device addresses, secret the 320-byte kvSecret, out
+// the address of one 64-bit digest per unit.
+CUresult kvLaunchUnitCheck(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t out) {
+	void *args[4] = {&pages, &pieces, (void *)secret, &out};
+	return kv.launchKernel((void *)fn, n, 1, 1, 256, 1, 1, 0, (void *)s, args, NULL);
 }
 // kvLaunchCopies launches kvCopyPieces (kernels/pagesum.cu) with one block of 256 threads per
 // copy on stream s; copies is the device address of n kvCopy records.

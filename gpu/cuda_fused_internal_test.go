@@ -12,8 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zeebo/xxh3"
-
+	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
 )
 
@@ -26,7 +25,7 @@ func stagedPages(st kvmem.Staging, n int, rng *rand.Rand, slot func(i int) int) 
 		for j := 0; j+8 <= len(src[i]); j += 8 {
 			binary.LittleEndian.PutUint64(src[i][j:], rng.Uint64())
 		}
-		sums[i] = xxh3.Hash(src[i])
+		sums[i] = uint64(keys.PageChecksum(src[i]))
 		refs[i] = kvmem.PageRef{Slot: slot(i)}
 	}
 	return src, sums, refs

@@ -16,8 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zeebo/xxh3"
-
+	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
 )
 
@@ -136,7 +135,7 @@ func BenchmarkCUDAScatterIPC(b *testing.B) {
 			for j := range src[i] {
 				src[i][j] = byte(i*31 + j)
 			}
-			sums[i] = xxh3.Hash(src[i])
+			sums[i] = uint64(keys.PageChecksum(src[i]))
 			refs[i] = kvmem.PageRef{Slot: (i * 7919) % slots}
 		}
 		for _, idle := range []time.Duration{0, 40 * time.Millisecond} {

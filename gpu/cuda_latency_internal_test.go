@@ -9,8 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zeebo/xxh3"
-
+	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
 )
 
@@ -29,8 +28,8 @@ func BenchmarkCUDAThreadHop(b *testing.B) {
 
 // BenchmarkCUDACheckSteps shows where a checked scatter's time goes on the GPU: events recorded
 // at each step of the check (checkTimer) give the microseconds from the first copy to the end of
-// the copies (copied), of the descriptors' copy (descriptors), of each kernel (deltas,
-// finished) and of the digests' copy (digests); host-us is the wall time of ScatterChecked and
+// the copies (copied), of the descriptors' copy (descriptors), of the check kernel (checked)
+// and of the digests (digests); host-us is the wall time of ScatterChecked and
 // its wait, returned-us the wall time until ScatterChecked returned (its copies done).
 // "chunked" is the default (a batch of 16 MiB or more copied by the copy engines, or of
 // kernelChunkMin or more by the copy kernel, is checked chunk by chunk behind its copies);
@@ -43,7 +42,7 @@ func BenchmarkCUDACheckSteps(b *testing.B) {
 		b.Skip(err)
 	}
 	defer d.Close()
-	for _, c := range []struct{ batchMiB, pageKiB int }{{4, 64}, {4, 1024}, {12, 64}, {16, 64}, {48, 256}, {64, 64}, {256, 64}, {64, 1024}, {180, 1024}} {
+	for _, c := range []struct{ batchMiB, pageKiB int }{{4, 64}, {4, 1024}, {12, 64}, {12, 1024}, {16, 64}, {48, 256}, {48, 1024}, {64, 64}, {256, 64}, {64, 1024}, {180, 1024}} {
 		m, src, refs, sums, done := checkBatch(b, d, c.batchMiB, c.pageKiB)
 		for _, mode := range []string{"chunked", "one-chunk", "separate"} {
 			b.Run(fmt.Sprintf("batch=%dMiB/page=%dKiB/%s", c.batchMiB, c.pageKiB, mode), func(b *testing.B) {
@@ -87,7 +86,7 @@ func BenchmarkCUDACheckSteps(b *testing.B) {
 					}
 				}
 				us := func(ms float64) float64 { return ms * 1e3 / float64(b.N) }
-				for i, name := range []string{"", "copied", "descriptors", "deltas", "finished", "digests"} {
+				for i, name := range []string{"", "copied", "descriptors", "checked", "digests"} {
 					if i > 0 {
 						b.ReportMetric(us(total[i]), name+"-us")
 					}
@@ -115,12 +114,20 @@ func BenchmarkCUDAScatterOrChecked(b *testing.B) {
 	defer d.Close()
 	for _, c := range []struct{ batchMiB, pageKiB int }{{12, 64}, {12, 256}, {48, 64}, {48, 256}, {12, 1024}, {48, 1024}} {
 		m, src, refs, sums, done := checkBatch(b, d, c.batchMiB, c.pageKiB)
-		for _, mode := range []string{"scatter", "checked", "checked-engines", "checked-separate"} {
+		for _, mode := range []string{"scatter", "checked", "checked-engines", "checked-separate", "checked-chunk2", "checked-chunk4"} {
 			b.Run(fmt.Sprintf("batch=%dMiB/page=%dKiB/%s", c.batchMiB, c.pageKiB, mode), func(b *testing.B) {
-				defer func(old bool, below uint64) { fuseChecks, fusedKernelBelow = old, below }(fuseChecks, fusedKernelBelow)
+				defer func(old bool, below uint64, chunk int) {
+					fuseChecks, fusedKernelBelow, checkChunkMin = old, below, chunk
+				}(fuseChecks, fusedKernelBelow, checkChunkMin)
 				fuseChecks = mode != "checked-separate"
 				if mode == "checked-engines" {
 					fusedKernelBelow = 0
+				}
+				switch mode {
+				case "checked-chunk2":
+					checkChunkMin = 2 << 20
+				case "checked-chunk4":
+					checkChunkMin = 4 << 20
 				}
 				var returned, host time.Duration
 				ctx := context.Background()
@@ -185,7 +192,7 @@ func checkBatch(b *testing.B, d *CUDADevice, batchMiB, pageKiB int) (m *cudaMove
 		for j := range src[i] {
 			src[i][j] = byte(i*31 + j)
 		}
-		sums[i] = xxh3.Hash(src[i])
+		sums[i] = uint64(keys.PageChecksum(src[i]))
 	}
 	return m, src, refs, sums, func() {
 		st.Close()

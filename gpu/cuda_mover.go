@@ -95,6 +95,10 @@ type cudaMover struct {
 	// Page checks on the GPU (cuda_pagesum.go).
 	checks pageChecks
 	pieces []checkPiece
+	// units, unitFirst and unitPieces are a checked batch's units (checkUnits).
+	units      [][]byte
+	unitFirst  []int
+	unitPieces []checkPiece
 	// fused lists a checked batch's kvCopyCheck records, when it has them.
 	fused []checkedCopy
 	// The copy kernel's descriptors (CUDAMoverOptions.Scatter).

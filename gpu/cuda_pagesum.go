@@ -18,8 +18,7 @@ CUresult kvLaunchCopyCheck(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t c
 CUresult kvMemZero(uint64_t p, size_t n);
 CUresult kvMemZeroAsync(uint64_t p, size_t n, uintptr_t s);
 CUresult kvUnloadModule(uintptr_t mod);
-CUresult kvLaunchBlockDeltas(uintptr_t fn, unsigned int gx, unsigned int gy, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t deltas);
-CUresult kvLaunchPageFinish(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t deltas, uint64_t out);
+CUresult kvLaunchUnitCheck(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t out);
 CUresult kvCopyHtoDAsync(uint64_t dst, uintptr_t src, size_t n, uintptr_t s);
 CUresult kvCopyDtoHAsync(uintptr_t dst, uint64_t src, size_t n, uintptr_t s);
 CUresult kvEventQuery(uintptr_t e);
@@ -49,6 +48,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
 )
 
@@ -56,14 +56,12 @@ import (
 var pageSumPTX string
 
 // pageSumKernel is kvctl's kernels module (kernels/pagesum.cu) on one device, loaded into its
-// primary context the first time a mover asks for it: the page checksum's two kernels (deltaFn,
-// finishFn), the copy kernel (copyFn), and the copy kernel that checks the pages it copies
-// (copyCheckFn).
+// primary context the first time a mover asks for it: the checksum kernel (unitFn), the copy
+// kernel (copyFn), and the copy kernel that checks the pages it copies (copyCheckFn).
 type pageSumKernel struct {
 	once        sync.Once
 	mod         uintptr
-	deltaFn     uintptr
-	finishFn    uintptr
+	unitFn      uintptr
 	copyFn      uintptr
 	copyCheckFn uintptr
 	err         error
@@ -128,11 +126,11 @@ func (k *pageSumKernel) load(dev C.int) error {
 			k.err = fmt.Errorf("%w: loading the kernels: %w", errNotCheckable, err)
 			return
 		}
-		var deltaFn, finishFn, copyFn, copyCheckFn C.uintptr_t
+		var unitFn, copyFn, copyCheckFn C.uintptr_t
 		for _, f := range []struct {
 			name string
 			out  *C.uintptr_t
-		}{{"kvBlockDeltas", &deltaFn}, {"kvPageFinish", &finishFn}, {"kvCopyPieces", &copyFn}, {"kvCopyCheck", &copyCheckFn}} {
+		}{{"kvUnitCheck", &unitFn}, {"kvCopyPieces", &copyFn}, {"kvCopyCheck", &copyCheckFn}} {
 			name := C.CString(f.name)
 			err := cuErr("cuModuleGetFunction", C.kvGetFunction(f.out, mod, name))
 			C.free(unsafe.Pointer(name))
@@ -142,7 +140,7 @@ func (k *pageSumKernel) load(dev C.int) error {
 				return
 			}
 		}
-		k.mod, k.deltaFn, k.finishFn, k.copyFn = uintptr(mod), uintptr(deltaFn), uintptr(finishFn), uintptr(copyFn)
+		k.mod, k.unitFn, k.copyFn = uintptr(mod), uintptr(unitFn), uintptr(copyFn)
 		k.copyCheckFn = uintptr(copyCheckFn)
 	})
 	return k.err
@@ -154,7 +152,7 @@ func (k *pageSumKernel) unload() error {
 		return nil
 	}
 	err := cuErr("cuModuleUnload", C.kvUnloadModule(C.uintptr_t(k.mod)))
-	k.mod, k.deltaFn, k.finishFn, k.copyFn, k.copyCheckFn = 0, 0, 0, 0, 0
+	k.mod, k.unitFn, k.copyFn, k.copyCheckFn = 0, 0, 0, 0
 	return err
 }
 
@@ -169,8 +167,7 @@ const (
 	checkStart       = iota // before the batch's copies are issued (on the first copy stream)
 	checkWaited             // the check stream waits for the copies
 	checkDescriptors        // descriptors in place
-	checkDeltas             // kvBlockDeltas queued
-	checkFinished           // kvPageFinish queued
+	checkKernel             // kvUnitCheck queued
 	checkDigests            // digests back on the host
 	checkSteps
 )
@@ -241,13 +238,6 @@ func (t *checkTimer) close() {
 // checked in chunks.
 var kernelChunkMin = 128 << 20
 
-// pageSumGroups is GROUPS in kernels/pagesum.cu: the blocks of a page one thread block of
-// kvBlockDeltas computes. maxGridY is the most pages one launch of it covers (a grid's y).
-const (
-	pageSumGroups = 32
-	maxGridY      = 65535
-)
-
 // pageChecks is a mover's state for checking pages on the GPU: the reason it cannot (nil when
 // it can), the stream the checks run on, and two sets of pinned and device buffers the
 // descriptors and digests travel through, so one batch's check can run while the next batch is
@@ -272,10 +262,9 @@ type checkSet struct {
 	host *PinnedBuffer
 	dev  uint64
 	cap  int
-	// deltas is device memory for the deltas of the batch's blocks (64 bytes a block), or for a
-	// fused check's sums (fusedSums, 64 bytes each) and copy counts (4 bytes a page). A fused
-	// check needs it zero and leaves it so (kvCopyCheck adds to it and its finishing blocks clear
-	// it); dirty says it may not be: kvBlockDeltas wrote deltas, or a fused check failed.
+	// deltas is device memory for a fused check's sums (fusedSums, 64 bytes each) and copy counts
+	// (4 bytes a unit). A fused check needs it zero and leaves it so (kvCopyCheck adds to it and
+	// its finishing blocks clear it); dirty says it may not be: a fused check failed.
 	deltas, deltaCap uint64
 	dirty            bool
 	// done is recorded on the checks' stream after the set's digests are copied back.
@@ -285,6 +274,10 @@ type checkSet struct {
 	started, copied, checked uintptr
 	// The check in flight on this set, if any.
 	pending *pendingCheck
+	// The check's units (checkUnits): each page's first unit, then their number, and the pages'
+	// lengths, which the digests of a page's units are combined with.
+	first []int
+	lens  []int
 }
 
 // pendingCheck is a launched check whose digests have not been read yet.
@@ -417,12 +410,16 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 			break
 		}
 	}
+	// The kernels check the units of the pages' checksums (checkUnits) as pages; the copies move
+	// the pages' regions (m.pieces) as they are.
+	m.units, m.unitFirst, m.unitPieces = checkUnits(m.units[:0], m.unitFirst[:0], m.unitPieces[:0], m.pieces, src)
+	units := m.units
 	// From pinned memory through the copy kernel, the copies take the check's sums on the way
 	// (kvCopyCheck), where the pieces allow it.
 	fused := false
 	m.fused = m.fused[:0]
 	if pinned && fuseChecks && m.d.sums.copyCheckFn != 0 && m.fusedScatters(uint64(len(m.pieces)), src) {
-		m.fused, fused = checkedCopies(m.fused, m.pieces, src, func(p int) uint64 { return uint64(ptrOf(src[p])) })
+		m.fused, fused = checkedCopies(m.fused, m.unitPieces, units, func(u int) uint64 { return uint64(ptrOf(units[u])) })
 	}
 	c := &m.checks
 	c.mu.Lock()
@@ -432,35 +429,30 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 	if set.pending != nil && !set.pending.done {
 		c.syncLocked(m, set.pending)
 	}
+	set.first = append(set.first[:0], m.unitFirst...)
+	set.lens = set.lens[:0]
+	for _, b := range src {
+		set.lens = append(set.lens, len(b))
+	}
 	if fused {
 		endPrepare()
-		return m.scatterFused(ctx, j, src, sums, waitCopies)
+		return m.scatterFused(ctx, j, units, sums, waitCopies)
 	}
 	m.fused = m.fused[:0]
-	// The descriptors: kvPage per page, then kvPiece per region, then room for the digests.
-	piecesAt := len(pages) * pageDescBytes
-	outAt := piecesAt + len(m.pieces)*pieceDescBytes
-	need := outAt + 8*len(pages)
+	// The descriptors: kvPage per unit, then kvPiece per region of a unit, then room for the
+	// units' digests.
+	piecesAt := len(units) * pageDescBytes
+	outAt := piecesAt + len(m.unitPieces)*pieceDescBytes
+	need := outAt + 8*len(units)
 	buf, err := m.growSet(set, need)
 	if err != nil {
-		return nil, err
-	}
-	// Each page's full blocks get their deltas at base, after the pages before it; a page is as
-	// long as its source (the walk above checked that).
-	var blocks, most uint64
-	for _, b := range src {
-		n := uint64(len(b)-1) / 1024
-		blocks += n
-		most = max(most, n)
-	}
-	if err := m.growDeltas(set, blocks*64); err != nil {
 		return nil, err
 	}
 	// describe writes the descriptors into the set's host buffer. It runs once the first copies
 	// are issued, so the copy engines do not wait for it.
 	describe := func() {
 		le := binary.LittleEndian
-		for k, pc := range m.pieces {
+		for k, pc := range m.unitPieces {
 			q := buf[piecesAt+k*pieceDescBytes:]
 			le.PutUint64(q[0:], pc.addr)
 			le.PutUint64(q[8:], pc.off)
@@ -472,12 +464,10 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 			}
 			le.PutUint32(d[12:], le.Uint32(d[12:])+1)
 		}
-		var base uint64
-		for p, b := range src {
+		for p, b := range units {
 			d := buf[p*pageDescBytes:]
 			le.PutUint64(d[0:], uint64(len(b)))
-			le.PutUint64(d[16:], base)
-			base += uint64(len(b)-1) / 1024
+			le.PutUint64(d[16:], 0)
 		}
 	}
 	// Each chunk's check is queued on the checks' stream right after the chunk's copies are
@@ -520,34 +510,24 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 		if last {
 			trace(checkDescriptors, s)
 		}
+		// The chunk's pages' units.
 		lo := 0
 		if k > 0 {
-			lo = ends[k-1]
+			lo = m.unitFirst[ends[k-1]]
 		}
-		hi := ends[k]
-		// The deltas of the chunk's pages' blocks, spread over the GPU (at most maxGridY pages a
-		// launch), then each page's sequential part.
-		for first := lo; first < hi && most > 0; first += maxGridY {
-			set.dirty = true // deltas written, not added: a fused check clears them first
-			n := min(hi-first, maxGridY)
-			gx := C.uint((most + pageSumGroups - 1) / pageSumGroups)
-			if err := cuErr("cuLaunchKernel", C.kvLaunchBlockDeltas(C.uintptr_t(m.d.sums.deltaFn), gx, C.uint(n), s,
-				descs+C.uint64_t(first*pageDescBytes), descs+C.uint64_t(piecesAt), secret, C.uint64_t(set.deltas))); err != nil {
+		hi := m.unitFirst[ends[k]]
+		// The chunk's units, a thread block each.
+		if hi > lo {
+			if err := cuErr("cuLaunchKernel", C.kvLaunchUnitCheck(C.uintptr_t(m.d.sums.unitFn), C.uint(hi-lo), s,
+				descs+C.uint64_t(lo*pageDescBytes), descs+C.uint64_t(piecesAt), secret, digests+C.uint64_t(8*lo))); err != nil {
 				return err
 			}
-		}
-		if last {
-			trace(checkDeltas, s)
-		}
-		if err := cuErr("cuLaunchKernel", C.kvLaunchPageFinish(C.uintptr_t(m.d.sums.finishFn), C.uint(hi-lo), s,
-			descs+C.uint64_t(lo*pageDescBytes), descs+C.uint64_t(piecesAt), secret, C.uint64_t(set.deltas), digests+C.uint64_t(8*lo))); err != nil {
-			return err
 		}
 		if !last {
 			return nil
 		}
-		trace(checkFinished, s)
-		trace(checkDigests, s) // written by kvPageFinish into the host buffer
+		trace(checkKernel, s)
+		trace(checkDigests, s) // written by kvUnitCheck into the host buffer
 		_ = C.kvEventRecord(C.uintptr_t(set.checked), s)
 		return cuErr("cuEventRecord", C.kvEventRecord(C.uintptr_t(set.done), s))
 	}
@@ -666,10 +646,11 @@ func (c *pageChecks) harvest(pc *pendingCheck, err error) {
 		pc.err = fmt.Errorf("cuda mover: page check: %w", err)
 		return
 	}
-	out := c.sets[pc.set].host.Bytes()[pc.outAt:]
+	set := &c.sets[pc.set]
+	out := set.host.Bytes()[pc.outAt:]
 	pc.bad = make([]bool, len(pc.sums))
 	for k := range pc.sums {
-		pc.bad[k] = binary.LittleEndian.Uint64(out[8*k:]) != pc.sums[k]
+		pc.bad[k] = unitDigest(out, set.first, k, set.lens[k]) != pc.sums[k]
 	}
 }
 
@@ -687,23 +668,43 @@ type batchNeeds struct {
 }
 
 // reserveNeeds is the most a batch of up to reserveBatchBytes of one group's pages (sharded or
-// replicated) needs, over the layout's groups.
+// replicated) needs, over the layout's groups: pages counts the units the kernels check
+// (checkUnits), pieces the regions cut at units, blocks the units' full blocks, copies the
+// fused check's records.
 func reserveNeeds(l kvmem.Layout) batchNeeds {
 	var most batchNeeds
 	for _, g := range l.Groups {
 		for _, rs := range [][]kvmem.Region{g.Regions, g.ReplicatedRegions} {
-			var size, copies uint64
+			var size uint64
 			for _, r := range rs {
 				size += r.Size
-				copies += (r.Size + copyChunk - 1) / copyChunk
 			}
 			if size == 0 || g.Slots <= 0 {
 				continue
 			}
 			n := min(uint64(g.Slots), (reserveBatchBytes+size-1)/size)
-			most.pages = max(most.pages, n)
-			most.pieces = max(most.pieces, n*uint64(len(rs)))
-			most.blocks = max(most.blocks, n*((size-1)/1024))
+			// What one page takes, checked as its checksum's units (checkUnits).
+			k := keys.ChecksumChunks(int(size))
+			var pieces, blocks, copies uint64
+			for u := range k {
+				lo := uint64(u) * keys.ChecksumChunk
+				hi := lo + keys.ChecksumChunk
+				if u == k-1 {
+					hi = size
+				}
+				blocks += (hi - lo - 1) / 1024
+				var at uint64
+				for _, r := range rs {
+					if a, b := max(at, lo), min(at+r.Size, hi); a < b {
+						pieces++
+						copies += (b - a + copyChunk - 1) / copyChunk
+					}
+					at += r.Size
+				}
+			}
+			most.pages = max(most.pages, n*uint64(k))
+			most.pieces = max(most.pieces, n*pieces)
+			most.blocks = max(most.blocks, n*blocks)
 			most.copies = max(most.copies, n*copies)
 		}
 	}
@@ -1069,21 +1070,21 @@ func (m *cudaMover) freeCopies() error {
 
 // fuseChecks turns on copies that take the check's sums on the way (kvCopyCheck, scatterFused)
 // where the mover copies pinned pages with its kernel; off, such batches are checked by
-// kvBlockDeltas and kvPageFinish after their copies (benchmarks compare the two).
+// kvUnitCheck after their copies (benchmarks compare the two).
 var fuseChecks = true
 
 // checkedCopyBytes is the size of a kvCheckedCopy record (kernels/pagesum.cu).
 const checkedCopyBytes = 56
 
-// scatterFused queues a checked batch whose copies are m.fused on the first stream, on check set
-// j (its previous check read): kvCopyCheck, reading the copy records from the set's host buffer
-// through the device's mapping, copies the pages, adds their sums and, in the block that
-// finishes a page's last copy, writes the page's digest into that buffer, with the set's events
-// around it (three driver calls). The copies and the check need no other stream to wait for
+// scatterFused queues a checked batch of units (checkUnits) whose copies are m.fused on the first
+// stream, on check set j (its previous check read): kvCopyCheck, reading the copy records from
+// the set's host buffer through the device's mapping, copies the pages, adds their units' sums
+// and, in the block that finishes a unit's last copy, writes the unit's digest into that buffer,
+// with the set's events around it (three driver calls). The copies and the check need no other stream to wait for
 // them, nothing reads the pages a second time, and nothing is left to run after the copies. With
 // waitCopies it returns once the copies are done; an error waits for the stream, so nothing
 // reads the buffers on return. It runs with the checks' lock held.
-func (m *cudaMover) scatterFused(ctx context.Context, j int, src [][]byte, sums []uint64, waitCopies bool) (func() ([]bool, error), error) {
+func (m *cudaMover) scatterFused(ctx context.Context, j int, units [][]byte, sums []uint64, waitCopies bool) (func() ([]bool, error), error) {
 	if m.closed {
 		return nil, kvmem.ErrClosed
 	}
@@ -1093,16 +1094,16 @@ func (m *cudaMover) scatterFused(ctx context.Context, j int, src [][]byte, sums 
 	c := &m.checks
 	set := &c.sets[j]
 	outAt := len(m.fused) * checkedCopyBytes
-	buf, err := m.growSet(set, outAt+8*len(src))
+	buf, err := m.growSet(set, outAt+8*len(units))
 	if err != nil {
 		return nil, err
 	}
 	var words uint64
-	for _, b := range src {
+	for _, b := range units {
 		words += fusedSums(uint64(len(b)))
 	}
 	countsAt := words * 64
-	if err := m.growDeltas(set, countsAt+4*uint64(len(src))); err != nil {
+	if err := m.growDeltas(set, countsAt+4*uint64(len(units))); err != nil {
 		return nil, err
 	}
 	le := binary.LittleEndian
@@ -1154,7 +1155,7 @@ func (m *cudaMover) scatterFused(ctx context.Context, j int, src [][]byte, sums 
 		set.dirty = false
 		// The copies and the check end together: one event marks both (the check's wait waits
 		// for it).
-		for _, step := range []int{checkWaited, checkDescriptors, checkDeltas, checkFinished, checkDigests} {
+		for _, step := range []int{checkWaited, checkDescriptors, checkKernel, checkDigests} {
 			trace(step, s)
 		}
 		if err = cuErr("cuEventRecord", C.kvEventRecord(C.uintptr_t(set.copied), s)); err != nil {

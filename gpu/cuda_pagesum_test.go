@@ -13,8 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zeebo/xxh3"
-
+	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/gpu"
 )
@@ -101,7 +100,7 @@ func TestCUDAPageChecks(t *testing.T) {
 				for j := range src[i] {
 					src[i][j] = byte(rng.Uint32())
 				}
-				sums[i] = xxh3.Hash(src[i])
+				sums[i] = uint64(keys.PageChecksum(src[i]))
 			}
 			// Slots repeat in the 300-page batch: the last write wins, so check one page a slot.
 			last := map[int]int{}
@@ -153,7 +152,7 @@ func TestCUDAPageChecks(t *testing.T) {
 		for j := range page {
 			page[j] = byte(rng.Uint32())
 		}
-		sum := []uint64{xxh3.Hash(page)}
+		sum := []uint64{uint64(keys.PageChecksum(page))}
 		for _, at := range []int{0, 64*1000 - 1, 64 * 1000, 64*1037 + 5, len(page) - 1} {
 			page[at] ^= 0x40
 			bad, err := scatterChecked(ctx, pc, [][]byte{page}, ref, sum)
@@ -209,7 +208,7 @@ func TestCUDAPageChecksLargeBatches(t *testing.T) {
 				for j := 0; j < len(src[i]); j += 8 {
 					binary.LittleEndian.PutUint64(src[i][j:], rng.Uint64())
 				}
-				sums[i] = xxh3.Hash(src[i])
+				sums[i] = uint64(keys.PageChecksum(src[i]))
 			}
 			pc := m.(kvmem.PageChecker)
 			ctx := context.Background()
@@ -284,7 +283,7 @@ func TestCUDAPageCheckOverlapped(t *testing.T) {
 			for j := range src[i] {
 				src[i][j] = byte(rng.Uint32())
 			}
-			sums[i] = xxh3.Hash(src[i])
+			sums[i] = uint64(keys.PageChecksum(src[i]))
 			if rng.IntN(4) == 0 {
 				sums[i]++
 				want[i] = true
@@ -381,7 +380,7 @@ func BenchmarkCUDAPageCheck(b *testing.B) {
 			for j := range src[i] {
 				src[i][j] = byte(i + j)
 			}
-			sums[i] = xxh3.Hash(src[i])
+			sums[i] = uint64(keys.PageChecksum(src[i]))
 		}
 		pc := m.(kvmem.PageChecker)
 		ctx := context.Background()
@@ -517,7 +516,7 @@ func TestCUDAIssueChecked(t *testing.T) {
 				sums := make([]uint64, per)
 				b.want = make([]bool, per)
 				for i := range sums {
-					sums[i] = xxh3.Hash(b.src[i])
+					sums[i] = uint64(keys.PageChecksum(b.src[i]))
 					if rng.IntN(5) == 0 {
 						sums[i] ^= 1
 						b.want[i] = true
@@ -602,7 +601,7 @@ func TestCUDAWakeDevice(t *testing.T) {
 				for j := range src[i] {
 					src[i][j] = byte(rng.Uint32())
 				}
-				sums[i] = xxh3.Hash(src[i])
+				sums[i] = uint64(keys.PageChecksum(src[i]))
 			}
 			for round := range 3 {
 				for range 2 {

@@ -24,13 +24,19 @@ func TestReserveNeeds(t *testing.T) {
 		{"64KiB pages, 2 regions, fewer slots than the batch", kvmem.Layout{Groups: []kvmem.GroupLayout{
 			{Slots: 272, Regions: regions(2, 32<<10)}}},
 			batchNeeds{pages: 272, pieces: 544, blocks: 272 * 63, copies: 544}},
+		// 64 pages, checked as 16 units of 64 KiB each.
 		{"1MiB pages, 2 regions", kvmem.Layout{Groups: []kvmem.GroupLayout{
 			{Slots: 4096, Regions: regions(2, 512<<10)}}},
-			batchNeeds{pages: 64, pieces: 128, blocks: 64 * 1023, copies: 64 * 16}},
+			batchNeeds{pages: 64 * 16, pieces: 64 * 16, blocks: 64 * 16 * 63, copies: 64 * 16}},
+		// Units of 64, 64 and 72 KiB: the first region in the first two, the second in the
+		// last two; the last unit is two copies.
+		{"200KiB pages, regions across units", kvmem.Layout{Groups: []kvmem.GroupLayout{
+			{Slots: 8, Regions: []kvmem.Region{{Offset: 0, Stride: 100 << 10, Size: 100 << 10}, {Offset: 1 << 30, Stride: 100 << 10, Size: 100 << 10}}}}},
+			batchNeeds{pages: 8 * 3, pieces: 8 * 4, blocks: 8 * (63 + 63 + 71), copies: 8 * (1 + 2 + 2)}},
 		{"the group with the most pages decides; replicated regions count", kvmem.Layout{Groups: []kvmem.GroupLayout{
 			{Slots: 4096, Regions: regions(8, 32<<10)},
 			{Slots: 8192, Regions: regions(1, 128<<10), ReplicatedRegions: regions(1, 4<<10)}}},
-			batchNeeds{pages: 8192, pieces: 8192, blocks: 256 * 255, copies: 8192}},
+			batchNeeds{pages: 8192, pieces: 8192, blocks: 256 * 4 * 63, copies: 8192}},
 		{"no slots", kvmem.Layout{Groups: []kvmem.GroupLayout{{Slots: 0, Regions: regions(2, 4096)}}}, batchNeeds{}},
 	}
 	for _, c := range cases {

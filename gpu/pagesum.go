@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
 )
 
@@ -130,6 +131,66 @@ func checkChunkEnds(src [][]byte) []int {
 type checkPiece struct {
 	page           int
 	addr, off, len uint64
+}
+
+// checkUnits appends to units the pieces of each page of src that its checksum hashes on its own
+// (keys.ChecksumChunks: the whole page under 128 KiB, 64 KiB pieces beyond), which the kernels
+// check as pages of their own; to first the index of each page's first unit, then the number of
+// units; and to out the batch's regions (pieces, in page order) cut where units end, each with
+// its unit as its page and its offset in the unit. The host combines a page's units' digests
+// (keys.CombineChecksums).
+func checkUnits(units [][]byte, first []int, out, pieces []checkPiece, src [][]byte) ([][]byte, []int, []checkPiece) {
+	for _, b := range src {
+		first = append(first, len(units))
+		k := keys.ChecksumChunks(len(b))
+		for i := range k {
+			units = append(units, checkUnit(b, i, k))
+		}
+	}
+	first = append(first, len(units))
+	for _, pc := range pieces {
+		n := len(src[pc.page])
+		k, u0 := keys.ChecksumChunks(n), first[pc.page]
+		if k == 1 {
+			pc.page = u0
+			out = append(out, pc)
+			continue
+		}
+		for pc.len > 0 {
+			i := min(int(pc.off/keys.ChecksumChunk), k-1)
+			end := uint64(n)
+			if i < k-1 {
+				end = uint64(i+1) * keys.ChecksumChunk
+			}
+			l := min(pc.len, end-pc.off)
+			out = append(out, checkPiece{page: u0 + i, addr: pc.addr, off: pc.off - uint64(i)*keys.ChecksumChunk, len: l})
+			pc.addr, pc.off, pc.len = pc.addr+l, pc.off+l, pc.len-l
+		}
+	}
+	return units, first, out
+}
+
+// checkUnit is unit i of the k units of page b (keys.ChecksumChunks).
+func checkUnit(b []byte, i, k int) []byte {
+	if i == k-1 {
+		return b[i*keys.ChecksumChunk:]
+	}
+	return b[i*keys.ChecksumChunk : (i+1)*keys.ChecksumChunk]
+}
+
+// unitDigest is the checksum of page p (n bytes) from its units' digests: units first[p] to
+// first[p+1] of digests (little-endian, 8 bytes each), combined as keys.CombineChecksums does.
+func unitDigest(digests []byte, first []int, p, n int) uint64 {
+	a, b := first[p], first[p+1]
+	if b-a == 1 {
+		return binary.LittleEndian.Uint64(digests[8*a:])
+	}
+	var buf [64]uint64
+	sums := buf[:0]
+	for u := a; u < b; u++ {
+		sums = append(sums, binary.LittleEndian.Uint64(digests[8*u:]))
+	}
+	return uint64(keys.CombineChecksums(n, sums))
 }
 
 // checkedCopy is one kvCheckedCopy record of kvCopyCheck (kernels/pagesum.cu): a copy of at most

@@ -11,14 +11,16 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/zeebo/xxh3"
 
+	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
 )
 
-// pageSumModel computes a page's digest the way kernels/pagesum.cu does: per-block deltas, then
-// the scrambles, over a page given as pieces. It exists so that the kernel's decomposition of
+// pageSumModel computes a unit's digest the way kvUnitCheck (kernels/pagesum.cu) does:
+// per-block deltas, then the scrambles, over a unit given as pieces. It exists so that the kernel's decomposition of
 // XXH3 and the secret words the host hands it are checked against XXH3 itself on every machine,
 // also where no GPU runs the kernel.
 func pageSumModel(pieces [][]byte, sec pageSumSecret) uint64 {
@@ -38,7 +40,7 @@ func pageSumModel(pieces [][]byte, sec pageSumSecret) uint64 {
 	return pageSumFinish(total, word, func(lane int, b uint64) uint64 { return modelStripes(word, b*1024, 16, lane, sec) }, sec)
 }
 
-// modelStripes is what stripes [0, n) from page offset start add to lane (kvStripes).
+// modelStripes is what stripes [0, n) from page offset start add to lane (kvBlock, kvRest).
 func modelStripes(word func(uint64) uint64, start uint64, n int, lane int, sec pageSumSecret) uint64 {
 	var d uint64
 	for s := range n {
@@ -50,8 +52,9 @@ func modelStripes(word func(uint64) uint64, start uint64, n int, lane int, sec p
 	return d
 }
 
-// pageSumFinish is kvPageFinish for a page of total bytes read through word: the scrambles over
-// the full blocks' deltas (delta(lane, b)), the last partial block, the last stripe, the merge.
+// pageSumFinish is kvUnitCheck's sequential part for a unit of total bytes read through word: the
+// scrambles over the full blocks' deltas (delta(lane, b)), the rest (kvRest: the last partial
+// block, the last stripe), the merge.
 func pageSumFinish(total uint64, word func(uint64) uint64, delta func(lane int, b uint64) uint64, sec pageSumSecret) uint64 {
 	acc := [8]uint64{0xC2B2AE3D, 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63, 0x85EBCA77, 0x27D4EB2F165667C5, 0x9E3779B1}
 	blocks := (total - 1) / 1024
@@ -149,7 +152,7 @@ func TestPTXMatchesSource(t *testing.T) {
 	if want := "// source sha256 " + hex.EncodeToString(sum[:]); !strings.Contains(string(ptx), want+"\n") {
 		t.Fatalf("kernels/pagesum.ptx was not generated from the current pagesum.cu (want %q): run make ptx", want)
 	}
-	for _, k := range []string{"kvBlockDeltas", "kvPageFinish", "kvCopyPieces"} {
+	for _, k := range []string{"kvUnitCheck", "kvCopyPieces", "kvCopyCheck"} {
 		if !strings.Contains(string(ptx), ".entry "+k+"(") {
 			t.Fatalf("kernels/pagesum.ptx has no %s entry", k)
 		}
@@ -429,6 +432,117 @@ func TestCheckedCopies(t *testing.T) {
 	} {
 		if _, ok := checkedCopies(nil, bad.pieces, src, bad.addr); ok {
 			t.Errorf("%s: accepted", bad.name)
+		}
+	}
+}
+
+// TestCheckUnits: a checked batch's pages are checked as the units of their checksum
+// (keys.ChecksumChunks), each a page to the kernels. Regions are cut where units end, with
+// offsets in their unit; the units' digests, taken by kvCopyCheck's model (checkedCopies over
+// the units) or by the separate kernels' model, and combined per page (unitDigest), give
+// keys.PageChecksum of every page, for pages of one unit and of many, pieces long and short.
+func TestCheckUnits(t *testing.T) {
+	// Pinned cuts: a 200 KiB page (three units: 64, 64, 72 KiB) of two regions, and a 4 KiB page.
+	src := [][]byte{make([]byte, 200<<10), make([]byte, 4<<10)}
+	pieces := []checkPiece{
+		{page: 0, addr: 0x10000000, off: 0, len: 100 << 10},
+		{page: 0, addr: 0x20000000, off: 100 << 10, len: 100 << 10},
+		{page: 1, addr: 0x30000000, off: 0, len: 4 << 10},
+	}
+	units, first, got := checkUnits(nil, nil, nil, pieces, src)
+	want := []checkPiece{
+		{page: 0, addr: 0x10000000, off: 0, len: 64 << 10},
+		{page: 1, addr: 0x10000000 + 64<<10, off: 0, len: 36 << 10},
+		{page: 1, addr: 0x20000000, off: 36 << 10, len: 28 << 10},
+		{page: 2, addr: 0x20000000 + 28<<10, off: 0, len: 72 << 10},
+		{page: 3, addr: 0x30000000, off: 0, len: 4 << 10},
+	}
+	if !slices.Equal(got, want) || !slices.Equal(first, []int{0, 3, 4}) {
+		t.Fatalf("pieces %+v, first %v\nwant %+v, [0 3 4]", got, first, want)
+	}
+	for u, n := range []int{64 << 10, 64 << 10, 72 << 10, 4 << 10} {
+		if len(units[u]) != n {
+			t.Fatalf("unit %d: %d bytes, want %d", u, len(units[u]), n)
+		}
+	}
+	if &units[2][0] != &src[0][128<<10] || &units[3][0] != &src[1][0] {
+		t.Fatal("units are not their pages' bytes")
+	}
+
+	sec := newPageSumSecret()
+	rng := rand.New(rand.NewPCG(21, 22))
+	sizes := []int{256, 64 << 10, 128<<10 - 64, 128 << 10, 128<<10 + 64, 200*1024 + 64*3, 1 << 20, 1<<20 + 64*1001}
+	for range 6 {
+		sizes = append(sizes, 64*(4+rng.IntN(8000)))
+	}
+	const srcBase = 1 << 40
+	for round := range 3 {
+		// The pages back to back in flat, as in a pool slab.
+		var flat []byte
+		for _, n := range sizes {
+			for range n {
+				flat = append(flat, byte(rng.Uint32()))
+			}
+		}
+		var src [][]byte
+		at := 0
+		for _, n := range sizes {
+			src = append(src, flat[at:at+n])
+			at += n
+		}
+		var pieces []checkPiece
+		dev := uint64(1 << 30)
+		for p, page := range src {
+			for off := 0; off < len(page); {
+				k := len(page) - off
+				if round > 0 {
+					k = min(k, 64*(1+rng.IntN(map[int]int{1: 3000, 2: 40}[round])))
+				}
+				if rng.IntN(3) == 0 {
+					dev += 16 * uint64(1+rng.IntN(100))
+				}
+				pieces = append(pieces, checkPiece{page: p, addr: dev, off: uint64(off), len: uint64(k)})
+				dev += uint64(k)
+				off += k
+			}
+		}
+		units, first, upieces := checkUnits(nil, nil, nil, pieces, src)
+		// Where each unit's bytes lie in flat, for the model's reads.
+		addr := func(u int) uint64 {
+			return srcBase + uint64(uintptr(unsafe.Pointer(&units[u][0]))-uintptr(unsafe.Pointer(&flat[0])))
+		}
+		copies, ok := checkedCopies(nil, upieces, units, addr)
+		if !ok {
+			t.Fatal("checkedCopies refused a batch of units")
+		}
+		var words uint64
+		for _, u := range units {
+			words += fusedSums(uint64(len(u)))
+		}
+		sums := make([]uint64, 8*words)
+		copyCheckModel(t, copies, func(a uint64) []byte { return flat[a-srcBase : a-srcBase+16] }, sec, sums)
+		fused, separate := make([]byte, 8*len(units)), make([]byte, 8*len(units))
+		var base uint64
+		for u, b := range units {
+			binary.LittleEndian.PutUint64(fused[8*u:], fusedFinishModel(uint64(len(b)), sums[base*8:], sec))
+			base += fusedSums(uint64(len(b)))
+			// The separate kernels' model over the unit's regions, as kvPage and kvPiece describe them.
+			var parts [][]byte
+			for _, pc := range upieces {
+				if pc.page == u {
+					parts = append(parts, b[pc.off:pc.off+pc.len])
+				}
+			}
+			binary.LittleEndian.PutUint64(separate[8*u:], pageSumModel(parts, sec))
+		}
+		for p, page := range src {
+			want := uint64(keys.PageChecksum(page))
+			if got := unitDigest(fused, first, p, len(page)); got != want {
+				t.Fatalf("round %d, page %d (%d bytes): fused units %#x, PageChecksum %#x", round, p, len(page), got, want)
+			}
+			if got := unitDigest(separate, first, p, len(page)); got != want {
+				t.Fatalf("round %d, page %d (%d bytes): separate units %#x, PageChecksum %#x", round, p, len(page), got, want)
+			}
 		}
 	}
 }

@@ -1,67 +1,112 @@
 package keys
 
-import "github.com/zeebo/xxh3"
+import (
+	"encoding/binary"
+
+	"github.com/zeebo/xxh3"
+)
 
 // ChecksumSize is the size of a page checksum in bytes.
 const ChecksumSize = 8
 
-// Checksum is the XXH3-64 digest (seed 0) of a page payload. The pool takes it when a page is
-// put and verifies it on every get, so a corrupted page is an error rather than wrong KV.
+// Checksum is a page payload's digest: XXH3-64 (seed 0) of the page, taken in pieces of
+// ChecksumChunk bytes when the page is long (PageChecksum). The pool takes it when a page is put
+// and verifies it on every get, so a corrupted page is an error rather than wrong KV.
 //
 // XXH3 was chosen by measurement (docs/perf/checksum.md): it hashes at several times the speed
 // of a memory copy, so a copy and its check together stay near the copy's speed, where
 // BLAKE3-256 halved the pool's throughput. It detects accidental corruption (bit flips, torn or
-// stale writes, a page read from the wrong place): two different pages share a digest with a
-// probability of about 2^-64. It is not cryptographic: it does not protect against someone who
-// can write pool memory on purpose, who could also rewrite the stored digest.
+// stale writes, a page read from the wrong place, pieces of a page swapped): two different pages
+// share a digest with a probability of about 2^-64. It is not cryptographic: it does not protect
+// against someone who can write pool memory on purpose, who could also rewrite the stored digest.
 type Checksum uint64
 
-// PageChecksum returns the XXH3-64 digest of a page payload.
-func PageChecksum(page []byte) Checksum { return Checksum(xxh3.Hash(page)) }
+// ChecksumChunk is the piece a long page's checksum hashes on its own. XXH3 over a whole page is
+// one dependent chain of 64-bit steps, one per 1024 bytes, that nothing can split: on a GPU,
+// which checks a load's pages after their copies, a 1 MiB page's chain alone took 37 us, 15-25 %
+// of the copy of a 12 MiB load. Hashed in pieces of 64 KiB, each chain is 63 steps and the
+// pieces of all pages run side by side; on a CPU the pieces cost the same as the whole.
+const ChecksumChunk = 64 << 10
 
-// ChecksumWriter computes a page checksum over bytes written in pieces; after the last piece
-// Sum returns what PageChecksum returns for the whole page. The zero value is not ready for
-// use: take one from NewChecksumWriter.
-type ChecksumWriter struct{ h *xxh3.Hasher }
+// ChecksumChunks is how many pieces the checksum of an n-byte page hashes on its own: one for a
+// page shorter than 2 * ChecksumChunk (the page's plain XXH3-64), otherwise n / ChecksumChunk,
+// piece i holding bytes [i * ChecksumChunk, (i + 1) * ChecksumChunk) and the last one the rest of
+// the page too (ChecksumChunk to 2 * ChecksumChunk - 1 bytes), so that every piece is a long input
+// of XXH3.
+func ChecksumChunks(n int) int {
+	if n < 2*ChecksumChunk {
+		return 1
+	}
+	return n / ChecksumChunk
+}
 
-// NewChecksumWriter returns a writer with nothing written.
-func NewChecksumWriter() ChecksumWriter { return ChecksumWriter{h: xxh3.New()} }
+// PageChecksum returns a page payload's checksum: for a page of ChecksumChunks(len(page)) == 1
+// piece, its XXH3-64 (seed 0); otherwise CombineChecksums of the XXH3-64 of each piece.
+func PageChecksum(page []byte) Checksum {
+	k := ChecksumChunks(len(page))
+	if k == 1 {
+		return Checksum(xxh3.Hash(page))
+	}
+	var buf [64]uint64
+	sums := buf[:0]
+	if k > len(buf) {
+		sums = make([]uint64, 0, k)
+	}
+	for i := range k {
+		sums = append(sums, xxh3.Hash(checksumPiece(page, i, k)))
+	}
+	return CombineChecksums(len(page), sums)
+}
 
-// Write adds p to the page. It never fails.
-func (w ChecksumWriter) Write(p []byte) { _, _ = w.h.Write(p) }
+// checksumPiece returns piece i of the k pieces of page's checksum.
+func checksumPiece(page []byte, i, k int) []byte {
+	if i == k-1 {
+		return page[i*ChecksumChunk:]
+	}
+	return page[i*ChecksumChunk : (i+1)*ChecksumChunk]
+}
 
-// Sum returns the checksum of everything written since the writer was made or Reset.
-func (w ChecksumWriter) Sum() Checksum { return Checksum(w.h.Sum64()) }
-
-// Reset forgets what was written.
-func (w ChecksumWriter) Reset() { w.h.Reset() }
-
-// checksumChunk is the piece CopyChecksum copies and then hashes while it is still in the
-// core's cache: small enough for L2 on any current x86 or Arm server core, large enough that the
-// per-piece overhead stays under 1 %.
-const checksumChunk = 64 << 10
+// CombineChecksums returns the checksum of an n-byte page of len(sums) pieces
+// (ChecksumChunks(n)) from each piece's XXH3-64 digest, in page order: the one digest when there
+// is one piece, otherwise the XXH3-64 (seed 0) of the digests and n, each as 8 little-endian
+// bytes. A GPU that checks a load computes the pieces' digests; the host combines them.
+func CombineChecksums(n int, sums []uint64) Checksum {
+	if len(sums) == 1 {
+		return Checksum(sums[0])
+	}
+	var buf [8 * 65]byte
+	b := buf[:0]
+	if len(sums) >= 65 {
+		b = make([]byte, 0, 8*(len(sums)+1))
+	}
+	for _, s := range sums {
+		b = binary.LittleEndian.AppendUint64(b, s)
+	}
+	b = binary.LittleEndian.AppendUint64(b, uint64(n))
+	return Checksum(xxh3.Hash(b))
+}
 
 // CopyChecksum copies src into dst (which must be at least len(src) long) and returns the
-// checksum of the bytes now in dst. It hashes each 64 KiB piece of dst right after copying it,
-// so the hash reads from cache rather than memory: a copy and its check cost one pass over
-// memory. Verifying the destination rather than the source also catches a fault in the copy.
-// On x86-64 with AVX2 the pieces of a page longer than 64 KiB go straight into XXH3's lanes
-// (copysum.go); the xxh3 package's streaming hasher would copy every byte once more into its
-// own buffer.
+// checksum of the bytes now in dst. It hashes each piece of the checksum (ChecksumChunks) right
+// after copying it, so the hash reads from cache rather than memory: a copy and its check cost
+// one pass over memory. Verifying the destination rather than the source also catches a fault in
+// the copy.
 func CopyChecksum(dst, src []byte) Checksum {
 	dst = dst[:len(src)]
-	if len(src) <= checksumChunk {
+	k := ChecksumChunks(len(src))
+	if k == 1 { // under 128 KiB: in cache once copied
 		copy(dst, src)
-		return PageChecksum(dst)
+		return Checksum(xxh3.Hash(dst))
 	}
-	if haveBlockAsm {
-		return copyChecksumBlocks(dst, src)
+	var buf [64]uint64
+	sums := buf[:0]
+	if k > len(buf) {
+		sums = make([]uint64, 0, k)
 	}
-	w := NewChecksumWriter()
-	for off := 0; off < len(src); off += checksumChunk {
-		end := min(off+checksumChunk, len(src))
-		copy(dst[off:end], src[off:end])
-		w.Write(dst[off:end])
+	for i := range k {
+		d := checksumPiece(dst, i, k)
+		copy(d, checksumPiece(src, i, k))
+		sums = append(sums, xxh3.Hash(d))
 	}
-	return w.Sum()
+	return CombineChecksums(len(src), sums)
 }

@@ -2,12 +2,17 @@ package keys
 
 import (
 	"bytes"
+	"encoding/binary"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/zeebo/xxh3"
 )
 
 // TestPageChecksumVectors pins the algorithm: XXH3-64 with seed 0, as published by the xxHash
-// project (the empty input and its reference test vectors for short inputs).
+// project (the empty input and its reference test vectors for short inputs), for every page of
+// one piece; for longer pages, the digests of pages of a fixed pattern, which change only with
+// the definition (a deliberate format change, docs/perf/checksum.md).
 func TestPageChecksumVectors(t *testing.T) {
 	for _, c := range []struct {
 		in   string
@@ -21,13 +26,71 @@ func TestPageChecksumVectors(t *testing.T) {
 			t.Errorf("PageChecksum(%q) = %#x, want %#x", c.in, uint64(got), uint64(c.want))
 		}
 	}
+	pattern := func(n int) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(i*7 + i>>8)
+		}
+		return b
+	}
+	for _, c := range []struct {
+		n    int
+		want Checksum
+	}{
+		{64 << 10, 0x9ae973f97c1f3eba},
+		{128<<10 - 64, 0x076b66b733e24ef5},
+		{128 << 10, 0x436fbc376d61d59c},
+		{1 << 20, 0x492960aff737a65d},
+		{1<<20 + 64, 0x80d3735b04015679},
+	} {
+		if got := PageChecksum(pattern(c.n)); got != c.want {
+			t.Errorf("PageChecksum of the %d-byte pattern = %#x, want %#x", c.n, uint64(got), uint64(c.want))
+		}
+	}
+}
+
+// TestPageChecksumDefinition checks PageChecksum against its definition written out with the
+// xxh3 package: one piece is the page's XXH3-64; more are XXH3-64 of the pieces' digests and the
+// length, 8 little-endian bytes each, the last piece holding the rest of the page.
+func TestPageChecksumDefinition(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, n := range []int{0, 1, 240, 241, 64 << 10, 128<<10 - 1, 128 << 10, 128<<10 + 1, 192<<10 - 1, 192 << 10, 1 << 20, 1<<20 + 65535, 4<<20 + 3, 5 << 20} {
+		page := make([]byte, n)
+		for i := range page {
+			page[i] = byte(r.Uint32())
+		}
+		var want uint64
+		if n < 128<<10 {
+			want = xxh3.Hash(page)
+			if ChecksumChunks(n) != 1 {
+				t.Fatalf("n=%d: %d pieces, want 1", n, ChecksumChunks(n))
+			}
+		} else {
+			k := n / (64 << 10)
+			if ChecksumChunks(n) != k {
+				t.Fatalf("n=%d: %d pieces, want %d", n, ChecksumChunks(n), k)
+			}
+			var b []byte
+			for i := range k {
+				end := (i + 1) << 16
+				if i == k-1 {
+					end = n
+				}
+				b = binary.LittleEndian.AppendUint64(b, xxh3.Hash(page[i<<16:end]))
+			}
+			want = xxh3.Hash(binary.LittleEndian.AppendUint64(b, uint64(n)))
+		}
+		if got := PageChecksum(page); uint64(got) != want {
+			t.Fatalf("n=%d: PageChecksum %#x, definition %#x", n, uint64(got), want)
+		}
+	}
 }
 
 // TestCopyChecksumMatchesPageChecksum checks that the fused copy gives the whole-page digest and
-// the exact bytes at every size around the chunk boundaries.
+// the exact bytes at every size around the pieces' boundaries.
 func TestCopyChecksumMatchesPageChecksum(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
-	for _, n := range []int{0, 1, 16, 240, 241, 1024, checksumChunk - 1, checksumChunk, checksumChunk + 1, 3*checksumChunk + 17, 1 << 20, 4<<20 + 3} {
+	for _, n := range []int{0, 1, 16, 240, 241, 1024, ChecksumChunk - 1, ChecksumChunk, ChecksumChunk + 1, 2*ChecksumChunk - 1, 2 * ChecksumChunk, 3*ChecksumChunk + 17, 1 << 20, 4<<20 + 3, 5 << 20} {
 		src := make([]byte, n)
 		for i := range src {
 			src[i] = byte(r.Uint32())
@@ -45,13 +108,6 @@ func TestCopyChecksumMatchesPageChecksum(t *testing.T) {
 		}
 		if !bytes.Equal(dst[n:], []byte{0xEE, 0xEE, 0xEE, 0xEE, 0xEE}) {
 			t.Fatalf("n=%d: CopyChecksum wrote past len(src)", n)
-		}
-		w := NewChecksumWriter()
-		for off := 0; off < n; off += 1000 {
-			w.Write(src[off:min(off+1000, n)])
-		}
-		if w.Sum() != got {
-			t.Fatalf("n=%d: ChecksumWriter in 1000-byte pieces differs", n)
 		}
 	}
 }
@@ -86,11 +142,12 @@ func TestChecksumDetectsCorruption(t *testing.T) {
 }
 
 // FuzzCopyChecksum checks, for any page, that the fused copy gives the whole-page digest and
-// the exact bytes, and that a writer fed the page in two pieces split anywhere agrees.
+// the exact bytes, and that a byte changed anywhere changes the digest.
 func FuzzCopyChecksum(f *testing.F) {
-	f.Add([]byte("abc"), uint16(1))
-	f.Add(bytes.Repeat([]byte{7, 1, 9}, 70000), uint16(65535))
-	f.Fuzz(func(t *testing.T, page []byte, split uint16) {
+	f.Add([]byte("abc"), uint32(1))
+	f.Add(bytes.Repeat([]byte{7, 1, 9}, 70000), uint32(65535))
+	f.Add(bytes.Repeat([]byte{7, 1, 9, 4}, 70000), uint32(200000))
+	f.Fuzz(func(t *testing.T, page []byte, at uint32) {
 		dst := make([]byte, len(page))
 		got := CopyChecksum(dst, page)
 		if want := PageChecksum(page); got != want {
@@ -99,12 +156,13 @@ func FuzzCopyChecksum(f *testing.F) {
 		if !bytes.Equal(dst, page) {
 			t.Fatal("copied bytes differ")
 		}
-		at := min(int(split), len(page))
-		w := NewChecksumWriter()
-		w.Write(page[:at])
-		w.Write(page[at:])
-		if w.Sum() != got {
-			t.Fatalf("writer split at %d differs", at)
+		if len(page) == 0 {
+			return
+		}
+		i := int(at) % len(page)
+		page[i] ^= 0x40
+		if PageChecksum(page) == got {
+			t.Fatalf("byte %d of %d changed, digest the same", i, len(page))
 		}
 	})
 }

@@ -1,19 +1,20 @@
-// Page checksums on the GPU: the XXH3-64 digest (seed 0, default secret) of every page of a
+// Page checksums on the GPU: the XXH3-64 digest (seed 0, default secret) of every unit of a
 // batch, read where the pages lie in engine memory, so a load can be checked after its copy
-// without the host reading the pages a second time.
+// without the host reading the pages a second time. A unit is a page, or a 64 KiB piece of a
+// long one (core/keys.ChecksumChunks): always shorter than 128 KiB. The host combines a page's
+// units' digests into its checksum.
 //
 // XXH3-64 of an input longer than 240 bytes keeps eight 64-bit accumulators ("lanes"). Each
 // 64-byte stripe adds to every lane; after each 1024-byte block (16 stripes) every lane is
 // scrambled. Within a block the additions commute, so the sum a block adds to each lane (its
 // "delta") can be computed independently of the blocks before it; only applying deltas and
-// scrambles is sequential, and it is per lane. So a check is two kernels: kvBlockDeltas computes
-// every block's delta of every page in parallel (the bulk of the work, spread over the whole GPU
-// whatever the pages' number and size), and kvPageFinish runs each page's sequential part, one
-// thread per lane, over the deltas, then adds the last stripes and merges the lanes.
+// scrambles is sequential, and it is per lane. So kvUnitCheck computes a unit's deltas with all
+// the threads of a block, then runs the unit's sequential part, one thread per lane, over them,
+// adds the last stripes and merges the lanes.
 // Algorithm: https://github.com/Cyan4973/xxHash/blob/v0.8.2/doc/xxhash_spec.md
 //
-// A page is a list of pieces (device address, offset in the page, length), in page order. The
-// host only launches this for pages longer than 240 bytes whose pieces are multiples of 64 bytes
+// A unit is a list of pieces (device address, offset in the unit, length), in unit order. The
+// host only launches this for units longer than 240 bytes whose pieces are multiples of 64 bytes
 // and 8-byte aligned, so every stripe lies inside one piece.
 //
 // Regenerate pagesum.ptx with `make ptx` after changing this file.
@@ -29,10 +30,10 @@ struct kvSecret {
 };
 
 struct kvPage {
-	u64 len;   // bytes in the page
+	u64 len;   // bytes in the unit
 	u32 first; // its first piece
 	u32 count; // its number of pieces
-	u64 base;  // index in the deltas of its first block
+	u64 base;  // unused (the host writes 0)
 };
 
 struct kvPiece {
@@ -41,13 +42,15 @@ struct kvPiece {
 	u64 len;  // bytes
 };
 
-// Both kernels run blocks of THREADS threads in groups of 8, one thread per lane: a group of
-// kvBlockDeltas computes one 1024-byte block's delta, a group of kvPageFinish finishes one page.
+// The kernels run blocks of THREADS threads, in groups of 8 (one thread per lane) where they
+// hash: a group of kvUnitCheck computes one 1024-byte block's delta at a time.
 #define THREADS 256
 #define GROUPS (THREADS / 8)
-// A page's pieces are read from shared memory when it has at most this many: every stripe
+// A unit's pieces are read from shared memory when it has at most this many: every stripe
 // looks its piece up, and global memory would make each lookup a long dependent load.
 #define SHARED_PIECES 128
+// The most full blocks a unit has: it is shorter than 128 KiB.
+#define UNIT_BLOCKS 128
 
 __device__ __forceinline__ u64 kvInit(u32 lane) {
 	switch (lane) {
@@ -79,15 +82,6 @@ __device__ __forceinline__ u64 kvAddr(const kvPiece *ps, u32 &k, u64 o) {
 	return ps[k].addr + (o - ps[k].off);
 }
 
-// kvStripe returns what one stripe at address a adds to lane, with the secret word key.
-__device__ __forceinline__ u64 kvStripe(u64 a, u32 lane, u64 key) {
-	const u64 *w = (const u64 *)a;
-	u64 v = w[lane];
-	u64 pair = w[lane ^ 1];
-	u64 x = v ^ key;
-	return pair + (x & 0xFFFFFFFFULL) * (x >> 32);
-}
-
 // kvBlock returns what the 16 stripes of the block at page offset start add to lane. All the
 // addresses are found first, so the 32 loads are in flight together.
 __device__ u64 kvBlock(const kvPiece *ps, u32 np, u64 start, const kvSecret &sec, u32 lane) {
@@ -112,14 +106,40 @@ __device__ u64 kvBlock(const kvPiece *ps, u32 np, u64 start, const kvSecret &sec
 	return d;
 }
 
-// kvStripes returns what stripes [0, n) starting at page offset start add to lane (the last,
-// partial block); stripe s reads the secret's word s + lane.
-__device__ u64 kvStripes(const kvPiece *ps, u32 np, u64 start, u32 n, const kvSecret &sec, u32 lane) {
-	u64 d = 0;
-	if (n == 0) return 0;
+// kvRest returns what the rest of a unit of len bytes adds to lane after its full blocks: the
+// stripes of its last, partial block but the last one (read with the secret words of a full
+// block's), and its last 64 bytes (read with the secret at byte 121). All the addresses are
+// found first, so the loads are in flight together.
+__device__ u64 kvRest(const kvPiece *ps, u32 np, u64 len, const kvSecret &sec, u32 lane) {
+	const u64 start = (len - 1) / 1024 * 1024;
+	const u32 n = (u32)(((len - 1) - start) / 64); // at most 15
+	u64 a[16];
 	u32 k = kvFind(ps, np, start);
-	for (u32 s = 0; s < n; s++) d += kvStripe(kvAddr(ps, k, start + (u64)s * 64), lane, sec.acc[s + lane]);
-	return d;
+#pragma unroll
+	for (u32 s = 0; s < 16; s++) a[s] = s < n ? kvAddr(ps, k, start + (u64)s * 64) : 0;
+	const u64 o = len - 64;
+	u32 kl = kvFind(ps, np, o);
+	const u64 *last = (const u64 *)kvAddr(ps, kl, o);
+	u64 v[16], pair[16];
+#pragma unroll
+	for (u32 s = 0; s < 16; s++) {
+		if (s < n) {
+			const u64 *w = (const u64 *)a[s];
+			v[s] = w[lane];
+			pair[s] = w[lane ^ 1];
+		}
+	}
+	const u64 lv = last[lane], lp = last[lane ^ 1];
+	u64 d = 0;
+#pragma unroll
+	for (u32 s = 0; s < 16; s++) {
+		if (s < n) {
+			u64 x = v[s] ^ sec.acc[s + lane];
+			d += pair[s] + (x & 0xFFFFFFFFULL) * (x >> 32);
+		}
+	}
+	const u64 x = lv ^ sec.last[lane];
+	return d + lp + (x & 0xFFFFFFFFULL) * (x >> 32);
 }
 
 // kvScramble applies one block's delta d to lane's accumulator and scrambles it.
@@ -133,24 +153,17 @@ __device__ __forceinline__ u64 kvScramble(u64 acc, u64 d, u64 key) {
 // kvChain applies the deltas d[0, blocks) to lane's accumulator acc in block order, scrambling
 // after each. The chain is sequential; its loads are not: they are issued KV_DEPTH at a time,
 // the next ones while the current ones are applied, so the chain waits on memory about once per
-// KV_DEPTH blocks rather than at every block.
-// Delta b is at d[b * stride]. With L2, the loads go to L2 (__ldcg), where other blocks' atomic
-// additions to the deltas are; without, they may be cached in L1, which serves the next deltas of
-// a thread whose deltas are contiguous (kvPageFinish: reading them from L2 doubled its time on a
-// 1 MiB page, 0.062 to 0.122 ms a load of 48 of them).
-template <bool L2>
-__device__ __forceinline__ u64 kvDelta(const u64 *p) { return L2 ? __ldcg(p) : *p; }
-
+// KV_DEPTH blocks rather than at every block. Delta b is at d[b * stride], read from L2 (__ldcg),
+// where other blocks' atomic additions to the deltas are.
 #define KV_DEPTH 32
-template <bool L2>
 __device__ __forceinline__ u64 kvChain(const u64 *d, u64 stride, u64 blocks, u64 acc, u64 key) {
 	u64 cur[KV_DEPTH];
 #pragma unroll
-	for (u32 k = 0; k < KV_DEPTH; k++) cur[k] = k < blocks ? kvDelta<L2>(d + k * stride) : 0;
+	for (u32 k = 0; k < KV_DEPTH; k++) cur[k] = k < blocks ? __ldcg(d + k * stride) : 0;
 	for (u64 b = 0; b < blocks; b += KV_DEPTH) {
 		u64 nxt[KV_DEPTH];
 #pragma unroll
-		for (u32 k = 0; k < KV_DEPTH; k++) nxt[k] = b + KV_DEPTH + k < blocks ? kvDelta<L2>(d + (b + KV_DEPTH + k) * stride) : 0;
+		for (u32 k = 0; k < KV_DEPTH; k++) nxt[k] = b + KV_DEPTH + k < blocks ? __ldcg(d + (b + KV_DEPTH + k) * stride) : 0;
 #pragma unroll
 		for (u32 k = 0; k < KV_DEPTH; k++) {
 			if (b + k < blocks) acc = kvScramble(acc, cur[k], key);
@@ -183,16 +196,20 @@ __device__ __forceinline__ u64 kvMerge(u64 acc, u64 len, const kvSecret &sec, u3
 	return h;
 }
 
-// kvBlockDeltas writes the delta of every full block of every page: lane's delta of block b of
-// page p (a block is full when bytes follow it, so a page has blocks = (len - 1) / 1024 of them)
-// to deltas[p.base * 8 + lane * blocks + b], so each lane's deltas of a page are contiguous. The grid is (blocks of the longest page / GROUPS, rounded up) by pages; thread
-// block (x, y) computes blocks [x * GROUPS, (x + 1) * GROUPS) of page y.
-extern "C" __global__ void __launch_bounds__(THREADS) kvBlockDeltas(const kvPage *pages, const kvPiece *pieces, kvSecret sec, u64 *deltas) {
+// kvUnitCheck computes the digest of unit blockIdx.x into out[blockIdx.x], one thread block a
+// unit: every group computes the deltas of blocks group, group + GROUPS, ... into shared memory,
+// and one group the unit's rest (kvRest), as if it were block `blocks`; then threads 0-7 apply
+// the deltas and scrambles in block order, one thread a lane, add the rest and merge the lanes.
+// A unit of UNIT_BLOCKS full blocks or more (the host never sends one) gets the digest 0.
+extern "C" __global__ void __launch_bounds__(THREADS) kvUnitCheck(const kvPage *pages, const kvPiece *pieces, kvSecret sec, u64 *out) {
 	__shared__ kvPiece local[SHARED_PIECES];
-	const kvPage pg = pages[blockIdx.y];
+	__shared__ u64 deltas[UNIT_BLOCKS * 8]; // block b's delta of lane i at 8b + i; the rest at 8 * blocks + i
+	const kvPage pg = pages[blockIdx.x];
 	const u64 blocks = (pg.len - 1) / 1024;
-	const u64 first = (u64)blockIdx.x * GROUPS;
-	if (first >= blocks) return; // the whole thread block: a shorter page
+	if (blocks >= UNIT_BLOCKS) {
+		if (threadIdx.x == 0) out[blockIdx.x] = 0;
+		return;
+	}
 	const kvPiece *ps = pieces + pg.first;
 	if (pg.count <= SHARED_PIECES) {
 		for (u32 i = threadIdx.x; i < pg.count; i += THREADS) local[i] = ps[i];
@@ -200,32 +217,18 @@ extern "C" __global__ void __launch_bounds__(THREADS) kvBlockDeltas(const kvPage
 		ps = local;
 	}
 	const u32 lane = threadIdx.x & 7;
-	const u64 b = first + (threadIdx.x >> 3);
-	if (b < blocks) deltas[pg.base * 8 + lane * blocks + b] = kvBlock(ps, pg.count, b * 1024, sec, lane);
-}
-
-// kvPageFinish computes the digest of pages [0, n) into out, one group of 8 threads per page,
-// from the deltas kvBlockDeltas wrote: each thread applies its lane's deltas and scrambles in
-// block order, adds the last partial block's stripes and the last stripe; the group then merges
-// its lanes.
-extern "C" __global__ void __launch_bounds__(THREADS) kvPageFinish(const kvPage *pages, const kvPiece *pieces, kvSecret sec, const u64 *deltas, u32 n, u64 *out) {
-	const u32 p = blockIdx.x * GROUPS + (threadIdx.x >> 3);
-	if (p >= n) return; // the whole group: p is the same for its 8 threads
-	const u32 lane = threadIdx.x & 7;
-	const kvPage pg = pages[p];
-	const kvPiece *ps = pieces + pg.first;
-	const u64 blocks = (pg.len - 1) / 1024;
-	const u64 *d = deltas + pg.base * 8 + lane * blocks;
+	for (u64 b = threadIdx.x >> 3; b <= blocks; b += GROUPS) {
+		deltas[8 * b + lane] = b < blocks ? kvBlock(ps, pg.count, b * 1024, sec, lane) : kvRest(ps, pg.count, pg.len, sec, lane);
+	}
+	__syncthreads();
+	if (threadIdx.x >= 8) return;
 	const u64 key = sec.acc[16 + lane];
-	u64 acc = kvChain<false>(d, 1, blocks, kvInit(lane), key);
-	const u64 start = blocks * 1024;
-	acc += kvStripes(ps, pg.count, start, (u32)(((pg.len - 1) - start) / 64), sec, lane);
-	// The last stripe: the page's final 64 bytes, with the secret at byte 121.
-	const u64 o = pg.len - 64;
-	u32 k = kvFind(ps, pg.count, o);
-	acc += kvStripe(kvAddr(ps, k, o), lane, sec.last[lane]);
-	const u64 h = kvMerge(acc, pg.len, sec, lane, 0xFFu << (threadIdx.x & 24));
-	if (lane == 0) out[p] = h;
+	u64 acc = kvInit(lane);
+#pragma unroll 8
+	for (u64 b = 0; b < blocks; b++) acc = kvScramble(acc, deltas[8 * b + lane], key);
+	acc += deltas[8 * blocks + lane];
+	const u64 h = kvMerge(acc, pg.len, sec, lane, 0xFFu);
+	if (lane == 0) out[blockIdx.x] = h;
 }
 
 // Copies by the GPU's own threads: a batch of (source, destination, length) copies, one thread
@@ -271,7 +274,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) kvCopyPieces(const kvCopy 
 // of 64.
 //
 // A page's sums, per lane, are blocks + 2 words: one per full 1024-byte block (its delta, as
-// kvBlockDeltas computes it), one for the stripes of the last, partial block but its last stripe
+// kvUnitCheck computes it), one for the stripes of the last, partial block but its last stripe
 // (read with the same secret words as a full block's), and one for the page's last stripe (read
 // with the secret at byte 121). The eight lanes' sums of one of these are adjacent (sum k of lane
 // i at 8k + i), so the threads that add or read them touch one 64-byte segment.
@@ -316,7 +319,7 @@ __device__ u64 kvFinishSums(u64 *sums, u64 len, const kvSecret &sec, u32 lane) {
 	const u64 blocks = (len - 1) / 1024;
 	u64 *d = sums + lane; // sum k at d[8k]
 	const u64 rest = __ldcg(d + 8 * blocks) + __ldcg(d + 8 * (blocks + 1)); // before the chain
-	const u64 acc = kvChain<true>(d, 8, blocks, kvInit(lane), sec.acc[16 + lane]) + rest;
+	const u64 acc = kvChain(d, 8, blocks, kvInit(lane), sec.acc[16 + lane]) + rest;
 	for (u64 b = 0; b < blocks + 2; b++) d[8 * b] = 0;
 	return kvMerge(acc, len, sec, lane, 0xFFu);
 }
