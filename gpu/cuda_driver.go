@@ -236,11 +236,11 @@ CUresult kvUnloadModule(uintptr_t mod) { return kv.moduleUnload((void *)mod); }
 // kvStreamWaitEvent makes work queued on s after this wait for event e.
 CUresult kvStreamWaitEvent(uintptr_t s, uintptr_t e) { return kv.streamWaitEvent((void *)s, (void *)e, 0); }
 // kvLaunchUnitCheck launches kvUnitCheck (kernels/pagesum.cu) for n units on stream s, a block
-// of 256 threads each: pages and pieces are device addresses, secret the 320-byte kvSecret, out
-// the address of one 64-bit digest per unit.
-CUresult kvLaunchUnitCheck(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t out) {
+// of threads (UNIT_THREADS) each: pages and pieces are device addresses, secret the 320-byte
+// kvSecret, out the address of one 64-bit digest per unit.
+CUresult kvLaunchUnitCheck(uintptr_t fn, unsigned int n, unsigned int threads, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t out) {
 	void *args[4] = {&pages, &pieces, (void *)secret, &out};
-	return kv.launchKernel((void *)fn, n, 1, 1, 256, 1, 1, 0, (void *)s, args, NULL);
+	return kv.launchKernel((void *)fn, n, 1, 1, threads, 1, 1, 0, (void *)s, args, NULL);
 }
 // kvLaunchCopies launches kvCopyPieces (kernels/pagesum.cu) with one block of 256 threads per
 // copy on stream s; copies is the device address of n kvCopy records.

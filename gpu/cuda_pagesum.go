@@ -18,7 +18,7 @@ CUresult kvLaunchCopyCheck(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t c
 CUresult kvMemZero(uint64_t p, size_t n);
 CUresult kvMemZeroAsync(uint64_t p, size_t n, uintptr_t s);
 CUresult kvUnloadModule(uintptr_t mod);
-CUresult kvLaunchUnitCheck(uintptr_t fn, unsigned int n, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t out);
+CUresult kvLaunchUnitCheck(uintptr_t fn, unsigned int n, unsigned int threads, uintptr_t s, uint64_t pages, uint64_t pieces, const void *secret, uint64_t out);
 CUresult kvCopyHtoDAsync(uint64_t dst, uintptr_t src, size_t n, uintptr_t s);
 CUresult kvCopyDtoHAsync(uintptr_t dst, uint64_t src, size_t n, uintptr_t s);
 CUresult kvEventQuery(uintptr_t e);
@@ -156,6 +156,9 @@ func (k *pageSumKernel) unload() error {
 	return err
 }
 
+// unitThreads is UNIT_THREADS in kernels/pagesum.cu: kvUnitCheck's threads a block.
+const unitThreads = 512
+
 // Sizes of the kernel's descriptors (kernels/pagesum.cu): kvPage and kvPiece.
 const (
 	pageDescBytes  = 24
@@ -274,8 +277,9 @@ type checkSet struct {
 	started, copied, checked uintptr
 	// The check in flight on this set, if any.
 	pending *pendingCheck
-	// The check's units (checkUnits): each page's first unit, then their number, and the pages'
-	// lengths, which the digests of a page's units are combined with.
+	// The check's units (checkUnits): each page's first unit, then their number (empty when each
+	// page is one unit), and the pages' lengths, which the digests of a page's units are
+	// combined with.
 	first []int
 	lens  []int
 }
@@ -411,15 +415,29 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 		}
 	}
 	// The kernels check the units of the pages' checksums (checkUnits) as pages; the copies move
-	// the pages' regions (m.pieces) as they are.
-	m.units, m.unitFirst, m.unitPieces = checkUnits(m.units[:0], m.unitFirst[:0], m.unitPieces[:0], m.pieces, src)
-	units := m.units
+	// the pages' regions (m.pieces) as they are. A batch of pages under 128 KiB is its own units
+	// (m.unitFirst left empty).
+	units, unitPieces := src, m.pieces
+	m.unitFirst = m.unitFirst[:0]
+	for _, b := range src {
+		if keys.ChecksumChunks(len(b)) > 1 {
+			m.units, m.unitFirst, m.unitPieces = checkUnits(m.units[:0], m.unitFirst, m.unitPieces[:0], m.pieces, src)
+			units, unitPieces = m.units, m.unitPieces
+			break
+		}
+	}
+	unitOf := func(p int) int {
+		if len(m.unitFirst) == 0 {
+			return p
+		}
+		return m.unitFirst[p]
+	}
 	// From pinned memory through the copy kernel, the copies take the check's sums on the way
 	// (kvCopyCheck), where the pieces allow it.
 	fused := false
 	m.fused = m.fused[:0]
 	if pinned && fuseChecks && m.d.sums.copyCheckFn != 0 && m.fusedScatters(uint64(len(m.pieces)), src) {
-		m.fused, fused = checkedCopies(m.fused, m.unitPieces, units, func(u int) uint64 { return uint64(ptrOf(units[u])) })
+		m.fused, fused = checkedCopies(m.fused, unitPieces, units, func(u int) uint64 { return uint64(ptrOf(units[u])) })
 	}
 	c := &m.checks
 	c.mu.Lock()
@@ -442,7 +460,7 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 	// The descriptors: kvPage per unit, then kvPiece per region of a unit, then room for the
 	// units' digests.
 	piecesAt := len(units) * pageDescBytes
-	outAt := piecesAt + len(m.unitPieces)*pieceDescBytes
+	outAt := piecesAt + len(unitPieces)*pieceDescBytes
 	need := outAt + 8*len(units)
 	buf, err := m.growSet(set, need)
 	if err != nil {
@@ -452,7 +470,7 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 	// are issued, so the copy engines do not wait for it.
 	describe := func() {
 		le := binary.LittleEndian
-		for k, pc := range m.unitPieces {
+		for k, pc := range unitPieces {
 			q := buf[piecesAt+k*pieceDescBytes:]
 			le.PutUint64(q[0:], pc.addr)
 			le.PutUint64(q[8:], pc.off)
@@ -513,12 +531,12 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 		// The chunk's pages' units.
 		lo := 0
 		if k > 0 {
-			lo = m.unitFirst[ends[k-1]]
+			lo = unitOf(ends[k-1])
 		}
-		hi := m.unitFirst[ends[k]]
+		hi := unitOf(ends[k])
 		// The chunk's units, a thread block each.
 		if hi > lo {
-			if err := cuErr("cuLaunchKernel", C.kvLaunchUnitCheck(C.uintptr_t(m.d.sums.unitFn), C.uint(hi-lo), s,
+			if err := cuErr("cuLaunchKernel", C.kvLaunchUnitCheck(C.uintptr_t(m.d.sums.unitFn), C.uint(hi-lo), unitThreads, s,
 				descs+C.uint64_t(lo*pageDescBytes), descs+C.uint64_t(piecesAt), secret, digests+C.uint64_t(8*lo))); err != nil {
 				return err
 			}

@@ -179,8 +179,12 @@ func checkUnit(b []byte, i, k int) []byte {
 }
 
 // unitDigest is the checksum of page p (n bytes) from its units' digests: units first[p] to
-// first[p+1] of digests (little-endian, 8 bytes each), combined as keys.CombineChecksums does.
+// first[p+1] of digests (little-endian, 8 bytes each), combined as keys.CombineChecksums does;
+// with first empty, every page is one unit, unit p.
 func unitDigest(digests []byte, first []int, p, n int) uint64 {
+	if len(first) == 0 {
+		return binary.LittleEndian.Uint64(digests[8*p:])
+	}
 	a, b := first[p], first[p+1]
 	if b-a == 1 {
 		return binary.LittleEndian.Uint64(digests[8*a:])

@@ -42,8 +42,8 @@ struct kvPiece {
 	u64 len;  // bytes
 };
 
-// The kernels run blocks of THREADS threads, in groups of 8 (one thread per lane) where they
-// hash: a group of kvUnitCheck computes one 1024-byte block's delta at a time.
+// The copy kernels run blocks of THREADS threads; kvUnitCheck blocks of UNIT_THREADS, in groups
+// of 8 (one thread a lane), each computing one 1024-byte block's delta at a time.
 #define THREADS 256
 #define GROUPS (THREADS / 8)
 // A unit's pieces are read from shared memory when it has at most this many: every stripe
@@ -51,6 +51,10 @@ struct kvPiece {
 #define SHARED_PIECES 128
 // The most full blocks a unit has: it is shorter than 128 KiB.
 #define UNIT_BLOCKS 128
+// kvUnitCheck's threads a block: a group for each of a 64 KiB unit's blocks and its rest, so
+// such a unit is hashed in one round. (Run 79: 18.2 us for the units of 12 MiB of 1 MiB pages,
+// where 256 threads in two rounds, each loading both words a lane adds, took 22.7.)
+#define UNIT_THREADS 512
 
 __device__ __forceinline__ u64 kvInit(u32 lane) {
 	switch (lane) {
@@ -82,62 +86,56 @@ __device__ __forceinline__ u64 kvAddr(const kvPiece *ps, u32 &k, u64 o) {
 	return ps[k].addr + (o - ps[k].off);
 }
 
-// kvBlock returns what the 16 stripes of the block at page offset start add to lane. All the
-// addresses are found first, so the 32 loads are in flight together.
-__device__ u64 kvBlock(const kvPiece *ps, u32 np, u64 start, const kvSecret &sec, u32 lane) {
-	u64 a[16];
-	u32 k = kvFind(ps, np, start);
+// kvBlock returns what the 16 stripes of the block at unit offset start add to lane. Each thread
+// loads its lane's word of every stripe, the 16 loads in flight together (a unit of one piece
+// needs no lookup), and takes the word of lane ^ 1 that the stripe also adds from that lane's
+// thread with a shuffle; mask is the 8 threads of the lanes, in one warp.
+__device__ u64 kvBlock(const kvPiece *ps, u32 np, u64 start, const kvSecret &sec, u32 lane, unsigned mask) {
+	u64 v[16];
+	if (np == 1) {
+		// One piece (the unit's): the stripes are 64 bytes apart from its start.
+		const u64 *w = (const u64 *)(ps[0].addr + start) + lane;
 #pragma unroll
-	for (u32 s = 0; s < 16; s++) a[s] = kvAddr(ps, k, start + (u64)s * 64);
-	const u64 *w[16];
-	u64 v[16], pair[16];
+		for (u32 s = 0; s < 16; s++) v[s] = w[8 * s];
+	} else {
+		u32 k = kvFind(ps, np, start);
 #pragma unroll
-	for (u32 s = 0; s < 16; s++) {
-		w[s] = (const u64 *)a[s];
-		v[s] = w[s][lane];
-		pair[s] = w[s][lane ^ 1];
+		for (u32 s = 0; s < 16; s++) v[s] = ((const u64 *)kvAddr(ps, k, start + (u64)s * 64))[lane];
 	}
 	u64 d = 0;
 #pragma unroll
 	for (u32 s = 0; s < 16; s++) {
-		u64 x = v[s] ^ sec.acc[s + lane];
-		d += pair[s] + (x & 0xFFFFFFFFULL) * (x >> 32);
+		const u64 pair = __shfl_xor_sync(mask, v[s], 1);
+		const u64 x = v[s] ^ sec.acc[s + lane];
+		d += pair + (x & 0xFFFFFFFFULL) * (x >> 32);
 	}
 	return d;
 }
 
 // kvRest returns what the rest of a unit of len bytes adds to lane after its full blocks: the
 // stripes of its last, partial block but the last one (read with the secret words of a full
-// block's), and its last 64 bytes (read with the secret at byte 121). All the addresses are
-// found first, so the loads are in flight together.
-__device__ u64 kvRest(const kvPiece *ps, u32 np, u64 len, const kvSecret &sec, u32 lane) {
+// block's), and its last 64 bytes (read with the secret at byte 121), loaded and shuffled as
+// kvBlock does.
+__device__ u64 kvRest(const kvPiece *ps, u32 np, u64 len, const kvSecret &sec, u32 lane, unsigned mask) {
 	const u64 start = (len - 1) / 1024 * 1024;
 	const u32 n = (u32)(((len - 1) - start) / 64); // at most 15
-	u64 a[16];
+	u64 v[16];
 	u32 k = kvFind(ps, np, start);
 #pragma unroll
-	for (u32 s = 0; s < 16; s++) a[s] = s < n ? kvAddr(ps, k, start + (u64)s * 64) : 0;
+	for (u32 s = 0; s < 16; s++) v[s] = s < n ? ((const u64 *)kvAddr(ps, k, start + (u64)s * 64))[lane] : 0;
 	const u64 o = len - 64;
 	u32 kl = kvFind(ps, np, o);
-	const u64 *last = (const u64 *)kvAddr(ps, kl, o);
-	u64 v[16], pair[16];
-#pragma unroll
-	for (u32 s = 0; s < 16; s++) {
-		if (s < n) {
-			const u64 *w = (const u64 *)a[s];
-			v[s] = w[lane];
-			pair[s] = w[lane ^ 1];
-		}
-	}
-	const u64 lv = last[lane], lp = last[lane ^ 1];
+	const u64 lv = ((const u64 *)kvAddr(ps, kl, o))[lane];
 	u64 d = 0;
 #pragma unroll
 	for (u32 s = 0; s < 16; s++) {
+		const u64 pair = __shfl_xor_sync(mask, v[s], 1);
 		if (s < n) {
-			u64 x = v[s] ^ sec.acc[s + lane];
-			d += pair[s] + (x & 0xFFFFFFFFULL) * (x >> 32);
+			const u64 x = v[s] ^ sec.acc[s + lane];
+			d += pair + (x & 0xFFFFFFFFULL) * (x >> 32);
 		}
 	}
+	const u64 lp = __shfl_xor_sync(mask, lv, 1);
 	const u64 x = lv ^ sec.last[lane];
 	return d + lp + (x & 0xFFFFFFFFULL) * (x >> 32);
 }
@@ -197,11 +195,11 @@ __device__ __forceinline__ u64 kvMerge(u64 acc, u64 len, const kvSecret &sec, u3
 }
 
 // kvUnitCheck computes the digest of unit blockIdx.x into out[blockIdx.x], one thread block a
-// unit: every group computes the deltas of blocks group, group + GROUPS, ... into shared memory,
+// unit: group g computes the deltas of blocks g, g + UNIT_THREADS / 8, ... into shared memory,
 // and one group the unit's rest (kvRest), as if it were block `blocks`; then threads 0-7 apply
 // the deltas and scrambles in block order, one thread a lane, add the rest and merge the lanes.
 // A unit of UNIT_BLOCKS full blocks or more (the host never sends one) gets the digest 0.
-extern "C" __global__ void __launch_bounds__(THREADS) kvUnitCheck(const kvPage *pages, const kvPiece *pieces, kvSecret sec, u64 *out) {
+extern "C" __global__ void __launch_bounds__(UNIT_THREADS) kvUnitCheck(const kvPage *pages, const kvPiece *pieces, kvSecret sec, u64 *out) {
 	__shared__ kvPiece local[SHARED_PIECES];
 	__shared__ u64 deltas[UNIT_BLOCKS * 8]; // block b's delta of lane i at 8b + i; the rest at 8 * blocks + i
 	const kvPage pg = pages[blockIdx.x];
@@ -212,13 +210,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) kvUnitCheck(const kvPage *
 	}
 	const kvPiece *ps = pieces + pg.first;
 	if (pg.count <= SHARED_PIECES) {
-		for (u32 i = threadIdx.x; i < pg.count; i += THREADS) local[i] = ps[i];
+		for (u32 i = threadIdx.x; i < pg.count; i += UNIT_THREADS) local[i] = ps[i];
 		__syncthreads();
 		ps = local;
 	}
 	const u32 lane = threadIdx.x & 7;
-	for (u64 b = threadIdx.x >> 3; b <= blocks; b += GROUPS) {
-		deltas[8 * b + lane] = b < blocks ? kvBlock(ps, pg.count, b * 1024, sec, lane) : kvRest(ps, pg.count, pg.len, sec, lane);
+	const unsigned mask = 0xFFu << (threadIdx.x & 24); // the group's threads in its warp
+	for (u64 b = threadIdx.x >> 3; b <= blocks; b += UNIT_THREADS / 8) {
+		deltas[8 * b + lane] = b < blocks ? kvBlock(ps, pg.count, b * 1024, sec, lane, mask) : kvRest(ps, pg.count, pg.len, sec, lane, mask);
 	}
 	__syncthreads();
 	if (threadIdx.x >= 8) return;
