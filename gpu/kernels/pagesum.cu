@@ -53,7 +53,9 @@ struct kvPiece {
 #define UNIT_BLOCKS 128
 // kvUnitCheck's threads a block: a group for each of a 64 KiB unit's blocks and its rest, so
 // such a unit is hashed in one round. (Run 79: 18.2 us for the units of 12 MiB of 1 MiB pages,
-// where 256 threads in two rounds, each loading both words a lane adds, took 22.7.)
+// where 256 threads in two rounds, each loading both words a lane adds, took 22.7.) The kernel
+// asks for two blocks a multiprocessor (at most 64 registers a thread), so two units run on each
+// at once: 13.8 us for those units, 123 for 180 MiB (run 83; without, 18.2 and 184).
 #define UNIT_THREADS 512
 
 __device__ __forceinline__ u64 kvInit(u32 lane) {
@@ -199,7 +201,7 @@ __device__ __forceinline__ u64 kvMerge(u64 acc, u64 len, const kvSecret &sec, u3
 // and one group the unit's rest (kvRest), as if it were block `blocks`; then threads 0-7 apply
 // the deltas and scrambles in block order, one thread a lane, add the rest and merge the lanes.
 // A unit of UNIT_BLOCKS full blocks or more (the host never sends one) gets the digest 0.
-extern "C" __global__ void __launch_bounds__(UNIT_THREADS) kvUnitCheck(const kvPage *pages, const kvPiece *pieces, kvSecret sec, u64 *out) {
+extern "C" __global__ void __launch_bounds__(UNIT_THREADS, 2) kvUnitCheck(const kvPage *pages, const kvPiece *pieces, kvSecret sec, u64 *out) {
 	__shared__ kvPiece local[SHARED_PIECES];
 	__shared__ u64 deltas[UNIT_BLOCKS * 8]; // block b's delta of lane i at 8b + i; the rest at 8 * blocks + i
 	const kvPage pg = pages[blockIdx.x];
