@@ -47,13 +47,23 @@ func PageChecksum(page []byte) Checksum {
 	if k == 1 {
 		return Checksum(xxh3.Hash(page))
 	}
+	return checksumPieces(page, nil, k)
+}
+
+// checksumPieces returns the checksum of page, of k > 1 pieces, hashing one piece at a time;
+// given src, it first copies each piece of src into page, so the hash reads it from cache.
+func checksumPieces(page, src []byte, k int) Checksum {
 	var buf [64]uint64
 	sums := buf[:0]
 	if k > len(buf) {
 		sums = make([]uint64, 0, k)
 	}
 	for i := range k {
-		sums = append(sums, xxh3.Hash(checksumPiece(page, i, k)))
+		p := checksumPiece(page, i, k)
+		if src != nil {
+			copy(p, checksumPiece(src, i, k))
+		}
+		sums = append(sums, xxh3.Hash(p))
 	}
 	return CombineChecksums(len(page), sums)
 }
@@ -98,15 +108,5 @@ func CopyChecksum(dst, src []byte) Checksum {
 		copy(dst, src)
 		return Checksum(xxh3.Hash(dst))
 	}
-	var buf [64]uint64
-	sums := buf[:0]
-	if k > len(buf) {
-		sums = make([]uint64, 0, k)
-	}
-	for i := range k {
-		d := checksumPiece(dst, i, k)
-		copy(d, checksumPiece(src, i, k))
-		sums = append(sums, xxh3.Hash(d))
-	}
-	return CombineChecksums(len(src), sums)
+	return checksumPieces(dst, src, k)
 }

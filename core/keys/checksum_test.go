@@ -166,3 +166,14 @@ func FuzzCopyChecksum(f *testing.F) {
 		}
 	})
 }
+
+// TestChecksumAllocatesNothing: the pool checks every page it puts and gets; pages of up to 4 MiB
+// (64 pieces) take their pieces' digests on the stack.
+func TestChecksumAllocatesNothing(t *testing.T) {
+	for _, n := range []int{64 << 10, 1 << 20, 4 << 20} {
+		src, dst := make([]byte, n), make([]byte, n)
+		if a := testing.AllocsPerRun(10, func() { _ = CopyChecksum(dst, src); _ = PageChecksum(src) }); a != 0 {
+			t.Errorf("%d-byte page: %v allocations a checksum", n, a)
+		}
+	}
+}
