@@ -354,8 +354,8 @@ func (m *cudaMover) initChecks() {
 }
 
 // ScatterChecked is Scatter with a check of every page it moves into engine memory: the
-// XXH3-64 digest of page i's bytes, computed on the GPU, is compared with sums[i],
-// the digest taken when the page was written. It returns once the copies are done and the
+// checksum of page i's bytes (keys.PageChecksum), computed on the GPU, is compared with sums[i],
+// the checksum taken when the page was written. It returns once the copies are done and the
 // check is launched; wait returns the check's result, bad[i] true where the digests differ (that
 // slot's bytes must not be used). A batch the copy kernel moves from pinned memory is checked by
 // the copies themselves (scatterFused); any other batch's check runs on a stream of its own, so

@@ -7,8 +7,9 @@
 // everywhere with the same code. Movers that are HostRegistrars also copy straight to and from
 // host memory registered with them (an in-process pool's segments), not only their own staging.
 // CUDA movers check the pages a load lands on the GPU (kvmem.PageChecker), with kernels of
-// kvctl's own (kernels/pagesum.cu, XXH3-64): batches the copy kernel moves are checked from the
-// registers it copies (kvCopyCheck), others where they landed, after the copy engines.
+// kvctl's own (kernels/pagesum.cu: XXH3-64 of each piece of keys.PageChecksum, combined on the
+// host): batches the copy kernel moves are checked from the registers it copies (kvCopyCheck),
+// others where they landed, after the copy engines (kvUnitCheck).
 //
 // Every CUDA call runs on the calling goroutine's OS thread, locked to it for the call, with the
 // context made current first; the calls of one device, mover or stream are serialized

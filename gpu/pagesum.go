@@ -9,10 +9,11 @@ import (
 	"github.com/kvctl/kvctl/core/kvmem"
 )
 
-// Page checks on the GPU (kernels/pagesum.cu) compute the XXH3-64 digest (seed 0) of every page
-// of a batch where it lies in engine memory, after the pages were copied there. The pool took
-// the same digest when the page was written (core/keys.PageChecksum), so a load can be checked
-// without the host reading each page a second time while the copy engines read it.
+// Page checks on the GPU (kernels/pagesum.cu) compute the XXH3-64 digest (seed 0) of every unit
+// of a batch (a page under 128 KiB, or a 64 KiB piece of a longer one) where it lies in engine
+// memory, after the pages were copied there, and the host combines a page's units into its
+// checksum. The pool took the same checksum when the page was written (core/keys.PageChecksum),
+// so a load can be checked without the host reading each page a second time.
 
 // xxh3Secret is XXH3's default 192-byte secret, the "kSecret" of the specification
 // (https://github.com/Cyan4973/xxHash/blob/v0.8.2/doc/xxhash_spec.md).

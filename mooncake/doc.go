@@ -23,7 +23,7 @@
 //     unpinned objects with the oldest lease deadline; pass 2 runs below the lower bound.
 //   - segment: a region of memory the pool allocates pages from, first fit with no padding, so
 //     used bytes are exactly the sum of the stored sizes; fragmentation shows in Stats.
-//   - integrity: every page's XXH3-64 checksum (keys.PageChecksum) is taken at put and
+//   - integrity: every page's XXH3-based checksum (keys.PageChecksum) is taken at put and
 //     checked at get (and by BatchView, in place); a mismatch is ErrChecksumMismatch and the
 //     bytes must not be used.
 //   - in place: Embedded is also a Viewer (BatchView leases and checks values where they lie

@@ -63,8 +63,8 @@ type PageChecker interface {
 	// PageCheckError is nil when ScatterChecked works for this mover, otherwise the reason.
 	PageCheckError() error
 	// ScatterChecked is Scatter followed by the check. It returns once the copies are done and
-	// the check is under way; wait returns its result: bad[i] is true where page i's XXH3-64
-	// digest (seed 0, as core/keys.PageChecksum) in engine memory differs from sums[i], and that
+	// the check is under way; wait returns its result: bad[i] is true where page i's checksum
+	// (core/keys.PageChecksum) in engine memory differs from sums[i], and that
 	// slot's bytes must not be used. Checks overlap the next call's copies; a result is kept
 	// until wait asks for it.
 	ScatterChecked(ctx context.Context, src [][]byte, pages []PageRef, sums []uint64) (wait func() (bad []bool, err error), err error)
