@@ -45,7 +45,6 @@ struct kvPiece {
 // The copy kernels run blocks of THREADS threads; kvUnitCheck blocks of UNIT_THREADS, in groups
 // of 8 (one thread a lane), each computing one 1024-byte block's delta at a time.
 #define THREADS 256
-#define GROUPS (THREADS / 8)
 // A unit's pieces are read from shared memory when it has at most this many: every stripe
 // looks its piece up, and global memory would make each lookup a long dependent load.
 #define SHARED_PIECES 128
