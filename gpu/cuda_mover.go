@@ -435,6 +435,7 @@ func (m *cudaMover) scatterPieces(ctx context.Context, src [][]byte, ends []int,
 		for k := range ends {
 			a, b := starts[k], starts[k+1]
 			ns := 0
+			copies := rtrace.StartRegion(ctx, "gpu.copies")
 			switch {
 			case b == a:
 			case kernel[k]:
@@ -443,9 +444,12 @@ func (m *cudaMover) scatterPieces(ctx context.Context, src [][]byte, ends []int,
 			default:
 				ns, err = m.issueEngines(true, a, b)
 			}
+			copies.End()
 			used = max(used, ns)
 			if err == nil {
+				q := rtrace.StartRegion(ctx, "gpu.queue")
 				err = queued(k, ns)
+				q.End()
 			}
 			if err != nil {
 				break

@@ -612,15 +612,22 @@ func (c *pageChecks) syncLocked(m *cudaMover, pc *pendingCheck) {
 	// its work in order.
 	other := c.sets[pc.set^1].pending
 	older := other != nil && !other.done && other.seq < pc.seq && other.stream == pc.stream
+	// Regions for `go tool trace`: the wait for the device, then the digests read.
+	wait := rtrace.StartRegion(context.Background(), "gpu.wait")
 	m.t.do(func() {
 		if err = cuErr("cuEventSynchronize", C.kvEventSync(ev)); err != nil {
 			return
 		}
+		wait.End()
 		if older {
 			c.timeLocked(other)
 		}
 		c.timeLocked(pc)
 	})
+	if err != nil {
+		wait.End()
+	}
+	defer rtrace.StartRegion(context.Background(), "gpu.harvest").End()
 	c.harvest(pc, err)
 	if older {
 		c.harvest(other, err)

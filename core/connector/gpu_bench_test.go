@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -339,6 +340,7 @@ func BenchmarkGPULoad(b *testing.B) {
 				b.ResetTimer()
 				ctx := context.Background()
 				var loadT, anchorT time.Duration
+				var each []time.Duration // every load's time, for the median
 				// idle=D leaves the GPU idle for D before each load, as an engine's GPU is between
 				// two StartLoads when it does little else (the test engine through kvctl serve).
 				var idle time.Duration
@@ -356,12 +358,18 @@ func BenchmarkGPULoad(b *testing.B) {
 					if err := w.StartLoad(ctx); err != nil {
 						b.Fatal(err)
 					}
-					loadT += time.Since(t0)
+					d := time.Since(t0)
+					loadT += d
+					each = append(each, d)
 				}
 				if f := w.TakeFailedLoadRequests(); len(f) > 0 {
 					b.Fatalf("failed loads %v", f)
 				}
 				reportGPUBytes(b, "load", loadBytes, loadT, anchorT, "h2d")
+				// The median load: small loads' means move with a few slow ones (a GC, a late
+				// wake-up), which the median leaves out.
+				slices.Sort(each)
+				b.ReportMetric(each[len(each)/2].Seconds()*1e3, "load-p50-ms")
 				// Where a load's time goes, per operation: the pool calls (get: checks or
 				// copies), the wait for the last scatter (sync), and the scatters' own time.
 				ph := rep.LoadTotals().Phases

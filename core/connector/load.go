@@ -266,7 +266,9 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 			r.End()
 			sample.End(stats.PhaseSync, m)
 			if c.release {
+				r := trace.StartRegion(ctx, "load.release")
 				c.view.Release() // issued without waiting: the copies are done only now
+				r.End()
 			}
 			if err != nil {
 				return fmt.Errorf("check loaded pages: %w", err)
