@@ -679,12 +679,20 @@ func (c *pageChecks) harvest(pc *pendingCheck, err error) {
 	}
 }
 
-// reserveBatchBytes is the batch a new mover sizes its check and copy kernel buffers for, so
-// that a load of up to this many bytes (what a StartLoad usually moves) allocates nothing on
-// the device: each pinned or device allocation and free costs 0.1 ms or more, and the buffers
-// used to grow during an engine's first loads (both check sets, then again as loads grew).
-// Larger batches still grow them.
+// reserveBatchBytes is the batch a new mover sizes its copy kernel's descriptors and the fused
+// check's sums for, so that a load of up to this many bytes (what a StartLoad usually moves)
+// allocates nothing on the device: each pinned or device allocation and free costs 0.1 ms or
+// more, and the buffers used to grow during an engine's first loads (both check sets, then
+// again as loads grew). Larger batches still grow them. The sums take 64 bytes for each KiB of
+// a batch (4 MiB of device memory a set at 64 MiB), so they are not sized for more.
 const reserveBatchBytes = 64 << 20
+
+// reserveSetBatchBytes is the batch a new mover sizes its check sets' descriptors and digests
+// for: a checked load issues up to 256 MiB in one batch (the connector's checked batch), and
+// StartLoads of about 190 pages of 1 MiB each grew the sets at 64 MiB, 0.15–0.77 ms each time,
+// in four of an engine's first sixteen loads on the H200 (docs/perf/serve-gpu.md). The
+// descriptors take about 80 bytes a 64 KiB unit, so about 330 KiB a set at 256 MiB.
+const reserveSetBatchBytes = 256 << 20
 
 // batchNeeds is what the check and copy kernel buffers must hold for a batch of pages of one
 // group's regions.
@@ -692,11 +700,11 @@ type batchNeeds struct {
 	pages, pieces, blocks, copies uint64
 }
 
-// reserveNeeds is the most a batch of up to reserveBatchBytes of one group's pages (sharded or
+// reserveNeeds is the most a batch of up to batch bytes of one group's pages (sharded or
 // replicated) needs, over the layout's groups: pages counts the units the kernels check
 // (checkUnits), pieces the regions cut at units, blocks the units' full blocks, copies the
 // fused check's records.
-func reserveNeeds(l kvmem.Layout) batchNeeds {
+func reserveNeeds(l kvmem.Layout, batch uint64) batchNeeds {
 	var most batchNeeds
 	for _, g := range l.Groups {
 		for _, rs := range [][]kvmem.Region{g.Regions, g.ReplicatedRegions} {
@@ -707,7 +715,7 @@ func reserveNeeds(l kvmem.Layout) batchNeeds {
 			if size == 0 || g.Slots <= 0 {
 				continue
 			}
-			n := min(uint64(g.Slots), (reserveBatchBytes+size-1)/size)
+			n := min(uint64(g.Slots), (batch+size-1)/size)
 			// What one page takes, checked as its checksum's units (checkUnits).
 			k := keys.ChecksumChunks(int(size))
 			var pieces, blocks, copies uint64
@@ -736,16 +744,17 @@ func reserveNeeds(l kvmem.Layout) batchNeeds {
 	return most
 }
 
-// reserve sizes the check sets and the copy kernel's descriptors for a batch of
-// reserveBatchBytes (reserveNeeds). It is best effort: where device or pinned memory is short,
-// the buffers are left to grow when a load needs them, as before.
+// reserve sizes the check sets' descriptors for a batch of reserveSetBatchBytes, and the fused
+// check's sums and the copy kernel's descriptors for one of reserveBatchBytes (reserveNeeds).
+// It is best effort: where device or pinned memory is short, the buffers are left to grow when
+// a load needs them, as before.
 func (m *cudaMover) reserve() {
-	n := reserveNeeds(m.layout)
+	n := reserveNeeds(m.layout, reserveBatchBytes)
 	if n.pages == 0 {
 		return
 	}
 	if m.checks.err == nil {
-		set := reserveSetBytes(n)
+		set := reserveSetBytes(reserveNeeds(m.layout, reserveSetBatchBytes))
 		for i := range m.checks.sets {
 			s := &m.checks.sets[i]
 			if _, err := m.growSet(s, set); err != nil {
@@ -773,12 +782,18 @@ func reserveSetBytes(n batchNeeds) int {
 	return max(separate, fused) + 8*int(n.pages)
 }
 
-// growSet makes a set's buffers hold at least n bytes and returns the host side's first n. The
-// set has no check in flight.
+// growSet makes a set's descriptor buffers hold at least n bytes and returns the host side's
+// first n. Buffers it replaces grow by half as much again as needed (or to twice what they
+// held, if more), so loads a little larger than the last do not grow them once more; the fused
+// check's sums (growDeltas) are left as they are. The set has no check in flight.
 func (m *cudaMover) growSet(set *checkSet, n int) ([]byte, error) {
 	if n > set.cap {
-		n2 := max(n, 2*set.cap, 64<<10)
-		if err := m.freeSet(set); err != nil {
+		n2 := n
+		if set.cap > 0 {
+			n2 = max(n+n/2, 2*set.cap)
+		}
+		n2 = max(n2, 64<<10)
+		if err := m.freeSetBuffers(set); err != nil {
 			return nil, err
 		}
 		host, err := m.d.AllocPinned(n2, false)
@@ -831,6 +846,17 @@ func (m *cudaMover) growDeltas(set *checkSet, n uint64) error {
 
 // freeSet releases a set's buffers.
 func (m *cudaMover) freeSet(set *checkSet) error {
+	err := m.freeSetBuffers(set)
+	if set.deltas != 0 {
+		dev := C.uint64_t(set.deltas)
+		m.t.do(func() { err = errors.Join(err, cuErr("cuMemFree", C.kvMemFree(dev))) })
+	}
+	set.deltas, set.deltaCap = 0, 0
+	return err
+}
+
+// freeSetBuffers releases a set's descriptor buffers (host and device), not its sums.
+func (m *cudaMover) freeSetBuffers(set *checkSet) error {
 	var err error
 	if set.host != nil {
 		err = set.host.Close()
@@ -839,11 +865,7 @@ func (m *cudaMover) freeSet(set *checkSet) error {
 		dev := C.uint64_t(set.dev)
 		m.t.do(func() { err = errors.Join(err, cuErr("cuMemFree", C.kvMemFree(dev))) })
 	}
-	if set.deltas != 0 {
-		dev := C.uint64_t(set.deltas)
-		m.t.do(func() { err = errors.Join(err, cuErr("cuMemFree", C.kvMemFree(dev))) })
-	}
-	set.host, set.dev, set.cap, set.deltas, set.deltaCap = nil, 0, 0, 0, 0
+	set.host, set.dev, set.cap = nil, 0, 0
 	return err
 }
 
