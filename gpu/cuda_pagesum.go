@@ -690,8 +690,9 @@ const reserveBatchBytes = 64 << 20
 // reserveSetBatchBytes is the batch a new mover sizes its check sets' descriptors and digests
 // for: a checked load issues up to 256 MiB in one batch (the connector's checked batch), and
 // StartLoads of about 190 pages of 1 MiB each grew the sets at 64 MiB, 0.15–0.77 ms each time,
-// in four of an engine's first sixteen loads on the H200 (docs/perf/serve-gpu.md). The
-// descriptors take about 80 bytes a 64 KiB unit, so about 330 KiB a set at 256 MiB.
+// in four of an engine's first seventeen loads on the H200 (docs/perf/serve-gpu.md). The
+// descriptors and digests of 256 MiB take 256 KiB a set for 1 MiB pages of two regions, 480 KiB
+// for 64 KiB pages of two (a fused check's records, 56 bytes a copy, and 8 bytes a unit).
 const reserveSetBatchBytes = 256 << 20
 
 // batchNeeds is what the check and copy kernel buffers must hold for a batch of pages of one

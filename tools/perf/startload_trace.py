@@ -6,7 +6,8 @@
 
 Reads the parsed events on stdin. For every call-channel region of METHOD (default StartLoad)
 it takes the regions nested in it on the same goroutine (load, load.get, load.issue,
-load.scatter, load.check, gpu.prepare, gpu.issue, gpu.sync) and prints the median and 90th
+load.scatter, load.check, load.release, gpu.prepare, gpu.issue with gpu.copies and gpu.queue
+in it, gpu.sync, gpu.wait, gpu.harvest) and prints the median and 90th
 percentile of each over all calls, then the first N calls (default 0) event by event, with
 microseconds from the call's start. Tracing adds about a microsecond to every cgo call, so
 the absolute times are a little above an untraced run's.
