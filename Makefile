@@ -25,6 +25,9 @@ export CGO_CFLAGS := -Wno-deprecated-declarations
 PYENV     ?= $(CURDIR)/.cache/pyenv
 PYTHON3   ?= python3
 export KVCTL_PYENV := $(PYENV)
+# Libraries the wheel's binaries need that the system lacks, unpacked there by `make pyenv`
+# (tools/python/syslibs.sh); the test harness adds the same folder when run without make.
+export LD_LIBRARY_PATH := $(PYENV)/syslib/lib$(if $(LD_LIBRARY_PATH),:$(LD_LIBRARY_PATH))
 
 all: build
 
@@ -54,8 +57,10 @@ test-norace: pyenv
 	$(GO) test -count=1 ./...
 
 # Rebuilt only when the pinned requirements change. Without network access or python3-venv the
-# Mooncake interop tests skip on a developer machine (CI=true makes them fail instead).
+# Mooncake interop tests skip on a developer machine (CI=true makes them fail instead). The
+# shared libraries the wheel links against are checked every time (syslibs.sh).
 pyenv: $(PYENV)/.stamp
+	@if [ -d $(PYENV) ]; then sh tools/python/syslibs.sh $(PYENV); fi
 
 $(PYENV)/.stamp: tools/python/requirements.txt
 	@echo '== python environment $(PYENV)'

@@ -23,7 +23,9 @@ import (
 const MooncakeVersion = "0.3.13.post1"
 
 // PyEnv returns the Python environment that holds the real Mooncake (KVCTL_PYENV, built by
-// `make pyenv`). When it is missing the test is skipped, or fails when CI=true.
+// `make pyenv`). When it is missing the test is skipped, or fails when CI=true. Shared libraries
+// `make pyenv` unpacked into it for a system that lacks them (tools/python/syslibs.sh) are put
+// on this process's LD_LIBRARY_PATH, so the master and Python clients the tests start find them.
 func PyEnv(t testing.TB) string {
 	t.Helper()
 	dir := os.Getenv("KVCTL_PYENV")
@@ -37,7 +39,41 @@ func PyEnv(t testing.TB) string {
 			return ""
 		}
 	}
+	addSysLibs(dir)
 	return dir
+}
+
+var sysLibsOnce sync.Once
+
+// addSysLibs puts env's syslib/lib, when it exists, first on LD_LIBRARY_PATH (once a process).
+func addSysLibs(env string) {
+	sysLibsOnce.Do(func() {
+		lib := filepath.Join(env, "syslib", "lib")
+		if _, err := os.Stat(lib); err != nil {
+			return
+		}
+		cur := os.Getenv("LD_LIBRARY_PATH")
+		for _, p := range filepath.SplitList(cur) {
+			if p == lib {
+				return
+			}
+		}
+		if cur != "" {
+			lib += string(os.PathListSeparator) + cur
+		}
+		_ = os.Setenv("LD_LIBRARY_PATH", lib)
+	})
+}
+
+// missingLibrary returns the dynamic loader's complaint in a master's log when it could not
+// load a shared library ("error while loading shared libraries: ..."), or "".
+func missingLibrary(log string) string {
+	for _, line := range strings.Split(log, "\n") {
+		if i := strings.Index(line, "error while loading shared libraries"); i >= 0 {
+			return strings.TrimSpace(line[i:])
+		}
+	}
+	return ""
 }
 
 func unavailable(t testing.TB, why string) {
@@ -123,6 +159,10 @@ func StartMaster(t testing.TB, opts MasterOptions) *Master {
 			return m
 		}
 		m.Kill()
+	}
+	if lib := missingLibrary(m.Log()); lib != "" {
+		unavailable(t, "mooncake_master: "+lib+"; install libibverbs1, librdmacm1 and libnuma1, or let `make pyenv` unpack them")
+		return nil
 	}
 	t.Fatalf("mooncake_master did not start: %v\nlog:\n%s", lastErr, m.Log())
 	return nil
