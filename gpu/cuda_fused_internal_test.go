@@ -31,6 +31,25 @@ func stagedPages(st kvmem.Staging, n int, rng *rand.Rand, slot func(i int) int) 
 	return src, sums, refs
 }
 
+// stagedMover opens a mover over mem with layout l and opts, and a staging area of slots pages
+// of page bytes, both closed when the test ends, and fills it with stagedPages.
+func stagedMover(t *testing.T, d *CUDADevice, mem *EngineMemory, l kvmem.Layout, opts CUDAMoverOptions, slots, page int, rng *rand.Rand, slot func(i int) int) (m *cudaMover, src [][]byte, sums []uint64, refs []kvmem.PageRef) {
+	t.Helper()
+	mv, err := d.NewMover(mem, l, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = mv.Close() })
+	m = mv.(*cudaMover)
+	st, err := m.NewStaging(slots, page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	src, sums, refs = stagedPages(st, slots, rng, slot)
+	return m, src, sums, refs
+}
+
 // fusedLayout has pages of four regions whose sizes are multiples of 64 bytes but not of 1024,
 // so the pieces after the first start inside a 1024-byte block, and one piece is longer than a
 // copy block.
@@ -69,22 +88,11 @@ func TestCUDAFusedCheck(t *testing.T) {
 		t.Run(fmt.Sprintf("fused=%v", fuse), func(t *testing.T) {
 			defer func(old bool) { fuseChecks = old }(fuseChecks)
 			fuseChecks = fuse
-			mv, err := d.NewMover(mem, l, CUDAMoverOptions{Scatter: ScatterKernel})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer mv.Close()
-			m := mv.(*cudaMover)
+			rng := rand.New(rand.NewPCG(13, 14))
+			m, src, sums, refs := stagedMover(t, d, mem, l, CUDAMoverOptions{Scatter: ScatterKernel}, slots, pageBytes, rng, func(i int) int { return (i * 5) % slots })
 			if err := m.PageCheckError(); err != nil {
 				t.Fatal(err)
 			}
-			st, err := m.NewStaging(slots, pageBytes)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer st.Close()
-			rng := rand.New(rand.NewPCG(13, 14))
-			src, sums, refs := stagedPages(st, slots, rng, func(i int) int { return (i * 5) % slots })
 			ctx := context.Background()
 			check := func(refs []kvmem.PageRef, src [][]byte, sums []uint64) []bool {
 				t.Helper()
@@ -244,19 +252,8 @@ func fusedSmallBatches(t *testing.T, d *CUDADevice, mem *EngineMemory, regions i
 		rs = append(rs, kvmem.Region{Offset: uint64(r) * size * slots, Stride: size, Size: size})
 	}
 	l := kvmem.Layout{TokensPerBlock: 32, Groups: []kvmem.GroupLayout{{ID: 0, Slots: slots, Regions: rs}}}
-	mv, err := d.NewMover(mem, l, CUDAMoverOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mv.Close()
-	m := mv.(*cudaMover)
-	st, err := m.NewStaging(slots, page)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	rng := rand.New(rand.NewPCG(15, 16))
-	src, sums, refs := stagedPages(st, slots, rng, func(i int) int { return (i * 3) % slots })
+	m, src, sums, refs := stagedMover(t, d, mem, l, CUDAMoverOptions{}, slots, page, rng, func(i int) int { return (i * 3) % slots })
 	ctx := context.Background()
 	for _, c := range []struct {
 		pages int

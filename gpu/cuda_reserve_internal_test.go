@@ -88,7 +88,7 @@ func TestCUDACheckSetsReserved(t *testing.T) {
 	if err != nil {
 		t.Skip(err)
 	}
-	defer d.Close()
+	t.Cleanup(func() { _ = d.Close() }) // last: after the memory's and the mover's
 	const page = 1 << 20
 	slots := reserveSetBatchBytes/page + 64
 	half := uint64(page / 2)
@@ -98,19 +98,8 @@ func TestCUDACheckSetsReserved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer mem.Close()
-	mv, err := d.NewMover(mem, l, CUDAMoverOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mv.Close()
-	m := mv.(*cudaMover)
-	st, err := m.NewStaging(slots, page)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	src, sums, refs := stagedPages(st, slots, rand.New(rand.NewPCG(5, 6)), func(i int) int { return (i * 7) % slots })
+	t.Cleanup(func() { _ = mem.Close() }) // after the mover's (stagedMover's cleanups)
+	m, src, sums, refs := stagedMover(t, d, mem, l, CUDAMoverOptions{}, slots, page, rand.New(rand.NewPCG(5, 6)), func(i int) int { return (i * 7) % slots })
 	type caps struct {
 		cap, deltaCap int
 		deltas        uint64
