@@ -159,12 +159,6 @@ func (k *pageSumKernel) unload() error {
 // unitThreads is UNIT_THREADS in kernels/pagesum.cu: kvUnitCheck's threads a block.
 const unitThreads = 512
 
-// Sizes of the kernel's descriptors (kernels/pagesum.cu): kvPage and kvPiece.
-const (
-	pageDescBytes  = 24
-	pieceDescBytes = 24
-)
-
 // The steps of a check, as a check trace sees them.
 const (
 	checkStart       = iota // before the batch's copies are issued (on the first copy stream)
@@ -468,26 +462,7 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 	}
 	// describe writes the descriptors into the set's host buffer. It runs once the first copies
 	// are issued, so the copy engines do not wait for it.
-	describe := func() {
-		le := binary.LittleEndian
-		for k, pc := range unitPieces {
-			q := buf[piecesAt+k*pieceDescBytes:]
-			le.PutUint64(q[0:], pc.addr)
-			le.PutUint64(q[8:], pc.off)
-			le.PutUint64(q[16:], pc.len)
-			d := buf[pc.page*pageDescBytes:]
-			if pc.off == 0 {
-				le.PutUint32(d[8:], uint32(k))
-				le.PutUint32(d[12:], 0)
-			}
-			le.PutUint32(d[12:], le.Uint32(d[12:])+1)
-		}
-		for p, b := range units {
-			d := buf[p*pageDescBytes:]
-			le.PutUint64(d[0:], uint64(len(b)))
-			le.PutUint64(d[16:], 0)
-		}
-	}
+	describe := func() { describeUnits(buf[:outAt], unitPieces, units) }
 	// Each chunk's check is queued on the checks' stream right after the chunk's copies are
 	// issued, behind them (an event per copy stream), so it runs while the next chunk is copied
 	// and only the last chunk's check is left when the copies are done.

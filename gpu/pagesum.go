@@ -171,6 +171,45 @@ func checkUnits(units [][]byte, first []int, out, pieces []checkPiece, src [][]b
 	return units, first, out
 }
 
+// Sizes of kvUnitCheck's descriptors (kernels/pagesum.cu): kvPage and kvPiece.
+const (
+	pageDescBytes  = 24
+	pieceDescBytes = 24
+)
+
+// describeUnits writes kvUnitCheck's descriptors of units (their regions pieces, in unit order,
+// each with its unit as its page) into buf: a kvPage per unit (length, first piece, number of
+// pieces, and the address of its piece when it has only one, which spares the kernel reading the
+// piece's descriptor before the unit's bytes), then a kvPiece per region. buf holds
+// len(units)*pageDescBytes + len(pieces)*pieceDescBytes bytes.
+func describeUnits(buf []byte, pieces []checkPiece, units [][]byte) {
+	le := binary.LittleEndian
+	piecesAt := len(units) * pageDescBytes
+	for u, b := range units {
+		d := buf[u*pageDescBytes:]
+		le.PutUint64(d[0:], uint64(len(b)))
+		le.PutUint64(d[8:], 0)
+		le.PutUint64(d[16:], 0)
+	}
+	for k, pc := range pieces {
+		q := buf[piecesAt+k*pieceDescBytes:]
+		le.PutUint64(q[0:], pc.addr)
+		le.PutUint64(q[8:], pc.off)
+		le.PutUint64(q[16:], pc.len)
+		d := buf[pc.page*pageDescBytes:]
+		if pc.off == 0 {
+			le.PutUint32(d[8:], uint32(k))
+		}
+		le.PutUint32(d[12:], le.Uint32(d[12:])+1)
+	}
+	for u := range units {
+		d := buf[u*pageDescBytes:]
+		if le.Uint32(d[12:]) == 1 {
+			le.PutUint64(d[16:], pieces[le.Uint32(d[8:])].addr)
+		}
+	}
+}
+
 // checkUnit is unit i of the k units of page b (keys.ChecksumChunks).
 func checkUnit(b []byte, i, k int) []byte {
 	if i == k-1 {

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"fmt"
 	"math/bits"
 	"math/rand/v2"
 	"os"
@@ -40,7 +41,8 @@ func pageSumModel(pieces [][]byte, sec pageSumSecret) uint64 {
 	return pageSumFinish(total, word, func(lane int, b uint64) uint64 { return modelStripes(word, b*1024, 16, lane, sec) }, sec)
 }
 
-// modelStripes is what stripes [0, n) from page offset start add to lane (kvBlock, kvRest).
+// modelStripes is what stripes [0, n) from page offset start add to lane: a block's delta, or a
+// unit's rest but its last stripe.
 func modelStripes(word func(uint64) uint64, start uint64, n int, lane int, sec pageSumSecret) uint64 {
 	var d uint64
 	for s := range n {
@@ -53,7 +55,7 @@ func modelStripes(word func(uint64) uint64, start uint64, n int, lane int, sec p
 }
 
 // pageSumFinish is kvUnitCheck's sequential part for a unit of total bytes read through word: the
-// scrambles over the full blocks' deltas (delta(lane, b)), the rest (kvRest: the last partial
+// scrambles over the full blocks' deltas (delta(lane, b)), the rest (the last partial
 // block, the last stripe), the merge.
 func pageSumFinish(total uint64, word func(uint64) uint64, delta func(lane int, b uint64) uint64, sec pageSumSecret) uint64 {
 	acc := [8]uint64{0xC2B2AE3D, 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63, 0x85EBCA77, 0x27D4EB2F165667C5, 0x9E3779B1}
@@ -122,6 +124,173 @@ func TestPageSumModelIsXXH3(t *testing.T) {
 			if got := pageSumModel(ps, sec); got != want {
 				t.Fatalf("%d bytes in %d pieces: model %#x, XXH3 %#x", n, len(ps), got, want)
 			}
+		}
+	}
+}
+
+// unitCheckModel computes a unit's digest with kvUnitCheck's layout of the work, thread by
+// thread: which 16 bytes each thread of each warp loads, which secret words it uses, the
+// butterfly that sums a warp's terms and the delta each thread stores, then the chain. word reads
+// the unit's word at an offset.
+func unitCheckModel(word func(uint64) uint64, total uint64, sec pageSumSecret) uint64 {
+	const warps = 16
+	full := (total - 1) / 1024
+	n := ((total - 1) - full*1024) / 64
+	deltas := make([]uint64, 8*(full+1))
+	written := make([]bool, len(deltas))
+	for r := uint64(0); 64*r <= full; r++ {
+		for w := range uint64(warps) {
+			var v [32][8]uint64
+			for t := range uint64(32) {
+				j, s0 := 2*(t&3), t>>2
+				for q := range uint64(4) {
+					b := 64*r + 16*q + w
+					var e, o uint64
+					for h := range uint64(2) {
+						s := s0 + 8*h
+						inBlock := b < full || (b == full && s < n)
+						last := b == full && s == n
+						if !inBlock && !last {
+							continue
+						}
+						at := b*1024 + 512*h + 16*t
+						x0, x1 := word(at), word(at+8)
+						k0, k1 := sec.acc[s+j], sec.acc[s+j+1]
+						if last {
+							k0, k1 = sec.last[j], sec.last[j+1]
+						}
+						e += modelTerm(x0, x1, k0)
+						o += modelTerm(x1, x0, k1)
+					}
+					v[t][2*q], v[t][2*q+1] = e, o
+				}
+			}
+			// The butterfly, one step at a time over the warp.
+			var y [32][4]uint64
+			for t := range 32 {
+				hi := t&16 != 0
+				for k := range 4 {
+					keep, peer := v[t][k], v[t^16][k] // the peer keeps the other half and sends this one
+					if hi {
+						keep, peer = v[t][4+k], v[t^16][4+k]
+					}
+					y[t][k] = keep + peer
+				}
+			}
+			var z [32][2]uint64
+			for t := range 32 {
+				hi := t&8 != 0
+				for k := range 2 {
+					keep, peer := y[t][k], y[t^8][k]
+					if hi {
+						keep, peer = y[t][2+k], y[t^8][2+k]
+					}
+					z[t][k] = keep + peer
+				}
+			}
+			for t := range uint64(32) {
+				d := z[t][0] + z[t^4][0]
+				if t&4 != 0 {
+					d = z[t][1] + z[t^4][1]
+				}
+				b := 64*r + 16*((t>>3)&3) + w
+				if b <= full {
+					i := 8*b + 2*(t&3) + (t>>2)&1
+					if written[i] {
+						panic("a delta stored twice")
+					}
+					deltas[i], written[i] = d, true
+				}
+			}
+		}
+	}
+	for i, ok := range written {
+		if !ok {
+			panic(fmt.Sprintf("delta %d of %d never stored", i, len(written)))
+		}
+	}
+	acc := [8]uint64{0xC2B2AE3D, 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63, 0x85EBCA77, 0x27D4EB2F165667C5, 0x9E3779B1}
+	for lane := range 8 {
+		for b := range full {
+			a := acc[lane] + deltas[8*b+uint64(lane)]
+			a ^= a >> 47
+			a ^= sec.acc[16+lane]
+			acc[lane] = a * 0x9E3779B1
+		}
+		acc[lane] += deltas[8*full+uint64(lane)]
+	}
+	return modelMerge(acc, total, sec)
+}
+
+// modelTerm is kvTerm: what word v adds to its lane, with its pair's word and its secret word.
+func modelTerm(v, pair, key uint64) uint64 {
+	x := v ^ key
+	return pair + (x&0xFFFFFFFF)*(x>>32)
+}
+
+// TestUnitCheckModelIsXXH3 checks kvUnitCheck's layout of the work (unitCheckModel) against
+// XXH3-64 for units of every length the kernel takes around its boundaries: one block, the
+// rest's stripes, one round of 64 blocks, two rounds.
+func TestUnitCheckModelIsXXH3(t *testing.T) {
+	sec := newPageSumSecret()
+	rng := rand.New(rand.NewPCG(5, 6))
+	sizes := []int{256, 320, 960, 1024, 1088, 2048, 15 * 1024, 16 * 1024, 17*1024 + 64, 64*1024 - 64, 64 * 1024, 64*1024 + 64, 65 * 1024, 65*1024 + 64, 96 * 1024, 128*1024 - 64}
+	for range 24 {
+		sizes = append(sizes, 64*(4+rng.IntN(2040)))
+	}
+	for _, n := range sizes {
+		unit := make([]byte, n)
+		for i := range unit {
+			unit[i] = byte(rng.Uint32())
+		}
+		word := func(o uint64) uint64 {
+			if o+8 > uint64(n) {
+				panic(fmt.Sprintf("a load at %d past the unit's %d bytes", o, n))
+			}
+			return binary.LittleEndian.Uint64(unit[o:])
+		}
+		if got, want := unitCheckModel(word, uint64(n), sec), xxh3.Hash(unit); got != want {
+			t.Fatalf("%d bytes: model %#x, XXH3 %#x", n, got, want)
+		}
+	}
+}
+
+// TestDescribeUnits pins kvUnitCheck's descriptors: a kvPage per unit (length, first piece,
+// pieces, and the address of a unit of one piece), then a kvPiece per region.
+func TestDescribeUnits(t *testing.T) {
+	// checkUnits' pinned cuts (TestCheckUnits): a 200 KiB page of two regions and a 4 KiB page.
+	src := [][]byte{make([]byte, 200<<10), make([]byte, 4<<10)}
+	pieces := []checkPiece{
+		{page: 0, addr: 0x10000000, off: 0, len: 100 << 10},
+		{page: 0, addr: 0x20000000, off: 100 << 10, len: 100 << 10},
+		{page: 1, addr: 0x30000000, off: 0, len: 4 << 10},
+	}
+	units, _, upieces := checkUnits(nil, nil, nil, pieces, src)
+	buf := bytes.Repeat([]byte{0xEE}, len(units)*pageDescBytes+len(upieces)*pieceDescBytes)
+	describeUnits(buf, upieces, units)
+	le := binary.LittleEndian
+	type page struct {
+		len          uint64
+		first, count uint32
+		base         uint64
+	}
+	want := []page{
+		{64 << 10, 0, 1, 0x10000000},
+		{64 << 10, 1, 2, 0},
+		{72 << 10, 3, 1, 0x20000000 + 28<<10},
+		{4 << 10, 4, 1, 0x30000000},
+	}
+	for u, w := range want {
+		d := buf[u*pageDescBytes:]
+		got := page{le.Uint64(d), le.Uint32(d[8:]), le.Uint32(d[12:]), le.Uint64(d[16:])}
+		if got != w {
+			t.Errorf("unit %d: kvPage %+v, want %+v", u, got, w)
+		}
+	}
+	for k, pc := range upieces {
+		q := buf[len(units)*pageDescBytes+k*pieceDescBytes:]
+		if got := [3]uint64{le.Uint64(q), le.Uint64(q[8:]), le.Uint64(q[16:])}; got != [3]uint64{pc.addr, pc.off, pc.len} {
+			t.Errorf("piece %d: kvPiece %v, want %v", k, got, [3]uint64{pc.addr, pc.off, pc.len})
 		}
 	}
 }

@@ -33,7 +33,7 @@ struct kvPage {
 	u64 len;   // bytes in the unit
 	u32 first; // its first piece
 	u32 count; // its number of pieces
-	u64 base;  // unused (the host writes 0)
+	u64 base;  // the address of the unit's piece when it has one (its pieces are not read), else 0
 };
 
 struct kvPiece {
@@ -42,33 +42,32 @@ struct kvPiece {
 	u64 len;  // bytes
 };
 
-// The copy kernels run blocks of THREADS threads; kvUnitCheck blocks of UNIT_THREADS, in groups
-// of 8 (one thread a lane), each computing one 1024-byte block's delta at a time.
+// The copy kernels run blocks of THREADS threads; kvUnitCheck blocks of UNIT_THREADS, a warp
+// computing one 1024-byte block's deltas at a time.
 #define THREADS 256
-// A unit's pieces are read from shared memory when it has at most this many: every stripe
-// looks its piece up, and global memory would make each lookup a long dependent load.
+// A unit's pieces are read from shared memory when it has at most this many: every load looks
+// its piece up, and global memory would make each lookup a long dependent load.
 #define SHARED_PIECES 128
 // The most full blocks a unit has: it is shorter than 128 KiB.
 #define UNIT_BLOCKS 128
-// kvUnitCheck's threads a block: a group for each of a 64 KiB unit's blocks and its rest, so
-// such a unit is hashed in one round. (Run 79: 18.2 us for the units of 12 MiB of 1 MiB pages,
-// where 256 threads in two rounds, each loading both words a lane adds, took 22.7.) The kernel
-// asks for two blocks a multiprocessor (at most 64 registers a thread), so two units run on each
-// at once: 13.8 us for those units, 123 for 180 MiB (run 83; without, 18.2 and 184).
+// kvUnitCheck's threads a block: 16 warps, four of a 64 KiB unit's 64 blocks each, so such a
+// unit is hashed in one round. The kernel asks for two blocks a multiprocessor (at most 64
+// registers a thread), so two units run on each at once. The layout before, a group of 8
+// threads a block, one thread a lane, took 13.7 us for the units of 12 MiB of 1 MiB pages where
+// this one takes 10.1 (run 97); under Nsight Compute its warps spent a quarter of their samples
+// at the barrier before the chain, waiting for the warp that also took the unit's rest, 11 % on
+// loads of the secret at a different index in each lane, and 5 % on its piece's descriptor,
+// read before any page byte (run 96).
 #define UNIT_THREADS 512
 
-__device__ __forceinline__ u64 kvInit(u32 lane) {
-	switch (lane) {
-	case 0: return 0xC2B2AE3DULL;
-	case 1: return 0x9E3779B185EBCA87ULL;
-	case 2: return 0xC2B2AE3D27D4EB4FULL;
-	case 3: return 0x165667B19E3779F9ULL;
-	case 4: return 0x85EBCA77C2B2AE63ULL;
-	case 5: return 0x85EBCA77ULL;
-	case 6: return 0x27D4EB2F165667C5ULL;
-	default: return 0x9E3779B1ULL;
-	}
-}
+// XXH3's initial accumulators, one a lane; read with the lane as index, so a table rather than a
+// switch (which compiles to branches the eight lanes of a group take one after another).
+__constant__ u64 kvInitAcc[8] = {
+	0xC2B2AE3DULL, 0x9E3779B185EBCA87ULL, 0xC2B2AE3D27D4EB4FULL, 0x165667B19E3779F9ULL,
+	0x85EBCA77C2B2AE63ULL, 0x85EBCA77ULL, 0x27D4EB2F165667C5ULL, 0x9E3779B1ULL,
+};
+
+__device__ __forceinline__ u64 kvInit(u32 lane) { return kvInitAcc[lane]; }
 
 // kvFind returns the index of the piece holding page offset o.
 __device__ __forceinline__ u32 kvFind(const kvPiece *ps, u32 n, u64 o) {
@@ -80,65 +79,25 @@ __device__ __forceinline__ u32 kvFind(const kvPiece *ps, u32 n, u64 o) {
 	return lo;
 }
 
-// kvAddr returns the device address of page offset o (a stripe's start), moving the cursor k
-// forward over the pieces; o never decreases between calls with the same cursor.
-__device__ __forceinline__ u64 kvAddr(const kvPiece *ps, u32 &k, u64 o) {
-	while (o >= ps[k].off + ps[k].len) k++;
-	return ps[k].addr + (o - ps[k].off);
-}
-
-// kvBlock returns what the 16 stripes of the block at unit offset start add to lane. Each thread
-// loads its lane's word of every stripe, the 16 loads in flight together (a unit of one piece
-// needs no lookup), and takes the word of lane ^ 1 that the stripe also adds from that lane's
-// thread with a shuffle; mask is the 8 threads of the lanes, in one warp.
-__device__ u64 kvBlock(const kvPiece *ps, u32 np, u64 start, const kvSecret &sec, u32 lane, unsigned mask) {
-	u64 v[16];
-	if (np == 1) {
-		// One piece (the unit's): the stripes are 64 bytes apart from its start.
-		const u64 *w = (const u64 *)(ps[0].addr + start) + lane;
-#pragma unroll
-		for (u32 s = 0; s < 16; s++) v[s] = w[8 * s];
+// kvPair loads the two words at unit offset o, a multiple of 16 (so both lie in one piece):
+// from base + o when the unit is one piece at base (in one 16-byte load when base is 16-byte
+// aligned), else from the piece holding o.
+__device__ __forceinline__ void kvPair(const kvPiece *ps, u32 np, u64 base, bool wide, u64 o, u64 &x0, u64 &x1) {
+	u64 a;
+	if (base != 0) {
+		a = base + o;
 	} else {
-		u32 k = kvFind(ps, np, start);
-#pragma unroll
-		for (u32 s = 0; s < 16; s++) v[s] = ((const u64 *)kvAddr(ps, k, start + (u64)s * 64))[lane];
+		const u32 k = kvFind(ps, np, o);
+		a = ps[k].addr + (o - ps[k].off);
 	}
-	u64 d = 0;
-#pragma unroll
-	for (u32 s = 0; s < 16; s++) {
-		const u64 pair = __shfl_xor_sync(mask, v[s], 1);
-		const u64 x = v[s] ^ sec.acc[s + lane];
-		d += pair + (x & 0xFFFFFFFFULL) * (x >> 32);
+	if (wide) {
+		const ulonglong2 v = *(const ulonglong2 *)a;
+		x0 = v.x;
+		x1 = v.y;
+	} else {
+		x0 = ((const u64 *)a)[0];
+		x1 = ((const u64 *)a)[1];
 	}
-	return d;
-}
-
-// kvRest returns what the rest of a unit of len bytes adds to lane after its full blocks: the
-// stripes of its last, partial block but the last one (read with the secret words of a full
-// block's), and its last 64 bytes (read with the secret at byte 121), loaded and shuffled as
-// kvBlock does.
-__device__ u64 kvRest(const kvPiece *ps, u32 np, u64 len, const kvSecret &sec, u32 lane, unsigned mask) {
-	const u64 start = (len - 1) / 1024 * 1024;
-	const u32 n = (u32)(((len - 1) - start) / 64); // at most 15
-	u64 v[16];
-	u32 k = kvFind(ps, np, start);
-#pragma unroll
-	for (u32 s = 0; s < 16; s++) v[s] = s < n ? ((const u64 *)kvAddr(ps, k, start + (u64)s * 64))[lane] : 0;
-	const u64 o = len - 64;
-	u32 kl = kvFind(ps, np, o);
-	const u64 lv = ((const u64 *)kvAddr(ps, kl, o))[lane];
-	u64 d = 0;
-#pragma unroll
-	for (u32 s = 0; s < 16; s++) {
-		const u64 pair = __shfl_xor_sync(mask, v[s], 1);
-		if (s < n) {
-			const u64 x = v[s] ^ sec.acc[s + lane];
-			d += pair + (x & 0xFFFFFFFFULL) * (x >> 32);
-		}
-	}
-	const u64 lp = __shfl_xor_sync(mask, lv, 1);
-	const u64 x = lv ^ sec.last[lane];
-	return d + lp + (x & 0xFFFFFFFFULL) * (x >> 32);
 }
 
 // kvScramble applies one block's delta d to lane's accumulator and scrambles it.
@@ -195,39 +154,116 @@ __device__ __forceinline__ u64 kvMerge(u64 acc, u64 len, const kvSecret &sec, u3
 	return h;
 }
 
+// kvTerm is what a stripe's word v adds to its lane: the pair's word (the lane's neighbour's,
+// lane ^ 1) and the product of the halves of v xored with the lane's secret word.
+__device__ __forceinline__ u64 kvTerm(u64 v, u64 pair, u64 key) {
+	const u64 x = v ^ key;
+	return pair + (x & 0xFFFFFFFFULL) * (x >> 32);
+}
+
 // kvUnitCheck computes the digest of unit blockIdx.x into out[blockIdx.x], one thread block a
-// unit: group g computes the deltas of blocks g, g + UNIT_THREADS / 8, ... into shared memory,
-// and one group the unit's rest (kvRest), as if it were block `blocks`; then threads 0-7 apply
-// the deltas and scrambles in block order, one thread a lane, add the rest and merge the lanes.
-// A unit of UNIT_BLOCKS full blocks or more (the host never sends one) gets the digest 0.
+// unit, in two steps.
+//
+// The deltas: a warp takes one 1024-byte block at a time, as kvCopyCheck's warps take their
+// 512-byte spans: thread t loads the 16 bytes at block offsets 16t and 512 + 16t, half of lanes
+// 2(t%4) and 2(t%4) + 1 of stripes t/4 and t/4 + 8, so a thread needs the same six secret words
+// for every block (held in registers) and a warp's loads are 512 contiguous bytes each. Warp w
+// takes blocks w, w + 16, w + 32 and w + 48 (a round; a unit of more than 64 blocks takes two),
+// all eight loads in flight at once; the unit's last block is its rest (the stripes of the last,
+// partial block but the last one, and the last stripe with the secret at byte 121), taken like
+// the others with the stripes past its end left out. The warp then sums its threads' terms per
+// lane and block with a butterfly over the threads of the same t%4 that halves the values a
+// thread holds at each of its three steps (7 exchanges for 4 blocks' 16 sums), and each thread
+// stores one delta into shared memory.
+//
+// The chain: threads 0-7 apply the deltas and scrambles in block order, one thread a lane, add
+// the rest and merge the lanes. A unit of UNIT_BLOCKS full blocks or more (the host never sends
+// one) gets the digest 0.
+//
+// A unit of one piece has its address in its kvPage's base, so no thread waits on its piece's
+// descriptor; a unit of several reads them into shared memory first.
 extern "C" __global__ void __launch_bounds__(UNIT_THREADS, 2) kvUnitCheck(const kvPage *pages, const kvPiece *pieces, kvSecret sec, u64 *out) {
 	__shared__ kvPiece local[SHARED_PIECES];
-	__shared__ u64 deltas[UNIT_BLOCKS * 8]; // block b's delta of lane i at 8b + i; the rest at 8 * blocks + i
+	__shared__ u64 deltas[UNIT_BLOCKS * 8]; // block b's delta of lane i at 8b + i; the rest at 8 * full + i
 	const kvPage pg = pages[blockIdx.x];
-	const u64 blocks = (pg.len - 1) / 1024;
-	if (blocks >= UNIT_BLOCKS) {
+	const u64 len = pg.len;
+	const u64 full = (len - 1) / 1024; // the full blocks; block `full` is the rest
+	if (full >= UNIT_BLOCKS) {
 		if (threadIdx.x == 0) out[blockIdx.x] = 0;
 		return;
 	}
+	const u64 base = pg.count == 1 ? pg.base : 0;
+	const bool wide = base != 0 && (base & 15) == 0;
 	const kvPiece *ps = pieces + pg.first;
-	if (pg.count <= SHARED_PIECES) {
+	if (base == 0 && pg.count <= SHARED_PIECES) {
 		for (u32 i = threadIdx.x; i < pg.count; i += UNIT_THREADS) local[i] = ps[i];
-		__syncthreads();
+		__syncthreads(); // the same branch for every thread of the block
 		ps = local;
 	}
-	const u32 lane = threadIdx.x & 7;
-	const unsigned mask = 0xFFu << (threadIdx.x & 24); // the group's threads in its warp
-	for (u64 b = threadIdx.x >> 3; b <= blocks; b += UNIT_THREADS / 8) {
-		deltas[8 * b + lane] = b < blocks ? kvBlock(ps, pg.count, b * 1024, sec, lane, mask) : kvRest(ps, pg.count, pg.len, sec, lane, mask);
+	const u32 t = threadIdx.x & 31, w = threadIdx.x >> 5;
+	const u32 j = 2 * (t & 3), s0 = t >> 2; // lanes j, j + 1 of stripes s0 and s0 + 8
+	const u64 ka0 = sec.acc[s0 + j], ka1 = sec.acc[s0 + j + 1];
+	const u64 kb0 = sec.acc[s0 + 8 + j], kb1 = sec.acc[s0 + 8 + j + 1];
+	const u64 kl0 = sec.last[j], kl1 = sec.last[j + 1];
+	const u64 n = ((len - 1) - full * 1024) / 64; // the rest's stripes before the last
+	for (u64 r = 0; 64 * r <= full; r++) {
+		u64 x[4][2][2]; // block q, stripe s0 + 8h, word
+#pragma unroll
+		for (u32 q = 0; q < 4; q++) {
+			const u64 b = 64 * r + 16 * q + w;
+#pragma unroll
+			for (u32 h = 0; h < 2; h++) {
+				x[q][h][0] = x[q][h][1] = 0;
+				if (b < full || (b == full && s0 + 8 * h <= n)) {
+					kvPair(ps, pg.count, base, wide, b * 1024 + 512 * h + 16 * t, x[q][h][0], x[q][h][1]);
+				}
+			}
+		}
+		u64 v[8]; // lane j, then j + 1, of block q at 2q, 2q + 1
+#pragma unroll
+		for (u32 q = 0; q < 4; q++) {
+			const u64 b = 64 * r + 16 * q + w;
+			u64 e = 0, o = 0;
+#pragma unroll
+			for (u32 h = 0; h < 2; h++) {
+				const u32 s = s0 + 8 * h;
+				const bool inBlock = b < full || (b == full && s < n);
+				const bool last = b == full && s == n;
+				if (inBlock || last) {
+					const u64 k0 = last ? kl0 : (h ? kb0 : ka0), k1 = last ? kl1 : (h ? kb1 : ka1);
+					e += kvTerm(x[q][h][0], x[q][h][1], k0);
+					o += kvTerm(x[q][h][1], x[q][h][0], k1);
+				}
+			}
+			v[2 * q] = e;
+			v[2 * q + 1] = o;
+		}
+		// The butterfly: at each step a thread keeps the half of its values that its bit of t
+		// selects, and adds its partner's of that half; the sum it ends with is value
+		// 4 * bit 4 + 2 * bit 3 + bit 2 of t, over the eight threads with its t%4.
+		const bool b4 = t & 16, b3 = t & 8, b2 = t & 4;
+		u64 y[4], z[2];
+#pragma unroll
+		for (u32 k = 0; k < 4; k++) {
+			y[k] = (b4 ? v[4 + k] : v[k]) + __shfl_xor_sync(0xFFFFFFFFu, b4 ? v[k] : v[4 + k], 16);
+		}
+#pragma unroll
+		for (u32 k = 0; k < 2; k++) {
+			z[k] = (b3 ? y[2 + k] : y[k]) + __shfl_xor_sync(0xFFFFFFFFu, b3 ? y[k] : y[2 + k], 8);
+		}
+		const u64 d = (b2 ? z[1] : z[0]) + __shfl_xor_sync(0xFFFFFFFFu, b2 ? z[0] : z[1], 4);
+		const u64 b = 64 * r + 16 * ((t >> 3) & 3) + w;
+		if (b <= full) deltas[8 * b + j + (b2 ? 1 : 0)] = d;
 	}
 	__syncthreads();
 	if (threadIdx.x >= 8) return;
+	const u32 lane = threadIdx.x;
 	const u64 key = sec.acc[16 + lane];
 	u64 acc = kvInit(lane);
 #pragma unroll 8
-	for (u64 b = 0; b < blocks; b++) acc = kvScramble(acc, deltas[8 * b + lane], key);
-	acc += deltas[8 * blocks + lane];
-	const u64 h = kvMerge(acc, pg.len, sec, lane, 0xFFu);
+	for (u64 b = 0; b < full; b++) acc = kvScramble(acc, deltas[8 * b + lane], key);
+	acc += deltas[8 * full + lane];
+	const u64 h = kvMerge(acc, len, sec, lane, 0xFFu);
 	if (lane == 0) out[blockIdx.x] = h;
 }
 
@@ -305,11 +341,6 @@ __device__ __forceinline__ u64 kvWarpSum(u64 v) {
 	v += __shfl_xor_sync(0xFFFFFFFFu, v, 8);
 	v += __shfl_xor_sync(0xFFFFFFFFu, v, 16);
 	return v;
-}
-
-__device__ __forceinline__ u64 kvTerm(u64 v, u64 pair, u64 key) {
-	const u64 x = v ^ key;
-	return pair + (x & 0xFFFFFFFFULL) * (x >> 32);
 }
 
 // kvFinishSums is run by threads 0-7 of a warp, one a lane, for a page of len bytes whose sums
