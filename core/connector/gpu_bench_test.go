@@ -387,6 +387,114 @@ func BenchmarkGPULoad(b *testing.B) {
 	}
 }
 
+// BenchmarkGPUCheckCost measures what the GPU page check adds to a small load: a checked load
+// ("direct") and an unchecked one of the same first N MiB of pages, from the same pool into the
+// same device memory, each after the pinned H2D 64 MiB copy as in BenchmarkGPULoad, alternate
+// within one loop (the order swapped every iteration). Separate benchmarks of the two moved by
+// up to 10 % between rounds and processes on the H200 host, more than the check costs; pairs
+// within one process cancel that drift. The unchecked load's pool is "leased" (the pool's own
+// deferred views with their checksums dropped: the same lookups, leases and releases as the
+// checked load, with nothing to check; its one allocation a load, the dropped checksums' list,
+// weighs nothing here) or "held" ("nocheck" of BenchmarkGPULoad: views taken once at set-up,
+// neither looked up nor released per load). It reports both loads' means and medians and the
+// check's cost over the unchecked load: check-% (means), check-p50-% (medians), and the GPU's
+// time on the check after the copies (gpu-check-us).
+func BenchmarkGPUCheckCost(b *testing.B) {
+	for _, page := range gpuBenchPages {
+		for _, c := range []struct {
+			mib  int
+			base string
+		}{{12, "leased"}, {48, "leased"}, {12, "held"}, {48, "held"}} {
+			b.Run(fmt.Sprintf("%dKiB/load=%dMiB/%s", page>>10, c.mib, c.base), func(b *testing.B) {
+				g := newGPUBench(b, page)
+				pool := gpuPool(b, "direct")
+				opts := benchOptions()
+				ks := make([]string, len(g.hs))
+				for i, h := range g.hs {
+					ks[i] = opts.Namespace.PageKey(0, 32, uint64(page), h)
+				}
+				fillEmbedded(b, pool, ks, page)
+				checked, _, rep := g.timedWorker(b, pool, false)
+				var base mooncake.Pool = leasedPool{pool}
+				if c.base == "held" {
+					base = newUncheckedPool(b, pool, ks)
+				}
+				unchecked, _, _ := g.timedWorker(b, base, false)
+				meta, _ := g.loadOf(fmt.Sprintf("load=%dMiB", c.mib), page)
+				ctx := context.Background()
+				load := func(w *Worker) time.Duration {
+					g.anchor(b, true)
+					t0 := time.Now()
+					w.BindMeta(Metadata{Loads: []RequestTransfers{meta}})
+					if err := w.StartLoad(ctx); err != nil {
+						b.Fatal(err)
+					}
+					return time.Since(t0)
+				}
+				var ct, ut []time.Duration
+				b.ResetTimer()
+				for i := 0; b.Loop(); i++ {
+					if i%2 == 0 {
+						ct = append(ct, load(checked))
+						ut = append(ut, load(unchecked))
+					} else {
+						ut = append(ut, load(unchecked))
+						ct = append(ct, load(checked))
+					}
+				}
+				b.StopTimer()
+				for _, w := range []*Worker{checked, unchecked} {
+					if f := w.TakeFailedLoadRequests(); len(f) > 0 {
+						b.Fatalf("failed loads %v", f)
+					}
+				}
+				cm, um := meanDuration(ct), meanDuration(ut)
+				cp, up := medianDuration(ct), medianDuration(ut)
+				b.ReportMetric(cm.Seconds()*1e3, "checked-ms")
+				b.ReportMetric(um.Seconds()*1e3, "unchecked-ms")
+				b.ReportMetric(cp.Seconds()*1e3, "checked-p50-ms")
+				b.ReportMetric(up.Seconds()*1e3, "unchecked-p50-ms")
+				b.ReportMetric(100*(cm.Seconds()/um.Seconds()-1), "check-%")
+				b.ReportMetric(100*(cp.Seconds()/up.Seconds()-1), "check-p50-%")
+				if lt := rep.LoadTotals(); lt.GPUCheckSum > 0 {
+					b.ReportMetric(lt.GPUCheckSum.Seconds()*1e6/float64(len(ct)), "gpu-check-us")
+				}
+			})
+		}
+	}
+}
+
+// leasedPool is the embedded pool with its deferred views' checksums dropped, so a load through
+// it leases, copies and releases its pages as a checked load does and checks nothing.
+type leasedPool struct{ *mooncake.Embedded }
+
+func (p leasedPool) BatchViewDeferred(ctx context.Context, ks []string) *mooncake.View {
+	v := p.Embedded.BatchViewDeferred(ctx, ks)
+	v.Sums = nil
+	return v
+}
+
+func (p leasedPool) BatchViewDeferredInto(ctx context.Context, ks [][]byte, v *mooncake.View) {
+	p.Embedded.BatchViewDeferredInto(ctx, ks, v)
+	v.Sums = nil
+}
+
+// meanDuration is the mean of ds (which is not empty).
+func meanDuration(ds []time.Duration) time.Duration {
+	var sum time.Duration
+	for _, d := range ds {
+		sum += d
+	}
+	return sum / time.Duration(len(ds))
+}
+
+// medianDuration is the median of ds (which is not empty), leaving ds as it was.
+func medianDuration(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
 // BenchmarkGPUSave saves 256 MiB of device pages into an empty embedded pool through a worker
 // (WaitForSave until GetFinished reports the request), alternating with the pinned D2H 64 MiB
 // copy. Each iteration makes a fresh pool and worker outside the timed part; the worker (role

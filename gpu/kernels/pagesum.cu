@@ -136,13 +136,14 @@ __device__ __forceinline__ u64 kvChain(const u64 *d, u64 stride, u64 blocks, u64
 // kvMerge turns a page of len bytes' eight lane accumulators, one in each thread of a group of 8
 // (the threads in mask, lane its thread's lane), into the page's digest, which every thread of the
 // group returns: lanes 2i and 2i + 1 make one term, the even lanes' terms are summed in the group,
-// and the sum is mixed with the length and avalanched.
-__device__ __forceinline__ u64 kvMerge(u64 acc, u64 len, const kvSecret &sec, u32 lane, unsigned mask) {
+// and the sum is mixed with the length and avalanched. ma and mc are the merge words of lanes
+// lane & 6 and (lane & 6) + 1 (the even lanes read them).
+__device__ __forceinline__ u64 kvMerge(u64 acc, u64 len, u64 ma, u64 mc, u32 lane, unsigned mask) {
 	const u64 odd = __shfl_xor_sync(mask, acc, 1);
 	u64 term = 0;
 	if ((lane & 1) == 0) {
-		u64 a = acc ^ sec.merge[lane];
-		u64 c = odd ^ sec.merge[lane + 1];
+		u64 a = acc ^ ma;
+		u64 c = odd ^ mc;
 		term = (a * c) ^ __umul64hi(a, c);
 	}
 	term += __shfl_xor_sync(mask, term, 2);
@@ -185,6 +186,22 @@ __device__ __forceinline__ u64 kvTerm(u64 v, u64 pair, u64 key) {
 extern "C" __global__ void __launch_bounds__(UNIT_THREADS, 2) kvUnitCheck(const kvPage *pages, const kvPiece *pieces, kvSecret sec, u64 *out) {
 	__shared__ kvPiece local[SHARED_PIECES];
 	__shared__ u64 deltas[UNIT_BLOCKS * 8]; // block b's delta of lane i at 8b + i; the rest at 8 * full + i
+	// The secret's words and the initial accumulators, which each thread reads at indices of its
+	// own: a parameter read at an index that differs between a warp's threads is a constant-cache
+	// load the warp makes once for each index (under Nsight Compute, 18 % of the warps' samples
+	// where every thread read its six words so; run 98). Thread 0 copies them here with fixed
+	// indices, which read the parameter for nothing.
+	__shared__ u64 words[48]; // acc at 0, last at 24, merge at 32, the initial accumulators at 40
+	if (threadIdx.x == 0) {
+#pragma unroll
+		for (u32 k = 0; k < 24; k++) words[k] = sec.acc[k];
+#pragma unroll
+		for (u32 k = 0; k < 8; k++) {
+			words[24 + k] = sec.last[k];
+			words[32 + k] = sec.merge[k];
+			words[40 + k] = kvInitAcc[k];
+		}
+	}
 	const kvPage pg = pages[blockIdx.x];
 	const u64 len = pg.len;
 	const u64 full = (len - 1) / 1024; // the full blocks; block `full` is the rest
@@ -195,16 +212,18 @@ extern "C" __global__ void __launch_bounds__(UNIT_THREADS, 2) kvUnitCheck(const 
 	const u64 base = pg.count == 1 ? pg.base : 0;
 	const bool wide = base != 0 && (base & 15) == 0;
 	const kvPiece *ps = pieces + pg.first;
-	if (base == 0 && pg.count <= SHARED_PIECES) {
-		for (u32 i = threadIdx.x; i < pg.count; i += UNIT_THREADS) local[i] = ps[i];
-		__syncthreads(); // the same branch for every thread of the block
-		ps = local;
+	if (base == 0) {
+		// The pieces' descriptors in shared memory, before any load looks its piece up; the
+		// barrier also makes the words visible. (The same branch for every thread of the block.)
+		if (pg.count <= SHARED_PIECES) {
+			for (u32 i = threadIdx.x; i < pg.count; i += UNIT_THREADS) local[i] = ps[i];
+			ps = local;
+		}
+		__syncthreads();
 	}
 	const u32 t = threadIdx.x & 31, w = threadIdx.x >> 5;
 	const u32 j = 2 * (t & 3), s0 = t >> 2; // lanes j, j + 1 of stripes s0 and s0 + 8
-	const u64 ka0 = sec.acc[s0 + j], ka1 = sec.acc[s0 + j + 1];
-	const u64 kb0 = sec.acc[s0 + 8 + j], kb1 = sec.acc[s0 + 8 + j + 1];
-	const u64 kl0 = sec.last[j], kl1 = sec.last[j + 1];
+	u64 ka0 = 0, ka1 = 0, kb0 = 0, kb1 = 0, kl0 = 0, kl1 = 0;
 	const u64 n = ((len - 1) - full * 1024) / 64; // the rest's stripes before the last
 	for (u64 r = 0; 64 * r <= full; r++) {
 		u64 x[4][2][2]; // block q, stripe s0 + 8h, word
@@ -218,6 +237,17 @@ extern "C" __global__ void __launch_bounds__(UNIT_THREADS, 2) kvUnitCheck(const 
 					kvPair(ps, pg.count, base, wide, b * 1024 + 512 * h + 16 * t, x[q][h][0], x[q][h][1]);
 				}
 			}
+		}
+		if (r == 0) {
+			// The words, once the first round's loads are in flight (a unit of one piece has
+			// not waited for them yet).
+			if (base != 0) __syncthreads();
+			ka0 = words[s0 + j];
+			ka1 = words[s0 + j + 1];
+			kb0 = words[s0 + 8 + j];
+			kb1 = words[s0 + 8 + j + 1];
+			kl0 = words[24 + j];
+			kl1 = words[24 + j + 1];
 		}
 		u64 v[8]; // lane j, then j + 1, of block q at 2q, 2q + 1
 #pragma unroll
@@ -258,12 +288,12 @@ extern "C" __global__ void __launch_bounds__(UNIT_THREADS, 2) kvUnitCheck(const 
 	__syncthreads();
 	if (threadIdx.x >= 8) return;
 	const u32 lane = threadIdx.x;
-	const u64 key = sec.acc[16 + lane];
-	u64 acc = kvInit(lane);
+	const u64 key = words[16 + lane];
+	u64 acc = words[40 + lane];
 #pragma unroll 8
 	for (u64 b = 0; b < full; b++) acc = kvScramble(acc, deltas[8 * b + lane], key);
 	acc += deltas[8 * full + lane];
-	const u64 h = kvMerge(acc, len, sec, lane, 0xFFu);
+	const u64 h = kvMerge(acc, len, words[32 + (lane & 6)], words[33 + (lane & 6)], lane, 0xFFu);
 	if (lane == 0) out[blockIdx.x] = h;
 }
 
@@ -352,7 +382,7 @@ __device__ u64 kvFinishSums(u64 *sums, u64 len, const kvSecret &sec, u32 lane) {
 	const u64 rest = __ldcg(d + 8 * blocks) + __ldcg(d + 8 * (blocks + 1)); // before the chain
 	const u64 acc = kvChain(d, 8, blocks, kvInit(lane), sec.acc[16 + lane]) + rest;
 	for (u64 b = 0; b < blocks + 2; b++) d[8 * b] = 0;
-	return kvMerge(acc, len, sec, lane, 0xFFu);
+	return kvMerge(acc, len, sec.merge[lane & 6], sec.merge[(lane & 6) + 1], lane, 0xFFu);
 }
 
 // kvCopyCheck copies and checks a batch: copies are its records, sums the pages' sums, counts one

@@ -4,12 +4,15 @@
     ./daemon.test -test.run 'TestGPUTorchEngine$/page=64KiB' -test.trace=trace.out ...
     go tool trace -d=parsed trace.out | tools/perf/startload_trace.py [METHOD [N]]
 
-Reads the parsed events on stdin. For every call-channel region of METHOD (default StartLoad)
+Reads the parsed events on stdin. For every call-channel region of METHOD (default StartLoad;
+'Type="load"' takes the connector's load regions themselves, as BenchmarkGPUCheckCost makes them)
 it takes the regions nested in it on the same goroutine (load, load.get, load.issue,
 load.scatter, load.check, load.release, gpu.prepare, gpu.issue with gpu.copies and gpu.queue
 in it, gpu.sync, gpu.wait, gpu.harvest) and prints the median and 90th
 percentile of each over all calls, then the first N calls (default 0) event by event, with
-microseconds from the call's start. Tracing adds about a microsecond to every cgo call, so
+microseconds from the call's start. Calls that checked on the GPU (a load.check region in them)
+and calls that did not get tables of their own, each region also with its start's median offset
+from the call's start. Tracing adds about a microsecond to every cgo call, so
 the absolute times are a little above an untraced run's.
 """
 import collections
@@ -44,7 +47,9 @@ def main():
     show = int(sys.argv[2]) if len(sys.argv) > 2 else 0
     ev = events(sys.stdin.read().split("\n"))
     opened, n = {}, 0
-    spans = collections.defaultdict(list)
+    # Per kind of call (checked or not): region -> durations, and its starts from the call's start.
+    spans = collections.defaultdict(lambda: collections.defaultdict(list))
+    starts = collections.defaultdict(lambda: collections.defaultdict(list))
     for idx, (t, g, kind, rest, frame) in enumerate(ev):
         if kind == "RegionBegin" and want in rest:
             opened[g] = (t, idx)
@@ -52,6 +57,8 @@ def main():
             t0, i0 = opened.pop(g)
             n += 1
             inner = [e for e in ev[i0:idx + 1] if e[1] == g]
+            types = {re.search(r'Type="([^"]+)"', r).group(1) for (_, _, k, r, _) in inner if k == "RegionBegin"}
+            group = "checked" if "load.check" in types else "unchecked"
             begun, loaded = {}, False
             for (tt, _, k, r, _) in inner:
                 if k not in ("RegionBegin", "RegionEnd"):
@@ -61,18 +68,24 @@ def main():
                     begun[ty] = tt
                     loaded = loaded or ty == "load"
                 elif ty in begun:
-                    spans[ty].append((tt - begun.pop(ty)) / 1000)
+                    b0 = begun.pop(ty)
+                    spans[group][ty].append((tt - b0) / 1000)
+                    starts[group][ty].append((b0 - t0) / 1000)
             if loaded:
-                spans["call that loaded"].append((t - t0) / 1000)
+                spans[group]["call that loaded"].append((t - t0) / 1000)
             if n <= show:
-                print("=== %s #%d: %.1f us" % (want, n, (t - t0) / 1000))
+                print("=== %s #%d (%s): %.1f us" % (want, n, group, (t - t0) / 1000))
                 for (tt, gg, k, r, f) in inner:
                     if k != "Metric":
                         print("  %8.1f %s %s %s" % ((tt - t0) / 1000, k, r[:90], f))
-    print("regions over %d %s calls (us): median, 90th percentile, count" % (n, want))
-    for k, v in sorted(spans.items()):
-        v.sort()
-        print("  %-48s %8.1f %8.1f %5d" % (k, v[len(v) // 2], v[int(len(v) * 0.9)], len(v)))
+    for group in sorted(spans):
+        print("%s calls (us): median, 90th percentile, count, median start" % group)
+        for k, v in sorted(spans[group].items()):
+            v.sort()
+            st = sorted(starts[group][k])
+            at = "%8.1f" % st[len(st) // 2] if st else ""
+            print("  %-48s %8.1f %8.1f %5d %s" % (k, v[len(v) // 2], v[int(len(v) * 0.9)], len(v), at))
+    print("%d %s calls" % (n, want))
 
 
 if __name__ == "__main__":
