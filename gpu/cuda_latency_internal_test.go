@@ -160,6 +160,57 @@ func BenchmarkCUDAScatterOrChecked(b *testing.B) {
 	}
 }
 
+// BenchmarkCUDAFirstCopy is how long after the call a batch's first copy is issued (first-us:
+// the host's work before it, untraced), on one mover and the same 12 MiB batch of 1 MiB pages,
+// for a plain Scatter and a checked one (ScatterChecked, then its wait), alternated within the
+// loop; host-us is each call's whole wall time.
+func BenchmarkCUDAFirstCopy(b *testing.B) {
+	d, err := OpenCUDA(0)
+	if err != nil {
+		b.Skip(err)
+	}
+	defer d.Close()
+	m, src, refs, sums, done := checkBatch(b, d, 12, 1024)
+	defer done()
+	var t0, first time.Time
+	issueHook = func() {
+		if first.IsZero() {
+			first = time.Now()
+		}
+	}
+	defer func() { issueHook = nil }()
+	var firstT, hostT [2]time.Duration
+	ctx := context.Background()
+	for i := 0; b.Loop(); i++ {
+		for k := range 2 {
+			checked := (i+k)%2 == 1
+			first, t0 = time.Time{}, time.Now()
+			if checked {
+				wait, err := m.ScatterChecked(ctx, src, refs, sums)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if bad, err := wait(); err != nil || slices.Contains(bad, true) {
+					b.Fatal("check failed", err)
+				}
+			} else if err := m.Scatter(ctx, src, refs); err != nil {
+				b.Fatal(err)
+			}
+			j := 0
+			if checked {
+				j = 1
+			}
+			firstT[j] += first.Sub(t0)
+			hostT[j] += time.Since(t0)
+		}
+	}
+	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(b.N) }
+	b.ReportMetric(us(firstT[0]), "scatter-first-us")
+	b.ReportMetric(us(firstT[1]), "checked-first-us")
+	b.ReportMetric(us(hostT[0]), "scatter-host-us")
+	b.ReportMetric(us(hostT[1]), "checked-host-us")
+}
+
 // checkBatch makes a mover over new device memory of batchMiB of pageKiB pages in two regions,
 // and a batch to scatter into all of it: pages from pinned staging in a scrambled slot order,
 // with their checksums. done releases it all.
