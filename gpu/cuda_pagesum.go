@@ -410,14 +410,22 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 	}
 	// The kernels check the units of the pages' checksums (checkUnits) as pages; the copies move
 	// the pages' regions (m.pieces) as they are. A batch of pages under 128 KiB is its own units
-	// (m.unitFirst left empty).
+	// (m.unitFirst left empty). Only the fused path needs them before the copies; the other lists
+	// them once its first copies are issued (makeUnits, from describe).
 	units, unitPieces := src, m.pieces
 	m.unitFirst = m.unitFirst[:0]
-	for _, b := range src {
-		if keys.ChecksumChunks(len(b)) > 1 {
-			m.units, m.unitFirst, m.unitPieces = checkUnits(m.units[:0], m.unitFirst, m.unitPieces[:0], m.pieces, src)
-			units, unitPieces = m.units, m.unitPieces
-			break
+	unitsMade := false
+	makeUnits := func() {
+		if unitsMade {
+			return
+		}
+		unitsMade = true
+		for _, b := range src {
+			if keys.ChecksumChunks(len(b)) > 1 {
+				m.units, m.unitFirst, m.unitPieces = checkUnits(m.units[:0], m.unitFirst, m.unitPieces[:0], m.pieces, src)
+				units, unitPieces = m.units, m.unitPieces
+				break
+			}
 		}
 	}
 	unitOf := func(p int) int {
@@ -431,6 +439,7 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 	fused := false
 	m.fused = m.fused[:0]
 	if pinned && fuseChecks && m.d.sums.copyCheckFn != 0 && m.fusedScatters(uint64(len(m.pieces)), src) {
+		makeUnits()
 		m.fused, fused = checkedCopies(m.fused, unitPieces, units, func(u int) uint64 { return uint64(ptrOf(units[u])) })
 	}
 	c := &m.checks
@@ -441,28 +450,35 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 	if set.pending != nil && !set.pending.done {
 		c.syncLocked(m, set.pending)
 	}
-	set.first = append(set.first[:0], m.unitFirst...)
 	set.lens = set.lens[:0]
 	for _, b := range src {
 		set.lens = append(set.lens, len(b))
 	}
 	if fused {
+		set.first = append(set.first[:0], m.unitFirst...)
 		endPrepare()
 		return m.scatterFused(ctx, j, units, sums, waitCopies)
 	}
 	m.fused = m.fused[:0]
 	// The descriptors: kvPage per unit, then kvPiece per region of a unit, then room for the
-	// units' digests.
-	piecesAt := len(units) * pageDescBytes
-	outAt := piecesAt + len(unitPieces)*pieceDescBytes
-	need := outAt + 8*len(units)
-	buf, err := m.growSet(set, need)
+	// units' digests. The set's buffer grows before the copies (growing allocates through the
+	// mover's CUDA call, which issuing the copies holds), for as many units and unit regions as
+	// the batch can have (unitBounds); describe lays them out.
+	maxUnits, maxPieces := unitBounds(src, len(m.pieces))
+	buf, err := m.growSet(set, maxUnits*pageDescBytes+maxPieces*pieceDescBytes+8*maxUnits)
 	if err != nil {
 		return nil, err
 	}
-	// describe writes the descriptors into the set's host buffer. It runs once the first copies
-	// are issued, so the copy engines do not wait for it.
-	describe := func() { describeUnits(buf[:outAt], unitPieces, units) }
+	var piecesAt, outAt int
+	// describe lists the units and writes the descriptors into the set's host buffer. It runs
+	// once the first copies are issued, so the copy engines do not wait for it.
+	describe := func() {
+		makeUnits()
+		set.first = append(set.first[:0], m.unitFirst...)
+		piecesAt = len(units) * pageDescBytes
+		outAt = piecesAt + len(unitPieces)*pieceDescBytes
+		describeUnits(buf[:outAt], unitPieces, units)
+	}
 	// Each chunk's check is queued on the checks' stream right after the chunk's copies are
 	// issued, behind them (an event per copy stream), so it runs while the next chunk is copied
 	// and only the last chunk's check is left when the copies are done.
@@ -474,7 +490,7 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 	// page written once, go straight into the set's host buffer through the device's mapping of
 	// it (the same address under unified addressing), which saves a copy after the last kernel.
 	host := C.uintptr_t(ptrOf(buf))
-	descs, digests := C.uint64_t(set.dev), host+C.uint64_t(outAt)
+	descs := C.uint64_t(set.dev)
 	secret := unsafe.Pointer(&c.secret[0])
 	queued := func(k, ns int) error {
 		s := C.uintptr_t(c.stream)
@@ -512,7 +528,7 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 		// The chunk's units, a thread block each.
 		if hi > lo {
 			if err := cuErr("cuLaunchKernel", C.kvLaunchUnitCheck(C.uintptr_t(m.d.sums.unitFn), C.uint(hi-lo), unitThreads, s,
-				descs+C.uint64_t(lo*pageDescBytes), descs+C.uint64_t(piecesAt), secret, digests+C.uint64_t(8*lo))); err != nil {
+				descs+C.uint64_t(lo*pageDescBytes), descs+C.uint64_t(piecesAt), secret, host+C.uint64_t(outAt+8*lo))); err != nil {
 				return err
 			}
 		}

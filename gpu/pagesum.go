@@ -210,6 +210,19 @@ func describeUnits(buf []byte, pieces []checkPiece, units [][]byte) {
 	}
 }
 
+// unitBounds returns the most units and unit regions checkUnits can make of the pages src in
+// pieces regions: a page has keys.ChecksumChunks units, and each boundary between two of a
+// page's units splits at most one of its regions in two.
+func unitBounds(src [][]byte, pieces int) (units, regions int) {
+	regions = pieces
+	for _, b := range src {
+		k := keys.ChecksumChunks(len(b))
+		units += k
+		regions += k - 1
+	}
+	return units, regions
+}
+
 // checkUnit is unit i of the k units of page b (keys.ChecksumChunks).
 func checkUnit(b []byte, i, k int) []byte {
 	if i == k-1 {

@@ -266,6 +266,9 @@ func TestDescribeUnits(t *testing.T) {
 		{page: 1, addr: 0x30000000, off: 0, len: 4 << 10},
 	}
 	units, _, upieces := checkUnits(nil, nil, nil, pieces, src)
+	if mu, mp := unitBounds(src, len(pieces)); mu != 4 || mp != 5 {
+		t.Errorf("unitBounds = %d units, %d regions, want 4 and 5 (what checkUnits made)", mu, mp)
+	}
 	buf := bytes.Repeat([]byte{0xEE}, len(units)*pageDescBytes+len(upieces)*pieceDescBytes)
 	describeUnits(buf, upieces, units)
 	le := binary.LittleEndian
@@ -676,6 +679,9 @@ func TestCheckUnits(t *testing.T) {
 			}
 		}
 		units, first, upieces := checkUnits(nil, nil, nil, pieces, src)
+		if mu, mp := unitBounds(src, len(pieces)); len(units) > mu || len(upieces) > mp {
+			t.Fatalf("round %d: %d units in %d regions, above unitBounds' %d and %d", round, len(units), len(upieces), mu, mp)
+		}
 		// Where each unit's bytes lie in flat, for the model's reads.
 		addr := func(u int) uint64 {
 			return srcBase + uint64(uintptr(unsafe.Pointer(&units[u][0]))-uintptr(unsafe.Pointer(&flat[0])))
