@@ -255,16 +255,21 @@ func TestUnitCheckModelIsXXH3(t *testing.T) {
 	}
 }
 
-// TestDescribeUnits pins kvUnitCheck's descriptors: a kvPage per unit (length, first piece,
-// pieces, and the address of a unit of one piece), then a kvPiece per region.
-func TestDescribeUnits(t *testing.T) {
-	// checkUnits' pinned cuts (TestCheckUnits): a 200 KiB page of two regions and a 4 KiB page.
+// pinnedCuts is a batch whose units and regions the tests pin: a 200 KiB page (three units: 64,
+// 64, 72 KiB) in two regions of 100 KiB, and a 4 KiB page.
+func pinnedCuts() ([][]byte, []checkPiece) {
 	src := [][]byte{make([]byte, 200<<10), make([]byte, 4<<10)}
-	pieces := []checkPiece{
+	return src, []checkPiece{
 		{page: 0, addr: 0x10000000, off: 0, len: 100 << 10},
 		{page: 0, addr: 0x20000000, off: 100 << 10, len: 100 << 10},
 		{page: 1, addr: 0x30000000, off: 0, len: 4 << 10},
 	}
+}
+
+// TestDescribeUnits pins kvUnitCheck's descriptors: a kvPage per unit (length, first piece,
+// pieces, and the address of a unit of one piece), then a kvPiece per region.
+func TestDescribeUnits(t *testing.T) {
+	src, pieces := pinnedCuts()
 	units, _, upieces := checkUnits(nil, nil, nil, pieces, src)
 	if mu, mp := unitBounds(src, len(pieces)); mu != 4 || mp != 5 {
 		t.Errorf("unitBounds = %d units, %d regions, want 4 and 5 (what checkUnits made)", mu, mp)
@@ -614,13 +619,7 @@ func TestCheckedCopies(t *testing.T) {
 // the units) or by the separate kernels' model, and combined per page (unitDigest), give
 // keys.PageChecksum of every page, for pages of one unit and of many, pieces long and short.
 func TestCheckUnits(t *testing.T) {
-	// Pinned cuts: a 200 KiB page (three units: 64, 64, 72 KiB) of two regions, and a 4 KiB page.
-	src := [][]byte{make([]byte, 200<<10), make([]byte, 4<<10)}
-	pieces := []checkPiece{
-		{page: 0, addr: 0x10000000, off: 0, len: 100 << 10},
-		{page: 0, addr: 0x20000000, off: 100 << 10, len: 100 << 10},
-		{page: 1, addr: 0x30000000, off: 0, len: 4 << 10},
-	}
+	src, pieces := pinnedCuts()
 	units, first, got := checkUnits(nil, nil, nil, pieces, src)
 	want := []checkPiece{
 		{page: 0, addr: 0x10000000, off: 0, len: 64 << 10},
