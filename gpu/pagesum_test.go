@@ -93,6 +93,15 @@ func modelMerge(acc [8]uint64, total uint64, sec pageSumSecret) uint64 {
 	return h ^ h>>32
 }
 
+// randomBytes is n bytes from rng.
+func randomBytes(rng *rand.Rand, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	return b
+}
+
 // TestPageSumModelIsXXH3 checks the kernel's algorithm, written out in Go, against XXH3-64 for
 // page sizes around every boundary the kernel handles (blocks, stripes, the 32-block chunks)
 // and pages split into pieces of many sizes.
@@ -104,10 +113,7 @@ func TestPageSumModelIsXXH3(t *testing.T) {
 		sizes = append(sizes, 64*(4+rng.IntN(3000)))
 	}
 	for _, n := range sizes {
-		page := make([]byte, n)
-		for i := range page {
-			page[i] = byte(rng.Uint32())
-		}
+		page := randomBytes(rng, n)
 		want := xxh3.Hash(page)
 		// Whole, then in pieces of random multiples of 64 bytes.
 		splits := [][][]byte{{page}}
@@ -239,10 +245,7 @@ func TestUnitCheckModelIsXXH3(t *testing.T) {
 		sizes = append(sizes, 64*(4+rng.IntN(2040)))
 	}
 	for _, n := range sizes {
-		unit := make([]byte, n)
-		for i := range unit {
-			unit[i] = byte(rng.Uint32())
-		}
+		unit := randomBytes(rng, n)
 		word := func(o uint64) uint64 {
 			if o+8 > uint64(n) {
 				panic(fmt.Sprintf("a load at %d past the unit's %d bytes", o, n))
