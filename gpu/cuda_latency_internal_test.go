@@ -160,10 +160,12 @@ func BenchmarkCUDAScatterOrChecked(b *testing.B) {
 	}
 }
 
-// BenchmarkCUDAFirstCopy is how long after the call a batch's first copy is issued (first-us:
+// BenchmarkCUDAFirstCopy is how long after the call a batch's first copy is issued (…-first-us:
 // the host's work before it, untraced), on one mover and the same 12 MiB batch of 1 MiB pages,
-// for a plain Scatter and a checked one (ScatterChecked, then its wait), alternated within the
-// loop; host-us is each call's whole wall time.
+// for a plain Scatter ("scatter"), a checked one waited for as ScatterChecked does ("checked":
+// its copies, then the check) and one issued without waiting for its copies ("issued":
+// IssueChecked, then the check's wait, as the connector loads), rotated within the loop;
+// …-host-us is each call's whole wall time.
 func BenchmarkCUDAFirstCopy(b *testing.B) {
 	d, err := OpenCUDA(0)
 	if err != nil {
@@ -179,36 +181,40 @@ func BenchmarkCUDAFirstCopy(b *testing.B) {
 		}
 	}
 	defer func() { issueHook = nil }()
-	var firstT, hostT [2]time.Duration
+	kinds := []string{"scatter", "checked", "issued"}
+	var firstT, hostT [3]time.Duration
 	ctx := context.Background()
 	for i := 0; b.Loop(); i++ {
-		for k := range 2 {
-			checked := (i+k)%2 == 1
+		for k := range kinds {
+			j := (i + k) % len(kinds)
 			first, t0 = time.Time{}, time.Now()
-			if checked {
-				wait, err := m.ScatterChecked(ctx, src, refs, sums)
-				if err != nil {
-					b.Fatal(err)
-				}
+			var wait func() ([]bool, error)
+			var err error
+			switch kinds[j] {
+			case "scatter":
+				err = m.Scatter(ctx, src, refs)
+			case "checked":
+				wait, err = m.ScatterChecked(ctx, src, refs, sums)
+			default:
+				wait, err = m.IssueChecked(ctx, src, refs, sums)
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			if wait != nil {
 				if bad, err := wait(); err != nil || slices.Contains(bad, true) {
 					b.Fatal("check failed", err)
 				}
-			} else if err := m.Scatter(ctx, src, refs); err != nil {
-				b.Fatal(err)
-			}
-			j := 0
-			if checked {
-				j = 1
 			}
 			firstT[j] += first.Sub(t0)
 			hostT[j] += time.Since(t0)
 		}
 	}
 	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(b.N) }
-	b.ReportMetric(us(firstT[0]), "scatter-first-us")
-	b.ReportMetric(us(firstT[1]), "checked-first-us")
-	b.ReportMetric(us(hostT[0]), "scatter-host-us")
-	b.ReportMetric(us(hostT[1]), "checked-host-us")
+	for j, k := range kinds {
+		b.ReportMetric(us(firstT[j]), k+"-first-us")
+		b.ReportMetric(us(hostT[j]), k+"-host-us")
+	}
 }
 
 // checkBatch makes a mover over new device memory of batchMiB of pageKiB pages in two regions,

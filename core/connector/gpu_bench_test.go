@@ -80,21 +80,49 @@ func newGPUBench(b *testing.B, page int) *gpuBench {
 }
 
 // timedMover records how long Scatter calls take and when they start, to see whether a load's
-// scatters overlap its pool checks.
+// scatters overlap its pool checks; and, since the last mark, when the first call came (called)
+// and when the last scatter or check was done (done).
 type timedMover struct {
 	kvmem.Mover
 	mu       sync.Mutex
 	scatters int
 	checked  int // scatters checked on the GPU
 	busy     time.Duration
+	called   time.Time
+	done     time.Time
+}
+
+// mark forgets called and done.
+func (m *timedMover) mark() {
+	m.mu.Lock()
+	m.called, m.done = time.Time{}, time.Time{}
+	m.mu.Unlock()
+}
+
+// times returns called and done.
+func (m *timedMover) times() (called, done time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.called, m.done
+}
+
+// call notes a call that started at t0.
+func (m *timedMover) call(t0 time.Time) {
+	m.mu.Lock()
+	if m.called.IsZero() {
+		m.called = t0
+	}
+	m.mu.Unlock()
 }
 
 func (m *timedMover) Scatter(ctx context.Context, src [][]byte, pages []kvmem.PageRef) error {
 	t0 := time.Now()
+	m.call(t0)
 	err := m.Mover.Scatter(ctx, src, pages)
 	m.mu.Lock()
 	m.scatters++
 	m.busy += time.Since(t0)
+	m.done = time.Now()
 	m.mu.Unlock()
 	return err
 }
@@ -110,8 +138,24 @@ func (m *timedMover) PageCheckError() error {
 // ScatterChecked times the copies and the launch of the check (what the loading goroutine
 // waits for), as Scatter is timed.
 func (m *timedMover) ScatterChecked(ctx context.Context, src [][]byte, pages []kvmem.PageRef, sums []uint64) (func() ([]bool, error), error) {
-	defer m.countChecked(time.Now())
-	return m.Mover.(kvmem.PageChecker).ScatterChecked(ctx, src, pages, sums)
+	t0 := time.Now()
+	m.call(t0)
+	defer m.countChecked(t0)
+	return m.doneWhenRead(m.Mover.(kvmem.PageChecker).ScatterChecked(ctx, src, pages, sums))
+}
+
+// doneWhenRead wraps a checked scatter's wait so that it notes when the check was read.
+func (m *timedMover) doneWhenRead(wait func() ([]bool, error), err error) (func() ([]bool, error), error) {
+	if err != nil {
+		return wait, err
+	}
+	return func() ([]bool, error) {
+		bad, err := wait()
+		m.mu.Lock()
+		m.done = time.Now()
+		m.mu.Unlock()
+		return bad, err
+	}, nil
 }
 
 // countChecked counts a checked scatter that started at t0.
@@ -125,8 +169,10 @@ func (m *timedMover) countChecked(t0 time.Time) {
 
 // IssueChecked times the issue of a checked scatter that is not waited for.
 func (m *timedMover) IssueChecked(ctx context.Context, src [][]byte, pages []kvmem.PageRef, sums []uint64) (func() ([]bool, error), error) {
-	defer m.countChecked(time.Now())
-	return m.Mover.(kvmem.AsyncPageChecker).IssueChecked(ctx, src, pages, sums)
+	t0 := time.Now()
+	m.call(t0)
+	defer m.countChecked(t0)
+	return m.doneWhenRead(m.Mover.(kvmem.AsyncPageChecker).IssueChecked(ctx, src, pages, sums))
 }
 
 func (m *timedMover) GPUTime() kvmem.GPUTime { return m.Mover.(kvmem.GPUTimer).GPUTime() }
@@ -398,7 +444,9 @@ func BenchmarkGPULoad(b *testing.B) {
 // weighs nothing here) or "held" ("nocheck" of BenchmarkGPULoad: views taken once at set-up,
 // neither looked up nor released per load). It reports both loads' means and medians and the
 // check's cost over the unchecked load: check-% (means), check-p50-% (medians), and the GPU's
-// time on the check after the copies (gpu-check-us).
+// time on the check after the copies (gpu-check-us); and, medians, how long after each load's
+// start its first mover call came (checked-call-us, unchecked-call-us) and how long before its
+// end its last scatter or check was done (…-tail-us).
 func BenchmarkGPUCheckCost(b *testing.B) {
 	for _, page := range gpuBenchPages {
 		for _, c := range []struct {
@@ -414,32 +462,39 @@ func BenchmarkGPUCheckCost(b *testing.B) {
 					ks[i] = opts.Namespace.PageKey(0, 32, uint64(page), h)
 				}
 				fillEmbedded(b, pool, ks, page)
-				checked, _, rep := g.timedWorker(b, pool, false)
+				checked, cm0, rep := g.timedWorker(b, pool, false)
 				var base mooncake.Pool = leasedPool{pool}
 				if c.base == "held" {
 					base = newUncheckedPool(b, pool, ks)
 				}
-				unchecked, _, _ := g.timedWorker(b, base, false)
+				unchecked, um0, _ := g.timedWorker(b, base, false)
 				meta, _ := g.loadOf(fmt.Sprintf("load=%dMiB", c.mib), page)
 				ctx := context.Background()
-				load := func(w *Worker) time.Duration {
+				// Each load's time, and from its start to its first mover call and from its last
+				// scatter or check done to its end.
+				var ct, ut, cCall, uCall, cTail, uTail []time.Duration
+				load := func(w *Worker, tm *timedMover, all, call, tail *[]time.Duration) {
 					g.anchor(b, true)
+					tm.mark()
 					t0 := time.Now()
 					w.BindMeta(Metadata{Loads: []RequestTransfers{meta}})
 					if err := w.StartLoad(ctx); err != nil {
 						b.Fatal(err)
 					}
-					return time.Since(t0)
+					end := time.Now()
+					called, done := tm.times()
+					*all = append(*all, end.Sub(t0))
+					*call = append(*call, called.Sub(t0))
+					*tail = append(*tail, end.Sub(done))
 				}
-				var ct, ut []time.Duration
 				b.ResetTimer()
 				for i := 0; b.Loop(); i++ {
 					if i%2 == 0 {
-						ct = append(ct, load(checked))
-						ut = append(ut, load(unchecked))
+						load(checked, cm0, &ct, &cCall, &cTail)
+						load(unchecked, um0, &ut, &uCall, &uTail)
 					} else {
-						ut = append(ut, load(unchecked))
-						ct = append(ct, load(checked))
+						load(unchecked, um0, &ut, &uCall, &uTail)
+						load(checked, cm0, &ct, &cCall, &cTail)
 					}
 				}
 				b.StopTimer()
@@ -456,6 +511,11 @@ func BenchmarkGPUCheckCost(b *testing.B) {
 				b.ReportMetric(up.Seconds()*1e3, "unchecked-p50-ms")
 				b.ReportMetric(100*(cm.Seconds()/um.Seconds()-1), "check-%")
 				b.ReportMetric(100*(cp.Seconds()/up.Seconds()-1), "check-p50-%")
+				us := func(ds []time.Duration) float64 { return float64(medianDuration(ds).Nanoseconds()) / 1e3 }
+				b.ReportMetric(us(cCall), "checked-call-us")
+				b.ReportMetric(us(uCall), "unchecked-call-us")
+				b.ReportMetric(us(cTail), "checked-tail-us")
+				b.ReportMetric(us(uTail), "unchecked-tail-us")
 				if lt := rep.LoadTotals(); lt.GPUCheckSum > 0 {
 					b.ReportMetric(lt.GPUCheckSum.Seconds()*1e6/float64(len(ct)), "gpu-check-us")
 				}
