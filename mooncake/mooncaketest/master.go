@@ -206,27 +206,58 @@ func (m *Master) start() error {
 	m.mu.Lock()
 	m.cmd, m.done = cmd, done
 	m.mu.Unlock()
-	return m.waitReady(done, 30*time.Second)
+	return m.waitReady(cmd.Process.Pid, done, 30*time.Second)
 }
 
-func (m *Master) waitReady(done <-chan struct{}, limit time.Duration) error {
+func (m *Master) waitReady(pid int, done <-chan struct{}, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	hc := &http.Client{Timeout: time.Second}
+	var foreign []int
 	for time.Now().Before(deadline) {
 		select {
 		case <-done:
+			if len(foreign) > 0 {
+				return fmt.Errorf("mooncake_master exited during start-up; another process listened on its port(s) %v", foreign)
+			}
 			return errors.New("mooncake_master exited during start-up")
 		default:
 		}
 		if c, err := net.DialTimeout("tcp", m.RPCAddr, 200*time.Millisecond); err == nil {
 			_ = c.Close()
 			if httpOK(hc, m.AdminURL+"/health") && httpAnswers(hc, m.MetadataURL+"?key=kvctl-ready-probe") {
-				return nil
+				// The probes prove that something answers on the three ports, not that it is
+				// this master: another process may take a port between freePorts and the
+				// master's bind. The master then fails to start that server and exits, which
+				// the next round sees. Ready only once this process holds all three listeners.
+				var err error
+				if foreign, err = notListening(pid, m.ports()); err != nil {
+					return err
+				}
+				if len(foreign) == 0 {
+					return nil
+				}
 			}
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	if len(foreign) > 0 {
+		return fmt.Errorf("mooncake_master not ready after %v: another process listens on its port(s) %v", limit, foreign)
+	}
 	return fmt.Errorf("mooncake_master not ready after %v", limit)
+}
+
+// ports returns the master's RPC, metadata and admin ports.
+func (m *Master) ports() []int {
+	var ps []int
+	for _, a := range []string{m.RPCAddr, strings.TrimPrefix(m.MetadataURL, "http://"), strings.TrimPrefix(m.AdminURL, "http://")} {
+		hostport, _, _ := strings.Cut(a, "/")
+		if _, p, err := net.SplitHostPort(hostport); err == nil {
+			if n, err := strconv.Atoi(p); err == nil {
+				ps = append(ps, n)
+			}
+		}
+	}
+	return ps
 }
 
 func httpOK(hc *http.Client, url string) bool {

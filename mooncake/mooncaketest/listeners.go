@@ -1,0 +1,86 @@
+package mooncaketest
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// notListening returns those of ports on which process pid holds no listening TCP socket. It
+// reads /proc/net/tcp{,6} for the listeners' socket inodes and /proc/PID/fd for the process's
+// sockets; where /proc is absent (not Linux) it cannot tell and returns none.
+func notListening(pid int, ports []int) ([]int, error) {
+	inodes := map[int]map[string]bool{} // port -> inodes of its listeners
+	for _, name := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		f, err := os.Open(name)
+		if os.IsNotExist(err) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		err = listeners(f, inodes)
+		_ = f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if os.IsNotExist(err) && len(inodes) == 0 {
+		return nil, nil // no /proc
+	}
+	if err != nil {
+		// The process exited (or /proc/PID is unreadable): it holds nothing.
+		return ports, nil
+	}
+	owned := map[string]bool{}
+	for _, fd := range fds {
+		link, err := os.Readlink(filepath.Join(fmt.Sprintf("/proc/%d/fd", pid), fd.Name()))
+		if err != nil {
+			continue // closed since the listing
+		}
+		if ino, ok := strings.CutPrefix(link, "socket:["); ok {
+			owned[strings.TrimSuffix(ino, "]")] = true
+		}
+	}
+	var missing []int
+	for _, p := range ports {
+		held := false
+		for ino := range inodes[p] {
+			held = held || owned[ino]
+		}
+		if !held {
+			missing = append(missing, p)
+		}
+	}
+	return missing, nil
+}
+
+// listeners adds the listening sockets of one /proc/net/tcp-format table to byPort.
+func listeners(f *os.File, byPort map[int]map[string]bool) error {
+	sc := bufio.NewScanner(f)
+	sc.Scan() // header
+	for sc.Scan() {
+		// sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 10 || fields[3] != "0A" { // 0A: TCP_LISTEN
+			continue
+		}
+		_, hexPort, ok := strings.Cut(fields[1], ":")
+		if !ok {
+			return fmt.Errorf("local address %q has no port", fields[1])
+		}
+		port, err := strconv.ParseUint(hexPort, 16, 16)
+		if err != nil {
+			return fmt.Errorf("local address %q: %w", fields[1], err)
+		}
+		if byPort[int(port)] == nil {
+			byPort[int(port)] = map[string]bool{}
+		}
+		byPort[int(port)][fields[9]] = true
+	}
+	return sc.Err()
+}
