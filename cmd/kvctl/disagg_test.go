@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -18,11 +20,28 @@ import (
 )
 
 // startDisaggServe runs `kvctl serve --disagg-config` in front of scripted servers and returns
-// the front's base URL.
+// the front's base URL. The front's port is picked free and written into the config before
+// kvctl binds it, so another process can take it in between: a start that fails to bind is
+// tried again on another port.
 func startDisaggServe(t *testing.T, extra string) (string, *disaggtest.Server, *disaggtest.Server) {
 	t.Helper()
 	c := disaggtest.StartContext(t)
 	g := disaggtest.StartGeneration(t)
+	for attempt := 1; ; attempt++ {
+		u, log, err := startDisaggFront(t, c, g, extra)
+		if err == nil {
+			return u, c, g
+		}
+		if attempt == 3 || !strings.Contains(log, "address already in use") {
+			t.Fatalf("%v\n%s", err, log)
+		}
+	}
+}
+
+// startDisaggFront starts one `kvctl serve --disagg-config` on a free port and waits for its
+// listen line; on failure it returns what kvctl wrote.
+func startDisaggFront(t *testing.T, c, g *disaggtest.Server, extra string) (string, string, error) {
+	t.Helper()
 	port := mooncaketest.FreePort(t)
 	cfg := filepath.Join(t.TempDir(), "disagg_config.yaml")
 	text := "hostname: 127.0.0.1\nport: " + strconv.Itoa(port) + "\nbackend: pytorch\n" +
@@ -40,7 +59,7 @@ func startDisaggServe(t *testing.T, extra string) (string, *disaggtest.Server, *
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait(); _ = pw.Close() }()
-	t.Cleanup(func() {
+	stop := func() {
 		_ = cmd.Process.Signal(os.Interrupt)
 		select {
 		case <-done:
@@ -48,10 +67,12 @@ func startDisaggServe(t *testing.T, extra string) (string, *disaggtest.Server, *
 			_ = cmd.Process.Kill()
 			<-done
 		}
-	})
+	}
 	ready := make(chan string, 1)
+	scanned := make(chan struct{})
 	var log lockedBuilder
 	go func() {
+		defer close(scanned)
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
 			log.WriteString(sc.Text() + "\n")
@@ -62,13 +83,15 @@ func startDisaggServe(t *testing.T, extra string) (string, *disaggtest.Server, *
 	}()
 	select {
 	case u := <-ready:
-		return u, c, g
+		t.Cleanup(stop)
+		return u, "", nil
 	case err := <-done:
-		t.Fatalf("kvctl serve --disagg-config exited: %v\n%s", err, log.String())
+		<-scanned // everything kvctl wrote before it exited
+		return "", log.String(), fmt.Errorf("kvctl serve --disagg-config exited: %v", err)
 	case <-time.After(20 * time.Second):
-		t.Fatalf("kvctl serve --disagg-config was not ready in 20s:\n%s", log.String())
+		stop()
+		return "", log.String(), errors.New("kvctl serve --disagg-config was not ready in 20s")
 	}
-	return "", nil, nil
 }
 
 const openAIScript = `
