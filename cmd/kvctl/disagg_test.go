@@ -87,7 +87,7 @@ func startDisaggFront(t *testing.T, c, g *disaggtest.Server, extra string) (stri
 		return u, "", nil
 	case err := <-done:
 		<-scanned // everything kvctl wrote before it exited
-		return "", log.String(), fmt.Errorf("kvctl serve --disagg-config exited: %v", err)
+		return "", log.String(), fmt.Errorf("kvctl serve --disagg-config exited: %w", err)
 	case <-time.After(20 * time.Second):
 		stop()
 		return "", log.String(), errors.New("kvctl serve --disagg-config was not ready in 20s")
