@@ -113,10 +113,11 @@ type Master struct {
 	// AdminURL is the metrics and admin HTTP server ("http://127.0.0.1:PORT").
 	AdminURL string
 
-	t    testing.TB
-	bin  string
-	args []string
-	log  *lockedBuffer
+	t     testing.TB
+	bin   string
+	args  []string
+	ports []int // the RPC, metadata and admin ports args name
+	log   *lockedBuffer
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -145,6 +146,7 @@ func StartMaster(t testing.TB, opts MasterOptions) *Master {
 		m.RPCAddr = fmt.Sprintf("127.0.0.1:%d", ports[0])
 		m.MetadataURL = fmt.Sprintf("http://127.0.0.1:%d/metadata", ports[1])
 		m.AdminURL = fmt.Sprintf("http://127.0.0.1:%d", ports[2])
+		m.ports = ports
 		m.args = append([]string{
 			"--rpc_address=127.0.0.1",
 			"--rpc_port=" + strconv.Itoa(ports[0]),
@@ -230,7 +232,7 @@ func (m *Master) waitReady(pid int, done <-chan struct{}, limit time.Duration) e
 				// master's bind. The master then fails to start that server and exits, which
 				// the next round sees. Ready only once this process holds all three listeners.
 				var err error
-				if foreign, err = notListening(pid, m.ports()); err != nil {
+				if foreign, err = notListening(pid, m.ports); err != nil {
 					return err
 				}
 				if len(foreign) == 0 {
@@ -244,20 +246,6 @@ func (m *Master) waitReady(pid int, done <-chan struct{}, limit time.Duration) e
 		return fmt.Errorf("mooncake_master not ready after %v: another process listens on its port(s) %v", limit, foreign)
 	}
 	return fmt.Errorf("mooncake_master not ready after %v", limit)
-}
-
-// ports returns the master's RPC, metadata and admin ports.
-func (m *Master) ports() []int {
-	var ps []int
-	for _, a := range []string{m.RPCAddr, strings.TrimPrefix(m.MetadataURL, "http://"), strings.TrimPrefix(m.AdminURL, "http://")} {
-		hostport, _, _ := strings.Cut(a, "/")
-		if _, p, err := net.SplitHostPort(hostport); err == nil {
-			if n, err := strconv.Atoi(p); err == nil {
-				ps = append(ps, n)
-			}
-		}
-	}
-	return ps
 }
 
 func httpOK(hc *http.Client, url string) bool {

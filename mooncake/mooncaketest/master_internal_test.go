@@ -88,6 +88,7 @@ func TestStartRefusesATakenPort(t *testing.T) {
 	m.RPCAddr = fmt.Sprintf("127.0.0.1:%d", rpc)
 	m.MetadataURL = fmt.Sprintf("http://127.0.0.1:%d/metadata", ports[0])
 	m.AdminURL = fmt.Sprintf("http://127.0.0.1:%d", ports[1])
+	m.ports = []int{rpc, ports[0], ports[1]}
 	m.args = []string{
 		"--rpc_address=127.0.0.1", "--rpc_port=" + strconv.Itoa(rpc),
 		"--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
