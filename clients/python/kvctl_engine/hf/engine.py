@@ -8,7 +8,10 @@ Per prompt:
 3. TakeSubmittedSaves (every rank), BuildMeta (scheduler rank) with the request as new and the
    rest of the prompt scheduled; the metadata goes to every rank.
 4. BindMeta, StartLoad, TakeFailedLoads (every rank). A request handed back is RequestReset, its
-   pages released, and it starts again at 1 (restarts counts them).
+   pages released, and it starts again at 1 (restarts counts them). A page removed from the pool
+   shortens the next lookup's hit; a page the pool refuses (it fails its checksum) is offered
+   again, so an offer as long as the one that failed is turned down (honoured 0) and the prompt
+   computed.
 5. A transformers cache is built from the loaded pages (the hit prefix), the rest of the prompt
    is computed block by block, and every block computed is written into its page.
 6. RequestFinished (scheduler rank), WaitForSave (every rank): the computed full blocks go to
@@ -284,6 +287,7 @@ class Engine:
         blocks = -(-len(tokens) // T)
         t0 = time.perf_counter()
         restarts = 0
+        failed_offer: int | None = None
         while True:
             matched = 0
             if self.scheduler:
@@ -292,19 +296,23 @@ class Engine:
                     raise RuntimeError("lookup of %s answered an asynchronous load; this engine registers synchronous loads" % rid)
                 matched = hit.matched_tokens
             matched = g.broadcast(matched)
-            if matched % T or matched >= len(tokens) + 1:
+            if matched % T or matched >= len(tokens):
                 raise RuntimeError("lookup of %s matched %d tokens: not whole blocks of a %d-token prompt" % (rid, matched, len(tokens)))
+            # The offer that just failed, offered again whole: the pool still holds a page it
+            # refuses (one that fails its checksum), so this admission turns the load down and
+            # computes the prompt.
+            honoured = 0 if failed_offer is not None and matched >= failed_offer else matched
             slots = pool.alloc(blocks)
             try:
                 meta = None
                 subs = rank.take_submitted_saves()
                 if self.scheduler:
-                    rank.update_state_after_alloc(rid, [slots], matched)
-                    rd = kv.RequestData(rid, [slots], computed_position=0, num_scheduled_tokens=len(tokens) - matched)
+                    rank.update_state_after_alloc(rid, [slots], honoured)
+                    rd = kv.RequestData(rid, [slots], computed_position=0, num_scheduled_tokens=len(tokens) - honoured)
                     meta = rank.build_meta(new_requests=[rd], submitted_saves=subs).pb.SerializeToString()
                 meta = kv.Metadata(pb.Metadata.FromString(g.broadcast(meta)))
                 if hooks.before_load is not None:
-                    hooks.before_load(rid, matched)
+                    hooks.before_load(rid, honoured)
                 tl = time.perf_counter()
                 rank.bind_meta(meta)
                 rank.start_load()
@@ -319,12 +327,13 @@ class Engine:
                     rank.request_reset(rid)
                 pool.release(slots)
                 restarts += 1
+                failed_offer = honoured
                 if restarts > 8:
                     raise RuntimeError("request %s: its load failed %d times" % (rid, restarts))
                 continue
             break
         try:
-            return self._compute(tokens, n, hooks, rid, slots, matched, t0, restarts, load_s, meta)
+            return self._compute(tokens, n, hooks, rid, slots, honoured, t0, restarts, load_s, meta)
         finally:
             pool.release(slots)
 
