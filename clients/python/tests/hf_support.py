@@ -52,17 +52,6 @@ def unavailable(why: str) -> None:
     pytest.skip(why)
 
 
-def build_kvctl(tmp: Path) -> str:
-    """The kvctl binary: $KVCTL_BIN, or built from this checkout into tmp."""
-    if os.environ.get("KVCTL_BIN"):
-        return os.environ["KVCTL_BIN"]
-    if shutil.which("go") is None:
-        unavailable("no go toolchain to build kvctl (set KVCTL_BIN to a built kvctl)")
-    out = tmp / "kvctl"
-    subprocess.run(["go", "build", "-o", str(out), "./cmd/kvctl"], cwd=REPO, check=True)
-    return str(out)
-
-
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
@@ -242,11 +231,6 @@ def max_diff(a: Any, b: Any) -> float:
 
 
 # -- fixtures (imported by the test modules) ---------------------------------------------------
-
-@pytest.fixture(scope="session")
-def kvctl_bin(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return build_kvctl(tmp_path_factory.mktemp("bin"))
-
 
 @pytest.fixture(scope="session")
 def device(pytestconfig: pytest.Config) -> str:

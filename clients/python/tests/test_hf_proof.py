@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_support import (  # noqa: F401  (fixtures)
+from .hf_support import (  # noqa: F401  (fixtures)
     TINY,
     TPB,
     Serve,
@@ -26,7 +26,6 @@ from hf_support import (  # noqa: F401  (fixtures)
     cached_run,
     device,
     http_get,
-    kvctl_bin,
     load_dump,
     max_diff,
     prompt,
