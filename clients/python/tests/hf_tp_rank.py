@@ -31,8 +31,9 @@ def main() -> int:
     group = TorchGroup(a.dist_init, 2, a.rank)
 
     def opts(use_cache, name=""):
-        return EngineOptions(spec=spec, device=a.device, tokens_per_block=16, slots=32, use_cache=use_cache,
-                             socket=a.socket, name=name)
+        return EngineOptions(
+            spec=spec, device=a.device, tokens_per_block=16, slots=32, use_cache=use_cache, socket=a.socket, name=name
+        )
 
     def alter(pool, slots):
         if group.rank == 0:
@@ -40,13 +41,23 @@ def main() -> int:
 
     out = {}
     try:
-        runs = [("recompute", False, Hooks(keep_pages=True)), ("a", True, Hooks(keep_pages=True)),
-                ("b", True, Hooks(keep_pages=True)), ("c", True, Hooks(after_load=alter))]
+        runs = [
+            ("recompute", False, Hooks(keep_pages=True)),
+            ("a", True, Hooks(keep_pages=True)),
+            ("b", True, Hooks(keep_pages=True)),
+            ("c", True, Hooks(after_load=alter)),
+        ]
         for name, cached, hooks in runs:
             with Engine(opts(cached, "tp-" + name), group) as e:
                 r = e.generate(tokens, 32, hooks, request_id="tp-%s-req" % name)
-            out[name] = {"tokens": r.tokens, "logits": torch.stack(r.logits).cpu(), "loaded": r.loaded_tokens,
-                         "restarts": r.restarts, "saved": r.saved_blocks, "pages": r.pages}
+            out[name] = {
+                "tokens": r.tokens,
+                "logits": torch.stack(r.logits).cpu(),
+                "loaded": r.loaded_tokens,
+                "restarts": r.restarts,
+                "saved": r.saved_blocks,
+                "pages": r.pages,
+            }
     finally:
         group.close()
     torch.save(out, a.out)

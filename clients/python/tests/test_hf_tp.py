@@ -14,9 +14,8 @@ from pathlib import Path
 
 import torch
 
-from .hf_support import (  # noqa: F401  (fixtures)
+from .hf_support import (
     Serve,
-    device,
     engine_env,
     free_port,
     http_get,
@@ -37,10 +36,32 @@ def test_two_ranks_save_and_load_their_own_shards(kvctl_bin: str, device: str, t
         procs = []
         for r in range(2):
             log = open(tmp_path / ("rank%d.log" % r), "wb")
-            procs.append((subprocess.Popen(
-                [sys.executable, script, "--socket", serve.socket, "--rank", str(r), "--dist-init", init,
-                 "--tokens-file", f, "--out", str(tmp_path / ("rank%d.pt" % r)), "--device", device],
-                stdout=log, stderr=subprocess.STDOUT, env=engine_env()), log))
+            procs.append(
+                (
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            script,
+                            "--socket",
+                            serve.socket,
+                            "--rank",
+                            str(r),
+                            "--dist-init",
+                            init,
+                            "--tokens-file",
+                            f,
+                            "--out",
+                            str(tmp_path / ("rank%d.pt" % r)),
+                            "--device",
+                            device,
+                        ],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env=engine_env(),
+                    ),
+                    log,
+                )
+            )
         for r, (p, log) in enumerate(procs):
             try:
                 rc = p.wait(600)
@@ -57,13 +78,17 @@ def test_two_ranks_save_and_load_their_own_shards(kvctl_bin: str, device: str, t
             assert b["loaded"] == 6 * 16, (r, b["loaded"])
             for blk in range(6):
                 assert b["pages"][blk] == a["pages"][blk], "rank %d block %d: loaded bytes differ from saved" % (r, blk)
-                assert a["pages"][blk] == ref["pages"][blk], "rank %d block %d: saved KV is not the recompute's" % (r, blk)
+                assert a["pages"][blk] == ref["pages"][blk], "rank %d block %d: saved KV is not the recompute's" % (
+                    r,
+                    blk,
+                )
             assert a["tokens"] == b["tokens"] == ref["tokens"], "rank %d: tokens differ" % r
             assert max_diff(b["logits"], ref["logits"]) <= 1e-5
             # Negative control: rank 0 altered one loaded page of its shard; both ranks see it.
             assert c["loaded"] == 6 * 16
             assert c["tokens"] != ref["tokens"] or max_diff(c["logits"], ref["logits"]) > 1e-5, (
-                "rank %d: an altered page gave the recompute's output" % r)
+                "rank %d: an altered page gave the recompute's output" % r
+            )
         for blk in range(6):
             assert res[0]["a"]["pages"][blk] != res[1]["a"]["pages"][blk], "both ranks saved the same shard"
         assert res[0]["b"]["tokens"] == res[1]["b"]["tokens"]
