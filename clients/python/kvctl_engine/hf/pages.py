@@ -76,6 +76,8 @@ class KVPool:
         got = [self.free.pop() for _ in range(n)]
         idx = torch.tensor(got, dtype=torch.long, device=self.device)
         self.pages[:, :, idx] = float("nan")
+        # The daemon's copies into these pages are not ordered after this engine's streams.
+        self.sync()
         return got
 
     def release(self, slots: list[int]) -> None:
