@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
@@ -250,7 +249,3 @@ def check_tokens(spec: ModelSpec, tokens: list[int]) -> None:
         )
     if len(tokens) > spec.max_positions:
         raise ValueError("prompt: %d tokens, more than the model's %d positions" % (len(tokens), spec.max_positions))
-
-
-def describe(spec: ModelSpec) -> dict[str, Any]:
-    return dataclasses.asdict(spec)

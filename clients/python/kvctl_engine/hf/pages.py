@@ -83,12 +83,6 @@ class KVPool:
     def release(self, slots: list[int]) -> None:
         self.free.extend(reversed(slots))
 
-    def write_block(self, slot: int, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Stores one block's K and V of layer (each (kv_heads, n, head_dim), n <= T) in slot."""
-        n = k.shape[1]
-        self.pages[layer, 0, slot, :, :n].copy_(k)
-        self.pages[layer, 1, slot, :, :n].copy_(v)
-
     def read_blocks(self, slots: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer, K and V of the blocks in slots, in order: each (kv_heads, len(slots) * T, head_dim)."""
         idx = torch.tensor(slots, dtype=torch.long, device=self.device)
