@@ -37,13 +37,13 @@ type engine struct {
 	// (it then synchronises before its calls: docs/ENGINE_API.md, "Stream ordering").
 	order    kvmem.StreamOrder
 	reporter *stats.Reporter
-	memFile   *os.File
-	since     time.Time
-	layout    kvmem.Layout
-	conn      uint64 // the engine connection it registered over
-	rank      int
-	deploy    deployment
-	offers    *offers // pages its BuildMeta calls offered (scheduler ranks)
+	memFile  *os.File
+	since    time.Time
+	layout   kvmem.Layout
+	conn     uint64 // the engine connection it registered over
+	rank     int
+	deploy   deployment
+	offers   *offers // pages its BuildMeta calls offered (scheduler ranks)
 
 	arenaMu     sync.Mutex
 	arena       *promptArena // its prompt arena, nil when it registered none
