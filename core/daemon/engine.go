@@ -33,21 +33,22 @@ type engine struct {
 	scheduler *connector.Scheduler // nil on a rank without the scheduler adapter
 	worker    *connector.Worker
 	mover     kvmem.Mover
-	// order is the engine's CUDA event opened for stream ordering, nil when it registered none
-	// (it then synchronises before its calls: docs/ENGINE_API.md, "Stream ordering").
-	order    kvmem.StreamOrder
-	reporter *stats.Reporter
-	memFile  *os.File
-	since    time.Time
-	layout   kvmem.Layout
-	conn     uint64 // the engine connection it registered over
-	rank     int
-	deploy   deployment
-	offers   *offers // pages its BuildMeta calls offered (scheduler ranks)
+	reporter  *stats.Reporter
+	memFile   *os.File
+	since     time.Time
+	layout    kvmem.Layout
+	conn      uint64 // the engine connection it registered over
+	rank      int
+	deploy    deployment
+	offers    *offers // pages its BuildMeta calls offered (scheduler ranks)
 
 	arenaMu     sync.Mutex
 	arena       *promptArena // its prompt arena, nil when it registered none
 	arenaClosed bool
+
+	// order is the engine's CUDA event opened for stream ordering, nil when it registered none
+	// (it then synchronises before its calls: docs/ENGINE_API.md, "Stream ordering").
+	order kvmem.StreamOrder
 }
 
 // checkTransfers refuses metadata that names a layer group or page slot outside the engine's
