@@ -22,7 +22,8 @@ func (s *service) Register(ctx context.Context, req *enginepb.RegisterRequest) (
 	if err != nil {
 		return nil, err
 	}
-	out := &enginepb.RegisterResponse{Engine: e.name, Shard: e.shard, Declarations: engineapi.DeclarationsToPB(e.worker.Declarations())}
+	out := &enginepb.RegisterResponse{Engine: e.name, Shard: e.shard, Declarations: engineapi.DeclarationsToPB(e.worker.Declarations()),
+		ApiVersion: engineapi.APIVersion()}
 	if e.order != nil {
 		out.DaemonEvent = &enginepb.CudaEvent{Handle: e.order.Handle(), Device: req.GetEngineEvent().GetDevice()}
 	}
