@@ -110,9 +110,7 @@ class TorchStreamOrder:
         self._torch = torch
         self.device = torch.cuda.current_device() if device is None else int(device)
         with torch.cuda.device(self.device):
-            self._event = torch.cuda.Event(
-                enable_timing=False, blocking=False, interprocess=True
-            )
+            self._event = torch.cuda.Event(enable_timing=False, blocking=False, interprocess=True)
             # ipc_handle creates the event on the current device if it does not exist yet.
             self._handle = check_event_handle(self._event.ipc_handle())
         self._daemon = None
@@ -129,9 +127,7 @@ class TorchStreamOrder:
         return {"handle": self._handle, "device": self.device}
 
     def _stream(self, stream: Any) -> Any:
-        return (
-            self._torch.cuda.current_stream(self.device) if stream is None else stream
-        )
+        return self._torch.cuda.current_stream(self.device) if stream is None else stream
 
     def record(self, stream: Any = None) -> None:
         self._event.record(self._stream(stream))
@@ -178,10 +174,7 @@ def _load_cudart(path: str | None) -> ctypes.CDLL:
             return ctypes.CDLL(n)
         except OSError as e:
             errors.append(f"{n}: {e}")
-    raise StreamOrderError(
-        "CudartStreamOrder needs the CUDA runtime library (libcudart): "
-        + "; ".join(errors)
-    )
+    raise StreamOrderError("CudartStreamOrder needs the CUDA runtime library (libcudart): " + "; ".join(errors))
 
 
 class CudartStreamOrder:
@@ -195,28 +188,20 @@ class CudartStreamOrder:
         self._check(self._rt.cudaSetDevice(ctypes.c_int(self.device)), "cudaSetDevice")
         ev = ctypes.c_void_p()
         self._check(
-            self._rt.cudaEventCreateWithFlags(
-                ctypes.byref(ev), ctypes.c_uint(_EVENT_FLAGS)
-            ),
+            self._rt.cudaEventCreateWithFlags(ctypes.byref(ev), ctypes.c_uint(_EVENT_FLAGS)),
             "cudaEventCreateWithFlags",
         )
         self._event = ev
         h = _Handle()
-        self._check(
-            self._rt.cudaIpcGetEventHandle(ctypes.byref(h), ev), "cudaIpcGetEventHandle"
-        )
-        self._handle = check_event_handle(
-            ctypes.string_at(ctypes.byref(h), IPC_EVENT_HANDLE_BYTES)
-        )
+        self._check(self._rt.cudaIpcGetEventHandle(ctypes.byref(h), ev), "cudaIpcGetEventHandle")
+        self._handle = check_event_handle(ctypes.string_at(ctypes.byref(h), IPC_EVENT_HANDLE_BYTES))
         self._daemon: ctypes.c_void_p | None = None
 
     def _check(self, code: int, call: str) -> None:
         if code != 0:
             self._rt.cudaGetErrorString.restype = ctypes.c_char_p
             msg = self._rt.cudaGetErrorString(ctypes.c_int(code))
-            raise StreamOrderError(
-                f"{call}: error {code}: {msg.decode() if msg else 'unknown'}"
-            )
+            raise StreamOrderError(f"{call}: error {code}: {msg.decode() if msg else 'unknown'}")
 
     def handle(self) -> bytes:
         return self._handle
@@ -232,9 +217,7 @@ class CudartStreamOrder:
 
     def open_daemon_event(self, handle: bytes) -> None:
         h = _Handle()
-        ctypes.memmove(
-            ctypes.byref(h), check_event_handle(handle), IPC_EVENT_HANDLE_BYTES
-        )
+        ctypes.memmove(ctypes.byref(h), check_event_handle(handle), IPC_EVENT_HANDLE_BYTES)
         ev = ctypes.c_void_p()
         self._check(
             self._rt.cudaIpcOpenEventHandle(ctypes.byref(ev), h),
@@ -248,9 +231,7 @@ class CudartStreamOrder:
                 "the daemon's event is not open: call open_daemon_event with RegisterResponse.daemon_event.handle"
             )
         self._check(
-            self._rt.cudaStreamWaitEvent(
-                ctypes.c_void_p(stream or 0), self._daemon, ctypes.c_uint(0)
-            ),
+            self._rt.cudaStreamWaitEvent(ctypes.c_void_p(stream or 0), self._daemon, ctypes.c_uint(0)),
             "cudaStreamWaitEvent",
         )
 
@@ -268,3 +249,22 @@ class CudartStreamOrder:
                 self._rt.cudaEventDestroy(ev)
         self._daemon = None
         self._event = ctypes.c_void_p()
+
+
+def engine_event_message(order: StreamOrder) -> Any:
+    """``order``'s event as the ``CudaEvent`` message for ``RegisterRequest.engine_event``."""
+    from ._pb import engine_pb2 as pb
+
+    return pb.CudaEvent(**order.register_fields())
+
+
+def daemon_event_handle(response: Any) -> bytes:
+    """The daemon's event handle from a ``RegisterResponse``. A daemon that answers without one
+    did not take the engine's event (one older than stream ordering): raises StreamOrderError,
+    and the engine must then order by the host (synchronise before its calls)."""
+    if not response.HasField("daemon_event"):
+        raise StreamOrderError(
+            "the daemon answered Register without daemon_event: it does not order by events; "
+            "synchronise before StartLoad, WaitForSave and BindMeta instead"
+        )
+    return check_event_handle(response.daemon_event.handle)

@@ -87,9 +87,7 @@ class API:
         return self.cls(name)(**kw)
 
     def call(self, method: str, timeout: float = 120, **kw):
-        return self._methods[method](
-            self.cls(self._inputs[method])(**kw), timeout=timeout
-        )
+        return self._methods[method](self.cls(self._inputs[method])(**kw), timeout=timeout)
 
 
 def prompt(seed: int, n: int) -> list[int]:
@@ -119,9 +117,7 @@ class Engine:
         self.api, self.torch, self.name, self.ordered = api, torch, name, ordered
         self.T, self.page_bytes, self.slots = T, page_bytes, slots
         self.dev = torch.device("cuda", torch.cuda.current_device())
-        self.mem = torch.full(
-            (slots * page_bytes,), POISON_BYTE, dtype=torch.uint8, device=self.dev
-        )
+        self.mem = torch.full((slots * page_bytes,), POISON_BYTE, dtype=torch.uint8, device=self.dev)
         torch.cuda.synchronize()
         self.free = list(range(slots))
         shared = self.mem.untyped_storage()._share_cuda_()
@@ -134,9 +130,7 @@ class Engine:
                     "LayerGroup",
                     id=0,
                     slots=slots,
-                    regions=[
-                        api.msg("Region", offset=0, stride=page_bytes, size=page_bytes)
-                    ],
+                    regions=[api.msg("Region", offset=0, stride=page_bytes, size=page_bytes)],
                 )
             ],
         )
@@ -163,9 +157,7 @@ class Engine:
             ),
             **kw,
         )
-        self.daemon_event_bytes = (
-            len(resp.daemon_event.handle) if resp.HasField("daemon_event") else 0
-        )
+        self.daemon_event_bytes = len(resp.daemon_event.handle) if resp.HasField("daemon_event") else 0
         if ordered:
             self.order.open_daemon_event(resp.daemon_event.handle)
 
@@ -193,9 +185,7 @@ class Engine:
         if self.order is not None:
             self.order.wait_daemon()
 
-    def admit(
-        self, rid: str, tokens: list[int], want_matched: int
-    ) -> tuple[list[int], int]:
+    def admit(self, rid: str, tokens: list[int], want_matched: int) -> tuple[list[int], int]:
         """Lookup, allocation report, metadata and BindMeta for one new request."""
         api, name = self.api, self.name
         lr = api.call(
@@ -205,9 +195,7 @@ class Engine:
             request=api.msg("Request", id=rid, tokens=tokens, context_only=True),
         )
         if lr.matched_tokens != want_matched:
-            raise RuntimeError(
-                f"{rid}: lookup matched {lr.matched_tokens} tokens, want {want_matched}"
-            )
+            raise RuntimeError(f"{rid}: lookup matched {lr.matched_tokens} tokens, want {want_matched}")
         pages = self.alloc((len(tokens) + self.T - 1) // self.T)
         ids = [api.msg("BlockIDs", ids=pages)]
         api.call(
@@ -225,9 +213,7 @@ class Engine:
             num_scheduled_tokens=len(tokens) - lr.matched_tokens,
             new_block_ids_by_group=ids,
         )
-        meta = api.call(
-            "BuildMeta", engine=name, new_requests=[rd], submitted_saves=list(subs.ids)
-        )
+        meta = api.call("BuildMeta", engine=name, new_requests=[rd], submitted_saves=list(subs.ids))
         api.call("BindMeta", engine=name, metadata=meta)
         return pages, lr.matched_tokens
 

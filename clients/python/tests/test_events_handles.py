@@ -1,15 +1,12 @@
 """CPU-side checks of kvctl_engine.cuda_events and the engine_event fields of the engine API."""
 
 import os
-import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-
 from kvctl_engine import cuda_events
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 DESCRIPTOR = os.path.join(REPO, "core", "daemon", "testdata", "engine.pb")
 
@@ -74,3 +71,23 @@ def test_engine_event_fields_in_the_engine_api():
     back = cls(req_d).FromString(req.SerializeToString())
     assert back.engine_event.handle == handle and back.engine_event.device == 3
     assert not cls(req_d)(engine="e").HasField("engine_event")
+
+
+class _FakeOrder:
+    device = 2
+
+    def register_fields(self):
+        return {"handle": bytes(range(64)), "device": self.device}
+
+
+def test_event_messages_for_the_sdk_client():
+    from kvctl_engine._pb import engine_pb2 as pb
+
+    req = pb.RegisterRequest(engine="e", engine_event=cuda_events.engine_event_message(_FakeOrder()))
+    assert req.engine_event.handle == bytes(range(64)) and req.engine_event.device == 2
+    with pytest.raises(cuda_events.StreamOrderError, match="without daemon_event"):
+        cuda_events.daemon_event_handle(pb.RegisterResponse(engine="e"))
+    resp = pb.RegisterResponse(engine="e", daemon_event=pb.CudaEvent(handle=bytes(64), device=2))
+    assert cuda_events.daemon_event_handle(resp) == bytes(64)
+    with pytest.raises(ValueError, match="is 3 bytes"):
+        cuda_events.daemon_event_handle(pb.RegisterResponse(daemon_event=pb.CudaEvent(handle=b"abc")))
