@@ -74,6 +74,9 @@ static struct {
 	CUresult (*eventElapsedTime)(float *, void *, void *);
 	CUresult (*ipcOpenMemHandle)(CUdeviceptr *, kvIpcHandle, unsigned int);
 	CUresult (*ipcCloseMemHandle)(CUdeviceptr);
+	// Interprocess events (stream ordering with an engine); NULL where absent.
+	CUresult (*ipcGetEventHandle)(kvIpcHandle *, void *);
+	CUresult (*ipcOpenEventHandle)(void **, kvIpcHandle);
 	// Virtual memory management; NULL where the driver lacks it.
 	CUresult (*memCreate)(uint64_t *, size_t, const kvAllocProp *, unsigned long long);
 	CUresult (*memRelease)(uint64_t);
@@ -156,6 +159,8 @@ int kvLoad(char *err, size_t errlen) {
 	REQ(eventElapsedTime, "cuEventElapsedTime");
 	REQ(ipcOpenMemHandle, "cuIpcOpenMemHandle_v2");
 	REQ(ipcCloseMemHandle, "cuIpcCloseMemHandle");
+	OPT(ipcGetEventHandle, "cuIpcGetEventHandle");
+	OPT(ipcOpenEventHandle, "cuIpcOpenEventHandle");
 	OPT(memCreate, "cuMemCreate");
 	OPT(memRelease, "cuMemRelease");
 	OPT(memExport, "cuMemExportToShareableHandle");
@@ -335,6 +340,50 @@ CUresult kvIpcOpen(uint64_t *p, const void *handle) {
 	return kv.ipcOpenMemHandle(p, h, 1); // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
 }
 CUresult kvIpcClose(uint64_t p) { return kv.ipcCloseMemHandle(p); }
+
+int kvHasIpcEvents(void) { return kv.ipcGetEventHandle && kv.ipcOpenEventHandle && kv.streamWaitEvent; }
+// kvIpcEventCreate creates an interprocess event (CU_EVENT_INTERPROCESS |
+// CU_EVENT_DISABLE_TIMING) and writes its 64-byte handle to handle.
+CUresult kvIpcEventCreate(uintptr_t *e, void *handle) {
+	void *q = NULL;
+	CUresult r = kv.eventCreate(&q, 4 | 2);
+	if (r != 0) return r;
+	kvIpcHandle h;
+	r = kv.ipcGetEventHandle(&h, q);
+	if (r != 0) { kv.eventDestroy(q); return r; }
+	memcpy(handle, &h, sizeof h);
+	*e = (uintptr_t)q;
+	return 0;
+}
+// kvIpcEventOpen opens another process's interprocess event from its 64-byte handle.
+CUresult kvIpcEventOpen(uintptr_t *e, const void *handle) {
+	kvIpcHandle h;
+	memcpy(&h, handle, sizeof h);
+	void *q = NULL;
+	CUresult r = kv.ipcOpenEventHandle(&q, h);
+	*e = (uintptr_t)q;
+	return r;
+}
+// kvEventCapture makes stream s wait for event src as last recorded, then records a new event
+// *dst on s: *dst stands for that record of src from now on, whatever src's owner records later.
+CUresult kvEventCapture(uintptr_t s, uintptr_t src, uintptr_t *dst) {
+	void *q = NULL;
+	CUresult r = kv.eventCreate(&q, 2);
+	if (r != 0) return r;
+	r = kv.streamWaitEvent((void *)s, (void *)src, 0);
+	if (r == 0) r = kv.eventRecord(q, (void *)s);
+	if (r != 0) { kv.eventDestroy(q); return r; }
+	*dst = (uintptr_t)q;
+	return 0;
+}
+// kvStreamsWaitEvent makes each of n streams wait for event e; it returns the first error.
+CUresult kvStreamsWaitEvent(const uintptr_t *streams, int n, uintptr_t e) {
+	for (int i = 0; i < n; i++) {
+		CUresult r = kv.streamWaitEvent((void *)streams[i], (void *)e, 0);
+		if (r != 0) return r;
+	}
+	return 0;
+}
 
 static kvAllocProp kvProp(int ordinal) {
 	kvAllocProp prop;

@@ -120,6 +120,9 @@ type cudaMover struct {
 	startEvent uintptr
 	// wakeDesc holds the one empty copy WakeDevice launches the copy kernel over.
 	wakeDesc *PinnedBuffer
+	// fence, when set, is the engine's fence WaitFence armed: the next transfer's streams wait
+	// for it before their first copy (markStart).
+	fence *cudaFence
 
 	mu     sync.Mutex
 	closed bool
@@ -256,13 +259,22 @@ func (m *cudaMover) transfer(ctx context.Context, toDevice bool, pages []kvmem.P
 	return m.flush(ctx, toDevice, true)
 }
 
-// markStart records startEvent on the first stream, if set, and clears it. It runs inside the
-// mover's CUDA call, before copies are issued.
-func (m *cudaMover) markStart() {
+// markStart queues the wait for a fence WaitFence armed, if any, on every stream, then
+// records startEvent on the first stream, if set, and clears both. It runs inside the mover's
+// CUDA call, before copies are issued.
+func (m *cudaMover) markStart() error {
+	if f := m.fence; f != nil {
+		m.fence = nil
+		err := f.waitOn(m.streams)
+		if err != nil {
+			return fmt.Errorf("wait for the engine's event: %w", err)
+		}
+	}
 	if m.startEvent != 0 {
 		_ = C.kvEventRecord(C.uintptr_t(m.startEvent), C.uintptr_t(m.streams[0]))
 		m.startEvent = 0
 	}
+	return nil
 }
 
 func (m *cudaMover) reset() {
@@ -316,7 +328,9 @@ func (m *cudaMover) flush(ctx context.Context, toDevice, last bool) error {
 	}
 	var err error
 	m.t.do(func() {
-		m.markStart()
+		if err = m.markStart(); err != nil {
+			return
+		}
 		if last && m.afterIssue != nil {
 			trace(checkStart, C.uintptr_t(m.streams[0]))
 		}
@@ -435,7 +449,9 @@ func (m *cudaMover) scatterPieces(ctx context.Context, src [][]byte, ends []int,
 	}
 	var err error
 	m.t.do(func() {
-		m.markStart()
+		if err = m.markStart(); err != nil {
+			return
+		}
 		trace(checkStart, C.uintptr_t(m.streams[0]))
 		issue := rtrace.StartRegion(ctx, "gpu.issue")
 		used, at := 0, 0
@@ -515,6 +531,10 @@ func (m *cudaMover) Close() error {
 	if m.wakeDesc != nil {
 		errs = append(errs, m.wakeDesc.Close())
 		m.wakeDesc = nil
+	}
+	if f := m.fence; f != nil {
+		f.Release()
+		m.fence = nil
 	}
 	if e := m.descIssued; e != 0 {
 		m.t.do(func() { errs = append(errs, cuErr("cuEventDestroy", C.kvEventDestroy(C.uintptr_t(e)))) })

@@ -28,3 +28,8 @@ func openCUDAMover(kvmem.EngineHandle, kvmem.Layout, CUDAMoverOptions) (kvmem.Mo
 func allocEngineMemory(int, uint64, kvmem.Layout, CUDAMoverOptions) (kvmem.DeviceMemory, error) {
 	return nil, errors.Join(ErrNoCUDA, ErrCUDANotBuilt)
 }
+
+// OpenStreamOrder implements kvmem.EventOpener; this build has no CUDA.
+func (c CUDA) OpenStreamOrder(int, []byte) (kvmem.StreamOrder, error) {
+	return nil, errors.Join(ErrNoCUDA, ErrCUDANotBuilt)
+}

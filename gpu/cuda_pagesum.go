@@ -1077,7 +1077,9 @@ func (m *cudaMover) flushKernel(last bool) error {
 	var err error
 	m.t.do(func() {
 		s := C.uintptr_t(m.streams[0])
-		m.markStart()
+		if err = m.markStart(); err != nil {
+			return
+		}
 		if last && m.afterIssue != nil {
 			trace(checkStart, s)
 		}

@@ -107,9 +107,13 @@ type Options struct {
 	// StatsInterval is positive, each half makes a log-only reporter of its own.
 	Stats *stats.Reporter
 	// Fence, when set, returns a fence on the engine's stream at the moment it is called: the
-	// worker takes one when saves are queued (the KV is computed once it is passed) and one when
-	// asynchronous loads are queued (the destination pages are allocated and free once it is
-	// passed). Nil means work issued before the call is already complete, as with host memory.
+	// worker takes one when saves are queued (the KV is computed once it is passed), one when
+	// asynchronous loads are queued and one when StartLoad starts synchronous loads (the
+	// destination pages are allocated and free once it is passed: the allocation fence). Each
+	// is passed before the first copy of that work. A fence that is a kvmem.DeviceFence is
+	// handed to a mover that is a kvmem.FenceWaiter, which orders its copies after it on the
+	// device without the host waiting; any other is waited for with Wait. Nil means work issued
+	// before the call is already complete, as with host memory.
 	Fence func() Fence
 }
 

@@ -439,6 +439,13 @@ func (w *Worker) StartLoad(ctx context.Context) error {
 	}
 	began := time.Now()
 	defer trace.StartRegion(ctx, "load").End()
+	// The allocation fence: the engine's work issued before this call (a kernel still using
+	// the destination pages) must be done before the first copy lands in them. It is taken now
+	// and passed only once the pool is resolved, so the lookups overlap that work.
+	var fence Fence
+	if w.opts.Fence != nil {
+		fence = w.opts.Fence()
+	}
 	if woke := w.wokenAt.Swap(0); woke == 0 || time.Since(time.Unix(0, woke)) > wakeFresh {
 		wakeDevice(w.mover)
 	}
@@ -450,7 +457,16 @@ func (w *Worker) StartLoad(ctx context.Context) error {
 	err := w.resolveLoads(lists, loads)
 	sample.End(stats.PhaseResolve, m)
 	if err != nil {
+		releaseFence(fence)
 		return w.keep(err)
+	}
+	if fence != nil {
+		m := sample.Start()
+		err := passFence(ctx, fence, w.mover)
+		sample.End(stats.PhaseFence, m)
+		if err != nil {
+			return w.keep(fmt.Errorf("load: allocation fence: %w", err))
+		}
 	}
 	values := len(lists.items)
 	res, err := loadPages(ctx, w.pool, w.direct, w.mover, stage, w.opts.TransferBatchSize, lists, sample)
@@ -609,7 +625,7 @@ func (w *Worker) saveLoop() {
 func (w *Worker) save(job saveJob) (err error) {
 	ctx := w.ctx
 	if job.fence != nil {
-		if err := job.fence.Wait(ctx); err != nil {
+		if err := passFence(ctx, job.fence, w.saveMover); err != nil {
 			return fmt.Errorf("save fence: %w", err)
 		}
 	}
@@ -875,7 +891,7 @@ func (w *Worker) loadParked(i int, a *asyncLoad, mover kvmem.Mover, stage kvmem.
 	began := time.Now()
 	if a.fence != nil {
 		m := sample.Start()
-		err := a.fence.Wait(w.ctx)
+		err := passFence(w.ctx, a.fence, mover)
 		sample.End(stats.PhaseFence, m)
 		if err != nil {
 			return true, fmt.Errorf("request %s: allocation fence: %w", a.id, err)
@@ -992,6 +1008,9 @@ func (w *Worker) Close(ctx context.Context) error {
 	}
 	if asyncQ != nil {
 		if skipped := asyncQ.close(false); len(skipped) > 0 {
+			for _, a := range skipped {
+				releaseFence(a.fence)
+			}
 			w.log.Info("mooncake-store skipped queued asynchronous loads at shutdown", "loads", len(skipped))
 		}
 	}
@@ -1031,4 +1050,23 @@ func (w *Worker) Close(ctx context.Context) error {
 	}
 	w.regs = nil
 	return errors.Join(errs...)
+}
+
+// passFence makes the mover's next copies come after the engine's work before f. A fence on the
+// engine's device that the mover can wait for there (kvmem.DeviceFence, kvmem.FenceWaiter) is
+// handed to the mover and the host goes on at once; any other fence is waited for here.
+func passFence(ctx context.Context, f Fence, mover kvmem.Mover) error {
+	if df, ok := f.(kvmem.DeviceFence); ok {
+		if fw, ok := mover.(kvmem.FenceWaiter); ok && fw.WaitFence(df) == nil {
+			return nil
+		}
+	}
+	return f.Wait(ctx)
+}
+
+// releaseFence frees a fence that will not be passed (a device fence holds an event).
+func releaseFence(f Fence) {
+	if df, ok := f.(kvmem.DeviceFence); ok {
+		df.Release()
+	}
 }

@@ -45,6 +45,10 @@ type engine struct {
 	arenaMu     sync.Mutex
 	arena       *promptArena // its prompt arena, nil when it registered none
 	arenaClosed bool
+
+	// order is the engine's CUDA event opened for stream ordering, nil when it registered none
+	// (it then synchronises before its calls: docs/ENGINE_API.md, "Stream ordering").
+	order kvmem.StreamOrder
 }
 
 // checkTransfers refuses metadata that names a layer group or page slot outside the engine's
@@ -82,6 +86,9 @@ func (e *engine) close(ctx context.Context) error {
 	}
 	if e.memFile != nil {
 		errs = append(errs, e.memFile.Close())
+	}
+	if e.order != nil {
+		errs = append(errs, e.order.Close())
 	}
 	return errors.Join(errs...)
 }
@@ -199,6 +206,9 @@ func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (*
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
 	}
+	if err := checkEngineEvent(req); err != nil {
+		return nil, err
+	}
 
 	e := &engine{name: req.GetEngine(), modelKey: req.GetModelKey(), shard: opts.Namespace.Shard(), role: opts.Role, since: time.Now(), layout: layout, conn: conn,
 		rank:   opts.Namespace.Rank,
@@ -241,6 +251,27 @@ func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (*
 			return nil, status.Errorf(codes.FailedPrecondition, "register: open engine memory: %v", err)
 		}
 	}
+	if ev := req.GetEngineEvent(); ev != nil {
+		eo, ok := d.cfg.Device.(kvmem.EventOpener)
+		if !ok {
+			return nil, status.Error(codes.FailedPrecondition, "register: engine_event: the daemon's device backend cannot open CUDA interprocess events")
+		}
+		if e.order, err = eo.OpenStreamOrder(int(ev.GetDevice()), ev.GetHandle()); err != nil {
+			code := codes.FailedPrecondition
+			if errors.Is(err, kvmem.ErrBadEvent) {
+				code = codes.InvalidArgument
+			}
+			return nil, status.Errorf(code, "register: engine_event: %v", err)
+		}
+		order := e.order
+		opts.Fence = func() connector.Fence {
+			f, err := order.Fence()
+			if err != nil {
+				return failedFence{err}
+			}
+			return f
+		}
+	}
 	if e.worker, err = connector.NewWorker(opts, d.connectorPool(), e.mover); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
 	}
@@ -266,6 +297,39 @@ func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (*
 	ok = true
 	return e, nil
 }
+
+// checkEngineEvent refuses an engine event the daemon cannot use, before any device work: one
+// with engine memory that is not on a CUDA device, on another device than that memory, or of
+// the wrong size.
+func checkEngineEvent(req *enginepb.RegisterRequest) error {
+	ev := req.GetEngineEvent()
+	if ev == nil {
+		return nil
+	}
+	var device int32
+	switch m := req.GetMemory().(type) {
+	case *enginepb.RegisterRequest_CudaIpc:
+		device = m.CudaIpc.GetDevice()
+	case *enginepb.RegisterRequest_CudaFd:
+		device = m.CudaFd.GetDevice()
+	case *enginepb.RegisterRequest_SharedMemory:
+		return status.Error(codes.InvalidArgument, "register: engine_event: shared-memory engines are ordered by the host (every call returns with its copies done; docs/ENGINE_API.md, \"Stream ordering\"); send no engine_event")
+	default:
+		return status.Error(codes.InvalidArgument, "register: engine_event: needs engine memory on a CUDA device (cuda_ipc or cuda_fd)")
+	}
+	if ev.GetDevice() != device {
+		return status.Errorf(codes.InvalidArgument, "register: engine_event: the event is on device %d but the engine memory on device %d; both must be on one device", ev.GetDevice(), device)
+	}
+	if err := kvmem.CheckEventHandle(ev.GetHandle()); err != nil {
+		return status.Errorf(codes.InvalidArgument, "register: engine_event: %v", err)
+	}
+	return nil
+}
+
+// failedFence is a fence that could not be taken: passing it fails with why.
+type failedFence struct{ err error }
+
+func (f failedFence) Wait(context.Context) error { return f.err }
 
 func memSize(req *enginepb.RegisterRequest) uint64 {
 	switch m := req.GetMemory().(type) {

@@ -24,6 +24,9 @@ func (s *service) Register(ctx context.Context, req *enginepb.RegisterRequest) (
 	}
 	out := &enginepb.RegisterResponse{Engine: e.name, Shard: e.shard, Declarations: engineapi.DeclarationsToPB(e.worker.Declarations()),
 		ApiVersion: engineapi.APIVersion()}
+	if e.order != nil {
+		out.DaemonEvent = &enginepb.CudaEvent{Handle: e.order.Handle(), Device: req.GetEngineEvent().GetDevice()}
+	}
 	s.d.log.Info("engine registered", "engine", e.name, "model_key", e.modelKey, "shard", e.shard, "role", e.role, "scheduler", e.scheduler != nil)
 	return out, nil
 }
@@ -187,13 +190,20 @@ func (s *service) BindMeta(ctx context.Context, req *enginepb.BindMetaRequest) (
 }
 
 func (s *service) StartLoad(ctx context.Context, req *enginepb.EngineRef) (*enginepb.Empty, error) {
-	w, err := s.d.workerOf(ctx, req.GetEngine())
+	e, err := s.d.lookupEngine(ctx, req.GetEngine())
 	if err != nil {
 		return nil, err
 	}
+	w := e.worker
 	prior := w.Err()
 	if err := w.StartLoad(ctx); err != nil {
 		return nil, s.protocolStatus(req.GetEngine(), prior, err)
+	}
+	if e.order != nil {
+		// The copies are done: the engine's stream, waiting on this record, reads after them.
+		if err := e.order.Signal(); err != nil {
+			return nil, status.Errorf(codes.Internal, "start load: record the daemon's event: %v", err)
+		}
 	}
 	return &enginepb.Empty{}, nil
 }

@@ -133,7 +133,7 @@ class CudaFD(_message.Message):
     def __init__(self, fd_token: _Optional[str] = ..., size: _Optional[int] = ..., device: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("engine", "model_key", "namespace", "world_size", "rank", "attention_dp", "role", "format", "prompt_lookahead", "scheduler", "layout", "shared_memory", "cuda_ipc", "cuda_fd", "transfer_batch_size", "async_load", "async_load_workers", "soft_pin_ttl_ms", "group_blocks", "local_reuse_backoff", "speculative_prefill", "staging_buffer_bytes", "api_version")
+    __slots__ = ("engine", "model_key", "namespace", "world_size", "rank", "attention_dp", "role", "format", "prompt_lookahead", "scheduler", "layout", "shared_memory", "cuda_ipc", "cuda_fd", "transfer_batch_size", "async_load", "async_load_workers", "soft_pin_ttl_ms", "group_blocks", "local_reuse_backoff", "speculative_prefill", "staging_buffer_bytes", "api_version", "engine_event")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     MODEL_KEY_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +157,7 @@ class RegisterRequest(_message.Message):
     SPECULATIVE_PREFILL_FIELD_NUMBER: _ClassVar[int]
     STAGING_BUFFER_BYTES_FIELD_NUMBER: _ClassVar[int]
     API_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_EVENT_FIELD_NUMBER: _ClassVar[int]
     engine: str
     model_key: str
     namespace: str
@@ -180,7 +181,8 @@ class RegisterRequest(_message.Message):
     speculative_prefill: bool
     staging_buffer_bytes: int
     api_version: ApiVersion
-    def __init__(self, engine: _Optional[str] = ..., model_key: _Optional[str] = ..., namespace: _Optional[str] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., attention_dp: _Optional[bool] = ..., role: _Optional[str] = ..., format: _Optional[str] = ..., prompt_lookahead: _Optional[int] = ..., scheduler: _Optional[bool] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ..., cuda_ipc: _Optional[_Union[CudaIPC, _Mapping]] = ..., cuda_fd: _Optional[_Union[CudaFD, _Mapping]] = ..., transfer_batch_size: _Optional[int] = ..., async_load: _Optional[bool] = ..., async_load_workers: _Optional[int] = ..., soft_pin_ttl_ms: _Optional[int] = ..., group_blocks: _Optional[bool] = ..., local_reuse_backoff: _Optional[str] = ..., speculative_prefill: _Optional[bool] = ..., staging_buffer_bytes: _Optional[int] = ..., api_version: _Optional[_Union[ApiVersion, _Mapping]] = ...) -> None: ...
+    engine_event: CudaEvent
+    def __init__(self, engine: _Optional[str] = ..., model_key: _Optional[str] = ..., namespace: _Optional[str] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., attention_dp: _Optional[bool] = ..., role: _Optional[str] = ..., format: _Optional[str] = ..., prompt_lookahead: _Optional[int] = ..., scheduler: _Optional[bool] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ..., cuda_ipc: _Optional[_Union[CudaIPC, _Mapping]] = ..., cuda_fd: _Optional[_Union[CudaFD, _Mapping]] = ..., transfer_batch_size: _Optional[int] = ..., async_load: _Optional[bool] = ..., async_load_workers: _Optional[int] = ..., soft_pin_ttl_ms: _Optional[int] = ..., group_blocks: _Optional[bool] = ..., local_reuse_backoff: _Optional[str] = ..., speculative_prefill: _Optional[bool] = ..., staging_buffer_bytes: _Optional[int] = ..., api_version: _Optional[_Union[ApiVersion, _Mapping]] = ..., engine_event: _Optional[_Union[CudaEvent, _Mapping]] = ...) -> None: ...
 
 class ApiVersion(_message.Message):
     __slots__ = ("major", "minor")
@@ -190,8 +192,16 @@ class ApiVersion(_message.Message):
     minor: int
     def __init__(self, major: _Optional[int] = ..., minor: _Optional[int] = ...) -> None: ...
 
+class CudaEvent(_message.Message):
+    __slots__ = ("handle", "device")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    handle: bytes
+    device: int
+    def __init__(self, handle: _Optional[bytes] = ..., device: _Optional[int] = ...) -> None: ...
+
 class RegisterResponse(_message.Message):
-    __slots__ = ("engine", "shard", "declarations", "api_version")
+    __slots__ = ("engine", "shard", "declarations", "api_version", "daemon_event")
     class DeclarationsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -203,11 +213,13 @@ class RegisterResponse(_message.Message):
     SHARD_FIELD_NUMBER: _ClassVar[int]
     DECLARATIONS_FIELD_NUMBER: _ClassVar[int]
     API_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DAEMON_EVENT_FIELD_NUMBER: _ClassVar[int]
     engine: str
     shard: str
     declarations: _containers.ScalarMap[str, bool]
     api_version: ApiVersion
-    def __init__(self, engine: _Optional[str] = ..., shard: _Optional[str] = ..., declarations: _Optional[_Mapping[str, bool]] = ..., api_version: _Optional[_Union[ApiVersion, _Mapping]] = ...) -> None: ...
+    daemon_event: CudaEvent
+    def __init__(self, engine: _Optional[str] = ..., shard: _Optional[str] = ..., declarations: _Optional[_Mapping[str, bool]] = ..., api_version: _Optional[_Union[ApiVersion, _Mapping]] = ..., daemon_event: _Optional[_Union[CudaEvent, _Mapping]] = ...) -> None: ...
 
 class Request(_message.Message):
     __slots__ = ("id", "tokens", "cache_salt", "lora_task_id", "multimodal_digests", "has_multimodal", "dummy", "context_only", "tokens_packed", "tokens_arena")
