@@ -1,49 +1,55 @@
 package config
 
 import (
+	"encoding/json"
 	"os"
 	"strings"
 	"testing"
 )
 
+// The cases are shared with the Python connector's tests (testdata/kvctl-server-url.json).
 func TestParseKvctlServerURL(t *testing.T) {
-	cases := []struct {
-		raw     string
-		want    KvctlSettings
-		wantErr string
-	}{
-		{raw: "unix:///run/kvctl/kvctl.sock", want: KvctlSettings{Socket: "/run/kvctl/kvctl.sock", SocketFrom: "server_url"}},
-		{raw: "/run/kvctl/kvctl.sock?model_key=m@r1&namespace=prod&role=Consumer&async_load=true&async_load_workers=3",
-			want: KvctlSettings{Socket: "/run/kvctl/kvctl.sock", SocketFrom: "server_url", ModelKey: "m@r1", Namespace: "prod",
-				Role: RoleConsumer, AsyncLoad: true, AsyncLoadWorkers: 3}},
-		{raw: "unix:///s.sock?model_key=a%2Fb", want: KvctlSettings{Socket: "/s.sock", SocketFrom: "server_url", ModelKey: "a/b"}},
-		{raw: "", wantErr: "empty"},
-		{raw: "tcp://localhost:5555", wantErr: "unix socket"},
-		{raw: "unix://host/run/x.sock", wantErr: "names host"},
-		{raw: "kvctl.sock", wantErr: "relative path"},
-		{raw: "unix://", wantErr: "no absolute socket path"},
-		{raw: "/run/../run/x.sock", wantErr: "not clean"},
-		{raw: "/x.sock?role=leader", wantErr: "unknown role"},
-		{raw: "/x.sock?async_load=maybe", wantErr: "not a boolean"},
-		{raw: "/x.sock?async_load_workers=0", wantErr: "positive integer"},
-		{raw: "/x.sock?model_kye=m", wantErr: "did you mean model_key"},
-		{raw: "/x.sock?model_key=a&model_key=b", wantErr: "2 times"},
-		{raw: "/x.sock?model_key=%zz", wantErr: "query"},
+	data, err := os.ReadFile("../../testdata/kvctl-server-url.json")
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, c := range cases {
-		t.Run(c.raw, func(t *testing.T) {
-			got, err := ParseKvctlServerURL(c.raw)
-			if c.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), c.wantErr) {
-					t.Fatalf("ParseKvctlServerURL(%q) error %v, want one containing %q", c.raw, err, c.wantErr)
+	var vectors struct {
+		Cases []struct {
+			Raw  string `json:"raw"`
+			Want *struct {
+				Socket           string `json:"socket"`
+				ModelKey         string `json:"model_key"`
+				Namespace        string `json:"namespace"`
+				Role             Role   `json:"role"`
+				AsyncLoad        bool   `json:"async_load"`
+				AsyncLoadWorkers int64  `json:"async_load_workers"`
+			} `json:"want"`
+			Error string `json:"error"`
+		} `json:"cases"`
+	}
+	if err := json.Unmarshal(data, &vectors); err != nil {
+		t.Fatal(err)
+	}
+	if len(vectors.Cases) < 10 {
+		t.Fatalf("only %d cases", len(vectors.Cases))
+	}
+	for _, c := range vectors.Cases {
+		t.Run(c.Raw, func(t *testing.T) {
+			got, err := ParseKvctlServerURL(c.Raw)
+			if c.Error != "" {
+				if err == nil || !strings.Contains(err.Error(), c.Error) {
+					t.Fatalf("ParseKvctlServerURL(%q) error %v, want one containing %q", c.Raw, err, c.Error)
 				}
 				return
 			}
 			if err != nil {
-				t.Fatalf("ParseKvctlServerURL(%q): %v", c.raw, err)
+				t.Fatalf("ParseKvctlServerURL(%q): %v", c.Raw, err)
 			}
-			if got != c.want {
-				t.Fatalf("ParseKvctlServerURL(%q) = %+v, want %+v", c.raw, got, c.want)
+			w := c.Want
+			want := KvctlSettings{Socket: w.Socket, SocketFrom: "server_url", ModelKey: w.ModelKey, Namespace: w.Namespace,
+				Role: w.Role, AsyncLoad: w.AsyncLoad, AsyncLoadWorkers: w.AsyncLoadWorkers}
+			if got != want {
+				t.Fatalf("ParseKvctlServerURL(%q) = %+v, want %+v", c.Raw, got, want)
 			}
 		})
 	}
