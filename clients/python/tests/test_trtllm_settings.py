@@ -7,7 +7,6 @@ import os
 import pathlib
 
 import pytest
-
 from kvctl_engine.trtllm import settings
 
 VECTORS = pathlib.Path(__file__).resolve().parents[3] / "testdata" / "kvctl-server-url.json"

@@ -8,7 +8,6 @@ import importlib
 import inspect
 
 import pytest
-
 from kvctl_engine.trtllm import base, pinned, standin
 
 
@@ -140,7 +139,7 @@ def test_standin_signatures_equal_the_real_ones(name):
 
 
 def test_standin_dataclasses_equal_the_real_ones():
-    mod, path = _real_module()
+    mod, _ = _real_module()
     if mod is None:
         pytest.skip("tensorrt_llm is not importable here; the dataclasses are checked against the pinned table only")
     want = pinned.BASE_DATACLASSES if hasattr(mod.RequestData, "__dataclass_fields__") and \

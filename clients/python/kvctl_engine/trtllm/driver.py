@@ -40,8 +40,9 @@ them here through ``pickle``.
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Protocol, Sequence
+from typing import Any, Protocol
 
 from . import base
 
@@ -57,10 +58,10 @@ class StandinLlmRequest:
     """The attributes of TensorRT-LLM's LlmRequest that a connector reads, under the same names."""
 
     def __init__(self, request_id: int, prompt: Sequence[int], *, max_new_tokens: int = 0,
-                 cache_salt: Optional[str] = None, lora_task_id: Optional[int] = None,
-                 multimodal_hashes: Optional[List[List[int]]] = None,
-                 multimodal_positions: Optional[List[int]] = None,
-                 multimodal_lengths: Optional[List[int]] = None,
+                 cache_salt: str | None = None, lora_task_id: int | None = None,
+                 multimodal_hashes: list[list[int]] | None = None,
+                 multimodal_positions: list[int] | None = None,
+                 multimodal_lengths: list[int] | None = None,
                  is_context_only_request: bool = False, is_dummy_request: bool = False) -> None:
         self.request_id = request_id
         self.py_request_id = request_id
@@ -80,7 +81,7 @@ class StandinLlmRequest:
         self.state = CONTEXT_INIT
         self.context_current_position = 0
 
-    def get_tokens(self, beam: int) -> List[int]:
+    def get_tokens(self, beam: int) -> list[int]:
         if beam != 0:
             raise ValueError("only beam 0 exists")
         return self.tokens
@@ -90,7 +91,7 @@ class StandinLlmRequest:
         return len(self.prompt)
 
     @property
-    def generated(self) -> List[int]:
+    def generated(self) -> list[int]:
         return self.tokens[len(self.prompt):]
 
 
@@ -106,10 +107,10 @@ class Engine(Protocol):
     def local_match(self, request: StandinLlmRequest) -> int:
         """Prompt tokens the engine's own cache already holds (num_computed_tokens)."""
 
-    def allocate(self, request: StandinLlmRequest, num_tokens: int) -> List[List[int]]:
+    def allocate(self, request: StandinLlmRequest, num_tokens: int) -> list[list[int]]:
         """Pages for num_tokens tokens, per layer group (identical on every rank); appends to earlier ones."""
 
-    def forward(self, rank: int, request: StandinLlmRequest, start: int, end: int) -> Optional[int]:
+    def forward(self, rank: int, request: StandinLlmRequest, start: int, end: int) -> int | None:
         """Compute tokens [start, end) on the rank; at the prompt's end (or decoding), the next token."""
 
     def num_layers(self) -> int:
@@ -128,14 +129,14 @@ class StandinRank:
 @dataclass
 class _Tracked:
     request: StandinLlmRequest
-    pages: List[List[int]] = field(default_factory=list)
-    reported_pages: List[int] = field(default_factory=list)  # per group, pages already reported
+    pages: list[list[int]] = field(default_factory=list)
+    reported_pages: list[int] = field(default_factory=list)  # per group, pages already reported
     reported_tokens: int = 0
-    external: Optional[int] = None  # honoured connector tokens, until the first scheduler output
+    external: int | None = None  # honoured connector tokens, until the first scheduler output
     new: bool = True
     restarts: int = 0
     parked: bool = False
-    next_token: Optional[int] = None
+    next_token: int | None = None
 
 
 @dataclass
@@ -143,8 +144,8 @@ class StepLog:
     """What happened in one step, for tests to assert on."""
 
     step: int
-    calls: List[str] = field(default_factory=list)
-    restarted: List[int] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)
+    restarted: list[int] = field(default_factory=list)
 
 
 class ConnectorFailure(RuntimeError):
@@ -164,8 +165,8 @@ def _overrides(obj: Any, name: str) -> bool:
 class StandinConnectorManager:
     """Drives one connector (a worker per rank, its schedulers) over an :class:`Engine`."""
 
-    def __init__(self, engine: Engine, ranks: List[StandinRank], *, attention_dp: bool = False,
-                 kv_cache_manager_v2: bool = True, chunk: int = 0, trace: Optional[Callable[[str], None]] = None) -> None:
+    def __init__(self, engine: Engine, ranks: list[StandinRank], *, attention_dp: bool = False,
+                 kv_cache_manager_v2: bool = True, chunk: int = 0, trace: Callable[[str], None] | None = None) -> None:
         if len(ranks) != engine.world_size:
             raise ValueError(f"{len(ranks)} ranks for an engine of world size {engine.world_size}")
         for i, r in enumerate(ranks):
@@ -191,16 +192,16 @@ class StandinConnectorManager:
         self.v2 = kv_cache_manager_v2
         self.chunk = chunk
         self.trace = trace or (lambda s: None)
-        self.waiting: List[StandinLlmRequest] = []
+        self.waiting: list[StandinLlmRequest] = []
         self.active: dict[int, _Tracked] = {}
         self.saving: dict[int, _Tracked] = {}
-        self.done: List[StandinLlmRequest] = []
-        self.log: List[StepLog] = []
+        self.done: list[StandinLlmRequest] = []
+        self.log: list[StepLog] = []
         self._pending_loading: set[int] = set()  # announced to get_finished, not yet reported by all
         self._new_loading: set[int] = set()
         self._new_saving: set[int] = set()
         self._pending_saving: set[int] = set()
-        self._finished_local: List[tuple[set, set]] = [(set(), set()) for _ in ranks]
+        self._finished_local: list[tuple[set, set]] = [(set(), set()) for _ in ranks]
         self.steps = 0
 
     # --- collectives -------------------------------------------------------------------------
@@ -211,7 +212,7 @@ class StandinConnectorManager:
             return f(self.ranks[rank].scheduler)
         return pickle.loads(pickle.dumps(f(self.ranks[0].scheduler)))
 
-    def _schedulers(self) -> List[Any]:
+    def _schedulers(self) -> list[Any]:
         return [r.scheduler for r in self.ranks if r.scheduler is not None]
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -225,7 +226,7 @@ class StandinConnectorManager:
     def submit(self, request: StandinLlmRequest) -> None:
         self.waiting.append(request)
 
-    def run(self, max_steps: int = 1000) -> List[StandinLlmRequest]:
+    def run(self, max_steps: int = 1000) -> list[StandinLlmRequest]:
         while self.waiting or self.active or self.saving:
             if self.steps >= max_steps:
                 raise ConnectorFailure(f"not done after {max_steps} steps")
@@ -245,14 +246,14 @@ class StandinConnectorManager:
         for req in admitted:
             t = _Tracked(req, restarts=getattr(req, "_restarts", 0))
             num_computed = self.engine.local_match(req)
-            tokens, is_async = self._on_leader(owner, lambda s: s.get_num_new_matched_tokens(req, num_computed))
+            tokens, is_async = self._on_leader(owner, lambda s, req=req, n=num_computed: s.get_num_new_matched_tokens(req, n))
             log.calls.append(f"get_num_new_matched_tokens({req.request_id}, {num_computed}) = ({tokens}, {is_async})")
             if tokens == 0 and is_async:
                 raise ConnectorFailure("load_kv_async must be False when num_tokens is 0")
             honoured = self._honour(req, num_computed, tokens)
             if honoured < tokens and self.v2:
                 start, end = num_computed + honoured, num_computed + tokens
-                self._on_leader(owner, lambda s: _overrides(s, "cancel_load") and s.cancel_load(req, start, end))
+                self._on_leader(owner, lambda s, req=req, a=start, b=end: _overrides(s, "cancel_load") and s.cancel_load(req, a, b))
                 log.calls.append(f"cancel_load({req.request_id}, {start}, {end})")
             req.py_num_connector_matched_tokens = honoured
             t.external = honoured
@@ -372,8 +373,8 @@ class StandinConnectorManager:
             by_group.append(list(pages[t.reported_pages[g]:]))
             t.reported_pages[g] = len(pages)
         flat = by_group[0] if len(by_group) == 1 else []
-        kwargs = dict(request_id=req.request_id, new_tokens=list(new_tokens), new_block_ids=list(flat),
-                      computed_position=computed_position, num_scheduled_tokens=scheduled)
+        kwargs = {"request_id": req.request_id, "new_tokens": list(new_tokens), "new_block_ids": list(flat),
+                      "computed_position": computed_position, "num_scheduled_tokens": scheduled}
         fields = getattr(base.RequestData, "__dataclass_fields__", {})
         if "cache_salt" in fields:
             kwargs["cache_salt"] = req.cache_salt
@@ -381,7 +382,7 @@ class StandinConnectorManager:
             kwargs["new_block_ids_by_layer_group"] = by_group
         return base.RequestData(**kwargs)
 
-    def _emit(self, t: _Tracked, token: Optional[int]) -> None:
+    def _emit(self, t: _Tracked, token: int | None) -> None:
         if token is None:
             raise ConnectorFailure(f"the engine produced no token for request {t.request.request_id}")
         t.request.tokens.append(int(token))

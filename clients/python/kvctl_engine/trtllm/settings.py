@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional
 
 ENV_SOCKET = "KVCTL_SOCKET"
 ENV_MODEL_KEY = "KVCTL_MODEL_KEY"
@@ -142,7 +142,7 @@ def parse_server_url(raw: str) -> Settings:
     return s
 
 
-def default_socket_path(getenv: Callable[[str], Optional[str]] = os.environ.get) -> str:
+def default_socket_path(getenv: Callable[[str], str | None] = os.environ.get) -> str:
     """kvctl serve's default socket (core/engineapi.DefaultSocketPath)."""
     run = getenv("XDG_RUNTIME_DIR")
     if run:
@@ -152,7 +152,7 @@ def default_socket_path(getenv: Callable[[str], Optional[str]] = os.environ.get)
     return posixpath.join(tempfile.gettempdir(), f"kvctl-{os.getuid()}", "kvctl.sock")
 
 
-def resolve(server_url: Optional[str], env: Mapping[str, str] | None = None) -> Settings:
+def resolve(server_url: str | None, env: Mapping[str, str] | None = None) -> Settings:
     """server_url first, then KVCTL_*, then kvctl serve's default socket; model_key is required."""
     env = os.environ if env is None else env
     s = parse_server_url(server_url) if server_url else Settings()

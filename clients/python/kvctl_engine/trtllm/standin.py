@@ -16,8 +16,9 @@ seed's manager does.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any
 
 #: Marks these classes as stand-ins wherever they are used (base.SOURCE says which were loaded).
 IS_STANDIN = True
@@ -31,23 +32,23 @@ class RequestData:
     """One scheduled request in a SchedulerOutput: what changed since the connector last saw it."""
 
     request_id: int
-    new_tokens: List[int]
-    new_block_ids: List[int]
+    new_tokens: list[int]
+    new_block_ids: list[int]
     computed_position: int
     num_scheduled_tokens: int
-    block_hashes: List[int] = field(default_factory=list)
-    priorities: Optional[List[int]] = None
-    cache_salt: Optional[str] = None
-    new_block_ids_by_layer_group: List[List[int]] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    priorities: list[int] | None = None
+    cache_salt: str | None = None
+    new_block_ids_by_layer_group: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
 class SchedulerOutput:
     """The requests of one scheduler step: first appearances and those seen before."""
 
-    new_requests: List[RequestData] = field(default_factory=list)
-    cached_requests: List[RequestData] = field(default_factory=list)
-    attention_dp_rank: Optional[int] = None
+    new_requests: list[RequestData] = field(default_factory=list)
+    cached_requests: list[RequestData] = field(default_factory=list)
+    attention_dp_rank: int | None = None
 
 
 def _per_group_stands_in(cls: type, base: type, pairs: dict) -> None:
@@ -96,7 +97,7 @@ class KvCacheConnectorWorker(ABC):
     def _clear_connector_meta(self):
         self._metadata = None
 
-    def register_forward_pass_callable(self) -> Optional[Callable]:
+    def register_forward_pass_callable(self) -> Callable | None:
         return None
 
     @abstractmethod
@@ -127,7 +128,7 @@ class KvCacheConnectorWorker(ABC):
         """At the end of the forward pass."""
 
     @abstractmethod
-    def get_finished(self, finished_gen_req_ids, started_loading_req_ids) -> Tuple[List[int], List[int]]:
+    def get_finished(self, finished_gen_req_ids, started_loading_req_ids) -> tuple[list[int], list[int]]:
         """Ids that finished saving and loading, each only after it was passed in."""
 
     # Seed hooks (optional; the manager polls them only for a worker declaring reports_failed_loads).
@@ -165,7 +166,7 @@ class KvCacheConnectorScheduler(ABC):
         """The step's metadata for every worker; it must pickle."""
 
     @abstractmethod
-    def get_num_new_matched_tokens(self, request, num_computed_tokens) -> Tuple[int, bool]:
+    def get_num_new_matched_tokens(self, request, num_computed_tokens) -> tuple[int, bool]:
         """(tokens the connector can load past num_computed_tokens, whether asynchronously)."""
 
     @abstractmethod
