@@ -166,7 +166,9 @@ class StandinConnectorManager:
     """Drives one connector (a worker per rank, its schedulers) over an :class:`Engine`."""
 
     def __init__(self, engine: Engine, ranks: list[StandinRank], *, attention_dp: bool = False,
-                 kv_cache_manager_v2: bool = True, chunk: int = 0, trace: Callable[[str], None] | None = None) -> None:
+                 kv_cache_manager_v2: bool = True, chunk: int = 0, seed: bool = True,
+                 before_start_load: Callable[[int], None] | None = None,
+                 trace: Callable[[str], None] | None = None) -> None:
         if len(ranks) != engine.world_size:
             raise ValueError(f"{len(ranks)} ranks for an engine of world size {engine.world_size}")
         for i, r in enumerate(ranks):
@@ -179,7 +181,9 @@ class StandinConnectorManager:
                     if getattr(type(half), "supports_attention_dp", False) is not True:
                         raise NotImplementedError("the connector must declare supports_attention_dp=True")
         w = ranks[0].worker
-        self.reports_failed_loads = getattr(type(w), "reports_failed_loads", False) is True
+        # seed=False stands in for a release without the seed PR: no declaration is read, no
+        # failed load is asked for.
+        self.reports_failed_loads = seed and getattr(type(w), "reports_failed_loads", False) is True
         if self.reports_failed_loads:
             for hook in ("take_failed_load_requests", "drop_bound_saves"):
                 if not _overrides(w, hook):
@@ -191,6 +195,9 @@ class StandinConnectorManager:
         self.attention_dp = attention_dp
         self.v2 = kv_cache_manager_v2
         self.chunk = chunk
+        # Called with the step number after the metadata is bound and before start_load_kv: where
+        # a test makes the pool lose a page it offered.
+        self.before_start_load = before_start_load
         self.trace = trace or (lambda s: None)
         self.waiting: list[StandinLlmRequest] = []
         self.active: dict[int, _Tracked] = {}
@@ -302,6 +309,8 @@ class StandinConnectorManager:
             for r in self.ranks:
                 r.worker.bind_connector_meta(pickle.loads(pickle.dumps(meta)))
         log.calls.append("build_connector_meta")
+        if self.before_start_load is not None:
+            self.before_start_load(self.steps)
         stream = None
         for r in self.ranks:
             r.worker.start_load_kv(stream)

@@ -196,3 +196,54 @@ class KvCacheConnectorScheduler(ABC):
 
     def request_reset(self, request):
         return None
+
+
+# The KVCacheManagerV2 layout a worker's register_kv_cache_layout receives
+# (tensorrt_llm/_torch/pyexecutor/connectors/kv_cache_layout.py at 0972960b): the same field
+# names, without the tensor views.
+
+
+@dataclass(frozen=True)
+class KvCacheBufferRef:
+    layer_id: int
+    role: str
+    expansion: int = 1
+
+
+@dataclass(frozen=True)
+class KvCacheRegion:
+    """Bytes that repeat per page slot: slot i at base + stride * i, size bytes."""
+
+    base: int
+    size: int
+    stride: int
+    num_slots: int
+    buffers: tuple = ()
+
+    def address_of(self, slot_id: int) -> int:
+        if not 0 <= slot_id < self.num_slots:
+            raise IndexError(f"slot_id {slot_id} out of range [0, {self.num_slots})")
+        return self.base + self.stride * slot_id
+
+
+@dataclass(frozen=True)
+class KvCacheLayerGroupLayout:
+    layer_group_id: int
+    layer_ids: tuple
+    window_size: int | None
+    regions: tuple
+    replicated_regions: tuple = ()
+
+    @property
+    def bytes_per_page(self) -> int:
+        return sum(r.size for r in self.regions)
+
+
+@dataclass(frozen=True)
+class KvCacheLayout:
+    tokens_per_block: int
+    groups: tuple
+    gpu_pool_mapping_bytes: int | None = None
+
+    def as_single_pool_tensor(self):
+        return None
