@@ -200,3 +200,21 @@ def test_a_page_lost_between_lookup_and_load_restarts_the_request(kvctl_bin):
         for s in made:
             s.close()
         d.stop()
+
+
+def test_declarations_are_asserted_against_register(daemon):
+    class Quiet(connector.KvctlConnectorWorker):
+        reports_failed_loads = False
+
+    engine = PageEngine(1, T)
+    w = Quiet(llm_args(daemon.socket, query=f"model_key=trtllm-decl-{uuid.uuid4().hex[:8]}"), rank=0)
+    try:
+        with pytest.raises(connector.DeclarationMismatch, match="reports_failed_loads: class False, kvctl serve True"):
+            engine.register(0, w)
+        # The scheduler of the rank hears of the failure instead of waiting for a registration.
+        s = connector.KvctlConnectorScheduler(w._llm_args_key, rank=0)
+        with pytest.raises(kv.FailedPrecondition, match="failed to register"):
+            s.get_num_new_matched_tokens(driver.StandinLlmRequest(1, PROMPT), 0)
+    finally:
+        connector.forget_rank(0, w._llm_args_key)
+        engine.close()

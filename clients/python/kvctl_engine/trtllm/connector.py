@@ -205,6 +205,7 @@ class KvctlConnectorWorker(base.KvCacheConnectorWorker, _Common):
         if self._rank is not None:
             raise kv.AlreadyRegistered("the KV cache of this rank is already registered")
         st = self._state
+        client = rank = None
         try:
             reg = build()
             s = self._settings
@@ -220,6 +221,10 @@ class KvctlConnectorWorker(base.KvCacheConnectorWorker, _Common):
         except BaseException as e:
             st.error = e
             st.ready.set()
+            if rank is not None:
+                rank.unregister()
+            if client is not None:
+                client.close()
             raise
         self.registration = reg
         self._rank = rank
