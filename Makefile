@@ -18,7 +18,7 @@ COUNT     ?= 5
 # go-nvml's cgo build warns about deprecated declarations it cannot avoid.
 export CGO_CFLAGS := -Wno-deprecated-declarations
 
-.PHONY: all build install test test-norace bench lint fmt golden docs verify proto tools clean pyenv ptx
+.PHONY: all build install test test-norace bench lint fmt golden docs verify proto tools clean pyenv ptx pytools engineenv pytest-sdk proto-python ruff
 
 # The Python environment the interoperability tests use: the real mooncake_master and Mooncake's
 # Python store client, pinned in tools/python/requirements.txt. Tests find it through KVCTL_PYENV.
@@ -42,6 +42,47 @@ $(PTXENV)/.stamp: tools/ptx/requirements.txt
 	@rm -rf $(PTXENV) && $(PYTHON3) -m venv $(PTXENV) && \
 		$(PTXENV)/bin/pip install -q --disable-pip-version-check -r tools/ptx/requirements.txt && touch $@
 
+# Python developer tools (tools/pytools/requirements.txt: grpcio-tools, ruff), in a virtual
+# environment of their own. grpcio-tools' bundled protoc generates the engine SDK's stubs, so the
+# Python side needs no system protoc.
+PYTOOLS   ?= $(CURDIR)/.cache/pytools
+PYSDK     := clients/python
+PYSDK_PB  := $(PYSDK)/kvctl_engine/_pb
+pytools: $(PYTOOLS)/.stamp
+
+$(PYTOOLS)/.stamp: tools/pytools/requirements.txt
+	@rm -rf $(PYTOOLS) && $(PYTHON3) -m venv $(PYTOOLS) && \
+		$(PYTOOLS)/bin/pip install -q --disable-pip-version-check -r tools/pytools/requirements.txt && touch $@
+
+# The engine SDK's environment for its tests and the reference engine: torch (CPU) and
+# transformers, pinned in tools/engine/requirements.txt, with the SDK installed from
+# clients/python (editable, so a change to the SDK needs no rebuild).
+ENGINEENV ?= $(CURDIR)/.cache/engineenv
+engineenv: $(ENGINEENV)/.stamp
+
+$(ENGINEENV)/.stamp: tools/engine/requirements.txt $(PYSDK)/pyproject.toml
+	@echo '== engine SDK environment $(ENGINEENV)'
+	@rm -rf $(ENGINEENV) && $(PYTHON3) -m venv $(ENGINEENV) && \
+		$(ENGINEENV)/bin/pip install -q --disable-pip-version-check -r tools/engine/requirements.txt && \
+		$(ENGINEENV)/bin/pip install -q --disable-pip-version-check --no-deps -e $(PYSDK) && touch $@
+
+# The SDK's tests run against a real kvctl serve built from this tree (the fixture builds it).
+pytest-sdk: engineenv
+	$(ENGINEENV)/bin/python -m pytest -q $(PYSDK)/tests
+
+# The Python stubs of the engine API, generated into the SDK with grpcio-tools' protoc. The proto
+# is copied under the package path first so that the generated modules import each other as
+# kvctl_engine._pb.
+proto-python: pytools
+	@tmp=$$(mktemp -d) && mkdir -p $$tmp/src/kvctl_engine/_pb $$tmp/out && cp core/engineapi/engine.proto $$tmp/src/kvctl_engine/_pb/ && \
+		$(PYTOOLS)/bin/python -m grpc_tools.protoc -I $$tmp/src --python_out=$$tmp/out --pyi_out=$$tmp/out --grpc_python_out=$$tmp/out \
+			kvctl_engine/_pb/engine.proto && \
+		for f in engine_pb2.py engine_pb2.pyi engine_pb2_grpc.py; do cp $$tmp/out/kvctl_engine/_pb/$$f $(PYSDK_PB)/$$f; done; rm -rf $$tmp
+
+ruff: pytools
+	$(PYTOOLS)/bin/ruff check --config tools/pytools/ruff.toml .
+	$(PYTOOLS)/bin/ruff format --check --config tools/pytools/ruff.toml .
+
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/kvctl
 
@@ -50,8 +91,9 @@ install:
 
 # The whole suite runs under the race detector: the connector, pool and daemon are concurrent by
 # design and their tests are written to catch races.
-test: pyenv
+test: pyenv engineenv
 	$(GO) test -race -count=1 ./...
+	$(MAKE) pytest-sdk
 
 test-norace: pyenv
 	$(GO) test -count=1 ./...
@@ -90,8 +132,9 @@ $(GOBIN)/protoc-gen-go:
 $(GOBIN)/protoc-gen-go-grpc:
 	GOFLAGS= $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 
-# Regenerates the engine API's Go code from core/engineapi/engine.proto (needs protoc).
-proto: $(GOBIN)/protoc-gen-go $(GOBIN)/protoc-gen-go-grpc
+# Regenerates the engine API's Go code from core/engineapi/engine.proto (needs protoc) and the
+# engine SDK's Python stubs (proto-python, grpcio-tools' own protoc).
+proto: $(GOBIN)/protoc-gen-go $(GOBIN)/protoc-gen-go-grpc proto-python
 	protoc --plugin=protoc-gen-go=$(GOBIN)/protoc-gen-go --plugin=protoc-gen-go-grpc=$(GOBIN)/protoc-gen-go-grpc \
 		--go_out=. --go_opt=module=github.com/kvctl/kvctl \
 		--go-grpc_out=. --go-grpc_opt=module=github.com/kvctl/kvctl \
@@ -104,7 +147,7 @@ $(LINT):
 lint: $(LINT)
 	$(LINT) run ./...
 
-verify: tools
+verify: tools pytools
 	@echo '== gofmt'; out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	@echo '== go vet'; $(GO) vet ./...
 	@echo '== golangci-lint'; $(LINT) run ./...
@@ -124,6 +167,12 @@ verify: tools
 			&& cmp core/daemon/testdata/engine.pb $$tmp/engine.pb \
 			|| { echo "generated protobuf is stale: run make proto"; rm -rf $$tmp; exit 1; }; rm -rf $$tmp; \
 		else echo "protoc not installed: skipped (make tools needs it; apt-get install protobuf-compiler)"; fi
+	@echo '== generated Python stubs'; tmp=$$(mktemp -d); mkdir -p $$tmp/src/kvctl_engine/_pb $$tmp/out && cp core/engineapi/engine.proto $$tmp/src/kvctl_engine/_pb/ && \
+		$(PYTOOLS)/bin/python -m grpc_tools.protoc -I $$tmp/src --python_out=$$tmp/out --pyi_out=$$tmp/out --grpc_python_out=$$tmp/out kvctl_engine/_pb/engine.proto && \
+		for f in engine_pb2.py engine_pb2.pyi engine_pb2_grpc.py; do cmp $(PYSDK_PB)/$$f $$tmp/out/kvctl_engine/_pb/$$f || exit 1; done \
+		|| { echo "the engine SDK's Python stubs are stale: run make proto"; rm -rf $$tmp; exit 1; }; rm -rf $$tmp
+	@echo '== ruff'; $(PYTOOLS)/bin/ruff check --config tools/pytools/ruff.toml . && $(PYTOOLS)/bin/ruff format --check --config tools/pytools/ruff.toml . \
+		|| { echo "ruff: fix the Python above (ruff format, ruff check --fix)"; exit 1; }
 	@echo 'verify: ok'
 
 clean:

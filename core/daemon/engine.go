@@ -179,6 +179,9 @@ func (d *Daemon) workerOf(ctx context.Context, name string) (*connector.Worker, 
 // register builds the connector halves for one engine rank.
 func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (*engine, error) {
 	conn := connOf(ctx)
+	if err := engineapi.CheckAPIVersion(req); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "register: %v", err)
+	}
 	if req.GetEngine() == "" {
 		return nil, status.Error(codes.InvalidArgument, "register: engine name is empty")
 	}
@@ -297,6 +300,11 @@ func (d *Daemon) handleFor(req *enginepb.RegisterRequest) (kvmem.EngineHandle, *
 		}
 		return kvmem.EngineHandle{Kind: kvmem.HandleCUDAFD, FD: int(f.Fd()), Size: m.CudaFd.GetSize(), Device: int(m.CudaFd.GetDevice())}, f, nil
 	case *enginepb.RegisterRequest_CudaIpc:
+		// Checked here, before any device is opened, so that a daemon without a GPU names the
+		// malformed handle rather than the missing driver.
+		if n := len(m.CudaIpc.GetHandle()); n != engineapi.CUDAIPCHandleBytes && n != engineapi.CUDAIPCHandleBytes+2 {
+			return kvmem.EngineHandle{}, nil, status.Errorf(codes.InvalidArgument, "register: CUDA IPC handle of %d bytes: want %d (cudaIpcMemHandle_t) or %d (PyTorch's)", n, engineapi.CUDAIPCHandleBytes, engineapi.CUDAIPCHandleBytes+2)
+		}
 		return kvmem.EngineHandle{Kind: kvmem.HandleCUDAIPC, IPC: m.CudaIpc.GetHandle(), Offset: m.CudaIpc.GetOffset(), Size: m.CudaIpc.GetSize(), Device: int(m.CudaIpc.GetDevice())}, nil, nil
 	}
 	return kvmem.EngineHandle{}, nil, status.Error(codes.InvalidArgument, "register: a role that transfers KV needs engine memory (shared_memory, cuda_ipc or cuda_fd)")

@@ -22,7 +22,8 @@ func (s *service) Register(ctx context.Context, req *enginepb.RegisterRequest) (
 	if err != nil {
 		return nil, err
 	}
-	out := &enginepb.RegisterResponse{Engine: e.name, Shard: e.shard, Declarations: engineapi.DeclarationsToPB(e.worker.Declarations())}
+	out := &enginepb.RegisterResponse{Engine: e.name, Shard: e.shard, Declarations: engineapi.DeclarationsToPB(e.worker.Declarations()),
+		ApiVersion: engineapi.APIVersion()}
 	s.d.log.Info("engine registered", "engine", e.name, "model_key", e.modelKey, "shard", e.shard, "role", e.role, "scheduler", e.scheduler != nil)
 	return out, nil
 }

@@ -5,6 +5,7 @@ with the IPC handle (hex), the byte offset of the data inside the shared allocat
 Then it waits for a line on stdin, checks that the data now holds the pattern the Go side wrote
 (seed given on that line), and prints OK or the first mismatch.
 """
+
 import json
 import sys
 

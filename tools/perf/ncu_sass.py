@@ -12,6 +12,7 @@ opcode (the first word of the instruction, predicates dropped). The samples are 
 an instruction's share is its share of the warps' time, not of the kernel's: many warps
 waiting at a barrier weigh more than the one warp they wait for.
 """
+
 import collections
 import csv
 import sys
@@ -28,7 +29,7 @@ def main():
     samples = head.index("Warp Stall Sampling (All Samples)")
     executed = head.index("Instructions Executed")
     source = head.index("Source")
-    stalls = [(j, h[len("stall_"):]) for j, h in enumerate(head) if h.startswith("stall_") and "Not Issued" not in h]
+    stalls = [(j, h[len("stall_") :]) for j, h in enumerate(head) if h.startswith("stall_") and "Not Issued" not in h]
 
     def num(s):
         return int(s) if s.strip() else 0

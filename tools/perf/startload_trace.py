@@ -15,11 +15,12 @@ and calls that did not get tables of their own, each region also with its start'
 from the call's start. Tracing adds about a microsecond to every cgo call, so
 the absolute times are a little above an untraced run's.
 """
+
 import collections
 import re
 import sys
 
-HEAD = re.compile(r'^M=(-?\d+) P=(-?\d+) G=(-?\d+) (\w+) Time=(\d+)(.*)$')
+HEAD = re.compile(r"^M=(-?\d+) P=(-?\d+) G=(-?\d+) (\w+) Time=(\d+)(.*)$")
 FRAME_PREFIXES = ("runtime.", "github.com", "syscall", "internal", "net.")
 
 
@@ -50,17 +51,17 @@ def main():
     # Per kind of call (checked or not): region -> durations, and its starts from the call's start.
     spans = collections.defaultdict(lambda: collections.defaultdict(list))
     starts = collections.defaultdict(lambda: collections.defaultdict(list))
-    for idx, (t, g, kind, rest, frame) in enumerate(ev):
+    for idx, (t, g, kind, rest, _frame) in enumerate(ev):
         if kind == "RegionBegin" and want in rest:
             opened[g] = (t, idx)
         elif kind == "RegionEnd" and want in rest and g in opened:
             t0, i0 = opened.pop(g)
             n += 1
-            inner = [e for e in ev[i0:idx + 1] if e[1] == g]
+            inner = [e for e in ev[i0 : idx + 1] if e[1] == g]
             types = {re.search(r'Type="([^"]+)"', r).group(1) for (_, _, k, r, _) in inner if k == "RegionBegin"}
             group = "checked" if "load.check" in types else "unchecked"
             begun, loaded = {}, False
-            for (tt, _, k, r, _) in inner:
+            for tt, _, k, r, _ in inner:
                 if k not in ("RegionBegin", "RegionEnd"):
                     continue
                 ty = re.search(r'Type="([^"]+)"', r).group(1)
@@ -75,7 +76,7 @@ def main():
                 spans[group]["call that loaded"].append((t - t0) / 1000)
             if n <= show:
                 print("=== %s #%d (%s): %.1f us" % (want, n, group, (t - t0) / 1000))
-                for (tt, gg, k, r, f) in inner:
+                for tt, _gg, k, r, f in inner:
                     if k != "Metric":
                         print("  %8.1f %s %s %s" % ((tt - t0) / 1000, k, r[:90], f))
     for group in sorted(spans):

@@ -7,6 +7,7 @@ The PTX starts with a comment naming the source's SHA-256, so a test can tell wh
 older than its source. The driver compiles the PTX for the GPU it runs on when the module is
 loaded, so one PTX file serves every GPU from compute capability 7.0 on.
 """
+
 import ctypes
 import glob
 import hashlib
@@ -19,7 +20,11 @@ ARCH = "compute_70"
 def find_nvrtc():
     import nvidia.cuda_nvrtc  # from the nvidia-cuda-nvrtc-cu12 wheel pinned in requirements.txt
 
-    base = os.path.dirname(nvidia.cuda_nvrtc.__file__) if nvidia.cuda_nvrtc.__file__ else list(nvidia.cuda_nvrtc.__path__)[0]
+    base = (
+        os.path.dirname(nvidia.cuda_nvrtc.__file__)
+        if nvidia.cuda_nvrtc.__file__
+        else list(nvidia.cuda_nvrtc.__path__)[0]
+    )
     libs = sorted(glob.glob(os.path.join(base, "lib", "libnvrtc.so.*")))
     if not libs:
         sys.exit(f"nvrtc.py: no libnvrtc.so.* under {base}/lib")
@@ -50,7 +55,11 @@ def main():
     major, minor = ctypes.c_int(), ctypes.c_int()
     check(lib, lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
     prog = ctypes.c_void_p()
-    check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), src, os.path.basename(src_path).encode(), 0, None, None), "nvrtcCreateProgram")
+    check(
+        lib,
+        lib.nvrtcCreateProgram(ctypes.byref(prog), src, os.path.basename(src_path).encode(), 0, None, None),
+        "nvrtcCreateProgram",
+    )
     opts = [f"--gpu-architecture={ARCH}".encode(), b"--std=c++17"]
     arr = (ctypes.c_char_p * len(opts))(*opts)
     check(lib, lib.nvrtcCompileProgram(prog, len(opts), arr), "compile " + src_path, prog)

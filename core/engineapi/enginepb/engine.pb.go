@@ -704,8 +704,13 @@ type RegisterRequest struct {
 	LocalReuseBackoff  string `protobuf:"bytes,20,opt,name=local_reuse_backoff,json=localReuseBackoff,proto3" json:"local_reuse_backoff,omitempty"`
 	SpeculativePrefill bool   `protobuf:"varint,21,opt,name=speculative_prefill,json=speculativePrefill,proto3" json:"speculative_prefill,omitempty"`
 	StagingBufferBytes uint64 `protobuf:"varint,22,opt,name=staging_buffer_bytes,json=stagingBufferBytes,proto3" json:"staging_buffer_bytes,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// api_version is the engine API version the engine was written against. The daemon refuses
+	// a major version it does not speak (FailedPrecondition, naming both versions); a minor
+	// version newer than its own is accepted (minor versions only add fields and methods). An
+	// absent api_version reads as 1.0, what engines written before the field spoke.
+	ApiVersion    *ApiVersion `protobuf:"bytes,23,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RegisterRequest) Reset() {
@@ -905,6 +910,13 @@ func (x *RegisterRequest) GetStagingBufferBytes() uint64 {
 	return 0
 }
 
+func (x *RegisterRequest) GetApiVersion() *ApiVersion {
+	if x != nil {
+		return x.ApiVersion
+	}
+	return nil
+}
+
 type isRegisterRequest_Memory interface {
 	isRegisterRequest_Memory()
 }
@@ -927,19 +939,75 @@ func (*RegisterRequest_CudaIpc) isRegisterRequest_Memory() {}
 
 func (*RegisterRequest_CudaFd) isRegisterRequest_Memory() {}
 
+// ApiVersion is a version of this API: major changes break engines written for another major
+// version, minor versions only add.
+type ApiVersion struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Major         uint32                 `protobuf:"varint,1,opt,name=major,proto3" json:"major,omitempty"`
+	Minor         uint32                 `protobuf:"varint,2,opt,name=minor,proto3" json:"minor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApiVersion) Reset() {
+	*x = ApiVersion{}
+	mi := &file_engine_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApiVersion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApiVersion) ProtoMessage() {}
+
+func (x *ApiVersion) ProtoReflect() protoreflect.Message {
+	mi := &file_engine_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApiVersion.ProtoReflect.Descriptor instead.
+func (*ApiVersion) Descriptor() ([]byte, []int) {
+	return file_engine_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ApiVersion) GetMajor() uint32 {
+	if x != nil {
+		return x.Major
+	}
+	return 0
+}
+
+func (x *ApiVersion) GetMinor() uint32 {
+	if x != nil {
+		return x.Minor
+	}
+	return 0
+}
+
 type RegisterResponse struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Engine string                 `protobuf:"bytes,1,opt,name=engine,proto3" json:"engine,omitempty"`
 	Shard  string                 `protobuf:"bytes,2,opt,name=shard,proto3" json:"shard,omitempty"`
 	// declarations are the connector's capability declarations (only explicit true counts).
-	Declarations  map[string]bool `protobuf:"bytes,3,rep,name=declarations,proto3" json:"declarations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Declarations map[string]bool `protobuf:"bytes,3,rep,name=declarations,proto3" json:"declarations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// api_version is the engine API version the daemon speaks.
+	ApiVersion    *ApiVersion `protobuf:"bytes,4,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_engine_proto_msgTypes[11]
+	mi := &file_engine_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -951,7 +1019,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[11]
+	mi := &file_engine_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -964,7 +1032,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{11}
+	return file_engine_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RegisterResponse) GetEngine() string {
@@ -984,6 +1052,13 @@ func (x *RegisterResponse) GetShard() string {
 func (x *RegisterResponse) GetDeclarations() map[string]bool {
 	if x != nil {
 		return x.Declarations
+	}
+	return nil
+}
+
+func (x *RegisterResponse) GetApiVersion() *ApiVersion {
+	if x != nil {
+		return x.ApiVersion
 	}
 	return nil
 }
@@ -1015,7 +1090,7 @@ type Request struct {
 
 func (x *Request) Reset() {
 	*x = Request{}
-	mi := &file_engine_proto_msgTypes[12]
+	mi := &file_engine_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1027,7 +1102,7 @@ func (x *Request) String() string {
 func (*Request) ProtoMessage() {}
 
 func (x *Request) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[12]
+	mi := &file_engine_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1040,7 +1115,7 @@ func (x *Request) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Request.ProtoReflect.Descriptor instead.
 func (*Request) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{12}
+	return file_engine_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Request) GetId() string {
@@ -1126,7 +1201,7 @@ type ArenaRange struct {
 
 func (x *ArenaRange) Reset() {
 	*x = ArenaRange{}
-	mi := &file_engine_proto_msgTypes[13]
+	mi := &file_engine_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1213,7 @@ func (x *ArenaRange) String() string {
 func (*ArenaRange) ProtoMessage() {}
 
 func (x *ArenaRange) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[13]
+	mi := &file_engine_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1226,7 @@ func (x *ArenaRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArenaRange.ProtoReflect.Descriptor instead.
 func (*ArenaRange) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{13}
+	return file_engine_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ArenaRange) GetOffset() uint64 {
@@ -1183,7 +1258,7 @@ type PromptArenaRequest struct {
 
 func (x *PromptArenaRequest) Reset() {
 	*x = PromptArenaRequest{}
-	mi := &file_engine_proto_msgTypes[14]
+	mi := &file_engine_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1195,7 +1270,7 @@ func (x *PromptArenaRequest) String() string {
 func (*PromptArenaRequest) ProtoMessage() {}
 
 func (x *PromptArenaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[14]
+	mi := &file_engine_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1208,7 +1283,7 @@ func (x *PromptArenaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromptArenaRequest.ProtoReflect.Descriptor instead.
 func (*PromptArenaRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{14}
+	return file_engine_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PromptArenaRequest) GetEngine() string {
@@ -1243,7 +1318,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_engine_proto_msgTypes[15]
+	mi := &file_engine_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1255,7 +1330,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[15]
+	mi := &file_engine_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1268,7 +1343,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{15}
+	return file_engine_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LookupRequest) GetEngine() string {
@@ -1302,7 +1377,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_engine_proto_msgTypes[16]
+	mi := &file_engine_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1314,7 +1389,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[16]
+	mi := &file_engine_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1327,7 +1402,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{16}
+	return file_engine_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LookupResponse) GetMatchedTokens() int32 {
@@ -1356,7 +1431,7 @@ type CancelLoadRequest struct {
 
 func (x *CancelLoadRequest) Reset() {
 	*x = CancelLoadRequest{}
-	mi := &file_engine_proto_msgTypes[17]
+	mi := &file_engine_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1368,7 +1443,7 @@ func (x *CancelLoadRequest) String() string {
 func (*CancelLoadRequest) ProtoMessage() {}
 
 func (x *CancelLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[17]
+	mi := &file_engine_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1381,7 +1456,7 @@ func (x *CancelLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelLoadRequest.ProtoReflect.Descriptor instead.
 func (*CancelLoadRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{17}
+	return file_engine_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CancelLoadRequest) GetEngine() string {
@@ -1421,7 +1496,7 @@ type BlockIDs struct {
 
 func (x *BlockIDs) Reset() {
 	*x = BlockIDs{}
-	mi := &file_engine_proto_msgTypes[18]
+	mi := &file_engine_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1433,7 +1508,7 @@ func (x *BlockIDs) String() string {
 func (*BlockIDs) ProtoMessage() {}
 
 func (x *BlockIDs) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[18]
+	mi := &file_engine_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1446,7 +1521,7 @@ func (x *BlockIDs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockIDs.ProtoReflect.Descriptor instead.
 func (*BlockIDs) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{18}
+	return file_engine_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *BlockIDs) GetIds() []int32 {
@@ -1468,7 +1543,7 @@ type AllocRequest struct {
 
 func (x *AllocRequest) Reset() {
 	*x = AllocRequest{}
-	mi := &file_engine_proto_msgTypes[19]
+	mi := &file_engine_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1480,7 +1555,7 @@ func (x *AllocRequest) String() string {
 func (*AllocRequest) ProtoMessage() {}
 
 func (x *AllocRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[19]
+	mi := &file_engine_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1493,7 +1568,7 @@ func (x *AllocRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocRequest.ProtoReflect.Descriptor instead.
 func (*AllocRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{19}
+	return file_engine_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AllocRequest) GetEngine() string {
@@ -1538,7 +1613,7 @@ type RequestData struct {
 
 func (x *RequestData) Reset() {
 	*x = RequestData{}
-	mi := &file_engine_proto_msgTypes[20]
+	mi := &file_engine_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1550,7 +1625,7 @@ func (x *RequestData) String() string {
 func (*RequestData) ProtoMessage() {}
 
 func (x *RequestData) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[20]
+	mi := &file_engine_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1563,7 +1638,7 @@ func (x *RequestData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestData.ProtoReflect.Descriptor instead.
 func (*RequestData) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{20}
+	return file_engine_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RequestData) GetId() string {
@@ -1620,7 +1695,7 @@ type BuildMetaRequest struct {
 
 func (x *BuildMetaRequest) Reset() {
 	*x = BuildMetaRequest{}
-	mi := &file_engine_proto_msgTypes[21]
+	mi := &file_engine_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1632,7 +1707,7 @@ func (x *BuildMetaRequest) String() string {
 func (*BuildMetaRequest) ProtoMessage() {}
 
 func (x *BuildMetaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[21]
+	mi := &file_engine_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1645,7 +1720,7 @@ func (x *BuildMetaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildMetaRequest.ProtoReflect.Descriptor instead.
 func (*BuildMetaRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{21}
+	return file_engine_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BuildMetaRequest) GetEngine() string {
@@ -1687,7 +1762,7 @@ type PageTransfer struct {
 
 func (x *PageTransfer) Reset() {
 	*x = PageTransfer{}
-	mi := &file_engine_proto_msgTypes[22]
+	mi := &file_engine_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1699,7 +1774,7 @@ func (x *PageTransfer) String() string {
 func (*PageTransfer) ProtoMessage() {}
 
 func (x *PageTransfer) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[22]
+	mi := &file_engine_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1712,7 +1787,7 @@ func (x *PageTransfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PageTransfer.ProtoReflect.Descriptor instead.
 func (*PageTransfer) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{22}
+	return file_engine_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PageTransfer) GetHash() []byte {
@@ -1746,7 +1821,7 @@ type RequestTransfers struct {
 
 func (x *RequestTransfers) Reset() {
 	*x = RequestTransfers{}
-	mi := &file_engine_proto_msgTypes[23]
+	mi := &file_engine_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1758,7 +1833,7 @@ func (x *RequestTransfers) String() string {
 func (*RequestTransfers) ProtoMessage() {}
 
 func (x *RequestTransfers) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[23]
+	mi := &file_engine_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1771,7 +1846,7 @@ func (x *RequestTransfers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestTransfers.ProtoReflect.Descriptor instead.
 func (*RequestTransfers) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{23}
+	return file_engine_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RequestTransfers) GetRequestId() string {
@@ -1799,7 +1874,7 @@ type Metadata struct {
 
 func (x *Metadata) Reset() {
 	*x = Metadata{}
-	mi := &file_engine_proto_msgTypes[24]
+	mi := &file_engine_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1811,7 +1886,7 @@ func (x *Metadata) String() string {
 func (*Metadata) ProtoMessage() {}
 
 func (x *Metadata) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[24]
+	mi := &file_engine_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1824,7 +1899,7 @@ func (x *Metadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metadata.ProtoReflect.Descriptor instead.
 func (*Metadata) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{24}
+	return file_engine_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Metadata) GetLoads() []*RequestTransfers {
@@ -1858,7 +1933,7 @@ type BindMetaRequest struct {
 
 func (x *BindMetaRequest) Reset() {
 	*x = BindMetaRequest{}
-	mi := &file_engine_proto_msgTypes[25]
+	mi := &file_engine_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1870,7 +1945,7 @@ func (x *BindMetaRequest) String() string {
 func (*BindMetaRequest) ProtoMessage() {}
 
 func (x *BindMetaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[25]
+	mi := &file_engine_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1883,7 +1958,7 @@ func (x *BindMetaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindMetaRequest.ProtoReflect.Descriptor instead.
 func (*BindMetaRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{25}
+	return file_engine_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *BindMetaRequest) GetEngine() string {
@@ -1910,7 +1985,7 @@ type RequestRef struct {
 
 func (x *RequestRef) Reset() {
 	*x = RequestRef{}
-	mi := &file_engine_proto_msgTypes[26]
+	mi := &file_engine_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1922,7 +1997,7 @@ func (x *RequestRef) String() string {
 func (*RequestRef) ProtoMessage() {}
 
 func (x *RequestRef) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[26]
+	mi := &file_engine_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1935,7 +2010,7 @@ func (x *RequestRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestRef.ProtoReflect.Descriptor instead.
 func (*RequestRef) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{26}
+	return file_engine_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RequestRef) GetEngine() string {
@@ -1961,7 +2036,7 @@ type RequestFinishedResponse struct {
 
 func (x *RequestFinishedResponse) Reset() {
 	*x = RequestFinishedResponse{}
-	mi := &file_engine_proto_msgTypes[27]
+	mi := &file_engine_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1973,7 +2048,7 @@ func (x *RequestFinishedResponse) String() string {
 func (*RequestFinishedResponse) ProtoMessage() {}
 
 func (x *RequestFinishedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[27]
+	mi := &file_engine_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1986,7 +2061,7 @@ func (x *RequestFinishedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestFinishedResponse.ProtoReflect.Descriptor instead.
 func (*RequestFinishedResponse) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{27}
+	return file_engine_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RequestFinishedResponse) GetAsyncSaving() bool {
@@ -2007,7 +2082,7 @@ type GetFinishedRequest struct {
 
 func (x *GetFinishedRequest) Reset() {
 	*x = GetFinishedRequest{}
-	mi := &file_engine_proto_msgTypes[28]
+	mi := &file_engine_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2019,7 +2094,7 @@ func (x *GetFinishedRequest) String() string {
 func (*GetFinishedRequest) ProtoMessage() {}
 
 func (x *GetFinishedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[28]
+	mi := &file_engine_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2032,7 +2107,7 @@ func (x *GetFinishedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFinishedRequest.ProtoReflect.Descriptor instead.
 func (*GetFinishedRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{28}
+	return file_engine_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetFinishedRequest) GetEngine() string {
@@ -2066,7 +2141,7 @@ type GetFinishedResponse struct {
 
 func (x *GetFinishedResponse) Reset() {
 	*x = GetFinishedResponse{}
-	mi := &file_engine_proto_msgTypes[29]
+	mi := &file_engine_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2078,7 +2153,7 @@ func (x *GetFinishedResponse) String() string {
 func (*GetFinishedResponse) ProtoMessage() {}
 
 func (x *GetFinishedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[29]
+	mi := &file_engine_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2091,7 +2166,7 @@ func (x *GetFinishedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFinishedResponse.ProtoReflect.Descriptor instead.
 func (*GetFinishedResponse) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{29}
+	return file_engine_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetFinishedResponse) GetFinishedSaving() []string {
@@ -2117,7 +2192,7 @@ type RequestIDs struct {
 
 func (x *RequestIDs) Reset() {
 	*x = RequestIDs{}
-	mi := &file_engine_proto_msgTypes[30]
+	mi := &file_engine_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2129,7 +2204,7 @@ func (x *RequestIDs) String() string {
 func (*RequestIDs) ProtoMessage() {}
 
 func (x *RequestIDs) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[30]
+	mi := &file_engine_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2142,7 +2217,7 @@ func (x *RequestIDs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestIDs.ProtoReflect.Descriptor instead.
 func (*RequestIDs) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{30}
+	return file_engine_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RequestIDs) GetIds() []string {
@@ -2162,7 +2237,7 @@ type DropRequest struct {
 
 func (x *DropRequest) Reset() {
 	*x = DropRequest{}
-	mi := &file_engine_proto_msgTypes[31]
+	mi := &file_engine_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2174,7 +2249,7 @@ func (x *DropRequest) String() string {
 func (*DropRequest) ProtoMessage() {}
 
 func (x *DropRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[31]
+	mi := &file_engine_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2187,7 +2262,7 @@ func (x *DropRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropRequest.ProtoReflect.Descriptor instead.
 func (*DropRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{31}
+	return file_engine_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DropRequest) GetEngine() string {
@@ -2241,7 +2316,7 @@ const file_engine_proto_rawDesc = "" +
 	"\x06CudaFD\x12\x19\n" +
 	"\bfd_token\x18\x01 \x01(\tR\afdToken\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x16\n" +
-	"\x06device\x18\x03 \x01(\x05R\x06device\"\xf5\x06\n" +
+	"\x06device\x18\x03 \x01(\x05R\x06device\"\xb3\a\n" +
 	"\x0fRegisterRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x1b\n" +
 	"\tmodel_key\x18\x02 \x01(\tR\bmodelKey\x12\x1c\n" +
@@ -2267,12 +2342,20 @@ const file_engine_proto_rawDesc = "" +
 	"\fgroup_blocks\x18\x13 \x01(\bR\vgroupBlocks\x12.\n" +
 	"\x13local_reuse_backoff\x18\x14 \x01(\tR\x11localReuseBackoff\x12/\n" +
 	"\x13speculative_prefill\x18\x15 \x01(\bR\x12speculativePrefill\x120\n" +
-	"\x14staging_buffer_bytes\x18\x16 \x01(\x04R\x12stagingBufferBytesB\b\n" +
-	"\x06memory\"\xda\x01\n" +
+	"\x14staging_buffer_bytes\x18\x16 \x01(\x04R\x12stagingBufferBytes\x12<\n" +
+	"\vapi_version\x18\x17 \x01(\v2\x1b.kvctl.engine.v1.ApiVersionR\n" +
+	"apiVersionB\b\n" +
+	"\x06memory\"8\n" +
+	"\n" +
+	"ApiVersion\x12\x14\n" +
+	"\x05major\x18\x01 \x01(\rR\x05major\x12\x14\n" +
+	"\x05minor\x18\x02 \x01(\rR\x05minor\"\x98\x02\n" +
 	"\x10RegisterResponse\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x14\n" +
 	"\x05shard\x18\x02 \x01(\tR\x05shard\x12W\n" +
-	"\fdeclarations\x18\x03 \x03(\v23.kvctl.engine.v1.RegisterResponse.DeclarationsEntryR\fdeclarations\x1a?\n" +
+	"\fdeclarations\x18\x03 \x03(\v23.kvctl.engine.v1.RegisterResponse.DeclarationsEntryR\fdeclarations\x12<\n" +
+	"\vapi_version\x18\x04 \x01(\v2\x1b.kvctl.engine.v1.ApiVersionR\n" +
+	"apiVersion\x1a?\n" +
 	"\x11DeclarationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01\"\x90\x03\n" +
@@ -2428,7 +2511,7 @@ func file_engine_proto_rawDescGZIP() []byte {
 }
 
 var file_engine_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_engine_proto_goTypes = []any{
 	(CallChannelMethod)(0),          // 0: kvctl.engine.v1.CallChannelMethod
 	(*CallChannelRequest)(nil),      // 1: kvctl.engine.v1.CallChannelRequest
@@ -2442,28 +2525,29 @@ var file_engine_proto_goTypes = []any{
 	(*CudaIPC)(nil),                 // 9: kvctl.engine.v1.CudaIPC
 	(*CudaFD)(nil),                  // 10: kvctl.engine.v1.CudaFD
 	(*RegisterRequest)(nil),         // 11: kvctl.engine.v1.RegisterRequest
-	(*RegisterResponse)(nil),        // 12: kvctl.engine.v1.RegisterResponse
-	(*Request)(nil),                 // 13: kvctl.engine.v1.Request
-	(*ArenaRange)(nil),              // 14: kvctl.engine.v1.ArenaRange
-	(*PromptArenaRequest)(nil),      // 15: kvctl.engine.v1.PromptArenaRequest
-	(*LookupRequest)(nil),           // 16: kvctl.engine.v1.LookupRequest
-	(*LookupResponse)(nil),          // 17: kvctl.engine.v1.LookupResponse
-	(*CancelLoadRequest)(nil),       // 18: kvctl.engine.v1.CancelLoadRequest
-	(*BlockIDs)(nil),                // 19: kvctl.engine.v1.BlockIDs
-	(*AllocRequest)(nil),            // 20: kvctl.engine.v1.AllocRequest
-	(*RequestData)(nil),             // 21: kvctl.engine.v1.RequestData
-	(*BuildMetaRequest)(nil),        // 22: kvctl.engine.v1.BuildMetaRequest
-	(*PageTransfer)(nil),            // 23: kvctl.engine.v1.PageTransfer
-	(*RequestTransfers)(nil),        // 24: kvctl.engine.v1.RequestTransfers
-	(*Metadata)(nil),                // 25: kvctl.engine.v1.Metadata
-	(*BindMetaRequest)(nil),         // 26: kvctl.engine.v1.BindMetaRequest
-	(*RequestRef)(nil),              // 27: kvctl.engine.v1.RequestRef
-	(*RequestFinishedResponse)(nil), // 28: kvctl.engine.v1.RequestFinishedResponse
-	(*GetFinishedRequest)(nil),      // 29: kvctl.engine.v1.GetFinishedRequest
-	(*GetFinishedResponse)(nil),     // 30: kvctl.engine.v1.GetFinishedResponse
-	(*RequestIDs)(nil),              // 31: kvctl.engine.v1.RequestIDs
-	(*DropRequest)(nil),             // 32: kvctl.engine.v1.DropRequest
-	nil,                             // 33: kvctl.engine.v1.RegisterResponse.DeclarationsEntry
+	(*ApiVersion)(nil),              // 12: kvctl.engine.v1.ApiVersion
+	(*RegisterResponse)(nil),        // 13: kvctl.engine.v1.RegisterResponse
+	(*Request)(nil),                 // 14: kvctl.engine.v1.Request
+	(*ArenaRange)(nil),              // 15: kvctl.engine.v1.ArenaRange
+	(*PromptArenaRequest)(nil),      // 16: kvctl.engine.v1.PromptArenaRequest
+	(*LookupRequest)(nil),           // 17: kvctl.engine.v1.LookupRequest
+	(*LookupResponse)(nil),          // 18: kvctl.engine.v1.LookupResponse
+	(*CancelLoadRequest)(nil),       // 19: kvctl.engine.v1.CancelLoadRequest
+	(*BlockIDs)(nil),                // 20: kvctl.engine.v1.BlockIDs
+	(*AllocRequest)(nil),            // 21: kvctl.engine.v1.AllocRequest
+	(*RequestData)(nil),             // 22: kvctl.engine.v1.RequestData
+	(*BuildMetaRequest)(nil),        // 23: kvctl.engine.v1.BuildMetaRequest
+	(*PageTransfer)(nil),            // 24: kvctl.engine.v1.PageTransfer
+	(*RequestTransfers)(nil),        // 25: kvctl.engine.v1.RequestTransfers
+	(*Metadata)(nil),                // 26: kvctl.engine.v1.Metadata
+	(*BindMetaRequest)(nil),         // 27: kvctl.engine.v1.BindMetaRequest
+	(*RequestRef)(nil),              // 28: kvctl.engine.v1.RequestRef
+	(*RequestFinishedResponse)(nil), // 29: kvctl.engine.v1.RequestFinishedResponse
+	(*GetFinishedRequest)(nil),      // 30: kvctl.engine.v1.GetFinishedRequest
+	(*GetFinishedResponse)(nil),     // 31: kvctl.engine.v1.GetFinishedResponse
+	(*RequestIDs)(nil),              // 32: kvctl.engine.v1.RequestIDs
+	(*DropRequest)(nil),             // 33: kvctl.engine.v1.DropRequest
+	nil,                             // 34: kvctl.engine.v1.RegisterResponse.DeclarationsEntry
 }
 var file_engine_proto_depIdxs = []int32{
 	5,  // 0: kvctl.engine.v1.LayerGroup.regions:type_name -> kvctl.engine.v1.Region
@@ -2473,61 +2557,63 @@ var file_engine_proto_depIdxs = []int32{
 	8,  // 4: kvctl.engine.v1.RegisterRequest.shared_memory:type_name -> kvctl.engine.v1.SharedMemory
 	9,  // 5: kvctl.engine.v1.RegisterRequest.cuda_ipc:type_name -> kvctl.engine.v1.CudaIPC
 	10, // 6: kvctl.engine.v1.RegisterRequest.cuda_fd:type_name -> kvctl.engine.v1.CudaFD
-	33, // 7: kvctl.engine.v1.RegisterResponse.declarations:type_name -> kvctl.engine.v1.RegisterResponse.DeclarationsEntry
-	14, // 8: kvctl.engine.v1.Request.tokens_arena:type_name -> kvctl.engine.v1.ArenaRange
-	13, // 9: kvctl.engine.v1.LookupRequest.request:type_name -> kvctl.engine.v1.Request
-	19, // 10: kvctl.engine.v1.AllocRequest.block_ids_by_group:type_name -> kvctl.engine.v1.BlockIDs
-	19, // 11: kvctl.engine.v1.RequestData.new_block_ids_by_group:type_name -> kvctl.engine.v1.BlockIDs
-	21, // 12: kvctl.engine.v1.BuildMetaRequest.new_requests:type_name -> kvctl.engine.v1.RequestData
-	21, // 13: kvctl.engine.v1.BuildMetaRequest.cached_requests:type_name -> kvctl.engine.v1.RequestData
-	23, // 14: kvctl.engine.v1.RequestTransfers.pages:type_name -> kvctl.engine.v1.PageTransfer
-	24, // 15: kvctl.engine.v1.Metadata.loads:type_name -> kvctl.engine.v1.RequestTransfers
-	24, // 16: kvctl.engine.v1.Metadata.saves:type_name -> kvctl.engine.v1.RequestTransfers
-	24, // 17: kvctl.engine.v1.Metadata.async_loads:type_name -> kvctl.engine.v1.RequestTransfers
-	25, // 18: kvctl.engine.v1.BindMetaRequest.metadata:type_name -> kvctl.engine.v1.Metadata
-	11, // 19: kvctl.engine.v1.Engine.Register:input_type -> kvctl.engine.v1.RegisterRequest
-	4,  // 20: kvctl.engine.v1.Engine.Unregister:input_type -> kvctl.engine.v1.EngineRef
-	16, // 21: kvctl.engine.v1.Engine.Lookup:input_type -> kvctl.engine.v1.LookupRequest
-	16, // 22: kvctl.engine.v1.Engine.AdmissionQuery:input_type -> kvctl.engine.v1.LookupRequest
-	18, // 23: kvctl.engine.v1.Engine.CancelLoad:input_type -> kvctl.engine.v1.CancelLoadRequest
-	20, // 24: kvctl.engine.v1.Engine.UpdateStateAfterAlloc:input_type -> kvctl.engine.v1.AllocRequest
-	22, // 25: kvctl.engine.v1.Engine.BuildMeta:input_type -> kvctl.engine.v1.BuildMetaRequest
-	27, // 26: kvctl.engine.v1.Engine.RequestFinished:input_type -> kvctl.engine.v1.RequestRef
-	27, // 27: kvctl.engine.v1.Engine.RequestReset:input_type -> kvctl.engine.v1.RequestRef
-	26, // 28: kvctl.engine.v1.Engine.BindMeta:input_type -> kvctl.engine.v1.BindMetaRequest
-	4,  // 29: kvctl.engine.v1.Engine.StartLoad:input_type -> kvctl.engine.v1.EngineRef
-	4,  // 30: kvctl.engine.v1.Engine.WaitForSave:input_type -> kvctl.engine.v1.EngineRef
-	29, // 31: kvctl.engine.v1.Engine.GetFinished:input_type -> kvctl.engine.v1.GetFinishedRequest
-	4,  // 32: kvctl.engine.v1.Engine.TakeFailedLoads:input_type -> kvctl.engine.v1.EngineRef
-	4,  // 33: kvctl.engine.v1.Engine.TakeFailedAsyncLoads:input_type -> kvctl.engine.v1.EngineRef
-	4,  // 34: kvctl.engine.v1.Engine.TakeSubmittedSaves:input_type -> kvctl.engine.v1.EngineRef
-	32, // 35: kvctl.engine.v1.Engine.DropBoundSaves:input_type -> kvctl.engine.v1.DropRequest
-	15, // 36: kvctl.engine.v1.Engine.RegisterPromptArena:input_type -> kvctl.engine.v1.PromptArenaRequest
-	1,  // 37: kvctl.engine.v1.Engine.OpenCallChannel:input_type -> kvctl.engine.v1.CallChannelRequest
-	12, // 38: kvctl.engine.v1.Engine.Register:output_type -> kvctl.engine.v1.RegisterResponse
-	3,  // 39: kvctl.engine.v1.Engine.Unregister:output_type -> kvctl.engine.v1.Empty
-	17, // 40: kvctl.engine.v1.Engine.Lookup:output_type -> kvctl.engine.v1.LookupResponse
-	17, // 41: kvctl.engine.v1.Engine.AdmissionQuery:output_type -> kvctl.engine.v1.LookupResponse
-	3,  // 42: kvctl.engine.v1.Engine.CancelLoad:output_type -> kvctl.engine.v1.Empty
-	3,  // 43: kvctl.engine.v1.Engine.UpdateStateAfterAlloc:output_type -> kvctl.engine.v1.Empty
-	25, // 44: kvctl.engine.v1.Engine.BuildMeta:output_type -> kvctl.engine.v1.Metadata
-	28, // 45: kvctl.engine.v1.Engine.RequestFinished:output_type -> kvctl.engine.v1.RequestFinishedResponse
-	3,  // 46: kvctl.engine.v1.Engine.RequestReset:output_type -> kvctl.engine.v1.Empty
-	3,  // 47: kvctl.engine.v1.Engine.BindMeta:output_type -> kvctl.engine.v1.Empty
-	3,  // 48: kvctl.engine.v1.Engine.StartLoad:output_type -> kvctl.engine.v1.Empty
-	3,  // 49: kvctl.engine.v1.Engine.WaitForSave:output_type -> kvctl.engine.v1.Empty
-	30, // 50: kvctl.engine.v1.Engine.GetFinished:output_type -> kvctl.engine.v1.GetFinishedResponse
-	31, // 51: kvctl.engine.v1.Engine.TakeFailedLoads:output_type -> kvctl.engine.v1.RequestIDs
-	31, // 52: kvctl.engine.v1.Engine.TakeFailedAsyncLoads:output_type -> kvctl.engine.v1.RequestIDs
-	31, // 53: kvctl.engine.v1.Engine.TakeSubmittedSaves:output_type -> kvctl.engine.v1.RequestIDs
-	3,  // 54: kvctl.engine.v1.Engine.DropBoundSaves:output_type -> kvctl.engine.v1.Empty
-	3,  // 55: kvctl.engine.v1.Engine.RegisterPromptArena:output_type -> kvctl.engine.v1.Empty
-	2,  // 56: kvctl.engine.v1.Engine.OpenCallChannel:output_type -> kvctl.engine.v1.CallChannelResponse
-	38, // [38:57] is the sub-list for method output_type
-	19, // [19:38] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	12, // 7: kvctl.engine.v1.RegisterRequest.api_version:type_name -> kvctl.engine.v1.ApiVersion
+	34, // 8: kvctl.engine.v1.RegisterResponse.declarations:type_name -> kvctl.engine.v1.RegisterResponse.DeclarationsEntry
+	12, // 9: kvctl.engine.v1.RegisterResponse.api_version:type_name -> kvctl.engine.v1.ApiVersion
+	15, // 10: kvctl.engine.v1.Request.tokens_arena:type_name -> kvctl.engine.v1.ArenaRange
+	14, // 11: kvctl.engine.v1.LookupRequest.request:type_name -> kvctl.engine.v1.Request
+	20, // 12: kvctl.engine.v1.AllocRequest.block_ids_by_group:type_name -> kvctl.engine.v1.BlockIDs
+	20, // 13: kvctl.engine.v1.RequestData.new_block_ids_by_group:type_name -> kvctl.engine.v1.BlockIDs
+	22, // 14: kvctl.engine.v1.BuildMetaRequest.new_requests:type_name -> kvctl.engine.v1.RequestData
+	22, // 15: kvctl.engine.v1.BuildMetaRequest.cached_requests:type_name -> kvctl.engine.v1.RequestData
+	24, // 16: kvctl.engine.v1.RequestTransfers.pages:type_name -> kvctl.engine.v1.PageTransfer
+	25, // 17: kvctl.engine.v1.Metadata.loads:type_name -> kvctl.engine.v1.RequestTransfers
+	25, // 18: kvctl.engine.v1.Metadata.saves:type_name -> kvctl.engine.v1.RequestTransfers
+	25, // 19: kvctl.engine.v1.Metadata.async_loads:type_name -> kvctl.engine.v1.RequestTransfers
+	26, // 20: kvctl.engine.v1.BindMetaRequest.metadata:type_name -> kvctl.engine.v1.Metadata
+	11, // 21: kvctl.engine.v1.Engine.Register:input_type -> kvctl.engine.v1.RegisterRequest
+	4,  // 22: kvctl.engine.v1.Engine.Unregister:input_type -> kvctl.engine.v1.EngineRef
+	17, // 23: kvctl.engine.v1.Engine.Lookup:input_type -> kvctl.engine.v1.LookupRequest
+	17, // 24: kvctl.engine.v1.Engine.AdmissionQuery:input_type -> kvctl.engine.v1.LookupRequest
+	19, // 25: kvctl.engine.v1.Engine.CancelLoad:input_type -> kvctl.engine.v1.CancelLoadRequest
+	21, // 26: kvctl.engine.v1.Engine.UpdateStateAfterAlloc:input_type -> kvctl.engine.v1.AllocRequest
+	23, // 27: kvctl.engine.v1.Engine.BuildMeta:input_type -> kvctl.engine.v1.BuildMetaRequest
+	28, // 28: kvctl.engine.v1.Engine.RequestFinished:input_type -> kvctl.engine.v1.RequestRef
+	28, // 29: kvctl.engine.v1.Engine.RequestReset:input_type -> kvctl.engine.v1.RequestRef
+	27, // 30: kvctl.engine.v1.Engine.BindMeta:input_type -> kvctl.engine.v1.BindMetaRequest
+	4,  // 31: kvctl.engine.v1.Engine.StartLoad:input_type -> kvctl.engine.v1.EngineRef
+	4,  // 32: kvctl.engine.v1.Engine.WaitForSave:input_type -> kvctl.engine.v1.EngineRef
+	30, // 33: kvctl.engine.v1.Engine.GetFinished:input_type -> kvctl.engine.v1.GetFinishedRequest
+	4,  // 34: kvctl.engine.v1.Engine.TakeFailedLoads:input_type -> kvctl.engine.v1.EngineRef
+	4,  // 35: kvctl.engine.v1.Engine.TakeFailedAsyncLoads:input_type -> kvctl.engine.v1.EngineRef
+	4,  // 36: kvctl.engine.v1.Engine.TakeSubmittedSaves:input_type -> kvctl.engine.v1.EngineRef
+	33, // 37: kvctl.engine.v1.Engine.DropBoundSaves:input_type -> kvctl.engine.v1.DropRequest
+	16, // 38: kvctl.engine.v1.Engine.RegisterPromptArena:input_type -> kvctl.engine.v1.PromptArenaRequest
+	1,  // 39: kvctl.engine.v1.Engine.OpenCallChannel:input_type -> kvctl.engine.v1.CallChannelRequest
+	13, // 40: kvctl.engine.v1.Engine.Register:output_type -> kvctl.engine.v1.RegisterResponse
+	3,  // 41: kvctl.engine.v1.Engine.Unregister:output_type -> kvctl.engine.v1.Empty
+	18, // 42: kvctl.engine.v1.Engine.Lookup:output_type -> kvctl.engine.v1.LookupResponse
+	18, // 43: kvctl.engine.v1.Engine.AdmissionQuery:output_type -> kvctl.engine.v1.LookupResponse
+	3,  // 44: kvctl.engine.v1.Engine.CancelLoad:output_type -> kvctl.engine.v1.Empty
+	3,  // 45: kvctl.engine.v1.Engine.UpdateStateAfterAlloc:output_type -> kvctl.engine.v1.Empty
+	26, // 46: kvctl.engine.v1.Engine.BuildMeta:output_type -> kvctl.engine.v1.Metadata
+	29, // 47: kvctl.engine.v1.Engine.RequestFinished:output_type -> kvctl.engine.v1.RequestFinishedResponse
+	3,  // 48: kvctl.engine.v1.Engine.RequestReset:output_type -> kvctl.engine.v1.Empty
+	3,  // 49: kvctl.engine.v1.Engine.BindMeta:output_type -> kvctl.engine.v1.Empty
+	3,  // 50: kvctl.engine.v1.Engine.StartLoad:output_type -> kvctl.engine.v1.Empty
+	3,  // 51: kvctl.engine.v1.Engine.WaitForSave:output_type -> kvctl.engine.v1.Empty
+	31, // 52: kvctl.engine.v1.Engine.GetFinished:output_type -> kvctl.engine.v1.GetFinishedResponse
+	32, // 53: kvctl.engine.v1.Engine.TakeFailedLoads:output_type -> kvctl.engine.v1.RequestIDs
+	32, // 54: kvctl.engine.v1.Engine.TakeFailedAsyncLoads:output_type -> kvctl.engine.v1.RequestIDs
+	32, // 55: kvctl.engine.v1.Engine.TakeSubmittedSaves:output_type -> kvctl.engine.v1.RequestIDs
+	3,  // 56: kvctl.engine.v1.Engine.DropBoundSaves:output_type -> kvctl.engine.v1.Empty
+	3,  // 57: kvctl.engine.v1.Engine.RegisterPromptArena:output_type -> kvctl.engine.v1.Empty
+	2,  // 58: kvctl.engine.v1.Engine.OpenCallChannel:output_type -> kvctl.engine.v1.CallChannelResponse
+	40, // [40:59] is the sub-list for method output_type
+	21, // [21:40] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_engine_proto_init() }
@@ -2540,14 +2626,14 @@ func file_engine_proto_init() {
 		(*RegisterRequest_CudaIpc)(nil),
 		(*RegisterRequest_CudaFd)(nil),
 	}
-	file_engine_proto_msgTypes[12].OneofWrappers = []any{}
+	file_engine_proto_msgTypes[13].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_engine_proto_rawDesc), len(file_engine_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   33,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

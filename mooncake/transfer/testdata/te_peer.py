@@ -4,6 +4,7 @@ It starts the real TransferEngine from the pinned wheel (TCP protocol, metadata 
 metadata server), registers one buffer of its own, and answers one JSON line on stdout per
 command. Logs go to stderr.
 """
+
 import base64
 import ctypes
 import json

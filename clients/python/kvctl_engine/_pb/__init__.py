@@ -1,0 +1,1 @@
+"""Stubs generated from core/engineapi/engine.proto by `make proto` (grpcio-tools); do not edit."""

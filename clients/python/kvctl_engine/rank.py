@@ -1,0 +1,558 @@
+"""The high-level engine API: a registered engine rank with the methods of connector.Rank.
+
+:func:`connect` opens a :class:`~kvctl_engine.client.Client`; ``Client``'s registration helpers
+or :meth:`Rank.register` register a rank and return a :class:`Rank`, whose methods are the calls
+of connector.Rank (core/connector/rank.go) and the Go RemoteRank (core/engineapi/rank.go), with
+typed results and the exceptions of errors.py. docs/ENGINE_API.md gives the order an engine
+calls them in, per scheduler step and per worker step.
+
+A Rank is bound to the Client that registered it: only that connection may name it. Lookups and
+admission queries write their prompt into a prompt arena (shared memory the daemon reads) and
+send only its range, as the Go RemoteRank does; a daemon that refuses the arena turns it off and
+prompts go in tokens_packed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._pb import engine_pb2 as pb
+from .client import API_VERSION, Client, api_version_message
+from .cuda import CudaIpcMemory
+from .errors import CallTimeout, Cancelled, InvalidArgument, KvctlError
+from .memory import DEFAULT_PROMPT_ARENA_BYTES, PromptArena, SharedMemory
+from .tokens import TOKEN_BYTES, pack_tokens
+
+__all__ = [
+    "CudaFdMemory",
+    "Finished",
+    "LayerGroup",
+    "Layout",
+    "LookupResult",
+    "Metadata",
+    "PageTransfer",
+    "Rank",
+    "RankOptions",
+    "Region",
+    "Request",
+    "RequestData",
+    "RequestTransfers",
+    "SharedMemoryFd",
+    "connect",
+]
+
+
+# -- layout --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Region:
+    """One region of a page: the bytes [offset + page * stride, + size) of the registered memory."""
+
+    offset: int
+    stride: int
+    size: int
+
+    def to_pb(self) -> pb.Region:
+        return pb.Region(offset=self.offset, stride=self.stride, size=self.size)
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    """A layer group: slots pages, each made of regions (saved per rank) and replicated_regions
+    (the same on every tensor-parallel rank, saved once)."""
+
+    id: int
+    slots: int
+    regions: Sequence[Region]
+    replicated_regions: Sequence[Region] = ()
+
+    def to_pb(self) -> pb.LayerGroup:
+        return pb.LayerGroup(
+            id=self.id,
+            slots=self.slots,
+            regions=[r.to_pb() for r in self.regions],
+            replicated_regions=[r.to_pb() for r in self.replicated_regions],
+        )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The KV layout: tokens per block and the layer groups."""
+
+    tokens_per_block: int
+    groups: Sequence[LayerGroup]
+
+    def to_pb(self) -> pb.Layout:
+        return pb.Layout(tokens_per_block=self.tokens_per_block, groups=[g.to_pb() for g in self.groups])
+
+
+# -- memory kinds that need no object of their own ------------------------------------------
+
+
+@dataclass(frozen=True)
+class SharedMemoryFd:
+    """Engine memory in a memfd the caller made (sealed with F_SEAL_SHRINK, at least size bytes)."""
+
+    fd: int
+    size: int
+
+
+@dataclass(frozen=True)
+class CudaFdMemory:
+    """Engine memory made with cuMemCreate and exported as a descriptor (cuda.VmmAllocation)."""
+
+    fd: int
+    size: int
+    device: int
+
+
+Memory = SharedMemory | SharedMemoryFd | CudaIpcMemory | CudaFdMemory | Any
+
+
+# -- requests and results --------------------------------------------------------------------
+
+
+@dataclass
+class Request:
+    """A prompt to look up: its id and tokens, and what else names its KV."""
+
+    id: str
+    tokens: Sequence[int]
+    cache_salt: str | None = None
+    lora_task_id: int | None = None
+    multimodal_digests: Sequence[bytes] = ()
+    has_multimodal: bool = False
+    dummy: bool = False
+    context_only: bool = False
+
+    def to_pb(self) -> pb.Request:
+        r = pb.Request(
+            id=self.id,
+            multimodal_digests=list(self.multimodal_digests),
+            has_multimodal=self.has_multimodal,
+            dummy=self.dummy,
+            context_only=self.context_only,
+        )
+        if self.cache_salt is not None:
+            r.cache_salt = self.cache_salt
+        if self.lora_task_id is not None:
+            r.lora_task_id = self.lora_task_id
+        return r
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    """matched_tokens the pool can restore (a multiple of the block size); is_async when the
+    load runs in the background (the request waits for GetFinished's finished_loading)."""
+
+    matched_tokens: int
+    is_async: bool
+
+
+@dataclass
+class RequestData:
+    """One request of a scheduler step (SchedulerOutput): its new tokens and block ids, where its
+    computation stands and how many tokens this step computes."""
+
+    id: str
+    new_block_ids_by_group: Sequence[Sequence[int]] = ()
+    computed_position: int = 0
+    num_scheduled_tokens: int = 0
+    new_tokens: Sequence[int] = ()
+    dummy: bool = False
+
+    def to_pb(self) -> pb.RequestData:
+        return pb.RequestData(
+            id=self.id,
+            new_tokens=list(self.new_tokens),
+            new_block_ids_by_group=[pb.BlockIDs(ids=list(g)) for g in self.new_block_ids_by_group],
+            computed_position=self.computed_position,
+            num_scheduled_tokens=self.num_scheduled_tokens,
+            dummy=self.dummy,
+        )
+
+
+@dataclass(frozen=True)
+class PageTransfer:
+    """One page to load or save: its pool hash, layer group and page slot."""
+
+    hash: bytes
+    group: int
+    page: int
+
+
+@dataclass(frozen=True)
+class RequestTransfers:
+    request_id: str
+    pages: tuple[PageTransfer, ...]
+
+
+def _transfers(rts: Any) -> list[RequestTransfers]:
+    return [
+        RequestTransfers(rt.request_id, tuple(PageTransfer(p.hash, p.group, p.page) for p in rt.pages)) for rt in rts
+    ]
+
+
+class Metadata:
+    """A step's connector metadata (BuildMeta's answer), handed to BindMeta on every rank. The
+    message is kept as the daemon sent it (``pb``); loads, saves and async_loads read it."""
+
+    __slots__ = ("pb",)
+
+    def __init__(self, message: pb.Metadata | None = None) -> None:
+        self.pb = message if message is not None else pb.Metadata()
+
+    @property
+    def loads(self) -> list[RequestTransfers]:
+        return _transfers(self.pb.loads)
+
+    @property
+    def saves(self) -> list[RequestTransfers]:
+        return _transfers(self.pb.saves)
+
+    @property
+    def async_loads(self) -> list[RequestTransfers]:
+        return _transfers(self.pb.async_loads)
+
+    def page_count(self) -> tuple[int, int, int]:
+        """Pages to load, save and load asynchronously."""
+        return tuple(sum(len(rt.pages) for rt in x) for x in (self.pb.loads, self.pb.saves, self.pb.async_loads))  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return "Metadata(loads=%d, saves=%d, async_loads=%d pages)" % self.page_count()
+
+
+@dataclass(frozen=True)
+class Finished:
+    """GetFinished's answer: requests whose saves finished, and whose async loads finished."""
+
+    finished_saving: list[str] = field(default_factory=list)
+    finished_loading: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RankOptions:
+    """Connector settings of a registration; zero values take the daemon's defaults."""
+
+    transfer_batch_size: int = 0
+    async_load: bool = False
+    async_load_workers: int = 0
+    soft_pin_ttl_ms: int = 0
+    group_blocks: bool = False
+    local_reuse_backoff: str = ""
+    speculative_prefill: bool = False
+    staging_buffer_bytes: int = 0
+    prompt_lookahead: int = 0
+    # The prompt arena's size (0: DEFAULT_PROMPT_ARENA_BYTES); prompt_arena=False sends every
+    # prompt in tokens_packed.
+    prompt_arena: bool = True
+    prompt_arena_bytes: int = 0
+
+
+def connect(socket_path: str | None = None, *, timeout: float = 30.0, call_channel: bool = True) -> Client:
+    """Opens a Client to kvctl serve (see Client)."""
+    return Client(socket_path, timeout=timeout, call_channel=call_channel)
+
+
+class Rank:
+    """A registered engine rank: the methods of connector.Rank over the engine API.
+
+    Make one with :meth:`Rank.register`. Every method takes an optional ``timeout`` (seconds;
+    default the client's) and raises a KvctlError subclass on failure; none hangs past its
+    deadline. A Rank is safe to share between threads (calls that find the call channel busy
+    go over gRPC)."""
+
+    def __init__(self, client: Client, response: pb.RegisterResponse, options: RankOptions | None = None) -> None:
+        self.client = client
+        self.name: str = response.engine
+        self.shard: str = response.shard
+        self.declarations: dict[str, bool] = dict(response.declarations)
+        v = response.api_version if response.HasField("api_version") else None
+        # The daemon's engine API version; (1, 0) from a daemon older than the field.
+        self.daemon_api_version: tuple[int, int] = (v.major, v.minor) if v is not None else (1, 0)
+        self.options = options or RankOptions()
+        self._ref = pb.EngineRef(engine=self.name)
+        self._arena_mu = threading.Lock()
+        self._arena: PromptArena | None = None
+        self._arena_off: KvctlError | None = (
+            None if self.options.prompt_arena else KvctlError("prompt arena turned off")
+        )
+        self.via_arena = 0
+        self.via_packed = 0
+        self._closed = False
+
+    # -- registration ------------------------------------------------------------------------
+
+    @classmethod
+    def register(
+        cls,
+        client: Client,
+        engine: str,
+        layout: Layout,
+        memory: Memory | None,
+        *,
+        model_key: str = "",
+        namespace: str = "",
+        world_size: int = 1,
+        rank: int = 0,
+        attention_dp: bool = False,
+        role: str = "both",
+        format: str = "",
+        scheduler: bool = True,
+        options: RankOptions | None = None,
+        api_version: tuple[int, int] = API_VERSION,
+        timeout: float | None = None,
+    ) -> Rank:
+        """Registers the engine rank engine with layout over client and returns it.
+
+        memory is the rank's KV memory: a SharedMemory (or SharedMemoryFd), a CudaIpcMemory
+        (cuda.ipc_handle_from_tensor / ipc_handle_from_pointer), a CudaFdMemory (a
+        cuda.VmmAllocation's fd), or None for a role that moves no KV (capacity). scheduler: this
+        rank runs the scheduler adapter (rank 0 under tensor parallelism, every owner under
+        attention DP). api_version is declared in Register (the SDK's own by default)."""
+        o = options or RankOptions()
+        req = pb.RegisterRequest(
+            engine=engine,
+            model_key=model_key,
+            namespace=namespace,
+            world_size=world_size,
+            rank=rank,
+            attention_dp=attention_dp,
+            role=role,
+            format=format,
+            prompt_lookahead=o.prompt_lookahead,
+            scheduler=scheduler,
+            layout=layout.to_pb(),
+            transfer_batch_size=o.transfer_batch_size,
+            async_load=o.async_load,
+            async_load_workers=o.async_load_workers,
+            soft_pin_ttl_ms=o.soft_pin_ttl_ms,
+            group_blocks=o.group_blocks,
+            local_reuse_backoff=o.local_reuse_backoff,
+            speculative_prefill=o.speculative_prefill,
+            staging_buffer_bytes=o.staging_buffer_bytes,
+            api_version=api_version_message(api_version),
+        )
+        if isinstance(memory, SharedMemory):
+            resp = client.register_shared_memory(req, memory.fd, memory.size, timeout)
+        elif isinstance(memory, SharedMemoryFd):
+            resp = client.register_shared_memory(req, memory.fd, memory.size, timeout)
+        elif isinstance(memory, CudaIpcMemory):
+            resp = client.register_cuda_ipc(req, memory.handle, memory.offset, memory.size, memory.device, timeout)
+        elif isinstance(memory, CudaFdMemory):
+            resp = client.register_cuda_fd(req, memory.fd, memory.size, memory.device, timeout)
+        elif memory is not None and hasattr(memory, "fd") and hasattr(memory, "device") and hasattr(memory, "ptr"):
+            resp = client.register_cuda_fd(req, memory.fd, memory.size, memory.device, timeout)  # a VmmAllocation
+        elif memory is None:
+            resp = client.register(req, timeout)
+        else:
+            raise InvalidArgument(
+                "register: memory of type %s is none of the kinds kvctl serve takes" % type(memory).__name__
+            )
+        return cls(client, resp, o)
+
+    def unregister(self, timeout: float | None = None) -> None:
+        """Drains the rank's saves (within the deadline) and forgets it. The prompt arena goes
+        with it."""
+        if self._closed:
+            return
+        self.client.call("Unregister", self._ref, timeout)
+        self._closed = True
+        with self._arena_mu:
+            arena, self._arena = self._arena, None
+        if arena is not None and arena in self.client._arenas:
+            self.client._arenas.remove(arena)
+            arena.close()
+
+    close = unregister
+
+    def __enter__(self) -> Rank:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.unregister()
+
+    # -- prompt arena ------------------------------------------------------------------------
+
+    def prompt_arena(self, timeout: float | None = None) -> PromptArena | None:
+        """The rank's prompt arena, registering one on first use; None when it is off (options,
+        or the daemon refused it: prompts then go packed)."""
+        with self._arena_mu:
+            if self._arena is not None or self._arena_off is not None:
+                return self._arena
+            arena = PromptArena(self.options.prompt_arena_bytes or DEFAULT_PROMPT_ARENA_BYTES)
+            try:
+                self.client.register_prompt_arena(self.name, arena, timeout)
+            except (CallTimeout, Cancelled):
+                arena.close()
+                raise  # cut short: tried again next time
+            except KvctlError as e:
+                arena.close()
+                self._arena_off = e
+                return None
+            self._arena = arena
+            return arena
+
+    @property
+    def prompt_arena_error(self) -> KvctlError | None:
+        """Why the rank sends its prompts packed, None while it uses (or may use) an arena."""
+        return self._arena_off
+
+    def register_prompt_arena(self, arena: PromptArena, timeout: float | None = None) -> None:
+        """Registers arena as this rank's prompt arena (replacing any earlier one)."""
+        self.client.register_prompt_arena(self.name, arena, timeout)
+        with self._arena_mu:
+            self._arena, self._arena_off = arena, None
+
+    def _lookup(self, method: str, request: Request, num_computed_tokens: int, timeout: float | None) -> LookupResult:
+        r = request.to_pb()
+        n = len(request.tokens)
+        held: int | None = None
+        arena = self.prompt_arena(timeout) if n else None
+        packed = pack_tokens(request.tokens)
+        if arena is not None:
+            held = arena.alloc(n * TOKEN_BYTES)
+        if held is not None and arena is not None:
+            arena.write(held, packed)
+            r.tokens_arena.offset, r.tokens_arena.count = held, n
+            self.via_arena += 1
+        else:
+            r.tokens_packed = packed
+            self.via_packed += 1
+        lr = pb.LookupRequest(engine=self.name, request=r, num_computed_tokens=num_computed_tokens)
+        try:
+            resp = self.client.call(method, lr, timeout)
+        except (CallTimeout, Cancelled):
+            # The daemon may still read the range: it stays reserved.
+            raise
+        except BaseException:
+            if held is not None and arena is not None:
+                arena.free(held)
+            raise
+        if held is not None and arena is not None:
+            arena.free(held)
+        return LookupResult(resp.matched_tokens, getattr(resp, "async"))
+
+    # -- scheduler adapter -------------------------------------------------------------------
+
+    def lookup(self, request: Request, num_computed_tokens: int = 0, timeout: float | None = None) -> LookupResult:
+        """The prefix of request the pool can restore, past num_computed_tokens (the engine's own
+        prefix-cache hit). Registers the request with the scheduler adapter."""
+        return self._lookup("Lookup", request, num_computed_tokens, timeout)
+
+    def admission_query(
+        self, request: Request, num_computed_tokens: int = 0, timeout: float | None = None
+    ) -> LookupResult:
+        """Lookup without side effects: what Lookup would answer, for admission control."""
+        return self._lookup("AdmissionQuery", request, num_computed_tokens, timeout)
+
+    def cancel_load(self, request_id: str, start: int, end: int, timeout: float | None = None) -> None:
+        """Gives up the load of tokens [start, end) of a looked-up request (the engine will
+        compute them)."""
+        self.client.call(
+            "CancelLoad", pb.CancelLoadRequest(engine=self.name, request_id=request_id, start=start, end=end), timeout
+        )
+
+    def update_state_after_alloc(
+        self,
+        request_id: str,
+        block_ids_by_group: Sequence[Sequence[int]],
+        honoured_tokens: int,
+        timeout: float | None = None,
+    ) -> None:
+        """Reports the pages allocated to a request (per layer group) and how many of the
+        matched tokens the engine honours (0 turns the load down)."""
+        self.client.call(
+            "UpdateStateAfterAlloc",
+            pb.AllocRequest(
+                engine=self.name,
+                request_id=request_id,
+                block_ids_by_group=[pb.BlockIDs(ids=list(g)) for g in block_ids_by_group],
+                honoured_tokens=honoured_tokens,
+            ),
+            timeout,
+        )
+
+    def build_meta(
+        self,
+        new_requests: Sequence[RequestData] = (),
+        cached_requests: Sequence[RequestData] = (),
+        submitted_saves: Sequence[str] = (),
+        timeout: float | None = None,
+    ) -> Metadata:
+        """The step's metadata from the scheduler output: the loads and saves to make. Hand it
+        to bind_meta on every rank."""
+        m = self.client.call(
+            "BuildMeta",
+            pb.BuildMetaRequest(
+                engine=self.name,
+                new_requests=[r.to_pb() for r in new_requests],
+                cached_requests=[r.to_pb() for r in cached_requests],
+                submitted_saves=list(submitted_saves),
+            ),
+            timeout,
+        )
+        return Metadata(m)
+
+    def request_finished(self, request_id: str, timeout: float | None = None) -> bool:
+        """The request's prompt is done; True when its saves are still in flight (keep its pages
+        until get_finished reports it in finished_saving)."""
+        r = self.client.call("RequestFinished", pb.RequestRef(engine=self.name, request_id=request_id), timeout)
+        return bool(r.async_saving)
+
+    def request_reset(self, request_id: str, timeout: float | None = None) -> None:
+        """Forgets a request the engine restarts (a failed load, a preemption); look it up again
+        afterwards."""
+        self.client.call("RequestReset", pb.RequestRef(engine=self.name, request_id=request_id), timeout)
+
+    # -- worker ------------------------------------------------------------------------------
+
+    def bind_meta(self, metadata: Metadata, timeout: float | None = None) -> None:
+        """Binds the step's metadata on this rank (every rank, before start_load)."""
+        self.client.call("BindMeta", pb.BindMetaRequest(engine=self.name, metadata=metadata.pb), timeout)
+
+    def start_load(self, timeout: float | None = None) -> None:
+        """Makes the step's synchronous loads into the engine's pages; returns when they landed.
+        Call take_failed_loads right after."""
+        self.client.call("StartLoad", self._ref, timeout)
+
+    def wait_for_save(self, timeout: float | None = None) -> None:
+        """Starts the step's saves (after the forward pass wrote the KV)."""
+        self.client.call("WaitForSave", self._ref, timeout)
+
+    def get_finished(
+        self, finished_gen: Sequence[str] = (), started_loading: Sequence[str] = (), timeout: float | None = None
+    ) -> Finished:
+        """Reports requests finished generating (whose saves may be in flight) and requests that
+        started an async load; returns those whose saves and async loads finished."""
+        r = self.client.call(
+            "GetFinished",
+            pb.GetFinishedRequest(
+                engine=self.name, finished_gen=list(finished_gen), started_loading=list(started_loading)
+            ),
+            timeout,
+        )
+        return Finished(list(r.finished_saving), list(r.finished_loading))
+
+    def take_failed_loads(self, timeout: float | None = None) -> list[str]:
+        """Requests whose synchronous load failed this step: request_reset each and recompute
+        (or look up again). Must follow every start_load on a rank that reports failed loads."""
+        return list(self.client.call("TakeFailedLoads", self._ref, timeout).ids)
+
+    def take_failed_async_loads(self, timeout: float | None = None) -> list[str]:
+        """Requests whose asynchronous load failed: restart them. Must follow every
+        get_finished on a rank that reports failed loads."""
+        return list(self.client.call("TakeFailedAsyncLoads", self._ref, timeout).ids)
+
+    def take_submitted_saves(self, timeout: float | None = None) -> list[str]:
+        """Requests whose saves the worker submitted since the last call; hand them to the next
+        build_meta (submitted_saves)."""
+        return list(self.client.call("TakeSubmittedSaves", self._ref, timeout).ids)
+
+    def drop_bound_saves(self, request_ids: Sequence[str], timeout: float | None = None) -> None:
+        """Drops the bound step's saves of requests the engine aborted before its forward pass."""
+        self.client.call("DropBoundSaves", pb.DropRequest(engine=self.name, request_ids=list(request_ids)), timeout)
