@@ -10,36 +10,52 @@ from types import SimpleNamespace
 
 import pytest
 
-kv = pytest.importorskip("kvctl_engine.rank", reason="the engine SDK (kvctl_engine) is not on this branch yet") and __import__("kvctl_engine")
-
-from conftest import start_daemon
+import kvctl_engine as kv
 from kvctl_engine.trtllm import connector, driver, settings
-from trtllm_engines import PageEngine
+
+from .conftest import start_daemon
+from .trtllm_engines import PageEngine
 
 T = 4
 LEASE_TTL = 10.0  # mooncake.DefaultLeaseTTL: an existence probe's read lease in the embedded pool
 
 
-def llm_args(socket: str, *, world: int = 1, query: str = "model_key=trtllm-test", attention_dp: bool = False, spec=None):
+def llm_args(
+    socket: str, *, world: int = 1, query: str = "model_key=trtllm-test", attention_dp: bool = False, spec=None
+):
     return SimpleNamespace(
         kv_connector_config=SimpleNamespace(server_url=f"unix://{socket}?{query}"),
-        tensor_parallel_size=world, enable_attention_dp=attention_dp, speculative_config=spec,
-        kv_cache_config=SimpleNamespace(tokens_per_block=T))
+        tensor_parallel_size=world,
+        enable_attention_dp=attention_dp,
+        speculative_config=spec,
+        kv_cache_config=SimpleNamespace(tokens_per_block=T),
+    )
 
 
 class Server:
     """One TensorRT-LLM server of the stand-in kind: an engine, a connector per rank, the driver."""
 
-    def __init__(self, socket: str, *, world: int = 1, v2: bool = True, query: str = "model_key=trtllm-test",
-                 worker=connector.KvctlConnectorWorker, scheduler=connector.KvctlConnectorScheduler,
-                 token_bytes: int = 16, slots: int = 64, before_start_load=None) -> None:
+    def __init__(
+        self,
+        socket: str,
+        *,
+        world: int = 1,
+        v2: bool = True,
+        query: str = "model_key=trtllm-test",
+        worker=connector.KvctlConnectorWorker,
+        scheduler=connector.KvctlConnectorScheduler,
+        token_bytes: int = 16,
+        slots: int = 64,
+        before_start_load=None,
+    ) -> None:
         self.engine = PageEngine(world, T, slots, v2=v2, token_bytes=token_bytes)
         args = llm_args(socket, world=world, query=query)
         self.workers = [worker(args, rank=r) for r in range(world)]
         ranks = [driver.StandinRank(w, scheduler(args, rank=r) if r == 0 else None) for r, w in enumerate(self.workers)]
         # A TensorRT-LLM with the seed PR refuses reports_failed_loads on V1; V1 runs on a release without it.
-        self.manager = driver.StandinConnectorManager(self.engine, ranks, kv_cache_manager_v2=v2, seed=v2,
-                                                      before_start_load=before_start_load)
+        self.manager = driver.StandinConnectorManager(
+            self.engine, ranks, kv_cache_manager_v2=v2, seed=v2, before_start_load=before_start_load
+        )
         self.manager.start()
 
     def generate(self, rid: int, prompt: list[int], n: int = 3) -> driver.StandinLlmRequest:
@@ -119,7 +135,9 @@ def test_metadata_pickles_and_names_its_pages(servers):
     req = driver.StandinLlmRequest(9, PROMPT, max_new_tokens=1)
     assert sched.get_num_new_matched_tokens(req, 0) == (0, False)
     sched.update_state_after_alloc(req, [0, 1, 2, 3, 4])
-    out = driver.base.SchedulerOutput(new_requests=[driver.base.RequestData(9, list(PROMPT), [0, 1, 2, 3, 4], 0, len(PROMPT))])
+    out = driver.base.SchedulerOutput(
+        new_requests=[driver.base.RequestData(9, list(PROMPT), [0, 1, 2, 3, 4], 0, len(PROMPT))]
+    )
     meta = sched.build_connector_meta(out)
     copy = pickle.loads(pickle.dumps(meta))
     assert isinstance(copy, connector.ConnectorMetadata) and copy.data == meta.data
@@ -129,8 +147,11 @@ def test_metadata_pickles_and_names_its_pages(servers):
 def test_declarations_must_match_the_role(daemon, servers):
     with pytest.raises(connector.DeclarationMismatch, match="KvctlProducerConnectorScheduler"):
         Server(daemon.socket, query="model_key=trtllm-test&role=producer")
-    p = servers(query="model_key=trtllm-test&role=producer", worker=connector.KvctlProducerConnectorWorker,
-                scheduler=connector.KvctlProducerConnectorScheduler)
+    p = servers(
+        query="model_key=trtllm-test&role=producer",
+        worker=connector.KvctlProducerConnectorWorker,
+        scheduler=connector.KvctlProducerConnectorScheduler,
+    )
     assert p.workers[0]._rank.declarations["requires_block_aligned_reuse"] is False
     with pytest.raises(connector.DeclarationMismatch, match="capacity"):
         connector.KvctlConnectorWorker(llm_args(daemon.socket, query="model_key=m&role=capacity"))
@@ -140,7 +161,9 @@ def test_settings_errors_name_the_fix(daemon):
     with pytest.raises(settings.SettingsError, match="model_key is required"):
         connector.KvctlConnectorWorker(llm_args(daemon.socket, query=""), rank=0)
     with pytest.raises(settings.SettingsError, match="unix socket"):
-        connector.KvctlConnectorWorker(SimpleNamespace(kv_connector_config=SimpleNamespace(server_url="tcp://h:1")), rank=0)
+        connector.KvctlConnectorWorker(
+            SimpleNamespace(kv_connector_config=SimpleNamespace(server_url="tcp://h:1")), rank=0
+        )
 
 
 def test_ids_are_strings_on_the_wire_and_ints_back(servers):
@@ -151,10 +174,18 @@ def test_ids_are_strings_on_the_wire_and_ints_back(servers):
 
 def test_prompt_lookahead_and_multimodal_digests():
     assert connector.prompt_lookahead(None) == 0
-    assert connector.prompt_lookahead(SimpleNamespace(decoding_type="MTP", num_nextn_predict_layers=3, use_mtp_vanilla=True)) == 3
+    assert (
+        connector.prompt_lookahead(
+            SimpleNamespace(decoding_type="MTP", num_nextn_predict_layers=3, use_mtp_vanilla=True)
+        )
+        == 3
+    )
     assert connector.prompt_lookahead(SimpleNamespace(decoding_type="MTP")) == 1
     assert connector.prompt_lookahead(SimpleNamespace(decoding_type="Eagle3", max_draft_len=3)) == 1
-    assert connector.prompt_lookahead(SimpleNamespace(decoding_type="Eagle3", max_draft_len=3, eagle3_one_model=False)) == 0
+    assert (
+        connector.prompt_lookahead(SimpleNamespace(decoding_type="Eagle3", max_draft_len=3, eagle3_one_model=False))
+        == 0
+    )
     req = SimpleNamespace(request_id=1, multimodal_hashes=[[1, -1, 0, 0, 0, 0, 0, 2**31 - 1]])
     digests, has = connector.multimodal_digests(req)
     assert has and digests == [bytes.fromhex("00000001ffffffff" + "00" * 20 + "7fffffff")]
@@ -172,6 +203,7 @@ def test_a_page_lost_between_lookup_and_load_restarts_the_request(kvctl_bin):
     d = start_daemon(kvctl_bin, "16MiB")
     made = []
     try:
+
         def make(**kw):
             s = Server(d.socket, token_bytes=256 << 10, slots=24, **kw)
             made.append(s)

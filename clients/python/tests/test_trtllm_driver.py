@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kvctl_engine.trtllm import driver, standin
 
 T = 4
@@ -29,13 +30,23 @@ class RecordingScheduler(standin.KvCacheConnectorScheduler):
         return (T, False) if self.looked > 1 else (0, False)
 
     def update_state_after_alloc(self, request, block_ids):
-        self.j.calls.append(("alloc", self.rank, request.request_id, list(block_ids), request.py_num_connector_matched_tokens))
+        self.j.calls.append(
+            ("alloc", self.rank, request.request_id, list(block_ids), request.py_num_connector_matched_tokens)
+        )
 
     def build_connector_meta(self, scheduler_output):
         out = scheduler_output
-        self.j.calls.append(("build", self.rank, [(d.request_id, d.computed_position, d.num_scheduled_tokens, list(d.new_tokens))
-                                                   for d in out.new_requests],
-                             [(d.request_id, d.computed_position) for d in out.cached_requests]))
+        self.j.calls.append(
+            (
+                "build",
+                self.rank,
+                [
+                    (d.request_id, d.computed_position, d.num_scheduled_tokens, list(d.new_tokens))
+                    for d in out.new_requests
+                ],
+                [(d.request_id, d.computed_position) for d in out.cached_requests],
+            )
+        )
         return {"step": len([c for c in self.j.calls if c[0] == "build"])}
 
     def request_finished(self, request, cache_block_ids):
@@ -126,9 +137,13 @@ class ToyEngine:
 
 def manager(world=1, fail_once=(), **kw):
     j = Journal()
-    ranks = [driver.StandinRank(RecordingWorker(None, j, r, fail_once if r == 0 else ()),
-                                RecordingScheduler(None, j, r) if r == 0 or kw.get("attention_dp") else None)
-             for r in range(world)]
+    ranks = [
+        driver.StandinRank(
+            RecordingWorker(None, j, r, fail_once if r == 0 else ()),
+            RecordingScheduler(None, j, r) if r == 0 or kw.get("attention_dp") else None,
+        )
+        for r in range(world)
+    ]
     m = driver.StandinConnectorManager(ToyEngine(world), ranks, kv_cache_manager_v2=True, **kw)
     m.start()
     return m, j
@@ -139,8 +154,22 @@ def test_one_step_in_tensorrt_llm_order():
     m.submit(driver.StandinLlmRequest(7, range(10), max_new_tokens=1))
     m.step()
     kinds = [c[0] for c in j.calls]
-    assert kinds == ["register", "lookup", "alloc", "build", "bind", "start_load", "take_failed",
-                     "layer_load", "layer_save", "layer_load", "layer_save", "wait_for_save", "finished", "get_finished"]
+    assert kinds == [
+        "register",
+        "lookup",
+        "alloc",
+        "build",
+        "bind",
+        "start_load",
+        "take_failed",
+        "layer_load",
+        "layer_save",
+        "layer_load",
+        "layer_save",
+        "wait_for_save",
+        "finished",
+        "get_finished",
+    ]
     assert j.calls[3] == ("build", 0, [(7, 0, 10, list(range(10)))], [])
     assert m.done and m.done[0].generated == [sum(range(10)) % 97]
 
@@ -157,7 +186,7 @@ def test_offer_is_left_out_of_the_first_computed_position_and_chunks_are_cached(
     second = next(b for b in builds if b[2] and b[2][0][0] == 2)
     assert second[2] == [(2, 0, 4, list(range(10)))]
     assert ("alloc", 0, 2, [3, 4, 5], T) in j.calls
-    later = [b[3] for b in builds[builds.index(second) + 1:] if b[3]]
+    later = [b[3] for b in builds[builds.index(second) + 1 :] if b[3]]
     assert later[0] == [(2, 8)]
 
 
@@ -167,7 +196,7 @@ def test_failed_load_restarts_on_a_single_rank():
     log = m.step()
     assert log.restarted == [3]
     i = j.calls.index(("take_failed", 0, [3]))
-    assert j.calls[i + 1:i + 3] == [("drop_saves", 0, [3]), ("reset", 0, 3)]
+    assert j.calls[i + 1 : i + 3] == [("drop_saves", 0, [3]), ("reset", 0, 3)]
     assert m.engine.released == [3]
     m.run()
     assert [c for c in j.calls if c[0] == "lookup"] == [("lookup", 0, 3, 0), ("lookup", 0, 3, 0)]
@@ -190,7 +219,9 @@ def test_declarations_are_checked():
         reports_failed_loads = True
         register_kv_caches = start_load_kv = wait_for_save = lambda self, *a: None
         wait_for_layer_load = save_kv_layer = lambda self, *a: None
-        get_finished = lambda self, a, b: ([], [])
+
+        def get_finished(self, a, b):
+            return [], []
 
     with pytest.raises(ValueError, match="take_failed_load_requests"):
         driver.StandinConnectorManager(ToyEngine(), [driver.StandinRank(NoHooks(None), RecordingScheduler(None, j, 0))])
@@ -199,8 +230,13 @@ def test_declarations_are_checked():
         supports_attention_dp = False
 
     with pytest.raises(NotImplementedError, match="supports_attention_dp"):
-        driver.StandinConnectorManager(ToyEngine(2), [driver.StandinRank(NoADP(None, j, r), RecordingScheduler(None, j, r))
-                                                      for r in range(2)], attention_dp=True)
+        driver.StandinConnectorManager(
+            ToyEngine(2),
+            [driver.StandinRank(NoADP(None, j, r), RecordingScheduler(None, j, r)) for r in range(2)],
+            attention_dp=True,
+        )
     with pytest.raises(ValueError, match="only on rank 0"):
-        driver.StandinConnectorManager(ToyEngine(2), [driver.StandinRank(RecordingWorker(None, j, r), RecordingScheduler(None, j, r))
-                                                      for r in range(2)])
+        driver.StandinConnectorManager(
+            ToyEngine(2),
+            [driver.StandinRank(RecordingWorker(None, j, r), RecordingScheduler(None, j, r)) for r in range(2)],
+        )

@@ -7,6 +7,7 @@ import os
 import pathlib
 
 import pytest
+
 from kvctl_engine.trtllm import settings
 
 VECTORS = pathlib.Path(__file__).resolve().parents[3] / "testdata" / "kvctl-server-url.json"
@@ -22,15 +23,31 @@ def test_server_url_vectors(case):
     got = settings.parse_server_url(case["raw"])
     w = case["want"]
     assert (got.socket, got.model_key, got.namespace, got.role, got.async_load, got.async_load_workers) == (
-        w["socket"], w.get("model_key", ""), w.get("namespace", ""), w.get("role", ""),
-        w.get("async_load", False), w.get("async_load_workers", 0))
+        w["socket"],
+        w.get("model_key", ""),
+        w.get("namespace", ""),
+        w.get("role", ""),
+        w.get("async_load", False),
+        w.get("async_load_workers", 0),
+    )
     assert got.socket_from == "server_url"
 
 
 def test_resolve_order():
-    env = {"KVCTL_SOCKET": "/env.sock", "KVCTL_MODEL_KEY": "env-model", "KVCTL_ROLE": "Producer", "KVCTL_NAMESPACE": "ns"}
+    env = {
+        "KVCTL_SOCKET": "/env.sock",
+        "KVCTL_MODEL_KEY": "env-model",
+        "KVCTL_ROLE": "Producer",
+        "KVCTL_NAMESPACE": "ns",
+    }
     s = settings.resolve("unix:///url.sock?model_key=url-model", env)
-    assert (s.socket, s.socket_from, s.model_key, s.role, s.namespace) == ("/url.sock", "server_url", "url-model", "producer", "ns")
+    assert (s.socket, s.socket_from, s.model_key, s.role, s.namespace) == (
+        "/url.sock",
+        "server_url",
+        "url-model",
+        "producer",
+        "ns",
+    )
     s = settings.resolve(None, env)
     assert (s.socket, s.socket_from, s.model_key) == ("/env.sock", "KVCTL_SOCKET", "env-model")
     s = settings.resolve(None, {"KVCTL_MODEL_KEY": "m", "XDG_RUNTIME_DIR": "/run/user/7"})

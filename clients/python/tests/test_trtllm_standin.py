@@ -8,6 +8,7 @@ import importlib
 import inspect
 
 import pytest
+
 from kvctl_engine.trtllm import base, pinned, standin
 
 
@@ -21,8 +22,10 @@ def signature(fn) -> tuple:
 
 
 def fields(cls) -> tuple:
-    return tuple(f.name + ("=" if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING else "")
-                 for f in dataclasses.fields(cls))
+    return tuple(
+        f.name + ("=" if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING else "")
+        for f in dataclasses.fields(cls)
+    )
 
 
 CLASSES = {pinned.SCHEDULER: standin.KvCacheConnectorScheduler, pinned.WORKER: standin.KvCacheConnectorWorker}
@@ -94,6 +97,7 @@ def test_per_group_override_stands_in_for_the_flat_form():
         f.update_state_after_alloc_by_layer_group(None, [[3], [4]])
     # A class implementing neither form cannot be built.
     with pytest.raises(TypeError):
+
         class Neither(standin.KvCacheConnectorScheduler):
             def build_connector_meta(self, scheduler_output):
                 return None
@@ -123,8 +127,10 @@ def test_base_selects_the_standins_without_tensorrt_llm():
 def test_standin_signatures_equal_the_real_ones(name):
     mod, path = _real_module()
     if mod is None:
-        pytest.skip("tensorrt_llm is not importable here (PyPI serves a placeholder and it needs CUDA); "
-                    "the stand-ins are checked against the pinned table only")
+        pytest.skip(
+            "tensorrt_llm is not importable here (PyPI serves a placeholder and it needs CUDA); "
+            "the stand-ins are checked against the pinned table only"
+        )
     real = getattr(mod, name)
     ours = CLASSES[name]
     for method in pinned.BASE_METHODS[name]:
@@ -142,7 +148,10 @@ def test_standin_dataclasses_equal_the_real_ones():
     mod, _ = _real_module()
     if mod is None:
         pytest.skip("tensorrt_llm is not importable here; the dataclasses are checked against the pinned table only")
-    want = pinned.BASE_DATACLASSES if hasattr(mod.RequestData, "__dataclass_fields__") and \
-        "cache_salt" in mod.RequestData.__dataclass_fields__ else pinned.BASE_OLDER_DATACLASSES
+    want = (
+        pinned.BASE_DATACLASSES
+        if hasattr(mod.RequestData, "__dataclass_fields__") and "cache_salt" in mod.RequestData.__dataclass_fields__
+        else pinned.BASE_OLDER_DATACLASSES
+    )
     assert fields(mod.RequestData) == want["RequestData"]
     assert fields(mod.SchedulerOutput) == want["SchedulerOutput"]

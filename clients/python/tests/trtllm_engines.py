@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import hashlib
 
-import kvctl_engine as kv
 import torch
+
+import kvctl_engine as kv
 from kvctl_engine.trtllm import memory as kvmemory
 from kvctl_engine.trtllm import standin
 
@@ -35,8 +36,15 @@ def token_kv(rank: int, tokens: list[int], pos: int) -> bytes:
 
 
 class PageEngine:
-    def __init__(self, world_size: int = 1, tokens_per_block: int = 4, slots: int = 64, *, v2: bool = True,
-                 token_bytes: int = TOKEN_BYTES) -> None:
+    def __init__(
+        self,
+        world_size: int = 1,
+        tokens_per_block: int = 4,
+        slots: int = 64,
+        *,
+        v2: bool = True,
+        token_bytes: int = TOKEN_BYTES,
+    ) -> None:
         self.world_size = world_size
         self.tokens_per_block = tokens_per_block
         self.slots = slots
@@ -60,9 +68,16 @@ class PageEngine:
         shm = self.pools[rank]
         base = kvmemory.add_host_pool(shm)
         if self.v2:
-            region = standin.KvCacheRegion(base=base, size=self.page_bytes, stride=self.page_bytes, num_slots=self.slots,
-                                           buffers=(standin.KvCacheBufferRef(0, "key"),))
-            layout = standin.KvCacheLayout(self.tokens_per_block, (standin.KvCacheLayerGroupLayout(0, (0,), None, (region,)),))
+            region = standin.KvCacheRegion(
+                base=base,
+                size=self.page_bytes,
+                stride=self.page_bytes,
+                num_slots=self.slots,
+                buffers=(standin.KvCacheBufferRef(0, "key"),),
+            )
+            layout = standin.KvCacheLayout(
+                self.tokens_per_block, (standin.KvCacheLayerGroupLayout(0, (0,), None, (region,)),)
+            )
             worker.register_kv_cache_layout(layout)
         else:
             t = torch.frombuffer(shm.buf, dtype=torch.uint8).view(self.slots, self.page_bytes)
@@ -94,13 +109,15 @@ class PageEngine:
         tokens = request.tokens
         for pos in range(start):
             off = self._at(rank, request.request_id, pos)
-            got = bytes(buf[off:off + TOKEN_BYTES])
+            got = bytes(buf[off : off + TOKEN_BYTES])
             if got != token_kv(rank, tokens, pos):
-                raise KVMismatch(f"rank {rank} request {request.request_id}: token {pos}'s KV is wrong before computing [{start}, {end})")
+                raise KVMismatch(
+                    f"rank {rank} request {request.request_id}: token {pos}'s KV is wrong before computing [{start}, {end})"
+                )
             self.checked_bytes += TOKEN_BYTES
         for pos in range(start, end):
             off = self._at(rank, request.request_id, pos)
-            buf[off:off + TOKEN_BYTES] = token_kv(rank, tokens, pos)
+            buf[off : off + TOKEN_BYTES] = token_kv(rank, tokens, pos)
         if rank == 0:
             if request.state == "CONTEXT_INIT" and start > 0 and request.request_id not in self.restored_tokens:
                 self.restored_tokens[request.request_id] = start

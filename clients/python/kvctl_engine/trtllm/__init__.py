@@ -27,8 +27,12 @@ Modules:
 
 from __future__ import annotations
 
-_CLASSES = ("KvctlConnectorScheduler", "KvctlConnectorWorker",
-            "KvctlProducerConnectorScheduler", "KvctlProducerConnectorWorker")
+_CLASSES = (
+    "KvctlConnectorScheduler",
+    "KvctlConnectorWorker",
+    "KvctlProducerConnectorScheduler",
+    "KvctlProducerConnectorWorker",
+)
 
 __all__ = list(_CLASSES)
 

@@ -25,12 +25,16 @@ def _load():
             if e.name is not None and (e.name == "tensorrt_llm" or path.startswith(e.name + ".") or e.name == path):
                 continue
             raise
-        return (mod.KvCacheConnectorScheduler, mod.KvCacheConnectorWorker, mod.SchedulerOutput,
-                mod.RequestData, path)
+        return (mod.KvCacheConnectorScheduler, mod.KvCacheConnectorWorker, mod.SchedulerOutput, mod.RequestData, path)
     from . import standin
 
-    return (standin.KvCacheConnectorScheduler, standin.KvCacheConnectorWorker, standin.SchedulerOutput,
-            standin.RequestData, "stand-in")
+    return (
+        standin.KvCacheConnectorScheduler,
+        standin.KvCacheConnectorWorker,
+        standin.SchedulerOutput,
+        standin.RequestData,
+        "stand-in",
+    )
 
 
 KvCacheConnectorScheduler, KvCacheConnectorWorker, SchedulerOutput, RequestData, SOURCE = _load()

@@ -88,9 +88,15 @@ def multimodal_digests(request: Any) -> tuple[list[bytes], bool]:
     for item in hashes:
         chunks = list(item)
         if len(chunks) != 8:
-            raise kv.InvalidArgument(f"request {request.request_id}: a multimodal hash has {len(chunks)} chunks, want 8")
+            raise kv.InvalidArgument(
+                f"request {request.request_id}: a multimodal hash has {len(chunks)} chunks, want 8"
+            )
         digests.append(b"".join(struct.pack(">i", int(c)) for c in chunks))
-    has = bool(digests) or bool(getattr(request, "multimodal_positions", None)) or bool(getattr(request, "multimodal_lengths", None))
+    has = (
+        bool(digests)
+        or bool(getattr(request, "multimodal_positions", None))
+        or bool(getattr(request, "multimodal_lengths", None))
+    )
     return digests, has
 
 
@@ -108,9 +114,13 @@ class _RankState:
 
     def wait(self, timeout: float = REGISTRATION_TIMEOUT) -> kv.Rank:
         if not self.ready.wait(timeout):
-            raise kv.CallTimeout(f"the connector worker of this rank did not register its KV cache within {timeout:.0f} s")
+            raise kv.CallTimeout(
+                f"the connector worker of this rank did not register its KV cache within {timeout:.0f} s"
+            )
         if self.error is not None:
-            raise kv.FailedPrecondition(f"the connector worker of this rank failed to register: {self.error}") from self.error
+            raise kv.FailedPrecondition(
+                f"the connector worker of this rank failed to register: {self.error}"
+            ) from self.error
         assert self.rank is not None
         return self.rank
 
@@ -149,14 +159,23 @@ class _Common:
     def _setup(self, llm_args: Any, rank: int | None) -> None:
         kvc = _attr(llm_args, "kv_connector_config")
         self._settings = settings.resolve(_attr(kvc, "server_url"))
-        if self._settings.role != self._role_family and not (self._role_family == "both" and self._settings.role == "consumer"):
-            want = ("KvctlProducerConnectorScheduler and KvctlProducerConnectorWorker" if self._settings.role == "producer"
-                    else "KvctlConnectorScheduler and KvctlConnectorWorker")
-            raise DeclarationMismatch(f"{type(self).__name__} declares for roles {self._roles}, not {self._settings.role}; "
-                                      f"use {want}" if self._settings.role != "capacity" else
-                                      "role capacity moves no KV; an engine has nothing to register with kvctl serve")
+        if self._settings.role != self._role_family and not (
+            self._role_family == "both" and self._settings.role == "consumer"
+        ):
+            want = (
+                "KvctlProducerConnectorScheduler and KvctlProducerConnectorWorker"
+                if self._settings.role == "producer"
+                else "KvctlConnectorScheduler and KvctlConnectorWorker"
+            )
+            raise DeclarationMismatch(
+                f"{type(self).__name__} declares for roles {self._roles}, not {self._settings.role}; use {want}"
+                if self._settings.role != "capacity"
+                else "role capacity moves no KV; an engine has nothing to register with kvctl serve"
+            )
         self._rank_index = _mpi_rank() if rank is None else rank
-        self._attention_dp = bool(_attr(llm_args, "enable_attention_dp", "parallel_config.enable_attention_dp", default=False))
+        self._attention_dp = bool(
+            _attr(llm_args, "enable_attention_dp", "parallel_config.enable_attention_dp", default=False)
+        )
         tp = int(_attr(llm_args, "tensor_parallel_size", "parallel_config.tp_size", default=1))
         self._world = 1 if self._attention_dp else tp
         self._lookahead = prompt_lookahead(_attr(llm_args, "speculative_config"))
@@ -177,9 +196,14 @@ class KvctlConnectorWorker(base.KvCacheConnectorWorker, _Common):
 
     _role_family: ClassVar[str] = "both"
     _roles: ClassVar[str] = "both and consumer"
-    _DECLARES: ClassVar[tuple[str, ...]] = ("supports_attention_dp", "reports_failed_loads", "requires_block_aligned_reuse",
-                                            "drops_reuse_match_backoff", "requires_completion_reservation",
-                                            "supports_speculative_prefill")
+    _DECLARES: ClassVar[tuple[str, ...]] = (
+        "supports_attention_dp",
+        "reports_failed_loads",
+        "requires_block_aligned_reuse",
+        "drops_reuse_match_backoff",
+        "requires_completion_reservation",
+        "supports_speculative_prefill",
+    )
 
     def __init__(self, llm_args: Any, *, rank: int | None = None, cuda: Any = None) -> None:
         super().__init__(llm_args)
@@ -211,12 +235,26 @@ class KvctlConnectorWorker(base.KvCacheConnectorWorker, _Common):
             s = self._settings
             client = kv.connect(s.socket)
             name = f"trtllm/{s.model_key}/{os.getpid()}.{next(_instances)}/rank{self._rank_index}"
-            opts = kv.RankOptions(async_load=s.async_load, async_load_workers=s.async_load_workers,
-                                  prompt_lookahead=self._lookahead, speculative_prefill=self._lookahead > 0)
-            rank = kv.Rank.register(client, name, reg.layout, reg.memory, model_key=s.model_key, namespace=s.namespace,
-                                    world_size=self._world, rank=0 if self._attention_dp else self._rank_index,
-                                    attention_dp=self._attention_dp, role=s.role,
-                                    scheduler=self._attention_dp or self._rank_index == 0, options=opts)
+            opts = kv.RankOptions(
+                async_load=s.async_load,
+                async_load_workers=s.async_load_workers,
+                prompt_lookahead=self._lookahead,
+                speculative_prefill=self._lookahead > 0,
+            )
+            rank = kv.Rank.register(
+                client,
+                name,
+                reg.layout,
+                reg.memory,
+                model_key=s.model_key,
+                namespace=s.namespace,
+                world_size=self._world,
+                rank=0 if self._attention_dp else self._rank_index,
+                attention_dp=self._attention_dp,
+                role=s.role,
+                scheduler=self._attention_dp or self._rank_index == 0,
+                options=opts,
+            )
             self._check_declarations(rank.declarations)
         except BaseException as e:
             st.error = e
@@ -237,12 +275,18 @@ class KvctlConnectorWorker(base.KvCacheConnectorWorker, _Common):
         mine["supports_admission_query"] = sched.supports_admission_query is True
         theirs = {n: got.get(n, False) is True for n in mine}
         if mine != theirs:
-            diff = ", ".join(f"{n}: class {mine[n]}, kvctl serve {theirs[n]}" for n in sorted(mine) if mine[n] != theirs[n])
-            raise DeclarationMismatch(f"the connector's declarations differ from kvctl serve's for role {self._settings.role} ({diff})")
+            diff = ", ".join(
+                f"{n}: class {mine[n]}, kvctl serve {theirs[n]}" for n in sorted(mine) if mine[n] != theirs[n]
+            )
+            raise DeclarationMismatch(
+                f"the connector's declarations differ from kvctl serve's for role {self._settings.role} ({diff})"
+            )
 
     def _need(self) -> kv.Rank:
         if self._rank is None:
-            raise kv.NotRegistered("the KV cache of this rank is not registered yet (register_kv_caches or register_kv_cache_layout)")
+            raise kv.NotRegistered(
+                "the KV cache of this rank is not registered yet (register_kv_caches or register_kv_cache_layout)"
+            )
         return self._rank
 
     # -- the forward pass ---------------------------------------------------------------------
@@ -257,8 +301,10 @@ class KvctlConnectorWorker(base.KvCacheConnectorWorker, _Common):
         r.start_load()
         failed = {int(i) for i in r.take_failed_loads()}
         if failed and not self._restartable:
-            raise kv.LoadFailed(f"requests {sorted(failed)} lost pages between lookup and load, and this server cannot "
-                                "restart them (tensor parallelism, or a TensorRT-LLM without take_failed_load_requests)")
+            raise kv.LoadFailed(
+                f"requests {sorted(failed)} lost pages between lookup and load, and this server cannot "
+                "restart them (tensor parallelism, or a TensorRT-LLM without take_failed_load_requests)"
+            )
         self._failed |= failed
 
     def take_failed_load_requests(self) -> set[int]:
@@ -284,13 +330,17 @@ class KvctlConnectorWorker(base.KvCacheConnectorWorker, _Common):
         r.wait_for_save()
 
     def get_finished(self, finished_gen_req_ids: Any, started_loading_req_ids: Any) -> tuple[list[int], list[int]]:
-        f = self._need().get_finished([_rid(i) for i in finished_gen_req_ids], [_rid(i) for i in started_loading_req_ids])
+        f = self._need().get_finished(
+            [_rid(i) for i in finished_gen_req_ids], [_rid(i) for i in started_loading_req_ids]
+        )
         return [int(i) for i in f.finished_saving], [int(i) for i in f.finished_loading]
 
     def take_failed_async_load_requests(self) -> set[int]:
         failed = {int(i) for i in self._need().take_failed_async_loads()}
         if failed and not self._restartable:
-            raise kv.LoadFailed(f"asynchronous loads of requests {sorted(failed)} lost pages, and this server cannot restart them")
+            raise kv.LoadFailed(
+                f"asynchronous loads of requests {sorted(failed)} lost pages, and this server cannot restart them"
+            )
         return failed
 
     def close(self) -> None:
@@ -304,7 +354,9 @@ class KvctlConnectorWorker(base.KvCacheConnectorWorker, _Common):
 def _meta_pb(metadata: Any) -> Any:
     if isinstance(metadata, ConnectorMetadata):
         return metadata.pb()
-    raise kv.InvalidArgument(f"bind_connector_meta got {type(metadata).__name__}, not the metadata KvctlConnectorScheduler builds")
+    raise kv.InvalidArgument(
+        f"bind_connector_meta got {type(metadata).__name__}, not the metadata KvctlConnectorScheduler builds"
+    )
 
 
 class ConnectorMetadata:
@@ -360,11 +412,15 @@ class KvctlConnectorScheduler(base.KvCacheConnectorScheduler, _Common):
         salt = getattr(request, "cache_salt", None)
         lora = getattr(request, "lora_task_id", None)
         req = kv.Request(
-            id=_rid(request.request_id), tokens=list(request.get_tokens(0)),
-            cache_salt=None if salt is None else str(salt), lora_task_id=None if lora is None else int(lora),
-            multimodal_digests=digests, has_multimodal=has_mm,
+            id=_rid(request.request_id),
+            tokens=list(request.get_tokens(0)),
+            cache_salt=None if salt is None else str(salt),
+            lora_task_id=None if lora is None else int(lora),
+            multimodal_digests=digests,
+            has_multimodal=has_mm,
             dummy=getattr(request, "is_dummy_request", False) is True,
-            context_only=getattr(request, "is_context_only_request", False) is True)
+            context_only=getattr(request, "is_context_only_request", False) is True,
+        )
         res = self._r().lookup(req, int(num_computed_tokens))
         return int(res.matched_tokens), bool(res.is_async)
 
@@ -376,20 +432,29 @@ class KvctlConnectorScheduler(base.KvCacheConnectorScheduler, _Common):
 
     def update_state_after_alloc_by_layer_group(self, request: Any, block_ids_by_layer_group: Any) -> None:
         honoured = int(getattr(request, "py_num_connector_matched_tokens", 0) or 0)
-        self._r().update_state_after_alloc(_rid(request.request_id), [list(g) for g in block_ids_by_layer_group], honoured)
+        self._r().update_state_after_alloc(
+            _rid(request.request_id), [list(g) for g in block_ids_by_layer_group], honoured
+        )
 
     def build_connector_meta(self, scheduler_output: Any) -> ConnectorMetadata:
         r = self._r()
 
         def data(d: Any) -> kv.RequestData:
             groups = getattr(d, "new_block_ids_by_layer_group", None) or [list(d.new_block_ids)]
-            return kv.RequestData(id=_rid(d.request_id), new_block_ids_by_group=[list(g) for g in groups],
-                                  computed_position=int(d.computed_position), num_scheduled_tokens=int(d.num_scheduled_tokens),
-                                  new_tokens=list(d.new_tokens))
+            return kv.RequestData(
+                id=_rid(d.request_id),
+                new_block_ids_by_group=[list(g) for g in groups],
+                computed_position=int(d.computed_position),
+                num_scheduled_tokens=int(d.num_scheduled_tokens),
+                new_tokens=list(d.new_tokens),
+            )
 
         submitted = r.take_submitted_saves()
-        meta = r.build_meta([data(d) for d in scheduler_output.new_requests],
-                            [data(d) for d in scheduler_output.cached_requests], submitted)
+        meta = r.build_meta(
+            [data(d) for d in scheduler_output.new_requests],
+            [data(d) for d in scheduler_output.cached_requests],
+            submitted,
+        )
         return ConnectorMetadata(meta.pb.SerializeToString())
 
     def request_finished(self, request: Any, cache_block_ids: Any) -> bool:

@@ -57,12 +57,20 @@ GENERATION_COMPLETE = "GENERATION_COMPLETE"
 class StandinLlmRequest:
     """The attributes of TensorRT-LLM's LlmRequest that a connector reads, under the same names."""
 
-    def __init__(self, request_id: int, prompt: Sequence[int], *, max_new_tokens: int = 0,
-                 cache_salt: str | None = None, lora_task_id: int | None = None,
-                 multimodal_hashes: list[list[int]] | None = None,
-                 multimodal_positions: list[int] | None = None,
-                 multimodal_lengths: list[int] | None = None,
-                 is_context_only_request: bool = False, is_dummy_request: bool = False) -> None:
+    def __init__(
+        self,
+        request_id: int,
+        prompt: Sequence[int],
+        *,
+        max_new_tokens: int = 0,
+        cache_salt: str | None = None,
+        lora_task_id: int | None = None,
+        multimodal_hashes: list[list[int]] | None = None,
+        multimodal_positions: list[int] | None = None,
+        multimodal_lengths: list[int] | None = None,
+        is_context_only_request: bool = False,
+        is_dummy_request: bool = False,
+    ) -> None:
         self.request_id = request_id
         self.py_request_id = request_id
         self.prompt = list(prompt)
@@ -92,7 +100,7 @@ class StandinLlmRequest:
 
     @property
     def generated(self) -> list[int]:
-        return self.tokens[len(self.prompt):]
+        return self.tokens[len(self.prompt) :]
 
 
 class Engine(Protocol):
@@ -165,16 +173,26 @@ def _overrides(obj: Any, name: str) -> bool:
 class StandinConnectorManager:
     """Drives one connector (a worker per rank, its schedulers) over an :class:`Engine`."""
 
-    def __init__(self, engine: Engine, ranks: list[StandinRank], *, attention_dp: bool = False,
-                 kv_cache_manager_v2: bool = True, chunk: int = 0, seed: bool = True,
-                 before_start_load: Callable[[int], None] | None = None,
-                 trace: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        ranks: list[StandinRank],
+        *,
+        attention_dp: bool = False,
+        kv_cache_manager_v2: bool = True,
+        chunk: int = 0,
+        seed: bool = True,
+        before_start_load: Callable[[int], None] | None = None,
+        trace: Callable[[str], None] | None = None,
+    ) -> None:
         if len(ranks) != engine.world_size:
             raise ValueError(f"{len(ranks)} ranks for an engine of world size {engine.world_size}")
         for i, r in enumerate(ranks):
             want = attention_dp or i == 0
             if (r.scheduler is not None) != want:
-                raise ValueError("a scheduler is required on every attention-DP owner, or only on rank 0 under tensor parallelism")
+                raise ValueError(
+                    "a scheduler is required on every attention-DP owner, or only on rank 0 under tensor parallelism"
+                )
         if attention_dp:
             for r in ranks:
                 for half in (r.worker, r.scheduler):
@@ -253,14 +271,18 @@ class StandinConnectorManager:
         for req in admitted:
             t = _Tracked(req, restarts=getattr(req, "_restarts", 0))
             num_computed = self.engine.local_match(req)
-            tokens, is_async = self._on_leader(owner, lambda s, req=req, n=num_computed: s.get_num_new_matched_tokens(req, n))
+            tokens, is_async = self._on_leader(
+                owner, lambda s, req=req, n=num_computed: s.get_num_new_matched_tokens(req, n)
+            )
             log.calls.append(f"get_num_new_matched_tokens({req.request_id}, {num_computed}) = ({tokens}, {is_async})")
             if tokens == 0 and is_async:
                 raise ConnectorFailure("load_kv_async must be False when num_tokens is 0")
             honoured = self._honour(req, num_computed, tokens)
             if honoured < tokens and self.v2:
                 start, end = num_computed + honoured, num_computed + tokens
-                self._on_leader(owner, lambda s, req=req, a=start, b=end: _overrides(s, "cancel_load") and s.cancel_load(req, a, b))
+                self._on_leader(
+                    owner, lambda s, req=req, a=start, b=end: _overrides(s, "cancel_load") and s.cancel_load(req, a, b)
+                )
                 log.calls.append(f"cancel_load({req.request_id}, {start}, {end})")
             req.py_num_connector_matched_tokens = honoured
             t.external = honoured
@@ -319,9 +341,11 @@ class StandinConnectorManager:
             failed = [set(r.worker.take_failed_load_requests()) for r in self.ranks]
             if any(failed):
                 if not self.attention_dp and len(self.ranks) > 1:
-                    raise ConnectorFailure(f"a tensor-parallel rank reported failed loads {sorted(set().union(*failed))}")
+                    raise ConnectorFailure(
+                        f"a tensor-parallel rank reported failed loads {sorted(set().union(*failed))}"
+                    )
                 ids = sorted(set().union(*failed))
-                for i, r in enumerate(self.ranks):
+                for r in self.ranks:
                     r.worker.drop_bound_saves(ids)
                 for rid in ids:
                     if rid not in plans:
@@ -373,17 +397,22 @@ class StandinConnectorManager:
 
     def _request_data(self, t: _Tracked, computed_position: int, scheduled: int):
         req = t.request
-        new_tokens = req.tokens[t.reported_tokens:]
+        new_tokens = req.tokens[t.reported_tokens :]
         t.reported_tokens = len(req.tokens)
         by_group = []
         while len(t.reported_pages) < len(t.pages):
             t.reported_pages.append(0)
         for g, pages in enumerate(t.pages):
-            by_group.append(list(pages[t.reported_pages[g]:]))
+            by_group.append(list(pages[t.reported_pages[g] :]))
             t.reported_pages[g] = len(pages)
         flat = by_group[0] if len(by_group) == 1 else []
-        kwargs = {"request_id": req.request_id, "new_tokens": list(new_tokens), "new_block_ids": list(flat),
-                      "computed_position": computed_position, "num_scheduled_tokens": scheduled}
+        kwargs = {
+            "request_id": req.request_id,
+            "new_tokens": list(new_tokens),
+            "new_block_ids": list(flat),
+            "computed_position": computed_position,
+            "num_scheduled_tokens": scheduled,
+        }
         fields = getattr(base.RequestData, "__dataclass_fields__", {})
         if "cache_salt" in fields:
             kwargs["cache_salt"] = req.cache_salt
@@ -441,7 +470,9 @@ class StandinConnectorManager:
             saved, loaded = r.worker.get_finished(list(finished_gen), list(started_loading))
             saved, loaded = set(saved), set(loaded)
             if not saved <= self._pending_saving or not loaded <= self._pending_loading:
-                raise ConnectorFailure(f"rank {i} reported ids it was never given: saving {sorted(saved - self._pending_saving)}, loading {sorted(loaded - self._pending_loading)}")
+                raise ConnectorFailure(
+                    f"rank {i} reported ids it was never given: saving {sorted(saved - self._pending_saving)}, loading {sorted(loaded - self._pending_loading)}"
+                )
             self._finished_local[i][0].update(saved)
             self._finished_local[i][1].update(loaded)
         # All-gather (tensor parallelism) or local (attention DP: rank 0 owns every request here).
@@ -470,10 +501,14 @@ class StandinConnectorManager:
                     failed |= set(take())
             if failed:
                 if not self.attention_dp and len(self.ranks) > 1:
-                    raise ConnectorFailure(f"a tensor-parallel rank reported failed asynchronous loads {sorted(failed)}")
+                    raise ConnectorFailure(
+                        f"a tensor-parallel rank reported failed asynchronous loads {sorted(failed)}"
+                    )
                 for rid in sorted(failed):
                     if rid not in all_loaded:
-                        raise ConnectorFailure(f"failed asynchronous load reported for request {rid}, whose load was not reported finished")
+                        raise ConnectorFailure(
+                            f"failed asynchronous load reported for request {rid}, whose load was not reported finished"
+                        )
                     for r in self.ranks:
                         r.worker.drop_bound_saves([rid])
                     self._restart(self.active.pop(rid), log)

@@ -87,7 +87,9 @@ def _span(groups) -> tuple[int, int]:
     for g in groups:
         for r in tuple(g.regions) + tuple(getattr(g, "replicated_regions", ())):
             if r.num_slots < 1 or r.size < 1 or r.stride < r.size:
-                raise MemoryError_(f"layer group {g.layer_group_id}: region of {r.size} bytes every {r.stride} over {r.num_slots} slots")
+                raise MemoryError_(
+                    f"layer group {g.layer_group_id}: region of {r.size} bytes every {r.stride} over {r.num_slots} slots"
+                )
             lo, hi = r.base, r.base + r.stride * (r.num_slots - 1) + r.size
             start = lo if start is None else min(start, lo)
             end = max(end, hi)
@@ -102,18 +104,24 @@ def from_layout(layout: Any, *, cuda: Any = None) -> Registration:
         raise MemoryError_("the KV cache layout has no layer groups")
     for g in layout.groups:
         if getattr(g, "window_size", None) is not None:
-            raise MemoryError_(f"layer group {g.layer_group_id} has a sliding window of {g.window_size} tokens; "
-                               "kvctl serve refuses sliding-window layers (a page the window passed holds no KV)")
+            raise MemoryError_(
+                f"layer group {g.layer_group_id} has a sliding window of {g.window_size} tokens; "
+                "kvctl serve refuses sliding-window layers (a page the window passed holds no KV)"
+            )
     start, end = _span(layout.groups)
     groups = []
     for g in sorted(layout.groups, key=lambda g: g.layer_group_id):
         slots = {r.num_slots for r in tuple(g.regions) + tuple(g.replicated_regions)}
         if len(slots) != 1:
             raise MemoryError_(f"layer group {g.layer_group_id}: regions disagree on the slot count {sorted(slots)}")
-        groups.append(kv.LayerGroup(
-            g.layer_group_id, slots.pop(),
-            [kv.Region(r.base - start, r.stride, r.size) for r in g.regions],
-            [kv.Region(r.base - start, r.stride, r.size) for r in g.replicated_regions]))
+        groups.append(
+            kv.LayerGroup(
+                g.layer_group_id,
+                slots.pop(),
+                [kv.Region(r.base - start, r.stride, r.size) for r in g.regions],
+                [kv.Region(r.base - start, r.stride, r.size) for r in g.replicated_regions],
+            )
+        )
     mem, kind = _memory(start, end - start, cuda, v2=True)
     return Registration(kv.Layout(layout.tokens_per_block, groups), mem, start, end - start, kind)
 
@@ -137,12 +145,16 @@ def _memory(start: int, size: int, cuda: Any, *, v2: bool, tensor: Any = None) -
     if host is not None:
         if start != host.base:
             # The daemon maps the whole shared-memory file; the layout's offsets count from its start.
-            raise MemoryError_(f"the KV pool starts {start - host.base} bytes into its shared memory; "
-                               "register the pool from the start of the file")
+            raise MemoryError_(
+                f"the KV pool starts {start - host.base} bytes into its shared memory; "
+                "register the pool from the start of the file"
+            )
         return host.shm, "host"
     if tensor is not None and not getattr(tensor, "is_cuda", False):
-        raise MemoryError_(f"the KV pool tensor is on {tensor.device}, which is neither a CUDA device nor "
-                           "host memory recorded with kvctl_engine.trtllm.memory.add_host_pool")
+        raise MemoryError_(
+            f"the KV pool tensor is on {tensor.device}, which is neither a CUDA device nor "
+            "host memory recorded with kvctl_engine.trtllm.memory.add_host_pool"
+        )
     if not v2:
         return kv.ipc_handle_from_pointer(start, size, cuda), "cuda-ipc"
     return _vmm_fd(start, size, cuda), "cuda-fd"
@@ -153,11 +165,17 @@ _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1
 
 
 class _Prop(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int),
-                ("location_type", ctypes.c_int), ("location_id", ctypes.c_int),
-                ("win32HandleMetaData", ctypes.c_void_p), ("compressionType", ctypes.c_ubyte),
-                ("gpuDirectRDMACapable", ctypes.c_ubyte), ("usage", ctypes.c_ushort),
-                ("reserved", ctypes.c_ubyte * 4)]
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("requestedHandleTypes", ctypes.c_int),
+        ("location_type", ctypes.c_int),
+        ("location_id", ctypes.c_int),
+        ("win32HandleMetaData", ctypes.c_void_p),
+        ("compressionType", ctypes.c_ubyte),
+        ("gpuDirectRDMACapable", ctypes.c_ubyte),
+        ("usage", ctypes.c_ushort),
+        ("reserved", ctypes.c_ubyte * 4),
+    ]
 
 
 class VmmDriver:
@@ -172,24 +190,35 @@ class VmmDriver:
 
     def address_range(self, ptr: int) -> tuple[int, int]:
         base, size = ctypes.c_uint64(), ctypes.c_size_t()
-        self._check("cuMemGetAddressRange", self.lib.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr)))
+        self._check(
+            "cuMemGetAddressRange",
+            self.lib.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr)),
+        )
         return base.value, size.value
 
     def retain(self, ptr: int) -> int:
         h = ctypes.c_uint64()
-        self._check("cuMemRetainAllocationHandle", self.lib.cuMemRetainAllocationHandle(ctypes.byref(h), ctypes.c_void_p(ptr)))
+        self._check(
+            "cuMemRetainAllocationHandle", self.lib.cuMemRetainAllocationHandle(ctypes.byref(h), ctypes.c_void_p(ptr))
+        )
         return h.value
 
     def handle_types(self, handle: int) -> int:
         p = _Prop()
-        self._check("cuMemGetAllocationPropertiesFromHandle",
-                    self.lib.cuMemGetAllocationPropertiesFromHandle(ctypes.byref(p), ctypes.c_uint64(handle)))
+        self._check(
+            "cuMemGetAllocationPropertiesFromHandle",
+            self.lib.cuMemGetAllocationPropertiesFromHandle(ctypes.byref(p), ctypes.c_uint64(handle)),
+        )
         return p.requestedHandleTypes
 
     def export_fd(self, handle: int) -> int:
         fd = ctypes.c_int()
-        self._check("cuMemExportToShareableHandle", self.lib.cuMemExportToShareableHandle(
-            ctypes.byref(fd), ctypes.c_uint64(handle), _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, ctypes.c_uint64(0)))
+        self._check(
+            "cuMemExportToShareableHandle",
+            self.lib.cuMemExportToShareableHandle(
+                ctypes.byref(fd), ctypes.c_uint64(handle), _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, ctypes.c_uint64(0)
+            ),
+        )
         return fd.value
 
     def release(self, handle: int) -> None:
@@ -207,13 +236,15 @@ def _vmm_fd(start: int, size: int, drv: Any) -> Any:
     if start + size > base + length:
         raise MemoryError_(
             f"the KVCacheManagerV2 pool spans {size} bytes from {start:#x}, but its first cuMemCreate chunk maps only "
-            f"{base + length - start} of them; kvctl serve takes one exportable allocation. Set {EXPORTABLE_SETTING}")
+            f"{base + length - start} of them; kvctl serve takes one exportable allocation. Set {EXPORTABLE_SETTING}"
+        )
     handle = drv.retain(start)
     try:
         if not drv.handle_types(handle) & _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR:
             raise MemoryError_(
                 "the KVCacheManagerV2 pool was created without a POSIX file-descriptor handle type, so it cannot be "
-                f"exported to kvctl serve. Set {EXPORTABLE_SETTING}")
+                f"exported to kvctl serve. Set {EXPORTABLE_SETTING}"
+            )
         fd = drv.export_fd(handle)
     finally:
         drv.release(handle)
@@ -221,5 +252,7 @@ def _vmm_fd(start: int, size: int, drv: Any) -> Any:
 
 
 def _offset_error(start: int, base: int) -> Any:
-    raise MemoryError_(f"the KVCacheManagerV2 pool starts {start - base} bytes into its cuMemCreate chunk; "
-                       f"kvctl serve maps the chunk from its start. Set {EXPORTABLE_SETTING}")
+    raise MemoryError_(
+        f"the KVCacheManagerV2 pool starts {start - base} bytes into its cuMemCreate chunk; "
+        f"kvctl serve maps the chunk from its start. Set {EXPORTABLE_SETTING}"
+    )

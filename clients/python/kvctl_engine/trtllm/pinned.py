@@ -25,12 +25,18 @@ A signature is the parameter names in order, each with ``"="`` appended when it 
 from __future__ import annotations
 
 SOURCES = {
-    "BASE": ("tensorrt_llm/_torch/pyexecutor/connectors/kv_cache_connector.py",
-             "035ab91cad04b7b77a479a9526edecfbc742c661"),
-    "BASE_OLDER": ("tensorrt_llm/_torch/pyexecutor/connectors/kv_cache_connector.py",
-                   "5a06f334f04fb515ff79f73b7f0f7726ad757361"),
-    "SEED": ("NVIDIA/TensorRT-LLM pull 21195 (mooncake_store scheduler.py 70292456462, worker.py 71294481025)",
-             "draft"),
+    "BASE": (
+        "tensorrt_llm/_torch/pyexecutor/connectors/kv_cache_connector.py",
+        "035ab91cad04b7b77a479a9526edecfbc742c661",
+    ),
+    "BASE_OLDER": (
+        "tensorrt_llm/_torch/pyexecutor/connectors/kv_cache_connector.py",
+        "5a06f334f04fb515ff79f73b7f0f7726ad757361",
+    ),
+    "SEED": (
+        "NVIDIA/TensorRT-LLM pull 21195 (mooncake_store scheduler.py 70292456462, worker.py 71294481025)",
+        "draft",
+    ),
 }
 
 # Module paths a connector's base classes are imported from, newest first.
@@ -78,16 +84,31 @@ BASE_ATTRIBUTES = {
 
 # Dataclass fields of BASE, in order: name, or name + "=" when it has a default.
 BASE_DATACLASSES = {
-    "RequestData": ("request_id", "new_tokens", "new_block_ids", "computed_position",
-                    "num_scheduled_tokens", "block_hashes=", "priorities=", "cache_salt=",
-                    "new_block_ids_by_layer_group="),
+    "RequestData": (
+        "request_id",
+        "new_tokens",
+        "new_block_ids",
+        "computed_position",
+        "num_scheduled_tokens",
+        "block_hashes=",
+        "priorities=",
+        "cache_salt=",
+        "new_block_ids_by_layer_group=",
+    ),
     "SchedulerOutput": ("new_requests=", "cached_requests=", "attention_dp_rank="),
 }
 
 # The older interface (BASE_OLDER) differs in these.
 BASE_OLDER_DATACLASSES = {
-    "RequestData": ("request_id", "new_tokens", "new_block_ids", "computed_position",
-                    "num_scheduled_tokens", "priorities=", "cache_salt_id="),
+    "RequestData": (
+        "request_id",
+        "new_tokens",
+        "new_block_ids",
+        "computed_position",
+        "num_scheduled_tokens",
+        "priorities=",
+        "cache_salt_id=",
+    ),
     "SchedulerOutput": ("new_requests=", "cached_requests="),
 }
 

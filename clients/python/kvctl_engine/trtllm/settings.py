@@ -28,8 +28,20 @@ ROLES = ("both", "producer", "consumer", "capacity")
 URL_KEYS = ("model_key", "namespace", "role", "async_load", "async_load_workers")
 
 # Go's strconv.ParseBool, which the Go checker uses.
-_BOOLS = {"1": True, "t": True, "T": True, "TRUE": True, "true": True, "True": True,
-          "0": False, "f": False, "F": False, "FALSE": False, "false": False, "False": False}
+_BOOLS = {
+    "1": True,
+    "t": True,
+    "T": True,
+    "TRUE": True,
+    "true": True,
+    "True": True,
+    "0": False,
+    "f": False,
+    "F": False,
+    "FALSE": False,
+    "false": False,
+    "False": False,
+}
 
 _ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
@@ -90,7 +102,7 @@ def parse_server_url(raw: str) -> Settings:
     if raw.startswith("/"):
         path, _, query = raw.partition("?")
     elif raw.startswith("unix://"):
-        rest = raw[len("unix://"):]
+        rest = raw[len("unix://") :]
         hostpath, _, query = rest.partition("?")
         if hostpath and not hostpath.startswith("/"):
             host = hostpath.split("/", 1)[0]
@@ -98,10 +110,14 @@ def parse_server_url(raw: str) -> Settings:
         path = _unquote(raw, hostpath)
     elif "://" in raw:
         scheme = raw.split("://", 1)[0]
-        raise SettingsError(f"server_url {raw!r}: kvctl serve's engine API is a unix socket "
-                            f"(it passes memory handles as descriptors), not {scheme}")
+        raise SettingsError(
+            f"server_url {raw!r}: kvctl serve's engine API is a unix socket "
+            f"(it passes memory handles as descriptors), not {scheme}"
+        )
     else:
-        raise SettingsError(f"server_url {raw!r} is a relative path; the engine's working directory is not kvctl serve's")
+        raise SettingsError(
+            f"server_url {raw!r} is a relative path; the engine's working directory is not kvctl serve's"
+        )
     if not path or not path.startswith("/"):
         raise SettingsError(f"server_url {raw!r} names no absolute socket path")
     if posixpath.normpath(path) != path:
@@ -166,8 +182,10 @@ def resolve(server_url: str | None, env: Mapping[str, str] | None = None) -> Set
             s.socket, s.socket_from = default_socket_path(env.get), "default"
     s.model_key = s.model_key or env.get(ENV_MODEL_KEY, "")
     if not s.model_key:
-        raise SettingsError("model_key is required: every rank registers it with kvctl serve and it has no default; "
-                            f"add ?model_key=NAME to kv_connector_config.server_url or set {ENV_MODEL_KEY}")
+        raise SettingsError(
+            "model_key is required: every rank registers it with kvctl serve and it has no default; "
+            f"add ?model_key=NAME to kv_connector_config.server_url or set {ENV_MODEL_KEY}"
+        )
     s.namespace = s.namespace or env.get(ENV_NAMESPACE, "")
     if not s.role:
         s.role = parse_role(env[ENV_ROLE]) if env.get(ENV_ROLE) else "both"

@@ -156,10 +156,14 @@ class KvCacheConnectorScheduler(ABC):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        _per_group_stands_in(cls, KvCacheConnectorScheduler, {
-            "request_finished": "request_finished_by_layer_group",
-            "update_state_after_alloc": "update_state_after_alloc_by_layer_group",
-        })
+        _per_group_stands_in(
+            cls,
+            KvCacheConnectorScheduler,
+            {
+                "request_finished": "request_finished_by_layer_group",
+                "update_state_after_alloc": "update_state_after_alloc_by_layer_group",
+            },
+        )
 
     @abstractmethod
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> Any:
@@ -184,7 +188,9 @@ class KvCacheConnectorScheduler(ABC):
 
     def update_state_after_alloc_by_layer_group(self, request, block_ids_by_layer_group) -> None:
         if len(block_ids_by_layer_group) != 1:
-            raise NotImplementedError(f"{type(self).__name__} does not implement update_state_after_alloc_by_layer_group")
+            raise NotImplementedError(
+                f"{type(self).__name__} does not implement update_state_after_alloc_by_layer_group"
+            )
         self.update_state_after_alloc(request, block_ids_by_layer_group[0])
 
     def wait_for_initialization(self):
