@@ -1,0 +1,16 @@
+"""pytest options of the SDK's tests. The package is imported from this checkout."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="where the reference engine's tests (test_hf_*) keep the model and the KV pages: cpu "
+        "(a sealed memfd) or cuda (a CUDA tensor over CUDA IPC; needs a GPU and a GPU kvctl serve)",
+    )
