@@ -119,7 +119,9 @@ class Engine(Protocol):
         """Pages for num_tokens tokens, per layer group (identical on every rank); appends to earlier ones."""
 
     def forward(self, rank: int, request: StandinLlmRequest, start: int, end: int) -> int | None:
-        """Compute tokens [start, end) on the rank; at the prompt's end (or decoding), the next token."""
+        """Compute tokens [start, end) on the rank; at the prompt's end (or decoding), the next token.
+        An engine whose ranks meet in collectives defines forward_all(request, start, end) instead,
+        returning every rank's answer."""
 
     def num_layers(self) -> int:
         """Layers the forward pass runs (the per-layer hooks are called around each)."""
@@ -364,13 +366,14 @@ class StandinConnectorManager:
         for t in batch:
             req = t.request
             start, end = plans[req.request_id]
-            nxt = None
-            for rank in range(len(self.ranks)):
-                got = self.engine.forward(rank, req, start, end)
-                if rank == 0:
-                    nxt = got
-                elif got != nxt:
-                    raise ConnectorFailure(f"ranks disagree on request {req.request_id}'s next token: {nxt} and {got}")
+            forward_all = getattr(self.engine, "forward_all", None)
+            if forward_all is not None:  # ranks that meet in collectives run together
+                got = forward_all(req, start, end)
+            else:
+                got = [self.engine.forward(rank, req, start, end) for rank in range(len(self.ranks))]
+            nxt = got[0]
+            if any(g != nxt for g in got):
+                raise ConnectorFailure(f"ranks disagree on request {req.request_id}'s next token: {got}")
             if req.state == CONTEXT_INIT:
                 req.context_current_position = end
                 if end == len(req.prompt):
