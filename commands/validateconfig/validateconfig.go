@@ -56,6 +56,11 @@ Each file's kind is detected from its keys (then its name); --kind forces one fo
 "-" reads standard input. The checks are the ones kvctl serve runs before it starts: a file this
 command accepts starts serve, and one it refuses is refused by serve with the same words.
 
+A YAML whose kv_connector_config names kvctl's own connector (connector_module
+kvctl_engine.trtllm) is checked for the socket and settings it reaches kvctl serve with
+(server_url, else KVCTL_SOCKET and KVCTL_MODEL_KEY) and for what TensorRT-LLM would refuse
+next to it; see docs/trtllm.md.
+
 Warnings do not fail the check unless --strict is given. --render prints the mooncake.json a
 server would write for a TensorRT-LLM YAML, byte for byte. --node-budget adds the node memory
 check (segments and staging against available memory less 32 GiB).`,

@@ -126,7 +126,14 @@ func loadTRTLLM(d *dec, f *File, opts LoadOptions) {
 			}
 		}
 	}
+	kvctl := t.kvctlSettings(d, opts.Env)
+	if kvctl != nil {
+		env.role = kvctl.Role
+	}
 	t.rules(d, env)
+	if kvctl != nil {
+		t.ruleKvctl(d, kvctl)
+	}
 	if b := f.Store(); opts.NodeBudget && b != nil {
 		path := pStoreF + "segment_size"
 		staging := int64(DefaultStagingBufferBytes)

@@ -44,8 +44,15 @@ func (t *TRTLLMConfig) rules(d *dec, env ruleEnv) {
 	if t.hasConnector() && t.MaxBeamWidth > 1 {
 		d.at(SeverityError, "max_beam_width", fmt.Sprintf("a KV connector refuses beam search, found max_beam_width %d", t.MaxBeamWidth), "set it to 1")
 	}
-	t.ruleSpeculative(d, env, mooncake)
-	t.ruleAdmissionQuery(d, env, mooncake)
+	// kvctl's connector declares what mooncake_store declares (llmapi.go).
+	kvctl := t.Connector.IsKvctl()
+	t.ruleSpeculative(d, env, mooncake || kvctl)
+	t.ruleAdmissionQuery(d, env, mooncake || kvctl)
+	if kvctl {
+		t.ruleFailedLoads(d, env)
+		t.ruleAttentionDPAggregated(d, env)
+		return
+	}
 	if !mooncake {
 		return
 	}
@@ -299,6 +306,14 @@ func (t *TRTLLMConfig) ruleSpeculativeCapacity(d *dec, env ruleEnv) {
 	}
 }
 
+// connectorName names the connector in messages of rules shared by mooncake_store and kvctl's.
+func (t *TRTLLMConfig) connectorName() string {
+	if t.Connector.IsKvctl() {
+		return KvctlConnectorModule
+	}
+	return "mooncake_store"
+}
+
 // Seed commits 4 and 11: mooncake_store's worker declares reports_failed_loads for every role
 // that loads, and the manager refuses that declaration together with prefix reservations,
 // whose completion protocol has no failure outcome. A capacity role's declaration is masked.
@@ -307,7 +322,7 @@ func (t *TRTLLMConfig) ruleFailedLoads(d *dec, env ruleEnv) {
 		return
 	}
 	d.atFirst(SeverityError, "scheduler_config.enable_prefix_aware_scheduling",
-		"mooncake_store role "+string(env.role)+" declares reports_failed_loads, which is refused together with prefix reservations: their completion protocol has no failure outcome",
+		t.connectorName()+" role "+string(env.role)+" declares reports_failed_loads, which is refused together with prefix reservations: their completion protocol has no failure outcome",
 		"turn enable_prefix_aware_scheduling off, or use role producer or capacity", "scheduler_config")
 }
 
@@ -320,6 +335,6 @@ func (t *TRTLLMConfig) ruleAttentionDPAggregated(d *dec, env ruleEnv) {
 		return
 	}
 	d.atFirst(SeverityWarning, "enable_attention_dp",
-		"aggregated serving under attention DP is not supported yet: a generation page already reported to mooncake_store can be reassigned when the attention-DP gate skips a prepared pass",
+		"aggregated serving under attention DP is not supported yet: a generation page already reported to "+t.connectorName()+" can be reassigned when the attention-DP gate skips a prepared pass",
 		"run disaggregated (set cache_transceiver_config.backend) or use a role that saves nothing", pADP+".enable_attention_dp", pADP)
 }

@@ -49,6 +49,7 @@ type KVConnectorConfig struct {
 	ConnectorModule string                `json:"connector_module,omitempty"`
 	SchedulerClass  string                `json:"connector_scheduler_class,omitempty"`
 	WorkerClass     string                `json:"connector_worker_class,omitempty"`
+	ServerURL       string                `json:"server_url,omitempty"` // kvctl's connector: its socket (llmapi.go)
 	MooncakeStore   *MooncakeStoreBlock   `json:"mooncake_store,omitempty"`
 	AdmissionQuery  *AdmissionQueryConfig `json:"admission_query,omitempty"`
 }
@@ -311,6 +312,7 @@ func decodeConnector(d *dec, o *obj) *KVConnectorConfig {
 		}
 		a.rest(SeverityError, " in admission_query")
 	}
+	decodeKvctlConnector(o, c)
 	return c
 }
 
