@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvctl/kvctl/core/config"
 	"html/template"
 	"net/http"
 	"strconv"
@@ -213,18 +214,8 @@ func spanText(d time.Duration) string {
 	return fmt.Sprintf("%.1f min", d.Minutes())
 }
 
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	v, u := float64(n), -1
-	for v >= unit && u < 4 {
-		v /= unit
-		u++
-	}
-	return fmt.Sprintf("%.1f %ciB", v, "KMGTP"[u])
-}
+// humanBytes is kvctl's one human size format (config.FormatSizeHuman).
+func humanBytes(n int64) string { return config.FormatSizeHuman(n) }
 
 var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap{
 	"bytes": humanBytes,
