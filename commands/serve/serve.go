@@ -288,6 +288,7 @@ func runServe(ctx context.Context, opts *Options) error {
 		EngineSeriesRetention: sc.EngineMetricsRetention,
 		Logger:                log,
 		Version:               opts.Factory.Version,
+		Commit:                opts.Factory.Commit,
 		EngineGroup:           sc.EngineGroup,
 		MaxConns:              sc.MaxConns,
 		AdminGrantsLeases:     sc.AdminGrantsLeases,
