@@ -360,6 +360,32 @@ func TestAlertRules(t *testing.T) {
 	}
 	checkSeries(t, "alert", exprs, contract(t), map[string]bool{"up": true})
 
+	// The job label the shipped ServiceMonitor gives the scrape is the one the alerts (and
+	// their unit tests' input series) select: the Prometheus Operator sets job to the value of
+	// the Service's label named by jobLabel, else to the Service's name.
+	_, svc, sm := manifests(t)
+	job := svc.Name
+	if v, ok := svc.Labels[sm.Spec.JobLabel]; sm.Spec.JobLabel != "" && ok {
+		job = v
+	}
+	tests, err := os.ReadFile("prometheus/kvctl-alerts.test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobRe := regexp.MustCompile(`job\s*=~?\s*"([^"]*)"`)
+	found := 0
+	for what, text := range map[string]string{"kvctl-alerts.yaml": string(data), "kvctl-alerts.test.yaml": string(tests)} {
+		for _, m := range jobRe.FindAllStringSubmatch(text, -1) {
+			found++
+			if m[1] != job {
+				t.Errorf("%s selects job=%q, but the shipped ServiceMonitor scrapes kvctl as job=%q", what, m[1], job)
+			}
+		}
+	}
+	if found == 0 {
+		t.Error("no rule selects the scrape job: a kvctl that does not answer scrapes would never alert")
+	}
+
 	promtool := tool(t, "promtool", "prometheus")
 	for _, args := range [][]string{{"check", "rules", "kvctl-alerts.yaml"}, {"test", "rules", "kvctl-alerts.test.yaml"}} {
 		cmd := exec.Command(promtool, args...)

@@ -218,9 +218,10 @@ func (l *lockedBuffer) Write(p []byte) (int, error) {
 // of that user, as an engine is), and returns its error output ("" when it connected).
 func connectAs(t *testing.T, setpriv string, uid, gid int, groups []int, path string) string {
 	t.Helper()
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("python3 is needed to connect as another user")
+	// The system's python3: one under root's home (pyenv) is not reachable by other users.
+	py := "/usr/bin/python3"
+	if _, err := os.Stat(py); err != nil {
+		t.Skip("/usr/bin/python3 is needed to connect as another user")
 	}
 	priv := []string{"--reuid=" + strconv.Itoa(uid), "--regid=" + strconv.Itoa(gid)}
 	if len(groups) == 0 {
@@ -445,4 +446,66 @@ func TestDaemonSetStarts(t *testing.T) {
 		t.Errorf("a pod outside group %d reached the engine socket", gid)
 	}
 	p.stop(t)
+}
+
+// TestImage checks what can be checked of the image without a container runtime: the
+// Dockerfile's final stage runs as the DaemonSet's runAsUser:runAsGroup with kvctl as its
+// entrypoint, the DaemonSet names the image `make image` tags, and the binary built with the
+// Dockerfile's command runs as that user and reports the version and commit it was built with.
+func TestImage(t *testing.T) {
+	data, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var userLine, entrypoint string
+	for _, l := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(l, "FROM ") {
+			userLine, entrypoint = "", "" // only the final stage counts
+		}
+		if v, ok := strings.CutPrefix(l, "USER "); ok {
+			userLine = strings.TrimSpace(v)
+		}
+		if v, ok := strings.CutPrefix(l, "ENTRYPOINT "); ok {
+			entrypoint = strings.TrimSpace(v)
+		}
+	}
+	ds, _, _ := manifests(t)
+	c := ds.Spec.Template.Spec.Containers[0]
+	sc := c.SecurityContext
+	if sc == nil || sc.RunAsUser == nil || sc.RunAsGroup == nil {
+		t.Fatal("the DaemonSet's container names no runAsUser and runAsGroup")
+	}
+	if want := fmt.Sprintf("%d:%d", *sc.RunAsUser, *sc.RunAsGroup); userLine != want || *sc.RunAsUser == 0 {
+		t.Errorf("the image's USER is %q, the DaemonSet runs as %s (and not as root)", userLine, want)
+	}
+	if entrypoint != `["/usr/local/bin/kvctl"]` {
+		t.Errorf("ENTRYPOINT %s: want [\"/usr/local/bin/kvctl\"], so the DaemonSet's args start with the command", entrypoint)
+	}
+	mk, err := os.ReadFile("../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^IMAGE\s*\?=\s*(\S+)`).FindSubmatch(mk)
+	if m == nil {
+		t.Fatal("the Makefile has no IMAGE ?= for `make image`")
+	}
+	if repo, _, _ := strings.Cut(c.Image, ":"); repo != string(m[1]) {
+		t.Errorf("the DaemonSet runs %s, but make image builds %s", c.Image, m[1])
+	}
+
+	setpriv := needRoot(t)
+	bin := kvctlAsImageBuilds(t)
+	uid := strconv.FormatInt(*sc.RunAsUser, 10)
+	gid := strconv.FormatInt(*sc.RunAsGroup, 10)
+	cmd := exec.Command(setpriv, "--reuid="+uid, "--regid="+gid, "--clear-groups", "--", bin, "version", "-o", "json")
+	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/"} // a container's, not the test's
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the image's kvctl as %s:%s: %v\n%s", uid, gid, err, out)
+	}
+	for _, w := range []string{`"v0.0.0-deploytest"`, `"0123456789abcdef"`} {
+		if !bytes.Contains(out, []byte(w)) {
+			t.Errorf("kvctl version says %s, want %s", out, w)
+		}
+	}
 }
