@@ -79,7 +79,7 @@ func kvctlAsImageBuilds(t *testing.T) string {
 		cmd := exec.Command("sh", "-c", build)
 		cmd.Dir = ".."
 		if out, err := cmd.CombinedOutput(); err != nil {
-			imageBinErr = fmt.Errorf("%s: %v\n%s", build, err, out)
+			imageBinErr = fmt.Errorf("%s: %w\n%s", build, err, out)
 		}
 	})
 	if imageBinErr != nil {

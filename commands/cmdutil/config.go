@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvctl/kvctl/core/boundedio"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -15,6 +14,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+
+	"github.com/kvctl/kvctl/core/boundedio"
 )
 
 // EnvPrefix is the prefix of environment variables that set flags: --pool-size is

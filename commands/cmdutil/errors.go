@@ -1,11 +1,11 @@
 package cmdutil
 
 import (
-	"os"
-
 	"context"
 	"errors"
 	"fmt"
+	"os"
+
 	"github.com/kvctl/kvctl/core/boundedio"
 )
 

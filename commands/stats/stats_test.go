@@ -504,7 +504,7 @@ func TestSeveralPoolsOneDown(t *testing.T) {
 		o := options(ios, "table")
 		o.Pools = []string{addr, dead}
 		o.Watch, o.Iterations = watch, 2
-		o.Seams.Sleep = func(context.Context, time.Duration) error { return nil }
+		o.Sleep = func(context.Context, time.Duration) error { return nil }
 		err := runStats(context.Background(), o)
 		if watch == 0 && cmdutil.ExitCode(err) != cmdutil.ExitUnreachable {
 			t.Errorf("watch %d: exit %d (%v), want %d", watch, cmdutil.ExitCode(err), err, cmdutil.ExitUnreachable)

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"google.golang.org/grpc/codes"
 	"net/http"
 	"runtime"
 	"runtime/debug"
@@ -15,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc/codes"
 
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/stats"

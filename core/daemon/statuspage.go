@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvctl/kvctl/core/config"
 	"html/template"
 	"net/http"
 	"strconv"
@@ -12,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvctl/kvctl/core/config"
 	"github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/core/statsapi"
 )
