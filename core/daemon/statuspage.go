@@ -92,7 +92,7 @@ type statusPage struct {
 	PoolError   string
 	// PoolKnown is false when the pool's own figures (occupancy, objects, evictions) could not
 	// be read: they show as unknown, never as 0. The daemon's own counters are always shown.
-	PoolKnown bool
+	PoolKnown   bool
 	Stats       statsapi.StatsJSON
 	UsedPct     float64
 	Evicted     int64
