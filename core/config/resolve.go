@@ -90,9 +90,9 @@ func (s ServeConfig) Resolve(o ResolveOptions) (ServePlan, Diagnostics) {
 		}
 	}
 	if size != 0 && size < MinPoolBytes {
-		how := FormatSize(size)
+		how := "pool-size " + FormatSize(size) + " is"
 		if p.AutoSized {
-			how = "auto (a quarter of " + FormatSize(int64(min(p.MemAvailable, 1<<62))) + " available) is " + how + ","
+			how = "pool-size auto (a quarter of " + FormatSizeHuman(int64(min(p.MemAvailable, 1<<62))) + " available) is " + FormatSize(size) + ","
 		}
 		d.at(SeverityError, ServeKeyPoolSize, fmt.Sprintf("%s below the %s minimum %s", how, FormatSize(MinPoolBytes), what),
 			"give pool-size of at least "+FormatSize(MinPoolBytes))

@@ -67,7 +67,7 @@ func TestResolveServe(t *testing.T) {
 		wantErr   string // "" when the plan must be valid
 	}{
 		{"chosen size", func(s *ServeConfig) { s.PoolSize = "64MiB" }, nil, 64 << 20, false, ""},
-		{"below the minimum", func(s *ServeConfig) { s.PoolSize = "1MiB" }, nil, 0, false, "1MiB below the 16MiB minimum pool"},
+		{"below the minimum", func(s *ServeConfig) { s.PoolSize = "1MiB" }, nil, 0, false, "pool-size 1MiB is below the 16MiB minimum pool"},
 		{"below the minimum, known memory", func(s *ServeConfig) { s.PoolSize = "1MiB" }, mem(64<<30, true), 0, false, "below the 16MiB minimum"},
 		{"decimal unit refused", func(s *ServeConfig) { s.PoolSize = "64GB" }, nil, 0, false, "1024-based"},
 		{"auto, memory not read", func(s *ServeConfig) {}, nil, 0, false, ""},
