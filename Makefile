@@ -18,7 +18,7 @@ COUNT     ?= 5
 # go-nvml's cgo build warns about deprecated declarations it cannot avoid.
 export CGO_CFLAGS := -Wno-deprecated-declarations
 
-.PHONY: all build install test test-norace bench lint fmt golden docs verify proto tools clean pyenv ptx pytools engineenv pytest-sdk proto-python ruff
+.PHONY: all build install test test-norace bench lint fmt golden docs verify proto tools clean pyenv ptx pytools engineenv pytest-sdk proto-python ruff image
 
 # The Python environment the interoperability tests use: the real mooncake_master and Mooncake's
 # Python store client, pinned in tools/python/requirements.txt. Tests find it through KVCTL_PYENV.
@@ -85,6 +85,12 @@ ruff: pytools
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/kvctl
+
+# The container image the Kubernetes DaemonSet runs (Dockerfile; a non-root user, 65532).
+IMAGE     ?= ghcr.io/kvctl/kvctl
+DOCKER    ?= docker
+image:
+	$(DOCKER) build --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) -t $(IMAGE):$(VERSION) -t $(IMAGE):latest .
 
 install:
 	$(GO) install -trimpath -ldflags '$(LDFLAGS)' ./cmd/kvctl

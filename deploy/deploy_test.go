@@ -106,41 +106,7 @@ func TestSystemdUnit(t *testing.T) {
 // scrapes /metrics there, the probes use the metrics listener, and the container's arguments
 // are valid kvctl serve flags that keep the admin API on loopback.
 func TestKubernetesManifests(t *testing.T) {
-	data, err := os.ReadFile("kubernetes/kvctl.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ds *appsv1.DaemonSet
-	var svc *corev1.Service
-	var sm *monitoringv1.ServiceMonitor
-	for i, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(data), -1) {
-		var meta struct {
-			Kind string `json:"kind"`
-		}
-		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
-			t.Fatalf("document %d: %v", i, err)
-		}
-		var into any
-		switch meta.Kind {
-		case "DaemonSet":
-			ds = &appsv1.DaemonSet{}
-			into = ds
-		case "Service":
-			svc = &corev1.Service{}
-			into = svc
-		case "ServiceMonitor":
-			sm = &monitoringv1.ServiceMonitor{}
-			into = sm
-		default:
-			t.Fatalf("document %d: unexpected kind %q", i, meta.Kind)
-		}
-		if err := yaml.UnmarshalStrict([]byte(doc), into); err != nil {
-			t.Fatalf("%s: %v", meta.Kind, err)
-		}
-	}
-	if ds == nil || svc == nil || sm == nil {
-		t.Fatal("want a DaemonSet, a Service and a ServiceMonitor")
-	}
+	ds, svc, sm := manifests(t)
 	pod := ds.Spec.Template
 	for k, v := range ds.Spec.Selector.MatchLabels {
 		if pod.Labels[k] != v {
@@ -195,6 +161,47 @@ func TestKubernetesManifests(t *testing.T) {
 	if ds.Namespace != svc.Namespace || len(sm.Spec.NamespaceSelector.MatchNames) != 1 || sm.Spec.NamespaceSelector.MatchNames[0] != svc.Namespace {
 		t.Errorf("namespaces differ: DaemonSet %s, Service %s, ServiceMonitor selects %v", ds.Namespace, svc.Namespace, sm.Spec.NamespaceSelector.MatchNames)
 	}
+}
+
+// manifests decodes kubernetes/kvctl.yaml strictly into its API types.
+func manifests(t *testing.T) (*appsv1.DaemonSet, *corev1.Service, *monitoringv1.ServiceMonitor) {
+	t.Helper()
+	data, err := os.ReadFile("kubernetes/kvctl.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds *appsv1.DaemonSet
+	var svc *corev1.Service
+	var sm *monitoringv1.ServiceMonitor
+	for i, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(data), -1) {
+		var meta struct {
+			Kind string `json:"kind"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			t.Fatalf("document %d: %v", i, err)
+		}
+		var into any
+		switch meta.Kind {
+		case "DaemonSet":
+			ds = &appsv1.DaemonSet{}
+			into = ds
+		case "Service":
+			svc = &corev1.Service{}
+			into = svc
+		case "ServiceMonitor":
+			sm = &monitoringv1.ServiceMonitor{}
+			into = sm
+		default:
+			t.Fatalf("document %d: unexpected kind %q", i, meta.Kind)
+		}
+		if err := yaml.UnmarshalStrict([]byte(doc), into); err != nil {
+			t.Fatalf("%s: %v", meta.Kind, err)
+		}
+	}
+	if ds == nil || svc == nil || sm == nil {
+		t.Fatal("want a DaemonSet, a Service and a ServiceMonitor")
+	}
+	return ds, svc, sm
 }
 
 // contract reads the metric families kvctl exports (the committed lists the metric contract
@@ -352,6 +359,32 @@ func TestAlertRules(t *testing.T) {
 		}
 	}
 	checkSeries(t, "alert", exprs, contract(t), map[string]bool{"up": true})
+
+	// The job label the shipped ServiceMonitor gives the scrape is the one the alerts (and
+	// their unit tests' input series) select: the Prometheus Operator sets job to the value of
+	// the Service's label named by jobLabel, else to the Service's name.
+	_, svc, sm := manifests(t)
+	job := svc.Name
+	if v, ok := svc.Labels[sm.Spec.JobLabel]; sm.Spec.JobLabel != "" && ok {
+		job = v
+	}
+	tests, err := os.ReadFile("prometheus/kvctl-alerts.test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobRe := regexp.MustCompile(`job\s*=~?\s*"([^"]*)"`)
+	found := 0
+	for what, text := range map[string]string{"kvctl-alerts.yaml": string(data), "kvctl-alerts.test.yaml": string(tests)} {
+		for _, m := range jobRe.FindAllStringSubmatch(text, -1) {
+			found++
+			if m[1] != job {
+				t.Errorf("%s selects job=%q, but the shipped ServiceMonitor scrapes kvctl as job=%q", what, m[1], job)
+			}
+		}
+	}
+	if found == 0 {
+		t.Error("no rule selects the scrape job: a kvctl that does not answer scrapes would never alert")
+	}
 
 	promtool := tool(t, "promtool", "prometheus")
 	for _, args := range [][]string{{"check", "rules", "kvctl-alerts.yaml"}, {"test", "rules", "kvctl-alerts.test.yaml"}} {

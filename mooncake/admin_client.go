@@ -1,7 +1,6 @@
 package mooncake
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -11,8 +10,13 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // Errors an AdminClient call can wrap; test with errors.Is.
@@ -332,121 +336,69 @@ func (c *AdminClient) Metrics(ctx context.Context) (MasterMetrics, error) {
 	return m, nil
 }
 
-// ParsePromText parses Prometheus text format 0.0.4: HELP/TYPE comments and samples with
-// optional labels and an optional timestamp.
+// ParsePromText parses Prometheus text format 0.0.4 with the Prometheus text parser
+// (expfmt), flattened into samples as they are written: a histogram's _bucket (labelled le),
+// _sum and _count, a summary's quantiles, _sum and _count. Families come in name order, their
+// samples in text order. Types holds every family that declares a type (untyped ones are left
+// out, as a family with no TYPE line is untyped).
 func ParsePromText(body []byte) (MasterMetrics, error) {
-	m := MasterMetrics{Types: map[string]string{}}
-	sc := bufio.NewScanner(bytes.NewReader(body))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	ln := 0
-	for sc.Scan() {
-		ln++
-		line := strings.TrimSpace(sc.Text())
-		if line == "" {
-			continue
-		}
-		if strings.HasPrefix(line, "#") {
-			f := strings.Fields(line)
-			if len(f) >= 4 && f[1] == "TYPE" {
-				m.Types[f[2]] = f[3]
-			}
-			continue
-		}
-		s, err := parseSample(line)
-		if err != nil {
-			return MasterMetrics{}, fmt.Errorf("line %d: %w", ln, err)
-		}
-		m.Samples = append(m.Samples, s)
-	}
-	if err := sc.Err(); err != nil {
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(body))
+	if err != nil {
 		return MasterMetrics{}, err
 	}
-	return m, nil
-}
-
-func parseSample(line string) (MetricSample, error) {
-	s := MetricSample{}
-	rest := line
-	if i := strings.IndexAny(line, "{ "); i < 0 {
-		return s, fmt.Errorf("sample %q has no value", line)
-	} else {
-		s.Name, rest = line[:i], line[i:]
+	m := MasterMetrics{Types: map[string]string{}}
+	names := make([]string, 0, len(fams))
+	for n := range fams {
+		names = append(names, n)
 	}
-	if s.Name == "" {
-		return s, fmt.Errorf("sample %q has no metric name", line)
-	}
-	if strings.HasPrefix(rest, "{") {
-		end := -1
-		inQuote := false
-		for i := 1; i < len(rest); i++ {
-			switch {
-			case rest[i] == '\\' && inQuote:
-				i++
-			case rest[i] == '"':
-				inQuote = !inQuote
-			case rest[i] == '}' && !inQuote:
-				end = i
+	sort.Strings(names)
+	for _, name := range names {
+		f := fams[name]
+		if f.GetType() != dto.MetricType_UNTYPED {
+			m.Types[name] = strings.ToLower(f.GetType().String())
+		}
+		for _, x := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, lp := range x.GetLabel() {
+				labels[lp.GetName()] = lp.GetValue()
 			}
-			if end >= 0 {
-				break
-			}
-		}
-		if end < 0 {
-			return s, fmt.Errorf("sample %q: unterminated labels", line)
-		}
-		labels, err := parseLabels(rest[1:end])
-		if err != nil {
-			return s, fmt.Errorf("sample %q: %w", line, err)
-		}
-		s.Labels = labels
-		rest = rest[end+1:]
-	}
-	f := strings.Fields(rest)
-	if len(f) < 1 || len(f) > 2 {
-		return s, fmt.Errorf("sample %q: want a value and an optional timestamp", line)
-	}
-	v, err := strconv.ParseFloat(f[0], 64)
-	if err != nil {
-		return s, fmt.Errorf("sample %q: %w", line, err)
-	}
-	s.Value = v
-	return s, nil
-}
-
-func parseLabels(s string) (map[string]string, error) {
-	out := map[string]string{}
-	for len(strings.TrimSpace(s)) > 0 {
-		s = strings.TrimLeft(s, " ,")
-		if s == "" {
-			break
-		}
-		eq := strings.IndexByte(s, '=')
-		if eq < 0 || eq+1 >= len(s) || s[eq+1] != '"' {
-			return nil, fmt.Errorf("bad label %q", s)
-		}
-		name := strings.TrimSpace(s[:eq])
-		var val strings.Builder
-		i := eq + 2
-		for ; i < len(s) && s[i] != '"'; i++ {
-			if s[i] == '\\' && i+1 < len(s) {
-				i++
-				switch s[i] {
-				case 'n':
-					val.WriteByte('\n')
-				default:
-					val.WriteByte(s[i])
+			with := func(k, v string) map[string]string {
+				out := make(map[string]string, len(labels)+1)
+				for a, b := range labels {
+					out[a] = b
 				}
-				continue
+				out[k] = v
+				return out
 			}
-			val.WriteByte(s[i])
+			add := func(n string, l map[string]string, v float64) {
+				m.Samples = append(m.Samples, MetricSample{Name: n, Labels: l, Value: v})
+			}
+			switch f.GetType() {
+			case dto.MetricType_COUNTER:
+				add(name, labels, x.GetCounter().GetValue())
+			case dto.MetricType_GAUGE:
+				add(name, labels, x.GetGauge().GetValue())
+			case dto.MetricType_HISTOGRAM:
+				h := x.GetHistogram()
+				for _, b := range h.GetBucket() {
+					add(name+"_bucket", with("le", strconv.FormatFloat(b.GetUpperBound(), 'g', -1, 64)), float64(b.GetCumulativeCount()))
+				}
+				add(name+"_sum", labels, h.GetSampleSum())
+				add(name+"_count", labels, float64(h.GetSampleCount()))
+			case dto.MetricType_SUMMARY:
+				sm := x.GetSummary()
+				for _, q := range sm.GetQuantile() {
+					add(name, with("quantile", strconv.FormatFloat(q.GetQuantile(), 'g', -1, 64)), q.GetValue())
+				}
+				add(name+"_sum", labels, sm.GetSampleSum())
+				add(name+"_count", labels, float64(sm.GetSampleCount()))
+			default:
+				add(name, labels, x.GetUntyped().GetValue())
+			}
 		}
-		if i >= len(s) {
-			return nil, fmt.Errorf("unterminated label value in %q", s)
-		}
-		out[name] = val.String()
-		s = s[i+1:]
 	}
-	return out, nil
+	return m, nil
 }
 
 // Summary is a parsed /metrics/summary line. Raw keeps the whole line; the typed fields are the

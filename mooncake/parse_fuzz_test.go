@@ -79,3 +79,27 @@ func TestRenderedMetricsParse(t *testing.T) {
 		t.Fatalf("summary %+v %v", sum, err)
 	}
 }
+
+// TestParsePromTextHistogram pins the flattening of a histogram through expfmt: one sample per
+// bucket (the +Inf bucket once), then _sum and _count, and the family's type.
+func TestParsePromTextHistogram(t *testing.T) {
+	m, err := mooncake.ParsePromText([]byte("# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 3\nh_sum 4.5\nh_count 3\n# TYPE c counter\nc{x=\"a\\\"b\"} 7\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inf int
+	for _, s := range m.Samples {
+		if s.Name == "h_bucket" && s.Labels["le"] == "+Inf" {
+			inf++
+		}
+	}
+	if v, _ := m.Value("h_count"); v != 3 || inf != 1 || m.Types["h"] != "histogram" || m.Types["c"] != "counter" {
+		t.Errorf("h_count %v, +Inf buckets %d, types %v", v, inf, m.Types)
+	}
+	if m.Samples[len(m.Samples)-1].Name != "h_count" || m.Samples[0].Labels["x"] != `a"b` {
+		t.Errorf("samples %+v", m.Samples)
+	}
+	if _, err := mooncake.ParsePromText([]byte("a 1\n# TYPE a counter\n")); err == nil {
+		t.Error("a TYPE line after the family's samples was accepted")
+	}
+}

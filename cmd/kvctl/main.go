@@ -27,13 +27,18 @@ func main() {
 }
 
 func run(args []string) int {
+	return runWith(args, cmdutil.System(), os.Getenv)
+}
+
+// runWith runs kvctl with args on ios and returns the exit code: the one place an error
+// becomes an exit code and is printed.
+func runWith(args []string, ios *cmdutil.IOStreams, getenv func(string) string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	ios := cmdutil.System()
 	// One version everywhere: the banner, /v1/stats, kvctl_build_info and kvctl version.
 	info := versioncmd.Get(version, commit)
-	f := &cmdutil.Factory{IOStreams: ios, Version: info.Version, Commit: info.Commit, Seams: cmdutil.Seams{Now: time.Now}, Getenv: os.Getenv}
+	f := &cmdutil.Factory{IOStreams: ios, Version: info.Version, Commit: info.Commit, Seams: cmdutil.Seams{Now: time.Now}, Getenv: getenv}
 	cmd := root.NewCmdRoot(f)
 	cmd.SetContext(ctx)
 	err := root.Execute(cmd, args)

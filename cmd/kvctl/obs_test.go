@@ -225,8 +225,9 @@ func TestJSONErrors(t *testing.T) {
 	cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+t.TempDir())
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != 3 {
-		t.Fatalf("exit %v, want 3\n%s", err, out)
+	// A pool size below the minimum given as a flag is a usage error (README's exit codes).
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+		t.Fatalf("exit %v, want 2\n%s", err, out)
 	}
 	for _, line := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
 		var rec map[string]any

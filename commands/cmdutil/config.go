@@ -14,6 +14,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+
+	"github.com/kvctl/kvctl/core/boundedio"
 )
 
 // EnvPrefix is the prefix of environment variables that set flags: --pool-size is
@@ -72,6 +74,9 @@ func LoadConfig(cmd *cobra.Command, explicit string, getenv func(string) string)
 			case errors.Is(err, os.ErrNotExist) && !required:
 			case errors.Is(err, context.Canceled):
 				// Interrupted (SIGINT/SIGTERM) while reading: exit 130, not "invalid".
+				return nil, fmt.Errorf("config file %s: %w", path, err)
+			case errors.As(err, new(*readError)) && !errors.Is(err, boundedio.ErrTooLarge):
+				// A file that cannot be read fails at run time (exit 1) in every command.
 				return nil, fmt.Errorf("config file %s: %w", path, err)
 			default:
 				return nil, &ExitError{Code: ExitValidation, Err: fmt.Errorf("config file %s: %w", path, err)}

@@ -16,7 +16,14 @@ func readConfigBounded(ctx context.Context, v *viper.Viper, path string) error {
 	}
 	data, err := boundedio.ReadFile(ctx, path, boundedio.MaxConfigBytes)
 	if err != nil {
-		return err
+		return &readError{err}
 	}
 	return v.ReadConfig(bytes.NewReader(data))
 }
+
+// readError is a config file that could not be read (missing, a directory, no permission), as
+// opposed to one that was read and is invalid.
+type readError struct{ err error }
+
+func (e *readError) Error() string { return e.err.Error() }
+func (e *readError) Unwrap() error { return e.err }

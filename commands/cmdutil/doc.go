@@ -5,9 +5,12 @@
 // Exit codes, fixed for scripts:
 //
 //	0    success
-//	1    failure at run time
-//	2    usage error (the usage is printed after the message)
-//	3    validation failed (invalid config, a probe or replay check that did not hold)
+//	1    failure at run time, a file named on the command line that cannot be read included
+//	     (OpenInput, and config files through boundedio)
+//	2    usage error: a flag or its KVCTL_* variable that does not parse or is outside its
+//	     bounds (CheckCount); a hint to --help is printed after the message
+//	3    validation failed: a config or input file that was read and is invalid, a probe or
+//	     replay check that did not hold
 //	4    pool, engine or GPU unreachable
 //	130  interrupted
 package cmdutil

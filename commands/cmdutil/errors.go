@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+
+	"github.com/kvctl/kvctl/core/boundedio"
 )
 
 // Exit codes. See the package documentation.
@@ -19,9 +22,9 @@ const (
 // ExitCodesHelp is the exit-code table every command's help ends with.
 const ExitCodesHelp = `Exit codes:
   0    success
-  1    failure at run time
-  2    usage error
-  3    validation failed (invalid config, a probe or replay check that did not hold)
+  1    failure at run time (a file that cannot be read included)
+  2    usage error (a flag or KVCTL_* value that does not parse or is out of bounds)
+  3    validation failed (invalid config or input file, a probe or replay check that did not hold)
   4    pool, engine or GPU unreachable
   130  interrupted`
 
@@ -85,3 +88,27 @@ func ExitCode(err error) int {
 
 // IsSilent reports whether err should exit without a message.
 func IsSilent(err error) bool { return errors.Is(err, ErrSilent) }
+
+// CheckCount bounds a count given as a flag: a value outside [lo, hi] is a usage error, found
+// before anything is allocated for it.
+func CheckCount(flag string, v, lo, hi int) error {
+	if v < lo || v > hi {
+		return FlagErrorf("--%s %d: want %d to %d", flag, v, lo, hi)
+	}
+	return nil
+}
+
+// OpenInput opens a file named on the command line for reading. A file that cannot be read
+// (missing, a directory, no permission) is a failure at run time, exit 1, in every command;
+// a file that reads but holds something invalid is a validation failure, exit 3.
+func OpenInput(name string) (*os.File, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	if fi, err := f.Stat(); err == nil && fi.IsDir() {
+		_ = f.Close()
+		return nil, fmt.Errorf("%s %w", name, boundedio.ErrIsDir)
+	}
+	return f, nil
+}

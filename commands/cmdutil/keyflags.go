@@ -168,7 +168,7 @@ func (k *KeyFlags) readTokens(stdin io.Reader) ([]int64, error) {
 	if name == "-" {
 		r, name = stdin, "standard input"
 	} else {
-		f, err := os.Open(name)
+		f, err := OpenInput(name)
 		if err != nil {
 			return nil, err
 		}
@@ -182,10 +182,30 @@ func (k *KeyFlags) readTokens(stdin io.Reader) ([]int64, error) {
 	return toks, nil
 }
 
+// Bounds of the key flags' counts, far past any real deployment.
+const (
+	MaxWorldSize      = 4096
+	MaxTokensPerBlock = 1 << 16
+)
+
 // Recipe turns the flags into the key recipe and the prompt's reuse scope. It checks the
 // format, the scope and the chain's geometry and reads the layer groups; it does not ask for a
 // namespace or a layer group, which only keys need (see CheckKeys). Every error is a usage error.
 func (k *KeyFlags) Recipe() (keys.Recipe, keys.Scope, error) {
+	// The counts first: a lookup lists a key per peer shard, so an unbounded world size
+	// allocates without end.
+	for _, b := range []struct {
+		flag      string
+		v, lo, hi int
+	}{
+		{"world-size", k.WorldSize, 1, MaxWorldSize},
+		{"tokens-per-block", k.TokensPerBlock, 1, MaxTokensPerBlock},
+		{"prompt-lookahead", k.PromptLookahead, 0, MaxTokensPerBlock},
+	} {
+		if err := CheckCount(b.flag, b.v, b.lo, b.hi); err != nil {
+			return keys.Recipe{}, keys.Scope{}, err
+		}
+	}
 	format, err := keys.ParseFormat(k.Format)
 	if err != nil {
 		return keys.Recipe{}, keys.Scope{}, FlagErrorf("--format: %v", err)

@@ -38,7 +38,8 @@ func TestKeyFlagsRecipe(t *testing.T) {
 		want  string
 	}{
 		{"format", func(k *KeyFlags) { k.Format = "sha1" }, false, "--format: unknown format"},
-		{"tokens per block", func(k *KeyFlags) { k.TokensPerBlock = 0 }, false, "tokens per block 0"},
+		{"tokens per block", func(k *KeyFlags) { k.TokensPerBlock = 0 }, false, "--tokens-per-block 0: want 1 to 65536"},
+		{"world size", func(k *KeyFlags) { k.WorldSize = 2000000000 }, false, "--world-size 2000000000: want 1 to 4096"},
 		{"layer group twice", func(k *KeyFlags) { k.LayerGroups = []string{"0:64", "0:32"} }, false, `--layer-group "0:32": layer group 0 given twice`},
 		{"replicated without its group", func(k *KeyFlags) { k.Replicated = []string{"5:16"} }, false, `--replicated "5:16": layer group 5 has no --layer-group`},
 		{"page size", func(k *KeyFlags) { k.LayerGroups = []string{"0:0"} }, false, "page size must be a positive number of bytes"},

@@ -42,7 +42,10 @@ func (w Watch) Run(ctx context.Context, report func(context.Context) (print func
 			fmt.Fprintf(w.IO.ErrOut, "%s: %v\n", now().Format(time.TimeOnly), err)
 		case err != nil:
 			return err
-		default:
+		}
+		// A report that failed for some of its targets still prints what the others said
+		// (and an error row for each failed one).
+		if print != nil {
 			if tty {
 				fmt.Fprint(w.IO.Out, "\x1b[H\x1b[2J")
 				if w.Target != "" {

@@ -216,7 +216,7 @@ func TestRunErrors(t *testing.T) {
 		wantCode int
 		wantErr  string
 	}{
-		{"T=0", func(o *Options) { o.TokensPerBlock = 0 }, cmdutil.ExitUsage, "tokens per block"},
+		{"T=0", func(o *Options) { o.TokensPerBlock = 0 }, cmdutil.ExitUsage, "tokens-per-block 0"},
 		{"negative lookahead", func(o *Options) { o.PromptLookahead = -1 }, cmdutil.ExitUsage, "lookahead"},
 		{"unknown format", func(o *Options) { o.Format = "sha1" }, cmdutil.ExitUsage, "sha1"},
 		{"bad mm hash", func(o *Options) { o.MMHashes = []string{"1,2,3"} }, cmdutil.ExitUsage, "--mm-hash #1"},

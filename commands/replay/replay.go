@@ -177,8 +177,8 @@ plotting elsewhere. A progress bar goes to standard error when it is a terminal.
 	fl.IntVar(&opts.TokensPerBlock, "tokens-per-block", 32, "replay block size: tokens per Mooncake block, or per block of a token trace (32, as kvctl hash and TensorRT-LLM)")
 	fl.StringVar(&opts.PageSize, "page-size", "64MiB", "real bytes of one block's page")
 	fl.IntVar(&opts.SimPageSize, "sim-page-size", p.SimPageBytes, "bytes a page actually holds (offline, and the live engines' registered page size)")
-	fl.StringVar(&opts.LoadBandwidth, "load-bandwidth", "25GB", "pool to engine bytes per second")
-	fl.StringVar(&opts.SaveBandwidth, "save-bandwidth", "25GB", "engine to pool bytes per second")
+	fl.StringVar(&opts.LoadBandwidth, "load-bandwidth", "25GiB", "pool to engine bytes per second")
+	fl.StringVar(&opts.SaveBandwidth, "save-bandwidth", "25GiB", "engine to pool bytes per second")
 	fl.Float64Var(&opts.PrefillRate, "prefill-rate", p.PrefillTokensPerSecond, "a rank's prefill tokens per second")
 	fl.Float64Var(&opts.DecodeRate, "decode-rate", p.DecodeTokensPerSecond, "a request's decode tokens per second")
 	fl.IntVar(&opts.MaxActiveRequests, "max-active-requests", 0, "requests a rank may hold, for the router (0: no cap)")
@@ -216,8 +216,23 @@ func check(o *Options) error {
 	if o.Pace != PaceTrace && o.Pace != PaceMax {
 		return cmdutil.FlagErrorf("invalid --pace %q: want trace or max", o.Pace)
 	}
-	if o.Engines < 1 {
-		return cmdutil.FlagErrorf("--engines must be at least 1, got %d", o.Engines)
+	// Every count is bounded here, before anything is allocated: a rank or an engine holds
+	// engine memory, a block a page.
+	for _, b := range []struct {
+		flag   string
+		v, min int
+		max    int
+	}{
+		{"ranks", o.Ranks, 1, replay.MaxRanks},
+		{"engines", o.Engines, 1, replay.MaxRanks},
+		{"gpu-blocks", o.GPU, 1, replay.MaxGPUBlocks},
+		{"tokens-per-block", o.TokensPerBlock, 1, 1 << 16},
+		{"sim-page-size", o.SimPageSize, 1, 1 << 20},
+		{"max-active-requests", o.MaxActiveRequests, 0, 1 << 20},
+	} {
+		if err := cmdutil.CheckCount(b.flag, b.v, b.min, b.max); err != nil {
+			return err
+		}
 	}
 	if !(o.Speed > 0) {
 		return cmdutil.FlagErrorf("--speed must be positive, got %v", o.Speed)
@@ -235,10 +250,14 @@ func check(o *Options) error {
 func params(o *Options) (replay.Params, replay.Config, error) {
 	p := replay.DefaultParams()
 	c := replay.DefaultConfig()
-	// Sizes are binary (64MiB) as everywhere in kvctl; bandwidths may be decimal (25GB a second).
+	// Sizes and bandwidths are binary (64MiB, 25GiB a second) as everywhere in kvctl: a decimal
+	// unit is refused, as serve's --pool-size refuses it.
 	size := func(flag, v string) (int64, error) {
-		n, err := config.ParseSize(v, flag == "page-size")
-		if err != nil || n <= 0 {
+		n, err := config.ParseSize(v, true)
+		if err != nil {
+			return 0, cmdutil.FlagErrorf("invalid --%s: %v", flag, err)
+		}
+		if n <= 0 {
 			return 0, cmdutil.FlagErrorf("invalid --%s %q: want a positive size such as 64MiB", flag, v)
 		}
 		return n, nil
@@ -401,18 +420,7 @@ func liveRows(rep *replay.Report) cmdutil.Table {
 	return t
 }
 
-func bytesText(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return strconv.FormatInt(n, 10) + "B"
-	}
-	f, i := float64(n), 0
-	for f >= unit && i < 6 {
-		f /= unit
-		i++
-	}
-	return strconv.FormatFloat(f, 'f', 1, 64) + []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}[i]
-}
+func bytesText(n int64) string { return config.FormatSizeHuman(n) }
 
 // progress draws a bar on standard error when it is a terminal.
 type progress struct {

@@ -80,7 +80,7 @@ func TestFlags(t *testing.T) {
 func TestParamsRejectBadValues(t *testing.T) {
 	base := func() *Options {
 		return &Options{PoolSize: "unlimited", Ranks: 1, Router: "work-aware", GPU: 64, TokensPerBlock: 16,
-			PageSize: "64MiB", SimPageSize: 64, LoadBandwidth: "25GB", SaveBandwidth: "25GB", PrefillRate: 1, DecodeRate: 1}
+			PageSize: "64MiB", SimPageSize: 64, LoadBandwidth: "25GiB", SaveBandwidth: "25GiB", PrefillRate: 1, DecodeRate: 1}
 	}
 	for name, mod := range map[string]func(*Options){
 		"page-size":        func(o *Options) { o.PageSize = "0" },
@@ -108,7 +108,7 @@ func TestRunTableAndProgress(t *testing.T) {
 	ios.SetStderrTTY(true)
 	o := &Options{IO: ios, Trace: "../../core/replay/testdata/conversation_head500.jsonl", Format: "auto", Limit: 50,
 		PoolSize: "unlimited", Ranks: 2, Router: "prompt-length", GPU: 256, TokensPerBlock: 16, PageSize: "64MiB",
-		SimPageSize: 64, LoadBandwidth: "25GB", SaveBandwidth: "25GB", PrefillRate: 50000, DecodeRate: 50,
+		SimPageSize: 64, LoadBandwidth: "25GiB", SaveBandwidth: "25GiB", PrefillRate: 50000, DecodeRate: 50,
 		Seed: 1, Pace: PaceTrace, Engines: 1, Speed: 1, OutputFormat: cmdutil.FormatTable}
 	if err := runReplay(context.Background(), o); err != nil {
 		t.Fatal(err)
@@ -128,7 +128,7 @@ func TestSchedulerModelReport(t *testing.T) {
 		ios, _, out, _ := cmdutil.Test()
 		return &Options{IO: ios, Trace: "../../core/replay/testdata/conversation_head500.jsonl", Format: "auto", Limit: 40,
 			PoolSize: "unlimited", Ranks: 1, Router: "work-aware", GPU: 256, TokensPerBlock: 16, PageSize: "64MiB",
-			SimPageSize: 64, LoadBandwidth: "25GB", SaveBandwidth: "25GB", PrefillRate: 50000, DecodeRate: 50,
+			SimPageSize: 64, LoadBandwidth: "25GiB", SaveBandwidth: "25GiB", PrefillRate: 50000, DecodeRate: 50,
 			Seed: 1, Pace: PaceTrace, Engines: 1, Speed: 1, OutputFormat: format,
 			Sets: []string{"scheduler=true", "completion_reservation=false,true"}}, out
 	}

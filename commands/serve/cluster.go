@@ -30,28 +30,15 @@ func addClusterFlags(fl *pflag.FlagSet, k *config.ClusterKeys) {
 	fl.DurationVar(&k.PoolTimeout, config.ServeKeyPoolTimeout, 0, "longest an engine waits for one pool call; a lookup past it answers miss (default 5s)")
 }
 
-// clusterBackend resolves the mooncake backend's settings and builds the pool. It dials
-// nothing: the daemon mounts the segment once the master answers. autoSize sizes the segment
-// when neither pool-size nor mooncake.json does.
-func clusterBackend(sc config.ServeConfig, autoSize func() (int64, error), log *slog.Logger) (*daemon.Backend, config.Cluster, config.Diagnostics, error) {
-	c, diags := sc.ResolveCluster(nil)
-	if diags.HasErrors() {
-		return nil, c, diags, nil
-	}
-	if c.SegmentBytes == 0 {
-		n, err := autoSize()
-		if err != nil {
-			return nil, c, diags, err
-		}
-		c.SegmentBytes = n
-	}
-	if c.SegmentBytes < minPoolBytes {
-		return nil, c, diags, cmdutil.ValidationErrorf("pool-size %s is below the %s minimum segment", config.FormatSize(c.SegmentBytes), config.FormatSize(minPoolBytes))
-	}
+// clusterBackend builds the mooncake backend's pool from a resolved plan. It dials nothing:
+// the daemon mounts the segment once the master answers.
+func clusterBackend(sc config.ServeConfig, plan config.ServePlan, log *slog.Logger) (*daemon.Backend, error) {
+	c := *plan.Cluster
+	c.SegmentBytes = plan.PoolBytes
 	if c.HostAddress == "" {
 		host, err := config.RouteAddress(c.Master)
 		if err != nil {
-			return nil, c, diags, cmdutil.ValidationErrorf("host-address: %v; give --host-address", err)
+			return nil, cmdutil.ValidationErrorf("host-address: %v; give --host-address", err)
 		}
 		c.HostAddress, c.Sources[config.ServeKeyHostAddress] = host, "route to the master"
 	}
@@ -70,12 +57,12 @@ func clusterBackend(sc config.ServeConfig, autoSize func() (int64, error), log *
 		Host: c.HostAddress, DataAddr: dataAddr, CallTimeout: timeout, Logger: log,
 	}})
 	if err != nil {
-		return nil, c, diags, cmdutil.ValidationErrorf("%v", err)
+		return nil, cmdutil.ValidationErrorf("%v", err)
 	}
 	return &daemon.Backend{Pool: p, Info: statsapi.BackendInfo{
 		Kind: statsapi.BackendMooncake, Master: c.Master, Metadata: c.Metadata, HostAddress: c.HostAddress,
 		Protocol: c.Protocol, Segment: segment, SegmentBytes: c.SegmentBytes, LocalBufferBytes: c.LocalBufferBytes,
-	}}, c, diags, nil
+	}}, nil
 }
 
 // clusterBanner is the backend part of the startup banner.

@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -41,10 +42,15 @@ func TestClusterBackendResolves(t *testing.T) {
 	sc := config.DefaultServeConfig()
 	sc.PoolBackend, sc.PoolSize = config.PoolBackendMooncake, "32MiB"
 	sc.Master, sc.Metadata, sc.TransferPort = "127.0.0.1:50051", "http://127.0.0.1:8080/metadata", 15000
-	b, c, diags, err := clusterBackend(sc, func() (int64, error) { t.Fatal("auto size asked for"); return 0, nil }, nil)
-	if err != nil || diags.HasErrors() {
-		t.Fatal(err, diags)
+	plan, diags := sc.Resolve(config.ResolveOptions{})
+	if diags.HasErrors() {
+		t.Fatal(diags)
 	}
+	b, err := clusterBackend(sc, plan, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := *plan.Cluster
 	info := b.Info
 	if info.Kind != statsapi.BackendMooncake || info.SegmentBytes != 32<<20 || info.HostAddress != "127.0.0.1" ||
 		info.Segment != "127.0.0.1:15000" || info.Protocol != "tcp" || c.MasterAdmin != "http://127.0.0.1:9003" {
@@ -58,11 +64,11 @@ func TestClusterBackendResolves(t *testing.T) {
 	}
 
 	sc.PoolSize = "1MiB"
-	if _, _, _, err := clusterBackend(sc, nil, nil); err == nil || !strings.Contains(err.Error(), "below the") {
-		t.Fatalf("a 1 MiB segment: %v", err)
+	if _, diags := sc.Resolve(config.ResolveOptions{}); !strings.Contains(fmt.Sprint(diags), "below the 16MiB minimum segment") {
+		t.Fatalf("a 1 MiB segment: %v", diags)
 	}
 	sc.PoolSize, sc.Metadata = "32MiB", "P2PHANDSHAKE"
-	if _, _, diags, _ := clusterBackend(sc, nil, nil); !diags.HasErrors() {
+	if _, diags := sc.Resolve(config.ResolveOptions{}); !diags.HasErrors() {
 		t.Fatal("P2PHANDSHAKE accepted")
 	}
 }

@@ -47,6 +47,8 @@ func TestCallChannelPollFlag(t *testing.T) {
 				t.Errorf("got %v, want %v", got.CallChannelPoll, tt.want)
 			}
 			s, diags := got.serveConfig()
+			_, more := s.Resolve(config.ResolveOptions{})
+			diags = append(diags, more...)
 			bad := false
 			for _, d := range diags {
 				bad = bad || d.Path == config.ServeKeyCallChannelPoll

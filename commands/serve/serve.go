@@ -58,6 +58,8 @@ type Options struct {
 	// OtherKeys are the flag names of kvctl's other commands, which a shared config file may
 	// hold: serve passes over them and still refuses any other unknown key.
 	OtherKeys []string
+	// CommandLine holds the flags given on the command line.
+	CommandLine map[string]bool
 	// Sources maps a flag set from the environment or the config file to where it came from,
 	// so that a bad value is blamed on the right place.
 	Sources map[string]string
@@ -134,7 +136,9 @@ messages of kvctl validate-config.`,
 			}
 			opts.OtherKeys = cmdutil.AllFlagNames(cmd)
 			opts.Sources = map[string]string{}
+			opts.CommandLine = map[string]bool{}
 			cmd.Flags().VisitAll(func(fl *pflag.Flag) {
+				opts.CommandLine[fl.Name] = cmdutil.FromCommandLine(cmd, fl.Name)
 				if src := cmdutil.FlagSource(cmd, fl.Name); src != "" {
 					opts.Sources[fl.Name] = src
 				}
@@ -191,7 +195,6 @@ func (o *Options) serveConfig() (config.ServeConfig, config.Diagnostics) {
 		diags = append(diags, config.Diagnostic{Path: config.ServeKeyStagingBufferBytes, Severity: config.SeverityError, Message: err.Error()})
 	}
 	s.StagingBufferBytes = n
-	diags = append(diags, s.Validate()...)
 	return s, diags
 }
 
@@ -229,63 +232,41 @@ func runServe(ctx context.Context, opts *Options) error {
 		}
 	}
 	sc, diags := opts.serveConfig()
+	memAvail, memSource := opts.MemAvailable, "test"
+	if memAvail == nil {
+		mi := sysmem.System()
+		memAvail, memSource = mi.Available, mi.Source()
+	}
+	inv, _ := gpu.Discover()
+	plan, pdiags := sc.Resolve(config.ResolveOptions{MemAvailable: memAvail, MemSource: memSource, GPUs: len(inv.GPUs)})
+	diags = append(diags, pdiags...)
 	for i, d := range diags {
 		if src := opts.Sources[d.Path]; src != "" && d.File == "" {
 			diags[i].Message += " (set by " + src + ")"
 		}
 	}
 	if err := report(opts, diags); err != nil {
-		return err
+		return usageIfFlag(opts, diags, err)
 	}
 	log := opts.Factory.Logger()
 	if sc.AllowRemoteAdmin && sc.AdminAddr != "" {
 		log.Warn(config.RemoteAdminWarning, "admin_addr", sc.AdminAddr)
 	}
-
-	memAvail, memSource := opts.MemAvailable, "test"
-	if memAvail == nil {
-		mi := sysmem.System()
-		memAvail, memSource = mi.Available, mi.Source()
+	if plan.AutoSized {
+		log.Debug("pool sized automatically", "pool", config.FormatSizeHuman(plan.PoolBytes),
+			"available", config.FormatSizeHuman(int64(min(plan.MemAvailable, 1<<62))), "available_from", memSource)
 	}
-	autoSize := func() (int64, error) {
-		avail, known := memAvail()
-		if !known {
-			return 0, cmdutil.ValidationErrorf("pool-size auto: available memory is unknown here; give --pool-size")
-		}
-		n := autoPoolSize(avail)
-		log.Debug("pool sized automatically", "pool", gib(n), "available", gib(int64(min(avail, 1<<62))), "available_from", memSource)
-		return n, nil
+	for _, w := range plan.Warnings {
+		log.Warn(w.Msg, w.Args...)
 	}
 	var backend *daemon.Backend
-	var poolBytes int64
-	if sc.PoolBackend == config.PoolBackendMooncake {
-		b, _, cdiags, err := clusterBackend(sc, autoSize, log)
-		if rerr := report(opts, cdiags); rerr != nil {
-			return rerr
-		}
+	poolBytes := plan.PoolBytes
+	if plan.Backend == config.PoolBackendMooncake {
+		b, err := clusterBackend(sc, plan, log)
 		if err != nil {
 			return err
 		}
-		backend, poolBytes = b, b.Info.SegmentBytes
-	} else {
-		n, ok, _ := sc.PoolSizeBytes()
-		if !ok {
-			var err error
-			if n, err = autoSize(); err != nil {
-				return err
-			}
-		}
-		if n < minPoolBytes {
-			return cmdutil.ValidationErrorf("pool-size %s is below the %s minimum", config.FormatSize(n), config.FormatSize(minPoolBytes))
-		}
-		poolBytes = n
-	}
-	_, sized, _ := sc.PoolSizeBytes()
-	avail, known := memAvail()
-	inv, _ := gpu.Discover()
-	mc := memoryCheck{Pool: poolBytes, Staging: sc.StagingBufferBytes, Avail: avail, Known: known, Source: memSource, GPUs: len(inv.GPUs), Chosen: sized}
-	for _, w := range mc.warnings() {
-		log.Warn(w.Msg, w.Args...)
+		backend = b
 	}
 
 	popts := mooncake.DefaultOptions()
@@ -307,6 +288,7 @@ func runServe(ctx context.Context, opts *Options) error {
 		EngineSeriesRetention: sc.EngineMetricsRetention,
 		Logger:                log,
 		Version:               opts.Factory.Version,
+		Commit:                opts.Factory.Commit,
 		EngineGroup:           sc.EngineGroup,
 		MaxConns:              sc.MaxConns,
 		AdminGrantsLeases:     sc.AdminGrantsLeases,
@@ -330,13 +312,16 @@ func runServe(ctx context.Context, opts *Options) error {
 	return nil
 }
 
-const minPoolBytes = 16 << 20
-
-// autoPoolSize is a quarter of the memory this process may take (the host's available memory
-// bounded by its cgroup's limit), in whole MiB: enough to be useful on a
-// workstation, small enough to leave the engines theirs.
-func autoPoolSize(avail uint64) int64 {
-	return int64(avail/4) &^ (1<<20 - 1)
+// usageIfFlag makes err a usage error (exit 2) when a value given as a flag, or as the flag's
+// KVCTL_* variable, is among the errors: a bad flag is a usage error in every command, a bad
+// config file an invalid configuration (exit 3).
+func usageIfFlag(opts *Options, diags config.Diagnostics, err error) error {
+	for _, d := range diags.Errors() {
+		if d.File == "" && (opts.CommandLine[d.Path] || strings.HasPrefix(opts.Sources[d.Path], cmdutil.EnvPrefix+"_")) {
+			return &cmdutil.FlagError{Err: fmt.Errorf("invalid --%s: %s", d.Path, d.Message)}
+		}
+	}
+	return err
 }
 
 func banner(opts *Options, info daemon.Info, inv gpu.Inventory) {

@@ -109,23 +109,27 @@ func runStats(ctx context.Context, opts *Options) error {
 	}
 	if opts.Watch <= 0 {
 		res, err := gather(ctx, targets, opts.FromLog)
-		if err != nil {
-			return err
+		if res != nil {
+			// Every target that answered, and an error row for each that did not; the exit code
+			// is the worst one.
+			if perr := cmdutil.Print(opts.IO, opts.OutputFormat, res, func() cmdutil.Table { return rows(res) }); perr != nil {
+				return perr
+			}
 		}
-		return cmdutil.Print(opts.IO, opts.OutputFormat, res, func() cmdutil.Table { return rows(res) })
+		return err
 	}
 	var prev *probe.StatsReport
 	w := cmdutil.Watch{IO: opts.IO, Every: opts.Watch, Format: opts.OutputFormat, Iterations: opts.Iterations, Seams: opts.Seams}
 	return w.Run(ctx, func(ctx context.Context) (func() error, error) {
 		res, err := gather(ctx, targets, opts.FromLog)
-		if err != nil {
+		if res == nil {
 			return nil, err
 		}
 		res.SetDeltas(prev)
 		prev = res
 		return func() error {
 			return cmdutil.Print(opts.IO, opts.OutputFormat, res, func() cmdutil.Table { return rows(res) })
-		}, nil
+		}, err
 	})
 }
 
@@ -136,7 +140,12 @@ func gather(ctx context.Context, targets []probe.Pool, logs []string) (*probe.St
 		return nil, &cmdutil.ExitError{Code: cmdutil.ExitValidation, Err: err}
 	}
 	if err != nil {
-		return nil, cmdutil.PoolError(err)
+		err = worstPoolError(err)
+		if res == nil || len(res.Sources) <= 1 {
+			// Nothing answered: the error says it all.
+			return nil, err
+		}
+		return res, err
 	}
 	return res, nil
 }
@@ -174,6 +183,10 @@ func rows(res *probe.StatsReport) cmdutil.Table {
 		}
 		n := func(v int64) string { return strconv.FormatInt(v, 10) }
 		add("kind", s.Kind, 0, false)
+		if s.Error != "" {
+			add("error", s.Error, 0, false)
+			continue
+		}
 		for _, r := range backendRows(s.Backend) {
 			add(r[0], r[1], 0, false)
 		}
@@ -207,7 +220,8 @@ func rows(res *probe.StatsReport) cmdutil.Table {
 		if g := s.Gets; g != nil {
 			add("hits", n(g.Hits), d.Hits, true)
 			add("misses", n(g.Misses), d.Misses, true)
-			add("hit ratio", fmt.Sprintf("%.3f", g.HitRatio), 0, false)
+			// The master's ratio of gets that found their object; not the prefix hit rate.
+			add("get hit ratio (master)", fmt.Sprintf("%.3f", g.HitRatio), 0, false)
 		}
 		if e := s.Evictions; e != nil {
 			add("eviction attempts", n(e.Attempts), d.EvictionAttempts, true)
@@ -254,4 +268,24 @@ func rows(res *probe.StatsReport) cmdutil.Table {
 		}
 	}
 	return t
+}
+
+// worstPoolError maps each pool's error to its exit code and returns them joined, with the
+// worst (highest) code.
+func worstPoolError(err error) error {
+	joined, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return cmdutil.PoolError(err)
+	}
+	var errs []error
+	code := cmdutil.ExitOK
+	for _, e := range joined.Unwrap() {
+		e = cmdutil.PoolError(e)
+		errs = append(errs, e)
+		code = max(code, cmdutil.ExitCode(e))
+	}
+	if len(errs) == 1 {
+		return errs[0]
+	}
+	return &cmdutil.ExitError{Code: code, Err: errors.Join(errs...)}
 }

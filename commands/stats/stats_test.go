@@ -487,3 +487,38 @@ func TestServeWithEngines(t *testing.T) {
 		t.Errorf("engines %v, want 0 registered after both left", s.Engines)
 	}
 }
+
+// TestSeveralPoolsOneDown reads a real kvctl serve and an address nothing listens on: every
+// target that answers is printed, the dead one as an error row, and the exit code is the
+// worst (4, unreachable), once and under --watch alike.
+func TestSeveralPoolsOneDown(t *testing.T) {
+	_, _, addr := startServe(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := l.Addr().String()
+	l.Close()
+	for _, watch := range []int{0, 1} {
+		ios, _, out, errOut := cmdutil.Test()
+		o := options(ios, "table")
+		o.Pools = []string{addr, dead}
+		o.Watch, o.Iterations = watch, 2
+		o.Sleep = func(context.Context, time.Duration) error { return nil }
+		err := runStats(context.Background(), o)
+		if watch == 0 && cmdutil.ExitCode(err) != cmdutil.ExitUnreachable {
+			t.Errorf("watch %d: exit %d (%v), want %d", watch, cmdutil.ExitCode(err), err, cmdutil.ExitUnreachable)
+		}
+		if watch == 1 && (err != nil || !strings.Contains(errOut.String(), dead)) {
+			t.Errorf("watch: %v; stderr %q should name %s", err, errOut, dead)
+		}
+		got := out.String()
+		if !strings.Contains(got, "http://"+addr+"\tkind\tkvctl-serve") || !strings.Contains(got, "http://"+dead+"\tkind\terror") ||
+			!strings.Contains(got, "http://"+dead+"\terror\t") || !strings.Contains(got, "get hit ratio (master)") {
+			t.Errorf("watch %d: table lacks the healthy target, the error row or the get ratio label:\n%s", watch, got)
+		}
+		if watch == 1 && strings.Count(got, "kvctl-serve") != 2 {
+			t.Errorf("watch: want two tables:\n%s", got)
+		}
+	}
+}

@@ -21,14 +21,16 @@ import (
 
 // Options are the inputs of `kvctl validate-config`.
 type Options struct {
-	IO           *cmdutil.IOStreams
-	Getenv       func(string) string
-	Files        []string
-	Kind         string
-	Strict       bool
-	Render       bool
-	NodeBudget   bool
-	RanksOnNode  int
+	IO          *cmdutil.IOStreams
+	Getenv      func(string) string
+	Files       []string
+	Kind        string
+	Strict      bool
+	Render      bool
+	NodeBudget  bool
+	RanksOnNode int
+	// For names the consumer a file is checked for: "" (the file's own rules) or "serve".
+	For          string
 	OutputFormat string
 	// ReadFile is replaced in tests.
 	ReadFile func(string) ([]byte, error)
@@ -63,11 +65,18 @@ next to it; see docs/trtllm.md.
 
 Warnings do not fail the check unless --strict is given. --render prints the mooncake.json a
 server would write for a TensorRT-LLM YAML, byte for byte. --node-budget adds the node memory
-check (segments and staging against available memory less 32 GiB).`,
+check (segments and staging against available memory less 32 GiB).
+
+A file valid for its own kind may still be refused by the program it is given to: --for serve
+checks a mooncake.json as kvctl serve --pool-backend mooncake --mooncake-config reads it (kvctl
+speaks protocol tcp and needs an HTTP metadata server), and says so in the result.`,
 		Example: `  kvctl validate-config llm_api.yaml
   kvctl validate-config --strict -o json llm_api.yaml pool.json mooncake.json
   kvctl validate-config --render llm_api.yaml pool.json > mooncake.json
-  cat mooncake.json | kvctl validate-config --kind mooncake-json -`,
+  cat mooncake.json | kvctl validate-config --kind mooncake-json -
+
+  # is this mooncake.json one kvctl serve --mooncake-config can join a cluster with?
+  kvctl validate-config --for serve mooncake.json`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return cmdutil.FlagErrorf("validate-config needs at least one FILE (- for stdin)")
@@ -92,8 +101,11 @@ check (segments and staging against available memory less 32 GiB).`,
 			if stdin > 1 {
 				return cmdutil.FlagErrorf("standard input (-) can be read only once")
 			}
-			if opts.RanksOnNode < 1 {
-				return cmdutil.FlagErrorf("--ranks-on-node must be at least 1, got %d", opts.RanksOnNode)
+			if opts.For != "" && opts.For != ForServe {
+				return cmdutil.FlagErrorf("invalid --for %q: want serve", opts.For)
+			}
+			if err := cmdutil.CheckCount("ranks-on-node", opts.RanksOnNode, 1, 1<<16); err != nil {
+				return err
 			}
 			if runF != nil {
 				return runF(opts)
@@ -106,6 +118,7 @@ check (segments and staging against available memory less 32 GiB).`,
 	fl.BoolVar(&opts.Strict, "strict", false, "fail on warnings too")
 	fl.BoolVar(&opts.Render, "render", false, "print the client config (mooncake.json) a server would write")
 	fl.BoolVar(&opts.NodeBudget, "node-budget", false, "also check the node memory budget")
+	fl.StringVar(&opts.For, "for", "", "also check each file for the consumer it is given to: serve (a mooncake.json as kvctl serve --mooncake-config reads it)")
 	fl.IntVar(&opts.RanksOnNode, "ranks-on-node", 1, "ranks sharing this node, for --node-budget")
 	_ = cmd.RegisterFlagCompletionFunc("kind", cobra.FixedCompletions(kinds, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
@@ -173,7 +186,14 @@ func runValidateConfig(ctx context.Context, opts *Options) error {
 			return err
 		}
 		f, diags := config.Load(display, data, lopts)
-		diags = append(diags, clusterDiagnostics(f, diags, readFile)...)
+		diags = append(diags, serveDiagnostics(f, diags, readFile)...)
+		if opts.For == ForServe {
+			fd, err := forServe(f, display, data)
+			if err != nil {
+				return err
+			}
+			diags = append(diags, fd...)
+		}
 		files = append(files, loaded{f, diags})
 		fr := FileResult{File: display, Diagnostics: []config.Diagnostic(diags)}
 		if fr.Diagnostics == nil {

@@ -18,6 +18,9 @@ const (
 	MaxTraceBytes = 4 << 30
 )
 
+// ErrIsDir is wrapped by the error of Open on a directory.
+var ErrIsDir = errors.New("is a directory, not a file")
+
 // ErrTooLarge is wrapped by the error of a read that went past its limit.
 var ErrTooLarge = errors.New("file is larger than its limit")
 
@@ -49,7 +52,7 @@ func Open(ctx context.Context, path string, limit int64) (io.ReadCloser, error) 
 	}
 	if fi.IsDir() {
 		_ = f.Close()
-		return nil, fmt.Errorf("%s is a directory", path)
+		return nil, fmt.Errorf("%s %w", path, ErrIsDir)
 	}
 	return NewReader(ctx, f, path, limit), nil
 }

@@ -161,6 +161,22 @@ func FormatSize(n int64) string {
 	return strconv.FormatInt(n, 10)
 }
 
+// FormatSizeHuman writes a byte count for people: whole bytes below 1 KiB ("512B"), else one
+// decimal in the largest binary unit it reaches ("1.5GiB"). It is kvctl's one human size
+// format (status page, tables, log lines); FormatSize is the exact one for configs.
+func FormatSizeHuman(n int64) string {
+	const unit = 1024
+	if n < unit && n > -unit {
+		return strconv.FormatInt(n, 10) + "B"
+	}
+	f, i := float64(n), 0
+	for (f >= unit || f <= -unit) && i < 6 {
+		f /= unit
+		i++
+	}
+	return strconv.FormatFloat(f, 'f', 1, 64) + [...]string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}[i]
+}
+
 // formatPyFloat writes a float64 the way Python's repr does: the shortest digits that read
 // back exactly, fixed notation for exponents in [-4, 16) with a ".0" on integral values, and
 // otherwise scientific notation with a signed exponent of at least two digits.

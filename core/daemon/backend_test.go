@@ -374,3 +374,34 @@ func TestBackendJSONContract(t *testing.T) {
 		t.Fatalf("embedded backend: %+v", st.Backend)
 	}
 }
+
+// TestStatusPageWhilePoolUnreachable: with the master down the status page still shows the
+// daemon's own counters (the lookups and saves /v1/stats counts) and marks the pool's figures
+// unknown instead of 0.
+func TestStatusPageWhilePoolUnreachable(t *testing.T) {
+	p := newOutagePool(t, 64<<20)
+	r := startRemote(t, p, time.Second)
+	eventually(t, "ready", func() bool { c, _ := readyz(t, r); return c == 200 })
+	p.down.Store(true)
+	eventually(t, "unready while the master is down", func() bool { c, _ := readyz(t, r); return c == 503 })
+	runEngine(t, simConfig(r, "during"), prompts(3, 4, 16, "d"))
+	st := stats(t, r)
+	if st.HitRates.Lookups == 0 || st.Saves.Saves == 0 {
+		t.Fatalf("/v1/stats counted no lookups or saves during the outage: %+v %+v", st.HitRates, st.Saves)
+	}
+	code, page := getText(t, "http://"+r.Info.AdminAddr+"/")
+	if code != 200 {
+		t.Fatalf("status page: %d", code)
+	}
+	for _, want := range []string{
+		fmt.Sprintf(`id="prompt-tokens" data-value="%d"`, st.HitRates.PromptTokens),
+		fmt.Sprintf(`id="saves" data-value="%d"`, st.Saves.Saves),
+		`id="pool-used" data-value="">unknown`,
+		`id="pool-objects" data-value="">unknown`,
+		"pool unreachable",
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("status page lacks %q", want)
+		}
+	}
+}

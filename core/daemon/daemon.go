@@ -61,6 +61,9 @@ type Config struct {
 
 	Logger  *slog.Logger
 	Version string
+	// Commit is the VCS revision the binary was linked with (kvctl version's); it labels
+	// kvctl_build_info. Empty takes the Go toolchain's stamp.
+	Commit string
 
 	// EngineSeriesRetention is how long the per-engine metric series of an engine that left
 	// are still exported (DefaultEngineSeriesRetention when zero).
@@ -202,7 +205,7 @@ func New(cfg Config) (*Daemon, error) {
 	d.pool = d.guard
 	d.met = newDaemonMetrics(d, cfg.EngineSeriesRetention)
 	insp, _ := backend.Pool.(mooncake.Inspector)
-	d.met.register(d.reg, insp, cfg.Version)
+	d.met.register(d.reg, insp, cfg.Version, cfg.Commit)
 	return d, nil
 }
 

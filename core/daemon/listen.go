@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvctl/kvctl/core/backoff"
 )
 
 // DefaultMaxConns is the cap on concurrent connections of each listener (engine socket,
@@ -70,7 +72,7 @@ func newGuardedListener(l net.Listener, name string, max int, check func(net.Con
 // Accept returns the next connection within the cap from an accepted peer. It returns an error
 // only once the listener is closed (or on an error that retrying cannot fix).
 func (g *guardedListener) Accept() (net.Conn, error) {
-	backoff := time.Duration(0)
+	retry := backoff.Backoff{Min: acceptBackoffMin, Max: acceptBackoffMax}
 	for {
 		c, err := g.Listener.Accept()
 		if err != nil {
@@ -78,20 +80,16 @@ func (g *guardedListener) Accept() (net.Conn, error) {
 				return nil, err
 			}
 			g.counts.acceptErrs.Add(1)
-			if backoff == 0 {
-				backoff = acceptBackoffMin
-			} else {
-				backoff = min(2*backoff, acceptBackoffMax)
-			}
-			g.log.Warn("accept failed; retrying", "listener", g.name, "err", err, "backoff", backoff)
+			wait := retry.Next()
+			g.log.Warn("accept failed; retrying", "listener", g.name, "err", err, "backoff", wait)
 			select {
-			case <-time.After(backoff):
+			case <-time.After(wait):
 			case <-g.closed:
 				return nil, net.ErrClosed
 			}
 			continue
 		}
-		backoff = 0
+		retry.Reset()
 		if g.open.Add(1) > g.max {
 			g.open.Add(-1)
 			g.counts.overCap.Add(1)

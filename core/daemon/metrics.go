@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc/codes"
 
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/stats"
@@ -175,7 +176,7 @@ func newDaemonMetrics(d *Daemon, retention time.Duration) *daemonMetrics {
 
 // register adds every collector of the daemon's /metrics to reg; pool is nil for a backend
 // that keeps no master-named metrics.
-func (m *daemonMetrics) register(reg *prometheus.Registry, pool mooncake.Inspector, version string) {
+func (m *daemonMetrics) register(reg *prometheus.Registry, pool mooncake.Inspector, version, commit string) {
 	if pool != nil {
 		// The master-named families, for a pool that keeps them (the embedded one); a Mooncake
 		// cluster's master exports its own.
@@ -185,19 +186,29 @@ func (m *daemonMetrics) register(reg *prometheus.Registry, pool mooncake.Inspect
 		m, m.lookupDur, m.loadDur, m.saveDur, m.callDur,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		buildInfo(version),
+		buildInfo(version, commit),
 	)
 	m.registerLookupCounters(reg)
 	for _, md := range enginepb.Engine_ServiceDesc.Methods {
 		m.callDur.WithLabelValues(md.MethodName)
 		m.d.calls.calls.WithLabelValues(md.MethodName)
+		// kvctl_engine_call_errors_total exists at 0 from the start, as every family does, for
+		// the codes the daemon itself answers with: Internal (an error it does not classify)
+		// and Unavailable (draining, or the connector closed). Other codes appear when they
+		// first happen.
+		for _, c := range []codes.Code{codes.Internal, codes.Unavailable} {
+			m.d.calls.errors.WithLabelValues(md.MethodName, c.String())
+		}
 	}
 }
 
-// buildInfo is kvctl_build_info: always 1, labelled with what was built.
-func buildInfo(version string) prometheus.Collector {
+// buildInfo is kvctl_build_info: always 1, labelled with what was built. The revision is the
+// commit the binary was linked with (kvctl version's), else the Go toolchain's VCS stamp.
+func buildInfo(version, commit string) prometheus.Collector {
 	revision := "unknown"
-	if bi, ok := debug.ReadBuildInfo(); ok {
+	if commit != "" {
+		revision = commit
+	} else if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, s := range bi.Settings {
 			if s.Key == "vcs.revision" && s.Value != "" {
 				revision = s.Value

@@ -448,3 +448,21 @@ func TestMetricsNegotiation(t *testing.T) {
 		t.Error("kvctl_lookup_duration_seconds is not a native histogram in protobuf")
 	}
 }
+
+// TestBuildInfoAndErrorSeries pins two promises of /metrics: kvctl_build_info's revision is the
+// commit kvctl version prints (daemon.Config.Commit), and kvctl_engine_call_errors_total exists
+// at 0 before the first error, as every family does.
+func TestBuildInfoAndErrorSeries(t *testing.T) {
+	popts := mooncake.DefaultOptions()
+	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: 32 << 20}}
+	r := daemontest.Start(t, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20}, Version: "v9.9.9", Commit: "0123abcd"})
+	fresh := scrape(t, "http://"+r.Info.AdminAddr)
+	if _, ok := value(fresh, "kvctl_build_info", map[string]string{"version": "v9.9.9", "revision": "0123abcd"}); !ok {
+		t.Errorf("kvctl_build_info lacks revision=\"0123abcd\": %v", fresh["kvctl_build_info"])
+	}
+	for _, code := range []string{"Internal", "Unavailable"} {
+		if v, ok := value(fresh, "kvctl_engine_call_errors_total", map[string]string{"method": "Lookup", "code": code}); !ok || v != 0 {
+			t.Errorf("kvctl_engine_call_errors_total{method=\"Lookup\",code=%q} = %v (present %v), want 0", code, v, ok)
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvctl/kvctl/core/config"
 	"github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/core/statsapi"
 )
@@ -89,6 +90,9 @@ type statusPage struct {
 	Ready       bool
 	PoolHealthy bool
 	PoolError   string
+	// PoolKnown is false when the pool's own figures (occupancy, objects, evictions) could not
+	// be read: they show as unknown, never as 0. The daemon's own counters are always shown.
+	PoolKnown   bool
 	Stats       statsapi.StatsJSON
 	UsedPct     float64
 	Evicted     int64
@@ -131,25 +135,26 @@ func (d *Daemon) serveStatus(w http.ResponseWriter, r *http.Request) {
 		page.PoolError = err.Error()
 	}
 	page.PoolHealthy = err == nil
-	if err == nil || st.Pool.CapacityBytes > 0 {
-		page.Stats = st
+	page.PoolKnown = err == nil || st.Pool.CapacityBytes > 0
+	page.Stats = st
+	page.Engines = st.Engines
+	if page.PoolKnown {
 		if st.Pool.CapacityBytes > 0 {
 			page.UsedPct = 100 * float64(st.Pool.UsedBytes) / float64(st.Pool.CapacityBytes)
 		}
-		page.Engines = st.Engines
 		page.Evicted = st.Pool.EvictedPass1 + st.Pool.EvictedPass2
-		var wall float64
-		for _, p := range st.Loads.Phases {
-			wall += p.WallSeconds
+	}
+	var wall float64
+	for _, p := range st.Loads.Phases {
+		wall += p.WallSeconds
+	}
+	for p := stats.Phase(0); p < stats.NumPhases; p++ {
+		ph := st.Loads.Phases[p.String()]
+		row := phaseRow{Name: p.String(), Wall: ph.WallSeconds, CPU: ph.CPUSeconds}
+		if wall > 0 {
+			row.Share = 100 * ph.WallSeconds / wall
 		}
-		for p := stats.Phase(0); p < stats.NumPhases; p++ {
-			ph := st.Loads.Phases[p.String()]
-			row := phaseRow{Name: p.String(), Wall: ph.WallSeconds, CPU: ph.CPUSeconds}
-			if wall > 0 {
-				row.Share = 100 * ph.WallSeconds / wall
-			}
-			page.Phases = append(page.Phases, row)
-		}
+		page.Phases = append(page.Phases, row)
 	}
 	samples := d.met.history.all()
 	if now, ok := d.met.sampleNow(ctx); ok {
@@ -213,18 +218,8 @@ func spanText(d time.Duration) string {
 	return fmt.Sprintf("%.1f min", d.Minutes())
 }
 
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	v, u := float64(n), -1
-	for v >= unit && u < 4 {
-		v /= unit
-		u++
-	}
-	return fmt.Sprintf("%.1f %ciB", v, "KMGTP"[u])
-}
+// humanBytes is kvctl's one human size format (config.FormatSizeHuman).
+func humanBytes(n int64) string { return config.FormatSizeHuman(n) }
 
 var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap{
 	"bytes": humanBytes,
@@ -285,10 +280,13 @@ svg .grid { stroke: var(--muted); stroke-width: 1; stroke-dasharray: 4 4; opacit
 <h2>Pool</h2>
 <div class="bar" title="occupancy"><span id="occupancy-bar" style="{{barWidth .UsedPct}}"></span></div>
 <table>
-<tr><td>used</td><td class="n" id="pool-used" data-value="{{.Stats.Pool.UsedBytes}}">{{bytes .Stats.Pool.UsedBytes}} ({{pct1 .UsedPct}})</td></tr>
+{{if .PoolKnown}}<tr><td>used</td><td class="n" id="pool-used" data-value="{{.Stats.Pool.UsedBytes}}">{{bytes .Stats.Pool.UsedBytes}} ({{pct1 .UsedPct}})</td></tr>
 <tr><td>capacity</td><td class="n" id="pool-capacity" data-value="{{.Stats.Pool.CapacityBytes}}">{{bytes .Stats.Pool.CapacityBytes}}</td></tr>
 <tr><td>objects</td><td class="n" id="pool-objects" data-value="{{.Stats.Pool.Objects}}">{{.Stats.Pool.Objects}}</td></tr>
-<tr><td>evicted</td><td class="n" id="pool-evicted" data-value="{{.Evicted}}">{{.Evicted}}</td></tr>
+<tr><td>evicted</td><td class="n" id="pool-evicted" data-value="{{.Evicted}}">{{.Evicted}}</td></tr>{{else}}<tr><td>used</td><td class="n" id="pool-used" data-value="">unknown</td></tr>
+<tr><td>capacity</td><td class="n" id="pool-capacity" data-value="">unknown</td></tr>
+<tr><td>objects</td><td class="n" id="pool-objects" data-value="">unknown</td></tr>
+<tr><td>evicted</td><td class="n" id="pool-evicted" data-value="">unknown</td></tr>{{end}}
 </table>
 <h2 style="margin-top:10px">Occupancy, last {{if .ChartSpan}}{{.ChartSpan}}{{else}}minutes{{end}}</h2>
 {{.Chart}}

@@ -99,12 +99,18 @@ type Source struct {
 	// cluster's capacity (cluster.go).
 	Backend *statsapi.BackendStatusJSON `json:"backend,omitempty"`
 	Log     *LogLines                   `json:"log,omitempty"`
+	// Error says why a pool could not be read (Kind is KindError); the other sources of the
+	// report are still there.
+	Error string `json:"error,omitempty"`
 	// Delta is the change of the counters since the previous report of a watch.
 	Delta *Counters `json:"delta,omitempty"`
 }
 
 // KindLog is the kind of a --from-log source.
 const KindLog = "log"
+
+// KindError is the kind of a pool that could not be read.
+const KindError = "error"
 
 // StatsReport is what pools and connector logs report: the output of `kvctl stats`. Field
 // names are a compatibility contract.
@@ -141,16 +147,27 @@ func gatherAny(ctx context.Context, p Pool) (Source, error) {
 	return Source{}, &PoolError{Addr: p.Target.Addr(), Timeout: p.Target.Timeout, Err: err}
 }
 
-// Gather reads every pool and log once. A pool that fails is a *PoolError; a log with no stats
-// line wraps ErrNoStatsLines.
+// Gather reads every pool and log once. A pool that fails is a *PoolError (joined with the
+// others' errors) and a source of KindError in the report, which holds every pool that
+// answered; a log with no stats line wraps ErrNoStatsLines, and a log error returns no report.
 func Gather(ctx context.Context, targets []Pool, logs []string) (*StatsReport, error) {
 	res := &StatsReport{Sources: []Source{}}
+	var errs []error
 	for _, p := range targets {
 		s, err := gatherAny(ctx, p)
 		if err != nil {
-			return nil, err
+			addr := RPCScheme + p.RPCAddr
+			if p.Target != nil {
+				addr = p.Target.Addr()
+			}
+			s = Source{Source: addr, Kind: KindError, Error: err.Error()}
+			errs = append(errs, err)
 		}
 		res.Sources = append(res.Sources, s)
+	}
+	if len(errs) > 0 {
+		// Every pool that answered is reported, with an error source for each that did not.
+		return res, errors.Join(errs...)
 	}
 	for _, name := range logs {
 		s, err := gatherLog(name)

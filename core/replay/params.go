@@ -44,15 +44,15 @@ type Params struct {
 }
 
 // DefaultParams returns the defaults: 16 tokens per replay block, 64 MiB real pages (512
-// tokens of a Llama-3-8B-sized model in fp16) held as 64-byte pages, 25 GB/s each way, 50 000
+// tokens of a Llama-3-8B-sized model in fp16) held as 64-byte pages, 25 GiB/s each way, 50 000
 // prefill tokens/s, 50 decode tokens/s, the master's 10 ms eviction tick.
 func DefaultParams() Params {
 	return Params{
 		TokensPerBlock:         16,
 		PageBytes:              64 << 20,
 		SimPageBytes:           64,
-		LoadBandwidth:          25e9,
-		SaveBandwidth:          25e9,
+		LoadBandwidth:          25 << 30,
+		SaveBandwidth:          25 << 30,
 		PrefillTokensPerSecond: 50000,
 		DecodeTokensPerSecond:  50,
 		TickInterval:           mooncake.DefaultEvictionPeriod,

@@ -130,6 +130,23 @@ func parseInt(v string, min int) (int, error) {
 	return n, nil
 }
 
+// Bounds of the replay's counts: each is far past any real deployment, and small enough that
+// what a replay allocates per rank or per block cannot exhaust the machine before it starts.
+const (
+	// MaxRanks bounds --ranks: each rank holds engine memory (a memfd live, pages offline).
+	MaxRanks = 1024
+	// MaxGPUBlocks bounds a rank's local KV cache in blocks.
+	MaxGPUBlocks = 1 << 24
+)
+
+func parseBounded(v string, lo, hi int) (int, error) {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		return 0, fmt.Errorf("%q is not an integer from %d to %d", v, lo, hi)
+	}
+	return n, nil
+}
+
 func parseRatio(v string, zeroOK bool) (float64, error) {
 	f, err := strconv.ParseFloat(v, 64)
 	if err != nil || math.IsNaN(f) || f < 0 || f > 1 || (!zeroOK && f == 0) {
@@ -208,18 +225,19 @@ var knobs = map[string]knob{
 		return
 	}},
 	"ranks": {"attention-DP ranks (engines)", func(c *Config, v string) (err error) {
-		c.Ranks, err = parseInt(v, 1)
+		c.Ranks, err = parseBounded(v, 1, MaxRanks)
 		return
 	}},
 	"router": {"work-aware, prompt-length or pool-aware (offline only; live runs fall back to work-aware)", func(c *Config, v string) error {
-		if !slices.Contains(router.Policies, v) {
-			return fmt.Errorf("%q: want one of %s", v, strings.Join(router.Policies, ", "))
+		p, err := router.ParsePolicy(v)
+		if err != nil {
+			return fmt.Errorf("%q: want one of %s (work_aware and the like are accepted too)", v, strings.Join(router.Policies, ", "))
 		}
-		c.Router = v
+		c.Router = p
 		return nil
 	}},
 	"gpu_blocks": {"each rank's local KV cache in blocks", func(c *Config, v string) (err error) {
-		c.GPUBlocks, err = parseInt(v, 1)
+		c.GPUBlocks, err = parseBounded(v, 1, MaxGPUBlocks)
 		return
 	}},
 	"scheduler": {"run each rank's scheduling passes: admissions, chunked prefill, decode, preemption (true/false)", func(c *Config, v string) (err error) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // Policies.
@@ -22,6 +23,17 @@ const (
 
 // Policies lists the policies in help order.
 var Policies = []string{PolicyWorkAware, PolicyPromptLength, PolicyPoolAware}
+
+// ParsePolicy returns the policy name spells, in either spelling: work-aware as the flags
+// write it, or work_aware as TensorRT-LLM's YAML does.
+func ParsePolicy(name string) (string, error) {
+	for _, p := range Policies {
+		if name == p || name == strings.ReplaceAll(p, "-", "_") {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%w: policy %q: want one of %s (or with underscores, as TensorRT-LLM's YAML writes them)", ErrConfig, name, strings.Join(Policies, ", "))
+}
 
 // Defaults for the LRU table bounds.
 const (
@@ -115,8 +127,10 @@ func New(cfg Config) (*Router, error) {
 		cfg.RequestCapacity = DefaultRequestCapacity
 	}
 	var errs []error
-	if !slices.Contains(Policies, cfg.Policy) {
-		errs = append(errs, fmt.Errorf("%w: policy %q: want one of %v", ErrConfig, cfg.Policy, Policies))
+	if p, err := ParsePolicy(cfg.Policy); err != nil {
+		errs = append(errs, err)
+	} else {
+		cfg.Policy = p
 	}
 	if cfg.Ranks < 1 {
 		errs = append(errs, fmt.Errorf("%w: ranks %d: want at least 1", ErrConfig, cfg.Ranks))

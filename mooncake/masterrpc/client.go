@@ -9,6 +9,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/kvctl/kvctl/core/backoff"
 )
 
 // ProtocolVersion is the store protocol version kvctl speaks: what the master's ServiceReady
@@ -62,7 +64,8 @@ type Options struct {
 	// DialTimeout bounds connecting and the ServiceReady handshake; 5 s when zero.
 	DialTimeout time.Duration
 	// MinBackoff and MaxBackoff bound the wait between failed connection attempts, which
-	// doubles from MinBackoff (50 ms) to MaxBackoff (2 s). Calls made while waiting fail at
+	// doubles from MinBackoff (50 ms) to MaxBackoff (2 s), each wait drawn from the upper half of
+	// its step (core/backoff). Calls made while waiting fail at
 	// once with ErrUnavailable instead of queueing behind a dead master.
 	MinBackoff time.Duration
 	MaxBackoff time.Duration
@@ -80,7 +83,7 @@ type Client struct {
 	conn     *conn
 	dialing  chan struct{}
 	nextDial time.Time
-	backoff  time.Duration
+	backoff  backoff.Backoff // jittered, so a fleet does not redial a restarted master in lockstep
 	lastErr  error
 	gen      uint64
 	closed   bool
@@ -198,8 +201,8 @@ func (c *Client) get(ctx context.Context) (*conn, error) {
 		close(ch)
 		if err != nil {
 			c.lastErr = err
-			c.backoff = min(max(2*c.backoff, c.opts.MinBackoff), c.opts.MaxBackoff)
-			c.nextDial = time.Now().Add(c.backoff)
+			c.backoff.Min, c.backoff.Max = c.opts.MinBackoff, c.opts.MaxBackoff
+			c.nextDial = time.Now().Add(c.backoff.Next())
 			c.mu.Unlock()
 			return nil, err
 		}
@@ -209,7 +212,7 @@ func (c *Client) get(ctx context.Context) (*conn, error) {
 			return nil, ErrClosed
 		}
 		c.conn = cn
-		c.backoff = 0
+		c.backoff.Reset()
 		c.gen++
 		c.mu.Unlock()
 		return cn, nil

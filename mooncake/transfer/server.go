@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvctl/kvctl/core/backoff"
 )
 
 // Defaults applied by NewServer to zero ServerOptions fields.
@@ -319,7 +321,7 @@ func (s *Server) Stats() ServerStats {
 // Serve accepts connections until Close. It returns nil after Close and the accept error
 // otherwise.
 func (s *Server) Serve() error {
-	var backoff time.Duration
+	retry := backoff.Backoff{Min: 5 * time.Millisecond, Max: time.Second}
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
@@ -328,13 +330,12 @@ func (s *Server) Serve() error {
 			}
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() || isTemporaryAccept(err) {
-				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-				time.Sleep(backoff)
+				time.Sleep(retry.Next())
 				continue
 			}
 			return fmt.Errorf("transfer server: accept: %w", err)
 		}
-		backoff = 0
+		retry.Reset()
 		if !s.track(c) {
 			_ = c.Close()
 			continue
