@@ -291,6 +291,9 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 	var hs *http.Server
 	if adminLn != nil {
 		hs = d.adminServer()
+		if g, ok := adminLn.(*guardedListener); ok {
+			g.evictIdleHTTP(hs)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

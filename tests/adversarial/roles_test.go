@@ -37,6 +37,13 @@ func runRole(role string) int {
 			fmt.Printf("after=%d refused_after=%d\n", ok2, refused2)
 		}
 		return 0
+	case "flood-keepalive":
+		// Open COUNT HTTP keep-alive connections to ADDR, make one request on each, and keep
+		// them idle for DURATION, refreshing each with a request every REFRESH.
+		refresh, _ := time.ParseDuration(env("REFRESH"))
+		opened, failed := floodKeepAlive(env("ADDR"), count, dur, refresh)
+		fmt.Printf("opened=%d failed=%d\n", opened, failed)
+		return 0
 	case "plant":
 		// Listen on SOCKET (and SOCKET.fd) for DURATION as a planted daemon would; see plant.
 		return plant(env("DIR"), env("SOCKET"), dur)
