@@ -294,6 +294,7 @@ func runServe(ctx context.Context, opts *Options) error {
 		AdminGrantsLeases:     sc.AdminGrantsLeases,
 		AdminLeaseRate:        sc.AdminLeaseRate,
 		DescriptorTTL:         sc.DescriptorTTL,
+		MaxTrackedTokens:      sc.MaxTrackedTokens,
 		CallChannelPoll:       sc.CallChannelPoll,
 		Device:                gpu.CUDA{},
 	})

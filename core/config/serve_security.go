@@ -21,6 +21,9 @@ type ServeSecurity struct {
 	// DescriptorTTL is how long a descriptor sent over the side channel waits to be claimed by a
 	// Register; 0 takes the default (30 s).
 	DescriptorTTL time.Duration `json:"descriptor-ttl,omitempty" yaml:"descriptor-ttl,omitempty"`
+	// MaxTrackedTokens is the daemon-wide budget of tokens the engines' unfinished requests may
+	// hold; 0 derives it from the memory available at start.
+	MaxTrackedTokens int64 `json:"max-tracked-tokens,omitempty" yaml:"max-tracked-tokens,omitempty"`
 }
 
 // Serve security config keys, which are also flag names of `kvctl serve`.
@@ -30,10 +33,11 @@ const (
 	ServeKeyAdminGrantsLeases = "admin-grants-leases"
 	ServeKeyAdminLeaseRate    = "admin-lease-rate"
 	ServeKeyDescriptorTTL     = "descriptor-ttl"
+	ServeKeyMaxTrackedTokens  = "max-tracked-tokens"
 )
 
 func serveSecurityKeys() []string {
-	return []string{ServeKeyEngineGroup, ServeKeyMaxConns, ServeKeyAdminGrantsLeases, ServeKeyAdminLeaseRate, ServeKeyDescriptorTTL}
+	return []string{ServeKeyEngineGroup, ServeKeyMaxConns, ServeKeyAdminGrantsLeases, ServeKeyAdminLeaseRate, ServeKeyDescriptorTTL, ServeKeyMaxTrackedTokens}
 }
 
 // RemoteAdminWarning is what serve prints and validate-config reports when the admin API may
@@ -60,6 +64,13 @@ func decodeServeSecurity(o *obj, s *ServeSecurity) {
 	if n := o.field(ServeKeyDescriptorTTL); n != nil && !isNull(n) {
 		s.DescriptorTTL = readDuration(o, ServeKeyDescriptorTTL, n)
 	}
+	if v, n, ok := o.intv(ServeKeyMaxTrackedTokens, intExact); ok {
+		if v < 0 {
+			o.errAt(n, ServeKeyMaxTrackedTokens, fmt.Sprintf("must not be negative, found %d", v), "0 derives it from available memory")
+		} else {
+			s.MaxTrackedTokens = v
+		}
+	}
 }
 
 func (s ServeConfig) validateSecurity(d *dec) {
@@ -74,6 +85,9 @@ func (s ServeConfig) validateSecurity(d *dec) {
 	}
 	if s.DescriptorTTL < 0 {
 		d.at(SeverityError, ServeKeyDescriptorTTL, "must not be negative", "0 takes the default of 30s")
+	}
+	if s.MaxTrackedTokens < 0 {
+		d.at(SeverityError, ServeKeyMaxTrackedTokens, fmt.Sprintf("must not be negative, found %d", s.MaxTrackedTokens), "0 derives it from available memory")
 	}
 	if s.AdminLeaseRate < 0 {
 		d.at(SeverityError, ServeKeyAdminLeaseRate, fmt.Sprintf("must not be negative, found %g", s.AdminLeaseRate), "0 takes the default")

@@ -87,6 +87,10 @@ type Config struct {
 	DescriptorTTL time.Duration
 	// Limits bounds what one registration and one request may ask for (DefaultLimits when zero).
 	Limits Limits
+	// MaxTrackedTokens is the daemon-wide budget of tokens all scheduler ranks may track over
+	// their unfinished requests (see budget.go); a connection may take half of it and a uid
+	// three quarters. 0 derives it from the memory available at start.
+	MaxTrackedTokens int64
 	// CallChannelWriteTimeout bounds how long one reply on a call channel may wait for the
 	// engine to read (DefaultCallChannelWriteTimeout when zero); past it the channel is closed.
 	CallChannelWriteTimeout time.Duration
@@ -244,6 +248,8 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 	}
 	// The folded warnings' last counts are written on the way out.
 	defer d.sec.stop()
+	b := d.sec.budget
+	d.log.Debug("tracked request budget", "tokens", b.total, "per_connection", b.perConn, "per_uid", b.perUID, "from", b.derived)
 	ln, fdln, adminLn, err := d.listen(socket)
 	if err != nil {
 		return err
@@ -288,6 +294,9 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 	var hs *http.Server
 	if adminLn != nil {
 		hs = d.adminServer()
+		if g, ok := adminLn.(*guardedListener); ok {
+			g.evictIdleHTTP(hs)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -184,7 +184,13 @@ func (d *Daemon) workerOf(ctx context.Context, name string) (*connector.Worker, 
 }
 
 // register builds the connector halves for one engine rank.
-func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (*engine, error) {
+func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (_ *engine, err error) {
+	defer func() {
+		if err != nil {
+			// A refused Register frees the descriptor it named at once (not after the TTL).
+			d.fds.Release(memToken(req))
+		}
+	}()
 	conn := connOf(ctx)
 	if err := engineapi.CheckAPIVersion(req); err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "register: %v", err)
@@ -330,6 +336,17 @@ func checkEngineEvent(req *enginepb.RegisterRequest) error {
 type failedFence struct{ err error }
 
 func (f failedFence) Wait(context.Context) error { return f.err }
+
+// memToken is the side-channel token a registration names, "" when it names none.
+func memToken(req *enginepb.RegisterRequest) string {
+	switch m := req.GetMemory().(type) {
+	case *enginepb.RegisterRequest_SharedMemory:
+		return m.SharedMemory.GetFdToken()
+	case *enginepb.RegisterRequest_CudaFd:
+		return m.CudaFd.GetFdToken()
+	}
+	return ""
+}
 
 func memSize(req *enginepb.RegisterRequest) uint64 {
 	switch m := req.GetMemory().(type) {

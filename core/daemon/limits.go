@@ -310,7 +310,10 @@ func (d *Daemon) checkLookup(ctx context.Context, name string, r connector.Reque
 	if err := d.sec.limits.checkRequest("lookup", r.ID, len(r.Tokens), e.layout.TokensPerBlock, len(e.layout.Groups)*(world+1)); err != nil {
 		return err
 	}
-	return d.sec.limits.checkTracked("lookup", e, r.ID, len(r.Tokens), true)
+	if err := d.sec.limits.checkTracked("lookup", e, r.ID, len(r.Tokens), true); err != nil {
+		return err
+	}
+	return d.checkBudget("lookup", e, r.ID, len(r.Tokens))
 }
 
 // checkTracked refuses a call that would make the engine's scheduler hold more requests or

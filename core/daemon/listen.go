@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -56,6 +57,13 @@ type guardedListener struct {
 
 	closeOnce sync.Once
 	closed    chan struct{}
+
+	// evict is set on HTTP listeners (see evictIdleHTTP): at the cap, the connection idle the
+	// longest is closed to admit the new one, so idle keep-alive connections cannot lock out
+	// health probes.
+	evict bool
+	mu    sync.Mutex
+	conns map[*guardedConn]struct{}
 }
 
 // listenerCounts are what a listener refused, for the logs and the tests.
@@ -63,6 +71,7 @@ type listenerCounts struct {
 	overCap     atomic.Int64
 	refusedPeer atomic.Int64
 	acceptErrs  atomic.Int64
+	evictedIdle atomic.Int64
 }
 
 func newGuardedListener(l net.Listener, name string, max int, check func(net.Conn) error, log *slog.Logger) *guardedListener {
@@ -90,7 +99,11 @@ func (g *guardedListener) Accept() (net.Conn, error) {
 			continue
 		}
 		retry.Reset()
-		if g.open.Add(1) > g.max {
+		// Closing an evicted connection gives its slot back (Accept is never run concurrently).
+		if g.open.Add(1) > g.max && g.evictIdle() {
+			g.counts.evictedIdle.Add(1)
+		}
+		if g.open.Load() > g.max {
 			g.open.Add(-1)
 			g.counts.overCap.Add(1)
 			g.log.Warn("connection refused: listener at its cap", "listener", g.name, "max_conns", g.max)
@@ -106,8 +119,65 @@ func (g *guardedListener) Accept() (net.Conn, error) {
 				continue
 			}
 		}
-		return &guardedConn{Conn: c, release: func() { g.open.Add(-1) }}, nil
+		gc := &guardedConn{Conn: c}
+		gc.idleSince.Store(time.Now().UnixNano())
+		if !g.evict {
+			gc.release = func() { g.open.Add(-1) }
+			return gc, nil
+		}
+		gc.release = func() {
+			g.mu.Lock()
+			delete(g.conns, gc)
+			g.mu.Unlock()
+			g.open.Add(-1)
+		}
+		g.mu.Lock()
+		g.conns[gc] = struct{}{}
+		g.mu.Unlock()
+		return gc, nil
 	}
+}
+
+// evictIdleHTTP makes g an HTTP listener whose idle connections give way to new ones at the cap:
+// hs reports each connection's state to it. Call it before hs serves g.
+func (g *guardedListener) evictIdleHTTP(hs *http.Server) {
+	g.mu.Lock()
+	g.evict, g.conns = true, map[*guardedConn]struct{}{}
+	g.mu.Unlock()
+	hs.ConnState = func(c net.Conn, st http.ConnState) {
+		gc, ok := c.(*guardedConn)
+		if !ok {
+			return
+		}
+		switch st {
+		case http.StateNew, http.StateIdle:
+			gc.idleSince.Store(time.Now().UnixNano())
+		case http.StateActive:
+			gc.idleSince.Store(0)
+		}
+	}
+}
+
+// evictIdle closes the connection of g idle the longest (a keep-alive connection between
+// requests, or one that has sent nothing yet); false when none is idle.
+func (g *guardedListener) evictIdle() bool {
+	if !g.evict {
+		return false
+	}
+	var oldest *guardedConn
+	var at int64
+	g.mu.Lock()
+	for c := range g.conns {
+		if t := c.idleSince.Load(); t != 0 && (oldest == nil || t < at) {
+			oldest, at = c, t
+		}
+	}
+	g.mu.Unlock()
+	if oldest == nil {
+		return false
+	}
+	_ = oldest.Close()
+	return true
 }
 
 // Close closes the listener and ends any backoff in progress.
@@ -136,6 +206,9 @@ type guardedConn struct {
 	net.Conn
 	once    sync.Once
 	release func()
+	// idleSince is when an HTTP connection became idle (unix nanoseconds), 0 while it serves a
+	// request.
+	idleSince atomic.Int64
 }
 
 func (c *guardedConn) Close() error {

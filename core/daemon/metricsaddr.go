@@ -69,6 +69,9 @@ func (d *Daemon) serveMetricsListener(ln net.Listener, wg *sync.WaitGroup, errc 
 		MaxHeaderBytes:    AdminMaxHeaderBytes,
 		ErrorLog:          slogErrorLog(d.log),
 	}
+	if g, ok := ln.(*guardedListener); ok {
+		g.evictIdleHTTP(hs)
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()

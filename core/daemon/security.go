@@ -23,6 +23,7 @@ type security struct {
 	leases   *tokenBucket // nil when /query_key grants no lease
 	agg      *aggregator
 	limits   Limits
+	budget   trackedBudget
 
 	mu        sync.Mutex
 	listeners map[string]*guardedListener
@@ -53,6 +54,10 @@ func newSecurity(cfg *Config) (*security, error) {
 	}
 	s.limits = cfg.Limits.withDefaults()
 	if err := s.limits.validate(); err != nil {
+		return s, err
+	}
+	var err error
+	if s.budget, err = newTrackedBudget(cfg.MaxTrackedTokens, systemAvailable); err != nil {
 		return s, err
 	}
 	interval := cfg.FaultLogInterval

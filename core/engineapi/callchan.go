@@ -38,6 +38,7 @@ type CallChannels struct {
 	cc     grpc.ClientConnInterface
 	rpc    enginepb.EngineClient
 	fdPath string
+	trust  DaemonTrust // whom descriptors may go to; set by Client.UseCallChannels
 	max    int
 
 	ids atomic.Uint64
@@ -217,7 +218,7 @@ func (p *CallChannels) dial(ctx context.Context) (*callConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("call channel socket pair: %w", err)
 	}
-	tok, err := SendFD(ctx, p.fdPath, fds[1])
+	tok, err := SendFDTrust(ctx, p.fdPath, fds[1], p.trust)
 	_ = unix.Close(fds[1])
 	if err != nil {
 		_ = unix.Close(fds[0])

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -23,13 +24,42 @@ type Client struct {
 	conn   *grpc.ClientConn
 	socket string
 
+	trust DaemonTrust
+
 	mu     sync.Mutex
 	arenas []*PromptArena // prompt arenas RemoteRanks over this client made; closed with it
 	chans  *CallChannels  // set by UseCallChannels
 }
 
+// DefaultCallTimeout is the deadline a client call gets when its context has none, so that a
+// daemon that accepts the connection and never answers fails the call instead of hanging it.
+// No call of the engine API waits for longer than this on a healthy daemon.
+const DefaultCallTimeout = 60 * time.Second
+
+// callTimeout is DefaultCallTimeout; tests shorten it.
+var callTimeout = DefaultCallTimeout
+
+// deadlineConn gives every unary call without a deadline one of callTimeout.
+type deadlineConn struct{ grpc.ClientConnInterface }
+
+func (d deadlineConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+	}
+	return d.ClientConnInterface.Invoke(ctx, method, args, reply, opts...)
+}
+
+// TrustDaemonUID makes the client accept uid, besides its own and root, as the owner of the
+// daemon's socket directory and of the listener its descriptors go to: for a daemon that runs as
+// another user and admits this engine through --engine-group. Call it before the first call.
+func (c *Client) TrustDaemonUID(uid int) { c.trust.DaemonUID = uid }
+
 // Dial connects to the daemon's engine socket at path. It does not wait for the daemon: the
-// first call fails with codes.Unavailable when nothing listens there.
+// first call fails with codes.Unavailable when nothing listens there. A call whose context has
+// no deadline gets DefaultCallTimeout. Descriptors go only to a daemon the client trusts (see
+// SendFDTrust and TrustDaemonUID).
 func Dial(path string, opts ...grpc.DialOption) (*Client, error) {
 	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
 		var d net.Dialer
@@ -44,7 +74,7 @@ func Dial(path string, opts ...grpc.DialOption) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine socket %s: %w", path, err)
 	}
-	return &Client{EngineClient: enginepb.NewEngineClient(conn), conn: conn, socket: path}, nil
+	return &Client{EngineClient: enginepb.NewEngineClient(deadlineConn{conn}), conn: conn, socket: path}, nil
 }
 
 // UseCallChannels makes the client's calls go over call channels of its connection (see
@@ -52,7 +82,8 @@ func Dial(path string, opts ...grpc.DialOption) (*Client, error) {
 // channel before it returns, so a daemon that cannot open one is an error here and the client
 // keeps calling over gRPC. Call it before the client is shared: it replaces EngineClient.
 func (c *Client) UseCallChannels(ctx context.Context, max int) error {
-	p := NewCallChannels(c.conn, FDSocketPath(c.socket), max)
+	p := NewCallChannels(deadlineConn{c.conn}, FDSocketPath(c.socket), max)
+	p.trust = c.trust
 	if err := p.Open(ctx); err != nil {
 		_ = p.Close()
 		return fmt.Errorf("call channels: %w", err)
@@ -64,7 +95,7 @@ func (c *Client) UseCallChannels(ctx context.Context, max int) error {
 	if old != nil {
 		_ = old.Close()
 	}
-	c.EngineClient = enginepb.NewEngineClient(p)
+	c.EngineClient = enginepb.NewEngineClient(deadlineConn{p})
 	return nil
 }
 
@@ -103,7 +134,7 @@ func (c *Client) adopt(a *PromptArena) {
 // registers it as the prompt arena of engine, a rank registered over this client. Lookups of
 // that rank may then name their prompt as a range of the arena (Request.tokens_arena).
 func (c *Client) RegisterPromptArena(ctx context.Context, engine string, arena *PromptArena) error {
-	tok, err := SendFD(ctx, FDSocketPath(c.socket), arena.FD())
+	tok, err := SendFDTrust(ctx, FDSocketPath(c.socket), arena.FD(), c.trust)
 	if err != nil {
 		return err
 	}
@@ -118,7 +149,7 @@ func (c *Client) Socket() string { return c.socket }
 // to the daemon over the descriptor side channel and registers the engine rank with it. The
 // daemon gets its own copy of the descriptor; memFD stays the caller's.
 func (c *Client) RegisterSharedMemory(ctx context.Context, req *enginepb.RegisterRequest, memFD int, size uint64) (*enginepb.RegisterResponse, error) {
-	tok, err := SendFD(ctx, FDSocketPath(c.socket), memFD)
+	tok, err := SendFDTrust(ctx, FDSocketPath(c.socket), memFD, c.trust)
 	if err != nil {
 		return nil, err
 	}
@@ -129,7 +160,7 @@ func (c *Client) RegisterSharedMemory(ctx context.Context, req *enginepb.Registe
 // RegisterCUDAFD is RegisterSharedMemory for a CUDA virtual-memory allocation exported as a file
 // descriptor.
 func (c *Client) RegisterCUDAFD(ctx context.Context, req *enginepb.RegisterRequest, memFD int, size uint64, device int32) (*enginepb.RegisterResponse, error) {
-	tok, err := SendFD(ctx, FDSocketPath(c.socket), memFD)
+	tok, err := SendFDTrust(ctx, FDSocketPath(c.socket), memFD, c.trust)
 	if err != nil {
 		return nil, err
 	}

@@ -25,9 +25,14 @@ const (
 	// DefaultMaxHeldFDsPerPeer caps the unclaimed descriptors of one sending process, so one
 	// process cannot fill the registry and make every other engine's Register fail.
 	DefaultMaxHeldFDsPerPeer = 16
+	// DefaultMaxHeldFDsPerUID caps the unclaimed descriptors of all processes of one uid, so
+	// that many short-lived processes of one user cannot fill the registry either.
+	DefaultMaxHeldFDsPerUID = 64
 	// DefaultHeldFDTTL is how long an unclaimed descriptor is kept. An engine registers right
 	// after sending its descriptor; a token older than this is abandoned.
 	DefaultHeldFDTTL = 30 * time.Second
+	// SendFDTimeout bounds SendFD's exchange when its context has no deadline.
+	SendFDTimeout = 10 * time.Second
 	// fdHandshakeTimeout bounds one side-channel connection.
 	fdHandshakeTimeout = 10 * time.Second
 )
@@ -36,6 +41,7 @@ const (
 type FDRegistryOptions struct {
 	MaxHeld        int
 	MaxHeldPerPeer int
+	MaxHeldPerUID  int
 	TTL            time.Duration
 }
 
@@ -54,6 +60,7 @@ type heldFD struct {
 	file *os.File
 	at   time.Time
 	peer int32 // the sender's pid, 0 when unknown
+	uid  int64 // the sender's uid, -1 when unknown
 }
 
 // NewFDRegistry returns an empty registry with the default bounds.
@@ -66,6 +73,9 @@ func NewFDRegistryWith(opts FDRegistryOptions) *FDRegistry {
 	}
 	if opts.MaxHeldPerPeer <= 0 {
 		opts.MaxHeldPerPeer = DefaultMaxHeldFDsPerPeer
+	}
+	if opts.MaxHeldPerUID <= 0 {
+		opts.MaxHeldPerUID = DefaultMaxHeldFDsPerUID
 	}
 	if opts.TTL <= 0 {
 		opts.TTL = DefaultHeldFDTTL
@@ -142,10 +152,11 @@ func (r *FDRegistry) handle(c net.Conn) {
 		return
 	}
 	var pid int32
+	uid := int64(-1)
 	if raw, err := uc.SyscallConn(); err == nil {
 		_ = raw.Control(func(fd uintptr) {
 			if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
-				pid = cred.Pid
+				pid, uid = cred.Pid, int64(cred.Uid)
 			}
 		})
 	}
@@ -154,7 +165,7 @@ func (r *FDRegistry) handle(c net.Conn) {
 		_, _ = c.Write([]byte("error: " + err.Error()))
 		return
 	}
-	tok, err := r.put(f, pid)
+	tok, err := r.put(f, pid, uid)
 	if err != nil {
 		_ = f.Close()
 		_, _ = c.Write([]byte("error: " + err.Error()))
@@ -163,7 +174,7 @@ func (r *FDRegistry) handle(c net.Conn) {
 	_, _ = c.Write([]byte(tok))
 }
 
-func (r *FDRegistry) put(f *os.File, peer int32) (string, error) {
+func (r *FDRegistry) put(f *os.File, peer int32, uid int64) (string, error) {
 	var b [TokenSize]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return "", err
@@ -175,18 +186,22 @@ func (r *FDRegistry) put(f *os.File, peer int32) (string, error) {
 	if len(r.held) >= r.opts.MaxHeld {
 		return "", fmt.Errorf("too many unclaimed descriptors (%d); they expire after %v", r.opts.MaxHeld, r.opts.TTL)
 	}
-	if peer != 0 {
-		n := 0
-		for _, h := range r.held {
-			if h.peer == peer {
-				n++
-			}
+	byPeer, byUID := 0, 0
+	for _, h := range r.held {
+		if peer != 0 && h.peer == peer {
+			byPeer++
 		}
-		if n >= r.opts.MaxHeldPerPeer {
-			return "", fmt.Errorf("process %d holds %d unclaimed descriptors, the most one process may; register with them or wait %v for them to expire", peer, n, r.opts.TTL)
+		if uid >= 0 && h.uid == uid {
+			byUID++
 		}
 	}
-	r.held[tok] = heldFD{file: f, at: r.now(), peer: peer}
+	if byPeer >= r.opts.MaxHeldPerPeer {
+		return "", fmt.Errorf("process %d holds %d unclaimed descriptors, the most one process may; register with them or wait %v for them to expire", peer, byPeer, r.opts.TTL)
+	}
+	if byUID >= r.opts.MaxHeldPerUID {
+		return "", fmt.Errorf("the processes of uid %d hold %d unclaimed descriptors, the most one uid may; register with them or wait %v for them to expire", uid, byUID, r.opts.TTL)
+	}
+	r.held[tok] = heldFD{file: f, at: r.now(), peer: peer, uid: uid}
 	return tok, nil
 }
 
@@ -214,6 +229,18 @@ func (r *FDRegistry) Claim(token string) (*os.File, error) {
 	}
 	delete(r.held, token)
 	return h.file, nil
+}
+
+// Release closes the descriptor stored under token, if any: the call that named it was refused,
+// and its slot is free at once instead of after the TTL.
+func (r *FDRegistry) Release(token string) {
+	r.mu.Lock()
+	h, ok := r.held[token]
+	delete(r.held, token)
+	r.mu.Unlock()
+	if ok {
+		_ = h.file.Close()
+	}
 }
 
 // Close releases every unclaimed descriptor.
@@ -256,8 +283,25 @@ func recvFD(c *net.UnixConn) (*os.File, error) {
 }
 
 // SendFD sends a copy of descriptor fd to the daemon's side channel at path and returns the
-// token that names it in Register. fd stays the caller's.
+// token that names it in Register. fd stays the caller's. It is SendFDTrust with the engine's
+// own uid (and root) as the only daemon it trusts.
 func SendFD(ctx context.Context, path string, fd int) (string, error) {
+	return SendFDTrust(ctx, path, fd, DaemonTrust{})
+}
+
+// SendFDTrust is SendFD for a daemon trusted as t says. Before anything is sent it checks the
+// socket's directory and file (checkDaemonPath) and the listener's SO_PEERCRED uid, and refuses
+// with ErrUntrustedDaemon what another user could have planted. Without a deadline in ctx the
+// exchange is bounded by SendFDTimeout, so a listener that accepts and never answers fails it.
+func SendFDTrust(ctx context.Context, path string, fd int, t DaemonTrust) (string, error) {
+	if err := checkDaemonPath(path, t); err != nil {
+		return "", err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, SendFDTimeout)
+		defer cancel()
+	}
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
@@ -265,9 +309,13 @@ func SendFD(ctx context.Context, path string, fd int) (string, error) {
 	}
 	defer conn.Close()
 	uc := conn.(*net.UnixConn)
-	if dl, ok := ctx.Deadline(); ok {
-		_ = uc.SetDeadline(dl)
+	if err := checkDaemonPeer(uc, path, t); err != nil {
+		return "", err
 	}
+	dl, _ := ctx.Deadline()
+	_ = uc.SetDeadline(dl)
+	stop := context.AfterFunc(ctx, func() { _ = uc.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
 	rights := unix.UnixRights(fd)
 	if _, _, err := uc.WriteMsgUnix([]byte{0}, rights, nil); err != nil {
 		return "", fmt.Errorf("send descriptor: %w", err)
@@ -275,6 +323,9 @@ func SendFD(ctx context.Context, path string, fd int) (string, error) {
 	reply := make([]byte, 256)
 	n, err := uc.Read(reply)
 	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return "", fmt.Errorf("descriptor channel %s accepted the descriptor but did not answer in time (is kvctl serve hung, or is something else listening there?): %w", path, context.DeadlineExceeded)
+		}
 		return "", fmt.Errorf("descriptor channel reply: %w", err)
 	}
 	s := string(reply[:n])

@@ -107,7 +107,7 @@ func TestPeerCredentials(t *testing.T) {
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("a call from another uid: %v, want Unavailable (connection refused)", err)
 	}
-	if _, err := engineapi.SendFD(ctx, engineapi.FDSocketPath(p.socket), 0); err == nil {
+	if _, err := rawSendFD(ctx, engineapi.FDSocketPath(p.socket), 0); err == nil {
 		t.Error("the side channel took a descriptor from another uid")
 	}
 	waitLog(t, p, "is not the daemon's uid")

@@ -37,6 +37,16 @@ func runRole(role string) int {
 			fmt.Printf("after=%d refused_after=%d\n", ok2, refused2)
 		}
 		return 0
+	case "flood-keepalive":
+		// Open COUNT HTTP keep-alive connections to ADDR, make one request on each, and keep
+		// them idle for DURATION, refreshing each with a request every REFRESH.
+		refresh, _ := time.ParseDuration(env("REFRESH"))
+		opened, failed := floodKeepAlive(env("ADDR"), count, dur, refresh)
+		fmt.Printf("opened=%d failed=%d\n", opened, failed)
+		return 0
+	case "plant":
+		// Listen on SOCKET (and SOCKET.fd) for DURATION as a planted daemon would; see plant.
+		return plant(env("DIR"), env("SOCKET"), dur)
 	case "query-loop":
 		// GET URL in a loop for DURATION.
 		codes := map[int]int{}
@@ -88,7 +98,7 @@ func floodFDs(path string, count int) (sent, refused int, first string) {
 	defer unix.Close(fd)
 	for range count {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err := engineapi.SendFD(ctx, path, fd)
+		_, err := rawSendFD(ctx, path, fd)
 		cancel()
 		if err != nil {
 			refused++
@@ -108,4 +118,31 @@ func raiseOwnLimit() {
 		rl.Cur = rl.Max
 		_ = unix.Setrlimit(unix.RLIMIT_NOFILE, &rl)
 	}
+}
+
+// rawSendFD sends a descriptor to the side channel at path the way an attacker's own code
+// would: without the checks engineapi.SendFD makes of whom it sends to.
+func rawSendFD(ctx context.Context, path string, fd int) (string, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	uc := c.(*net.UnixConn)
+	if dl, ok := ctx.Deadline(); ok {
+		_ = uc.SetDeadline(dl)
+	}
+	if _, _, err := uc.WriteMsgUnix([]byte{0}, unix.UnixRights(fd), nil); err != nil {
+		return "", err
+	}
+	reply := make([]byte, 256)
+	n, err := uc.Read(reply)
+	if err != nil {
+		return "", err
+	}
+	if s := string(reply[:n]); len(s) != 2*engineapi.TokenSize {
+		return "", fmt.Errorf("descriptor channel: %s", s)
+	}
+	return string(reply[:n]), nil
 }
