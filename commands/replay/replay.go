@@ -99,7 +99,8 @@ Keys:
 --set scheduler=true runs each rank's scheduling passes over its KV cache instead of serving
 every request at once: a token budget (max_num_tokens) and request slots (max_batch_size) per
 pass, chunked prefill, one token per generation request per pass, admissions in arrival order
-with completion reservations (completion_reservation), connector queries at admission
+with completion reservations (completion_reservation; only on a disaggregated server,
+server=context or server=generation, as in TensorRT-LLM), connector queries at admission
 (admission_query) with deferrals (max_offer_deferrals), asynchronous loads (async_load) and
 uncharged parks (max_uncharged_parks). A request that finds no page preempts the most recently
 admitted one. The table gains ADMITTED, DEFERRED, WAITED, RESERVED_PEAK and PREEMPTED; the JSON
