@@ -534,9 +534,10 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, req *request, fa
 			return
 		}
 	}
+	// Counted before the last event, so that a client that has its answer sees it counted.
+	s.served(id)
 	_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	_ = rc.Flush()
-	s.served(id)
 }
 
 // cut ends the answer without a chunk: at once (closing the connection), or, for
