@@ -55,6 +55,7 @@ type Options struct {
 	Speed   float64
 	// NoCallChannels keeps the live engines' calls on gRPC instead of call channels.
 	NoCallChannels bool
+	Admin          string
 
 	OutputFormat string
 }
@@ -191,6 +192,7 @@ plotting elsewhere. A progress bar goes to standard error when it is a terminal.
 	fl.StringVar(&opts.Pace, "pace", PaceTrace, "live mode: trace (arrival times, scaled by --speed) or max")
 	fl.Float64Var(&opts.Speed, "speed", 1, "live mode: arrival time speed-up under --pace trace")
 	fl.BoolVar(&opts.NoCallChannels, "no-call-channels", false, "live mode: make the engines' calls over gRPC instead of call channels")
+	fl.StringVar(&opts.Admin, "admin", "127.0.0.1:9480", "live mode: the kvctl serve admin address the pool-aware router asks which keys the pool holds")
 	_ = cmd.RegisterFlagCompletionFunc("format", cobra.FixedCompletions([]string{replay.FormatAuto, replay.FormatMooncake, replay.FormatTokens}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("router", cobra.FixedCompletions(router.Policies, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("pace", cobra.FixedCompletions([]string{PaceTrace, PaceMax}, cobra.ShellCompDirectiveNoFileComp))

@@ -480,7 +480,9 @@ func (p *Proxy) send(ctx context.Context, up *upstream, path string, payload []b
 
 // fail answers a request that failed before any of its response went out.
 func (p *Proxy) fail(w http.ResponseWriter, r *http.Request, ep string, anthropic bool, e *LegError) {
-	if errors.Is(e.Err, errClientGone) || r.Context().Err() != nil {
+	// A body that timed out cancels the request's context too, but its client is still there
+	// to read the 408.
+	if errors.Is(e.Err, errClientGone) || r.Context().Err() != nil && e.Status != http.StatusRequestTimeout {
 		p.m.disconnects.WithLabelValues(ep).Inc()
 		return
 	}
