@@ -212,6 +212,10 @@ func TestNonStreamedLegGetsTheFirstChunkTimeout(t *testing.T) {
 	if n := metric(t, s.URL, `kvctl_disagg_timeouts_total{kind="kv_transfer",leg="generation"}`); n != 1 {
 		t.Fatalf("kv_transfer timeouts %v", n)
 	}
+	// The timed-out request's reservation on its generation server is released with the error.
+	if n := metric(t, s.URL, `kvctl_disagg_legs_in_flight{role="generation",server="`+s.Gen[0].Addr+`"}`); n != 0 {
+		t.Fatalf("%v generation legs still held after the timeout", n)
+	}
 
 	for _, tc := range []struct {
 		ep   string
