@@ -16,7 +16,7 @@ func runLive(ctx context.Context, opts *Options, tr *replay.Trace, p replay.Para
 		return nil, cmdutil.Unreachable(fmt.Errorf("no kvctl serve is listening on %s: start `kvctl serve` or pass --target with its socket", opts.Target))
 	}
 	lo := replay.LiveOptions{Socket: opts.Target, Engines: opts.Engines, AsFastAsPossible: opts.Pace == PaceMax, Speed: opts.Speed,
-		NoCallChannels: opts.NoCallChannels}
+		NoCallChannels: opts.NoCallChannels, Admin: opts.Admin}
 	rep, err := replay.Live(ctx, tr, p, c, lo)
 	if errors.Is(err, replay.ErrUnreachable) {
 		return nil, cmdutil.Unreachable(err)

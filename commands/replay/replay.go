@@ -55,6 +55,7 @@ type Options struct {
 	Speed   float64
 	// NoCallChannels keeps the live engines' calls on gRPC instead of call channels.
 	NoCallChannels bool
+	Admin          string
 
 	OutputFormat string
 }
@@ -99,7 +100,8 @@ Keys:
 --set scheduler=true runs each rank's scheduling passes over its KV cache instead of serving
 every request at once: a token budget (max_num_tokens) and request slots (max_batch_size) per
 pass, chunked prefill, one token per generation request per pass, admissions in arrival order
-with completion reservations (completion_reservation), connector queries at admission
+with completion reservations (completion_reservation; only on a disaggregated server,
+server=context or server=generation, as in TensorRT-LLM), connector queries at admission
 (admission_query) with deferrals (max_offer_deferrals), asynchronous loads (async_load) and
 uncharged parks (max_uncharged_parks). A request that finds no page preempts the most recently
 admitted one. The table gains ADMITTED, DEFERRED, WAITED, RESERVED_PEAK and PREEMPTED; the JSON
@@ -190,6 +192,7 @@ plotting elsewhere. A progress bar goes to standard error when it is a terminal.
 	fl.StringVar(&opts.Pace, "pace", PaceTrace, "live mode: trace (arrival times, scaled by --speed) or max")
 	fl.Float64Var(&opts.Speed, "speed", 1, "live mode: arrival time speed-up under --pace trace")
 	fl.BoolVar(&opts.NoCallChannels, "no-call-channels", false, "live mode: make the engines' calls over gRPC instead of call channels")
+	fl.StringVar(&opts.Admin, "admin", "127.0.0.1:9480", "live mode: the kvctl serve admin address the pool-aware router asks which keys the pool holds")
 	_ = cmd.RegisterFlagCompletionFunc("format", cobra.FixedCompletions([]string{replay.FormatAuto, replay.FormatMooncake, replay.FormatTokens}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("router", cobra.FixedCompletions(router.Policies, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("pace", cobra.FixedCompletions([]string{PaceTrace, PaceMax}, cobra.ShellCompDirectiveNoFileComp))

@@ -130,7 +130,7 @@ func TestSchedulerModelReport(t *testing.T) {
 			PoolSize: "unlimited", Ranks: 1, Router: "work-aware", GPU: 256, TokensPerBlock: 16, PageSize: "64MiB",
 			SimPageSize: 64, LoadBandwidth: "25GiB", SaveBandwidth: "25GiB", PrefillRate: 50000, DecodeRate: 50,
 			Seed: 1, Pace: PaceTrace, Engines: 1, Speed: 1, OutputFormat: format,
-			Sets: []string{"scheduler=true", "completion_reservation=false,true"}}, out
+			Sets: []string{"scheduler=true", "server=generation", "completion_reservation=false,true"}}, out
 	}
 	o, out := base(cmdutil.FormatTable)
 	if err := runReplay(context.Background(), o); err != nil {

@@ -48,6 +48,34 @@ type DisaggConfig struct {
 	RequestTimeoutS int64 `json:"request_timeout_s"`
 	// MaxRequestBytes bounds a client's request body (kvctl's max_request_bytes, default 32 MiB).
 	MaxRequestBytes int64 `json:"max_request_bytes"`
+	// Limits are kvctl's bounds on what clients may make the front hold.
+	Limits DisaggLimits `json:"limits"`
+}
+
+// DisaggLimits bound what clients may make the disaggregated front hold (kvctl's own keys).
+type DisaggLimits struct {
+	// MaxPromptTokens bounds a token-id prompt (max_prompt_tokens, default 1,048,576).
+	MaxPromptTokens int64 `json:"max_prompt_tokens"`
+	// MaxInflightRequests bounds the requests served at once; past it a request gets 429
+	// (max_inflight_requests, default 1024).
+	MaxInflightRequests int64 `json:"max_inflight_requests"`
+	// MaxInflightBytes bounds the request bodies held at once; past it a request gets 429
+	// (max_inflight_bytes, default 512 MiB).
+	MaxInflightBytes int64 `json:"max_inflight_bytes"`
+	// BodyReadTimeoutS bounds reading one request body (body_read_timeout_s, default 30).
+	BodyReadTimeoutS int64 `json:"body_read_timeout_s"`
+	// MaxConnections caps the client connections open at once (max_connections, default
+	// 4096, lowered to fit the process's descriptor limit).
+	MaxConnections int64 `json:"max_connections"`
+	// MaxConnectionsPerPeer is one client address's share of them (max_connections_per_peer,
+	// default 256).
+	MaxConnectionsPerPeer int64 `json:"max_connections_per_peer"`
+}
+
+// DefaultDisaggLimits are the front's bounds when the config leaves them out.
+func DefaultDisaggLimits() DisaggLimits {
+	return DisaggLimits{MaxPromptTokens: 1 << 20, MaxInflightRequests: 1024, MaxInflightBytes: 512 << 20,
+		BodyReadTimeoutS: 30, MaxConnections: 4096, MaxConnectionsPerPeer: 256}
 }
 
 // DisaggServers is context_servers or generation_servers.
@@ -94,11 +122,12 @@ var disaggTopKeys = []string{"hostname", "port", "max_retries", "perf_metrics_ma
 	"disagg_cluster", "node_id", "schedule_style", "allow_request_chat_template", "gen_strip_message_history",
 	"gen_tokids_ctxbytes", "num_workers", "disagg_coordinator_url",
 	// kvctl's own proxy keys
-	pDisaggKV, "request_timeout_s", "max_request_bytes"}
+	pDisaggKV, "request_timeout_s", "max_request_bytes", "max_prompt_tokens", "max_inflight_requests",
+	"max_inflight_bytes", "body_read_timeout_s", "max_connections", "max_connections_per_peer"}
 
 func decodeDisagg(d *dec, root *node) *DisaggConfig {
 	c := &DisaggConfig{Hostname: "localhost", Port: 8000, MaxRetries: 1, RequestTimeoutS: DefaultDisaggRequestTimeoutS,
-		MaxRequestBytes: 32 << 20, KVTransferTimeoutMs: DefaultKVTransferTimeoutMs}
+		MaxRequestBytes: 32 << 20, KVTransferTimeoutMs: DefaultKVTransferTimeoutMs, Limits: DefaultDisaggLimits()}
 	o := d.object(root, "")
 	o.str("hostname", &c.Hostname, false)
 	if v, n, ok := o.intv("port", intExact); ok {
@@ -134,6 +163,26 @@ func decodeDisagg(d *dec, root *node) *DisaggConfig {
 			o.errAt(n, "max_request_bytes", fmt.Sprintf("must be within 1024..%d, found %d", 1<<30, v), "")
 		} else {
 			c.MaxRequestBytes = v
+		}
+	}
+	for _, l := range []struct {
+		key      string
+		dst      *int64
+		min, max int64
+	}{
+		{"max_prompt_tokens", &c.Limits.MaxPromptTokens, 1, 1 << 27},
+		{"max_inflight_requests", &c.Limits.MaxInflightRequests, 1, 1 << 20},
+		{"max_inflight_bytes", &c.Limits.MaxInflightBytes, 1 << 20, 1 << 40},
+		{"body_read_timeout_s", &c.Limits.BodyReadTimeoutS, 1, 3600},
+		{"max_connections", &c.Limits.MaxConnections, 1, 1 << 20},
+		{"max_connections_per_peer", &c.Limits.MaxConnectionsPerPeer, 1, 1 << 20},
+	} {
+		if v, n, ok := o.intv(l.key, intExact); ok {
+			if v < l.min || v > l.max {
+				o.errAt(n, l.key, fmt.Sprintf("must be within %d..%d, found %d", l.min, l.max, v), "")
+			} else {
+				*l.dst = v
+			}
 		}
 	}
 	var style string

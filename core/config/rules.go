@@ -314,16 +314,17 @@ func (t *TRTLLMConfig) connectorName() string {
 	return "mooncake_store"
 }
 
-// Seed commits 4 and 11: mooncake_store's worker declares reports_failed_loads for every role
-// that loads, and the manager refuses that declaration together with prefix reservations,
-// whose completion protocol has no failure outcome. A capacity role's declaration is masked.
+// Seed commits 4 and 11: mooncake_store's worker declares reports_failed_loads whatever its
+// role ("the worker now declares reports_failed_loads"), the manager masks only a capacity
+// role's declaration, and it refuses the declaration together with prefix reservations, whose
+// completion protocol has no failure outcome. A producer therefore is refused too.
 func (t *TRTLLMConfig) ruleFailedLoads(d *dec, env ruleEnv) {
-	if !env.role.Loads() || !t.PrefixAwareScheduling {
+	if !env.role.Transfers() || !t.PrefixAwareScheduling {
 		return
 	}
 	d.atFirst(SeverityError, "scheduler_config.enable_prefix_aware_scheduling",
 		t.connectorName()+" role "+string(env.role)+" declares reports_failed_loads, which is refused together with prefix reservations: their completion protocol has no failure outcome",
-		"turn enable_prefix_aware_scheduling off, or use role producer or capacity", "scheduler_config")
+		"turn enable_prefix_aware_scheduling off, or use role capacity", "scheduler_config")
 }
 
 // Seed commit 12: aggregated serving under attention DP is not supported yet. When the

@@ -1,18 +1,19 @@
 package connector
 
 import (
+	"bytes"
 	"context"
-	"errors"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
-
-	"github.com/kvctl/kvctl/core/kvmem"
 )
 
 // Seed commit 17: staging_buffer_bytes is the pinned memory per direction that the node budget
 // counts. With asynchronous loads each load worker gets an even share of the load direction and
 // no synchronous load pool is pinned, so the staging a worker really makes never exceeds the
-// counted amount, above the old 1 GiB ceiling too; a share below one page is refused.
+// counted amount, above the old 1 GiB ceiling too; a share below one page gets one slot and a
+// warning.
 func TestPinnedStagingEqualsTheCountedBudget(t *testing.T) {
 	l := testLayout(16)
 	slot := int64(l.MaxValueSize())
@@ -70,14 +71,44 @@ func TestPinnedStagingEqualsTheCountedBudget(t *testing.T) {
 			}
 		})
 	}
+	// A share below one page registers with one slot per pool and a warning (seed commit 17,
+	// staging.py's max(1, …)), rather than being refused.
+	var mu sync.Mutex
+	var made []*hostStaging
+	var logged bytes.Buffer
 	o := baseOptions()
 	o.StagingBufferBytes, o.AsyncLoad, o.AsyncLoadWorkers = 3*slot, true, 4
-	w, err := NewWorker(o, newMemPool(), newHostMover(l))
+	o.Logger = slog.New(slog.NewTextHandler(&syncWriter{w: &logged}, nil))
+	w, err := NewWorker(o, newMemPool(), &trackingMover{hostMover: newHostMover(l), made: &made, mu: &mu})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Close(context.Background())
-	if err := w.RegisterLayout(l); !errors.Is(err, kvmem.ErrStagingTooSmall) {
-		t.Fatalf("a share below one page = %v, want ErrStagingTooSmall", err)
+	if err := w.RegisterLayout(l); err != nil {
+		t.Fatalf("a share below one page = %v, want a warning, not a refusal", err)
 	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(made) != 5 {
+		t.Fatalf("%d staging pools, want 4 load pools and one save pool", len(made))
+	}
+	for _, s := range made[:4] {
+		if s.slots != 1 {
+			t.Fatalf("a load pool below one page has %d slots, want 1", s.slots)
+		}
+	}
+	if !strings.Contains(logged.String(), "less than one") {
+		t.Fatalf("no warning about the share below one page in %q", logged.String())
+	}
+}
+
+type syncWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }

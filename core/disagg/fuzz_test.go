@@ -81,7 +81,7 @@ func FuzzRouteInfo(f *testing.F) {
 		if completions {
 			ep = EndpointCompletions
 		}
-		ri, lerr := routeInfoOf(ep, b, http.Header{})
+		ri, lerr := routeInfoOf(ep, b, http.Header{}, 1<<20)
 		if lerr != nil {
 			if lerr.Status != http.StatusBadRequest || strings.TrimSpace(lerr.Message) == "" {
 				t.Fatalf("refusal %+v", lerr)

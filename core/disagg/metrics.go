@@ -16,6 +16,18 @@ const (
 	MetricLegsInFlight       = "kvctl_disagg_legs_in_flight"
 	MetricPoolLookups        = "kvctl_disagg_pool_lookups_total"
 	MetricLegSeconds         = "kvctl_disagg_leg_duration_seconds"
+	MetricRefused            = "kvctl_disagg_refused_total"
+	MetricBackendsUp         = "kvctl_disagg_backends_up"
+)
+
+// Refusal reasons (the reason label of MetricRefused).
+const (
+	RefusedRequests    = "requests"     // past max_inflight_requests (429)
+	RefusedBytes       = "bytes"        // past max_inflight_bytes (429)
+	RefusedBodyTimeout = "body_timeout" // body not read within body_read_timeout_s (408)
+	RefusedConnections = "connections"  // a connection past max_connections, closed
+	RefusedPeerShare   = "peer_share"   // a connection past max_connections_per_peer, closed
+	RefusedDraining    = "draining"     // a request that arrived while draining (503)
 )
 
 // Retry causes (the cause label of MetricRetries).
@@ -53,6 +65,8 @@ type metrics struct {
 	inFlight    *prometheus.GaugeVec
 	lookups     *prometheus.CounterVec
 	legSeconds  *prometheus.HistogramVec
+	overloaded  *prometheus.CounterVec
+	backendsUp  *prometheus.GaugeVec
 }
 
 func newMetrics() *metrics {
@@ -79,9 +93,16 @@ func newMetrics() *metrics {
 		legSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricLegSeconds,
 			Help:    "Time from sending a leg to its response headers (context) or first chunk (generation).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18)}, []string{"role"}),
+		overloaded: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRefused,
+			Help: "Requests and connections refused to bound what clients make the front hold, by reason."}, []string{"reason"}),
+		backendsUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricBackendsUp,
+			Help: "Upstream servers of each role whose /health answered 200 at the last probe."}, []string{"role"}),
+	}
+	for _, r := range []string{RefusedRequests, RefusedBytes, RefusedBodyTimeout, RefusedConnections, RefusedPeerShare, RefusedDraining} {
+		m.overloaded.WithLabelValues(r)
 	}
 	m.reg.MustRegister(m.requests, m.responses, m.errors, m.retries, m.firstChunk, m.timeouts, m.disconnects,
-		m.inFlight, m.lookups, m.legSeconds)
+		m.inFlight, m.lookups, m.legSeconds, m.overloaded, m.backendsUp)
 	return m
 }
 

@@ -14,19 +14,21 @@ import (
 // The metric names and labels are a contract with dashboards: pinned here, byte for byte.
 func TestMetricNamesArePinned(t *testing.T) {
 	want := []string{
+		"kvctl_disagg_backends_up",
 		"kvctl_disagg_client_disconnects_total",
 		"kvctl_disagg_errors_total",
 		"kvctl_disagg_first_chunk_failures_total",
 		"kvctl_disagg_leg_duration_seconds",
 		"kvctl_disagg_legs_in_flight",
 		"kvctl_disagg_pool_lookups_total",
+		"kvctl_disagg_refused_total",
 		"kvctl_disagg_requests_total",
 		"kvctl_disagg_responses_total",
 		"kvctl_disagg_retries_total",
 		"kvctl_disagg_timeouts_total",
 	}
-	consts := []string{disagg.MetricClientDisconnects, disagg.MetricErrors, disagg.MetricFirstChunkFailures,
-		disagg.MetricLegSeconds, disagg.MetricLegsInFlight, disagg.MetricPoolLookups, disagg.MetricRequests,
+	consts := []string{disagg.MetricBackendsUp, disagg.MetricClientDisconnects, disagg.MetricErrors, disagg.MetricFirstChunkFailures,
+		disagg.MetricLegSeconds, disagg.MetricLegsInFlight, disagg.MetricPoolLookups, disagg.MetricRefused, disagg.MetricRequests,
 		disagg.MetricResponses, disagg.MetricRetries, disagg.MetricTimeouts}
 	if !slices.Equal(consts, want) {
 		t.Fatalf("metric constants %q, want %q", consts, want)
@@ -59,6 +61,8 @@ func TestMetricNamesArePinned(t *testing.T) {
 		`kvctl_disagg_legs_in_flight{role="context",server="` + s.Ctx[0].Addr + `"} 0`,
 		`kvctl_disagg_legs_in_flight{role="generation",server="` + s.Gen[0].Addr + `"} 0`,
 		`kvctl_disagg_leg_duration_seconds_count{role="generation"} 1`,
+		`kvctl_disagg_refused_total{reason="requests"} 0`,
+		`kvctl_disagg_refused_total{reason="peer_share"} 0`,
 	} {
 		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + `$`).Match(body) {
 			t.Errorf("missing %s in\n%s", series, body)

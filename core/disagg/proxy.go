@@ -2,7 +2,6 @@ package disagg
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -25,7 +24,9 @@ const (
 	EndpointChat        = "/v1/chat/completions"
 	EndpointMessages    = "/v1/messages"
 	EndpointModels      = "/v1/models"
+	EndpointResponses   = "/v1/responses"
 	EndpointHealth      = "/health"
+	EndpointReadyz      = "/readyz"
 	EndpointMetrics     = "/metrics"
 )
 
@@ -73,6 +74,14 @@ type Proxy struct {
 	maxBody    int64
 	maxRetries int
 	backoff    time.Duration
+
+	adm         *admission
+	limits      config.DisaggLimits
+	bodyTimeout time.Duration
+	maxTokens   int
+	health      *healthProbe
+	draining    atomic.Bool
+	active      atomic.Int64 // client requests being served
 }
 
 // New builds a proxy for opts.Config. It dials nothing.
@@ -120,6 +129,20 @@ func New(opts Options) (*Proxy, error) {
 	if p.backoff <= 0 {
 		p.backoff = 100 * time.Millisecond
 	}
+	p.limits = c.Limits
+	def := config.DefaultDisaggLimits()
+	for _, l := range []struct{ v, d *int64 }{
+		{&p.limits.MaxPromptTokens, &def.MaxPromptTokens}, {&p.limits.MaxInflightRequests, &def.MaxInflightRequests},
+		{&p.limits.MaxInflightBytes, &def.MaxInflightBytes}, {&p.limits.BodyReadTimeoutS, &def.BodyReadTimeoutS},
+		{&p.limits.MaxConnections, &def.MaxConnections}, {&p.limits.MaxConnectionsPerPeer, &def.MaxConnectionsPerPeer},
+	} {
+		if *l.v <= 0 {
+			*l.v = *l.d
+		}
+	}
+	p.adm = &admission{maxReqs: p.limits.MaxInflightRequests, maxBytes: p.limits.MaxInflightBytes}
+	p.bodyTimeout = time.Duration(p.limits.BodyReadTimeoutS) * time.Second
+	p.maxTokens = int(p.limits.MaxPromptTokens)
 	node := int64(0)
 	if c.NodeID != nil {
 		node = *c.NodeID
@@ -145,6 +168,7 @@ func New(opts Options) (*Proxy, error) {
 	for _, up := range append(append([]*upstream{}, p.ctxUps...), p.genUps...) {
 		p.m.inFlight.WithLabelValues(up.role, up.addr).Set(0)
 	}
+	p.health = newHealthProbe(p)
 	return p, nil
 }
 
@@ -154,10 +178,32 @@ func (p *Proxy) Handler() http.Handler {
 	mux.HandleFunc("POST "+EndpointCompletions, func(w http.ResponseWriter, r *http.Request) { p.serveDisagg(w, r, EndpointCompletions) })
 	mux.HandleFunc("POST "+EndpointChat, func(w http.ResponseWriter, r *http.Request) { p.serveDisagg(w, r, EndpointChat) })
 	mux.HandleFunc("POST "+EndpointMessages, p.serveMessages)
+	mux.HandleFunc("POST "+EndpointResponses, p.serveResponses)
 	mux.HandleFunc("GET "+EndpointModels, p.serveModels)
 	mux.HandleFunc("GET "+EndpointHealth, p.serveHealth)
+	mux.HandleFunc("GET "+EndpointReadyz, p.serveReadyz)
 	mux.Handle("GET "+EndpointMetrics, promhttp.HandlerFor(p.m.reg, promhttp.HandlerOpts{}))
 	return mux
+}
+
+// admit counts a client request in for its whole life and refuses it with 429 past
+// max_inflight_requests, or 503 while the front drains. It returns false when the request
+// was answered.
+func (p *Proxy) admit(w http.ResponseWriter, r *http.Request, ep string, anthropic bool) (leave func(), ok bool) {
+	if p.draining.Load() {
+		p.m.overloaded.WithLabelValues(RefusedDraining).Inc()
+		w.Header().Set("Connection", "close")
+		p.fail(w, r, ep, anthropic, &LegError{Status: http.StatusServiceUnavailable, Message: "the front is shutting down", Err: ErrBadRequest})
+		return nil, false
+	}
+	if err := p.adm.enter(); err != nil {
+		p.m.overloaded.WithLabelValues(RefusedRequests).Inc()
+		w.Header().Set("Retry-After", "1")
+		p.fail(w, r, ep, anthropic, &LegError{Status: http.StatusTooManyRequests, Message: err.Error(), Err: ErrBadRequest})
+		return nil, false
+	}
+	p.active.Add(1)
+	return func() { p.active.Add(-1); p.adm.leave() }, true
 }
 
 // RunOptions are the inputs of Run besides the proxy's.
@@ -182,11 +228,20 @@ func Run(ctx context.Context, opts RunOptions) error {
 	if addr == "" {
 		addr = opts.Config.ListenAddr()
 	}
-	ln, err := net.Listen("tcp", addr)
+	raw, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("disagg: listen on %s: %w", addr, err)
 	}
-	srv := &http.Server{Handler: p.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
+	ln := newConnLimiter(raw, p.limits, func(perPeer bool) {
+		if perPeer {
+			p.m.overloaded.WithLabelValues(RefusedPeerShare).Inc()
+		} else {
+			p.m.overloaded.WithLabelValues(RefusedConnections).Inc()
+		}
+	})
+	// Idle keep-alive connections count against the caps, so they are closed sooner than the
+	// default; headers must arrive within 10s and a body within body_read_timeout_s.
+	srv := &http.Server{Handler: p.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 30 * time.Second,
 		MaxHeaderBytes: 1 << 20, ErrorLog: slog.NewLogLogger(p.log.Handler(), slog.LevelDebug)}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -202,19 +257,23 @@ func Run(ctx context.Context, opts RunOptions) error {
 	if drain <= 0 {
 		drain = 30 * time.Second
 	}
+	// Draining: /readyz turns 503 so a balancer stops sending, new requests on open connections
+	// get 503, and requests in flight run to their end within the drain timeout.
+	p.draining.Store(true)
+	inFlight := p.active.Load()
+	p.log.Info("draining the disaggregated front", "requests_in_flight", inFlight, "drain_timeout", drain)
+	start := time.Now()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drain)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
+		left := p.active.Load()
 		_ = srv.Close()
-		return fmt.Errorf("disagg: shutdown: %w", err)
+		p.log.Warn("drain timed out; closed the remaining connections", "requests_in_flight", inFlight,
+			"requests_cut", left, "waited", time.Since(start).Round(time.Millisecond))
+		return fmt.Errorf("disagg: shutdown: %d of %d requests still in flight after %s: %w", left, inFlight, drain, err)
 	}
+	p.log.Info("drained the disaggregated front", "requests_finished", inFlight, "waited", time.Since(start).Round(time.Millisecond))
 	return nil
-}
-
-func (p *Proxy) serveHealth(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]any{"status": "ok",
-		"context_servers": len(p.ctxUps), "generation_servers": len(p.genUps)})
 }
 
 // serveModels relays the first generation (then context) server that lists its models.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"mime"
 	"net/http"
 	"strconv"
@@ -19,7 +20,9 @@ type leg struct {
 	role           string
 	body           []byte
 	stream         bool
+	aggregate      bool // the client asked for no stream: the leg's stream is rebuilt into one answer
 	anthropic      bool
+	responses      bool // /v1/responses: a stream keeps its 200 and fails with an error event
 	ri             *routeInfo
 	firstChunk     time.Duration // how long a stream may take to its first chunk
 	firstChunkKind string        // the timeout kind counted when it passes
@@ -28,9 +31,15 @@ type leg struct {
 // relayLeg sends l, re-sending it (same body, so the same disagg_request_id) only when it cannot
 // have reached the server, and relays the answer. A stream's first chunk is read before any
 // header goes to the client.
+//
+// A re-send waits first, backing off with jitter (backoffFor), so that a server that is
+// restarting or dropped its listen backlog for a moment gets the next try; a wait that would
+// end past the leg's request_timeout_s deadline is not taken and the last failure is the
+// answer.
 func (p *Proxy) relayLeg(w http.ResponseWriter, r *http.Request, l leg) {
 	ctx := r.Context()
 	pick := p.genPick
+	deadline := time.Now().Add(p.reqTimeout)
 	var exclude *upstream
 	for attempt := 0; ; attempt++ {
 		res, err := pick.pick(ctx, l.ri, exclude)
@@ -38,16 +47,32 @@ func (p *Proxy) relayLeg(w http.ResponseWriter, r *http.Request, l leg) {
 			p.fail(w, r, l.ep, l.anthropic, &LegError{Role: l.role, Status: http.StatusServiceUnavailable, Message: err.Error(), Err: ErrUpstream})
 			return
 		}
-		retryCause, done := p.relayOnce(w, r, l, res.up, attempt < p.maxRetries)
+		wait := p.backoffFor(attempt)
+		mayRetry := attempt < p.maxRetries && time.Now().Add(wait).Before(deadline)
+		retryCause, done := p.relayOnce(w, r, l, res.up, mayRetry)
 		res.done()
 		if done {
 			return
 		}
 		p.m.retries.WithLabelValues(l.role, retryCause).Inc()
 		p.log.Warn("leg did not reach its server; re-sending it unchanged", "role", l.role, "server", res.up.addr,
-			"cause", retryCause, "attempt", attempt+1)
+			"cause", retryCause, "attempt", attempt+1, "after", wait)
 		exclude = res.up
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			p.m.disconnects.WithLabelValues(l.ep).Inc()
+			return
+		}
 	}
+}
+
+// backoffFor is the wait before re-send attempt+1: the retry backoff doubled per attempt (at
+// most 32 times), drawn uniformly from its upper half so that clients re-sending together
+// spread out.
+func (p *Proxy) backoffFor(attempt int) time.Duration {
+	d := p.backoff << min(attempt, 5)
+	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
 }
 
 // relayOnce runs one attempt. It returns done=false, with the cause, only when the request
@@ -67,7 +92,12 @@ func (p *Proxy) relayOnce(w http.ResponseWriter, r *http.Request, l leg, up *ups
 	defer timer.Stop()
 	start := time.Now()
 	failed := func(status int, msg string, cause error) (string, bool) {
-		p.fail(w, r, l.ep, l.anthropic, &LegError{Role: l.role, Server: up.addr, Status: status, Message: msg, Err: cause})
+		e := &LegError{Role: l.role, Server: up.addr, Status: status, Message: msg, Err: cause}
+		if l.responses && l.stream {
+			p.failResponsesStream(w, r, l.ep, e)
+			return "", true
+		}
+		p.fail(w, r, l.ep, l.anthropic, e)
 		return "", true
 	}
 	timedOut := func() (string, bool) {
@@ -118,29 +148,18 @@ func (p *Proxy) relayOnce(w http.ResponseWriter, r *http.Request, l leg, up *ups
 		return failed(resp.StatusCode, msg, ErrUpstream)
 	}
 	if !l.stream {
-		raw, err := readBounded(resp.Body, maxGenResponse)
-		if err != nil {
-			if timerFired() {
-				return timedOut()
-			}
-			if r.Context().Err() != nil {
-				return failed(499, "the client went away", errClientGone)
-			}
-			return failed(http.StatusBadGateway, "reading the answer: "+err.Error(), ErrUpstream)
-		}
-		p.m.legSeconds.WithLabelValues(l.role).Observe(time.Since(start).Seconds())
-		ct := resp.Header.Get("Content-Type")
-		if ct == "" {
-			ct = "application/json"
-		}
-		w.Header().Set("Content-Type", ct)
-		w.Header().Set("Content-Length", strconv.Itoa(len(raw)))
-		w.WriteHeader(http.StatusOK)
-		p.m.responses.WithLabelValues(l.ep).Inc()
-		_, _ = w.Write(raw)
-		return "", true
+		return p.relayJSON(w, r, l, resp, start, timerFired, timedOut, failed)
 	}
-	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "text/event-stream" {
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	if l.aggregate && mt == "application/json" {
+		// A server that ignores stream: true answers as asked in the first place.
+		l.stream, l.aggregate = false, false
+		timer.Stop()
+		timer = time.AfterFunc(p.reqTimeout, func() { cancel(errRequestTimeout) })
+		defer timer.Stop()
+		return p.relayJSON(w, r, l, resp, start, timerFired, timedOut, failed)
+	}
+	if mt != "text/event-stream" {
 		p.m.firstChunk.WithLabelValues(l.ep).Inc()
 		return failed(http.StatusBadGateway, fmt.Sprintf("answered a stream request with %q instead of text/event-stream", resp.Header.Get("Content-Type")), ErrUpstream)
 	}
@@ -166,6 +185,9 @@ func (p *Proxy) relayOnce(w http.ResponseWriter, r *http.Request, l leg, up *ups
 		return failed(http.StatusBadGateway, "the stream failed before its first chunk: "+err.Error(), ErrUpstream)
 	}
 	p.m.legSeconds.WithLabelValues(l.role).Observe(time.Since(start).Seconds())
+	if l.aggregate {
+		return p.aggregateRest(w, r, l, up, ctx, cancel, sr, data)
+	}
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
@@ -198,6 +220,8 @@ func (p *Proxy) relayOnce(w http.ResponseWriter, r *http.Request, l leg, up *ups
 			msg := fmt.Sprintf("%s server %s: the stream failed: %v", l.role, up.addr, err)
 			if l.anthropic {
 				_, _ = fmt.Fprintf(w, "event: error\ndata: %s\n\n", anthropicErrorBody(http.StatusBadGateway, msg))
+			} else if l.responses {
+				_, _ = fmt.Fprintf(w, "event: error\ndata: %s\n\n", responsesErrorEvent(http.StatusBadGateway, msg))
 			} else {
 				_, _ = fmt.Fprintf(w, "data: %s\n\n", openAIErrorBody(http.StatusBadGateway, msg))
 			}
@@ -213,10 +237,127 @@ func (p *Proxy) relayOnce(w http.ResponseWriter, r *http.Request, l leg, up *ups
 	}
 }
 
+// relayJSON relays a non-streamed answer.
+func (p *Proxy) relayJSON(w http.ResponseWriter, r *http.Request, l leg, resp *http.Response, start time.Time,
+	timerFired func() bool, timedOut func() (string, bool), failed func(int, string, error) (string, bool)) (string, bool) {
+	raw, err := readBounded(resp.Body, maxGenResponse)
+	if err != nil {
+		if timerFired() {
+			return timedOut()
+		}
+		if r.Context().Err() != nil {
+			return failed(499, "the client went away", errClientGone)
+		}
+		return failed(http.StatusBadGateway, "reading the answer: "+err.Error(), ErrUpstream)
+	}
+	p.m.legSeconds.WithLabelValues(l.role).Observe(time.Since(start).Seconds())
+	ct := resp.Header.Get("Content-Type")
+	if ct == "" {
+		ct = "application/json"
+	}
+	w.Header().Set("Content-Type", ct)
+	w.Header().Set("Content-Length", strconv.Itoa(len(raw)))
+	w.WriteHeader(http.StatusOK)
+	p.m.responses.WithLabelValues(l.ep).Inc()
+	_, _ = w.Write(raw)
+	return "", true
+}
+
+// failResponsesStream answers a /v1/responses stream that failed before its first chunk the way
+// trtllm-serve does (guard_responses_stream stays inside the first-chunk pull): a 200 and an
+// `error` event.
+func (p *Proxy) failResponsesStream(w http.ResponseWriter, r *http.Request, ep string, e *LegError) {
+	if errors.Is(e.Err, errClientGone) || r.Context().Err() != nil {
+		p.m.disconnects.WithLabelValues(ep).Inc()
+		return
+	}
+	p.m.errors.WithLabelValues(ep, "in_stream").Inc()
+	p.log.Warn("request failed", "endpoint", ep, "status", e.Status, "err", e.Error())
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	_, _ = fmt.Fprintf(w, "event: error\ndata: %s\n\n", responsesErrorEvent(e.Status, e.Error()))
+	_ = http.NewResponseController(w).Flush()
+}
+
+// responsesErrorEvent is the data of an OpenAI Responses `error` event.
+func responsesErrorEvent(status int, msg string) []byte {
+	return mustJSON(map[string]any{"type": "error", "code": errorType(status), "message": msg, "param": nil, "sequence_number": 0})
+}
+
+// serveResponses relays an OpenAI Responses request to a generation server unchanged. A stream
+// that fails before its first chunk keeps its 200 and carries an `error` event; a non-streamed
+// request fails with an HTTP error.
+func (p *Proxy) serveResponses(w http.ResponseWriter, r *http.Request) {
+	const ep = EndpointResponses
+	leave, ok := p.admit(w, r, ep, false)
+	if !ok {
+		p.m.requests.WithLabelValues(ep, "false").Inc()
+		return
+	}
+	defer leave()
+	b, release, lerr := p.readRequest(w, r)
+	defer release()
+	if lerr != nil {
+		p.m.requests.WithLabelValues(ep, "false").Inc()
+		p.fail(w, r, ep, false, lerr)
+		return
+	}
+	stream := b.bool("stream")
+	p.m.requests.WithLabelValues(ep, strconv.FormatBool(stream)).Inc()
+	ri := &routeInfo{promptTokens: textTokens(len(b["input"])), conversationID: conversationID(b, r.Header)}
+	p.relayLeg(w, r, leg{ep: ep, path: ep, role: RoleGeneration, body: mustJSON(b), stream: stream, responses: true,
+		ri: ri, firstChunk: p.reqTimeout, firstChunkKind: TimeoutRequest})
+}
+
+// aggregateRest reads the rest of a stream the client asked to get as one answer, within
+// request_timeout_s, and sends that answer. Nothing went to the client yet, so every failure is
+// an HTTP error.
+func (p *Proxy) aggregateRest(w http.ResponseWriter, r *http.Request, l leg, up *upstream, ctx context.Context,
+	cancel context.CancelCauseFunc, sr *sseReader, first []byte) (string, bool) {
+	timer := time.AfterFunc(p.reqTimeout, func() { cancel(errRequestTimeout) })
+	defer timer.Stop()
+	a := &streamAnswer{chat: l.ep == EndpointChat, choices: map[int]*choiceAnswer{}}
+	err := a.collect(sr, first)
+	if err == nil {
+		raw := a.json()
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(raw)))
+		w.WriteHeader(http.StatusOK)
+		p.m.responses.WithLabelValues(l.ep).Inc()
+		_, _ = w.Write(raw)
+		return "", true
+	}
+	fail := func(e *LegError) (string, bool) {
+		e.Role, e.Server = l.role, up.addr
+		p.fail(w, r, l.ep, l.anthropic, e)
+		return "", true
+	}
+	var lerr *LegError
+	switch {
+	case errors.Is(context.Cause(ctx), errRequestTimeout):
+		p.m.timeouts.WithLabelValues(l.role, TimeoutRequest).Inc()
+		return fail(&LegError{Status: http.StatusGatewayTimeout, Message: fmt.Sprintf("no answer within request_timeout_s (%s); the request was cancelled", p.reqTimeout), Err: ErrTimeout})
+	case r.Context().Err() != nil:
+		return fail(&LegError{Status: 499, Message: "the client went away", Err: errClientGone})
+	case errors.As(err, &lerr):
+		return fail(lerr)
+	}
+	return fail(&LegError{Status: http.StatusBadGateway, Message: "reading the answer: " + err.Error(), Err: ErrUpstream})
+}
+
 // serveMessages relays an Anthropic Messages request to a generation server unchanged, with
 // the same first-chunk rule and the Anthropic error envelope.
 func (p *Proxy) serveMessages(w http.ResponseWriter, r *http.Request) {
-	b, lerr := p.readRequest(w, r)
+	leave, ok := p.admit(w, r, EndpointMessages, true)
+	if !ok {
+		p.m.requests.WithLabelValues(EndpointMessages, "false").Inc()
+		return
+	}
+	defer leave()
+	b, release, lerr := p.readRequest(w, r)
+	defer release()
 	if lerr != nil {
 		p.m.requests.WithLabelValues(EndpointMessages, "false").Inc()
 		p.fail(w, r, EndpointMessages, true, lerr)

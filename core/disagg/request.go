@@ -46,36 +46,83 @@ func mustJSON(v any) json.RawMessage {
 	return raw
 }
 
-// readRequest reads and checks a client's JSON object, bounded by max_request_bytes.
-func (p *Proxy) readRequest(w http.ResponseWriter, r *http.Request) (body, *LegError) {
+// readRequest reads and checks a client's JSON object, bounded by max_request_bytes and
+// body_read_timeout_s. The body's bytes count against max_inflight_bytes until release is
+// called (always non-nil).
+func (p *Proxy) readRequest(w http.ResponseWriter, r *http.Request) (b body, release func(), lerr *LegError) {
+	release = func() {}
+	// A body of unknown length may be as large as max_request_bytes: hold that much while it is
+	// read, then only what it was.
+	held := p.maxBody
+	if r.ContentLength >= 0 && r.ContentLength < held {
+		held = r.ContentLength
+	}
+	if err := p.adm.hold(held); err != nil {
+		p.m.overloaded.WithLabelValues(RefusedBytes).Inc()
+		return nil, release, &LegError{Status: http.StatusTooManyRequests, Message: err.Error(), Err: ErrBadRequest}
+	}
+	release = func() { p.adm.release(held) }
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(p.bodyTimeout))
 	raw, err := readBounded(http.MaxBytesReader(w, r.Body, p.maxBody), p.maxBody)
+	// The deadline covers the body only: a stream's answer may take far longer, and the server
+	// watches the connection for the client going away meanwhile.
+	_ = rc.SetReadDeadline(time.Time{})
 	if err != nil {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) || errors.Is(err, errTooLarge) {
-			return nil, &LegError{Status: http.StatusRequestEntityTooLarge, Message: fmt.Sprintf("the request body is larger than %d bytes", p.maxBody), Err: ErrBadRequest}
+		var ne net.Error
+		switch {
+		case errors.As(err, &mbe) || errors.Is(err, errTooLarge):
+			return nil, release, &LegError{Status: http.StatusRequestEntityTooLarge, Message: fmt.Sprintf("the request body is larger than %d bytes", p.maxBody), Err: ErrBadRequest}
+		case errors.As(err, &ne) && ne.Timeout():
+			p.m.overloaded.WithLabelValues(RefusedBodyTimeout).Inc()
+			w.Header().Set("Connection", "close")
+			return nil, release, &LegError{Status: http.StatusRequestTimeout, Message: fmt.Sprintf("the request body did not arrive within body_read_timeout_s (%s)", p.bodyTimeout), Err: ErrBadRequest}
 		}
-		return nil, &LegError{Status: http.StatusBadRequest, Message: "reading the request body: " + err.Error(), Err: ErrBadRequest}
+		return nil, release, &LegError{Status: http.StatusBadRequest, Message: "reading the request body: " + err.Error(), Err: ErrBadRequest}
 	}
-	var b body
+	if n := int64(len(raw)); n < held {
+		p.adm.release(held - n)
+		held = n
+	}
 	if err := json.Unmarshal(raw, &b); err != nil || b == nil {
 		msg := "the request body is not a JSON object"
 		if err != nil {
 			msg += ": " + err.Error()
 		}
-		return nil, &LegError{Status: http.StatusBadRequest, Message: msg, Err: ErrBadRequest}
+		return nil, release, &LegError{Status: http.StatusBadRequest, Message: msg, Err: ErrBadRequest}
 	}
 	if s, ok := b["stream"]; ok && !bytes.Equal(s, []byte("null")) {
 		var v bool
 		if json.Unmarshal(s, &v) != nil {
-			return nil, &LegError{Status: http.StatusBadRequest, Message: "stream: want true or false", Err: ErrBadRequest}
+			return nil, release, &LegError{Status: http.StatusBadRequest, Message: "stream: want true or false", Err: ErrBadRequest}
 		}
 	}
-	return b, nil
+	return b, release, nil
+}
+
+// tokenIDs reads raw as a prompt of token ids, bounded by max_prompt_tokens: the array is
+// counted without decoding first, so an over-long prompt is refused before anything is built
+// for it. isIDs is false when raw is not an array of integers.
+func tokenIDs(raw []byte, maxTokens int) (ids []int64, isIDs bool, lerr *LegError) {
+	n, ok := scanTokenIDs(raw, maxTokens)
+	if !ok || n == 0 {
+		return nil, false, nil
+	}
+	if n > maxTokens {
+		return nil, true, &LegError{Status: http.StatusBadRequest, Err: ErrBadRequest,
+			Message: fmt.Sprintf("the prompt has more than %d token ids (max_prompt_tokens)", maxTokens)}
+	}
+	ids = make([]int64, 0, n)
+	if json.Unmarshal(raw, &ids) != nil {
+		return nil, false, nil
+	}
+	return ids, true, nil
 }
 
 // routeInfoOf reads what routing needs and checks the prompt the way trtllm-serve's
 // disaggregated front does: one prompt per request, a string or a list of token ids.
-func routeInfoOf(ep string, b body, h http.Header) (*routeInfo, *LegError) {
+func routeInfoOf(ep string, b body, h http.Header, maxTokens int) (*routeInfo, *LegError) {
 	ri := &routeInfo{}
 	bad := func(msg string) *LegError {
 		return &LegError{Status: http.StatusBadRequest, Message: msg, Err: ErrBadRequest}
@@ -86,19 +133,23 @@ func routeInfoOf(ep string, b body, h http.Header) (*routeInfo, *LegError) {
 		if !ok {
 			return nil, bad("prompt is required")
 		}
-		var s string
-		var ids []int64
+		ids, isIDs, lerr := tokenIDs(raw, maxTokens)
+		if lerr != nil {
+			return nil, lerr
+		}
 		var list []json.RawMessage
 		switch {
-		case json.Unmarshal(raw, &s) == nil:
-			ri.promptTokens = textTokens(len(s))
-		case json.Unmarshal(raw, &ids) == nil && len(ids) > 0:
+		case isIDs:
 			ri.tokenIDs, ri.promptTokens = ids, len(ids)
-		case json.Unmarshal(raw, &list) == nil && len(list) == 1:
-			if json.Unmarshal(list[0], &s) == nil {
+		case isJSONString(raw):
+			ri.promptTokens = textTokens(len(raw))
+		case len(raw) > 0 && raw[0] == '[' && json.Unmarshal(raw, &list) == nil && len(list) == 1:
+			if isJSONString(list[0]) {
 				b["prompt"] = list[0]
-				ri.promptTokens = textTokens(len(s))
-			} else if json.Unmarshal(list[0], &ids) == nil && len(ids) > 0 {
+				ri.promptTokens = textTokens(len(list[0]))
+			} else if ids, isIDs, lerr := tokenIDs(list[0], maxTokens); lerr != nil {
+				return nil, lerr
+			} else if isIDs {
 				b["prompt"] = list[0]
 				ri.tokenIDs, ri.promptTokens = ids, len(ids)
 			} else {
@@ -113,13 +164,21 @@ func routeInfoOf(ep string, b body, h http.Header) (*routeInfo, *LegError) {
 			return nil, bad("messages: want a non-empty list")
 		}
 		ri.promptTokens = textTokens(len(b["messages"]))
-		var ids []int64
-		if json.Unmarshal(b["prompt_token_ids"], &ids) == nil && len(ids) > 0 {
+		ids, isIDs, lerr := tokenIDs(b["prompt_token_ids"], maxTokens)
+		if lerr != nil {
+			return nil, lerr
+		}
+		if isIDs {
 			ri.tokenIDs, ri.promptTokens = ids, len(ids)
 		}
 	}
 	ri.conversationID = conversationID(b, h)
 	return ri, nil
+}
+
+// isJSONString reports whether raw is a valid JSON string, without copying it.
+func isJSONString(raw []byte) bool {
+	return len(raw) >= 2 && raw[0] == '"' && json.Valid(raw)
 }
 
 // textTokens estimates a text prompt's tokens at four bytes each.
@@ -144,7 +203,14 @@ func conversationID(b body, h http.Header) string {
 
 // serveDisagg runs one completion or chat request as a context leg and a generation leg.
 func (p *Proxy) serveDisagg(w http.ResponseWriter, r *http.Request, ep string) {
-	b, lerr := p.readRequest(w, r)
+	leave, ok := p.admit(w, r, ep, false)
+	if !ok {
+		p.m.requests.WithLabelValues(ep, "false").Inc()
+		return
+	}
+	defer leave()
+	b, release, lerr := p.readRequest(w, r)
+	defer release()
 	if lerr != nil {
 		p.m.requests.WithLabelValues(ep, "false").Inc()
 		p.fail(w, r, ep, false, lerr)
@@ -152,7 +218,7 @@ func (p *Proxy) serveDisagg(w http.ResponseWriter, r *http.Request, ep string) {
 	}
 	stream := b.bool("stream")
 	p.m.requests.WithLabelValues(ep, strconv.FormatBool(stream)).Inc()
-	ri, lerr := routeInfoOf(ep, b, r.Header)
+	ri, lerr := routeInfoOf(ep, b, r.Header, p.maxTokens)
 	if lerr != nil {
 		p.fail(w, r, ep, false, lerr)
 		return
@@ -174,8 +240,16 @@ func (p *Proxy) serveDisagg(w http.ResponseWriter, r *http.Request, ep string) {
 		p.fail(w, r, ep, false, lerr)
 		return
 	}
-	p.relayLeg(w, r, leg{ep: ep, path: ep, role: RoleGeneration, body: mustJSON(gen), stream: stream, ri: ri,
-		firstChunk: p.kvTimeout, firstChunkKind: TimeoutKVTransfer})
+	// A non-streamed leg is asked for a stream too, so that its first chunk can be held to
+	// kv_transfer_timeout_ms like a streamed one; the chunks are put back together into the
+	// answer the client asked for.
+	aggregate := !stream && aggregatable(b)
+	if aggregate {
+		gen["stream"] = json.RawMessage("true")
+		gen["stream_options"] = json.RawMessage(`{"include_usage":true}`)
+	}
+	p.relayLeg(w, r, leg{ep: ep, path: ep, role: RoleGeneration, body: mustJSON(gen), stream: stream || aggregate,
+		aggregate: aggregate, ri: ri, firstChunk: p.kvTimeout, firstChunkKind: TimeoutKVTransfer})
 }
 
 // contextLeg sends the context leg, re-sending it under a fresh disagg_request_id after a
@@ -225,7 +299,7 @@ func (p *Proxy) contextLeg(ctx context.Context, ep string, b body, id int64, ri 
 		exclude = up
 		id = p.ids.next()
 		select {
-		case <-time.After(p.backoff):
+		case <-time.After(p.backoffFor(attempt)):
 		case <-ctx.Done():
 			return nil, id, &LegError{Role: RoleContext, Status: 499, Message: "the client went away", Err: errClientGone}
 		}
@@ -406,7 +480,9 @@ func (p *Proxy) send(ctx context.Context, up *upstream, path string, payload []b
 
 // fail answers a request that failed before any of its response went out.
 func (p *Proxy) fail(w http.ResponseWriter, r *http.Request, ep string, anthropic bool, e *LegError) {
-	if errors.Is(e.Err, errClientGone) || r.Context().Err() != nil {
+	// A body that timed out cancels the request's context too, but its client is still there
+	// to read the 408.
+	if errors.Is(e.Err, errClientGone) || r.Context().Err() != nil && e.Status != http.StatusRequestTimeout {
 		p.m.disconnects.WithLabelValues(ep).Inc()
 		return
 	}

@@ -50,6 +50,16 @@ type Config struct {
 	MaxGenerationLead int
 	// EnableCompletionReservation is kv_cache_config.enable_disagg_completion_reservation.
 	EnableCompletionReservation bool
+	// Disaggregated marks a manager of a disaggregated server (one with a cache transceiver).
+	// Completion reservations apply only there.
+	Disaggregated bool
+	// BeamWidth is the server's beam width; 0 means 1.
+	BeamWidth int
+	// PipelineStages is pipeline_parallel_size; 0 means 1.
+	PipelineStages int
+	// WindowedLayers marks a model with sliding-window or recurrent layers (not full attention
+	// on every layer).
+	WindowedLayers bool
 	// AdmissionQuery, when set, enables admission-time connector queries.
 	AdmissionQuery *AdmissionQueryConfig
 }
@@ -78,6 +88,12 @@ func (c Config) Validate() error {
 	}
 	if c.HostSlots < 0 {
 		bad("host_slots", "%d is negative", c.HostSlots)
+	}
+	if c.BeamWidth < 0 {
+		bad("beam_width", "%d is negative", c.BeamWidth)
+	}
+	if c.PipelineStages < 0 {
+		bad("pipeline_parallel_size", "%d is negative", c.PipelineStages)
 	}
 	if c.ReuseMatchBackoff < 0 {
 		bad("reuse_match_backoff", "%d is negative", c.ReuseMatchBackoff)
@@ -179,8 +195,20 @@ func ReservationApplies(cfg Config, decl *Declarations, isDraft bool) (bool, str
 	if !asked || isDraft {
 		return false, ""
 	}
-	if cfg.HostSlots > 0 {
+	// Seed commit 6: "beyond either opt-in, the reservation applies only to a disaggregated
+	// target manager with no tier below GPU, beam width 1, a single pipeline stage and full
+	// attention on every layer". An aggregated server keeps preempting, as TensorRT-LLM does.
+	switch {
+	case !cfg.Disaggregated:
+		return false, "completion reservation ignored: it applies only to a disaggregated server"
+	case cfg.HostSlots > 0:
 		return false, "completion reservation ignored: the manager has a host tier below GPU"
+	case cfg.BeamWidth > 1:
+		return false, fmt.Sprintf("completion reservation ignored: it needs beam width 1, found %d", cfg.BeamWidth)
+	case cfg.PipelineStages > 1:
+		return false, fmt.Sprintf("completion reservation ignored: it needs a single pipeline stage, found %d", cfg.PipelineStages)
+	case cfg.WindowedLayers:
+		return false, "completion reservation ignored: it needs full attention on every layer"
 	}
 	return true, ""
 }

@@ -78,13 +78,30 @@ func TestDeclarationRules(t *testing.T) {
 	if !AdmissionQueryApplies(cfg, q, false) || AdmissionQueryApplies(cfg, q, true) || AdmissionQueryApplies(Config{}, q, false) {
 		t.Fatal("admission query rule wrong")
 	}
-	if ok, warn := ReservationApplies(Config{EnableCompletionReservation: true, HostSlots: 4}, nil, false); ok || warn == "" {
-		t.Fatalf("reservation with a host tier: %v %q", ok, warn)
+	// Seed commit 6: beyond either opt-in, only a disaggregated target manager with no tier
+	// below GPU, beam width 1, one pipeline stage and full attention reserves.
+	for _, c := range []struct {
+		name string
+		cfg  Config
+		warn string
+	}{
+		{"aggregated", Config{EnableCompletionReservation: true}, "only to a disaggregated server"},
+		{"host tier", Config{EnableCompletionReservation: true, Disaggregated: true, HostSlots: 4}, "host tier"},
+		{"beam search", Config{EnableCompletionReservation: true, Disaggregated: true, BeamWidth: 2}, "beam width 1"},
+		{"pipeline", Config{EnableCompletionReservation: true, Disaggregated: true, PipelineStages: 2}, "single pipeline stage"},
+		{"windowed", Config{EnableCompletionReservation: true, Disaggregated: true, WindowedLayers: true}, "full attention"},
+	} {
+		if ok, warn := ReservationApplies(c.cfg, nil, false); ok || !strings.Contains(warn, c.warn) {
+			t.Errorf("%s: reservation applies %v, warning %q; want it ignored with a warning naming %q", c.name, ok, warn, c.warn)
+		}
 	}
-	if ok, _ := ReservationApplies(Config{EnableCompletionReservation: true}, nil, true); ok {
+	if ok, warn := ReservationApplies(Config{Disaggregated: true}, nil, false); ok || warn != "" {
+		t.Fatalf("no opt-in: applies %v, warning %q", ok, warn)
+	}
+	if ok, _ := ReservationApplies(Config{EnableCompletionReservation: true, Disaggregated: true}, nil, true); ok {
 		t.Fatal("a draft manager reserves")
 	}
-	if ok, _ := ReservationApplies(Config{}, &Declarations{RequiresCompletionReservation: ptr(true)}, false); !ok {
+	if ok, _ := ReservationApplies(Config{Disaggregated: true, BeamWidth: 1, PipelineStages: 1}, &Declarations{RequiresCompletionReservation: ptr(true)}, false); !ok {
 		t.Fatal("declared reservation not applied")
 	}
 }

@@ -234,7 +234,7 @@ func TestHostTier(t *testing.T) {
 
 func TestReservations(t *testing.T) {
 	const T = 4
-	m := newManager(t, Config{TokensPerBlock: T, Pools: pools(10), MaxGenerationLead: 4, EnableCompletionReservation: true}, nil, Options{})
+	m := newManager(t, Config{TokensPerBlock: T, Pools: pools(10), MaxGenerationLead: 4, EnableCompletionReservation: true, Disaggregated: true}, nil, Options{})
 	if !m.Reserving() {
 		t.Fatal("reservation not in force")
 	}
@@ -275,7 +275,7 @@ func TestReservations(t *testing.T) {
 }
 
 func TestReservationWarnsWithHostTier(t *testing.T) {
-	m := newManager(t, Config{TokensPerBlock: 4, Pools: pools(4), HostSlots: 4, EnableCompletionReservation: true}, nil, Options{})
+	m := newManager(t, Config{TokensPerBlock: 4, Pools: pools(4), HostSlots: 4, EnableCompletionReservation: true, Disaggregated: true}, nil, Options{})
 	if m.Reserving() || len(m.Warnings()) != 1 {
 		t.Fatalf("reserving %v warnings %v", m.Reserving(), m.Warnings())
 	}

@@ -56,6 +56,7 @@ func TestPropertyReservationsNeverOverCommit(t *testing.T) {
 			EnablePartialReuse:          rapid.Bool().Draw(rt, "partial"),
 			MaxGenerationLead:           rapid.IntRange(0, 4).Draw(rt, "lead"),
 			EnableCompletionReservation: true,
+			Disaggregated:               true,
 			AdmissionQuery:              &AdmissionQueryConfig{MaxOfferDeferrals: 1},
 		}
 		m, err := New(cfg, nil, Options{})

@@ -9,7 +9,7 @@ import (
 // unconsumed, so the headroom it held goes to the requests admitted after it.
 func TestFailedFirstChunkResizeReleasesTheReservation(t *testing.T) {
 	const T = 4
-	m := newManager(t, Config{TokensPerBlock: T, Pools: pools(6), EnableCompletionReservation: true}, nil, Options{})
+	m := newManager(t, Config{TokensPerBlock: T, Pools: pools(6), EnableCompletionReservation: true, Disaggregated: true}, nil, Options{})
 	// Request 1: a 2-block first chunk of a 5-block prompt, bound through the prompt.
 	_, err := m.Allocate(1, Prompt{Tokens: seq(1, 20)}, 8)
 	must(t, err)

@@ -1,13 +1,6 @@
 package kvmem
 
-import (
-	"errors"
-	"fmt"
-)
-
-// ErrStagingTooSmall is wrapped by PlanStaging's error when a worker's share of the staging
-// budget holds no page.
-var ErrStagingTooSmall = errors.New("staging budget too small")
+import "fmt"
 
 // StagingPlan is the geometry of a staging pool: how wide a slot is, how many slots each worker
 // gets and how many pages one transfer may move.
@@ -34,8 +27,8 @@ func (p StagingPlan) TotalBytes() int64 { return p.BytesPerWorker * int64(p.Work
 // 1 GiB ceiling) split evenly over the workers (async_load_workers, or 1 for synchronous
 // transfers); each worker gets min(transferBatch, share/slot) slots. The pinned memory is
 // therefore never more than stagingBytes, the amount the node memory check counts for the
-// direction. A share below one page is refused, since even one slot would pin more than was
-// counted.
+// direction, except in one case the seed keeps: a share below one page still gets one slot
+// (staging.py's max(1, …)) and a warning that says the pool pins more than was counted.
 func PlanStaging(layout Layout, transferBatch int, stagingBytes int64, workers int) (StagingPlan, error) {
 	if transferBatch < 1 {
 		return StagingPlan{}, fmt.Errorf("staging: transfer_batch_size must be at least 1, got %d", transferBatch)
@@ -56,10 +49,10 @@ func PlanStaging(layout Layout, transferBatch int, stagingBytes int64, workers i
 	p := StagingPlan{SlotBytes: slot, Workers: workers}
 	share := stagingBytes / int64(workers)
 	if share < slot {
-		return StagingPlan{}, fmt.Errorf("%w: staging_buffer_bytes %d gives each of %d worker(s) %d bytes, less than one %d-byte page; raise it to at least %d",
-			ErrStagingTooSmall, stagingBytes, workers, share, slot, slot*int64(workers))
+		p.Warnings = append(p.Warnings, fmt.Sprintf("staging_buffer_bytes %d gives each of %d worker(s) %d bytes, less than one %d-byte page: each pool pins one page anyway, %d bytes in all, more than the budget counts; raise it to at least %d",
+			stagingBytes, workers, share, slot, slot*int64(workers), slot*int64(workers)))
 	}
-	slots := min(int64(transferBatch), share/slot)
+	slots := max(1, min(int64(transferBatch), share/slot))
 	p.SlotsPerWorker = int(slots)
 	p.BytesPerWorker = slots * slot
 	p.Batch = min(transferBatch, p.SlotsPerWorker)

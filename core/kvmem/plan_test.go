@@ -1,7 +1,6 @@
 package kvmem
 
 import (
-	"errors"
 	"strings"
 	"testing"
 )
@@ -66,14 +65,22 @@ func TestPlanStaging(t *testing.T) {
 			t.Errorf("PlanStaging(batch %d, budget %d, workers %d) succeeded", bad.batch, bad.budget, bad.workers)
 		}
 	}
-	// A share below one page is refused: one slot would pin more than the budget counts.
+	// A share below one page is warned about and still gets one slot (seed commit 17,
+	// staging.py's max(1, …)): the pool pins one page although the budget counted less.
 	for _, small := range []struct {
 		budget  int64
 		workers int
 	}{{MiB, 1}, {32 * MiB, 32}, {4*MiB*32 - 1, 32}} {
-		_, err := PlanStaging(layoutOf(4*MiB), 4, small.budget, small.workers)
-		if !errors.Is(err, ErrStagingTooSmall) || !strings.Contains(err.Error(), "less than one") {
-			t.Errorf("PlanStaging(budget %d, %d workers) = %v, want ErrStagingTooSmall", small.budget, small.workers, err)
+		p, err := PlanStaging(layoutOf(4*MiB), 4, small.budget, small.workers)
+		if err != nil {
+			t.Errorf("PlanStaging(budget %d, %d workers) = %v, want a warning, not an error", small.budget, small.workers, err)
+			continue
+		}
+		if p.SlotsPerWorker != 1 || p.Batch != 1 || p.BytesPerWorker != 4*MiB {
+			t.Errorf("PlanStaging(budget %d, %d workers) = %+v, want one 4 MiB slot per worker", small.budget, small.workers, p)
+		}
+		if joined := strings.Join(p.Warnings, "\n"); !strings.Contains(joined, "less than one") || !strings.Contains(joined, "pins one page anyway") {
+			t.Errorf("PlanStaging(budget %d, %d workers) warnings %q, want the below-one-page warning", small.budget, small.workers, joined)
 		}
 	}
 	if _, err := PlanStaging(Layout{}, 1, 1, 1); err == nil {

@@ -69,6 +69,8 @@ func cacheConfig(p Params, c Config) kvcache.Config {
 		Pools:                []kvcache.PoolConfig{{Group: "0", GPUSlots: c.GPUBlocks}},
 		ReuseMatchBackoff:    c.DraftLookahead,
 		DraftPromptLookahead: c.DraftLookahead,
+		// Only a disaggregated server reserves completion headroom (seed commit 6).
+		Disaggregated: c.Scheduler && c.Server != ServerAggregated,
 	}
 }
 

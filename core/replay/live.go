@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -18,6 +19,7 @@ import (
 	"github.com/kvctl/kvctl/core/hostmem"
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvcache"
+	"github.com/kvctl/kvctl/core/probe"
 	"github.com/kvctl/kvctl/core/router"
 )
 
@@ -38,7 +40,17 @@ type LiveOptions struct {
 	// calls over call channels (engineapi.Client.UseCallChannels), falling back to gRPC only
 	// when the daemon has none (an older one answers Unimplemented).
 	NoCallChannels bool
+	// Admin is the daemon's admin address, which the pool-aware router asks which of a
+	// request's keys the pool holds (as probe-pool does). The pool-aware router needs it.
+	Admin string
 }
+
+// ErrPoolAwareNeedsAdmin is returned by Live for the pool-aware router without an admin address.
+var ErrPoolAwareNeedsAdmin = errors.New("the pool-aware router needs the daemon's admin address")
+
+// liveLookupTimeout bounds one pool-aware lookup in a live replay; a lookup that fails or
+// times out falls back to the work-aware estimate, as the disaggregated front's does.
+const liveLookupTimeout = 200 * time.Millisecond
 
 // LiveInfo is what a live replay measured.
 type LiveInfo struct {
@@ -49,6 +61,10 @@ type LiveInfo struct {
 	RequestsPerSecond float64 `json:"requests_per_second"`
 	P50RequestSec     float64 `json:"p50_request_seconds"`
 	P99RequestSec     float64 `json:"p99_request_seconds"`
+	// PoolLookups and PoolLookupFallbacks count the pool-aware router's lookups of the daemon's
+	// pool, and those that failed and fell back to the work-aware estimate.
+	PoolLookups         int64 `json:"pool_lookups,omitempty"`
+	PoolLookupFallbacks int64 `json:"pool_lookup_fallbacks,omitempty"`
 }
 
 // liveEngine is one simulated engine: a KV cache manager, host memory registered with the
@@ -106,6 +122,34 @@ func Live(ctx context.Context, t *Trace, p Params, c Config, lo LiveOptions) (*R
 	if err != nil {
 		return nil, err
 	}
+	// The pool-aware router's estimate comes from the daemon's pool, asked through its admin API
+	// with the keys the engines' requests have.
+	var poolFallbacks atomic.Int64
+	routed := func(q Request) router.Request {
+		return router.Request{ID: q.ID, ConversationID: q.ConversationID, PromptTokens: q.InputLength, Rank: router.Unplaced}
+	}
+	if c.Router == router.PolicyPoolAware {
+		if lo.Admin == "" {
+			return nil, fmt.Errorf("%w: give it with --admin", ErrPoolAwareNeedsAdmin)
+		}
+		target, err := probe.NewTarget(lo.Admin, liveLookupTimeout)
+		if err != nil {
+			return nil, fmt.Errorf("pool-aware router: %w", err)
+		}
+		exists := func(keys []string) ([]bool, error) {
+			lctx, cancel := context.WithTimeout(ctx, liveLookupTimeout)
+			defer cancel()
+			return target.Exists(lctx, keys, false)
+		}
+		routed = func(q Request) router.Request {
+			rq := router.Request{ID: q.ID, ConversationID: q.ConversationID, PromptTokens: q.InputLength, Rank: router.Unplaced}
+			rq.PoolUncached, rq.PoolKnown = poolUncachedOf(t.Format, p, q, lo.Engines > 1, exists)
+			if !rq.PoolKnown {
+				poolFallbacks.Add(1)
+			}
+			return rq
+		}
+	}
 	var rmu sync.Mutex
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -162,14 +206,15 @@ dispatch:
 				}
 			}
 		}
+		rq := routed(q)
 		rmu.Lock()
-		pl, err := rt.Route([]router.Request{{ID: q.ID, ConversationID: q.ConversationID, PromptTokens: q.InputLength, Rank: router.Unplaced}})
+		pl, err := rt.Route([]router.Request{rq})
 		for err == nil && pl[0].Rank == router.Unplaced {
 			// Every engine is at the cap: wait for one to finish a request.
 			rmu.Unlock()
 			time.Sleep(200 * time.Microsecond)
 			rmu.Lock()
-			pl, err = rt.Route([]router.Request{{ID: q.ID, ConversationID: q.ConversationID, PromptTokens: q.InputLength, Rank: router.Unplaced}})
+			pl, err = rt.Route([]router.Request{rq})
 		}
 		rmu.Unlock()
 		if err != nil {
@@ -244,6 +289,9 @@ dispatch:
 		Socket: lo.Socket, Engines: lo.Engines, Pace: pace, WallSec: wall.Seconds(),
 		RequestsPerSecond: float64(run.Requests) / wall.Seconds(),
 		P50RequestSec:     quantile(lat, 0.5), P99RequestSec: quantile(lat, 0.99),
+	}
+	if c.Router == router.PolicyPoolAware {
+		rep.Live.PoolLookups, rep.Live.PoolLookupFallbacks = int64(run.Requests), poolFallbacks.Load()
 	}
 	return rep, nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/daemon/daemontest"
+	"github.com/kvctl/kvctl/core/probe"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -95,5 +96,47 @@ func TestLiveUnreachable(t *testing.T) {
 	_, err = Live(context.Background(), tr, DefaultParams(), DefaultConfig(), LiveOptions{Socket: filepath.Join(dir, "none.sock"), Engines: 1})
 	if !errors.Is(err, ErrUnreachable) {
 		t.Fatalf("got %v, want ErrUnreachable", err)
+	}
+}
+
+// replay --live with the pool-aware router asks the daemon's pool through its admin API, with
+// the keys the engines' requests have, instead of falling back to the work-aware estimate
+// without saying so; without an admin address it is refused.
+func TestLivePoolAwareRouterAsksThePool(t *testing.T) {
+	tr := readTrace(t, "testdata/conversation_head500.jsonl")
+	tr.Requests = tr.Requests[:40]
+	po := mooncake.DefaultOptions()
+	po.Segments = []mooncake.SegmentSpec{{Name: "live-test", Capacity: 64 << 20}}
+	d := daemontest.Start(t, daemon.Config{Pool: po})
+	cfg := DefaultConfig()
+	cfg.Router = "pool-aware"
+	_, err := Live(context.Background(), tr, DefaultParams(), cfg, LiveOptions{Socket: d.Info.Socket, Engines: 2, AsFastAsPossible: true})
+	if !errors.Is(err, ErrPoolAwareNeedsAdmin) {
+		t.Fatalf("pool-aware without an admin address: %v", err)
+	}
+	rep, err := Live(context.Background(), tr, DefaultParams(), cfg, LiveOptions{Socket: d.Info.Socket, Engines: 2, Speed: 1000,
+		Admin: d.Info.AdminAddr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := rep.Runs[0]
+	if run.Requests != 40 || run.FailedRequests != 0 || run.Router != "pool-aware" {
+		t.Fatalf("requests %d, failed %d, router %q", run.Requests, run.FailedRequests, run.Router)
+	}
+	if rep.Live.PoolLookups != 40 || rep.Live.PoolLookupFallbacks != 0 {
+		t.Fatalf("pool lookups %d, fallbacks %d: the router did not get the pool's answer", rep.Live.PoolLookups, rep.Live.PoolLookupFallbacks)
+	}
+	// The keys the router asks for are the daemon's: after the run the pool holds the first
+	// request's saved blocks, and the router's estimate says so.
+	target, err := probe.NewTarget(d.Info.AdminAddr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := tr.Requests[0]
+	uncached, ok := poolUncachedOf(tr.Format, DefaultParams(), q, true, func(keys []string) ([]bool, error) {
+		return target.Exists(context.Background(), keys, false)
+	})
+	if !ok || uncached >= q.InputLength {
+		t.Fatalf("after the run the router estimates %d of %d prompt tokens uncached (ok %v)", uncached, q.InputLength, ok)
 	}
 }

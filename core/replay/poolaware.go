@@ -12,12 +12,26 @@ import (
 // without counting as a connector lookup. ok is false when the keys cannot be derived; the
 // router then falls back to the work-aware estimate.
 func (o *offline) poolUncached(q Request) (int, bool) {
-	T := o.p.TokensPerBlock
-	pr := prepare(o.t.Format, q, T)
-	tokens := o.tokens(q, pr)
+	exists := func(keys []string) ([]bool, error) {
+		status := o.emb.BatchIsExist(o.ctx, keys)
+		out := make([]bool, len(status))
+		for i, s := range status {
+			out[i] = s == 1
+		}
+		return out, nil
+	}
+	return poolUncachedOf(o.t.Format, o.p, q, o.c.Ranks > 1, exists)
+}
+
+// poolUncachedOf is the pool-aware estimate of q's prefill for a replay whose pool answers
+// exists; the offline replay asks its embedded pool, a live replay the daemon's admin API.
+func poolUncachedOf(format string, p Params, q Request, attentionDP bool, exists func([]string) ([]bool, error)) (int, bool) {
+	T := p.TokensPerBlock
+	pr := prepare(format, q, T)
+	tokens := appendTokens(nil, format, p.Seed, T, q, pr)
 	recipe := keys.Recipe{Format: keys.FormatTRTLLM, TokensPerBlock: T,
-		Namespace: keys.Namespace{ModelKey: "replay", WorldSize: 1, AttentionDP: o.c.Ranks > 1},
-		Groups:    []keys.LayerGroupPages{{Group: 0, BytesPerPage: uint64(o.p.SimPageBytes)}}}
+		Namespace: keys.Namespace{ModelKey: "replay", WorldSize: 1, AttentionDP: attentionDP},
+		Groups:    []keys.LayerGroupPages{{Group: 0, BytesPerPage: uint64(p.SimPageBytes)}}}
 	chain, err := recipe.NewChain(q.Scope)
 	if err != nil {
 		return 0, false
@@ -31,12 +45,15 @@ func (o *offline) poolUncached(q Request) (int, bool) {
 		return q.InputLength, true
 	}
 	per := len(all) / len(hashes)
-	status := o.emb.BatchIsExist(o.ctx, all)
+	status, err := exists(all)
+	if err != nil {
+		return 0, false
+	}
 	held := 0 // blocks
 	for b := range hashes {
 		complete := len(status) == len(all)
 		for i := b * per; complete && i < (b+1)*per; i++ {
-			complete = status[i] == 1
+			complete = status[i]
 		}
 		if !complete {
 			break
@@ -44,7 +61,7 @@ func (o *offline) poolUncached(q Request) (int, bool) {
 		held++
 	}
 	perBlock := T
-	if o.t.Format == FormatMooncake {
+	if format == FormatMooncake {
 		perBlock = TraceBlockTokens
 	}
 	return max(q.InputLength-held*perBlock, 0), true

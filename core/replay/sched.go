@@ -19,7 +19,8 @@ import (
 // requests are admitted in arrival order with a first chunk sized by the budget left:
 //
 //   - With completion reservations in force (the connector declares
-//     requires_completion_reservation; --set completion_reservation) a request is admitted only
+//     requires_completion_reservation; --set completion_reservation; a disaggregated server
+//     only, --set server=context or generation) a request is admitted only
 //     while its bound (prompt + output + generation lead) fits every pool beside the bounds of
 //     the requests already admitted (kvcache.AdmitGeneration). A refused request's cache is
 //     freed rather than kept suspended (--set free_refused_generation=false keeps it).
@@ -73,13 +74,18 @@ type SchedulerCounts struct {
 
 // What a rank serves in the scheduler model.
 const (
-	// ServerAggregated ranks run whole requests: a request's completion bound is its prompt,
-	// its output and the generation lead (kvcache.AdmitGeneration), and a refused request's
-	// cache is freed.
+	// ServerAggregated ranks run whole requests. Completion reservations never apply there
+	// (seed commit 6: only a disaggregated target manager reserves), so a request that runs
+	// out of pages preempts, as TensorRT-LLM does.
 	ServerAggregated = "aggregated"
 	// ServerContext ranks are disaggregated context servers: a request ends with its prompt,
 	// and a first chunk is bound through the end of the prompt (kvcache.AdmitContext).
 	ServerContext = "context"
+	// ServerGeneration ranks are disaggregated generation servers: a request's prompt KV
+	// arrives from its context server (no prefill time is charged for it), its completion
+	// bound is the prompt, the output and the generation lead (kvcache.AdmitGeneration), and a
+	// refused request's cache is freed.
+	ServerGeneration = "generation"
 )
 
 // Scheduler model defaults.
@@ -328,6 +334,9 @@ func (o *offline) pass(r *rank) error {
 	}
 
 	scale := o.schedScale()
+	if c.Server == ServerGeneration {
+		prefill = 0 // the context server computed the prompt; its KV arrives by transfer
+	}
 	dur := float64(prefill)*scale/o.p.PrefillTokensPerSecond + syncLoadSec
 	if decode {
 		dur += scale / o.p.DecodeTokensPerSecond

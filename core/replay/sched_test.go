@@ -68,14 +68,21 @@ func runOne(t *testing.T, tr *Trace, c Config) RunReport {
 }
 
 // Seed commit 6 on a hand-made trace: three requests of 3 prompt blocks that each grow by 3
-// output blocks arrive together at a rank with 10 blocks. Without completion reservations all
-// three are admitted against their prompts and decoding runs out of pages, so an admitted
-// request is preempted; with them a request is admitted only while its whole bound fits, the
-// others wait (their cache freed, not suspended), and no admitted request is ever preempted.
+// output blocks arrive together at a disaggregated generation server with 10 blocks. Without
+// completion reservations all three are admitted against their prompts and decoding runs out of
+// pages, so an admitted request is preempted; with them a request is admitted only while its
+// whole bound fits, the others wait (their cache freed, not suspended), and no admitted request
+// is ever preempted. An aggregated server never reserves, whatever the connector declares, and
+// preempts as TensorRT-LLM does.
 func TestCompletionReservationsPreventPreemption(t *testing.T) {
 	tr := tokenTrace(3, 40, 0, 48, func(int) time.Duration { return 0 })
 
-	without := runOne(t, tr, schedConfig(t, "gpu_blocks=10", "completion_reservation=false"))
+	agg := runOne(t, tr, schedConfig(t, "gpu_blocks=10", "completion_reservation=true", "server=aggregated")).Scheduler
+	if agg.Preemptions == 0 || agg.ReservationsRefused != 0 || agg.PeakReservationsHeld != 0 {
+		t.Fatalf("an aggregated server reserved completion headroom: %+v; want preemptions and no bound", *agg)
+	}
+
+	without := runOne(t, tr, schedConfig(t, "gpu_blocks=10", "completion_reservation=false", "server=generation"))
 	ws := without.Scheduler
 	if ws.Preemptions == 0 || ws.PreemptedRequests == 0 {
 		t.Fatalf("without reservations nothing was preempted: %+v", *ws)
@@ -85,7 +92,7 @@ func TestCompletionReservationsPreventPreemption(t *testing.T) {
 	}
 
 	t.Logf("without: %+v ttft p50 %.3f p99 %.3f", *ws, without.Latency.P50TTFTSec, without.Latency.P99TTFTSec)
-	with := runOne(t, tr, schedConfig(t, "gpu_blocks=10"))
+	with := runOne(t, tr, schedConfig(t, "gpu_blocks=10", "server=generation"))
 	s := with.Scheduler
 	t.Logf("with: %+v ttft p50 %.3f p99 %.3f", *s, with.Latency.P50TTFTSec, with.Latency.P99TTFTSec)
 	if s.Preemptions != 0 {
@@ -211,11 +218,11 @@ func TestSchedulerModelConversationTrace(t *testing.T) {
 }
 
 // Seed commit 6 on a disaggregated context server: a connector first chunk is bound through the
-// end of its prompt only, so requests refused as whole requests (prompt + output) are admitted
-// there without a refusal, and nothing is decoded.
+// end of its prompt only, so requests a generation server refuses as whole requests (prompt +
+// output) are admitted there without a refusal, and nothing is decoded.
 func TestContextServerReservesThroughThePrompt(t *testing.T) {
 	tr := tokenTrace(3, 40, 0, 48, func(int) time.Duration { return 0 })
-	agg := runOne(t, tr, schedConfig(t, "gpu_blocks=10", "max_num_tokens=48"))
+	agg := runOne(t, tr, schedConfig(t, "gpu_blocks=10", "max_num_tokens=48", "server=generation"))
 	ctx := runOne(t, tr, schedConfig(t, "gpu_blocks=10", "max_num_tokens=48", "server=context"))
 	a, c := agg.Scheduler, ctx.Scheduler
 	if a.ReservationsRefused == 0 {
@@ -225,7 +232,7 @@ func TestContextServerReservesThroughThePrompt(t *testing.T) {
 		t.Fatalf("context server: %+v; want no refusal, no preemption, 3 admissions and a bound held across a pass", *c)
 	}
 	if c.Passes >= a.Passes {
-		t.Fatalf("a context server ran %d passes, the aggregated one %d: it decoded", c.Passes, a.Passes)
+		t.Fatalf("a context server ran %d passes, the generation one %d: it decoded", c.Passes, a.Passes)
 	}
 }
 
@@ -235,11 +242,11 @@ func TestContextServerReservesThroughThePrompt(t *testing.T) {
 // pages the others' bounds left over.
 func TestRefusedRequestCacheIsFreed(t *testing.T) {
 	tr := tokenTrace(3, 40, 0, 48, func(int) time.Duration { return 0 })
-	kept := runOne(t, tr, schedConfig(t, "gpu_blocks=10", "free_refused_generation=false")).Scheduler
+	kept := runOne(t, tr, schedConfig(t, "gpu_blocks=10", "free_refused_generation=false", "server=generation")).Scheduler
 	if kept.ReservationsRefused == 0 || kept.RefusedFreed != 0 || kept.Preemptions != 0 {
 		t.Fatalf("kept suspended: %+v; want refusals, none freed, no preemption", *kept)
 	}
-	freed := runOne(t, tr, schedConfig(t, "gpu_blocks=10")).Scheduler
+	freed := runOne(t, tr, schedConfig(t, "gpu_blocks=10", "server=generation")).Scheduler
 	if freed.ReservationsRefused == 0 || freed.RefusedFreed != freed.ReservationsRefused || freed.Preemptions != 0 {
 		t.Fatalf("freed: %+v; want every refusal freed and no preemption", *freed)
 	}

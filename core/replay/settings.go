@@ -57,8 +57,9 @@ type Config struct {
 	AsyncLoad             bool
 	MaxNumTokens          int
 	MaxBatchSize          int
-	// Server is what a rank serves in the scheduler model: ServerAggregated (whole requests)
-	// or ServerContext (a disaggregated context server: the prompt only).
+	// Server is what a rank serves in the scheduler model: ServerAggregated (whole requests),
+	// ServerContext (a disaggregated context server: the prompt only) or ServerGeneration (a
+	// disaggregated generation server: the prompt's KV arrives by transfer, then it decodes).
 	Server string
 
 	// Ranks is the number of attention-DP ranks; Router the placement policy.
@@ -276,13 +277,13 @@ var knobs = map[string]knob{
 		c.MaxBatchSize, err = parseInt(v, 1)
 		return
 	}},
-	"server": {"scheduler: aggregated (whole requests, bound through the output) or context (disaggregated context server, bound through the prompt)", func(c *Config, v string) error {
+	"server": {"scheduler: aggregated (whole requests; no completion reservations, as in TensorRT-LLM), context (disaggregated context server, bound through the prompt) or generation (disaggregated generation server, prompt KV transferred in, bound through the output)", func(c *Config, v string) error {
 		switch v {
-		case ServerAggregated, ServerContext:
+		case ServerAggregated, ServerContext, ServerGeneration:
 			c.Server = v
 			return nil
 		}
-		return fmt.Errorf("%q: want aggregated or context", v)
+		return fmt.Errorf("%q: want aggregated, context or generation", v)
 	}},
 }
 

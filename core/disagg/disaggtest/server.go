@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -71,6 +72,8 @@ type Stats struct {
 	Rejected  int // protocol errors the server answered 400 for
 	Resets    int
 	Cancelled int // requests whose context ended before the server finished them
+	// Streamed counts generation requests that asked for a stream.
+	Streamed int
 	// IDs counts the disagg_request_ids the server answered 200 for.
 	IDs map[int64]int
 	// ResetIDs lists the ids it reset.
@@ -87,6 +90,10 @@ type Server struct {
 	Messages bool
 	// TokensOut is how many tokens a generation answer has (default 4).
 	TokensOut int
+	// Responses makes a generation server serve /v1/responses.
+	Responses bool
+	// Unhealthy makes /health answer 503.
+	Unhealthy atomic.Bool
 
 	srv *http.Server
 	ln  net.Listener
@@ -104,7 +111,13 @@ func StartContext(t testing.TB) *Server { return start(t, "context") }
 // written when FaultGenResetWrite resets it.
 func StartGeneration(t testing.TB) *Server { return start(t, "generation") }
 
-func start(t testing.TB, role string) *Server {
+// StartGenerationAt starts a scripted generation server on addr (a server restarting on its
+// old port); t.Cleanup stops it.
+func StartGenerationAt(t testing.TB, addr string) *Server { return startAt(t, "generation", addr) }
+
+func start(t testing.TB, role string) *Server { return startAt(t, role, "127.0.0.1:0") }
+
+func startAt(t testing.TB, role, addr string) *Server {
 	t.Helper()
 	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
 		var serr error
@@ -118,7 +131,7 @@ func start(t testing.TB, role string) *Server {
 		}
 		return serr
 	}}
-	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	ln, err := lc.Listen(context.Background(), "tcp", addr)
 	if err != nil {
 		t.Fatalf("scripted %s server: %v", role, err)
 	}
@@ -130,7 +143,13 @@ func start(t testing.TB, role string) *Server {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"scripted-model","object":"model","created":0,"owned_by":"kvctl"}]}`)
 	})
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		if s.Unhealthy.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
 	if role == "context" {
 		mux.HandleFunc("POST /v1/completions", s.context)
 		mux.HandleFunc("POST /v1/chat/completions", s.context)
@@ -138,6 +157,7 @@ func start(t testing.TB, role string) *Server {
 		mux.HandleFunc("POST /v1/completions", s.generation)
 		mux.HandleFunc("POST /v1/chat/completions", s.generation)
 		mux.HandleFunc("POST /v1/messages", s.messages)
+		mux.HandleFunc("POST /v1/responses", s.responses)
 	}
 	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = s.srv.Serve(ln) }()
@@ -390,6 +410,11 @@ func (s *Server) generation(w http.ResponseWriter, r *http.Request) {
 		s.reject(w, "the prompt is not the context server's token ids")
 		return
 	}
+	if req.Stream {
+		s.mu.Lock()
+		s.stats.Streamed++
+		s.mu.Unlock()
+	}
 	s.answer(w, r, &req, fault, *dp.DisaggRequestID, strings.HasSuffix(r.URL.Path, "/chat/completions"))
 }
 
@@ -512,16 +537,20 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, req *request, fa
 			}
 		}
 		var chunk map[string]any
+		var finish any
+		if i == n-1 {
+			finish = "length"
+		}
 		if chat {
 			delta := map[string]any{"content": "tok "}
 			if i == 0 {
 				delta["role"] = "assistant"
 			}
 			chunk = map[string]any{"id": fmt.Sprintf("chatcmpl-%d", id), "object": "chat.completion.chunk", "created": 0,
-				"model": req.Model, "choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": nil}}}
+				"model": req.Model, "choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish}}}
 		} else {
 			chunk = map[string]any{"id": fmt.Sprintf("cmpl-%d", id), "object": "text_completion", "created": 0,
-				"model": req.Model, "choices": []any{map[string]any{"index": 0, "text": "tok ", "finish_reason": nil}}}
+				"model": req.Model, "choices": []any{map[string]any{"index": 0, "text": "tok ", "finish_reason": finish}}}
 		}
 		raw, _ := json.Marshal(chunk)
 		if _, err := fmt.Fprintf(w, "data: %s\n\n", raw); err != nil {
@@ -534,9 +563,19 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, req *request, fa
 			return
 		}
 	}
+	if bytes.Contains(req.StreamOptions, []byte(`"include_usage":true`)) {
+		obj := "text_completion"
+		if chat {
+			obj = "chat.completion.chunk"
+		}
+		raw, _ := json.Marshal(map[string]any{"id": fmt.Sprintf("cmpl-%d", id), "object": obj, "created": 0, "model": req.Model,
+			"choices": []any{}, "usage": map[string]int{"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}})
+		_, _ = fmt.Fprintf(w, "data: %s\n\n", raw)
+	}
+	// Counted before the last event, so that a client that has its answer sees it counted.
+	s.served(id)
 	_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	_ = rc.Flush()
-	s.served(id)
 }
 
 // cut ends the answer without a chunk: at once (closing the connection), or, for
@@ -602,6 +641,55 @@ func (s *Server) messages(w http.ResponseWriter, r *http.Request) {
 		`event: content_block_stop` + "\n" + `data: {"type":"content_block_stop","index":0}`,
 		`event: message_delta` + "\n" + `data: {"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":2}}`,
 		`event: message_stop` + "\n" + `data: {"type":"message_stop"}`,
+	} {
+		_, _ = io.WriteString(w, ev+"\n\n")
+		_ = rc.Flush()
+	}
+	s.served(0)
+}
+
+// responses serves /v1/responses (OpenAI Responses) when enabled: a stream of response events,
+// or, for FaultGenStatus, a 503 before any event.
+func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	s.stats.Requests++
+	s.mu.Unlock()
+	if !s.Responses {
+		http.NotFound(w, r)
+		return
+	}
+	var req struct {
+		Stream bool   `json:"stream"`
+		User   string `json:"user"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		s.reject(w, "body: "+err.Error())
+		return
+	}
+	fault := FaultOf(req.User)
+	if fault == FaultGenStatus {
+		writeJSONError(w, http.StatusServiceUnavailable, "scripted: overloaded")
+		return
+	}
+	const done = `{"id":"resp_1","object":"response","status":"completed","output":[{"type":"message","role":"assistant","content":[{"type":"output_text","text":"tok tok"}]}]}`
+	if !req.Stream {
+		s.served(0)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, done)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+	if fault == FaultGenCutBeforeFirst || fault == FaultGenStall {
+		s.cut(w, r, fault)
+		return
+	}
+	for _, ev := range []string{
+		"event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0}",
+		"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"tok tok\",\"sequence_number\":1}",
+		"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":" + done + ",\"sequence_number\":2}",
 	} {
 		_, _ = io.WriteString(w, ev+"\n\n")
 		_ = rc.Flush()
