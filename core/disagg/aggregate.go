@@ -68,7 +68,7 @@ func (a *streamAnswer) add(data []byte) error {
 		} `json:"choices"`
 	}
 	if err := json.Unmarshal(data, &c); err != nil {
-		return fmt.Errorf("%w: %v", errStreamGarbled, err)
+		return fmt.Errorf("%w: %w", errStreamGarbled, err)
 	}
 	if a.id == nil {
 		a.id, a.created, a.model = c.ID, c.Created, c.Model
