@@ -76,7 +76,7 @@ func ParseKvctlServerURL(raw string) (KvctlSettings, error) {
 	case strings.HasPrefix(raw, "unix://"):
 		u, err := url.Parse(raw)
 		if err != nil {
-			return s, fmt.Errorf("server_url %q: %v", raw, err)
+			return s, fmt.Errorf("server_url %q: %w", raw, err)
 		}
 		if u.Host != "" {
 			return s, fmt.Errorf("server_url %q names host %q; a unix socket URL is unix:///absolute/path", raw, u.Host)
@@ -98,7 +98,7 @@ func ParseKvctlServerURL(raw string) (KvctlSettings, error) {
 	s.Socket, s.SocketFrom = path, "server_url"
 	q, err := url.ParseQuery(query)
 	if err != nil {
-		return s, fmt.Errorf("server_url %q: query: %v", raw, err)
+		return s, fmt.Errorf("server_url %q: query: %w", raw, err)
 	}
 	keys := make([]string, 0, len(q))
 	for k := range q {
@@ -119,7 +119,7 @@ func ParseKvctlServerURL(raw string) (KvctlSettings, error) {
 		case "role":
 			r, err := ParseRole(v)
 			if err != nil {
-				return s, fmt.Errorf("server_url %q: %v", raw, err)
+				return s, fmt.Errorf("server_url %q: %w", raw, err)
 			}
 			s.Role = r
 		case "async_load":
@@ -247,11 +247,11 @@ func (t *TRTLLMConfig) ruleKvctl(d *dec, s *KvctlSettings) {
 		wantSched, wantWork = KvctlProducerSchedulerClass, KvctlProducerWorkerClass
 	}
 	checkClass := func(path, got, want string, known ...string) {
-		switch {
-		case got == "":
+		switch got {
+		case "":
 			d.at(SeverityError, path, path[len(pConn)+1:]+" is required (TensorRT-LLM refuses the config without it)", "set it to "+want)
-		case got == want:
-		case got == known[0] || got == known[1]:
+		case want:
+		case known[0], known[1]:
 			d.at(SeverityError, path, fmt.Sprintf("%s declares for another role than %s: its declarations would differ from what kvctl serve returns at registration, and the connector refuses to start", got, s.Role),
 				"use "+want+" for role "+string(s.Role))
 		default:
