@@ -169,8 +169,8 @@ verify: tools pytools
 		else echo "protoc not installed: skipped (make tools needs it; apt-get install protobuf-compiler)"; fi
 	@echo '== generated Python stubs'; tmp=$$(mktemp -d); mkdir -p $$tmp/src/kvctl_engine/_pb $$tmp/out && cp core/engineapi/engine.proto $$tmp/src/kvctl_engine/_pb/ && \
 		$(PYTOOLS)/bin/python -m grpc_tools.protoc -I $$tmp/src --python_out=$$tmp/out --pyi_out=$$tmp/out --grpc_python_out=$$tmp/out kvctl_engine/_pb/engine.proto && \
-		for f in engine_pb2.py engine_pb2.pyi engine_pb2_grpc.py; do cmp $(PYSDK_PB)/$$f $$tmp/out/kvctl_engine/_pb/$$f || exit 1; done \
-		|| { echo "the engine SDK's Python stubs are stale: run make proto"; rm -rf $$tmp; exit 1; }; rm -rf $$tmp
+		stale=; for f in engine_pb2.py engine_pb2.pyi engine_pb2_grpc.py; do cmp -s $(PYSDK_PB)/$$f $$tmp/out/kvctl_engine/_pb/$$f || stale="$$stale $$f"; done; \
+		rm -rf $$tmp; if [ -n "$$stale" ]; then echo "the engine SDK's Python stubs are stale ($$stale): run make proto"; exit 1; fi
 	@echo '== ruff'; $(PYTOOLS)/bin/ruff check --config tools/pytools/ruff.toml . && $(PYTOOLS)/bin/ruff format --check --config tools/pytools/ruff.toml . \
 		|| { echo "ruff: fix the Python above (ruff format, ruff check --fix)"; exit 1; }
 	@echo 'verify: ok'

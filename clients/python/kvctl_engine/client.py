@@ -123,6 +123,10 @@ class Client:
         self._chan_mu = threading.Lock()
         self._arenas: list[PromptArena] = []
         self._closed = False
+        # via is the transport of a call that names none: "auto" (the call channel when open,
+        # free and the request fits, else gRPC) or "grpc" (every call over gRPC, the channel
+        # kept for calls that ask for it).
+        self.via = "auto"
         try:
             if call_channel:
                 self.open_call_channel()
@@ -177,13 +181,16 @@ class Client:
                 )
             raise error_from_status(code, details, method) from None
 
-    def call(self, method: str, request: Message, timeout: float | None = None, via: str = "auto") -> Any:
+    def call(self, method: str, request: Message, timeout: float | None = None, via: str | None = None) -> Any:
         """Makes the call method (an Engine service method name, e.g. "Lookup") with request
         (its request message) and returns its response message.
 
         timeout: the deadline in seconds (default: the client's, SLOW_CALL_TIMEOUT for
         Unregister and WaitForSave). via: "auto" (the call channel when open, free and the
-        request fits its bound, else gRPC), "grpc" or "channel" (whatever the size)."""
+        request fits its bound, else gRPC), "grpc" or "channel" (whatever the size); None takes
+        the client's ``via``."""
+        if via is None:
+            via = self.via
         if self._closed:
             raise DaemonUnavailable("the client is closed", method=method)
         if method not in _METHODS:

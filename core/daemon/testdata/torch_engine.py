@@ -8,11 +8,10 @@ prompts warm and checks every page the daemon loaded, byte for byte, on the GPU.
 It prints one line `SUMMARY {json}` and exits 0 only when the warm pass loaded something and
 every loaded page held the bytes the cold pass computed.
 
-No generated Python stubs are needed: the messages are built at run time from engine.pb, a
-FileDescriptorSet made with
-
-    protoc --include_imports --descriptor_set_out=core/daemon/testdata/engine.pb \
-        -I core/engineapi core/engineapi/engine.proto
+It is an engine built on the repository's engine SDK (clients/python, import kvctl_engine): a
+Rank registered over a Client, its KV memory a kvctl_engine.SharedMemory or a CUDA tensor's
+CudaIpcMemory. When kvctl_engine is not installed the script imports it from the repository's
+clients/python, so any interpreter with grpcio and protobuf runs it.
 
 `--memory shm` keeps the pool in a shared-memory file instead (no PyTorch, no GPU): it runs the
 same request lifecycle and is there to check the script on a machine without a GPU.
@@ -22,7 +21,7 @@ engine.proto): a unix SOCK_SEQPACKET socket pair whose one end goes to the daemo
 descriptor side channel, each call one message of frames written and one read, instead of an
 HTTP/2 stream; `--calls grpc` makes them as plain gRPC calls. A request larger than the
 channel takes (OpenCallChannel's max_message_bytes) goes over gRPC either way. Errors surface
-the same way on both: a grpc.RpcError with the daemon's status code and message. Every run
+the same way on both: the SDK's KvctlError with the daemon's status code and message. Every run
 times a plain call on the idle daemon over both transports, checks that a failing call reads
 the same over both, and ends by checking that the daemon closes the channel once the gRPC
 connection that opened it has ended.
@@ -31,361 +30,34 @@ connection that opened it has ended.
 count n it makes n plain calls over each transport (interleaved in chunks) and prints one line
 `BENCH {json}` with the mean seconds per call of each; it stops at the end of its input.
 """
+
 import argparse
 import array
-import fcntl
 import hashlib
 import json
-import mmap
 import os
 import random
-import re
-import socket
-import struct
 import sys
-import tempfile
 import time
 import urllib.request
+from dataclasses import asdict
 
-import grpc
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+try:
+    import kvctl_engine as kv
+except ImportError:  # run from the repository without the SDK installed
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "clients", "python"))
+    import kvctl_engine as kv
+from kvctl_engine._pb import engine_pb2 as pb
 
-PKG = "kvctl.engine.v1"
-SERVICE = PKG + ".Engine"
-
-
-def send_fd(socket_path, fd):
-    """Sends fd over the daemon's descriptor side channel (the engine socket's path + ".fd") and
-    returns the token that names it in a request."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.connect(os.path.abspath(socket_path) + ".fd")
-        socket.send_fds(s, [b"\0"], [fd])
-        token = s.recv(256).decode()
-    finally:
-        s.close()
-    if len(token) != 32:
-        raise RuntimeError("descriptor channel: " + token)
-    return token
+# The timeout of every call the passes make: generous, the GPU run's loads are large.
+CALL_TIMEOUT = 120.0
 
 
-# grpc.StatusCode by its number (each member's value is (number, name)).
-STATUS_CODES = {c.value[0]: c for c in grpc.StatusCode}
-
-
-class CallError(grpc.RpcError, grpc.Call):
-    """An error response over a call channel, or the channel's own failure, shaped as the
-    grpc.RpcError a plain gRPC call raises: code() a grpc.StatusCode, details() the message."""
-
-    def __init__(self, code, details):
-        super().__init__(details)
-        self._code, self._details = code, details
-
-    def code(self):
-        return self._code
-
-    def details(self):
-        return self._details
-
-    def __str__(self):
-        return "<CallError of RPC that terminated with:\n\tstatus = %s\n\tdetails = \"%s\"\n>" % (self._code, self._details)
-
-    # grpc.Call's other methods, for code that treats the error as a finished call.
-    def initial_metadata(self):
-        return ()
-
-    def trailing_metadata(self):
-        return ()
-
-    def is_active(self):
-        return False
-
-    def time_remaining(self):
-        return None
-
-    def cancel(self):
-        return False
-
-    def add_callback(self, callback):
-        return False
-
-
-class CallChannel:
-    """The engine's end of a call channel (OpenCallChannel in engine.proto).
-
-    Frame header, little-endian: magic "KVC1", method (uint16, CallChannelMethod), flags (bit 0:
-    more frames of this message follow), status (0 in requests, the gRPC code in responses),
-    call id (uint64, echoed in every frame of the response); then a fragment of the message."""
-
-    MAGIC = 0x3143564B
-    HEADER = struct.Struct("<IHBBQ")
-    MORE = 1
-    # The largest response taken, as the gRPC channel's max_receive_message_length.
-    MAX_RESPONSE_BYTES = 64 << 20
-
-    def __init__(self, sock, max_frame_bytes, max_message_bytes):
-        if max_frame_bytes <= self.HEADER.size or max_frame_bytes > 1 << 20:
-            raise RuntimeError("call channel: the daemon's max_frame_bytes %d is out of range" % max_frame_bytes)
-        self.sock = sock
-        self.max_frame = max_frame_bytes
-        self.max_message = max_message_bytes
-        self.max_response = self.MAX_RESPONSE_BYTES
-        self.next_id = 1
-        self.closed = None  # why the channel can no longer be used
-        self.timeout = None
-        # What went over the channel: calls, frames each way, messages of more than one frame,
-        # the largest request and response.
-        self.stats = dict(calls=0, frames_sent=0, frames_received=0, multi_frame_requests=0,
-                          multi_frame_responses=0, largest_request_bytes=0, largest_response_bytes=0)
-        # One byte more than a frame may hold: a datagram that fills it was truncated.
-        self.rbuf = bytearray(max_frame_bytes + 1)
-        self.rview = memoryview(self.rbuf)
-        # Seconds a call polls for its response before it sleeps in recv (--spin-us).
-        self.spin = 0.0
-
-    def _set_timeout(self, timeout):
-        # SO_RCVTIMEO rather than socket.settimeout: Python's own timeout costs a poll before
-        # every send and recv, two more system calls a call.
-        if timeout == self.timeout:
-            return
-        t = 0 if timeout is None else max(timeout, 1e-3)
-        sec = int(t)
-        tv = struct.pack("@ll", sec, int((t - sec) * 1e6))
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
-        # A daemon that stops reading fails the send instead of hanging it (the channel is then
-        # out of step and closed).
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
-        self.timeout = timeout
-
-    def _fail(self, why):
-        self.closed = why
-        raise CallError(grpc.StatusCode.UNAVAILABLE, "call channel: " + why)
-
-    def call(self, method, request, timeout=None):
-        """Sends request (bytes) as a call of method (its CallChannelMethod number) and returns
-        the response's bytes; raises CallError for an error response."""
-        if self.closed:
-            raise CallError(grpc.StatusCode.UNAVAILABLE, "call channel: " + self.closed)
-        self._set_timeout(timeout)
-        cid = self.next_id
-        self.next_id += 1
-        frag = self.max_frame - self.HEADER.size
-        pack, send = self.HEADER.pack, self.sock.send
-        n = len(request)
-        st = self.stats
-        st["calls"] += 1
-        st["largest_request_bytes"] = max(st["largest_request_bytes"], n)
-        try:
-            if n <= frag:
-                send(pack(self.MAGIC, method, 0, 0, cid) + request)
-                st["frames_sent"] += 1
-            else:
-                view = memoryview(request)
-                for off in range(0, n, frag):
-                    more = self.MORE if off + frag < n else 0
-                    send(pack(self.MAGIC, method, more, 0, cid) + view[off : off + frag])
-                    st["frames_sent"] += 1
-                st["multi_frame_requests"] += 1
-        except (BrokenPipeError, ConnectionResetError) as e:
-            self._fail("closed by the daemon (sending call %d: %s)" % (cid, e))
-        except OSError as e:
-            self._fail("sending call %d: %s" % (cid, e))
-        return self._response(method, cid)
-
-    def _recv(self):
-        """Receives one datagram into rbuf. With spin set it polls for that long first: a thread
-        that sleeps in recv is woken by the kernel when the response comes, and on a CPU that
-        went idle meanwhile that wake-up can cost more than a short call itself."""
-        if self.spin > 0:
-            recv, end = self.sock.recv_into, time.perf_counter() + self.spin
-            while True:
-                try:
-                    return recv(self.rbuf, 0, socket.MSG_DONTWAIT)
-                except BlockingIOError:
-                    if time.perf_counter() >= end:
-                        break
-        return self.sock.recv_into(self.rbuf)
-
-    def _frame(self, cid):
-        try:
-            n = self._recv()
-        except BlockingIOError:
-            # The call's deadline passed. Its response, should it come later, is skipped by
-            # call id.
-            raise CallError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
-        except OSError as e:
-            self._fail("waiting for the response to call %d: %s" % (cid, e))
-        if n == 0:
-            self._fail("closed by the daemon")
-        if n > self.max_frame:
-            self._fail("a frame of more than %d bytes, the channel's max_frame_bytes" % self.max_frame)
-        self.stats["frames_received"] += 1
-        if n < self.HEADER.size:
-            self._fail("a frame of %d bytes, shorter than the %d-byte header" % (n, self.HEADER.size))
-        magic, m, flags, status, rid = self.HEADER.unpack_from(self.rbuf)
-        if magic != self.MAGIC:
-            self._fail("a frame with magic %#010x, want %#010x (KVC1)" % (magic, self.MAGIC))
-        if flags & ~self.MORE:
-            self._fail("a frame with unknown flags %#04x" % flags)
-        return m, flags, status, rid, n
-
-    def _response(self, method, cid):
-        parts, size, over, frames = [], 0, False, 0
-        first = None
-        while True:
-            m, flags, status, rid, n = self._frame(cid)
-            if rid < cid and rid != 0 and first is None:
-                continue  # a late frame of a call that timed out
-            if rid == 0 and status != 0 and first is None and not flags & self.MORE:
-                # An error the daemon could not tie to a call: one of our frames was malformed.
-                raise CallError(STATUS_CODES.get(status, grpc.StatusCode.UNKNOWN),
-                                bytes(self.rview[self.HEADER.size : n]).decode("utf-8", "replace"))
-            if rid != cid or m != method:
-                self._fail("a frame of call %d (method %d) came in answer to call %d (method %d)" % (rid, m, cid, method))
-            if first is None:
-                first = status
-            elif status != first:
-                self._fail("call %d's response changed status from %d to %d between frames" % (cid, first, status))
-            size += n - self.HEADER.size
-            frames += 1
-            if size > self.max_response:
-                over, parts = True, []  # skipped to its last frame, so the ends stay in step
-            elif not over:
-                parts.append(bytes(self.rview[self.HEADER.size : n]))
-            if not flags & self.MORE:
-                break
-        if over:
-            raise CallError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                            "call channel: a response of %d bytes, above the limit of %d" % (size, self.max_response))
-        body = parts[0] if len(parts) == 1 else b"".join(parts)
-        st = self.stats
-        st["largest_response_bytes"] = max(st["largest_response_bytes"], size)
-        if frames > 1:
-            st["multi_frame_responses"] += 1
-        if first != 0:
-            raise CallError(STATUS_CODES.get(first, grpc.StatusCode.UNKNOWN), body.decode("utf-8", "replace"))
-        return body
-
-    def close(self):
-        self.closed = self.closed or "closed"
-        self.sock.close()
-
-
-def channel_method_numbers(pool, service):
-    """Each method's CallChannelMethod number, by name: Register -> CALL_CHANNEL_METHOD_REGISTER."""
-    enum = pool.FindEnumTypeByName(PKG + ".CallChannelMethod")
-    out = {}
-    for m in service.methods:
-        v = enum.values_by_name.get("CALL_CHANNEL_METHOD_" + re.sub(r"(?<!^)(?=[A-Z])", "_", m.name).upper())
-        if v is not None and v.number != 0:
-            out[m.name] = v.number
-    return out
-
-
-class API:
-    """The Engine service's messages and methods, from a FileDescriptorSet.
-
-    call() goes over the call channel once open_call_channel() has opened one, for every method
-    the channel carries; call_grpc() and call_channel() pick the transport."""
-
-    def __init__(self, descriptor_path, socket_path):
-        with open(descriptor_path, "rb") as f:
-            fds = descriptor_pb2.FileDescriptorSet.FromString(f.read())
-        self.pool = descriptor_pool.DescriptorPool()
-        for fd in fds.file:
-            self.pool.AddSerializedFile(fd.SerializeToString())
-        self._classes = {}
-        self.socket_path = socket_path
-        self.channel = grpc.insecure_channel(
-            "unix:" + os.path.abspath(socket_path),
-            options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20),
-                     # A call channel lives as long as the gRPC connection that opened it, and
-                     # with every call on the channel that connection is idle.
-                     ("grpc.client_idle_timeout_ms", 2**31 - 1)],
-        )
-        service = self.pool.FindServiceByName(SERVICE)
-        self._methods = {}
-        for m in service.methods:
-            self._methods[m.name] = self.channel.unary_unary(
-                "/%s/%s" % (SERVICE, m.name),
-                request_serializer=lambda msg: msg.SerializeToString(),
-                response_deserializer=self.cls(m.output_type.full_name).FromString,
-            )
-        self._inputs = {m.name: m.input_type.full_name for m in service.methods}
-        self._outputs = {m.name: m.output_type.full_name for m in service.methods}
-        self.channel_methods = channel_method_numbers(self.pool, service)
-        self.calls = None  # the CallChannel, once opened
-        self.use_channel = True  # call() goes over it once it is open
-
-    def cls(self, name):
-        if "." not in name:
-            name = PKG + "." + name
-        c = self._classes.get(name)
-        if c is None:
-            d = self.pool.FindMessageTypeByName(name)
-            if hasattr(message_factory, "GetMessageClass"):
-                c = message_factory.GetMessageClass(d)
-            else:
-                c = message_factory.MessageFactory(self.pool).GetPrototype(d)
-            self._classes[name] = c
-        return c
-
-    def msg(self, name, **kw):
-        return self.cls(name)(**kw)
-
-    def open_call_channel(self):
-        """Opens a call channel: one end of a SOCK_SEQPACKET pair goes to the daemon, which makes
-        it a channel of this gRPC connection; the other stays here."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            token = send_fd(self.socket_path, theirs.fileno())
-            resp = self.call_grpc("OpenCallChannel", fd_token=token)
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()  # the daemon holds its own copy now
-        self.calls = CallChannel(ours, resp.max_frame_bytes, resp.max_message_bytes)
-        return resp
-
-    def call(self, method, timeout=120, **kw):
-        if self.use_channel and self.calls is not None and method in self.channel_methods:
-            req = self.cls(self._inputs[method])(**kw)
-            body = req.SerializeToString()
-            # The daemon takes requests up to max_message_bytes over a channel; a larger one
-            # (a prompt of over half a million tokens) goes over gRPC.
-            if len(body) <= self.calls.max_message:
-                return self._channel_call(method, body, timeout)
-            return self._methods[method](req, timeout=timeout)
-        return self.call_grpc(method, timeout=timeout, **kw)
-
-    def call_grpc(self, method, timeout=120, **kw):
-        req = self.cls(self._inputs[method])(**kw)
-        return self._methods[method](req, timeout=timeout)
-
-    def call_channel(self, method, timeout=120, **kw):
-        """Makes the call over the channel whatever its size."""
-        return self._channel_call(method, self.cls(self._inputs[method])(**kw).SerializeToString(), timeout)
-
-    def _channel_call(self, method, request, timeout):
-        body = self.calls.call(self.channel_methods[method], request, timeout)
-        try:
-            return self.cls(self._outputs[method]).FromString(body)
-        except Exception as e:  # a response that does not decode, as gRPC reports one
-            raise CallError(grpc.StatusCode.INTERNAL, "call channel: the %s response does not decode: %s" % (method, e))
-
-    def close(self):
-        if self.calls is not None:
-            self.calls.close()
-        self.channel.close()
-
-
-def pack_tokens(tokens):
-    """tokens as Request.tokens_packed: 8 bytes a token, little-endian int64."""
-    a = array.array("q", tokens)
-    if sys.byteorder != "little":
-        a.byteswap()
-    return a.tobytes()
+def call_via(client, via, method, timeout=CALL_TIMEOUT, **fields):
+    """One engine API call over the transport via ("grpc" or "channel"), its request built from
+    fields: the per-transport calls the summary compares."""
+    req_cls = getattr(pb, pb.DESCRIPTOR.services_by_name["Engine"].methods_by_name[method].input_type.name)
+    return client.call(method, req_cls(**fields), timeout, via=via)
 
 
 def blake_seed(tokens):
@@ -411,12 +83,11 @@ class CudaMemory:
         self.mem.fill_(0xEE)
         torch.cuda.synchronize()
 
-    def register_fields(self, api):
-        shared = self.mem.untyped_storage()._share_cuda_()
-        handle, storage_offset = shared[1], shared[3]
-        offset = storage_offset + self.mem.storage_offset() * self.mem.element_size()
-        ipc = api.msg("CudaIPC", handle=handle, offset=offset, size=self.size, device=self.dev.index)
-        return {"cuda_ipc": ipc}, {"kind": "cuda_ipc", "handle_bytes": len(handle), "offset": offset, "size": self.size}
+    def registration(self):
+        """The memory to register (the SDK's CudaIpcMemory of the pool's bytes) and what the
+        summary records of it."""
+        ipc = kv.ipc_handle_from_tensor(self.mem)
+        return ipc, {"kind": "cuda_ipc", "handle_bytes": len(ipc.handle), "offset": ipc.offset, "size": ipc.size}
 
     def value(self, seed):
         t = self.torch
@@ -469,26 +140,20 @@ class ShmMemory:
         self.layers, self.slots, self.piece = layers, slots, piece
         self.size = layers * slots * piece
         self.page_bytes = layers * piece
-        # kvctl serve accepts only a memfd sealed against shrinking: memory truncated under its
-        # mapping would fault in the daemon.
-        self.fd = os.memfd_create("torch-engine-kv", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        os.ftruncate(self.fd, self.size)
-        F_ADD_SEALS, F_SEAL_SHRINK, F_SEAL_GROW = 1033, 0x0002, 0x0004
-        fcntl.fcntl(self.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW)
-        self.map = mmap.mmap(self.fd, self.size)
+        # A memfd sealed against shrinking and growing, as kvctl serve requires.
+        self.shm = kv.SharedMemory(self.size, "torch-engine-kv")
+        self.map = self.shm.buf
 
-    def register_fields(self, api):
-        token = send_fd(api.socket_path, self.fd)
-        shm = api.msg("SharedMemory", fd_token=token, size=self.size)
-        return {"shared_memory": shm}, {"kind": "shared_memory", "size": self.size}
+    def registration(self):
+        return self.shm, {"kind": "shared_memory", "size": self.size}
 
     def value(self, seed):
         return hashlib.shake_256(seed.to_bytes(8, "little")).digest(self.page_bytes)
 
     def _pieces(self, slot):
-        for l in range(self.layers):
-            off = (l * self.slots + slot) * self.piece
-            yield l * self.piece, off
+        for layer in range(self.layers):
+            off = (layer * self.slots + slot) * self.piece
+            yield layer * self.piece, off
 
     def poison(self, slots):
         for s in slots:
@@ -507,7 +172,7 @@ class ShmMemory:
             got = self.map[off : off + self.piece]
             want = v[voff : voff + self.piece]
             if got != want:
-                bad += sum(1 for a, b in zip(got, want) if a != b)
+                bad += sum(1 for a, b in zip(got, want, strict=True) if a != b)
         return bad
 
     def sync(self):
@@ -517,8 +182,7 @@ class ShmMemory:
         pass
 
     def close(self):
-        self.map.close()
-        os.close(self.fd)
+        self.shm.close()
 
 
 def prompts(seed, n, T, min_blocks, max_blocks):
@@ -557,32 +221,26 @@ class Req:
 class Engine:
     """One engine rank (world size 1, scheduler adapter on) with its own KV pool."""
 
-    def __init__(self, api, args, name, mem):
-        self.api, self.args, self.name, self.mem = api, args, name, mem
+    def __init__(self, client, args, name, mem):
+        self.client, self.args, self.name, self.mem = client, args, name, mem
         self.T = args.tokens_per_block
         self.free = list(range(args.slots - 1, -1, -1))
         piece = args.page_bytes // args.layers
-        regions = [api.msg("Region", offset=l * args.slots * piece, stride=piece, size=piece) for l in range(args.layers)]
-        layout = api.msg(
-            "Layout",
-            tokens_per_block=self.T,
-            groups=[api.msg("LayerGroup", id=0, slots=args.slots, regions=regions)],
-        )
-        memory, self.memory_info = mem.register_fields(api)
-        resp = api.call(
-            "Register",
-            engine=name,
+        regions = [kv.Region(offset=i * args.slots * piece, stride=piece, size=piece) for i in range(args.layers)]
+        layout = kv.Layout(tokens_per_block=self.T, groups=[kv.LayerGroup(id=0, slots=args.slots, regions=regions)])
+        memory, self.memory_info = mem.registration()
+        self.rank = kv.Rank.register(
+            client,
+            name,
+            layout,
+            memory,
             model_key=args.model_key,
-            world_size=1,
-            rank=0,
             role="both",
             scheduler=True,
-            layout=layout,
-            transfer_batch_size=args.transfer_batch,
-            staging_buffer_bytes=args.staging_bytes,
-            **memory,
+            options=kv.RankOptions(transfer_batch_size=args.transfer_batch, staging_buffer_bytes=args.staging_bytes),
+            timeout=CALL_TIMEOUT,
         )
-        self.shard = resp.shard
+        self.shard = self.rank.shard
 
     def seed(self, r, b):
         return blake_seed(r.tokens[: (b + 1) * self.T])
@@ -600,14 +258,27 @@ class Engine:
         r.pages = None
 
     def block_ids(self, r, start):
-        return [self.api.msg("BlockIDs", ids=r.pages[start:])]
+        return [r.pages[start:]]
 
     def run(self, reqs):
-        a, api, name, T = self.args, self.api, self.name, self.T
-        res = dict(requests=len(reqs), passes=0, prompt_tokens=0, matched_tokens=0, loaded_blocks=0,
-                   computed_blocks=0, restarts=0, mismatched_blocks=0, mismatched_bytes=0,
-                   start_load_seconds=0.0, start_loads=0, rpc_seconds=0.0, loaded_bytes=0, wall_seconds=0.0,
-                   start_load_each=[])
+        a, rank, T, t = self.args, self.rank, self.T, CALL_TIMEOUT
+        res = dict(
+            requests=len(reqs),
+            passes=0,
+            prompt_tokens=0,
+            matched_tokens=0,
+            loaded_blocks=0,
+            computed_blocks=0,
+            restarts=0,
+            mismatched_blocks=0,
+            mismatched_bytes=0,
+            start_load_seconds=0.0,
+            start_loads=0,
+            rpc_seconds=0.0,
+            loaded_bytes=0,
+            wall_seconds=0.0,
+            start_load_each=[],
+        )
         rs = [Req(rid, toks) for rid, toks in reqs]
         by_id = {r.id: r for r in rs}
         res["prompt_tokens"] = sum(len(r.tokens) for r in rs)
@@ -625,12 +296,10 @@ class Engine:
             for r in rs:
                 if r.phase != WAITING or running >= a.max_running:
                     continue
-                lr = api.call("Lookup", engine=name, num_computed_tokens=0,
-                              request=api.msg("Request", id=r.id, tokens_packed=pack_tokens(r.tokens), context_only=True))
+                lr = rank.lookup(kv.Request(r.id, r.tokens, context_only=True), 0, t)
                 self.allocate(r)
                 h = lr.matched_tokens
-                api.call("UpdateStateAfterAlloc", engine=name, request_id=r.id,
-                         block_ids_by_group=self.block_ids(r, 0), honoured_tokens=h)
+                rank.update_state_after_alloc(r.id, self.block_ids(r, 0), h, t)
                 r.phase, r.restore = RUNNING, h
                 res["matched_tokens"] += h
                 running += 1
@@ -641,33 +310,31 @@ class Engine:
                 if r.phase != RUNNING:
                     continue
                 n = min(a.chunk_blocks * T, len(r.tokens) - r.computed - r.restore)
-                rd = api.msg("RequestData", id=r.id, computed_position=r.computed, num_scheduled_tokens=n,
-                             new_block_ids_by_group=self.block_ids(r, r.sent))
+                rd = kv.RequestData(r.id, self.block_ids(r, r.sent), r.computed, n)
                 (new if r.sent == 0 else cached).append(rd)
                 r.sent = len(r.pages)
                 scheduled[r.id] = n
-            subs = api.call("TakeSubmittedSaves", engine=name)
-            meta = api.call("BuildMeta", engine=name, new_requests=new, cached_requests=cached,
-                            submitted_saves=list(subs.ids))
-            api.call("BindMeta", engine=name, metadata=meta)
+            subs = rank.take_submitted_saves(t)
+            meta = rank.build_meta(new, cached, subs, t)
+            rank.bind_meta(meta, t)
             self.mem.sync()  # the poison must land before the daemon's copies
             if a.busy_ms > 0:
                 self.mem.busy(a.busy_ms / 1000)
             t1 = time.perf_counter()
-            api.call("StartLoad", engine=name)
+            rank.start_load(t)
             t2 = time.perf_counter()
             res["start_load_seconds"] += t2 - t1
             res["start_loads"] += 1
             # Each StartLoad's seconds and the pages it restores, to tell a slow first load
             # from a uniformly slow one.
             res["start_load_each"].append([t2 - t1, sum(r.restore // T for r in rs if r.id in scheduled)])
-            failed = api.call("TakeFailedLoads", engine=name)
+            failed = rank.take_failed_loads(t)
             # A call that does next to nothing in the daemon: the RPC's own cost, for comparison.
             res["rpc_seconds"] += time.perf_counter() - t2
-            for rid in failed.ids:
+            for rid in failed:
                 r = by_id[rid]
                 scheduled.pop(rid, None)
-                api.call("RequestReset", engine=name, request_id=rid)
+                rank.request_reset(rid, t)
                 self.release(r)
                 res["matched_tokens"] -= r.restore
                 r.reset()
@@ -686,7 +353,11 @@ class Engine:
                             res["mismatched_blocks"] += 1
                             res["mismatched_bytes"] += bad
                             if res["mismatched_blocks"] <= 5:
-                                print("mismatch: request %s block %d slot %d: %d bytes differ" % (r.id, b, r.pages[b], bad), file=sys.stderr)
+                                print(
+                                    "mismatch: request %s block %d slot %d: %d bytes differ"
+                                    % (r.id, b, r.pages[b], bad),
+                                    file=sys.stderr,
+                                )
                         res["loaded_blocks"] += 1
                         res["loaded_bytes"] += self.mem.page_bytes
                     r.written = (r.computed + r.restore) // T
@@ -699,16 +370,15 @@ class Engine:
             self.mem.sync()  # the KV must be in memory before the daemon may save it
             for r in rs:
                 if r.id in scheduled and r.computed == len(r.tokens):
-                    fr = api.call("RequestFinished", engine=name, request_id=r.id)
-                    if fr.async_saving:
+                    if rank.request_finished(r.id, t):
                         r.phase = SAVING
                         finished_gen.append(r.id)
                     else:
                         r.phase = DONE
                         self.release(r)
 
-            api.call("WaitForSave", engine=name)
-            gf = api.call("GetFinished", engine=name, finished_gen=finished_gen)
+            rank.wait_for_save(t)
+            gf = rank.get_finished(finished_gen, (), t)
             for rid in gf.finished_saving:
                 if rid in by_id:
                     by_id[rid].saved = True
@@ -725,7 +395,7 @@ class Engine:
         return res
 
     def close(self):
-        self.api.call("Unregister", engine=self.name, timeout=120)
+        self.rank.unregister(CALL_TIMEOUT)
 
 
 def pinned_anchor(torch, nbytes=64 << 20, reps=20):
@@ -750,7 +420,7 @@ def pinned_anchor(torch, nbytes=64 << 20, reps=20):
     return out
 
 
-def large_calls(api, engine, seed, prefix):
+def large_calls(client, engine, seed, prefix):
     """Calls of requests larger than a frame, and one larger than the channel takes: a Lookup of
     a 32k-token prompt that starts with a saved prompt (prefix) over each transport (the answers
     must agree and match the saved blocks), then a prompt over the
@@ -759,64 +429,70 @@ def large_calls(api, engine, seed, prefix):
     rng = random.Random(seed + 7)
     out = {}
     toks = list(prefix) + [rng.randrange(150000) for _ in range((32 << 10) - len(prefix))]
-    for via, call in (("grpc", api.call_grpc), ("channel", api.call_channel)):
-        r = call("Lookup", engine=engine, num_computed_tokens=0,
-                 request=api.msg("Request", id="large-32k-" + via, tokens_packed=pack_tokens(toks)))
+    for via in ("grpc", "channel"):
+        req = pb.Request(id="large-32k-" + via, tokens_packed=kv.pack_tokens(toks))
+        r = call_via(client, via, "Lookup", engine=engine, num_computed_tokens=0, request=req)
         out["lookup_32k_" + via] = r.matched_tokens
     # Past the bound by one token's bytes and a little more for the other fields.
-    toks = [rng.randrange(150000) for _ in range(api.calls.max_message // 8 + 1)]
-    req = api.msg("Request", id="large-over", tokens_packed=pack_tokens(toks))
+    toks = [rng.randrange(150000) for _ in range(client.call_channel.max_message // 8 + 1)]
+    req = pb.Request(id="large-over", tokens_packed=kv.pack_tokens(toks))
     try:
-        api.call_channel("Lookup", engine=engine, num_computed_tokens=0, request=req)
+        call_via(client, "channel", "Lookup", engine=engine, num_computed_tokens=0, request=req)
         out["over_channel_error"] = None
-    except grpc.RpcError as e:
-        out["over_channel_error"] = {"code": e.code().name, "details": e.details()}
-    out["over_bytes"] = len(api.msg("LookupRequest", engine=engine, request=req).SerializeToString())
-    use, api.use_channel = api.use_channel, True
-    try:
-        out["over_routed_matched"] = api.call("Lookup", engine=engine, num_computed_tokens=0, request=req).matched_tokens
-    finally:
-        api.use_channel = use
-    api.call_channel("TakeFailedLoads", engine=engine)
+    except kv.KvctlError as e:
+        out["over_channel_error"] = {"code": e.code.name, "details": e.details}
+    out["over_bytes"] = len(pb.LookupRequest(engine=engine, request=req).SerializeToString())
+    # "auto" routes a request above the channel's bound over gRPC.
+    out["over_routed_matched"] = call_via(
+        client, "auto", "Lookup", engine=engine, num_computed_tokens=0, request=req
+    ).matched_tokens
+    call_via(client, "channel", "TakeFailedLoads", engine=engine)
     out["channel_after_over"] = "ok"
     return out
 
 
-def channel_after_connection_end(api, engine, wait=10.0):
+def channel_after_connection_end(client, engine, wait=10.0):
     """Ends the gRPC connection that opened the call channel and calls over the channel until
     the daemon has closed it, as it must when that connection ends: the error and how long it
     took to come."""
-    api.channel.close()
+    # Only the gRPC connection: the channel stays open on this side.
+    client._grpc.close()
     t0 = time.monotonic()
     while True:
         try:
-            api.call_channel("TakeFailedLoads", engine=engine, timeout=wait)
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.UNAVAILABLE or time.monotonic() - t0 > wait:
-                return {"code": e.code().name, "details": e.details(), "seconds": time.monotonic() - t0}
+            call_via(client, "channel", "TakeFailedLoads", timeout=wait, engine=engine)
+        except kv.KvctlError as e:
+            if isinstance(e, kv.DaemonUnavailable) or time.monotonic() - t0 > wait:
+                return {"code": e.code.name, "details": e.details, "seconds": time.monotonic() - t0}
         if time.monotonic() - t0 > wait:
-            return {"code": "OK", "details": "the channel still answered %.0fs after its connection ended" % wait,
-                    "seconds": time.monotonic() - t0}
+            return {
+                "code": "OK",
+                "details": "the channel still answered %.0fs after its connection ended" % wait,
+                "seconds": time.monotonic() - t0,
+            }
         time.sleep(0.001)
 
 
-def time_calls(call, engine, n):
-    """The mean seconds of n calls that do next to nothing in the daemon."""
+def time_calls(client, via, engine, n):
+    """The mean seconds of n calls that do next to nothing in the daemon, over via, as an engine
+    makes them through the SDK (the request built, sent, answered, decoded)."""
+    ref = pb.EngineRef(engine=engine)
+    call = client.call
     t0 = time.perf_counter()
     for _ in range(n):
-        call("TakeFailedLoads", engine=engine)
+        call("TakeFailedLoads", ref, CALL_TIMEOUT, via)
     return (time.perf_counter() - t0) / n
 
 
-def bench_calls(api, args):
+def bench_calls(client, args):
     """--bench-calls: registers an engine, then for each count n read from stdin makes n plain
     calls over each transport, in interleaved chunks so that both see the same machine, and
     prints their mean seconds a call as `BENCH {json}`."""
     args.slots = 4
     mem = new_memory(args)
-    e = Engine(api, args, args.name + "-bench/rank0", mem)
-    for call in (api.call_grpc, api.call_channel):
-        time_calls(call, e.name, args.bench_calls)  # warm-up
+    e = Engine(client, args, args.name + "-bench/rank0", mem)
+    for via in ("grpc", "channel"):
+        time_calls(client, via, e.name, args.bench_calls)  # warm-up
     for line in sys.stdin:
         line = line.strip()
         if not line:
@@ -826,14 +502,14 @@ def bench_calls(api, args):
         done = 0
         while done < n:
             k = min(100, n - done)
-            for via, call in (("grpc", api.call_grpc), ("channel", api.call_channel)):
-                took[via] += time_calls(call, e.name, k) * k
+            for via in ("grpc", "channel"):
+                took[via] += time_calls(client, via, e.name, k) * k
             done += k
         out = {"calls": n, "grpc_seconds": took["grpc"] / n, "channel_seconds": took["channel"] / n}
         print("BENCH " + json.dumps(out), flush=True)
     e.close()
     mem.close()
-    api.close()
+    client.close()
     return 0
 
 
@@ -847,7 +523,6 @@ def new_memory(args):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--socket", required=True, help="the daemon's engine socket")
-    p.add_argument("--descriptor", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "engine.pb"))
     p.add_argument("--stats-url", default="", help="the daemon's /v1/stats, read before the warm engine unregisters")
     p.add_argument("--memory", choices=["cuda", "shm"], default="cuda")
     p.add_argument("--model-key", default="torch-model")
@@ -863,43 +538,69 @@ def main():
     p.add_argument("--chunk-blocks", type=int, default=4, help="blocks a request computes per pass")
     p.add_argument("--slots", type=int, default=0, help="page slots (0: enough for --max-running requests)")
     p.add_argument("--transfer-batch", type=int, default=0)
-    p.add_argument("--busy-ms", type=float, default=0,
-                   help="keep the GPU computing this long before each StartLoad, as the previous step's forward pass does in a serving engine (0: the GPU idles between passes)")
+    p.add_argument(
+        "--busy-ms",
+        type=float,
+        default=0,
+        help="keep the GPU computing this long before each StartLoad, as the previous step's forward pass does in a serving engine (0: the GPU idles between passes)",
+    )
     p.add_argument("--staging-bytes", type=int, default=256 << 20)
     p.add_argument("--pass-timeout", type=int, default=300)
-    p.add_argument("--spin-us", type=float, default=0,
-                   help="microseconds a call channel call polls for its response before sleeping in recv")
-    p.add_argument("--calls", choices=["channel", "grpc"], default="channel",
-                   help="the transport of engine calls: a call channel or plain gRPC")
-    p.add_argument("--bench-calls", type=int, default=0,
-                   help="time plain calls over both transports for counts read from stdin (N: warm-up calls)")
+    p.add_argument(
+        "--spin-us",
+        type=float,
+        default=0,
+        help="microseconds a call channel call polls for its response before sleeping in recv",
+    )
+    p.add_argument(
+        "--calls",
+        choices=["channel", "grpc"],
+        default="channel",
+        help="the transport of engine calls: a call channel or plain gRPC",
+    )
+    p.add_argument(
+        "--bench-calls",
+        type=int,
+        default=0,
+        help="time plain calls over both transports for counts read from stdin (N: warm-up calls)",
+    )
     args = p.parse_args()
     if args.page_bytes % (8 * args.layers):
         p.error("--page-bytes must be a multiple of 8 * --layers")
     if args.slots == 0:
         args.slots = args.max_running * (args.max_blocks + 1)
 
-    api = API(args.descriptor, args.socket)
-    # A channel is opened whichever transport runs, so both can be timed.
-    opened = api.open_call_channel()
-    api.calls.spin = args.spin_us / 1e6
-    api.use_channel = args.calls == "channel"
+    # A channel is opened whichever transport runs, so both can be timed; --calls picks the one
+    # the passes' calls take.
+    client = kv.connect(args.socket, timeout=CALL_TIMEOUT, call_channel=False)
+    opened = client.open_call_channel()
+    client.call_channel.spin = args.spin_us / 1e6
+    client.via = "auto" if args.calls == "channel" else "grpc"
     if args.bench_calls:
-        return bench_calls(api, args)
+        return bench_calls(client, args)
     reqs = prompts(args.seed, args.requests, args.tokens_per_block, args.min_blocks, args.max_blocks)
     T = args.tokens_per_block
     # The same failing call over each transport: the error must read the same.
     errors = {}
-    for via, call in (("grpc", api.call_grpc), ("channel", api.call_channel)):
+    for via in ("grpc", "channel"):
         try:
-            call("TakeFailedLoads", engine=args.name + "-never-registered/rank0")
+            call_via(client, via, "TakeFailedLoads", engine=args.name + "-never-registered/rank0")
             errors[via] = None
-        except grpc.RpcError as e:
-            errors[via] = {"code": e.code().name, "details": e.details()}
-    summary = {"memory": args.memory, "page_bytes": args.page_bytes, "layers": args.layers, "busy_ms": args.busy_ms,
-               "tokens_per_block": T, "slots": args.slots, "max_running": args.max_running,
-               "calls": args.calls, "spin_us": args.spin_us, "unregistered_call_errors": errors,
-               "call_channel": {"max_frame_bytes": opened.max_frame_bytes, "max_message_bytes": opened.max_message_bytes}}
+        except kv.KvctlError as e:
+            errors[via] = {"code": e.code.name, "details": e.details}
+    summary = {
+        "memory": args.memory,
+        "page_bytes": args.page_bytes,
+        "layers": args.layers,
+        "busy_ms": args.busy_ms,
+        "tokens_per_block": T,
+        "slots": args.slots,
+        "max_running": args.max_running,
+        "calls": args.calls,
+        "spin_us": args.spin_us,
+        "unregistered_call_errors": errors,
+        "call_channel": {"max_frame_bytes": opened.max_frame_bytes, "max_message_bytes": opened.max_message_bytes},
+    }
     if args.memory == "cuda":
         import torch
 
@@ -909,20 +610,20 @@ def main():
 
     # Cold pass: computes and saves every block.
     mem = new_memory(args)
-    cold = Engine(api, args, args.name + "-cold/rank0", mem)
+    cold = Engine(client, args, args.name + "-cold/rank0", mem)
     summary["registration"] = cold.memory_info
     summary["cold"] = cold.run(reqs)
-    summary["large_calls"] = large_calls(api, cold.name, args.seed, reqs[0][1])
+    summary["large_calls"] = large_calls(client, cold.name, args.seed, reqs[0][1])
     cold.close()
     mem.close()
 
     # Warm pass: a new engine with fresh memory loads what the cold pass saved.
     mem = new_memory(args)
-    warm = Engine(api, args, args.name + "-warm/rank0", mem)
+    warm = Engine(client, args, args.name + "-warm/rank0", mem)
     # An engine call's own cost on an idle daemon, over each transport: calls that do next to
     # nothing there.
-    for via, call in (("grpc", api.call_grpc), ("channel", api.call_channel)):
-        summary["idle_rpc_seconds_" + via] = time_calls(call, warm.name, 200)
+    for via in ("grpc", "channel"):
+        summary["idle_rpc_seconds_" + via] = time_calls(client, via, warm.name, 200)
     summary["idle_rpc_seconds"] = summary["idle_rpc_seconds_" + args.calls]
     summary["warm"] = warm.run([(rid + "-warm", toks) for rid, toks in reqs])
     # Every full block but the one holding the last prompt token is offered.
@@ -932,9 +633,9 @@ def main():
             summary["daemon_loads"] = json.load(resp)["loads"]
     warm.close()
     mem.close()
-    summary["call_channel_stats"] = dict(api.calls.stats)
-    summary["channel_after_connection_end"] = channel_after_connection_end(api, warm.name)
-    api.close()
+    summary["call_channel_stats"] = asdict(client.call_channel.stats)
+    summary["channel_after_connection_end"] = channel_after_connection_end(client, warm.name)
+    client.close()
 
     if args.memory == "cuda":
         # Measured again after the passes: the anchor brackets the loads.
