@@ -3,6 +3,8 @@
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -14,3 +16,15 @@ def pytest_addoption(parser):
         help="where the reference engine's tests (test_hf_*) keep the model and the KV pages: cpu "
         "(a sealed memfd) or cuda (a CUDA tensor over CUDA IPC; needs a GPU and a GPU kvctl serve)",
     )
+
+
+@pytest.fixture(scope="session")
+def device(pytestconfig):
+    """The --device the reference engine's tests run on."""
+    d = pytestconfig.getoption("--device")
+    if d == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.fail("--device cuda: torch sees no GPU")
+    return d

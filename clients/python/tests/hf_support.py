@@ -116,11 +116,22 @@ class Master:
             self.rpc = "127.0.0.1:%d" % p[0]
             self.metadata = "http://127.0.0.1:%d/metadata" % p[1]
             self.admin = "http://127.0.0.1:%d" % p[2]
-            self.proc = Process("mooncake_master", [
-                os.path.join(env, "bin", "mooncake_master"), "--rpc_address=127.0.0.1", "--rpc_port=%d" % p[0],
-                "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
-                "--http_metadata_server_port=%d" % p[1], "--metrics_host=127.0.0.1", "--metrics_port=%d" % p[2],
-                "--rpc_thread_num=2"], tmp / ("master-%d.log" % p[0]), env=pyenv_env(env))
+            self.proc = Process(
+                "mooncake_master",
+                [
+                    os.path.join(env, "bin", "mooncake_master"),
+                    "--rpc_address=127.0.0.1",
+                    "--rpc_port=%d" % p[0],
+                    "--enable_http_metadata_server=true",
+                    "--http_metadata_server_host=127.0.0.1",
+                    "--http_metadata_server_port=%d" % p[1],
+                    "--metrics_host=127.0.0.1",
+                    "--metrics_port=%d" % p[2],
+                    "--rpc_thread_num=2",
+                ],
+                tmp / ("master-%d.log" % p[0]),
+                env=pyenv_env(env),
+            )
             if self._ready(30):
                 return
             last = self.proc.log()
@@ -133,7 +144,10 @@ class Master:
             if not self.proc.alive():
                 return False
             try:
-                if http_get(self.admin + "/health", 1)[0] == 200 and http_get(self.metadata + "?key=probe", 1)[0] in (200, 404):
+                if http_get(self.admin + "/health", 1)[0] == 200 and http_get(self.metadata + "?key=probe", 1)[0] in (
+                    200,
+                    404,
+                ):
                     with socket.create_connection(self.rpc.split(":"), 1):
                         return True
             except OSError:
@@ -153,20 +167,50 @@ class Master:
 class Serve:
     """`kvctl serve` on a socket in a private directory, ready before the constructor returns."""
 
-    def __init__(self, kvctl: str, tmp: Path, name: str, pool_size: str = "64MiB", master: Master | None = None,
-                 extra: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        kvctl: str,
+        tmp: Path,
+        name: str,
+        pool_size: str = "64MiB",
+        master: Master | None = None,
+        extra: list[str] | None = None,
+    ) -> None:
         self.kvctl, self.name = kvctl, name
         self.dir = Path(tempfile.mkdtemp(prefix="kvhf", dir="/tmp"))  # short: a socket path is at most 107 bytes
         os.chmod(self.dir, 0o700)
         self.socket = str(self.dir / "s.sock")
         port = free_port()
         self.admin = "http://127.0.0.1:%d" % port
-        args = [kvctl, "serve", "--socket", self.socket, "--admin-addr", "127.0.0.1:%d" % port,
-                "--pool-size", pool_size, "--staging-buffer-bytes", "8MiB"]
+        args = [
+            kvctl,
+            "serve",
+            "--socket",
+            self.socket,
+            "--admin-addr",
+            "127.0.0.1:%d" % port,
+            "--pool-size",
+            pool_size,
+            "--staging-buffer-bytes",
+            "8MiB",
+        ]
         if master is not None:
-            args += ["--pool-backend", "mooncake", "--master", master.rpc, "--metadata", master.metadata,
-                     "--master-admin", master.admin, "--transfer-port", str(free_port()), "--host-address", "127.0.0.1",
-                     "--pool-timeout", "5s"]
+            args += [
+                "--pool-backend",
+                "mooncake",
+                "--master",
+                master.rpc,
+                "--metadata",
+                master.metadata,
+                "--master-admin",
+                master.admin,
+                "--transfer-port",
+                str(free_port()),
+                "--host-address",
+                "127.0.0.1",
+                "--pool-timeout",
+                "5s",
+            ]
         args += extra or []
         env = dict(os.environ, XDG_CONFIG_HOME=str(self.dir), NO_COLOR="1")
         self.proc = Process("kvctl serve " + name, args, tmp / ("serve-%s.log" % name), env=env)
@@ -230,19 +274,6 @@ def max_diff(a: Any, b: Any) -> float:
     return float((a - b).abs().max())
 
 
-# -- fixtures (imported by the test modules) ---------------------------------------------------
-
-@pytest.fixture(scope="session")
-def device(pytestconfig: pytest.Config) -> str:
-    d = pytestconfig.getoption("--device")
-    if d == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            pytest.fail("--device cuda: torch sees no GPU")
-    return d
-
-
 def prompt(seed: int, blocks: int = 6, tail: int = 5) -> list[int]:
     """An ordinary prompt of the tiny model: blocks full blocks and a partial one."""
     import random
@@ -254,8 +285,15 @@ def prompt(seed: int, blocks: int = 6, tail: int = 5) -> list[int]:
 def engine_options(device: str, socket: str | None, **kw: Any) -> Any:
     from kvctl_engine.hf import EngineOptions
 
-    return EngineOptions(spec=tiny_spec(), device=device, tokens_per_block=TPB, slots=32,
-                         use_cache=socket is not None, socket=socket, **kw)
+    return EngineOptions(
+        spec=tiny_spec(),
+        device=device,
+        tokens_per_block=TPB,
+        slots=32,
+        use_cache=socket is not None,
+        socket=socket,
+        **kw,
+    )
 
 
 def recompute(device: str, tokens: list[int], n: int = 32) -> Any:
@@ -278,6 +316,7 @@ def alter_block(b: int) -> Any:
     def alter(pool: Any, slots: list[int]) -> None:
         assert b < len(slots), "the negative control needs block %d loaded, %d were" % (b, len(slots))
         pool.alter(slots[b])
+
     return alter
 
 
@@ -297,4 +336,6 @@ def assert_differs(got: Any, want: Any, what: str) -> None:
     if got.tokens != want.tokens:
         return
     d = max_diff(torch.stack(got.logits), torch.stack(want.logits))
-    assert d > 1e-5, "%s: an altered page gave the recompute's output (logits within %g): the check cannot see wrong KV" % (what, d)
+    assert d > 1e-5, (
+        "%s: an altered page gave the recompute's output (logits within %g): the check cannot see wrong KV" % (what, d)
+    )

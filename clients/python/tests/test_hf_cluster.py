@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .hf_support import (  # noqa: F401  (fixtures)
+from .hf_support import (
     TINY,
     TPB,
     Master,
@@ -25,7 +25,6 @@ from .hf_support import (  # noqa: F401  (fixtures)
     assert_differs,
     assert_same_output,
     cached_run,
-    device,
     load_dump,
     max_diff,
     prompt,
@@ -49,9 +48,24 @@ def block_keys(kvctl: str, tokens: list[int]) -> list[str]:
     """The pool key of each full block of tokens for the tiny model's rank 0, from `kvctl hash`."""
     page = 2 * 2 * 2 * TPB * 16 * 4  # K and V of 2 layers, 2 KV heads of 16 floats a token
     out = subprocess.run(
-        [kvctl, "hash", "--tokens-file", "-", "--keys-only", "--tokens-per-block", str(TPB),
-         "--model-key", tiny_spec().model_key(), "--layer-group", "0:%d" % page],
-        input=" ".join(map(str, tokens)), capture_output=True, text=True, check=True).stdout.split()
+        [
+            kvctl,
+            "hash",
+            "--tokens-file",
+            "-",
+            "--keys-only",
+            "--tokens-per-block",
+            str(TPB),
+            "--model-key",
+            tiny_spec().model_key(),
+            "--layer-group",
+            "0:%d" % page,
+        ],
+        input=" ".join(map(str, tokens)),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     return out
 
 
@@ -68,8 +82,24 @@ def test_two_hosts_one_master(kvctl_bin: str, device: str, master: Master, tmp_p
         assert sorted(keys) == sorted(master.keys()), "the master holds other keys than A's blocks"
 
         f = write_tokens(tmp_path / "p.json", toks)
-        b = run_engine(["generate", "--socket", h2.socket, "--tokens-file", f, "--max-new-tokens", "32",
-                        "--device", device, "--tokens-per-block", str(TPB), *TINY, "--dump", str(tmp_path / "b.pt")])
+        b = run_engine(
+            [
+                "generate",
+                "--socket",
+                h2.socket,
+                "--tokens-file",
+                f,
+                "--max-new-tokens",
+                "32",
+                "--device",
+                device,
+                "--tokens-per-block",
+                str(TPB),
+                *TINY,
+                "--dump",
+                str(tmp_path / "b.pt"),
+            ]
+        )
         assert b["loaded_tokens"] == 6 * TPB, b
         db = load_dump(str(tmp_path / "b.pt"))
         for blk in range(6):
@@ -107,11 +137,17 @@ def test_page_removed_between_lookup_and_load(kvctl_bin: str, device: str, maste
                 if removed:
                     return  # the restart's load goes ahead
                 assert offered == 6 * TPB, "the lookup offered %d tokens before the removal" % offered
-                p = subprocess.run([os.path.join(env, "bin", "python"), script, master.metadata, master.rpc,
-                                    keys[key_index]], capture_output=True, text=True, env=pyenv_env(env), timeout=120)
+                p = subprocess.run(
+                    [os.path.join(env, "bin", "python"), script, master.metadata, master.rpc, keys[key_index]],
+                    capture_output=True,
+                    text=True,
+                    env=pyenv_env(env),
+                    timeout=120,
+                )
                 assert p.returncode == 0, p.stdout + p.stderr[-3000:]
                 assert json.loads(p.stdout.strip().splitlines()[-1])["removed"][keys[key_index]] == 0
                 removed.append(key_index)
+
             return hook
 
         b = cached_run(device, h.socket, toks, before_load=remove(3))

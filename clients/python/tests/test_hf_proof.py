@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from .hf_support import (  # noqa: F401  (fixtures)
+
+from .hf_support import (
     TINY,
     TPB,
     Serve,
@@ -24,7 +25,6 @@ from .hf_support import (  # noqa: F401  (fixtures)
     assert_differs,
     assert_same_output,
     cached_run,
-    device,
     http_get,
     load_dump,
     max_diff,
@@ -74,8 +74,20 @@ def test_process_b_continues_what_process_a_saved(kvctl_bin: str, device: str, t
     try:
         toks = prompt(11)
         f = write_tokens(tmp_path / "p.json", toks)
-        common = ["generate", "--socket", serve.socket, "--tokens-file", f, "--max-new-tokens", "32",
-                  "--device", device, "--tokens-per-block", str(TPB), *TINY]
+        common = [
+            "generate",
+            "--socket",
+            serve.socket,
+            "--tokens-file",
+            f,
+            "--max-new-tokens",
+            "32",
+            "--device",
+            device,
+            "--tokens-per-block",
+            str(TPB),
+            *TINY,
+        ]
         a = run_engine([*common, "--dump", str(tmp_path / "a.pt")])
         assert (a["loaded_tokens"], a["computed_tokens"]) == (0, len(toks))
         assert a["saved_blocks"] == 6, a
@@ -156,10 +168,29 @@ def test_corrupted_page_is_never_consumed(kvctl_bin: str, device: str, tmp_path:
         assert bad.loaded_tokens == 6 * TPB
         assert_differs(bad, ref, "one page altered after its load")
 
-        out = __import__("subprocess").run(
-            [kvctl_bin, "hash", "--tokens-file", "-", "--keys-only", "--tokens-per-block", str(TPB), "--model-key", tiny_spec().model_key(),
-             "--layer-group", "0:%d" % (2 * 2 * 2 * TPB * 16 * 4)], input=" ".join(map(str, toks)),
-            capture_output=True, text=True, check=True).stdout.split()
+        out = (
+            __import__("subprocess")
+            .run(
+                [
+                    kvctl_bin,
+                    "hash",
+                    "--tokens-file",
+                    "-",
+                    "--keys-only",
+                    "--tokens-per-block",
+                    str(TPB),
+                    "--model-key",
+                    tiny_spec().model_key(),
+                    "--layer-group",
+                    "0:%d" % (2 * 2 * 2 * TPB * 16 * 4),
+                ],
+                input=" ".join(map(str, toks)),
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            .stdout.split()
+        )
         assert len(out) == 6
         _corrupt(serve, out[3], pool_bytes)
 

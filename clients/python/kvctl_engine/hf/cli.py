@@ -15,7 +15,6 @@ import random
 import re
 import statistics
 import sys
-import time
 from typing import Any
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_VALIDATION, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
@@ -72,42 +71,83 @@ def read_tokens(path: str) -> list[int]:
     return parse_tokens(data, what)
 
 
-def add_model_flags(p: argparse.ArgumentParser, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2) -> None:
+def add_model_flags(
+    p: argparse.ArgumentParser, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2
+) -> None:
     g = p.add_argument_group("model (random weights from --model-seed; nothing is downloaded)")
     g.add_argument("--layers", type=int, default=layers, help="decoder layers (default %(default)s)")
     g.add_argument("--hidden", type=int, default=hidden, help="hidden size (default %(default)s)")
     g.add_argument("--heads", type=int, default=heads, help="attention heads (default %(default)s)")
     g.add_argument("--kv-heads", type=int, default=kv_heads, help="KV heads (default %(default)s)")
-    g.add_argument("--vocab", type=int, default=32000, help="vocabulary size; every prompt token must be below it (default %(default)s)")
+    g.add_argument(
+        "--vocab",
+        type=int,
+        default=32000,
+        help="vocabulary size; every prompt token must be below it (default %(default)s)",
+    )
     g.add_argument("--intermediate", type=int, default=0, help="MLP size (0: 8/3 of --hidden)")
     g.add_argument("--model-seed", type=int, default=0, help="seed of the random weights (default %(default)s)")
-    g.add_argument("--init-range", type=float, default=0.5,
-                   help="standard deviation of the random weights; transformers' 0.02 makes a random model repeat one token (default %(default)s)")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="(default %(default)s)")
+    g.add_argument(
+        "--init-range",
+        type=float,
+        default=0.5,
+        help="standard deviation of the random weights; transformers' 0.02 makes a random model repeat one token (default %(default)s)",
+    )
+    g.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="(default %(default)s)"
+    )
 
 
 def add_engine_flags(p: argparse.ArgumentParser, tpb: int = 32) -> None:
     g = p.add_argument_group("engine")
-    g.add_argument("--socket", default=None, help="kvctl serve's engine socket (default $KVCTL_SOCKET, then serve's default)")
-    g.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the model and the KV pages live (default %(default)s)")
+    g.add_argument(
+        "--socket", default=None, help="kvctl serve's engine socket (default $KVCTL_SOCKET, then serve's default)"
+    )
+    g.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="where the model and the KV pages live (default %(default)s)",
+    )
     g.add_argument("--tokens-per-block", type=int, default=tpb, help="block size in tokens (default %(default)s)")
-    g.add_argument("--chunk-tokens", type=int, default=0,
-                   help="prefill chunk, a multiple of the block size (0: one block); runs compared bit for bit need equal chunks")
+    g.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=0,
+        help="prefill chunk, a multiple of the block size (0: one block); runs compared bit for bit need equal chunks",
+    )
     g.add_argument("--slots", type=int, default=0, help="KV pages (0: enough for the prompt)")
     g.add_argument("--name", default="", help="engine name registered with kvctl serve (default kvctl-hf-PID)")
     g.add_argument("--namespace", default="", help="key namespace")
-    g.add_argument("--model-key", default="", help="model key (default: derived from the model flags, so different weights never share KV)")
-    g.add_argument("--staging-bytes", type=int, default=0, help="pinned staging per direction (0: the daemon's default)")
+    g.add_argument(
+        "--model-key",
+        default="",
+        help="model key (default: derived from the model flags, so different weights never share KV)",
+    )
+    g.add_argument(
+        "--staging-bytes", type=int, default=0, help="pinned staging per direction (0: the daemon's default)"
+    )
     g.add_argument("--world-size", type=int, default=1, help="tensor-parallel ranks, one process each (default 1)")
     g.add_argument("--rank", type=int, default=0, help="this process's tensor-parallel rank")
-    g.add_argument("--dist-init", default="", help="torch.distributed init method of the ranks, e.g. tcp://127.0.0.1:29500")
+    g.add_argument(
+        "--dist-init", default="", help="torch.distributed init method of the ranks, e.g. tcp://127.0.0.1:29500"
+    )
 
 
 def spec_of(a: argparse.Namespace) -> Any:
     from .model import ModelSpec
 
-    return ModelSpec(layers=a.layers, hidden=a.hidden, heads=a.heads, kv_heads=a.kv_heads, vocab=a.vocab,
-                     intermediate=a.intermediate, seed=a.model_seed, init_range=a.init_range, dtype=a.dtype)
+    return ModelSpec(
+        layers=a.layers,
+        hidden=a.hidden,
+        heads=a.heads,
+        kv_heads=a.kv_heads,
+        vocab=a.vocab,
+        intermediate=a.intermediate,
+        seed=a.model_seed,
+        init_range=a.init_range,
+        dtype=a.dtype,
+    )
 
 
 def group_of(a: argparse.Namespace) -> Any:
@@ -125,9 +165,19 @@ def group_of(a: argparse.Namespace) -> Any:
 def options_of(a: argparse.Namespace, slots: int, use_cache: bool) -> Any:
     from .engine import EngineOptions
 
-    return EngineOptions(spec=spec_of(a), device=a.device, tokens_per_block=a.tokens_per_block,
-                         chunk_tokens=a.chunk_tokens, slots=a.slots or slots, use_cache=use_cache, socket=a.socket,
-                         name=a.name, namespace=a.namespace, model_key=a.model_key, staging_buffer_bytes=a.staging_bytes)
+    return EngineOptions(
+        spec=spec_of(a),
+        device=a.device,
+        tokens_per_block=a.tokens_per_block,
+        chunk_tokens=a.chunk_tokens,
+        slots=a.slots or slots,
+        use_cache=use_cache,
+        socket=a.socket,
+        name=a.name,
+        namespace=a.namespace,
+        model_key=a.model_key,
+        staging_buffer_bytes=a.staging_bytes,
+    )
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
@@ -147,6 +197,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
         def alter(pool: Any, slots: list[int]) -> None:
             if b < len(slots):
                 pool.alter(slots[b])
+
         hooks.after_load = alter
     blocks = -(-len(tokens) // a.tokens_per_block)
     group = group_of(a)
@@ -162,8 +213,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
         print(json.dumps(out))
     else:
         print("tokens\t%s" % " ".join(str(t) for t in res.tokens))
-        print("loaded_tokens\t%d\ncomputed_tokens\t%d\nttft_seconds\t%.6f\nrestarts\t%d"
-              % (res.loaded_tokens, res.computed_tokens, res.ttft_seconds, res.restarts))
+        print(
+            "loaded_tokens\t%d\ncomputed_tokens\t%d\nttft_seconds\t%.6f\nrestarts\t%d"
+            % (res.loaded_tokens, res.computed_tokens, res.ttft_seconds, res.restarts)
+        )
     return EXIT_OK
 
 
@@ -185,8 +238,14 @@ def cmd_bench_ttft(a: argparse.Namespace) -> int:
     rng = random.Random(a.prompt_seed)
     # Each run gets a prompt of its own first token so that runs never share a prefix by accident.
     group = group_of(a)
-    out: dict[str, Any] = {"device": a.device, "model": vars(spec_of(a)), "tokens_per_block": T,
-                           "chunk_tokens": a.chunk_tokens or T, "reps": a.reps, "runs": []}
+    out: dict[str, Any] = {
+        "device": a.device,
+        "model": vars(spec_of(a)),
+        "tokens_per_block": T,
+        "chunk_tokens": a.chunk_tokens or T,
+        "reps": a.reps,
+        "runs": [],
+    }
     if a.device == "cuda":
         out["gpu"] = torch.cuda.get_device_name()
     out["torch"] = torch.__version__
@@ -208,13 +267,21 @@ def cmd_bench_ttft(a: argparse.Namespace) -> int:
                 wt = statistics.median(r.ttft_seconds for r in warm)
                 match = all(r.tokens == nc[0].tokens for r in warm + [cold])
                 ok = ok and match and all(r.loaded_tokens > 0 for r in warm)
-                out["runs"].append({
-                    "prompt_tokens": n, "no_cache_ttft_seconds": nct, "cold_ttft_seconds": cold.ttft_seconds,
-                    "warm_ttft_seconds": wt, "ttft_ratio_no_cache_over_warm": nct / wt if wt > 0 else None,
-                    "warm_loaded_tokens": warm[0].loaded_tokens, "warm_computed_tokens": warm[0].computed_tokens,
-                    "warm_load_seconds": statistics.median(r.load_seconds for r in warm),
-                    "no_cache_ttft_each": [r.ttft_seconds for r in nc], "warm_ttft_each": [r.ttft_seconds for r in warm],
-                    "tokens_match": match})
+                out["runs"].append(
+                    {
+                        "prompt_tokens": n,
+                        "no_cache_ttft_seconds": nct,
+                        "cold_ttft_seconds": cold.ttft_seconds,
+                        "warm_ttft_seconds": wt,
+                        "ttft_ratio_no_cache_over_warm": nct / wt if wt > 0 else None,
+                        "warm_loaded_tokens": warm[0].loaded_tokens,
+                        "warm_computed_tokens": warm[0].computed_tokens,
+                        "warm_load_seconds": statistics.median(r.load_seconds for r in warm),
+                        "no_cache_ttft_each": [r.ttft_seconds for r in nc],
+                        "warm_ttft_each": [r.ttft_seconds for r in warm],
+                        "tokens_match": match,
+                    }
+                )
     finally:
         group.close()
     out["ok"] = ok
@@ -224,24 +291,54 @@ def cmd_bench_ttft(a: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kvctl_engine.hf", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(
+        prog="python -m kvctl_engine.hf",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
-    g = sub.add_parser("generate", help="run one prompt: load its prefix from kvctl serve, compute the rest, save, decode")
-    g.add_argument("--tokens-file", required=True, help="the prompt: a JSON array of token ids, or ids separated by whitespace or commas; - reads stdin")
+    g = sub.add_parser(
+        "generate", help="run one prompt: load its prefix from kvctl serve, compute the rest, save, decode"
+    )
+    g.add_argument(
+        "--tokens-file",
+        required=True,
+        help="the prompt: a JSON array of token ids, or ids separated by whitespace or commas; - reads stdin",
+    )
     g.add_argument("--max-new-tokens", type=int, default=32, help="tokens to decode greedily (default %(default)s)")
     g.add_argument("--no-cache", action="store_true", help="compute everything, without kvctl serve")
     g.add_argument("-o", "--output", choices=["json", "table"], default="table")
-    g.add_argument("--dump", default="", help="write the logits of every output token and every full block's page bytes here (torch.save)")
-    g.add_argument("--alter-loaded-block", type=int, default=-1,
-                   help="negative control: change one value of this loaded block's page before it is used (the output must then differ)")
+    g.add_argument(
+        "--dump",
+        default="",
+        help="write the logits of every output token and every full block's page bytes here (torch.save)",
+    )
+    g.add_argument(
+        "--alter-loaded-block",
+        type=int,
+        default=-1,
+        help="negative control: change one value of this loaded block's page before it is used (the output must then differ)",
+    )
     add_model_flags(g)
     add_engine_flags(g)
     g.set_defaults(func=cmd_generate)
     b = sub.add_parser("bench-ttft", help="time to first token with a warm pool against --no-cache, as JSON")
-    b.add_argument("--prompt-tokens", default="4096,16384", help="prompt lengths, comma-separated (default %(default)s)")
-    b.add_argument("--reps", type=int, default=3, help="timed runs per length and mode; the median is reported (default %(default)s)")
-    b.add_argument("--max-new-tokens", type=int, default=4, help="tokens decoded per run, compared between modes (default %(default)s)")
+    b.add_argument(
+        "--prompt-tokens", default="4096,16384", help="prompt lengths, comma-separated (default %(default)s)"
+    )
+    b.add_argument(
+        "--reps",
+        type=int,
+        default=3,
+        help="timed runs per length and mode; the median is reported (default %(default)s)",
+    )
+    b.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=4,
+        help="tokens decoded per run, compared between modes (default %(default)s)",
+    )
     b.add_argument("--prompt-seed", type=int, default=1)
     add_model_flags(b, layers=16, hidden=2048, heads=16, kv_heads=8)
     add_engine_flags(b, tpb=64)

@@ -29,7 +29,8 @@ import dataclasses
 import itertools
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -69,8 +70,13 @@ class TorchGroup(Group):
 
         self.dist = dist
         self.world_size, self.rank = world_size, rank
-        dist.init_process_group("gloo", init_method=init_method, world_size=world_size, rank=rank,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            "gloo",
+            init_method=init_method,
+            world_size=world_size,
+            rank=rank,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
 
     def broadcast(self, obj: Any) -> Any:
         box = [obj if self.rank == 0 else None]
@@ -197,11 +203,23 @@ class Engine:
         from kvctl_engine import cuda as kcuda
 
         o = self.opts
-        self.pool = KVPool(self.spec.layers, o.slots, self.kv_heads, o.tokens_per_block, self.spec.head_dim,
-                           self.spec.torch_dtype, self.device)
+        self.pool = KVPool(
+            self.spec.layers,
+            o.slots,
+            self.kv_heads,
+            o.tokens_per_block,
+            self.spec.head_dim,
+            self.spec.torch_dtype,
+            self.device,
+        )
         lay = self.pool.layout()
-        layout = kv.Layout(lay.tokens_per_block, [
-            kv.LayerGroup(g.id, g.slots, [kv.Region(r.offset, r.stride, r.size) for r in g.regions]) for g in lay.groups])
+        layout = kv.Layout(
+            lay.tokens_per_block,
+            [
+                kv.LayerGroup(g.id, g.slots, [kv.Region(r.offset, r.stride, r.size) for r in g.regions])
+                for g in lay.groups
+            ],
+        )
         if self.pool.shm is not None:
             memory: Any = self.pool.shm
         else:
@@ -210,10 +228,17 @@ class Engine:
         self.client = kv.connect(o.socket)
         try:
             self.rank = kv.Rank.register(
-                self.client, "%s/rank%d" % (name, self.group.rank), layout, memory,
-                model_key=o.model_key or self.spec.model_key(), namespace=o.namespace,
-                world_size=self.group.world_size, rank=self.group.rank, scheduler=self.scheduler,
-                options=kv.RankOptions(staging_buffer_bytes=o.staging_buffer_bytes))
+                self.client,
+                "%s/rank%d" % (name, self.group.rank),
+                layout,
+                memory,
+                model_key=o.model_key or self.spec.model_key(),
+                namespace=o.namespace,
+                world_size=self.group.world_size,
+                rank=self.group.rank,
+                scheduler=self.scheduler,
+                options=kv.RankOptions(staging_buffer_bytes=o.staging_buffer_bytes),
+            )
         except BaseException:
             self.client.close()
             raise
@@ -237,8 +262,14 @@ class Engine:
 
     # -- one prompt -----------------------------------------------------------------------------
 
-    def generate(self, tokens: list[int], max_new_tokens: int, hooks: Hooks | None = None,
-                 request_id: str | None = None, no_cache: bool = False) -> Result:
+    def generate(
+        self,
+        tokens: list[int],
+        max_new_tokens: int,
+        hooks: Hooks | None = None,
+        request_id: str | None = None,
+        no_cache: bool = False,
+    ) -> Result:
         """Prefills tokens (loading what kvctl has), saves the computed blocks and decodes
         max_new_tokens greedily. no_cache (or an engine without kvctl) computes everything and
         calls nothing."""
@@ -272,8 +303,10 @@ class Engine:
             parts = []
             for layer in range(self.spec.layers):
                 k, v = M.layer_kv(cache, layer, b * T, (b + 1) * T)
-                parts += [k.contiguous().view(torch.uint8).cpu().numpy().tobytes(),
-                          v.contiguous().view(torch.uint8).cpu().numpy().tobytes()]
+                parts += [
+                    k.contiguous().view(torch.uint8).cpu().numpy().tobytes(),
+                    v.contiguous().view(torch.uint8).cpu().numpy().tobytes(),
+                ]
             out[b] = b"".join(parts)
         return out
 
@@ -293,11 +326,16 @@ class Engine:
             if self.scheduler:
                 hit = rank.lookup(kv.Request(rid, tokens), 0)
                 if hit.is_async:
-                    raise RuntimeError("lookup of %s answered an asynchronous load; this engine registers synchronous loads" % rid)
+                    raise RuntimeError(
+                        "lookup of %s answered an asynchronous load; this engine registers synchronous loads" % rid
+                    )
                 matched = hit.matched_tokens
             matched = g.broadcast(matched)
             if matched % T or matched >= len(tokens):
-                raise RuntimeError("lookup of %s matched %d tokens: not whole blocks of a %d-token prompt" % (rid, matched, len(tokens)))
+                raise RuntimeError(
+                    "lookup of %s matched %d tokens: not whole blocks of a %d-token prompt"
+                    % (rid, matched, len(tokens))
+                )
             # The offer that just failed, offered again whole: the pool still holds a page it
             # refuses (one that fails its checksum), so this admission turns the load down and
             # computes the prompt.
@@ -337,8 +375,19 @@ class Engine:
         finally:
             pool.release(slots)
 
-    def _compute(self, tokens: list[int], n: int, hooks: Hooks, rid: str, slots: list[int], matched: int,
-                 t0: float, restarts: int, load_s: float, meta: Any) -> Result:
+    def _compute(
+        self,
+        tokens: list[int],
+        n: int,
+        hooks: Hooks,
+        rid: str,
+        slots: list[int],
+        matched: int,
+        t0: float,
+        restarts: int,
+        load_s: float,
+        meta: Any,
+    ) -> Result:
         g, rank, pool = self.group, self.rank, self.pool
         assert pool is not None
         T = self.opts.tokens_per_block
@@ -373,8 +422,17 @@ class Engine:
         saved = sum(len(rt.pages) for rt in meta.saves if rt.request_id == rid)
         if saving:
             self._wait_saved(rid)
-        res = Result(toks, matched, len(tokens) - matched, ttft, len(tokens), restarts=restarts,
-                     saved_blocks=saved, load_seconds=load_s, logits=lg)
+        res = Result(
+            toks,
+            matched,
+            len(tokens) - matched,
+            ttft,
+            len(tokens),
+            restarts=restarts,
+            saved_blocks=saved,
+            load_seconds=load_s,
+            logits=lg,
+        )
         if hooks.keep_pages:
             res.pages = {b: pool.page_bytes_of(slots[b]) for b in range(len(tokens) // T)}
         return res

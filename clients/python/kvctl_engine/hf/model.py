@@ -21,7 +21,7 @@ and so each rank's pages, hold only its own KV heads.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
 
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
@@ -53,7 +53,9 @@ class ModelSpec:
         if self.heads >= 1 and self.hidden % self.heads:
             problems.append("hidden %d: must be a multiple of heads %d" % (self.hidden, self.heads))
         elif self.heads >= 1 and (self.hidden // self.heads) % 2:
-            problems.append("hidden / heads = %d: the head size must be even (rotary embedding)" % (self.hidden // self.heads))
+            problems.append(
+                "hidden / heads = %d: the head size must be even (rotary embedding)" % (self.hidden // self.heads)
+            )
         if self.kv_heads >= 1 and self.heads % self.kv_heads:
             problems.append("heads %d: must be a multiple of kv_heads %d" % (self.heads, self.kv_heads))
         if self.intermediate < 0:
@@ -91,8 +93,16 @@ class ModelSpec:
     def model_key(self) -> str:
         """A model key that names the weights: engines with different weights never share KV."""
         return "kvctl-hf-llama-l%d-h%d-a%d-kv%d-v%d-i%d-r%g-s%d-%s" % (
-            self.layers, self.hidden, self.heads, self.kv_heads, self.vocab, self.intermediate,
-            self.init_range, self.seed, self.dtype)
+            self.layers,
+            self.hidden,
+            self.heads,
+            self.kv_heads,
+            self.vocab,
+            self.intermediate,
+            self.init_range,
+            self.seed,
+            self.dtype,
+        )
 
 
 def build_model(spec: ModelSpec, device: torch.device | str = "cpu") -> LlamaForCausalLM:
@@ -195,8 +205,7 @@ def prefill(
     pos = start
     while pos < len(tokens):
         end = min(len(tokens), (pos // chunk_tokens + 1) * chunk_tokens)
-        out = model(input_ids=ids[pos:end].unsqueeze(0), past_key_values=cache, use_cache=True,
-                    logits_to_keep=1)
+        out = model(input_ids=ids[pos:end].unsqueeze(0), past_key_values=cache, use_cache=True, logits_to_keep=1)
         logits = out.logits[0, -1]
         if on_chunk is not None:
             on_chunk(pos, end)
@@ -219,8 +228,9 @@ def decode(
         toks.append(t)
         if i == n - 1:
             break
-        out = model(input_ids=torch.tensor([[t]], dtype=torch.long, device=model.device),
-                    past_key_values=cache, use_cache=True)
+        out = model(
+            input_ids=torch.tensor([[t]], dtype=torch.long, device=model.device), past_key_values=cache, use_cache=True
+        )
         cur = out.logits[0, -1].float()
         logits.append(cur)
     return toks, logits
@@ -233,11 +243,9 @@ def check_tokens(spec: ModelSpec, tokens: list[int]) -> None:
         raise ValueError("prompt: no tokens")
     bad = [t for t in tokens if not 0 <= t < spec.vocab]
     if bad:
-        raise ValueError("prompt: token %d at position %d is outside the vocabulary [0, %d) (raise --vocab)"
-                         % (bad[0], tokens.index(bad[0]), spec.vocab))
+        raise ValueError(
+            "prompt: token %d at position %d is outside the vocabulary [0, %d) (raise --vocab)"
+            % (bad[0], tokens.index(bad[0]), spec.vocab)
+        )
     if len(tokens) > spec.max_positions:
         raise ValueError("prompt: %d tokens, more than the model's %d positions" % (len(tokens), spec.max_positions))
-
-
-def describe(spec: ModelSpec) -> dict[str, Any]:
-    return dataclasses.asdict(spec)

@@ -35,8 +35,10 @@ class KVPool:
         device: torch.device,
     ) -> None:
         if min(layers, slots, kv_heads, tokens_per_block, head_dim) < 1:
-            raise ValueError("KV pool: layers %d, slots %d, kv_heads %d, tokens_per_block %d, head_dim %d: all must be positive"
-                             % (layers, slots, kv_heads, tokens_per_block, head_dim))
+            raise ValueError(
+                "KV pool: layers %d, slots %d, kv_heads %d, tokens_per_block %d, head_dim %d: all must be positive"
+                % (layers, slots, kv_heads, tokens_per_block, head_dim)
+            )
         self.layers, self.slots, self.kv_heads = layers, slots, kv_heads
         self.T, self.head_dim, self.dtype, self.device = tokens_per_block, head_dim, dtype, device
         elsize = torch.empty((), dtype=dtype).element_size()
@@ -58,28 +60,28 @@ class KVPool:
 
     def layout(self) -> pb.Layout:
         """The Register layout: one layer group, 2 x layers regions (K then V of each layer)."""
-        regions = [pb.Region(offset=r * self.slots * self.piece, stride=self.piece, size=self.piece)
-                   for r in range(2 * self.layers)]
+        regions = [
+            pb.Region(offset=r * self.slots * self.piece, stride=self.piece, size=self.piece)
+            for r in range(2 * self.layers)
+        ]
         return pb.Layout(tokens_per_block=self.T, groups=[pb.LayerGroup(id=0, slots=self.slots, regions=regions)])
 
     def alloc(self, n: int) -> list[int]:
         """n free slots; the pages are poisoned (NaN) so that a load that writes nothing, or a
         read of a page never written, cannot pass for KV."""
         if n > len(self.free):
-            raise RuntimeError("KV pool: %d pages needed, %d free of %d (raise --slots)" % (n, len(self.free), self.slots))
+            raise RuntimeError(
+                "KV pool: %d pages needed, %d free of %d (raise --slots)" % (n, len(self.free), self.slots)
+            )
         got = [self.free.pop() for _ in range(n)]
         idx = torch.tensor(got, dtype=torch.long, device=self.device)
         self.pages[:, :, idx] = float("nan")
+        # The daemon's copies into these pages are not ordered after this engine's streams.
+        self.sync()
         return got
 
     def release(self, slots: list[int]) -> None:
         self.free.extend(reversed(slots))
-
-    def write_block(self, slot: int, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Stores one block's K and V of layer (each (kv_heads, n, head_dim), n <= T) in slot."""
-        n = k.shape[1]
-        self.pages[layer, 0, slot, :, :n].copy_(k)
-        self.pages[layer, 1, slot, :, :n].copy_(v)
 
     def read_blocks(self, slots: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer, K and V of the blocks in slots, in order: each (kv_heads, len(slots) * T, head_dim)."""
