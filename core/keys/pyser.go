@@ -116,10 +116,13 @@ type pickler struct {
 	memo   uint32
 	shared map[string]uint32
 	ids    map[int]uint32
+	// emptyBytes is 1 + the memo index of b"", another CPython singleton; 0 before it is written.
+	emptyBytes uint32
 }
 
 // sharedStr reports whether CPython represents every str equal to s by one object: the empty
-// string and the one-character strings of code points below 256. Other equal strings may or
+// string and the one-character strings of code points below 256 (b"" is one object too; see
+// pickler.bytes). Other equal strings may or
 // may not be one object depending on the process; they are written as distinct objects.
 func sharedStr(s string) bool {
 	if s == "" {
@@ -198,6 +201,13 @@ func (p *pickler) get(i uint32) {
 }
 
 func (p *pickler) bytes(s string) {
+	if s == "" {
+		if p.emptyBytes > 0 {
+			p.get(p.emptyBytes - 1)
+			return
+		}
+		p.emptyBytes = p.memo + 1
+	}
 	if len(s) < 256 {
 		p.b = append(p.b, pkShortBinBytes, byte(len(s)))
 	} else {

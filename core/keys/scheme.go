@@ -219,6 +219,9 @@ type Digest []byte
 // String returns the lowercase hex form used in pool keys.
 func (d Digest) String() string { return hex.EncodeToString(d) }
 
+// MarshalText writes the hex form, so that a Digest is hex in JSON.
+func (d Digest) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
 // MMFeature is a multimodal item as vLLM hashes it: an identifier (vLLM's hash of the
 // processed input) and its placeholder range [Offset, Offset+Length) in the prompt.
 type MMFeature struct {
