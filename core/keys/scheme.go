@@ -89,6 +89,8 @@ type Scheme struct {
 	Inputs []Input
 	// Default marks the scheme used when none is named.
 	Default bool
+	// TokensPerBlock is the engine's default block (or page) size, for when none is given.
+	TokensPerBlock int
 	// Chain is set for the schemes with a 16-byte chain that kvctl serve's connector runs
 	// (ChainConfig, Chain, Recipe); nil for the others.
 	Chain *ChainRules
@@ -342,3 +344,16 @@ var ErrNoPythonHashSeed = errors.New("vLLM's keys are random per process when PY
 
 // ErrTokenOutOfRange is returned (wrapped) for a token id a scheme cannot encode.
 var ErrTokenOutOfRange = errors.New("token id out of range")
+
+// KeyModelName returns the model name a scheme's keys carry for p: the basename of vLLM's
+// --model, SGLang's served model name with "/" as "-", or "" when the keys carry none.
+func KeyModelName(s *Scheme, p *Params) string {
+	switch {
+	case !s.Takes(InputModel):
+		return ""
+	case s.Engine == EngineVLLM:
+		return vllmModelName(p.Model)
+	default:
+		return strings.ReplaceAll(p.Model, "/", "-")
+	}
+}

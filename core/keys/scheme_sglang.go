@@ -33,7 +33,7 @@ func init() {
 		Name: "sglang", Engine: EngineSGLang,
 		Summary:    "SGLang HiCache on Mooncake: page hashes seeded by extra_key and cache_salt (PR #38577), model-prefixed keys",
 		Seed:       `SHA-256("sglang-cache-namespace-v1" ‖ part(extra_key) ‖ part(cache_salt)) when either is set; none otherwise`,
-		Serializer: "u32le tokens", Digest: digestSHA256,
+		Serializer: "u32le tokens", Digest: digestSHA256, TokensPerBlock: 1,
 		KeyLayout: "[tag_][served model, / as -_]{hex64}_{tp}[_{pp}]_k|_v (MHA), …__k or …_{pp}_k (MLA)",
 		Inputs:    append(append([]Input(nil), newest...), InputExtraKey, InputCacheSalt),
 		derive: func(s *Scheme, p *Params, tokens []int64, set KeySet) (*Result, error) {
@@ -44,7 +44,7 @@ func init() {
 		Name: "sglang-pre-38577", Engine: EngineSGLang,
 		Summary:    "SGLang HiCache on Mooncake before PR #38577: no namespace seed (extra_key and cache_salt share pages)",
 		Seed:       "none",
-		Serializer: "u32le tokens", Digest: digestSHA256,
+		Serializer: "u32le tokens", Digest: digestSHA256, TokensPerBlock: 1,
 		KeyLayout: "as sglang",
 		Inputs:    newest,
 		derive: func(s *Scheme, p *Params, tokens []int64, set KeySet) (*Result, error) {
@@ -55,7 +55,7 @@ func init() {
 		Name: "sglang-legacy", Engine: EngineSGLang,
 		Summary:    "SGLang's older mooncake_store key layout: no model name, no PP, no namespace seed",
 		Seed:       "none",
-		Serializer: "u32le tokens", Digest: digestSHA256,
+		Serializer: "u32le tokens", Digest: digestSHA256, TokensPerBlock: 1,
 		KeyLayout: "[tag_]{hex64}_{tp}_k|_v (MHA), [tag_]{hex64}_k (MLA)",
 		Inputs:    base,
 		derive: func(s *Scheme, p *Params, tokens []int64, set KeySet) (*Result, error) {

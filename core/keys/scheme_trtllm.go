@@ -17,7 +17,7 @@ func init() {
 		Name: string(FormatTRTLLM), Engine: EngineTRTLLM, Default: true,
 		Summary:    "TensorRT-LLM's main line, with the prompt-lookahead rule",
 		Seed:       `B(framed(salt, lora, mm…)), re-digested with "prompt-lookahead" ‖ u64le(L) when L > 0`,
-		Serializer: "int64le tokens", Digest: blake2, KeyLayout: trtllmKeyLayout, Inputs: trtllmInputs,
+		Serializer: "int64le tokens", Digest: blake2, KeyLayout: trtllmKeyLayout, Inputs: trtllmInputs, TokensPerBlock: 32,
 		Chain:  &ChainRules{Lookahead: true, FullScope: true, SeedPreimage: seedPreimageFramed},
 		derive: deriveChain,
 	})
@@ -25,7 +25,7 @@ func init() {
 		Name: string(FormatTRTLLMLookaheadV2), Engine: EngineTRTLLM,
 		Summary:    `TensorRT-LLM's "mooncake-kv-v2" branch: salt-only seed, prompt lookahead`,
 		Seed:       `B("mooncake-kv-v2" ‖ "salt" ‖ salt), re-digested when L > 0`,
-		Serializer: "int64le tokens", Digest: blake2, KeyLayout: trtllmKeyLayout, Inputs: trtllmInputs,
+		Serializer: "int64le tokens", Digest: blake2, KeyLayout: trtllmKeyLayout, Inputs: trtllmInputs, TokensPerBlock: 32,
 		Chain:  &ChainRules{Lookahead: true, SeedPreimage: seedPreimageV2},
 		derive: deriveChain,
 	})
@@ -33,7 +33,7 @@ func init() {
 		Name: string(FormatTRTLLMV1), Engine: EngineTRTLLM,
 		Summary:    "TensorRT-LLM's oldest branch: salt-only seed, no lookahead",
 		Seed:       `B("salt" ‖ salt)`,
-		Serializer: "int64le tokens", Digest: blake2, KeyLayout: trtllmKeyLayout, Inputs: trtllmInputs,
+		Serializer: "int64le tokens", Digest: blake2, KeyLayout: trtllmKeyLayout, Inputs: trtllmInputs, TokensPerBlock: 32,
 		Chain:  &ChainRules{SeedPreimage: seedPreimageV1},
 		derive: deriveChain,
 	})
@@ -41,7 +41,7 @@ func init() {
 		Name: string(FormatBLAKE3), Engine: EngineKvctl,
 		Summary:    "kvctl only: the trtllm framing digested with BLAKE3; faster, never matches TensorRT-LLM",
 		Seed:       "as trtllm, digested with BLAKE3 (key-derivation mode)",
-		Serializer: "int64le tokens", Digest: DigestInfo{Name: "blake3-128", Size: HashSize}, KeyLayout: trtllmKeyLayout, Inputs: trtllmInputs,
+		Serializer: "int64le tokens", Digest: DigestInfo{Name: "blake3-128", Size: HashSize}, KeyLayout: trtllmKeyLayout, Inputs: trtllmInputs, TokensPerBlock: 32,
 		Chain:  &ChainRules{Lookahead: true, FullScope: true, BLAKE3: true, SeedPreimage: seedPreimageFramed},
 		derive: deriveChain,
 	})

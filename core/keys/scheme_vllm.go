@@ -71,7 +71,6 @@ var vllmHashInputs = []Input{
 func init() {
 	for _, lineage := range []string{vllmLineageB, vllmLineageA} {
 		for _, hf := range vllmHashFns {
-			hf := hf
 			name, layout := "vllm"+hf.suffix, `[cache_prefix@]{model basename}[store_namespace]@tp_rank:{R}@pcp{P}@dcp{D}@pp_rank:{Q}@group:{G}@{hex}`
 			inputs := append(append([]Input(nil), vllmHashInputs...), InputModel, InputCachePrefix, InputStoreNamespace,
 				InputWorldSize, InputRank, InputNumKVHeads, InputMLA, InputPPRank, InputPPSize, InputPCPRank, InputPCPSize,
@@ -82,7 +81,7 @@ func init() {
 				layout = `{model basename}@tp_rank:{R}@pcp{P}@dcp{D}@pp_rank:{Q}@{hex}`
 				inputs = append(append([]Input(nil), vllmHashInputs...), InputModel, InputWorldSize, InputRank,
 					InputNumKVHeads, InputMLA, InputPPRank, InputPPSize, InputPCPRank, InputPCPSize, InputDCPRank, InputDCPSize)
-				summary += ", first connector lineage (no @group, no cache_prefix)"
+				summary = fmt.Sprintf("vLLM MooncakeStoreConnector's first lineage (no @group, no cache_prefix), %s", hf.algo)
 			}
 			if strings.HasSuffix(hf.algo, "msgpack") {
 				summary += " (a branch only)"
@@ -91,7 +90,7 @@ func init() {
 				Name: name, Engine: EngineVLLM, Summary: summary,
 				Seed:       "NONE_HASH = hash_fn(PYTHONHASHSEED string); random per process when unset",
 				Serializer: hf.ser.name() + " of (parent, tuple(tokens), extra keys)", Digest: hf.digest,
-				KeyLayout: layout, Inputs: inputs,
+				KeyLayout: layout, Inputs: inputs, TokensPerBlock: 16,
 				derive: func(s *Scheme, p *Params, tokens []int64, set KeySet) (*Result, error) {
 					return deriveVLLM(s, hf, lineage, p, tokens, set)
 				},
