@@ -9,8 +9,22 @@ import (
 	"testing"
 )
 
-// engineKeysPath holds vLLM's and SGLang's vectors (../shared/testdata/engine-keys.json).
-const engineKeysPath = "../../testdata/engine-keys.json"
+// engineKeysPath is the committed copy of vLLM's and SGLang's vectors; sharedEngineKeysPath is
+// the full set beside the checkout (CI has it, with more cases than the copy). The tests read
+// the full set when it is there and the copy otherwise, and run every case of whichever they
+// read.
+const (
+	engineKeysPath       = "../../testdata/engine-keys.json"
+	sharedEngineKeysPath = "../../../shared/testdata/engine-keys.json"
+)
+
+// engineKeysSource returns the vectors file the tests read.
+func engineKeysSource() string {
+	if _, err := os.Stat(sharedEngineKeysPath); err == nil {
+		return sharedEngineKeysPath
+	}
+	return engineKeysPath
+}
 
 type engineFile struct {
 	VLLM struct {
@@ -89,10 +103,12 @@ type sglangCase struct {
 
 func loadEngineKeys(t testing.TB) *engineFile {
 	t.Helper()
-	data, err := os.ReadFile(engineKeysPath)
+	path := engineKeysSource()
+	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("engine vectors from %s", path)
 	var f engineFile
 	if err := json.Unmarshal(data, &f); err != nil {
 		t.Fatal(err)
@@ -469,5 +485,79 @@ func TestEngineKeysSGLang(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestEngineKeysCopyIsSubsetOfShared checks that every case of the committed copy is in the
+// shared file, byte for byte as JSON, when the shared file is beside the checkout: the shared
+// file may hold more cases, never other ones.
+func TestEngineKeysCopyIsSubsetOfShared(t *testing.T) {
+	shared, err := os.ReadFile(sharedEngineKeysPath)
+	if errors.Is(err, os.ErrNotExist) {
+		t.Skip("no shared engine-keys.json beside the checkout")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	copyData, err := os.ReadFile(engineKeysPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type sections struct {
+		VLLM struct {
+			Cases []json.RawMessage `json:"cases"`
+			V0    []json.RawMessage `json:"v0_legacy_mooncake_store_connector"`
+		} `json:"vllm"`
+		SGLang struct {
+			Cases []json.RawMessage `json:"cases"`
+		} `json:"sglang"`
+	}
+	index := func(data []byte) map[string]map[string]string {
+		var s sections
+		if err := json.Unmarshal(data, &s); err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]map[string]string{}
+		add := func(sec string, cases []json.RawMessage) {
+			out[sec] = map[string]string{}
+			for _, c := range cases {
+				var named struct {
+					Name string `json:"name"`
+				}
+				if err := json.Unmarshal(c, &named); err != nil {
+					t.Fatal(err)
+				}
+				var v any
+				if err := json.Unmarshal(c, &v); err != nil {
+					t.Fatal(err)
+				}
+				canon, err := json.Marshal(v)
+				if err != nil {
+					t.Fatal(err)
+				}
+				out[sec][named.Name] = string(canon)
+			}
+		}
+		add("vllm", s.VLLM.Cases)
+		add("vllm_v0", s.VLLM.V0)
+		add("sglang", s.SGLang.Cases)
+		return out
+	}
+	mine, full := index(copyData), index(shared)
+	n := 0
+	for sec, cases := range mine {
+		for name, c := range cases {
+			n++
+			got, ok := full[sec][name]
+			switch {
+			case !ok:
+				t.Errorf("%s case %q of the committed copy is not in the shared file", sec, name)
+			case got != c:
+				t.Errorf("%s case %q differs between the committed copy and the shared file", sec, name)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("the committed copy holds no cases")
 	}
 }
