@@ -65,3 +65,37 @@ func TestKeyFlagsRecipe(t *testing.T) {
 		})
 	}
 }
+
+func TestParseMMFeature(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want keys.MMFeature
+		err  bool
+	}{
+		{in: "img-0:2:10", want: keys.MMFeature{Identifier: "img-0", Offset: 2, Length: 10}},
+		{in: "sha256:abc:14:30", want: keys.MMFeature{Identifier: "sha256:abc", Offset: 14, Length: 30}},
+		{in: ":0:0", want: keys.MMFeature{}},
+		{in: "img:2", err: true},
+		{in: "img:-1:3", err: true},
+		{in: "img:x:3", err: true},
+	} {
+		got, err := ParseMMFeature(tt.in)
+		if (err != nil) != tt.err || (!tt.err && got != tt.want) {
+			t.Errorf("%q: %+v, %v", tt.in, got, err)
+		}
+	}
+}
+
+func FuzzParseMMFeature(f *testing.F) {
+	f.Add("img-0:2:10")
+	f.Add("a:b:c:1:2")
+	f.Fuzz(func(t *testing.T, s string) {
+		m, err := ParseMMFeature(s)
+		if err != nil {
+			return
+		}
+		if m.Offset < 0 || m.Length < 0 || !strings.HasPrefix(s, m.Identifier) {
+			t.Fatalf("%q: %+v", s, m)
+		}
+	})
+}

@@ -1,5 +1,5 @@
-// Package hash implements `kvctl hash`: the block hashes and pool keys TensorRT-LLM derives for a
-// prompt.
+// Package hash implements `kvctl hash`: the block hashes and pool keys an engine (TensorRT-LLM,
+// vLLM, SGLang) derives for a prompt.
 package hash
 
 import (
@@ -35,21 +35,39 @@ func NewCmdHash(f *cmdutil.Factory, runF func(*Options) error) *cobra.Command {
 	opts := &Options{IO: f.IOStreams}
 	cmd := &cobra.Command{
 		Use:   "hash [TOKEN...]",
-		Short: "Print the block hashes and pool keys TensorRT-LLM derives for a prompt",
+		Short: "Print the block hashes and pool keys an engine derives for a prompt",
 		Long: `Print the block hashes and Mooncake pool keys of a prompt, byte-identical to those
-TensorRT-LLM's mooncake-store connector uses.
+TensorRT-LLM's mooncake-store connector, vLLM's MooncakeStoreConnector or SGLang's HiCache
+mooncake backend uses (--format).
 
 Tokens come from the arguments (separated by spaces or commas) or from --tokens-file: a JSON
 array of integers, or integers separated by whitespace or commas; "-" reads standard input.
 Token ids are signed 64-bit integers.
 
 Only full blocks get a hash; the tail after the last full block is reported as uncovered.
-Keys need --model-key and at least one --layer-group. By default each block lists the keys this
+TensorRT-LLM keys need --model-key and at least one --layer-group. By default each block lists the keys this
 rank writes (--key-set save); --key-set lookup lists every key a lookup needs for the block to
 count as a hit: every peer shard of every layer group, plus the replicated keys.
 
-Formats: trtllm (default; TensorRT-LLM's main line with the prompt-lookahead rule),
-trtllm-lookahead-v2, trtllm-v1, and blake3 (kvctl only: faster, never matches TensorRT-LLM).`,
+vLLM (--format vllm…): --python-hash-seed is required, the PYTHONHASHSEED the engine ran with;
+without it vLLM seeds its hashes with os.urandom, so its keys are random per process and
+cannot be derived (exit 2). --tokens-per-block is its --block-size (default 16); keys need
+--model (the basename is in the key), and --world-size/--rank are the TP size and rank, with
+--num-kv-heads, --mla, --pp-*, --pcp-*, --dcp-*, --kv-group and --cache-prefix. The request's
+--lora-name, --cache-salt, --mm-feature and --prompt-embeds-digest enter the hashes. With
+--hash-block-size below the block size, each store chunk is keyed by its last hash block.
+
+SGLang (--format sglang…): --tokens-per-block is its --page-size (default 1); --extra-key and
+--cache-salt seed the chain (sglang), --bigram for EAGLE, --prior-hash continues a parent's
+chain; keys carry --backend-tag, --model (the served model name) and the TP (and PP) rank.
+Token ids must fit in unsigned 32 bits (exit 3 otherwise).
+
+--from-config with a vLLM or SGLang format reads vLLM's --kv-transfer-config JSON
+(cache_prefix) or SGLang's --hicache-storage-backend-extra-config JSON (extra_backend_tag,
+tp_lcm_size), from a file or given inline.
+
+Formats:
+` + cmdutil.FormatHelp(),
 		Example: `  # hashes of two 4-token blocks
   kvctl hash --tokens-per-block 4 0 1 2 3 4 5 6 7
 
@@ -58,7 +76,15 @@ trtllm-lookahead-v2, trtllm-v1, and blake3 (kvctl only: faster, never matches Te
       --world-size 4 --rank 2 --layer-group 0:65536 --keys-only
 
   # what a lookup must find, as JSON
-  kvctl hash --tokens-file - --model-key m --layer-group 0:131072 --key-set lookup -o json < prompt.txt`,
+  kvctl hash --tokens-file - --model-key m --layer-group 0:131072 --key-set lookup -o json < prompt.txt
+
+  # the keys vLLM's Mooncake connector writes at TP rank 3 of 8
+  kvctl hash --format vllm --python-hash-seed 0 --model meta-llama/Llama-3.1-8B-Instruct \
+      --world-size 8 --rank 3 --num-kv-heads 8 --tokens-file prompt.json
+
+  # SGLang HiCache pages of 64 tokens
+  kvctl hash --format sglang --tokens-per-block 64 --model meta-llama/Llama-3.1-8B-Instruct \
+      --tokens-file prompt.json`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts.OutputFormat = cmdutil.OutputFormat(cmd)
 			if err := opts.Bind(cmd, args); err != nil {
@@ -83,20 +109,31 @@ trtllm-lookahead-v2, trtllm-v1, and blake3 (kvctl only: faster, never matches Te
 
 // Block is one full block of the prompt.
 type Block struct {
-	Block    int      `json:"block"`
-	Start    int      `json:"start"`
-	End      int      `json:"end"`
-	Hash     string   `json:"hash"`
-	GroupKey string   `json:"group_key,omitempty"`
-	Keys     []string `json:"keys,omitempty"`
+	Block int    `json:"block"`
+	Start int    `json:"start"`
+	End   int    `json:"end"`
+	Hash  string `json:"hash"`
+	// ChunkStart and ChunkEnd are the tokens of the store chunk the block's hash keys, when
+	// they differ from the block's (vLLM with --hash-block-size below the block size).
+	ChunkStart *int     `json:"chunk_start,omitempty"`
+	ChunkEnd   *int     `json:"chunk_end,omitempty"`
+	GroupKey   string   `json:"group_key,omitempty"`
+	Keys       []string `json:"keys,omitempty"`
 }
 
 // Result is the output of `kvctl hash`.
 type Result struct {
-	Format          string  `json:"format"`
-	Tokens          int     `json:"tokens"`
-	TokensPerBlock  int     `json:"tokens_per_block"`
-	PromptLookahead int     `json:"prompt_lookahead"`
+	Format string `json:"format"`
+	// Engine is the engine whose keys the format reproduces (vLLM, SGLang; absent for
+	// TensorRT-LLM's formats, whose output predates it).
+	Engine          string `json:"engine,omitempty"`
+	Tokens          int    `json:"tokens"`
+	TokensPerBlock  int    `json:"tokens_per_block"`
+	PromptLookahead int    `json:"prompt_lookahead"`
+	// HashBlockSize is vLLM's hash block size when it differs from the block size.
+	HashBlockSize int `json:"hash_block_size,omitempty"`
+	// Model is the model name vLLM's or SGLang's keys carry.
+	Model           string  `json:"model,omitempty"`
 	Seed            string  `json:"seed"`
 	Bypassed        bool    `json:"bypassed"`
 	Namespace       string  `json:"namespace,omitempty"`
@@ -133,6 +170,16 @@ func runHash(_ context.Context, opts *Options) error {
 // compute derives the hashes and keys of tokens as opts describe, through the key recipe
 // (keys.Recipe) the connector and kvctl serve use. Bad key inputs are usage errors.
 func compute(opts *Options, tokens []int64) (*Result, error) {
+	s, err := opts.Scheme()
+	if err != nil {
+		return nil, err
+	}
+	if s.Chain == nil {
+		return computeScheme(opts, s, tokens)
+	}
+	if _, err := opts.Params(s); err != nil {
+		return nil, err
+	}
 	rec, scope, err := opts.Recipe()
 	if err != nil {
 		return nil, err
@@ -166,9 +213,46 @@ func compute(opts *Options, tokens []int64) (*Result, error) {
 	return res, nil
 }
 
+// computeScheme derives the hashes and keys of tokens through a scheme without a 16-byte chain
+// (vLLM's, SGLang's). Keys are listed when the scheme has what it needs for them (--model where
+// it takes one) or --keys-only asks for them.
+func computeScheme(opts *Options, s *keys.Scheme, tokens []int64) (*Result, error) {
+	p, err := opts.Params(s)
+	if err != nil {
+		return nil, err
+	}
+	set := keys.KeySetNone
+	if opts.KeysOnly || !s.Takes(keys.InputModel) || opts.Model != "" {
+		set = opts.KeySet
+	}
+	r, err := s.Derive(p, tokens, set)
+	if err != nil {
+		return nil, cmdutil.SchemeError(err)
+	}
+	res := &Result{
+		Format: s.Name, Engine: s.Engine, Tokens: len(tokens), TokensPerBlock: p.TokensPerBlock,
+		Seed: r.Seed.String(), UncoveredTokens: r.UncoveredTokens, Blocks: make([]Block, len(r.Blocks)),
+		KeySet: string(set),
+	}
+	if p.HashBlockSize != 0 && p.HashBlockSize != p.TokensPerBlock {
+		res.HashBlockSize = p.HashBlockSize
+	}
+	if set != keys.KeySetNone {
+		res.Model = keys.KeyModelName(s, p)
+	}
+	for i, b := range r.Blocks {
+		res.Blocks[i] = Block{Block: b.Index, Start: b.Start, End: b.End, Hash: b.Hash.String(), Keys: b.Keys}
+		if b.ChunkEnd != 0 {
+			cs, ce := b.ChunkStart, b.ChunkEnd
+			res.Blocks[i].ChunkStart, res.Blocks[i].ChunkEnd = &cs, &ce
+		}
+	}
+	return res, nil
+}
+
 func rows(res *Result) cmdutil.Table {
 	t := cmdutil.Table{Header: []string{"BLOCK", "TOKENS", "HASH"}}
-	withKeys := res.ModelKey != ""
+	withKeys := res.ModelKey != "" || res.KeySet != ""
 	if withKeys {
 		t.Header = append(t.Header, "KEY")
 	}
@@ -180,6 +264,10 @@ func rows(res *Result) cmdutil.Table {
 		}
 		for _, k := range b.Keys {
 			t.Rows = append(t.Rows, append(append([]string(nil), base...), k))
+		}
+		if len(b.Keys) == 0 {
+			// A vLLM hash block inside a store chunk: the chunk is keyed by its last block.
+			t.Rows = append(t.Rows, append(base, "-"))
 		}
 	}
 	if res.UncoveredTokens > 0 {

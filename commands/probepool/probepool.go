@@ -58,9 +58,18 @@ recompute.
 
 The prompt and its keys are given as for kvctl hash: tokens as arguments or --tokens-file, the
 scope flags, --model-key and every --layer-group (and --replicated) page size, or --from-config
-with a TensorRT-LLM YAML, mooncake.json or pool.json plus the layer-group page sizes. A block
-counts as present only if every key a lookup needs exists: the sharded key of every peer shard
-of every layer group, plus the replicated keys.
+with a TensorRT-LLM YAML, mooncake.json or pool.json plus the layer-group page sizes.
+
+--format vllm… probes the keys of vLLM's MooncakeStoreConnector: give --python-hash-seed (the
+engine's PYTHONHASHSEED; without it vLLM's keys are random per process and cannot be derived),
+--model, the engine's block size as --tokens-per-block and its TP layout (--world-size,
+--num-kv-heads, …); a chunk counts as present only if the key of every TP, PP and context-parallel
+rank namespace exists. --format sglang… probes SGLang HiCache pages: every TP rank's K and V
+objects (one object for --mla). --from-config reads vLLM's --kv-transfer-config JSON or SGLang's
+storage-backend extra config JSON.
+
+For TensorRT-LLM a block counts as present only if every key a lookup needs exists: the sharded
+key of every peer shard of every layer group, plus the replicated keys.
 
 --pool is one of:
   - a Mooncake master's HTTP admin address (port 9003 by default) or a kvctl serve admin
@@ -100,6 +109,14 @@ for smoke tests.`,
 
   # save one stored page for inspection
   kvctl probe-pool --pool rpc://10.0.0.5:50051 --dump-key 'trtllm/llama/0/abcd' --out page.bin
+
+  # which blocks a vLLM pool holds
+  kvctl probe-pool --pool rpc://10.0.0.5:50051 --format vllm --python-hash-seed 0 \
+      --model meta-llama/Llama-3.1-8B-Instruct --tokens-file prompt.json
+
+  # the same for SGLang HiCache pages of 64 tokens at TP 2
+  kvctl probe-pool --pool rpc://10.0.0.5:50051 --format sglang --tokens-per-block 64 \
+      --model meta-llama/Llama-3.1-8B-Instruct --world-size 2 --tokens-file prompt.json
 
   # CI smoke test: at least 3 blocks must hit
   kvctl probe-pool --pool 127.0.0.1:9480 --model-key m --layer-group 0:4096 \
@@ -156,14 +173,20 @@ for smoke tests.`,
 
 // runProbePool probes the pool once, or every --watch seconds until ctx is done.
 func runProbePool(ctx context.Context, opts *Options) error {
-	if opts.Keys.ModelKey == "" && len(opts.Keys.FromConfig) == 0 {
-		return cmdutil.FlagErrorf("--model-key (or --from-config) is required: the pool's keys name the model")
+	s, err := opts.Keys.Scheme()
+	if err != nil {
+		return err
 	}
-	if len(opts.Keys.LayerGroups) == 0 {
-		return cmdutil.FlagErrorf("at least one --layer-group g:bytes_per_page is required: the pool's keys name each layer group's page size")
+	if s.Chain != nil {
+		if opts.Keys.ModelKey == "" && len(opts.Keys.FromConfig) == 0 {
+			return cmdutil.FlagErrorf("--model-key (or --from-config) is required: the pool's keys name the model")
+		}
+		if len(opts.Keys.LayerGroups) == 0 {
+			return cmdutil.FlagErrorf("at least one --layer-group g:bytes_per_page is required: the pool's keys name each layer group's page size")
+		}
 	}
 	opts.Keys.KeySet = keys.KeySetLookup
-	prompt, err := derivePrompt(opts)
+	prompt, err := derivePrompt(opts, s)
 	if err != nil {
 		return err
 	}
@@ -187,10 +210,25 @@ func runProbePool(ctx context.Context, opts *Options) error {
 }
 
 // derivePrompt reads the prompt and derives the keys a lookup needs, through the key recipe.
-func derivePrompt(opts *Options) (*probe.PromptKeys, error) {
+func derivePrompt(opts *Options, s *keys.Scheme) (*probe.PromptKeys, error) {
 	tokens, err := opts.Keys.LoadPrompt(opts.IO)
 	if err != nil {
 		return nil, err
+	}
+	if s.Chain == nil {
+		// vLLM's or SGLang's keys, through their scheme.
+		if s.Takes(keys.InputModel) && opts.Keys.Model == "" {
+			return nil, cmdutil.FlagErrorf("--model is required: %s's pool keys name the model", s.Engine)
+		}
+		p, err := opts.Keys.Params(s)
+		if err != nil {
+			return nil, err
+		}
+		pk, err := probe.DeriveSchemeKeys(s, p, tokens)
+		if err != nil {
+			return nil, cmdutil.SchemeError(err)
+		}
+		return pk, nil
 	}
 	rec, scope, err := opts.Keys.Recipe()
 	if err != nil {
@@ -254,6 +292,10 @@ func rows(res *probe.Report, color bool) cmdutil.Table {
 		for _, k := range b.Keys {
 			if !k.Present {
 				s := strings.TrimSuffix(strings.TrimPrefix(k.Key, prefix), "/"+b.Hash)
+				if res.Engine != "" {
+					// vLLM's and SGLang's keys: the key with its hash cut out names the rank.
+					s = strings.Replace(k.Key, b.Hash, "…", 1)
+				}
 				missing = append(missing, s)
 			}
 		}

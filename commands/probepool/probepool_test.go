@@ -101,7 +101,11 @@ func promptKeys(ios *cmdutil.IOStreams) *cmdutil.KeyFlags {
 func deriveLayout(t *testing.T, o *cmdutil.KeyFlags) *keys.Derivation {
 	t.Helper()
 	ios, _, _, _ := cmdutil.Test()
-	p, err := derivePrompt(&Options{IO: ios, Keys: o})
+	s, err := o.Scheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := derivePrompt(&Options{IO: ios, Keys: o}, s)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,8 @@ const (
 	MaxPromptLookahead = 1 << 20
 )
 
-// blake3Context is the BLAKE3 key-derivation context of FormatBLAKE3. Digesting in that mode
+// blake3Context is the BLAKE3 key-derivation context of the schemes whose ChainRules.BLAKE3 is
+// set (FormatBLAKE3). Digesting in that mode
 // separates its hashes from any plain hash of the same bytes.
 const blake3Context = "kvctl 2026-11-30 block hash v1"
 
@@ -56,10 +57,7 @@ func (c ChainConfig) format() Format {
 func (c ChainConfig) Validate() error {
 	var errs []error
 	f := c.format()
-	known := false
-	for _, k := range Formats() {
-		known = known || k == f
-	}
+	rules, known := chainRules(f)
 	if !known {
 		errs = append(errs, fmt.Errorf("%w %q: want one of %s", ErrUnknownFormat, f, formatList()))
 	}
@@ -74,10 +72,10 @@ func (c ChainConfig) Validate() error {
 		errs = append(errs, fmt.Errorf("prompt lookahead %d: must be at least 0", c.PromptLookahead))
 	case c.PromptLookahead > MaxPromptLookahead:
 		errs = append(errs, fmt.Errorf("prompt lookahead %d: must be at most %d", c.PromptLookahead, MaxPromptLookahead))
-	case known && c.PromptLookahead > 0 && !f.hasLookahead():
+	case known && c.PromptLookahead > 0 && !rules.Lookahead:
 		errs = append(errs, fmt.Errorf("prompt lookahead %d: format %s has no prompt lookahead", c.PromptLookahead, f))
 	}
-	if known && !f.hasFullScope() {
+	if known && !rules.FullScope {
 		if c.Scope.LoRATaskID != nil {
 			errs = append(errs, fmt.Errorf("format %s cannot express a LoRA task id in its scope", f))
 		}
@@ -113,7 +111,8 @@ func NewChain(cfg ChainConfig) (*Chain, error) {
 		return nil, err
 	}
 	c := &Chain{format: cfg.format(), t: cfg.TokensPerBlock, l: cfg.PromptLookahead}
-	if c.format == FormatBLAKE3 {
+	rules, _ := chainRules(c.format)
+	if rules.BLAKE3 {
 		c.h = blake3.NewDeriveKey(blake3Context)
 	} else {
 		h, err := blake2b.New(HashSize, nil)
@@ -122,7 +121,7 @@ func NewChain(cfg ChainConfig) (*Chain, error) {
 		}
 		c.h = h
 	}
-	c.seed = seedOf(c.h, c.sum[:], c.format, cfg.Scope, c.l)
+	c.seed = seedOf(c.h, c.sum[:], rules, cfg.Scope, c.l)
 	c.batchBlks = max(1, encodeBatchBytes/(8*c.t))
 	return c, nil
 }

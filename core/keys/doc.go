@@ -1,5 +1,27 @@
 // Package keys derives the block hashes and pool keys of a prompt, byte-identical to
-// TensorRT-LLM's mooncake-store KV connector.
+// TensorRT-LLM's mooncake-store KV connector, vLLM's MooncakeStoreConnector and SGLang's
+// HiCache mooncake backend.
+//
+// # Schemes
+//
+// Scheme: one engine's way from a prompt to block hashes and pool keys, as one value: its seed,
+// serializer, digest and digest length, key layout, and the key inputs (Input) it takes. Every
+// scheme is registered in one registry (RegisterScheme, from an init function in its own file:
+// scheme_trtllm.go, scheme_vllm.go, scheme_vllm_v0.go, scheme_sglang.go); kvctl's --format
+// flag, its help, completion and validation list the registry, and LookupScheme finds a scheme
+// by the name a flag or an engine registration gives. Scheme.Derive gives a Result: the
+// blocks with their Digest (16 or 32 bytes) and, when asked, their keys.
+//
+// Format: the name of a scheme with a 16-byte chain (Scheme.Chain, the TensorRT-LLM and kvctl
+// schemes). Chain, Recipe and everything downstream of them (the connector, the radix tree,
+// replay) run on formats; vLLM's and SGLang's schemes are derived through Scheme.Derive only.
+//
+// vLLM: h[i] = hash_fn((h[i−1] or NONE_HASH, tuple(tokens), extra keys)), NONE_HASH =
+// hash_fn(PYTHONHASHSEED), hash_fn a digest (SHA-256, xxh3-128) of a serialization (pickle
+// protocol 5, canonical CBOR, MessagePack) written here byte for byte as CPython, cbor2 and
+// msgspec write it. Without the PYTHONHASHSEED the engine ran with, vLLM's keys cannot be
+// derived (ErrNoPythonHashSeed). SGLang: SHA-256 page chains over u32 tokens, with the
+// namespace seed of extra_key and cache_salt.
 //
 // # Vocabulary
 //

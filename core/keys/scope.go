@@ -14,8 +14,8 @@ import (
 const MultimodalDigestSize = 32
 
 // Scope is the reuse scope of a request: everything besides its tokens that decides whether
-// two requests may share KV. Only FormatTRTLLM and FormatBLAKE3 can express all of it; the
-// older formats carry the cache salt only.
+// two requests may share KV. Only the formats whose ChainRules.FullScope is set (FormatTRTLLM,
+// FormatBLAKE3) can express all of it; the older formats carry the cache salt only.
 type Scope struct {
 	// CacheSalt isolates tenants. nil and "" give the same seed in every format.
 	CacheSalt *string
@@ -107,36 +107,47 @@ func appendFramed(b, p []byte) []byte {
 }
 
 // SeedPreimage returns the bytes digested into the scope seed of format f before any
-// prompt-lookahead re-seed. It does not check that f can express s; ChainConfig.Validate does.
+// prompt-lookahead re-seed (ChainRules.SeedPreimage); an unknown format gets the default's. It
+// does not check that f can express s; ChainConfig.Validate does.
 func SeedPreimage(f Format, s Scope) []byte {
-	salt := s.salt()
-	switch f {
-	case FormatTRTLLMV1:
-		return append([]byte(v1SaltDomain), salt...)
-	case FormatTRTLLMLookaheadV2:
-		b := append([]byte(v2Domain), v1SaltDomain...)
-		return append(b, salt...)
-	default:
-		b := make([]byte, 0, 4+len(salt)+12+len(s.Multimodal)*(4+MultimodalDigestSize))
-		b = appendFramed(b, []byte(salt))
-		var lora []byte
-		if s.LoRATaskID != nil {
-			lora = binary.LittleEndian.AppendUint64(nil, uint64(*s.LoRATaskID))
-		}
-		b = appendFramed(b, lora)
-		for i := range s.Multimodal {
-			b = appendFramed(b, s.Multimodal[i][:])
-		}
-		return b
+	r, ok := chainRules(f)
+	if !ok {
+		r = DefaultScheme().Chain
 	}
+	return r.SeedPreimage(s)
+}
+
+// seedPreimageV1 is the oldest branch's seed preimage: "salt" ‖ salt.
+func seedPreimageV1(s Scope) []byte { return append([]byte(v1SaltDomain), s.salt()...) }
+
+// seedPreimageV2 is the lookahead branch's: "mooncake-kv-v2" ‖ "salt" ‖ salt.
+func seedPreimageV2(s Scope) []byte {
+	b := append([]byte(v2Domain), v1SaltDomain...)
+	return append(b, s.salt()...)
+}
+
+// seedPreimageFramed is the main line's: framed(salt, lora, mm_1, …, mm_n).
+func seedPreimageFramed(s Scope) []byte {
+	salt := s.salt()
+	b := make([]byte, 0, 4+len(salt)+12+len(s.Multimodal)*(4+MultimodalDigestSize))
+	b = appendFramed(b, []byte(salt))
+	var lora []byte
+	if s.LoRATaskID != nil {
+		lora = binary.LittleEndian.AppendUint64(nil, uint64(*s.LoRATaskID))
+	}
+	b = appendFramed(b, lora)
+	for i := range s.Multimodal {
+		b = appendFramed(b, s.Multimodal[i][:])
+	}
+	return b
 }
 
 // seedOf derives the chain seed: the digest of the seed preimage, re-digested with the prompt
 // lookahead when it is positive.
-func seedOf(h hash.Hash, sum []byte, f Format, s Scope, lookahead int) Hash {
+func seedOf(h hash.Hash, sum []byte, r *ChainRules, s Scope, lookahead int) Hash {
 	var seed Hash
 	h.Reset()
-	h.Write(SeedPreimage(f, s))
+	h.Write(r.SeedPreimage(s))
 	copy(seed[:], h.Sum(sum[:0]))
 	if lookahead > 0 {
 		h.Reset()

@@ -45,6 +45,9 @@ const (
 	DiagOtherHashes = "other_hashes"
 	// DiagListingUnavailable: the pool's key listing could not be read to say more.
 	DiagListingUnavailable = "listing_unavailable"
+	// DiagOtherHashAlgorithm: pages of this model and layout exist with digests of another
+	// length: the engine hashes with another algorithm (vLLM's sha256 against xxhash).
+	DiagOtherHashAlgorithm = "other_hash_algorithm"
 )
 
 // DefaultMaxScanKeys bounds how many keys of the pool's listing a diagnosis reads.
@@ -143,6 +146,9 @@ type MissInput struct {
 	FirstHoleBlock         int // block index where the first hole starts (when Holes > 0)
 	KeysPresent            int
 	Bypassed               bool
+	// Engine is the engine of a vLLM or SGLang format, whose keys are read by their own rules;
+	// "" for TensorRT-LLM's.
+	Engine string
 	// Keys are every key the probe looked up, in block order, and Present says which the pool
 	// holds (nil: none).
 	Keys    []string
@@ -177,6 +183,9 @@ func DiagnoseMiss(ctx context.Context, in MissInput, listing func(context.Contex
 		if i >= len(in.Present) || !in.Present[i] {
 			missing = append(missing, k)
 		}
+	}
+	if in.Engine != "" {
+		return diagnoseEngineMiss(ctx, in, missing, listing, maxScan)
 	}
 	ours := parseAll(missing)
 	incomplete := func(d *Diagnosis) *Diagnosis {

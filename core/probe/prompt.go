@@ -25,11 +25,65 @@ const (
 )
 
 // PromptKeys is a prompt as a probe asks about it: the key recipe, its length and the keys a
-// lookup needs for each of its full blocks (keys.KeySetLookup).
+// lookup needs for each of its full blocks (keys.KeySetLookup). A prompt derived through a
+// scheme without a 16-byte chain (vLLM's, SGLang's) has Scheme, Params and Result instead of
+// Recipe and Derivation.
 type PromptKeys struct {
 	Recipe     keys.Recipe
 	Tokens     int
 	Derivation *keys.Derivation
+
+	Scheme *keys.Scheme
+	Params *keys.Params
+	Result *keys.Result
+}
+
+// DeriveSchemeKeys derives the lookup keys of tokens through scheme s; each store chunk (a
+// block that carries keys) is one block of the probe.
+func DeriveSchemeKeys(s *keys.Scheme, p *keys.Params, tokens []int64) (*PromptKeys, error) {
+	r, err := s.Derive(p, tokens, keys.KeySetLookup)
+	if err != nil {
+		return nil, err
+	}
+	return &PromptKeys{Tokens: len(tokens), Scheme: s, Params: p, Result: r}, nil
+}
+
+// probeBlock is one block a probe looks up.
+type probeBlock struct {
+	index, start, end int
+	hash              string
+	keys              []string
+}
+
+// blocks returns the blocks of p to look up, and the report's description of its keys.
+func (p *PromptKeys) blocks(res *Report) []probeBlock {
+	var out []probeBlock
+	if p.Result == nil {
+		rec, d := p.Recipe, p.Derivation
+		res.Format, res.Namespace, res.ModelKey = string(rec.Format), rec.Namespace.Namespace, rec.Namespace.ModelKey
+		res.TokensPerBlock, res.PromptLookahead = rec.TokensPerBlock, rec.PromptLookahead
+		res.UncoveredTokens, res.Bypassed = d.UncoveredTokens, d.Bypassed
+		for _, b := range d.Blocks {
+			out = append(out, probeBlock{b.Index, b.Start, b.End, b.Hash.String(), b.Keys})
+		}
+		return out
+	}
+	r := p.Result
+	res.Format, res.Engine, res.ModelKey = p.Scheme.Name, p.Scheme.Engine, keys.KeyModelName(p.Scheme, p.Params)
+	res.Namespace = p.Params.CachePrefix
+	if p.Scheme.Engine == keys.EngineSGLang {
+		res.Namespace = p.Params.BackendTag
+	}
+	res.TokensPerBlock, res.UncoveredTokens = r.KeyTokensPerBlock, p.Tokens
+	for _, b := range r.KeyedBlocks() {
+		start, end := b.Start, b.End
+		if b.ChunkEnd != 0 {
+			start, end = b.ChunkStart, b.ChunkEnd
+		}
+		out = append(out, probeBlock{len(out), start, end, b.Hash.String(), b.Keys})
+		res.UncoveredTokens = p.Tokens - end
+	}
+	return out
 }
 
 // DerivePromptKeys derives the lookup keys of p through rec.
@@ -87,10 +141,13 @@ type Summary struct {
 // missed, the likely reason. It is the output of `kvctl probe-pool`; field names are a
 // compatibility contract.
 type Report struct {
-	Pool            string          `json:"pool"`
-	Target          string          `json:"target"`
-	Query           string          `json:"query"`
-	Format          string          `json:"format"`
+	Pool   string `json:"pool"`
+	Target string `json:"target"`
+	Query  string `json:"query"`
+	Format string `json:"format"`
+	// Engine is the engine of a vLLM or SGLang format (absent for TensorRT-LLM's formats, whose
+	// reports predate it).
+	Engine          string          `json:"engine,omitempty"`
 	Namespace       string          `json:"namespace"`
 	ModelKey        string          `json:"model_key"`
 	Tokens          int             `json:"tokens"`
@@ -154,27 +211,24 @@ func ProbeRPC(ctx context.Context, c *masterrpc.Client, addr string, p *PromptKe
 
 // analyzePrompt asks exists about every key of p and reports blocks, holes and the summary.
 func analyzePrompt(ctx context.Context, pool, kind, query string, p *PromptKeys, exists func(context.Context, []string) ([]bool, error)) (*Report, error) {
-	rec, d := p.Recipe, p.Derivation
 	res := &Report{
-		Pool: pool, Target: kind, Query: query,
-		Format: string(rec.Format), Namespace: rec.Namespace.Namespace, ModelKey: rec.Namespace.ModelKey,
-		Tokens: p.Tokens, TokensPerBlock: rec.TokensPerBlock, PromptLookahead: rec.PromptLookahead,
-		UncoveredTokens: d.UncoveredTokens, Bypassed: d.Bypassed,
+		Pool: pool, Target: kind, Query: query, Tokens: p.Tokens,
 		Blocks: []BlockPresence{}, Holes: []HoleReport{},
 	}
+	blocks := p.blocks(res)
 	var all []string
-	for _, b := range d.Blocks {
-		all = append(all, b.Keys...)
+	for _, b := range blocks {
+		all = append(all, b.keys...)
 	}
 	present, err := exists(ctx, all)
 	if err != nil {
 		return nil, err
 	}
-	complete := make([]bool, len(d.Blocks))
+	complete := make([]bool, len(blocks))
 	i := 0
-	for bi, b := range d.Blocks {
-		blk := BlockPresence{Block: b.Index, Start: b.Start, End: b.End, Hash: b.Hash.String(), NeededKeys: len(b.Keys), Keys: make([]KeyPresence, len(b.Keys))}
-		for ki, k := range b.Keys {
+	for bi, b := range blocks {
+		blk := BlockPresence{Block: b.index, Start: b.start, End: b.end, Hash: b.hash, NeededKeys: len(b.keys), Keys: make([]KeyPresence, len(b.keys))}
+		for ki, k := range b.keys {
 			blk.Keys[ki] = KeyPresence{Key: k, Present: present[i]}
 			if present[i] {
 				blk.PresentKeys++
@@ -187,7 +241,7 @@ func analyzePrompt(ctx context.Context, pool, kind, query string, p *PromptKeys,
 		res.Summary.KeysChecked += blk.NeededKeys
 		res.Summary.KeysPresent += blk.PresentKeys
 	}
-	t := rec.TokensPerBlock
+	t := res.TokensPerBlock
 	a := Analyze(complete, t)
 	for bi := range res.Blocks {
 		switch {
@@ -225,7 +279,7 @@ func diagnoseReport(ctx context.Context, listing func(context.Context) ([]string
 		Tokens: res.Tokens, TokensPerBlock: res.TokensPerBlock,
 		Blocks: res.Summary.Blocks, HitBlocks: res.Summary.HitBlocks,
 		Holes: res.Summary.Holes, MissingBlocks: res.Summary.MissingBlocks,
-		KeysPresent: res.Summary.KeysPresent, Bypassed: res.Bypassed,
+		KeysPresent: res.Summary.KeysPresent, Bypassed: res.Bypassed, Engine: res.Engine,
 	}
 	for _, b := range res.Blocks {
 		for _, k := range b.Keys {
