@@ -9,11 +9,26 @@ import (
 	"strings"
 )
 
-// notListening returns those of ports on which process pid holds no listening TCP socket. It
-// reads /proc/net/tcp{,6} for the listeners' socket inodes and /proc/PID/fd for the process's
-// sockets; where /proc is absent (not Linux) it cannot tell and returns none.
-func notListening(pid int, ports []int) ([]int, error) {
-	inodes := map[int]map[string]bool{} // port -> inodes of its listeners
+// listenedOn returns those of ports on which some process holds a listening TCP socket. After
+// the master has exited, each of them is another process's, the likely reason it could not
+// start.
+func listenedOn(ports []int) ([]int, error) {
+	inodes, err := listenerInodes()
+	if err != nil {
+		return nil, err
+	}
+	var held []int
+	for _, p := range ports {
+		if len(inodes[p]) > 0 {
+			held = append(held, p)
+		}
+	}
+	return held, nil
+}
+
+// listenerInodes maps each port with a listening TCP socket to the inodes of its listeners.
+func listenerInodes() (map[int]map[string]bool, error) {
+	inodes := map[int]map[string]bool{}
 	for _, name := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
 		f, err := os.Open(name)
 		if os.IsNotExist(err) {
@@ -27,6 +42,17 @@ func notListening(pid int, ports []int) ([]int, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
+	}
+	return inodes, nil
+}
+
+// notListening returns those of ports on which process pid holds no listening TCP socket. It
+// reads /proc/net/tcp{,6} for the listeners' socket inodes and /proc/PID/fd for the process's
+// sockets; where /proc is absent (not Linux) it cannot tell and returns none.
+func notListening(pid int, ports []int) ([]int, error) {
+	inodes, err := listenerInodes() // port -> inodes of its listeners
+	if err != nil {
+		return nil, err
 	}
 	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	if os.IsNotExist(err) && len(inodes) == 0 {

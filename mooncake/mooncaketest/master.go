@@ -218,6 +218,11 @@ func (m *Master) waitReady(pid int, done <-chan struct{}, limit time.Duration) e
 	for time.Now().Before(deadline) {
 		select {
 		case <-done:
+			// The master may fail to bind and exit before any probe round saw the port
+			// taken: with the master gone, whoever listens on its ports is another process.
+			if held, err := listenedOn(m.ports); err == nil && len(held) > 0 {
+				foreign = held
+			}
 			if len(foreign) > 0 {
 				return fmt.Errorf("mooncake_master exited during start-up; another process listened on its port(s) %v", foreign)
 			}
