@@ -266,8 +266,17 @@ class Rank:
     deadline. A Rank is safe to share between threads (calls that find the call channel busy
     go over gRPC)."""
 
-    def __init__(self, client: Client, response: pb.RegisterResponse, options: RankOptions | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        response: pb.RegisterResponse,
+        options: RankOptions | None = None,
+        stream_order: Any = None,
+    ) -> None:
         self.client = client
+        # The CUDA stream ordering (kvctl_engine.cuda_events) this rank registered, or None when
+        # the host orders (shared memory, or an engine that synchronises itself).
+        self.stream_order = stream_order
         self.name: str = response.engine
         self.shard: str = response.shard
         self.declarations: dict[str, bool] = dict(response.declarations)
@@ -305,6 +314,7 @@ class Rank:
         scheduler: bool = True,
         options: RankOptions | None = None,
         api_version: tuple[int, int] = API_VERSION,
+        stream_order: Any = None,
         timeout: float | None = None,
     ) -> Rank:
         """Registers the engine rank engine with layout over client and returns it.
@@ -313,7 +323,13 @@ class Rank:
         (cuda.ipc_handle_from_tensor / ipc_handle_from_pointer), a CudaFdMemory (a
         cuda.VmmAllocation's fd), or None for a role that moves no KV (capacity). scheduler: this
         rank runs the scheduler adapter (rank 0 under tensor parallelism, every owner under
-        attention DP). api_version is declared in Register (the SDK's own by default)."""
+        attention DP). api_version is declared in Register (the SDK's own by default).
+
+        stream_order (a kvctl_engine.cuda_events StreamOrder, CUDA memory only) registers the
+        engine's interprocess event and opens the daemon's: bind_meta, start_load and
+        wait_for_save then take the engine's stream, record the engine event on it before the
+        call, and start_load makes the stream wait for the daemon's copies after it, so no call
+        needs a device-wide synchronisation (docs/ENGINE_API.md, "Stream ordering")."""
         o = options or RankOptions()
         req = pb.RegisterRequest(
             engine=engine,
@@ -337,6 +353,10 @@ class Rank:
             staging_buffer_bytes=o.staging_buffer_bytes,
             api_version=api_version_message(api_version),
         )
+        if stream_order is not None:
+            from .cuda_events import engine_event_message
+
+            req.engine_event.CopyFrom(engine_event_message(stream_order))
         if isinstance(memory, SharedMemory):
             resp = client.register_shared_memory(req, memory.fd, memory.size, timeout)
         elif isinstance(memory, SharedMemoryFd):
@@ -353,7 +373,15 @@ class Rank:
             raise InvalidArgument(
                 "register: memory of type %s is none of the kinds kvctl serve takes" % type(memory).__name__
             )
-        return cls(client, resp, o)
+        if stream_order is not None:
+            from .cuda_events import StreamOrderError, daemon_event_handle
+
+            try:
+                stream_order.open_daemon_event(daemon_event_handle(resp))
+            except StreamOrderError:
+                client.call("Unregister", pb.EngineRef(engine=resp.engine), timeout)
+                raise
+        return cls(client, resp, o, stream_order)
 
     def unregister(self, timeout: float | None = None) -> None:
         """Drains the rank's saves (within the deadline) and forgets it. The prompt arena goes
@@ -368,13 +396,19 @@ class Rank:
             self.client._arenas.remove(arena)
             arena.close()
 
-    close = unregister
+    def close(self, timeout: float | None = None) -> None:
+        """Unregisters (see unregister) and releases the rank's stream ordering events."""
+        try:
+            self.unregister(timeout)
+        finally:
+            if self.stream_order is not None:
+                self.stream_order.close()
 
     def __enter__(self) -> Rank:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.unregister()
+        self.close()
 
     # -- prompt arena ------------------------------------------------------------------------
 
@@ -511,17 +545,36 @@ class Rank:
 
     # -- worker ------------------------------------------------------------------------------
 
-    def bind_meta(self, metadata: Metadata, timeout: float | None = None) -> None:
-        """Binds the step's metadata on this rank (every rank, before start_load)."""
+    def bind_meta(self, metadata: Metadata, timeout: float | None = None, *, stream: Any = None) -> None:
+        """Binds the step's metadata on this rank (every rank, before start_load). With stream
+        ordering, the engine event is recorded on stream first (default: the current stream), so
+        asynchronous loads the metadata starts wait for the engine's work queued before it."""
+        if self.stream_order is not None:
+            self.stream_order.record(stream)
         self.client.call("BindMeta", pb.BindMetaRequest(engine=self.name, metadata=metadata.pb), timeout)
 
-    def start_load(self, timeout: float | None = None) -> None:
+    def start_load(self, timeout: float | None = None, *, stream: Any = None) -> None:
         """Makes the step's synchronous loads into the engine's pages; returns when they landed.
-        Call take_failed_loads right after."""
-        self.client.call("StartLoad", self._ref, timeout)
+        Call take_failed_loads right after.
 
-    def wait_for_save(self, timeout: float | None = None) -> None:
-        """Starts the step's saves (after the forward pass wrote the KV)."""
+        With stream ordering, the daemon's copies wait for the engine's work queued on stream
+        (default: the current stream) before the call, and stream waits for the copies after
+        it: kernels queued on stream afterwards read the loaded pages. Without it, the engine
+        must have finished its work on those pages before calling."""
+        order = self.stream_order
+        if order is not None:
+            order.record(stream)
+        self.client.call("StartLoad", self._ref, timeout)
+        if order is not None:
+            order.wait_daemon(stream)
+
+    def wait_for_save(self, timeout: float | None = None, *, stream: Any = None) -> None:
+        """Starts the step's saves (after the forward pass wrote the KV). With stream ordering,
+        the saves read the KV only once the work queued on stream (default: the current stream)
+        before the call is done, and the call returns without waiting for it; without, the
+        engine must have finished writing that KV before calling."""
+        if self.stream_order is not None:
+            self.stream_order.record(stream)
         self.client.call("WaitForSave", self._ref, timeout)
 
     def get_finished(

@@ -7,15 +7,23 @@ regions). A request's first forward builds its transformers cache from the pages
 restored, and every computed token's K and V are written to its pages, so what the connector
 saves is what the model computed. Tensor-parallel ranks run in threads of this process and sum
 their attention outputs in rank order, as kvctl_engine.hf's TorchGroup does across processes.
+
+On a GPU (``device="cuda"``, ``v1=True``) each rank's pool is what KVCacheManagerV1 hands
+``register_kv_caches``: one raw ``cudaMalloc`` allocation (:class:`RawCudaAlloc`) viewed as a
+tensor torch did not allocate (``for_blob`` in TensorRT-LLM; here ``__cuda_array_interface__``),
+block i being ``tensor[i]``; torch cannot share it, so the shim exports it with
+``cudaIpcGetMemHandle``.
 """
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from kvctl_engine import cuda as kcuda
 from kvctl_engine.hf import model as M
 from kvctl_engine.hf.pages import KVPool
 from kvctl_engine.trtllm import memory as kvmemory
@@ -45,43 +53,125 @@ class ThreadGroup:
         return all_reduce
 
 
+class RawCudaAlloc:
+    """device memory from ``cudaMalloc`` itself, outside PyTorch's caching allocator, exposed
+    through ``__cuda_array_interface__`` so torch.as_tensor wraps it without owning it."""
+
+    def __init__(self, size: int, device: int) -> None:
+        self.rt = kcuda.CudaRuntime()
+        torch.cuda.set_device(device)
+        ptr = ctypes.c_void_p()
+        rc = self.rt.rt.cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(size))
+        if rc != 0:
+            raise RuntimeError(f"cudaMalloc({size}): CUDA error {rc}")
+        self.ptr, self.size = int(ptr.value), size
+        self.__cuda_array_interface__ = {
+            "shape": (size,),
+            "typestr": "|u1",
+            "data": (self.ptr, False),
+            "version": 3,
+            "strides": None,
+        }
+
+    def free(self) -> None:
+        if self.ptr:
+            self.rt.rt.cudaFree(ctypes.c_void_p(self.ptr))
+            self.ptr = 0
+
+
+class V1CudaPool(KVPool):
+    """A KVPool over one raw cudaMalloc allocation laid out as KVCacheManagerV1's primary pool:
+    ``v1[block]`` holds every layer's K and V of the block (layer-major, K before V), the same
+    bytes in the same order as the V2 regions of :class:`KVPool`. ``pages`` is the
+    (layers, 2, slots, ...) view KVPool's methods use."""
+
+    def __init__(
+        self, layers: int, slots: int, kv_heads: int, T: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        self.layers, self.slots, self.kv_heads = layers, slots, kv_heads
+        self.T, self.head_dim, self.dtype, self.device = T, head_dim, dtype, device
+        elsize = torch.empty((), dtype=dtype).element_size()
+        self.piece = kv_heads * T * head_dim * elsize
+        self.size = 2 * layers * slots * self.piece
+        self.page_bytes = 2 * layers * self.piece
+        self.shm = None
+        self.blob = RawCudaAlloc(self.size, device.index or 0)
+        self.raw = torch.as_tensor(self.blob, device=device)
+        self.v1 = self.raw.view(dtype).view(slots, layers, 2, kv_heads, T, head_dim)
+        self.pages = self.v1.permute(1, 2, 0, 3, 4, 5)
+        self.free = list(range(slots - 1, -1, -1))
+        self.host_sync = True
+
+    def close(self) -> None:
+        self.sync()
+        del self.pages, self.raw, self.v1
+        self.blob.free()
+
+
 class HFEngine:
-    def __init__(self, spec: M.ModelSpec, world_size: int = 1, tokens_per_block: int = 16, slots: int = 64) -> None:
+    def __init__(
+        self,
+        spec: M.ModelSpec,
+        world_size: int = 1,
+        tokens_per_block: int = 16,
+        slots: int = 64,
+        *,
+        device: str = "cpu",
+        v1: bool = False,
+    ) -> None:
         self.spec, self.world_size, self.tokens_per_block = spec, world_size, tokens_per_block
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if v1 and self.device.type != "cuda":
+            raise ValueError("the V1 pool is a cudaMalloc allocation: it needs device cuda")
+        self.v1 = v1
         self.group = ThreadGroup(world_size)
         self.models, self.pools = [], []
         for r in range(world_size):
-            m = M.build_model(spec, "cpu")
+            m = M.build_model(spec, self.device)
             tp = M.TensorParallel(world_size, r, self.group.member(r))
             M.shard_model(m, spec, tp)
             self.models.append(m)
+            make = V1CudaPool if v1 else KVPool
             self.pools.append(
-                KVPool(
+                make(
                     spec.layers,
                     slots,
                     len(tp.kv_heads(spec)),
                     tokens_per_block,
                     spec.head_dim,
                     spec.torch_dtype,
-                    torch.device("cpu"),
+                    self.device,
                 )
             )
         self.slots: dict[int, list[int]] = {}
         self.caches: dict[tuple[int, int], object] = {}
         self.restored: dict[int, int] = {}  # request -> tokens its first forward took from the pages
         self.restored_pages: dict[int, list[bytes]] = {}  # request -> rank 0's restored pages, as loaded
+        self.allocated: dict[int, list[int]] = {}  # request -> its pages, kept after release
+        self.first_logits: dict[int, torch.Tensor] = {}  # request -> rank 0's logits of its first token
+        self.alter_restored: set[int] = set()  # negative control: change a restored page of these
         self.pool_threads = ThreadPoolExecutor(max_workers=world_size) if world_size > 1 else None
 
     def close(self) -> None:
         if self.pool_threads is not None:
             self.pool_threads.shutdown()
         for p in self.pools:
-            kvmemory.remove_host_pool(p.shm)
+            if p.shm is not None:
+                kvmemory.remove_host_pool(p.shm)
+            else:
+                p.close()
 
     # --- Engine ---------------------------------------------------------------------------
 
     def register(self, rank: int, worker) -> None:
         p = self.pools[rank]
+        if self.v1:
+            worker.register_kv_caches(p.v1)
+            # Ordered by CUDA events when the shim registered them: no device syncs around calls.
+            p.host_sync = worker._rank.stream_order is None
+            return
         base = kvmemory.add_host_pool(p.shm)
         regions = tuple(
             standin.KvCacheRegion(
@@ -105,6 +195,7 @@ class HFEngine:
         if any(g != got[0] for g in got):
             raise AssertionError(f"ranks allocated different pages: {got}")
         self.slots[request.request_id] = got[0]
+        self.allocated[request.request_id] = list(got[0])
         return [list(got[0])]
 
     def release(self, request) -> None:
@@ -130,6 +221,8 @@ class HFEngine:
         key = (request.request_id, rank)
         cache = self.caches.get(key)
         if cache is None:
+            if start and request.request_id in self.alter_restored:
+                pool.alter(slots[0])
             if start % T:
                 raise AssertionError(f"request {request.request_id} starts at {start}, inside a block")
             cache = M.cache_from_kv(model, pool.read_blocks(slots[: start // T])) if start else M.new_cache(model)
@@ -152,10 +245,16 @@ class HFEngine:
         tokens = request.tokens
         if end <= request.prompt_len:
             logits = M.prefill(model, cache, tokens[:end], start, T, on_chunk=store)
-            return int(torch.argmax(logits).item()) if end == request.prompt_len else None
+            if end != request.prompt_len:
+                return None
+            if rank == 0:
+                self.first_logits[request.request_id] = logits.float().cpu()
+            return int(torch.argmax(logits).item())
         with torch.no_grad():
             out = model(
-                input_ids=torch.tensor([tokens[start:end]], dtype=torch.long), past_key_values=cache, use_cache=True
+                input_ids=torch.tensor([tokens[start:end]], dtype=torch.long, device=self.device),
+                past_key_values=cache,
+                use_cache=True,
             )
         store(start, end)
         return int(torch.argmax(out.logits[0, -1].float()).item())

@@ -127,6 +127,11 @@ def add_engine_flags(p: argparse.ArgumentParser, tpb: int = 32) -> None:
     g.add_argument(
         "--staging-bytes", type=int, default=0, help="pinned staging per direction (0: the daemon's default)"
     )
+    g.add_argument(
+        "--host-sync",
+        action="store_true",
+        help="on CUDA, synchronise the device around the daemon's calls instead of ordering them with CUDA events",
+    )
     g.add_argument("--world-size", type=int, default=1, help="tensor-parallel ranks, one process each (default 1)")
     g.add_argument("--rank", type=int, default=0, help="this process's tensor-parallel rank")
     g.add_argument(
@@ -177,6 +182,7 @@ def options_of(a: argparse.Namespace, slots: int, use_cache: bool) -> Any:
         namespace=a.namespace,
         model_key=a.model_key,
         staging_buffer_bytes=a.staging_bytes,
+        stream_order=not a.host_sync,
     )
 
 

@@ -116,6 +116,9 @@ class EngineOptions:
     model_key: str = ""  # default: spec.model_key()
     save_timeout_s: float = 120.0
     staging_buffer_bytes: int = 0
+    # On CUDA, order the daemon's copies and this engine's kernels with interprocess events
+    # (kvctl_engine.cuda_events) instead of synchronising the device around each call.
+    stream_order: bool = True
 
 
 @dataclasses.dataclass
@@ -225,6 +228,11 @@ class Engine:
         else:
             memory = kcuda.ipc_handle_from_tensor(self.pool.raw)
         name = o.name or "kvctl-hf-%d" % os.getpid()
+        order: Any = None
+        if self.device.type == "cuda" and o.stream_order:
+            from kvctl_engine.cuda_events import TorchStreamOrder
+
+            order = TorchStreamOrder(self.device.index)
         self.client = kv.connect(o.socket)
         try:
             self.rank = kv.Rank.register(
@@ -238,15 +246,18 @@ class Engine:
                 rank=self.group.rank,
                 scheduler=self.scheduler,
                 options=kv.RankOptions(staging_buffer_bytes=o.staging_buffer_bytes),
+                stream_order=order,
             )
         except BaseException:
             self.client.close()
             raise
+        # Ordered by events, the pool needs no device synchronisation around the daemon's calls.
+        self.pool.host_sync = order is None
 
     def close(self) -> None:
         if self.rank is not None:
             try:
-                self.rank.unregister(timeout=self.opts.save_timeout_s)
+                self.rank.close(timeout=self.opts.save_timeout_s)
             finally:
                 self.client.close()
                 self.rank = None
@@ -392,7 +403,7 @@ class Engine:
         assert pool is not None
         T = self.opts.tokens_per_block
         loaded = matched // T
-        pool.sync()
+        pool.sync_for_daemon()  # without events: the loads landed before kernels read them
         if loaded:
             if hooks.after_load is not None:
                 hooks.after_load(pool, slots[:loaded])
@@ -411,7 +422,7 @@ class Engine:
         logits = M.prefill(self.model, cache, tokens, matched, self.chunk, on_chunk=store)
         first = int(torch.argmax(logits).item())  # waits for the device
         ttft = time.perf_counter() - t0
-        pool.sync()  # the KV is in the pages before the daemon may save it
+        pool.sync_for_daemon()  # without events: the KV is in the pages before the daemon may save it
         saving = False
         if self.scheduler:
             saving = rank.request_finished(rid)

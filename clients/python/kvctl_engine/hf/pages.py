@@ -57,6 +57,9 @@ class KVPool:
             raise ValueError("KV pool: device %s: want cpu or cuda" % device)
         self.pages = self.raw.view(dtype).view(layers, 2, slots, kv_heads, tokens_per_block, head_dim)
         self.free = list(range(slots - 1, -1, -1))
+        # True while the daemon's copies are ordered by the host: the engine synchronises its
+        # device around them. The engine clears it when it registers CUDA stream ordering.
+        self.host_sync = True
 
     def layout(self) -> pb.Layout:
         """The Register layout: one layer group, 2 x layers regions (K then V of each layer)."""
@@ -76,8 +79,8 @@ class KVPool:
         got = [self.free.pop() for _ in range(n)]
         idx = torch.tensor(got, dtype=torch.long, device=self.device)
         self.pages[:, :, idx] = float("nan")
-        # The daemon's copies into these pages are not ordered after this engine's streams.
-        self.sync()
+        # Without stream ordering, the daemon's copies into these pages would race the fill.
+        self.sync_for_daemon()
         return got
 
     def release(self, slots: list[int]) -> None:
@@ -102,6 +105,11 @@ class KVPool:
         """Changes one value of slot's page (layer 0, K, head 0, token 0, element 0): the
         negative control's wrong KV."""
         self.pages[0, 0, slot, 0, 0, 0] += 1.0
+
+    def sync_for_daemon(self) -> None:
+        """Synchronises the device when the daemon's copies are ordered by the host."""
+        if self.host_sync:
+            self.sync()
 
     def sync(self) -> None:
         if self.device.type == "cuda":

@@ -10,11 +10,13 @@ The class declarations are what kvctl serve declares for the role (core/connecto
 declarations.go) and are checked against the RegisterResponse: a mismatch stops the rank at
 registration, before TensorRT-LLM acts on a promise the daemon does not keep.
 
-Stream order: ``start_load_kv`` returns once the daemon reports the pages landed, so the forward
-pass that follows on the engine's stream reads them; ``wait_for_save`` waits for the engine's
-stream (``stream.synchronize()``, never a device-wide synchronisation) before it hands the saves
-to the daemon. With ``kvctl_engine.cuda_events`` available the wait is an event recorded on the
-stream instead.
+Stream order: a pool on a CUDA device registers a CUDA interprocess event
+(``kvctl_engine.cuda_events``; TensorRT-LLM always has PyTorch, so ``TorchStreamOrder``).
+``start_load_kv(stream)`` records it on TensorRT-LLM's stream before the daemon's copies, which
+wait for it, and makes that stream wait for the daemon's event after them; ``wait_for_save(stream)``
+records it before the saves, which read the KV only once the forward pass that wrote it is done.
+Neither call blocks the host on the device, and nothing synchronises the whole device. A pool in
+host memory is ordered by the host: ``wait_for_save`` synchronises the given stream only.
 """
 
 from __future__ import annotations
@@ -98,6 +100,15 @@ def multimodal_digests(request: Any) -> tuple[list[bytes], bool]:
         or bool(getattr(request, "multimodal_lengths", None))
     )
     return digests, has
+
+
+def _stream_order(reg: kvmemory.Registration) -> Any:
+    """The CUDA stream ordering a pool on a device registers; None for a host pool."""
+    if reg.kind == "host":
+        return None
+    from kvctl_engine.cuda_events import TorchStreamOrder
+
+    return TorchStreamOrder(int(reg.memory.device))
 
 
 def _rid(request_id: Any) -> str:
@@ -233,6 +244,7 @@ class KvctlConnectorWorker(base.KvCacheConnectorWorker, _Common):
         try:
             reg = build()
             s = self._settings
+            order = _stream_order(reg)
             client = kv.connect(s.socket)
             name = f"trtllm/{s.model_key}/{os.getpid()}.{next(_instances)}/rank{self._rank_index}"
             opts = kv.RankOptions(
@@ -254,6 +266,7 @@ class KvctlConnectorWorker(base.KvCacheConnectorWorker, _Common):
                 role=s.role,
                 scheduler=self._attention_dp or self._rank_index == 0,
                 options=opts,
+                stream_order=order,
             )
             self._check_declarations(rank.declarations)
         except BaseException as e:
@@ -298,7 +311,7 @@ class KvctlConnectorWorker(base.KvCacheConnectorWorker, _Common):
 
     def start_load_kv(self, stream: Any) -> None:
         r = self._need()
-        r.start_load()
+        r.start_load(stream=stream)
         failed = {int(i) for i in r.take_failed_loads()}
         if failed and not self._restartable:
             raise kv.LoadFailed(
@@ -324,6 +337,9 @@ class KvctlConnectorWorker(base.KvCacheConnectorWorker, _Common):
 
     def wait_for_save(self, stream: Any) -> None:
         r = self._need()
+        if r.stream_order is not None:
+            r.wait_for_save(stream=stream)  # the saves wait on the device for the forward pass
+            return
         sync = getattr(stream, "synchronize", None)
         if sync is not None:
             sync()  # this stream only: the forward pass's writes are done before the daemon reads
