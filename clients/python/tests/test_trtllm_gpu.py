@@ -8,7 +8,7 @@ reference transformers engine computing on the GPU (tests/trtllm_hf.py, ``v1=Tru
 
 - cold then warm: the warm server restores the cold one's pages byte for byte, its first-token
   logits agree within 1e-5 and its tokens equal the model computing everything;
-- the negative control: one restored value changed gives other logits;
+- the negative control: one value of the last restored page changed gives other logits;
 - TP=2 (two ranks in threads on one device): the same tokens as cold.
 
 Skipped without a CUDA device (CI has none); the GPU host runs it.

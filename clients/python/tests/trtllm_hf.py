@@ -222,7 +222,7 @@ class HFEngine:
         cache = self.caches.get(key)
         if cache is None:
             if start and request.request_id in self.alter_restored:
-                pool.alter(slots[0])
+                pool.alter(slots[start // T - 1])  # the last restored block
             if start % T:
                 raise AssertionError(f"request {request.request_id} starts at {start}, inside a block")
             cache = M.cache_from_kv(model, pool.read_blocks(slots[: start // T])) if start else M.new_cache(model)
