@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,8 @@ import (
 	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/daemon/daemontest"
 	"github.com/kvctl/kvctl/core/engineapi"
+	"github.com/kvctl/kvctl/core/engineapi/enginepb"
+	"github.com/kvctl/kvctl/core/enginesim"
 	"github.com/kvctl/kvctl/mooncake"
 )
 
@@ -329,4 +332,170 @@ func daemonForBench(b *testing.B) string {
 	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: 256 << 20}}
 	r := daemontest.Start(b, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20}})
 	return r.Info.Socket
+}
+
+// BenchmarkSDKAgainstGoClient compares the Python engine SDK with the Go client on one daemon,
+// in one run, making the same calls: a plain call (TakeFailedLoads, next to nothing in the
+// daemon) over a call channel and over gRPC, and a lookup of a 32k-token prompt whose blocks
+// the pool holds (written into the rank's prompt arena, the call over its call channel). The
+// Go side is the engine API client an engine links (engineapi.Client and RemoteRank, through
+// enginesim); the Python side is torch_engine.py --bench-calls on kvctl_engine's Client and
+// Rank. Each sub-benchmark reports µs per call; compare the go/ and python/ rows of one run.
+//
+//	go test -run '^$' -bench SDKAgainstGoClient -benchtime 2000x ./core/daemon/
+func BenchmarkSDKAgainstGoClient(b *testing.B) {
+	const tokens = 32 << 10
+	python := pythonEngine(b)
+	r := benchStart(b, 256<<20)
+	ctx := context.Background()
+	// The Go engines: one with call channels (the default), one over gRPC only.
+	cfg := enginesim.Config{Socket: r.Info.Socket, ModelKey: "sdk-bench", Name: "go-chan", TokensPerBlock: benchT,
+		Slots: tokens/benchT + 1, PageBytes: []int{64 << 10}, Chunk: 8 << 10}
+	goChan, err := enginesim.Start(ctx, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer goChan.Close(ctx)
+	cfg.Name, cfg.NoCallChannels, cfg.Slots = "go-grpc", true, 4
+	goGRPC, err := enginesim.Start(ctx, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer goGRPC.Close(ctx)
+	// The prompt both sides look up, saved once so that every lookup matches all its full blocks.
+	prompt := randTokens(7, tokens)
+	if _, err := goChan.Run(ctx, []enginesim.Request{{ID: "fill", Tokens: prompt}}, 0); err != nil {
+		b.Fatal(err)
+	}
+	want := (tokens - 1) / benchT * benchT
+
+	py := startBenchEngine(b, python, r.Info.Socket, "--model-key", "sdk-bench", "--tokens-per-block", strconv.Itoa(benchT),
+		"--page-bytes", strconv.Itoa(64<<10), "--layers", "2", "--slots", strconv.Itoa(tokens/benchT+1))
+	promptFile := filepath.Join(b.TempDir(), "prompt.json")
+	if data, err := json.Marshal(prompt); err != nil {
+		b.Fatal(err)
+	} else if err := os.WriteFile(promptFile, data, 0o600); err != nil {
+		b.Fatal(err)
+	}
+
+	goCall := func(e *enginesim.Engine, name string) func(b *testing.B) {
+		return func(b *testing.B) {
+			c, ref := e.Client(0), &enginepb.EngineRef{Engine: name + "/rank0"}
+			for b.Loop() {
+				if _, err := c.TakeFailedLoads(ctx, ref); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/call")
+		}
+	}
+	b.Run("go/call-channel", goCall(goChan, "go-chan"))
+	b.Run("go/call-grpc", goCall(goGRPC, "go-grpc"))
+	b.Run("go/lookup32k-channel", func(b *testing.B) {
+		rk, c := goChan.Remote(0), goChan.Client(0)
+		var took time.Duration
+		for i := 0; b.Loop(); i++ {
+			id := fmt.Sprintf("go-lk-%d", i)
+			t0 := time.Now()
+			n, _, err := rk.Lookup(ctx, connector.Request{ID: id, Tokens: prompt, ContextOnly: true}, 0)
+			took += time.Since(t0)
+			if err != nil || n != want {
+				b.Fatalf("lookup: %d tokens, %v; want %d", n, err, want)
+			}
+			if _, err := c.RequestReset(ctx, &enginepb.RequestRef{Engine: "go-chan/rank0", RequestId: id}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(took.Microseconds())/float64(b.N), "µs/call")
+	})
+	b.Run("python/calls", func(b *testing.B) {
+		var res struct {
+			Calls          int     `json:"calls"`
+			GRPCSeconds    float64 `json:"grpc_seconds"`
+			ChannelSeconds float64 `json:"channel_seconds"`
+		}
+		py.ask(b, fmt.Sprintf("%d", b.N), &res)
+		if res.Calls != b.N || res.GRPCSeconds <= 0 || res.ChannelSeconds <= 0 {
+			b.Fatalf("engine answered %+v for %d calls", res, b.N)
+		}
+		b.ReportMetric(res.ChannelSeconds*1e6, "channel-µs/call")
+		b.ReportMetric(res.GRPCSeconds*1e6, "grpc-µs/call")
+	})
+	b.Run("python/lookup32k-channel", func(b *testing.B) {
+		var res struct {
+			Lookups       int     `json:"lookups"`
+			LookupSeconds float64 `json:"lookup_seconds"`
+			Matched       int     `json:"matched_tokens"`
+		}
+		py.ask(b, fmt.Sprintf("lookup %d %s", b.N, promptFile), &res)
+		if res.Lookups != b.N || res.Matched != want {
+			b.Fatalf("engine answered %+v for %d lookups, want %d tokens matched", res, b.N, want)
+		}
+		b.ReportMetric(res.LookupSeconds*1e6, "µs/call")
+	})
+}
+
+// benchEngine is a torch_engine.py --bench-calls process: lines written to its stdin, one
+// `BENCH {json}` line read back per request.
+type benchEngine struct {
+	in     io.WriteCloser
+	out    *bufio.Reader
+	stderr *bytes.Buffer
+}
+
+func startBenchEngine(b *testing.B, python, socket string, args ...string) *benchEngine {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	all := append([]string{"testdata/torch_engine.py", "--socket", socket, "--memory", "shm", "--bench-calls", "500"}, args...)
+	cmd := exec.CommandContext(ctx, python, all...)
+	stderr := new(bytes.Buffer)
+	cmd.Stderr = stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		in.Close()
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cancel()
+			<-done
+		}
+		cancel()
+		if s := strings.TrimSpace(stderr.String()); s != "" {
+			b.Logf("engine stderr:\n%s", s)
+		}
+	})
+	return &benchEngine{in: in, out: bufio.NewReader(out), stderr: stderr}
+}
+
+// ask sends line and decodes the engine's next BENCH answer into v; the wall time between is
+// the sub-benchmark's.
+func (e *benchEngine) ask(b *testing.B, line string, v any) {
+	b.Helper()
+	if _, err := fmt.Fprintln(e.in, line); err != nil {
+		b.Fatal(err)
+	}
+	for {
+		got, err := e.out.ReadString('\n')
+		if err != nil {
+			b.Fatalf("engine: %v (stderr: %s)", err, bytes.TrimSpace(e.stderr.Bytes()))
+		}
+		if rest, ok := strings.CutPrefix(got, "BENCH "); ok {
+			if err := json.Unmarshal([]byte(rest), v); err != nil {
+				b.Fatalf("engine: %q: %v", got, err)
+			}
+			return
+		}
+	}
 }

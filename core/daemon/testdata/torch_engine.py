@@ -484,11 +484,27 @@ def time_calls(client, via, engine, n):
     return (time.perf_counter() - t0) / n
 
 
+def bench_lookups(e, n, prompt):
+    """n lookups of prompt through the SDK's Rank (the prompt written into the rank's prompt
+    arena, the call over its call channel), each under a new request id and reset afterwards:
+    the mean seconds of the lookup alone and the tokens it matched."""
+    took, matched = 0.0, -1
+    for i in range(n):
+        rid = "bench-lookup-%d" % i
+        t0 = time.perf_counter()
+        res = e.rank.lookup(kv.Request(rid, prompt, context_only=True), 0, CALL_TIMEOUT)
+        took += time.perf_counter() - t0
+        matched = res.matched_tokens
+        e.rank.request_reset(rid, CALL_TIMEOUT)
+    return {"lookups": n, "tokens": len(prompt), "lookup_seconds": took / n, "matched_tokens": matched}
+
+
 def bench_calls(client, args):
     """--bench-calls: registers an engine, then for each count n read from stdin makes n plain
     calls over each transport, in interleaved chunks so that both see the same machine, and
-    prints their mean seconds a call as `BENCH {json}`."""
-    args.slots = 4
+    prints their mean seconds a call as `BENCH {json}`. A line `lookup N FILE` makes N lookups
+    of the prompt in FILE (a JSON array of token ids) instead (bench_lookups)."""
+    args.slots = args.slots or 4
     mem = new_memory(args)
     e = Engine(client, args, args.name + "-bench/rank0", mem)
     for via in ("grpc", "channel"):
@@ -496,6 +512,12 @@ def bench_calls(client, args):
     for line in sys.stdin:
         line = line.strip()
         if not line:
+            continue
+        if line.startswith("lookup "):
+            _, n, path = line.split()
+            with open(path) as f:
+                prompt = json.load(f)
+            print("BENCH " + json.dumps(bench_lookups(e, int(n), prompt)), flush=True)
             continue
         n = int(line)
         took = {"grpc": 0.0, "channel": 0.0}
