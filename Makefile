@@ -96,10 +96,16 @@ install:
 	$(GO) install -trimpath -ldflags '$(LDFLAGS)' ./cmd/kvctl
 
 # The whole suite runs under the race detector: the connector, pool and daemon are concurrent by
-# design and their tests are written to catch races.
+# design and their tests are written to catch races. The SDK's pytest suite runs beside the Go
+# tests: it spends most of its time waiting (model processes starting, read leases running out),
+# so together they take about the time of the Go tests alone. Its output follows theirs.
 test: pyenv engineenv
-	$(GO) test -race -count=1 ./...
-	$(MAKE) pytest-sdk
+	@mkdir -p .cache; log=.cache/pytest-sdk.log; \
+	$(MAKE) --no-print-directory pytest-sdk >$$log 2>&1 & py=$$!; \
+	$(GO) test -race -count=1 ./...; go_rc=$$?; \
+	wait $$py; py_rc=$$?; \
+	echo "== pytest $(PYSDK)/tests"; cat $$log; \
+	if [ $$go_rc -ne 0 ] || [ $$py_rc -ne 0 ]; then echo "make test: go test exit $$go_rc, pytest exit $$py_rc"; exit 1; fi
 
 test-norace: pyenv
 	$(GO) test -count=1 ./...
