@@ -5,6 +5,9 @@ bench-ttft against a real kvctl serve on a tiny model."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -145,3 +148,18 @@ def test_bench_ttft_on_a_tiny_model(
             assert r["ttft_ratio_no_cache_over_warm"] > 0
     finally:
         serve.close()
+
+
+def test_without_torch_the_command_names_the_extra_to_install() -> None:
+    """`python -m kvctl_engine.hf` on an SDK installed without the hf extra: a one-line error
+    naming the extra and exit 2, not a traceback."""
+    code = (
+        "import sys, runpy; sys.modules['torch'] = None; sys.argv = ['kvctl_engine.hf', '--help']; "
+        "runpy.run_module('kvctl_engine.hf', run_name='__main__')"
+    )
+    sdk = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": sdk + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert "pip install 'kvctl-engine[hf]'" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr

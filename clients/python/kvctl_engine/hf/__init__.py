@@ -13,7 +13,41 @@ pages (the KV pool and its Register layout), engine (the per-prompt call sequenc
 Needs torch and transformers (the ``hf`` extra).
 """
 
-from .engine import Engine, EngineOptions, Group, Hooks, Result, TorchGroup
-from .model import ModelSpec, build_model
+from typing import Any
 
 __all__ = ["Engine", "EngineOptions", "Group", "Hooks", "ModelSpec", "Result", "TorchGroup", "build_model"]
+
+_FROM = {
+    "Engine": "engine",
+    "EngineOptions": "engine",
+    "Group": "engine",
+    "Hooks": "engine",
+    "Result": "engine",
+    "TorchGroup": "engine",
+    "ModelSpec": "model",
+    "build_model": "model",
+}
+
+
+def _need_torch() -> None:
+    """Raises ImportError naming the extra that installs PyTorch and transformers."""
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        raise ImportError(
+            "kvctl_engine.hf needs PyTorch and transformers (%s): install them with "
+            "pip install 'kvctl-engine[hf]' (or './clients/python[hf]' from a checkout)" % e
+        ) from e
+
+
+def __getattr__(name: str) -> Any:
+    # The package imports its modules on first use, so that `python -m kvctl_engine.hf` without
+    # PyTorch says which extra to install instead of failing inside an import.
+    mod = _FROM.get(name)
+    if mod is None:
+        raise AttributeError("module %r has no attribute %r" % (__name__, name))
+    _need_torch()
+    import importlib
+
+    return getattr(importlib.import_module("." + mod, __name__), name)
