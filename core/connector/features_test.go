@@ -151,7 +151,7 @@ func TestResetDropsUnconfirmedSaves(t *testing.T) {
 	if err != nil || len(meta.Saves) != 1 || len(meta.Saves[0].Pages) != 3*2 {
 		t.Fatalf("meta %+v, %v", meta, err)
 	}
-	s.RequestReset("r")
+	s.RequestReset("r", false)
 	if _, ok := s.unconfirmed["r"]; ok {
 		t.Fatal("reset kept the unconfirmed save")
 	}
@@ -407,7 +407,7 @@ func testDummyBypassAndRoles(t *testing.T, newPool func() testPool) {
 	if m, _, _ := s.Lookup(ctx, Request{ID: "x", Tokens: tokens}, 8); m != 8 {
 		t.Fatalf("lookup past a 2-block local match = %d, want 8", m)
 	}
-	if s.RequestFinished("never") {
+	if s.RequestFinished("never", false) {
 		t.Fatal("an unknown request reported saves")
 	}
 
