@@ -2,11 +2,19 @@ package daemon_test
 
 import (
 	"context"
+	"fmt"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/daemon/daemontest"
+	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/enginesim"
 	"github.com/kvctl/kvctl/mooncake"
@@ -62,5 +70,48 @@ func TestDummyFlagOverTheEngineAPI(t *testing.T) {
 	fin, err = c.RequestFinished(ctx, &enginepb.RequestRef{Engine: engine, RequestId: "r"})
 	if err != nil || !fin.GetAsyncSaving() {
 		t.Fatalf("the real finish after a dummy's reset and finish = %v, %v; want its saves reported", fin, err)
+	}
+}
+
+// Seed commits 5 and 14 in `kvctl serve`: Register carries the drafter kind, and speculative
+// prefill with a drafter TensorRT-LLM refuses is refused with InvalidArgument naming it, by the
+// allow-list validate-config applies (config.CheckSpeculativePrefillDrafter), whatever the
+// role. One-model MTP and EAGLE3 register; so does an engine that states no drafter (written
+// before the field), and a drafter without speculative prefill is not checked.
+func TestRegisterRefusesADrafterOutsideTheAllowList(t *testing.T) {
+	r := start(t, 16<<20)
+	c, err := engineapi.Dial(r.Info.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	layout := &enginepb.Layout{TokensPerBlock: 16, Groups: []*enginepb.LayerGroup{{Id: 0, Slots: 4, Regions: []*enginepb.Region{{Offset: 0, Stride: 64, Size: 64}}}}}
+	for i, tc := range []struct {
+		role, drafter string
+		spec, ok      bool
+	}{
+		{"both", "eagle3-two-model", true, false},
+		{"consumer", "ngram", true, false},
+		{"producer", "draft_target", true, false},
+		{"capacity", "mtp-two-model", true, false},
+		{"capacity", "eagle3", true, true},
+		{"capacity", "mtp", true, true},
+		{"capacity", "", true, true},
+		{"capacity", "ngram", false, true},
+	} {
+		name := fmt.Sprintf("drafter-%d", i)
+		_, err := c.Register(ctx, &enginepb.RegisterRequest{Engine: name, ModelKey: "m", WorldSize: 1, Role: tc.role, Scheduler: true,
+			Layout: layout, SpeculativePrefill: tc.spec, Drafter: tc.drafter})
+		if tc.ok {
+			if err != nil {
+				t.Errorf("%s role with drafter %q (speculative prefill %v) was refused: %v", tc.role, tc.drafter, tc.spec, err)
+			}
+			continue
+		}
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "one-model MTP or EAGLE3") || !strings.Contains(err.Error(), strconv.Quote(tc.drafter)) {
+			t.Errorf("%s role with drafter %q: %v; want InvalidArgument naming the drafter and the allow-list", tc.role, tc.drafter, err)
+		}
 	}
 }
