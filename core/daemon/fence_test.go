@@ -52,7 +52,7 @@ type loggedOrder struct{ log *fenceLog }
 
 func (o loggedOrder) Fence() (kvmem.DeviceFence, error) {
 	o.log.add("fence taken")
-	return loggedFence{o.log}, nil
+	return loggedFence(o), nil
 }
 func (loggedOrder) Signal() error  { return nil }
 func (loggedOrder) Handle() []byte { return bytes.Repeat([]byte{0xd6}, kvmem.EngineEventBytes) }
