@@ -3,6 +3,7 @@ package daemon_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"testing"
@@ -113,5 +114,46 @@ func TestRegisterRefusesADrafterOutsideTheAllowList(t *testing.T) {
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "one-model MTP or EAGLE3") || !strings.Contains(err.Error(), strconv.Quote(tc.drafter)) {
 			t.Errorf("%s role with drafter %q: %v; want InvalidArgument naming the drafter and the allow-list", tc.role, tc.drafter, err)
 		}
+	}
+}
+
+// Seed commit 16 through `kvctl serve`: with stats_interval longer than the run, an engine's
+// lookups log no prefix-hole line while it runs, and its unregistration flushes the line once
+// with its totals (the load line too), under the engine's name.
+func TestStatsLinesFlushedWhenAnEngineLeaves(t *testing.T) {
+	var logs syncBuffer
+	popts := mooncake.DefaultOptions()
+	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: 64 << 20}}
+	r := daemontest.Start(t, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20, StatsInterval: time.Hour},
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	ctx := context.Background()
+	e, err := enginesim.Start(ctx, enginesim.Config{Socket: r.Info.Socket, ModelKey: "m", Name: "holes", Slots: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := prompts(21, 6, 16, "h")
+	if _, err := e.Run(ctx, reqs, 2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Run(ctx, prompts(21, 6, 16, "again"), 2); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(logs.String(), `msg="prefix-hole stats"`) {
+		t.Fatalf("a prefix-hole line was logged before the interval:\n%s", logs.String())
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	out := logs.String()
+	if n := strings.Count(out, `msg="prefix-hole stats"`); n != 1 {
+		t.Fatalf("%d prefix-hole lines after the engine left, want 1:\n%s", n, out)
+	}
+	line := out[strings.Index(out, `msg="prefix-hole stats"`):]
+	line = line[:strings.IndexByte(line, '\n')]
+	if !strings.Contains(line, "engine=holes/rank0") || !strings.Contains(line, "lookups=12 ") {
+		t.Fatalf("the flushed line %q does not carry the engine and its 12 lookups", line)
+	}
+	if n := strings.Count(out, `msg="load stats"`); n != 1 {
+		t.Fatalf("%d load lines after the engine left, want 1:\n%s", n, out)
 	}
 }
