@@ -157,6 +157,9 @@ const (
 	DrafterEagle3 = "eagle3"
 )
 
+// maxDrafterNameBytes bounds the drafter name a refusal repeats.
+const maxDrafterNameBytes = 64
+
 // ErrDrafterRefused is a drafter outside the speculative-prefill allow-list.
 var ErrDrafterRefused = errors.New("speculative prefill runs only with one-model MTP or EAGLE3")
 
@@ -167,6 +170,10 @@ func CheckSpeculativePrefillDrafter(kind string) error {
 	switch kind {
 	case DrafterMTP, DrafterEagle3:
 		return nil
+	}
+	// The kind may come from a peer: a name longer than any drafter's is described, not echoed.
+	if len(kind) > maxDrafterNameBytes {
+		return fmt.Errorf("%w, found a drafter name of %d bytes", ErrDrafterRefused, len(kind))
 	}
 	return fmt.Errorf("%w, found drafter %q", ErrDrafterRefused, kind)
 }
