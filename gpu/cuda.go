@@ -232,7 +232,8 @@ func bindToNode(mem []byte, node int) {
 	runtime.KeepAlive(mask)
 }
 
-// Close unpins and frees the buffer.
+// Close unpins and frees the buffer. A registered buffer whose unregistration fails is kept
+// mapped, and the error returned.
 func (p *PinnedBuffer) Close() error {
 	var err error
 	p.once.Do(func() {
@@ -240,7 +241,13 @@ func (p *PinnedBuffer) Close() error {
 		p.d.removePinned(base)
 		if p.registered {
 			err = p.d.call(func() error { return cuErr("cuMemHostUnregister", C.kvHostUnregister(C.uintptr_t(base))) })
-			err = errors.Join(err, unix.Munmap(p.data))
+			if err != nil {
+				// Seed commit 17: memory whose unregistration failed may still be addressed by
+				// the device, so it is kept mapped (and never reused) rather than unmapped.
+				p.data = nil
+				return
+			}
+			err = unix.Munmap(p.data)
 		} else {
 			err = p.d.call(func() error { return cuErr("cuMemFreeHost", C.kvFreeHost(C.uintptr_t(base))) })
 		}

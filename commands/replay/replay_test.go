@@ -154,7 +154,7 @@ func TestSchedulerModelReport(t *testing.T) {
 	}
 	want := []string{"passes", "admissions", "admission_queries", "offers_covered", "deferrals", "offers_shrunk",
 		"uncharged_parks", "parked", "reservations_refused", "refused_freed", "peak_reservations_held",
-		"peak_reserved_blocks", "requests_waited", "wait_passes", "preemptions", "preempted_requests"}
+		"peak_reserved_blocks", "requests_waited", "wait_passes", "preemptions", "preempted_requests", "long_prefills_demoted"}
 	if len(rep.Runs) != 2 {
 		t.Fatalf("%d runs", len(rep.Runs))
 	}

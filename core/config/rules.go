@@ -119,13 +119,8 @@ func (t *TRTLLMConfig) ruleSpeculative(d *dec, env ruleEnv, mooncake bool) {
 		return
 	}
 	const mode = "speculative decoding next to a KV connector runs only in speculative-prefill mode: "
-	switch {
-	case !s.IsMTP() && !s.IsEagle3():
-		d.at(SeverityError, pSpec+".decoding_type", mode+"the drafter must be one-model MTP or EAGLE3, found "+quote(s.DecodingType), "use MTP or Eagle3")
-	case s.IsMTP() && !s.OneModel():
-		d.at(SeverityError, pSpec+".mtp_eagle_one_model", mode+"MTP must run as one model", "set mtp_eagle_one_model: true")
-	case s.IsEagle3() && !s.OneModel():
-		d.at(SeverityError, pSpec+".eagle3_one_model", mode+"EAGLE3 must run as one model", "set eagle3_one_model: true")
+	if CheckSpeculativePrefillDrafter(s.DrafterKind()) != nil {
+		t.drafterRefused(d, mode)
 	}
 	if n, ok := s.DraftLen(); !ok {
 		d.at(SeverityError, pSpec+".max_draft_len", mode+"the draft length is unresolved, and the key lookahead depends on it", "set max_draft_len")
@@ -293,13 +288,8 @@ func (t *TRTLLMConfig) ruleStoreBlock(d *dec, env ruleEnv, b *MooncakeStoreBlock
 func (t *TRTLLMConfig) ruleSpeculativeCapacity(d *dec, env ruleEnv) {
 	s := t.Speculative
 	const why = "a capacity-role server runs speculative decoding next to its connector only as one-model MTP or EAGLE3: "
-	switch {
-	case !s.IsMTP() && !s.IsEagle3():
-		d.at(SeverityError, pSpec+".decoding_type", why+"found "+quote(s.DecodingType), "use MTP or Eagle3")
-	case s.IsMTP() && !s.OneModel():
-		d.at(SeverityError, pSpec+".mtp_eagle_one_model", why+"MTP must run as one model", "set mtp_eagle_one_model: true")
-	case s.IsEagle3() && !s.OneModel():
-		d.at(SeverityError, pSpec+".eagle3_one_model", why+"EAGLE3 must run as one model", "set eagle3_one_model: true")
+	if CheckSpeculativePrefillDrafter(s.DrafterKind()) != nil {
+		t.drafterRefusedCapacity(d, why)
 	}
 	if s.SeparateDraftKVCache {
 		d.at(SeverityError, pSpec+".use_separate_draft_kv_cache", why+"a separate draft KV cache is not one-model speculation", "share the target KV cache")
@@ -338,4 +328,31 @@ func (t *TRTLLMConfig) ruleAttentionDPAggregated(d *dec, env ruleEnv) {
 	d.atFirst(SeverityWarning, "enable_attention_dp",
 		"aggregated serving under attention DP is not supported yet: a generation page already reported to "+t.connectorName()+" can be reassigned when the attention-DP gate skips a prepared pass",
 		"run disaggregated (set cache_transceiver_config.backend) or use a role that saves nothing", pADP+".enable_attention_dp", pADP)
+}
+
+// drafterRefused names why a drafter is outside the allow-list CheckSpeculativePrefillDrafter
+// keeps, with the key to change.
+func (t *TRTLLMConfig) drafterRefused(d *dec, mode string) {
+	s := t.Speculative
+	switch {
+	case !s.IsMTP() && !s.IsEagle3():
+		d.at(SeverityError, pSpec+".decoding_type", mode+"the drafter must be one-model MTP or EAGLE3, found "+quote(s.DecodingType), "use MTP or Eagle3")
+	case s.IsMTP():
+		d.at(SeverityError, pSpec+".mtp_eagle_one_model", mode+"MTP must run as one model", "set mtp_eagle_one_model: true")
+	default:
+		d.at(SeverityError, pSpec+".eagle3_one_model", mode+"EAGLE3 must run as one model", "set eagle3_one_model: true")
+	}
+}
+
+// drafterRefusedCapacity is drafterRefused in a capacity role's words.
+func (t *TRTLLMConfig) drafterRefusedCapacity(d *dec, why string) {
+	s := t.Speculative
+	switch {
+	case !s.IsMTP() && !s.IsEagle3():
+		d.at(SeverityError, pSpec+".decoding_type", why+"found "+quote(s.DecodingType), "use MTP or Eagle3")
+	case s.IsMTP():
+		d.at(SeverityError, pSpec+".mtp_eagle_one_model", why+"MTP must run as one model", "set mtp_eagle_one_model: true")
+	default:
+		d.at(SeverityError, pSpec+".eagle3_one_model", why+"EAGLE3 must run as one model", "set eagle3_one_model: true")
+	}
 }

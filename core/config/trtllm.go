@@ -1,6 +1,10 @@
 package config
 
-import "strings"
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
 
 // TRTLLMConfig is the part of TensorRT-LLM's LLM API options YAML (extra_llm_api_options,
 // trtllm-serve --config) that the connector and its rules read. Other keys are ignored.
@@ -142,6 +146,53 @@ func (s *SpeculativeConfig) OneModel() bool {
 		return s.Eagle3OneModel
 	}
 	return false
+}
+
+// The drafter kinds TensorRT-LLM lets run next to a connector in speculative-prefill mode
+// (seed commits 5 and 14): one-model MTP (MTP-Eagle one model or vanilla MTP) and one-model
+// EAGLE3, whose draft layers share the target KV pool. An engine states its kind in the engine
+// API's RegisterRequest.drafter.
+const (
+	DrafterMTP    = "mtp"
+	DrafterEagle3 = "eagle3"
+)
+
+// maxDrafterNameBytes bounds the drafter name a refusal repeats.
+const maxDrafterNameBytes = 64
+
+// ErrDrafterRefused is a drafter outside the speculative-prefill allow-list.
+var ErrDrafterRefused = errors.New("speculative prefill runs only with one-model MTP or EAGLE3")
+
+// CheckSpeculativePrefillDrafter is the drafter allow-list that validate-config and kvctl serve
+// share: nil for DrafterMTP and DrafterEagle3, ErrDrafterRefused naming kind otherwise. Any
+// other drafter would leave missing or stale draft KV behind a restored prefix.
+func CheckSpeculativePrefillDrafter(kind string) error {
+	switch kind {
+	case DrafterMTP, DrafterEagle3:
+		return nil
+	}
+	// The kind may come from a peer: a name longer than any drafter's is described, not echoed.
+	if len(kind) > maxDrafterNameBytes {
+		return fmt.Errorf("%w, found a drafter name of %d bytes", ErrDrafterRefused, len(kind))
+	}
+	return fmt.Errorf("%w, found drafter %q", ErrDrafterRefused, kind)
+}
+
+// DrafterKind is the drafter in the engine API's vocabulary: DrafterMTP or DrafterEagle3 for
+// their one-model forms, "mtp-two-model" or "eagle3-two-model" for the others, and the lowered
+// decoding_type for any other drafter.
+func (s *SpeculativeConfig) DrafterKind() string {
+	switch {
+	case s.IsMTP() && s.OneModel():
+		return DrafterMTP
+	case s.IsMTP():
+		return DrafterMTP + "-two-model"
+	case s.IsEagle3() && s.OneModel():
+		return DrafterEagle3
+	case s.IsEagle3():
+		return DrafterEagle3 + "-two-model"
+	}
+	return strings.ToLower(s.DecodingType)
 }
 
 // DraftLen is max_draft_len, or for MTP num_nextn_predict_layers when max_draft_len is left

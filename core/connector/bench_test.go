@@ -62,7 +62,7 @@ func BenchmarkLookup32k(b *testing.B) {
 		if err != nil || m != (len(tokens)-1)/T*T {
 			b.Fatalf("lookup = %d, %v", m, err)
 		}
-		s.RequestReset(id)
+		s.RequestReset(id, false)
 	}
 }
 

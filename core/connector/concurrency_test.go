@@ -123,7 +123,7 @@ func TestSchedulerCallsProceedDuringLookupPoolCall(t *testing.T) {
 		}
 	})
 	waitOrFail(t, "UpdateStateAfterAlloc", func() {
-		if err := s.UpdateStateAfterAlloc("c", [][]int{{0}, {0}}, 0); err != nil {
+		if err := s.UpdateStateAfterAlloc("c", [][]int{{0}, {0}}, 0, false); err != nil {
 			t.Error(err)
 		}
 	})
@@ -132,7 +132,7 @@ func TestSchedulerCallsProceedDuringLookupPoolCall(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	waitOrFail(t, "RequestFinished", func() { s.RequestFinished("c") })
+	waitOrFail(t, "RequestFinished", func() { s.RequestFinished("c", false) })
 	close(pool.gate)
 	if err := <-slow; err != nil {
 		t.Fatal(err)

@@ -259,6 +259,9 @@ type hostStaging struct {
 	slots     int
 	slotBytes int
 	closed    bool
+	// failClose, when set, is a release that fails (a pinned buffer whose unregistration from
+	// the device fails): the buffer stays as it is.
+	failClose error
 }
 
 func (s *hostStaging) Slots() int     { return s.slots }
@@ -271,6 +274,9 @@ func (s *hostStaging) Close() error {
 	defer s.mu.Unlock()
 	if s.closed {
 		return errors.New("staging closed twice")
+	}
+	if s.failClose != nil {
+		return s.failClose
 	}
 	s.closed = true
 	return nil

@@ -151,7 +151,7 @@ func TestResetDropsUnconfirmedSaves(t *testing.T) {
 	if err != nil || len(meta.Saves) != 1 || len(meta.Saves[0].Pages) != 3*2 {
 		t.Fatalf("meta %+v, %v", meta, err)
 	}
-	s.RequestReset("r")
+	s.RequestReset("r", false)
 	if _, ok := s.unconfirmed["r"]; ok {
 		t.Fatal("reset kept the unconfirmed save")
 	}
@@ -407,7 +407,7 @@ func testDummyBypassAndRoles(t *testing.T, newPool func() testPool) {
 	if m, _, _ := s.Lookup(ctx, Request{ID: "x", Tokens: tokens}, 8); m != 8 {
 		t.Fatalf("lookup past a 2-block local match = %d, want 8", m)
 	}
-	if s.RequestFinished("never") {
+	if s.RequestFinished("never", false) {
 		t.Fatal("an unknown request reported saves")
 	}
 
@@ -613,6 +613,64 @@ func TestCloseJoinsAgainstOneDeadline(t *testing.T) {
 		if !s.closed {
 			t.Fatal("staging not released by a clean close")
 		}
+	}
+}
+
+// Seed commit 17: shutdown unregisters every staging pool and keeps any pool whose
+// unregistration failed. A save staging whose release fails is kept by the worker with the
+// mover that made it (neither is closed), the close error says so, and the other staging is
+// still released.
+func TestStagingWhoseUnregistrationFailsIsKept(t *testing.T) {
+	l := testLayout(16)
+	var mu sync.Mutex
+	var stagings []*hostStaging
+	m := &trackingMover{hostMover: newHostMover(l), made: &stagings, mu: &mu}
+	o := baseOptions()
+	o.AsyncLoad, o.AsyncLoadWorkers = true, 2
+	w, err := NewWorker(o, newMemPool(), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.RegisterLayout(l); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if len(stagings) != 2+1 {
+		mu.Unlock()
+		t.Fatalf("%d stagings made, want two async load shares and one save staging", len(stagings))
+	}
+	for _, s := range stagings {
+		if s == w.saveStage.(*hostStaging) {
+			s.failClose = errors.New("cuMemHostUnregister: CUDA_ERROR_INVALID_VALUE")
+		}
+	}
+	mu.Unlock()
+	saveMover := w.saveMover.(*trackingMover)
+	err = w.Close(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "CUDA_ERROR_INVALID_VALUE") || !strings.Contains(err.Error(), "the staging is kept") {
+		t.Fatalf("close = %v, want the failed unregistration named and the staging kept", err)
+	}
+	if len(w.keptStaging) != 1 || w.keptStaging[0] != w.saveStage {
+		t.Fatalf("kept %d stagings, want the save staging", len(w.keptStaging))
+	}
+	if saveMover.closed {
+		t.Fatal("the mover of a kept staging was closed")
+	}
+	for i, am := range w.asyncMovers {
+		if !am.(*trackingMover).closed {
+			t.Fatalf("async mover %d of a released staging was not closed", i)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	released := 0
+	for _, s := range stagings {
+		if s.closed {
+			released++
+		}
+	}
+	if released != 2 {
+		t.Fatalf("%d stagings released, want the two async shares", released)
 	}
 }
 

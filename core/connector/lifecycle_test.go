@@ -175,11 +175,11 @@ func testPartialHonour(t *testing.T, newPool func() testPool) {
 		t.Fatalf("lookup = %d, %v", m, err)
 	}
 	for _, h := range []int{3, 44, -4} {
-		if err := s.UpdateStateAfterAlloc("x", nil, h); err == nil {
+		if err := s.UpdateStateAfterAlloc("x", nil, h, false); err == nil {
 			t.Errorf("honouring %d tokens of a 40-token offer succeeded", h)
 		}
 	}
-	if err := s.UpdateStateAfterAlloc("x", nil, 8); err != nil {
+	if err := s.UpdateStateAfterAlloc("x", nil, 8, false); err != nil {
 		t.Fatal(err)
 	}
 }

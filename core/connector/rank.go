@@ -125,7 +125,7 @@ func (l *LocalRank) UpdateStateAfterAlloc(_ context.Context, reqID string, block
 	if err != nil {
 		return err
 	}
-	return s.UpdateStateAfterAlloc(reqID, blockIDsByGroup, honouredTokens)
+	return s.UpdateStateAfterAlloc(reqID, blockIDsByGroup, honouredTokens, false)
 }
 
 // BuildMeta implements Rank.
@@ -143,7 +143,7 @@ func (l *LocalRank) RequestFinished(_ context.Context, reqID string) (bool, erro
 	if err != nil {
 		return false, err
 	}
-	return s.RequestFinished(reqID), nil
+	return s.RequestFinished(reqID, false), nil
 }
 
 // RequestReset implements Rank.
@@ -152,7 +152,7 @@ func (l *LocalRank) RequestReset(_ context.Context, reqID string) error {
 	if err != nil {
 		return err
 	}
-	s.RequestReset(reqID)
+	s.RequestReset(reqID, false)
 	return nil
 }
 

@@ -289,7 +289,13 @@ func (s *Scheduler) CancelLoad(reqID string, start, end int) error {
 // request's transfer from its full page lists (blockIDsByGroup[g][b] is the page of block b in
 // group g); the transfer travels in the next BuildMeta's AsyncLoads, even when empty, since the
 // engine parks the request regardless.
-func (s *Scheduler) UpdateStateAfterAlloc(reqID string, blockIDsByGroup [][]int, honouredTokens int) error {
+//
+// A dummy report (a padding request, seed commit 3) is skipped whatever reqID names: a dummy
+// may carry a real request's id, and its pages are not that request's.
+func (s *Scheduler) UpdateStateAfterAlloc(reqID string, blockIDsByGroup [][]int, honouredTokens int, dummy bool) error {
+	if dummy {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.reqs[reqID]
@@ -458,8 +464,12 @@ blocks:
 }
 
 // RequestFinished drops the request's state and reports whether saves were emitted for it, in
-// which case the engine keeps its pages until GetFinished reports its saves done.
-func (s *Scheduler) RequestFinished(reqID string) (asyncSaving bool) {
+// which case the engine keeps its pages until GetFinished reports its saves done. A dummy's
+// finish (seed commit 3) is skipped whatever reqID names, so a real request's state is kept.
+func (s *Scheduler) RequestFinished(reqID string, dummy bool) (asyncSaving bool) {
+	if dummy {
+		return false
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.reqs[reqID]
@@ -469,8 +479,12 @@ func (s *Scheduler) RequestFinished(reqID string) (asyncSaving bool) {
 
 // RequestReset drops the request's state after the engine freed its allocation; the request
 // replays and is looked up and saved afresh. An unconfirmed save and an asynchronous transfer
-// not yet handed out are dropped too.
-func (s *Scheduler) RequestReset(reqID string) {
+// not yet handed out are dropped too. A dummy's reset (seed commit 3) is skipped whatever reqID
+// names.
+func (s *Scheduler) RequestReset(reqID string, dummy bool) {
+	if dummy {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.forget(reqID)

@@ -68,7 +68,7 @@ func TestDummyRequestsSkippedInSchedulerOutput(t *testing.T) {
 	if err != nil || m != 7*testT {
 		t.Fatalf("lookup = %d, %v", m, err)
 	}
-	if err := s.UpdateStateAfterAlloc("r", pagesFrom(0, 8), m); err != nil {
+	if err := s.UpdateStateAfterAlloc("r", pagesFrom(0, 8), m, false); err != nil {
 		t.Fatal(err)
 	}
 	// A dummy carrying the real request's id and pages changes nothing.
@@ -80,6 +80,62 @@ func TestDummyRequestsSkippedInSchedulerOutput(t *testing.T) {
 	meta, err = s.BuildMeta(SchedulerOutput{NewRequests: []RequestData{{ID: "r", NewBlockIDsByGroup: pagesFrom(0, 8), NumScheduledTokens: 29 - m}}})
 	if err != nil || len(meta.Loads) != 1 || len(meta.Loads[0].Pages) != 14 || meta.Loads[0].Pages[0].Page != 0 {
 		t.Fatalf("after the dummy: %+v, %v", meta.Loads, err)
+	}
+}
+
+// Seed commit 3: the allocation report, the finish and the reset carry the dummy flag, and
+// the adapter skips a dummy because of the flag, not because its id has no state: a dummy
+// carrying a live request's id neither settles that request's offer nor drops its state.
+func TestDummyFlagSkipsAllocFinishAndReset(t *testing.T) {
+	pool := newMemPool()
+	opts := baseOptions()
+	tokens := prompt(42, 0, 29)
+	fillBlocks(t, pool, opts, tokens, 64)
+	s := newTestScheduler(t, opts, pool, 64)
+	m, _, err := s.Lookup(context.Background(), Request{ID: "r", Tokens: tokens}, 0)
+	if err != nil || m != 7*testT {
+		t.Fatalf("lookup = %d, %v", m, err)
+	}
+	// An honoured count that is no whole-block part of the offer: refused for the real
+	// request, skipped for a dummy of the same id.
+	if err := s.UpdateStateAfterAlloc("r", pagesFrom(10, 8), testT+1, true); err != nil {
+		t.Fatalf("a dummy allocation report was checked against the real request: %v", err)
+	}
+	if err := s.UpdateStateAfterAlloc("r", pagesFrom(10, 8), testT+1, false); err == nil {
+		t.Fatal("the same report without the flag was accepted")
+	}
+	// A dummy honouring nothing would have cancelled the whole offer; the real request's
+	// offer is still whole.
+	if err := s.UpdateStateAfterAlloc("r", pagesFrom(10, 8), 0, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.UpdateStateAfterAlloc("r", pagesFrom(0, 8), m, false); err != nil {
+		t.Fatalf("the real report after the dummies: %v", err)
+	}
+	// The dummy's reset and finish leave the request; its load and saves are still emitted.
+	s.RequestReset("r", true)
+	if s.RequestFinished("r", true) {
+		t.Fatal("a dummy's finish reported saves")
+	}
+	meta, err := s.BuildMeta(SchedulerOutput{NewRequests: []RequestData{{ID: "r", NewBlockIDsByGroup: pagesFrom(0, 8), NumScheduledTokens: 29 - m}}})
+	if err != nil || len(meta.Loads) != 1 || len(meta.Loads[0].Pages) != 14 || len(meta.Saves) != 0 {
+		t.Fatalf("after the dummy reset and finish: loads %+v saves %+v, %v", meta.Loads, meta.Saves, err)
+	}
+	// A request whose saves were emitted: a dummy's finish of its id neither reports them nor
+	// forgets the request, the real finish does both.
+	fresh := prompt(43, 0, 29)
+	if _, _, err := s.Lookup(context.Background(), Request{ID: "w", Tokens: fresh}, 0); err != nil {
+		t.Fatal(err)
+	}
+	meta, err = s.BuildMeta(SchedulerOutput{NewRequests: []RequestData{{ID: "w", NewBlockIDsByGroup: pagesFrom(20, 8), NumScheduledTokens: 29}}})
+	if err != nil || len(meta.Saves) != 1 {
+		t.Fatalf("saves of the fresh request: %+v, %v", meta.Saves, err)
+	}
+	if s.RequestFinished("w", true) || s.reqs["w"] == nil {
+		t.Fatal("a dummy's finish reported or dropped the real request's saves")
+	}
+	if !s.RequestFinished("w", false) || s.reqs["w"] != nil {
+		t.Fatal("the real finish did not report its saves and drop the request")
 	}
 }
 
@@ -104,7 +160,7 @@ func TestHonouredBlockWithoutDestinationPage(t *testing.T) {
 			if err != nil || m != 7*testT {
 				t.Fatalf("lookup = %d, %v", m, err)
 			}
-			if err := s.UpdateStateAfterAlloc("r", c.pages, m); err != nil {
+			if err := s.UpdateStateAfterAlloc("r", c.pages, m, false); err != nil {
 				t.Fatal(err)
 			}
 			_, err = s.BuildMeta(SchedulerOutput{NewRequests: []RequestData{{ID: "r", NewBlockIDsByGroup: c.pages, NumScheduledTokens: 1}}})
@@ -165,7 +221,7 @@ func TestZeroTokenAsyncHonourQueuesEmptyTransfer(t *testing.T) {
 	if err != nil || m == 0 || !async {
 		t.Fatalf("lookup = %d, %v, %v", m, async, err)
 	}
-	if err := s.UpdateStateAfterAlloc("r", pagesFrom(0, 8), 0); err != nil {
+	if err := s.UpdateStateAfterAlloc("r", pagesFrom(0, 8), 0, false); err != nil {
 		t.Fatal(err)
 	}
 	meta, err := s.BuildMeta(SchedulerOutput{})
@@ -230,7 +286,7 @@ func TestLoadPagesAcrossCallsAndShortResults(t *testing.T) {
 			t.Fatalf("lookup %s = %d, %v", id, m, err)
 		}
 		pages := pagesFrom(i*8, 8)
-		if err := s.UpdateStateAfterAlloc(id, pages, m); err != nil {
+		if err := s.UpdateStateAfterAlloc(id, pages, m, false); err != nil {
 			t.Fatal(err)
 		}
 		meta, err := s.BuildMeta(SchedulerOutput{NewRequests: []RequestData{{ID: id, NewBlockIDsByGroup: pages, NumScheduledTokens: 1}}})
@@ -328,7 +384,7 @@ func TestCloseSkipsQueuedLoadsAndFlushesStats(t *testing.T) {
 	if m, async, err := s.Lookup(context.Background(), Request{ID: "a", Tokens: tokens}, 0); err != nil || !async || m != 7*testT {
 		t.Fatalf("lookup = %d, %v, %v", m, async, err)
 	}
-	if err := s.UpdateStateAfterAlloc("a", pagesFrom(0, 8), 7*testT); err != nil {
+	if err := s.UpdateStateAfterAlloc("a", pagesFrom(0, 8), 7*testT, false); err != nil {
 		t.Fatal(err)
 	}
 	meta, err := s.BuildMeta(SchedulerOutput{})

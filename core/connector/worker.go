@@ -72,6 +72,9 @@ type Worker struct {
 	direct    mooncake.Viewer
 	directPut mooncake.Reserver
 	regs      []io.Closer
+	// keptStaging is staging whose unregistration failed at Close (seed commit 17): held, never
+	// freed, since the device may still address it.
+	keptStaging []kvmem.Staging
 
 	asyncQ       *fifo[*asyncLoad]
 	asyncMovers  []kvmem.Mover
@@ -988,7 +991,8 @@ func (w *Worker) GetFinished(finishedGen, startedLoading []string) (finishedSavi
 // skipped, and the save and load goroutines are joined against one deadline (ctx's, or
 // DefaultCloseTimeout). Staging is released only once they have all stopped; past the deadline
 // it is deliberately kept, since a goroutine may still be writing into it, and an error says
-// so. The stats lines are flushed either way.
+// so. Staging whose release (its unregistration from the device) fails is kept too, with its
+// mover, as the seed keeps such a pool. The stats lines are flushed either way.
 func (w *Worker) Close(ctx context.Context) error {
 	w.mu.Lock()
 	if w.closed {
@@ -1028,27 +1032,41 @@ func (w *Worker) Close(ctx context.Context) error {
 		return fmt.Errorf("close: save and load goroutines still running at the deadline (%w); their staging is kept", ctx.Err())
 	}
 	w.cancel()
+	// Seed commit 17: every staging pool is unregistered before the pool's memory is, and one
+	// whose unregistration failed is kept, with the mover it was made by: its memory may still
+	// be registered with the device, so it is neither freed nor reused, and the error says so.
 	var errs []error
-	for _, st := range append([]kvmem.Staging{w.loadStage, w.saveStage}, w.asyncStages...) {
-		if st != nil {
-			if err := st.Close(); err != nil {
-				errs = append(errs, fmt.Errorf("release staging: %w", err))
-			}
+	stages := append([]kvmem.Staging{w.loadStage, w.saveStage}, w.asyncStages...)
+	owners := append([]kvmem.Mover{nil, w.saveMover}, w.asyncMovers...)
+	keepMover := map[int]bool{}
+	for i, st := range stages {
+		if st == nil {
+			continue
+		}
+		if err := st.Close(); err != nil {
+			w.keptStaging = append(w.keptStaging, st)
+			keepMover[i] = true
+			errs = append(errs, fmt.Errorf("release staging: %w; the staging is kept", err))
 		}
 	}
-	for _, m := range append([]kvmem.Mover{w.saveMover}, w.asyncMovers...) {
-		if m != nil {
+	for i, m := range owners {
+		if m != nil && !keepMover[i] {
 			if err := m.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("close mover: %w", err))
 			}
 		}
 	}
+	var keptRegs []io.Closer
 	for _, r := range w.regs {
 		if err := r.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("unregister pool memory: %w", err))
+			keptRegs = append(keptRegs, r)
+			errs = append(errs, fmt.Errorf("unregister pool memory: %w; the registration is kept", err))
 		}
 	}
-	w.regs = nil
+	w.regs = keptRegs
+	if len(w.keptStaging) > 0 {
+		w.log.Warn("mooncake-store kept staging whose unregistration failed at shutdown", "staging", len(w.keptStaging))
+	}
 	return errors.Join(errs...)
 }
 

@@ -141,7 +141,7 @@ func BenchmarkLookupRoundTrip32k(b *testing.B) {
 					b.Fatalf("lookup matched %d tokens, want %d", n, want)
 				}
 				b.StopTimer()
-				sc.RequestReset(id)
+				sc.RequestReset(id, false)
 				b.StartTimer()
 			}
 			if m.name == "socket-arena" || m.name == "chan-arena" {

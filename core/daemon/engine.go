@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvctl/kvctl/core/config"
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
@@ -460,6 +461,13 @@ func (d *Daemon) optionsFor(req *enginepb.RegisterRequest, layout kvmem.Layout) 
 		o.LocalReuseBackoff = connector.ReuseBackoff(v)
 	}
 	if req.GetSpeculativePrefill() {
+		// Seed commits 5 and 14: the drafter allow-list validate-config applies. An engine
+		// written before the drafter field states none.
+		if k := req.GetDrafter(); k != "" {
+			if err := config.CheckSpeculativePrefillDrafter(k); err != nil {
+				return o, err
+			}
+		}
 		o.SpeculativePrefill = true
 	}
 	if v := req.GetStagingBufferBytes(); v > 0 {

@@ -120,7 +120,7 @@ func (s *service) UpdateStateAfterAlloc(ctx context.Context, req *enginepb.Alloc
 	if err := s.d.checkAlloc(ctx, req); err != nil {
 		return nil, err
 	}
-	if err := sc.UpdateStateAfterAlloc(req.GetRequestId(), engineapi.BlockIDsFromPB(req.GetBlockIdsByGroup()), int(req.GetHonouredTokens())); err != nil {
+	if err := sc.UpdateStateAfterAlloc(req.GetRequestId(), engineapi.BlockIDsFromPB(req.GetBlockIdsByGroup()), int(req.GetHonouredTokens()), req.GetDummy()); err != nil {
 		return nil, requestStatusOf(err)
 	}
 	return &enginepb.Empty{}, nil
@@ -153,7 +153,7 @@ func (s *service) RequestFinished(ctx context.Context, req *enginepb.RequestRef)
 	if err != nil {
 		return nil, err
 	}
-	return &enginepb.RequestFinishedResponse{AsyncSaving: sc.RequestFinished(req.GetRequestId())}, nil
+	return &enginepb.RequestFinishedResponse{AsyncSaving: sc.RequestFinished(req.GetRequestId(), req.GetDummy())}, nil
 }
 
 func (s *service) RequestReset(ctx context.Context, req *enginepb.RequestRef) (*enginepb.Empty, error) {
@@ -161,7 +161,7 @@ func (s *service) RequestReset(ctx context.Context, req *enginepb.RequestRef) (*
 	if err != nil {
 		return nil, err
 	}
-	sc.RequestReset(req.GetRequestId())
+	sc.RequestReset(req.GetRequestId(), req.GetDummy())
 	return &enginepb.Empty{}, nil
 }
 

@@ -87,7 +87,7 @@ func (o *offline) route(batch []Request, at time.Duration, first int) ([]int, []
 			}
 			ranks[k], starts[k] = pl[n].Rank, when
 			if o.c.Scheduler {
-				o.enqueue(first+k, batch[k], pl[n].Rank, when)
+				o.enqueue(first+k, batch[k], pl[n].Rank, when, pl[n].Estimate)
 			}
 			o.ranks[pl[n].Rank].load.EstimatedTokens += int64(pl[n].Estimate)
 		}

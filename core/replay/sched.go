@@ -70,6 +70,9 @@ type SchedulerCounts struct {
 	// distinct requests that were.
 	Preemptions       int64 `json:"preemptions"`
 	PreemptedRequests int64 `json:"preempted_requests"`
+	// LongPrefillsDemoted counts the requests the long-prefill demotion (--set
+	// long_prefill_tokens) moved behind a waiting request with a smaller uncached prefill.
+	LongPrefillsDemoted int64 `json:"long_prefills_demoted"`
 }
 
 // What a rank serves in the scheduler model.
@@ -106,12 +109,16 @@ const (
 
 // schedReq is one request in a rank's scheduler model.
 type schedReq struct {
-	i         int
-	q         Request
-	pr        prepared
-	mid       kvcache.RequestID
-	t64       []int64
-	output    int // replay tokens to generate
+	i      int
+	q      Request
+	pr     prepared
+	mid    kvcache.RequestID
+	t64    []int64
+	output int // replay tokens to generate
+	// uncached is the router's estimate of the request's prefill, in trace tokens: what the
+	// router publishes as its uncached-prefill count, which the long-prefill demotion reads.
+	uncached  int
+	demoted   bool
 	phase     schedPhase
 	allocated bool // holds an allocation (admitted, or suspended after a refusal)
 	queued    time.Duration
@@ -150,8 +157,9 @@ func (o *offline) schedScale() float64 {
 	return 1
 }
 
-// enqueue hands request q (trace position i) to rank rk's scheduler.
-func (o *offline) enqueue(i int, q Request, rk int, notBefore time.Duration) {
+// enqueue hands request q (trace position i) to rank rk's scheduler, with the router's
+// estimate of its uncached prefill.
+func (o *offline) enqueue(i int, q Request, rk int, notBefore time.Duration, uncached int) {
 	r := o.ranks[rk]
 	T := o.p.TokensPerBlock
 	pr := prepare(o.t.Format, q, T)
@@ -164,7 +172,7 @@ func (o *offline) enqueue(i int, q Request, rk int, notBefore time.Duration) {
 		out = 0 // the generation server decodes
 	}
 	sr := &schedReq{i: i, q: q, pr: pr, mid: kvcache.RequestID(i + 1), t64: slices.Clone(t64),
-		output: out, queued: max(notBefore, q.Arrival)}
+		output: out, queued: max(notBefore, q.Arrival), uncached: uncached}
 	o.run.Requests++
 	if r.sch.idle() {
 		r.sch.clock = max(r.sch.clock, sr.queued)
@@ -285,7 +293,10 @@ func (o *offline) pass(r *rank) error {
 	}
 
 	// Waiting requests, in arrival order. A request that cannot be admitted holds the line; a
-	// deferred one leaves the head of the line to the others.
+	// deferred one leaves the head of the line to the others. Long prefills go behind the rest.
+	if c.LongPrefillTokens > 0 {
+		demoteLongPrefills(s, c.LongPrefillTokens, sc)
+	}
 	var admitted []*schedReq
 	for k := 0; k < len(s.waiting); {
 		q := s.waiting[k]
@@ -447,6 +458,39 @@ func (o *offline) dropRequest(r *rank, q *schedReq) error {
 	}
 	o.push(r.sch.clock, q.q.ID, true)
 	return nil
+}
+
+// demoteLongPrefills is the V2 scheduler's long-prefill demotion (seed commit 20): the waiting
+// requests whose uncached-prefill count exceeds limit move behind the others, each group in
+// its order, so that a request whose prefill is mostly restored from the pool is not held
+// behind one that computes a long prompt. The count is the router's estimate, not the prompt
+// length: a later turn of a conversation with a long prompt and little growth is not long.
+func demoteLongPrefills(s *rankSched, limit int, sc *SchedulerCounts) {
+	short := 0
+	for _, q := range s.waiting {
+		if q.uncached <= limit {
+			short++
+		}
+	}
+	if short == 0 || short == len(s.waiting) {
+		return
+	}
+	out := make([]*schedReq, 0, len(s.waiting))
+	var long []*schedReq
+	seenShort := 0
+	for _, q := range s.waiting {
+		if q.uncached <= limit {
+			out = append(out, q)
+			seenShort++
+			continue
+		}
+		if seenShort < short && !q.demoted {
+			q.demoted = true // a shorter prefill behind it goes first
+			sc.LongPrefillsDemoted++
+		}
+		long = append(long, q)
+	}
+	s.waiting = append(out, long...)
 }
 
 // preempt reverts an admitted request's cache and puts it back at the head of the line.

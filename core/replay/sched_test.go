@@ -279,3 +279,52 @@ func TestSchedulerModelWithCappedRouter(t *testing.T) {
 		t.Fatalf("TTFT p50 %.3fs, p99 %.3fs: nobody waited for a router slot", run.Latency.P50TTFTSec, run.Latency.P99TTFTSec)
 	}
 }
+
+// Seed commit 20: the router's estimate is published as each request's uncached-prefill count,
+// and the V2 scheduler's long-prefill demotion reads it. On one rank admitting one request per
+// pass, a conversation's first turn runs, then a fresh 96-token prompt and the conversation's
+// second turn (160 tokens, 32 of them new) wait together, the fresh one first in line. With
+// long_prefill_tokens=64 the fresh prompt is long by the router's estimate and goes behind the
+// second turn, which is long by its prompt length but not by its estimate. With the demotion
+// off, or a prompt-length router whose estimate is the whole prompt (both long), nothing moves.
+func TestLongPrefillDemotionReadsTheRoutersEstimate(t *testing.T) {
+	turn := func(id, conv string, n int, at time.Duration, base int64) Request {
+		toks := make([]int64, n)
+		for i := range toks {
+			toks[i] = base + int64(i)
+		}
+		return Request{ID: id, ConversationID: conv, Arrival: at, InputLength: n, OutputLength: 1, Tokens: toks}
+	}
+	tr := &Trace{Name: "hand-made", Format: FormatTokens, Requests: []Request{
+		turn("c1", "conv", 128, 0, 1000),
+		turn("fresh", "", 96, time.Second, 500000),
+		turn("c2", "conv", 160, time.Second, 1000),
+	}}
+	for i := range tr.Requests {
+		tr.Requests[i].Line = i + 1
+	}
+	run := func(sets ...string) *SchedulerCounts {
+		t.Helper()
+		rep, err := Offline(context.Background(), tr, DefaultParams(), []Config{schedConfig(t, append([]string{"max_batch_size=1"}, sets...)...)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := rep.Runs[0]
+		if r.Requests != 3 || r.FailedRequests != 0 {
+			t.Fatalf("%v: %d requests, %d failed", sets, r.Requests, r.FailedRequests)
+		}
+		return r.Scheduler
+	}
+	if s := run("long_prefill_tokens=64"); s.LongPrefillsDemoted != 1 {
+		t.Fatalf("demoted %d requests, want the fresh prompt only: %+v", s.LongPrefillsDemoted, *s)
+	}
+	if s := run("long_prefill_tokens=0"); s.LongPrefillsDemoted != 0 {
+		t.Fatalf("the demotion off demoted %d requests", s.LongPrefillsDemoted)
+	}
+	if s := run("long_prefill_tokens=64", "router=prompt-length"); s.LongPrefillsDemoted != 0 {
+		t.Fatalf("with whole prompts as the estimate (both long) %d requests were demoted", s.LongPrefillsDemoted)
+	}
+	if s := run("long_prefill_tokens=100"); s.LongPrefillsDemoted != 0 {
+		t.Fatalf("with both estimates under the limit %d requests were demoted", s.LongPrefillsDemoted)
+	}
+}

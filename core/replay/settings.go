@@ -57,6 +57,11 @@ type Config struct {
 	AsyncLoad             bool
 	MaxNumTokens          int
 	MaxBatchSize          int
+	// LongPrefillTokens is the V2 scheduler's long-prefill demotion (seed commit 20): a waiting
+	// request whose uncached-prefill count, the router's estimate published with its placement
+	// (TensorRT-LLM's py_uncached_prefill_tokens), exceeds it, in trace tokens, is admitted only
+	// after the waiting requests that do not; 0 turns the demotion off.
+	LongPrefillTokens int
 	// Server is what a rank serves in the scheduler model: ServerAggregated (whole requests),
 	// ServerContext (a disaggregated context server: the prompt only) or ServerGeneration (a
 	// disaggregated generation server: the prompt's KV arrives by transfer, then it decodes).
@@ -275,6 +280,10 @@ var knobs = map[string]knob{
 	}},
 	"max_batch_size": {"scheduler: requests a pass may schedule", func(c *Config, v string) (err error) {
 		c.MaxBatchSize, err = parseInt(v, 1)
+		return
+	}},
+	"long_prefill_tokens": {"scheduler: demote a waiting request whose uncached prefill (the router's estimate, in trace tokens) exceeds this behind the others; 0 is off", func(c *Config, v string) (err error) {
+		c.LongPrefillTokens, err = parseInt(v, 0)
 		return
 	}},
 	"server": {"scheduler: aggregated (whole requests; no completion reservations, as in TensorRT-LLM), context (disaggregated context server, bound through the prompt) or generation (disaggregated generation server, prompt KV transferred in, bound through the output)", func(c *Config, v string) error {

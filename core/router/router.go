@@ -83,8 +83,12 @@ type Request struct {
 
 // Placement is where Route put a request and what it charged.
 type Placement struct {
-	ID       string
-	Rank     int // Unplaced when no rank is below the cap
+	ID   string
+	Rank int // Unplaced when no rank is below the cap
+	// Estimate is the request's prefill estimate, charged to its rank. It is also published
+	// with the request as its uncached-prefill count (seed commit 20: TensorRT-LLM's
+	// py_uncached_prefill_tokens), which the V2 scheduler's long-prefill demotion reads; kvctl
+	// replay's scheduler model does (--set long_prefill_tokens).
 	Estimate int
 }
 

@@ -703,6 +703,12 @@ type RegisterRequest struct {
 	GroupBlocks        bool   `protobuf:"varint,19,opt,name=group_blocks,json=groupBlocks,proto3" json:"group_blocks,omitempty"`
 	LocalReuseBackoff  string `protobuf:"bytes,20,opt,name=local_reuse_backoff,json=localReuseBackoff,proto3" json:"local_reuse_backoff,omitempty"`
 	SpeculativePrefill bool   `protobuf:"varint,21,opt,name=speculative_prefill,json=speculativePrefill,proto3" json:"speculative_prefill,omitempty"`
+	// drafter is the speculative drafter behind speculative_prefill (seed commits 5 and 14):
+	// "mtp" (one-model MTP: MTP-Eagle one model or vanilla MTP), "eagle3" (one-model EAGLE3), or
+	// any other kind, such as "eagle3-two-model", "mtp-two-model", "ngram" or "draft_target". The
+	// daemon refuses speculative_prefill with any kind but mtp and eagle3 (InvalidArgument), as
+	// TensorRT-LLM's allow-list does. Left empty by engines written before the field.
+	Drafter            string `protobuf:"bytes,42,opt,name=drafter,proto3" json:"drafter,omitempty"`
 	StagingBufferBytes uint64 `protobuf:"varint,22,opt,name=staging_buffer_bytes,json=stagingBufferBytes,proto3" json:"staging_buffer_bytes,omitempty"`
 	// api_version is the engine API version the engine was written against. The daemon refuses
 	// a major version it does not speak (FailedPrecondition, naming both versions); a minor
@@ -907,6 +913,13 @@ func (x *RegisterRequest) GetSpeculativePrefill() bool {
 		return x.SpeculativePrefill
 	}
 	return false
+}
+
+func (x *RegisterRequest) GetDrafter() string {
+	if x != nil {
+		return x.Drafter
+	}
+	return ""
 }
 
 func (x *RegisterRequest) GetStagingBufferBytes() uint64 {
@@ -1617,8 +1630,11 @@ type AllocRequest struct {
 	RequestId       string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	BlockIdsByGroup []*BlockIDs            `protobuf:"bytes,3,rep,name=block_ids_by_group,json=blockIdsByGroup,proto3" json:"block_ids_by_group,omitempty"`
 	HonouredTokens  int32                  `protobuf:"varint,4,opt,name=honoured_tokens,json=honouredTokens,proto3" json:"honoured_tokens,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// dummy marks a padding request (seed commit 3): the connector skips the report whatever
+	// request_id names, so a dummy that carries a real request's id changes nothing.
+	Dummy         bool `protobuf:"varint,40,opt,name=dummy,proto3" json:"dummy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AllocRequest) Reset() {
@@ -1677,6 +1693,13 @@ func (x *AllocRequest) GetHonouredTokens() int32 {
 		return x.HonouredTokens
 	}
 	return 0
+}
+
+func (x *AllocRequest) GetDummy() bool {
+	if x != nil {
+		return x.Dummy
+	}
+	return false
 }
 
 type RequestData struct {
@@ -2056,9 +2079,12 @@ func (x *BindMetaRequest) GetMetadata() *Metadata {
 }
 
 type RequestRef struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Engine        string                 `protobuf:"bytes,1,opt,name=engine,proto3" json:"engine,omitempty"`
-	RequestId     string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Engine    string                 `protobuf:"bytes,1,opt,name=engine,proto3" json:"engine,omitempty"`
+	RequestId string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// dummy marks a padding request (seed commit 3): RequestFinished and RequestReset skip it
+	// whatever request_id names, so a real request's state is kept.
+	Dummy         bool `protobuf:"varint,41,opt,name=dummy,proto3" json:"dummy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2105,6 +2131,13 @@ func (x *RequestRef) GetRequestId() string {
 		return x.RequestId
 	}
 	return ""
+}
+
+func (x *RequestRef) GetDummy() bool {
+	if x != nil {
+		return x.Dummy
+	}
+	return false
 }
 
 type RequestFinishedResponse struct {
@@ -2396,7 +2429,7 @@ const file_engine_proto_rawDesc = "" +
 	"\x06CudaFD\x12\x19\n" +
 	"\bfd_token\x18\x01 \x01(\tR\afdToken\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x16\n" +
-	"\x06device\x18\x03 \x01(\x05R\x06device\"\xf2\a\n" +
+	"\x06device\x18\x03 \x01(\x05R\x06device\"\x8c\b\n" +
 	"\x0fRegisterRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x1b\n" +
 	"\tmodel_key\x18\x02 \x01(\tR\bmodelKey\x12\x1c\n" +
@@ -2421,7 +2454,8 @@ const file_engine_proto_rawDesc = "" +
 	"\x0fsoft_pin_ttl_ms\x18\x12 \x01(\x04R\fsoftPinTtlMs\x12!\n" +
 	"\fgroup_blocks\x18\x13 \x01(\bR\vgroupBlocks\x12.\n" +
 	"\x13local_reuse_backoff\x18\x14 \x01(\tR\x11localReuseBackoff\x12/\n" +
-	"\x13speculative_prefill\x18\x15 \x01(\bR\x12speculativePrefill\x120\n" +
+	"\x13speculative_prefill\x18\x15 \x01(\bR\x12speculativePrefill\x12\x18\n" +
+	"\adrafter\x18* \x01(\tR\adrafter\x120\n" +
 	"\x14staging_buffer_bytes\x18\x16 \x01(\x04R\x12stagingBufferBytes\x12<\n" +
 	"\vapi_version\x18\x17 \x01(\v2\x1b.kvctl.engine.v1.ApiVersionR\n" +
 	"apiVersion\x12=\n" +
@@ -2482,13 +2516,14 @@ const file_engine_proto_rawDesc = "" +
 	"\x05start\x18\x03 \x01(\x05R\x05start\x12\x10\n" +
 	"\x03end\x18\x04 \x01(\x05R\x03end\"\x1c\n" +
 	"\bBlockIDs\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\x05R\x03ids\"\xb6\x01\n" +
+	"\x03ids\x18\x01 \x03(\x05R\x03ids\"\xcc\x01\n" +
 	"\fAllocRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tR\trequestId\x12F\n" +
 	"\x12block_ids_by_group\x18\x03 \x03(\v2\x19.kvctl.engine.v1.BlockIDsR\x0fblockIdsByGroup\x12'\n" +
-	"\x0fhonoured_tokens\x18\x04 \x01(\x05R\x0ehonouredTokens\"\x80\x02\n" +
+	"\x0fhonoured_tokens\x18\x04 \x01(\x05R\x0ehonouredTokens\x12\x14\n" +
+	"\x05dummy\x18( \x01(\bR\x05dummy\"\x80\x02\n" +
 	"\vRequestData\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -2517,12 +2552,13 @@ const file_engine_proto_rawDesc = "" +
 	"asyncLoads\"`\n" +
 	"\x0fBindMetaRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x125\n" +
-	"\bmetadata\x18\x02 \x01(\v2\x19.kvctl.engine.v1.MetadataR\bmetadata\"C\n" +
+	"\bmetadata\x18\x02 \x01(\v2\x19.kvctl.engine.v1.MetadataR\bmetadata\"Y\n" +
 	"\n" +
 	"RequestRef\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x02 \x01(\tR\trequestId\"<\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\x12\x14\n" +
+	"\x05dummy\x18) \x01(\bR\x05dummy\"<\n" +
 	"\x17RequestFinishedResponse\x12!\n" +
 	"\fasync_saving\x18\x01 \x01(\bR\vasyncSaving\"x\n" +
 	"\x12GetFinishedRequest\x12\x16\n" +

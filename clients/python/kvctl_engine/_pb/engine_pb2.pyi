@@ -133,7 +133,7 @@ class CudaFD(_message.Message):
     def __init__(self, fd_token: _Optional[str] = ..., size: _Optional[int] = ..., device: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("engine", "model_key", "namespace", "world_size", "rank", "attention_dp", "role", "format", "prompt_lookahead", "scheduler", "layout", "shared_memory", "cuda_ipc", "cuda_fd", "transfer_batch_size", "async_load", "async_load_workers", "soft_pin_ttl_ms", "group_blocks", "local_reuse_backoff", "speculative_prefill", "staging_buffer_bytes", "api_version", "engine_event")
+    __slots__ = ("engine", "model_key", "namespace", "world_size", "rank", "attention_dp", "role", "format", "prompt_lookahead", "scheduler", "layout", "shared_memory", "cuda_ipc", "cuda_fd", "transfer_batch_size", "async_load", "async_load_workers", "soft_pin_ttl_ms", "group_blocks", "local_reuse_backoff", "speculative_prefill", "drafter", "staging_buffer_bytes", "api_version", "engine_event")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     MODEL_KEY_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +155,7 @@ class RegisterRequest(_message.Message):
     GROUP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_REUSE_BACKOFF_FIELD_NUMBER: _ClassVar[int]
     SPECULATIVE_PREFILL_FIELD_NUMBER: _ClassVar[int]
+    DRAFTER_FIELD_NUMBER: _ClassVar[int]
     STAGING_BUFFER_BYTES_FIELD_NUMBER: _ClassVar[int]
     API_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENGINE_EVENT_FIELD_NUMBER: _ClassVar[int]
@@ -179,10 +180,11 @@ class RegisterRequest(_message.Message):
     group_blocks: bool
     local_reuse_backoff: str
     speculative_prefill: bool
+    drafter: str
     staging_buffer_bytes: int
     api_version: ApiVersion
     engine_event: CudaEvent
-    def __init__(self, engine: _Optional[str] = ..., model_key: _Optional[str] = ..., namespace: _Optional[str] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., attention_dp: _Optional[bool] = ..., role: _Optional[str] = ..., format: _Optional[str] = ..., prompt_lookahead: _Optional[int] = ..., scheduler: _Optional[bool] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ..., cuda_ipc: _Optional[_Union[CudaIPC, _Mapping]] = ..., cuda_fd: _Optional[_Union[CudaFD, _Mapping]] = ..., transfer_batch_size: _Optional[int] = ..., async_load: _Optional[bool] = ..., async_load_workers: _Optional[int] = ..., soft_pin_ttl_ms: _Optional[int] = ..., group_blocks: _Optional[bool] = ..., local_reuse_backoff: _Optional[str] = ..., speculative_prefill: _Optional[bool] = ..., staging_buffer_bytes: _Optional[int] = ..., api_version: _Optional[_Union[ApiVersion, _Mapping]] = ..., engine_event: _Optional[_Union[CudaEvent, _Mapping]] = ...) -> None: ...
+    def __init__(self, engine: _Optional[str] = ..., model_key: _Optional[str] = ..., namespace: _Optional[str] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., attention_dp: _Optional[bool] = ..., role: _Optional[str] = ..., format: _Optional[str] = ..., prompt_lookahead: _Optional[int] = ..., scheduler: _Optional[bool] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ..., cuda_ipc: _Optional[_Union[CudaIPC, _Mapping]] = ..., cuda_fd: _Optional[_Union[CudaFD, _Mapping]] = ..., transfer_batch_size: _Optional[int] = ..., async_load: _Optional[bool] = ..., async_load_workers: _Optional[int] = ..., soft_pin_ttl_ms: _Optional[int] = ..., group_blocks: _Optional[bool] = ..., local_reuse_backoff: _Optional[str] = ..., speculative_prefill: _Optional[bool] = ..., drafter: _Optional[str] = ..., staging_buffer_bytes: _Optional[int] = ..., api_version: _Optional[_Union[ApiVersion, _Mapping]] = ..., engine_event: _Optional[_Union[CudaEvent, _Mapping]] = ...) -> None: ...
 
 class ApiVersion(_message.Message):
     __slots__ = ("major", "minor")
@@ -299,16 +301,18 @@ class BlockIDs(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AllocRequest(_message.Message):
-    __slots__ = ("engine", "request_id", "block_ids_by_group", "honoured_tokens")
+    __slots__ = ("engine", "request_id", "block_ids_by_group", "honoured_tokens", "dummy")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_IDS_BY_GROUP_FIELD_NUMBER: _ClassVar[int]
     HONOURED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DUMMY_FIELD_NUMBER: _ClassVar[int]
     engine: str
     request_id: str
     block_ids_by_group: _containers.RepeatedCompositeFieldContainer[BlockIDs]
     honoured_tokens: int
-    def __init__(self, engine: _Optional[str] = ..., request_id: _Optional[str] = ..., block_ids_by_group: _Optional[_Iterable[_Union[BlockIDs, _Mapping]]] = ..., honoured_tokens: _Optional[int] = ...) -> None: ...
+    dummy: bool
+    def __init__(self, engine: _Optional[str] = ..., request_id: _Optional[str] = ..., block_ids_by_group: _Optional[_Iterable[_Union[BlockIDs, _Mapping]]] = ..., honoured_tokens: _Optional[int] = ..., dummy: _Optional[bool] = ...) -> None: ...
 
 class RequestData(_message.Message):
     __slots__ = ("id", "new_tokens", "new_block_ids_by_group", "computed_position", "num_scheduled_tokens", "dummy")
@@ -375,12 +379,14 @@ class BindMetaRequest(_message.Message):
     def __init__(self, engine: _Optional[str] = ..., metadata: _Optional[_Union[Metadata, _Mapping]] = ...) -> None: ...
 
 class RequestRef(_message.Message):
-    __slots__ = ("engine", "request_id")
+    __slots__ = ("engine", "request_id", "dummy")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DUMMY_FIELD_NUMBER: _ClassVar[int]
     engine: str
     request_id: str
-    def __init__(self, engine: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    dummy: bool
+    def __init__(self, engine: _Optional[str] = ..., request_id: _Optional[str] = ..., dummy: _Optional[bool] = ...) -> None: ...
 
 class RequestFinishedResponse(_message.Message):
     __slots__ = ("async_saving",)
