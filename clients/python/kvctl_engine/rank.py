@@ -247,6 +247,10 @@ class RankOptions:
     speculative_prefill: bool = False
     staging_buffer_bytes: int = 0
     prompt_lookahead: int = 0
+    # The speculative drafter behind speculative_prefill: "mtp" or "eagle3" (one model, the
+    # kinds kvctl serve accepts), or another kind ("mtp-two-model", "eagle3-two-model", "ngram",
+    # ...), which it refuses with speculative_prefill. Empty: not declared.
+    drafter: str = ""
     # The prompt arena's size (0: DEFAULT_PROMPT_ARENA_BYTES); prompt_arena=False sends every
     # prompt in tokens_packed.
     prompt_arena: bool = True
@@ -350,6 +354,7 @@ class Rank:
             group_blocks=o.group_blocks,
             local_reuse_backoff=o.local_reuse_backoff,
             speculative_prefill=o.speculative_prefill,
+            drafter=o.drafter,
             staging_buffer_bytes=o.staging_buffer_bytes,
             api_version=api_version_message(api_version),
         )
@@ -497,9 +502,12 @@ class Rank:
         block_ids_by_group: Sequence[Sequence[int]],
         honoured_tokens: int,
         timeout: float | None = None,
+        *,
+        dummy: bool = False,
     ) -> None:
         """Reports the pages allocated to a request (per layer group) and how many of the
-        matched tokens the engine honours (0 turns the load down)."""
+        matched tokens the engine honours (0 turns the load down). dummy marks a padding
+        request: the daemon skips the report whatever request_id names."""
         self.client.call(
             "UpdateStateAfterAlloc",
             pb.AllocRequest(
@@ -507,6 +515,7 @@ class Rank:
                 request_id=request_id,
                 block_ids_by_group=[pb.BlockIDs(ids=list(g)) for g in block_ids_by_group],
                 honoured_tokens=honoured_tokens,
+                dummy=dummy,
             ),
             timeout,
         )
@@ -532,16 +541,18 @@ class Rank:
         )
         return Metadata(m)
 
-    def request_finished(self, request_id: str, timeout: float | None = None) -> bool:
+    def request_finished(self, request_id: str, timeout: float | None = None, *, dummy: bool = False) -> bool:
         """The request's prompt is done; True when its saves are still in flight (keep its pages
-        until get_finished reports it in finished_saving)."""
-        r = self.client.call("RequestFinished", pb.RequestRef(engine=self.name, request_id=request_id), timeout)
+        until get_finished reports it in finished_saving). dummy: a padding request, skipped."""
+        ref = pb.RequestRef(engine=self.name, request_id=request_id, dummy=dummy)
+        r = self.client.call("RequestFinished", ref, timeout)
         return bool(r.async_saving)
 
-    def request_reset(self, request_id: str, timeout: float | None = None) -> None:
+    def request_reset(self, request_id: str, timeout: float | None = None, *, dummy: bool = False) -> None:
         """Forgets a request the engine restarts (a failed load, a preemption); look it up again
-        afterwards."""
-        self.client.call("RequestReset", pb.RequestRef(engine=self.name, request_id=request_id), timeout)
+        afterwards. dummy: a padding request, skipped."""
+        ref = pb.RequestRef(engine=self.name, request_id=request_id, dummy=dummy)
+        self.client.call("RequestReset", ref, timeout)
 
     # -- worker ------------------------------------------------------------------------------
 

@@ -287,3 +287,39 @@ def test_a_rank_belongs_to_its_connection(daemon) -> None:
         with pytest.raises(kv.AlreadyRegistered, match="owned/rank0"):
             kv.Rank.register(b, "owned/rank0", layout(), kv.SharedMemory(LAYERS * SLOTS * PIECE), model_key="o")
         rank.unregister()
+
+
+def test_dummy_flag_leaves_the_real_request_alone(daemon):
+    """A reset marked dummy (a padding request that carries a real request's id) is skipped:
+    the real request keeps its state, so a shorter prompt under its id must restart; the same
+    reset without the flag forgets it."""
+    with kv.connect(daemon.socket) as client:
+        shm = kv.SharedMemory(LAYERS * SLOTS * PIECE)
+        rank = kv.Rank.register(client, "dummy/rank0", layout(), shm, model_key="dummy")
+        toks = list(range(4 * T))
+        rank.lookup(kv.Request("r", toks))
+        rank.update_state_after_alloc("r", [[0, 1, 2, 3]], 0, dummy=True)
+        rank.request_finished("r", dummy=True)
+        rank.request_reset("r", dummy=True)
+        with pytest.raises(kv.RequestMustRestart):
+            rank.lookup(kv.Request("r", toks[: 2 * T]))
+        rank.request_reset("r")
+        assert rank.lookup(kv.Request("r", toks[: 2 * T])).matched_tokens == 0
+        rank.unregister()
+        shm.close()
+
+
+@pytest.mark.parametrize("drafter,ok", [("mtp", True), ("eagle3", True), ("eagle3-two-model", False), ("ngram", False)])
+def test_register_carries_the_drafter_kind(daemon, drafter, ok):
+    """Speculative prefill is accepted with a one-model MTP or EAGLE3 drafter only, as
+    TensorRT-LLM's allow-list says; the refusal names the drafter."""
+    with kv.connect(daemon.socket) as client:
+        shm = kv.SharedMemory(LAYERS * SLOTS * PIECE)
+        opts = kv.RankOptions(speculative_prefill=True, prompt_lookahead=1, drafter=drafter)
+        name = "drafter-%s/rank0" % drafter
+        if ok:
+            kv.Rank.register(client, name, layout(), shm, model_key="drafter", options=opts).unregister()
+        else:
+            with pytest.raises(kv.InvalidArgument, match=drafter):
+                kv.Rank.register(client, name, layout(), shm, model_key="drafter", options=opts)
+        shm.close()

@@ -250,3 +250,13 @@ def test_declarations_are_asserted_against_register(daemon):
     finally:
         connector.forget_rank(0, w._llm_args_key)
         engine.close()
+
+
+def test_drafter_kind_as_register_carries_it():
+    assert connector.drafter_kind(None) == ""
+    assert connector.drafter_kind(SimpleNamespace(decoding_type="MTP")) == "mtp"
+    assert connector.drafter_kind(SimpleNamespace(decoding_type="MTP", mtp_eagle_one_model=False)) == "mtp-two-model"
+    assert connector.drafter_kind(SimpleNamespace(decoding_type="MTP", use_mtp_vanilla=True)) == "mtp"
+    assert connector.drafter_kind(SimpleNamespace(decoding_type="Eagle3")) == "eagle3"
+    assert connector.drafter_kind(SimpleNamespace(decoding_type="Eagle3", eagle3_one_model=False)) == "eagle3-two-model"
+    assert connector.drafter_kind(SimpleNamespace(decoding_type="NGram")) == "ngram"

@@ -81,6 +81,26 @@ def prompt_lookahead(spec: Any) -> int:
     return 0
 
 
+def drafter_kind(spec: Any) -> str:
+    """The drafter kind Register carries (RegisterRequest.drafter): "mtp" or "eagle3" when run
+    as one model, "<kind>-two-model" when not, else TensorRT-LLM's decoding_type lowered ("" with
+    no speculative decoding). kvctl serve refuses speculative prefill with any but the first two,
+    as TensorRT-LLM does."""
+    if spec is None:
+        return ""
+    kind = str(_attr(spec, "decoding_type", default="")).lower()
+    if kind == "mtp":
+        one = _attr(spec, "use_mtp_vanilla", default=False) or _attr(spec, "mtp_eagle_one_model", default=True)
+        return "mtp" if one else "mtp-two-model"
+    if kind == "eagle3":
+        return "eagle3" if _attr(spec, "eagle3_one_model", default=True) else "eagle3-two-model"
+    return kind
+
+
+def _is_dummy(request: Any) -> bool:
+    return getattr(request, "is_dummy_request", False) is True or getattr(request, "is_dummy", False) is True
+
+
 def multimodal_digests(request: Any) -> tuple[list[bytes], bool]:
     """One 32-byte digest per multimodal item (8 int32 chunks, each big-endian signed, as
     KVCacheManagerV2 and the built-in connector read ``multimodal_hashes``), and whether the
@@ -190,6 +210,7 @@ class _Common:
         tp = int(_attr(llm_args, "tensor_parallel_size", "parallel_config.tp_size", default=1))
         self._world = 1 if self._attention_dp else tp
         self._lookahead = prompt_lookahead(_attr(llm_args, "speculative_config"))
+        self._drafter = drafter_kind(_attr(llm_args, "speculative_config"))
         self._tokens_per_block = int(_attr(llm_args, "kv_cache_config.tokens_per_block", default=32))
         self._llm_args_key = llm_args
         self._state = _state(self._rank_index, llm_args)
@@ -252,6 +273,7 @@ class KvctlConnectorWorker(base.KvCacheConnectorWorker, _Common):
                 async_load_workers=s.async_load_workers,
                 prompt_lookahead=self._lookahead,
                 speculative_prefill=self._lookahead > 0,
+                drafter=self._drafter,
             )
             rank = kv.Rank.register(
                 client,
@@ -449,7 +471,10 @@ class KvctlConnectorScheduler(base.KvCacheConnectorScheduler, _Common):
     def update_state_after_alloc_by_layer_group(self, request: Any, block_ids_by_layer_group: Any) -> None:
         honoured = int(getattr(request, "py_num_connector_matched_tokens", 0) or 0)
         self._r().update_state_after_alloc(
-            _rid(request.request_id), [list(g) for g in block_ids_by_layer_group], honoured
+            _rid(request.request_id),
+            [list(g) for g in block_ids_by_layer_group],
+            honoured,
+            dummy=_is_dummy(request),
         )
 
     def build_connector_meta(self, scheduler_output: Any) -> ConnectorMetadata:
@@ -474,13 +499,13 @@ class KvctlConnectorScheduler(base.KvCacheConnectorScheduler, _Common):
         return ConnectorMetadata(meta.pb.SerializeToString())
 
     def request_finished(self, request: Any, cache_block_ids: Any) -> bool:
-        return self._r().request_finished(_rid(request.request_id))
+        return self._r().request_finished(_rid(request.request_id), dummy=_is_dummy(request))
 
     def request_finished_by_layer_group(self, request: Any, cache_block_ids_by_layer_group: Any) -> bool:
-        return self._r().request_finished(_rid(request.request_id))
+        return self._r().request_finished(_rid(request.request_id), dummy=_is_dummy(request))
 
     def request_reset(self, request: Any) -> None:
-        self._r().request_reset(_rid(request.request_id))
+        self._r().request_reset(_rid(request.request_id), dummy=_is_dummy(request))
 
 
 class KvctlProducerConnectorWorker(KvctlConnectorWorker):
