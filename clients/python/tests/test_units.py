@@ -362,3 +362,14 @@ def test_ipc_handle_from_a_cpu_tensor_is_refused() -> None:
     torch = pytest.importorskip("torch")
     with pytest.raises(kv.InvalidArgument, match="not a CUDA device"):
         kv.ipc_handle_from_tensor(torch.zeros(4))
+
+
+def test_the_sdk_declares_the_api_version_the_go_side_speaks() -> None:
+    """kvctl_engine.API_VERSION is core/engineapi's APIVersionMajor.APIVersionMinor."""
+    import re
+    from pathlib import Path
+
+    src = (Path(__file__).resolve().parents[3] / "core" / "engineapi" / "version.go").read_text()
+    major = int(re.search(r"APIVersionMajor\s*=\s*(\d+)", src).group(1))
+    minor = int(re.search(r"APIVersionMinor\s*=\s*(\d+)", src).group(1))
+    assert kv.API_VERSION == (major, minor)
