@@ -88,9 +88,10 @@ func (o diffOp) String() string {
 	case "put":
 		var b strings.Builder
 		fmt.Fprintf(&b, "put %s", o.Key)
-		if o.Soft == 1 {
+		switch o.Soft {
+		case 1:
 			b.WriteString(" soft")
-		} else if o.Soft == 2 {
+		case 2:
 			b.WriteString(" soft-ttl")
 		}
 		if o.Hard {
