@@ -12,15 +12,30 @@
 //   - soft pin: a fixed deadline set when a put with SoftPinEnable finishes (reads never
 //     extend it). Eviction pass 1 skips soft-pinned objects; pass 2 takes them only when the
 //     unpinned ones cannot reach the lower bound and AllowEvictSoftPinned is set.
-//   - hard pin: the object is never evicted and is left out of the eviction base.
+//   - hard pin: the object is never evicted and is left out of the eviction base. It does not
+//     block Remove: as on the master, only a lease does.
 //   - group: objects put with the same group id. A lease granted to one member refreshes all
 //     (when the hit member has less than half a TTL left, or the group changed); eviction takes
 //     a chosen member's whole group, and skips the group while any member is leased.
 //   - eviction round: one tick of the master's eviction thread. It runs when allocated/capacity
 //     is above HighWatermark, or after an allocation failed. It counts objects, not bytes:
 //     target = max(ratio, used-hw+ratio) and lowerbound = max(target/2, used-hw) of the eviction
-//     base (objects readable, not hard-pinned, not being read). Pass 1 evicts the expired,
-//     unpinned objects with the oldest lease deadline; pass 2 runs below the lower bound.
+//     base (objects readable, not hard-pinned, not being read). Pass 1 tries its frontier, the
+//     target's count of expired, unpinned objects with the oldest lease deadlines (a group
+//     taken along counts each member). When the frontier falls short (a member whose group
+//     holds a lease is skipped), pass 1 makes up the shortfall from the other candidates in
+//     shard order, not by age, as mooncake_master 0.3.13 does: that leaves holes among younger
+//     objects (EvictedObject.Refill marks them). Pass 2 runs below the lower bound.
+//
+// Proven against the real master: TestPoolDifferential runs random sequences of puts (soft
+// pins, soft-pin TTLs, hard pins, groups), gets, probes, removes and lease expiries against
+// mooncake_master 0.3.13 and this pool, and compares codes and keys after every step
+// (docs/perf/pool-differential.md). Deliberate differences, each out of the test's reach on
+// purpose: the shard order of a pass 1 refill is this pool's own (FNV-1a of the group id or
+// key, mod 1024; the master's depends on std::hash, its hash tables and a selection
+// algorithm), so there the test checks invariants only; and one call gives all its keys one
+// clock reading, where the master reads the clock per key in an order of its shards, so the
+// test uses single-key calls.
 //   - segment: a region of memory the pool allocates pages from, first fit with no padding, so
 //     used bytes are exactly the sum of the stored sizes; fragmentation shows in Stats.
 //   - integrity: every page's XXH3-based checksum (keys.PageChecksum) is taken at put and

@@ -104,6 +104,9 @@ type EvictedObject struct {
 	Pass       int // 1 or 2
 	SoftPinned bool
 	Group      string // "" when ungrouped
+	// Refill marks an object pass 1 took from outside its oldest frontier to make up a
+	// shortfall (the frontier held objects it could not evict), in shard order.
+	Refill bool
 }
 
 // EvictionRound reports one run of the eviction algorithm (the master's EVICT-TRIGGER /
@@ -748,9 +751,11 @@ func (e *Embedded) releaseRefs(held []*object) {
 	e.mu.Unlock()
 }
 
-// Remove implements Pool. Without force, an object under a read lease, or hard-pinned, is kept
-// and ErrObjectHasLease returned; an object whose put is still copying gives
-// ErrReplicaNotReady. Soft pins do not block Remove.
+// Remove implements Pool. Without force, an object under a read lease is kept and
+// ErrObjectHasLease returned; an object whose put is still copying gives ErrReplicaNotReady.
+// Pins do not block Remove: a hard pin keeps an object from eviction only, as on the master
+// (Mooncake 0.3.13 removes a hard-pinned object whose lease ran out without force; the
+// differential test's case "hard pin does not block remove" pins it).
 func (e *Embedded) Remove(ctx context.Context, key string, force bool) Code {
 	e.c.removeCalls.Add(1)
 	code := e.remove(ctx, key, force)
@@ -776,7 +781,7 @@ func (e *Embedded) remove(ctx context.Context, key string, force bool) Code {
 	if !o.complete {
 		return ErrReplicaNotReady
 	}
-	if !force && (o.lease.After(e.clock.Now()) || o.hardPin) {
+	if !force && o.lease.After(e.clock.Now()) {
 		return ErrObjectHasLease
 	}
 	e.unlinkLocked(o)

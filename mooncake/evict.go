@@ -157,7 +157,7 @@ func (e *Embedded) evictLocked(now time.Time) (EvictionRound, bool) {
 	round.Base = base
 
 	skipped := map[*group]bool{}
-	evict := func(o *object, pass int, allowSoft bool) int {
+	evict := func(o *object, pass int, allowSoft, refill bool) int {
 		if o.removed {
 			return 0
 		}
@@ -181,7 +181,7 @@ func (e *Embedded) evictLocked(now time.Time) (EvictionRound, bool) {
 				if !e.evictable(m, now, allowSoft) {
 					continue
 				}
-				e.evictOne(&round, m, pass, now)
+				e.evictOne(&round, m, pass, now, refill)
 				n++
 			}
 			return n
@@ -189,34 +189,55 @@ func (e *Embedded) evictLocked(now time.Time) (EvictionRound, bool) {
 		if !e.evictable(o, now, allowSoft) {
 			return 0
 		}
-		e.evictOne(&round, o, pass, now)
+		e.evictOne(&round, o, pass, now, refill)
 		return 1
 	}
 
+	// Pass 1 tries the whole frontier, the want oldest candidates, whatever a group taken
+	// along adds to the count. When the frontier could not give want objects (a member of a
+	// group with a leased member is skipped), the master makes up the shortfall from the rest
+	// of its candidates in the order of its metadata shards, not by age: the embedded pool
+	// does the same in its own shard order (candShard).
 	evicted := 0
 	want := int(math.Ceil(float64(base) * target))
 	if want > len(unpinned) {
 		want = len(unpinned)
 	}
 	stream := newCandStream(unpinned, want)
-	for evicted < want && stream.left() > 0 {
-		evicted += evict(stream.next(), 1, false)
+	for i := 0; i < want; i++ {
+		evicted += evict(stream.next(), 1, false, false)
+	}
+	rest := unpinned[want:]
+	if evicted < want && len(rest) > 0 {
+		for i := range rest {
+			rest[i].lease = int64(candShard(rest[i].o))
+		}
+		slices.SortFunc(rest, candCmp)
+		i := 0
+		for ; evicted < want && i < len(rest); i++ {
+			evicted += evict(rest[i].o, 1, false, true)
+		}
+		rest = rest[i:]
+		for i := range rest {
+			rest[i].lease = rest[i].o.lease.UnixNano()
+		}
 	}
 
 	floor := int(math.Ceil(float64(base) * lower))
 	if evicted < floor {
 		need := floor - evicted
-		if cap := stream.left() + len(soft); need > cap {
+		if cap := len(rest) + len(soft); need > cap {
 			need = cap
 		}
 		got := 0
-		for got < need && stream.left() > 0 {
-			got += evict(stream.next(), 2, false)
+		restStream := newCandStream(rest, need)
+		for got < need && restStream.left() > 0 {
+			got += evict(restStream.next(), 2, false, false)
 		}
 		if got < need && len(soft) > 0 {
 			softStream := newCandStream(soft, len(soft))
 			for got < need && softStream.left() > 0 {
-				got += evict(softStream.next(), 2, true)
+				got += evict(softStream.next(), 2, true, false)
 			}
 		}
 	}
@@ -227,6 +248,25 @@ func (e *Embedded) evictLocked(now time.Time) (EvictionRound, bool) {
 		e.needEvict = false
 	}
 	return round, true
+}
+
+// candShards is the number of metadata shards of the master (kNumShards).
+const candShards = 1024
+
+// candShard is the shard an object's metadata lives in: FNV-1a of its group id, or of its key
+// when ungrouped, modulo candShards. The master hashes the same strings with std::hash, so its
+// shard of a key differs; what the two share is that the shortfall is made up in an order that
+// has nothing to do with age.
+func candShard(o *object) uint64 {
+	s := o.key
+	if o.group != nil {
+		s = o.group.id
+	}
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint64(s[i])) * 1099511628211
+	}
+	return h % candShards
 }
 
 // evictable is the check the master repeats at eviction time for each object.
@@ -240,8 +280,8 @@ func (e *Embedded) evictable(o *object, now time.Time, allowSoft bool) bool {
 	return true
 }
 
-func (e *Embedded) evictOne(r *EvictionRound, o *object, pass int, now time.Time) {
-	ev := EvictedObject{Key: o.key, Size: o.size, Pass: pass, SoftPinned: o.softPin.After(now)}
+func (e *Embedded) evictOne(r *EvictionRound, o *object, pass int, now time.Time, refill bool) {
+	ev := EvictedObject{Key: o.key, Size: o.size, Pass: pass, SoftPinned: o.softPin.After(now), Refill: refill}
 	if o.group != nil {
 		ev.Group = o.group.id
 		e.c.evictedGrouped.Add(1)
