@@ -73,7 +73,7 @@ type Native struct {
 	meta   *transfer.MetadataClient
 	te     *transfer.Client
 	srv    *transfer.Server
-	admin  *AdminClient
+	admin  atomic.Pointer[AdminClient] // nil without AdminURL, or once dropped (DropAdmin)
 	log    *slog.Logger
 	client masterrpc.UUID
 
@@ -166,9 +166,11 @@ func NewNative(ctx context.Context, opts NativeOptions) (*Native, error) {
 		stop:      make(chan struct{}),
 	}
 	if opts.AdminURL != "" {
-		if n.admin, err = NewAdminClient(opts.AdminURL, nil); err != nil {
+		a, err := NewAdminClient(opts.AdminURL, nil)
+		if err != nil {
 			return nil, err
 		}
+		n.admin.Store(a)
 	}
 	n.rpc, err = masterrpc.Dial(ctx, masterrpc.Options{Addr: opts.MasterAddr, CallTimeout: opts.CallTimeout})
 	if err != nil {
@@ -263,6 +265,14 @@ func (n *Native) heartbeat() {
 
 // SegmentName returns the name of this client's mounted segment ("" when it has none).
 func (n *Native) SegmentName() string { return n.seg.Name }
+
+// SegmentID is the id this client mounted its segment under, random for each client: an admin
+// server that lists it serves the master this client mounted with.
+func (n *Native) SegmentID() masterrpc.UUID { return n.seg.ID }
+
+// DropAdmin stops asking the master's admin server (one found to serve another master):
+// Segments is then this client's own segment and Stats has no cluster-wide figures.
+func (n *Native) DropAdmin() { n.admin.Store(nil) }
 
 // Remounts counts the times the segment was mounted again after the master lost it.
 func (n *Native) Remounts() int64 { return n.remounts.Load() }
@@ -663,19 +673,20 @@ func (n *Native) Remove(ctx context.Context, key string, force bool) Code {
 // Segments lists the pool's segments from the master's admin API when AdminURL is set, else
 // this client's own segment (its used bytes unknown, reported as 0).
 func (n *Native) Segments(ctx context.Context) ([]Segment, error) {
-	if n.admin == nil {
+	admin := n.admin.Load()
+	if admin == nil {
 		if n.seg.Name == "" {
 			return nil, nil
 		}
 		return []Segment{{Name: n.seg.Name, Capacity: int64(n.seg.Size)}}, nil
 	}
-	names, err := n.admin.AllSegments(ctx)
+	names, err := admin.AllSegments(ctx)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]Segment, 0, len(names))
 	for _, name := range names {
-		s, err := n.admin.QuerySegment(ctx, name)
+		s, err := admin.QuerySegment(ctx, name)
 		if errors.Is(err, ErrSegmentNotFound) {
 			continue // unmounted between the two calls
 		}
@@ -708,8 +719,8 @@ func (n *Native) Stats(ctx context.Context) (Stats, error) {
 		st.CapacityBytes += s.Capacity
 		st.UsedBytes += s.Used
 	}
-	if n.admin != nil {
-		m, err := n.admin.Metrics(ctx)
+	if admin := n.admin.Load(); admin != nil {
+		m, err := admin.Metrics(ctx)
 		if err != nil {
 			return st, err
 		}

@@ -26,7 +26,7 @@ func addClusterFlags(fl *pflag.FlagSet, k *config.ClusterKeys) {
 	fl.StringVar(&k.Protocol, config.ServeKeyProtocol, "", "mooncake backend: transfer protocol; only tcp")
 	fl.StringVar(&k.DeviceName, config.ServeKeyDeviceName, "", "mooncake backend: RDMA device names, accepted from mooncake.json and unused by tcp")
 	fl.StringVar(&k.MooncakeConfig, config.ServeKeyMooncakeConfig, "", "mooncake backend: read master, metadata, segment and buffer sizes from a TensorRT-LLM mooncake.json `FILE`; flags win over it")
-	fl.StringVar(&k.MasterAdmin, config.ServeKeyMasterAdmin, "", "mooncake backend: the master's HTTP admin `URL`, for the cluster's segments (default http://MASTER-HOST:9003)")
+	fl.StringVar(&k.MasterAdmin, config.ServeKeyMasterAdmin, "", "mooncake backend: the master's HTTP admin `URL`, for the cluster's segments (default http://MASTER-HOST:9003, dropped when it serves another master)")
 	fl.DurationVar(&k.PoolTimeout, config.ServeKeyPoolTimeout, 0, "longest an engine waits for one pool call; a lookup past it answers miss (default 5s)")
 }
 
@@ -52,7 +52,7 @@ func clusterBackend(sc config.ServeConfig, plan config.ServePlan, log *slog.Logg
 	if timeout <= 0 {
 		timeout = daemon.DefaultPoolTimeout
 	}
-	p, err := cluster.New(cluster.Options{Logger: log, Native: mooncake.NativeOptions{
+	p, err := cluster.New(cluster.Options{Logger: log, AdminDerived: c.MasterAdminDerived, Native: mooncake.NativeOptions{
 		MasterAddr: c.Master, MetadataURL: c.Metadata, AdminURL: c.MasterAdmin, SegmentSize: c.SegmentBytes,
 		Host: c.HostAddress, DataAddr: dataAddr, CallTimeout: timeout, Logger: log,
 	}})

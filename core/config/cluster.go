@@ -192,7 +192,11 @@ type Cluster struct {
 	SegmentBytes     int64 // 0 when it is to be sized automatically
 	LocalBufferBytes int64
 	MasterAdmin      string
-	TransferPort     int
+	// MasterAdminDerived is set when MasterAdmin was not given but derived from the master's
+	// host and mooncake_master's default admin port (the master does not report its admin
+	// port over RPC).
+	MasterAdminDerived bool
+	TransferPort       int
 	// Sources names where each setting came from, by serve key: "flag or config", a file's
 	// path, or "default".
 	Sources map[string]string
@@ -301,6 +305,7 @@ func (s ServeConfig) ResolveCluster(read func(string) ([]byte, error)) (Cluster,
 	if c.MasterAdmin == "" {
 		if host, _, err := net.SplitHostPort(c.Master); err == nil && host != "" {
 			c.MasterAdmin = "http://" + net.JoinHostPort(host, DefaultMasterAdminPort)
+			c.MasterAdminDerived = true
 		}
 	}
 
