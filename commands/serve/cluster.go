@@ -1,10 +1,12 @@
 package serve
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net"
 	"strconv"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -52,6 +54,9 @@ func clusterBackend(sc config.ServeConfig, plan config.ServePlan, log *slog.Logg
 	if timeout <= 0 {
 		timeout = daemon.DefaultPoolTimeout
 	}
+	if log != nil {
+		warnExposure(log, c)
+	}
 	p, err := cluster.New(cluster.Options{Logger: log, AdminDerived: c.MasterAdminDerived, Native: mooncake.NativeOptions{
 		MasterAddr: c.Master, MetadataURL: c.Metadata, AdminURL: c.MasterAdmin, SegmentSize: c.SegmentBytes,
 		Host: c.HostAddress, DataAddr: dataAddr, CallTimeout: timeout, Logger: log,
@@ -63,6 +68,18 @@ func clusterBackend(sc config.ServeConfig, plan config.ServePlan, log *slog.Logg
 		Kind: statsapi.BackendMooncake, Master: c.Master, Metadata: c.Metadata, HostAddress: c.HostAddress,
 		Protocol: c.Protocol, Segment: segment, SegmentBytes: c.SegmentBytes, LocalBufferBytes: c.LocalBufferBytes,
 	}}, nil
+}
+
+// warnExposure warns, at start, for each address of the mooncake backend's unauthenticated
+// traffic that is on a non-private network (docs/SECURITY.md "Mooncake mode"). Names are
+// resolved with a short bound so a slow resolver does not hold the start.
+func warnExposure(log *slog.Logger, c config.Cluster) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	for _, e := range cluster.CheckExposure(ctx, c.HostAddress, c.Metadata, c.Master, nil) {
+		log.Warn("Mooncake traffic on a non-private address: it is unauthenticated, so whoever reaches it can read and overwrite every tenant's KV pages or redirect other hosts; keep it on an isolated network (docs/SECURITY.md, Mooncake mode)",
+			"traffic", e.What, "address", e.Addr, "ip", e.IP.String())
+	}
 }
 
 // clusterBanner is the backend part of the startup banner.
