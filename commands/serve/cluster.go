@@ -29,6 +29,7 @@ func addClusterFlags(fl *pflag.FlagSet, k *config.ClusterKeys) {
 	fl.StringVar(&k.DeviceName, config.ServeKeyDeviceName, "", "mooncake backend: RDMA device names, accepted from mooncake.json and unused by tcp")
 	fl.StringVar(&k.MooncakeConfig, config.ServeKeyMooncakeConfig, "", "mooncake backend: read master, metadata, segment and buffer sizes from a TensorRT-LLM mooncake.json `FILE`; flags win over it")
 	fl.StringVar(&k.MasterAdmin, config.ServeKeyMasterAdmin, "", "mooncake backend: the master's HTTP admin `URL`, for the cluster's segments (default http://MASTER-HOST:9003, dropped when it serves another master)")
+	fl.BoolVar(&k.ObjectChecksum, config.ServeKeyObjectChecksum, false, "mooncake backend: fill Mooncake's per-object checksum (CRC-64) on every put and verify it on every get; a page changed in its segment is refused and recomputed")
 	fl.DurationVar(&k.PoolTimeout, config.ServeKeyPoolTimeout, 0, "longest an engine waits for one pool call; a lookup past it answers miss (default 5s)")
 }
 
@@ -59,7 +60,7 @@ func clusterBackend(sc config.ServeConfig, plan config.ServePlan, log *slog.Logg
 	}
 	p, err := cluster.New(cluster.Options{Logger: log, AdminDerived: c.MasterAdminDerived, Native: mooncake.NativeOptions{
 		MasterAddr: c.Master, MetadataURL: c.Metadata, AdminURL: c.MasterAdmin, SegmentSize: c.SegmentBytes,
-		Host: c.HostAddress, DataAddr: dataAddr, CallTimeout: timeout, Logger: log,
+		Host: c.HostAddress, DataAddr: dataAddr, CallTimeout: timeout, Logger: log, ObjectChecksum: sc.ObjectChecksum,
 	}})
 	if err != nil {
 		return nil, cmdutil.ValidationErrorf("%v", err)
