@@ -26,7 +26,7 @@ func teDrip(t *testing.T, addr string, base uint64) {
 	t.Cleanup(func() { close(stop); _ = c.Close(); <-done })
 	go func() {
 		defer close(done)
-		hdr := transfer.AppendHeader(nil, transfer.Header{Size: 256 << 20, Addr: base, Opcode: uint8(transfer.OpWrite), V2: true})
+		hdr := teWriteHeader(256<<20, base)
 		if _, err := c.Write(append(hdr, make([]byte, 1<<20)...)); err != nil {
 			return
 		}
@@ -92,4 +92,9 @@ func TestTransferEngineSlowloris(t *testing.T) {
 		t.Fatalf("B during the slowloris on A: %+v; want all %d blocks loaded from A and no failed load", warm, blocks)
 	}
 	a.alive(t)
+}
+
+// teWriteHeader is a v2 WRITE header for size bytes at addr.
+func teWriteHeader(size, addr uint64) []byte {
+	return transfer.AppendHeader(nil, transfer.Header{Size: size, Addr: addr, Opcode: uint8(transfer.OpWrite), V2: true})
 }
