@@ -199,7 +199,7 @@ func TestSoakMooncake(t *testing.T) {
 	loop(func() {
 		if n, err := probe("http://"+metrics+"/readyz", 1); n != 1 {
 			probeMisses.Add(1)
-			note(fmt.Errorf("readyz probe: %v", err))
+			note(fmt.Errorf("readyz probe: %w", err))
 		}
 		sleep(5 * time.Second)
 	})
@@ -224,7 +224,7 @@ func TestSoakMooncake(t *testing.T) {
 		code, body, err := postFront(legit, front.url, completionBody("legit"))
 		if err != nil || code != 200 {
 			frontFailed.Add(1)
-			note(fmt.Errorf("front: %d %v %s", code, err, body))
+			note(fmt.Errorf("front: %d %w %s", code, err, body))
 		} else {
 			frontOK.Add(1)
 		}
