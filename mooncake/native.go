@@ -56,6 +56,13 @@ type NativeOptions struct {
 	PeerConns int
 	// Logger receives heartbeat and remount events; nil discards them.
 	Logger *slog.Logger
+	// ObjectChecksum fills Mooncake's own per-object checksum (ObjectChecksum, CRC-64/ECMA-182)
+	// at every put and, at every get of an object that has one, verifies the bytes read
+	// against the checksum the master keeps: a page rewritten in a segment, or read from a
+	// forged one, is refused (ErrMooncakeChecksum, counted in Stats.ChecksumErrors) and
+	// removed from the pool, never returned. Mooncake's own client does the same with
+	// MOONCAKE_STORE_CHECKSUM=1; objects written without a checksum are read unchecked.
+	ObjectChecksum bool
 }
 
 // Native is a Mooncake store client in Go: it speaks the master's RPC protocol for
@@ -73,7 +80,7 @@ type Native struct {
 	meta   *transfer.MetadataClient
 	te     *transfer.Client
 	srv    *transfer.Server
-	admin  *AdminClient
+	admin  atomic.Pointer[AdminClient] // nil without AdminURL, or once dropped (DropAdmin)
 	log    *slog.Logger
 	client masterrpc.UUID
 
@@ -98,6 +105,7 @@ type Native struct {
 type nativeStats struct {
 	hits, misses, puts, skipped, putFailures atomic.Int64
 	bytesIn, bytesOut, existProbes           atomic.Int64
+	checksumErrors                           atomic.Int64
 }
 
 // segmentBase is where Native places its segment in the absolute address space peers use.
@@ -166,9 +174,11 @@ func NewNative(ctx context.Context, opts NativeOptions) (*Native, error) {
 		stop:      make(chan struct{}),
 	}
 	if opts.AdminURL != "" {
-		if n.admin, err = NewAdminClient(opts.AdminURL, nil); err != nil {
+		a, err := NewAdminClient(opts.AdminURL, nil)
+		if err != nil {
 			return nil, err
 		}
+		n.admin.Store(a)
 	}
 	n.rpc, err = masterrpc.Dial(ctx, masterrpc.Options{Addr: opts.MasterAddr, CallTimeout: opts.CallTimeout})
 	if err != nil {
@@ -263,6 +273,14 @@ func (n *Native) heartbeat() {
 
 // SegmentName returns the name of this client's mounted segment ("" when it has none).
 func (n *Native) SegmentName() string { return n.seg.Name }
+
+// SegmentID is the id this client mounted its segment under, random for each client: an admin
+// server that lists it serves the master this client mounted with.
+func (n *Native) SegmentID() masterrpc.UUID { return n.seg.ID }
+
+// DropAdmin stops asking the master's admin server (one found to serve another master):
+// Segments is then this client's own segment and Stats has no cluster-wide figures.
+func (n *Native) DropAdmin() { n.admin.Store(nil) }
 
 // Remounts counts the times the segment was mounted again after the master lost it.
 func (n *Native) Remounts() int64 { return n.remounts.Load() }
@@ -422,6 +440,10 @@ func (n *Native) putUnique(ctx context.Context, keys []string, bufs [][]byte, cf
 		return
 	}
 	writeErr := make([]error, len(idx))
+	var sums []uint64
+	if n.opts.ObjectChecksum {
+		sums = make([]uint64, len(idx))
+	}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, n.opts.Transfers)
 	for j, i := range idx {
@@ -443,6 +465,9 @@ func (n *Native) putUnique(ctx context.Context, keys []string, bufs [][]byte, cf
 		sem <- struct{}{}
 		go func(j int, buf []byte, reps []masterrpc.Replica) {
 			defer func() { <-sem; wg.Done() }()
+			if sums != nil {
+				sums[j] = ObjectChecksum(buf)
+			}
 			for _, rep := range reps {
 				if err := n.transfer(ctx, rep, buf, true); err != nil {
 					writeErr[j] = err
@@ -454,6 +479,7 @@ func (n *Native) putUnique(ctx context.Context, keys []string, bufs [][]byte, cf
 	wg.Wait()
 	var endKeys, revokeKeys []string
 	var endIdx, revokeIdx []int
+	var endMeta []masterrpc.ObjectMeta
 	for j, i := range idx {
 		if started[j].Code != 0 {
 			continue
@@ -464,6 +490,9 @@ func (n *Native) putUnique(ctx context.Context, keys []string, bufs [][]byte, cf
 			continue
 		}
 		endKeys, endIdx = append(endKeys, ks[j]), append(endIdx, i)
+		if sums != nil {
+			endMeta = append(endMeta, masterrpc.ObjectMeta{Key: ks[j], HasChecksum: true, Checksum: sums[j]})
+		}
 	}
 	if len(revokeKeys) > 0 {
 		if _, err := n.rpc.BatchPutRevoke(ctx, n.client, revokeKeys, n.opts.Tenant); err != nil {
@@ -479,7 +508,12 @@ func (n *Native) putUnique(ctx context.Context, keys []string, bufs [][]byte, cf
 	if len(endKeys) == 0 {
 		return
 	}
-	ends, err := n.rpc.BatchPutEnd(ctx, n.client, endKeys, n.opts.Tenant)
+	var ends []int32
+	if endMeta != nil {
+		ends, err = n.rpc.BatchPutEndMeta(ctx, n.client, endMeta, n.opts.Tenant)
+	} else {
+		ends, err = n.rpc.BatchPutEnd(ctx, n.client, endKeys, n.opts.Tenant)
+	}
 	for j, i := range endIdx {
 		switch {
 		case err != nil:
@@ -603,6 +637,7 @@ func (n *Native) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []i
 	}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, n.opts.Transfers)
+	poisoned := make([]bool, len(keys))
 	for i, l := range lists {
 		if l.Code != 0 {
 			out[i] = int64(l.Code)
@@ -622,7 +657,7 @@ func (n *Native) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []i
 		}
 		wg.Add(1)
 		sem <- struct{}{}
-		go func(i int, rep masterrpc.Replica) {
+		go func(i int, rep masterrpc.Replica, l masterrpc.ReplicaList) {
 			defer func() { <-sem; wg.Done() }()
 			dst := bufs[i][:rep.Size]
 			if err := n.transfer(ctx, rep, dst, false); err != nil {
@@ -630,13 +665,48 @@ func (n *Native) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []i
 				out[i] = int64(ErrRPCFail)
 				return
 			}
+			if !n.checksumOK(keys[i], rep, l, dst) {
+				clear(dst) // the caller's buffer never keeps a poisoned page
+				out[i] = int64(ErrMooncakeChecksum)
+				poisoned[i] = true
+				return
+			}
 			out[i] = int64(rep.Size)
 			n.stats.hits.Add(1)
 			n.stats.bytesOut.Add(int64(rep.Size))
-		}(i, rep)
+		}(i, rep, l.List)
 	}
 	wg.Wait()
+	for i, bad := range poisoned {
+		if bad {
+			n.removePoisoned(ctx, keys[i])
+		}
+	}
 	return out
+}
+
+// checksumOK verifies the bytes read for key against the checksum the master keeps for it,
+// when checksums are on and the object has one. A mismatch is counted and logged.
+func (n *Native) checksumOK(key string, rep masterrpc.Replica, l masterrpc.ReplicaList, got []byte) bool {
+	if !n.opts.ObjectChecksum || !l.HasChecksum {
+		return true
+	}
+	sum := ObjectChecksum(got)
+	if sum == l.Checksum {
+		return true
+	}
+	n.stats.checksumErrors.Add(1)
+	n.log.Warn("mooncake object checksum mismatch: the page was changed in its segment after it was put; refusing it",
+		"key", key, "segment", rep.Endpoint, "addr", rep.Addr, "want", l.Checksum, "got", sum)
+	return false
+}
+
+// removePoisoned removes an object whose bytes no longer match its checksum, so that the next
+// save stores it again instead of finding it present.
+func (n *Native) removePoisoned(ctx context.Context, key string) {
+	if code, err := n.rpc.Remove(ctx, key, true, n.opts.Tenant); err != nil || (code != 0 && code != int32(ErrObjectNotFound)) {
+		n.log.Warn("mooncake: removing an object whose checksum does not match failed", "key", key, "code", code, "err", err)
+	}
 }
 
 // readable picks the first complete memory replica.
@@ -663,19 +733,20 @@ func (n *Native) Remove(ctx context.Context, key string, force bool) Code {
 // Segments lists the pool's segments from the master's admin API when AdminURL is set, else
 // this client's own segment (its used bytes unknown, reported as 0).
 func (n *Native) Segments(ctx context.Context) ([]Segment, error) {
-	if n.admin == nil {
+	admin := n.admin.Load()
+	if admin == nil {
 		if n.seg.Name == "" {
 			return nil, nil
 		}
 		return []Segment{{Name: n.seg.Name, Capacity: int64(n.seg.Size)}}, nil
 	}
-	names, err := n.admin.AllSegments(ctx)
+	names, err := admin.AllSegments(ctx)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]Segment, 0, len(names))
 	for _, name := range names {
-		s, err := n.admin.QuerySegment(ctx, name)
+		s, err := admin.QuerySegment(ctx, name)
 		if errors.Is(err, ErrSegmentNotFound) {
 			continue // unmounted between the two calls
 		}
@@ -699,6 +770,7 @@ func (n *Native) Stats(ctx context.Context) (Stats, error) {
 		BytesIn:         n.stats.bytesIn.Load(),
 		BytesOut:        n.stats.bytesOut.Load(),
 		ExistProbes:     n.stats.existProbes.Load(),
+		ChecksumErrors:  n.stats.checksumErrors.Load(),
 	}
 	segs, err := n.Segments(ctx)
 	if err != nil {
@@ -708,8 +780,8 @@ func (n *Native) Stats(ctx context.Context) (Stats, error) {
 		st.CapacityBytes += s.Capacity
 		st.UsedBytes += s.Used
 	}
-	if n.admin != nil {
-		m, err := n.admin.Metrics(ctx)
+	if admin := n.admin.Load(); admin != nil {
+		m, err := admin.Metrics(ctx)
 		if err != nil {
 			return st, err
 		}
@@ -746,6 +818,10 @@ func (n *Native) Fetch(ctx context.Context, key string, limit int64) ([]byte, Co
 	if err := n.transfer(ctx, rep, buf, false); err != nil {
 		n.log.Warn("mooncake fetch transfer failed", "key", key, "segment", rep.Endpoint, "err", err)
 		return nil, ErrRPCFail
+	}
+	if !n.checksumOK(key, rep, lists[0].List, buf) {
+		n.removePoisoned(ctx, key)
+		return nil, ErrMooncakeChecksum
 	}
 	n.stats.hits.Add(1)
 	n.stats.bytesOut.Add(int64(rep.Size))

@@ -1,10 +1,12 @@
 package serve
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net"
 	"strconv"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -26,7 +28,8 @@ func addClusterFlags(fl *pflag.FlagSet, k *config.ClusterKeys) {
 	fl.StringVar(&k.Protocol, config.ServeKeyProtocol, "", "mooncake backend: transfer protocol; only tcp")
 	fl.StringVar(&k.DeviceName, config.ServeKeyDeviceName, "", "mooncake backend: RDMA device names, accepted from mooncake.json and unused by tcp")
 	fl.StringVar(&k.MooncakeConfig, config.ServeKeyMooncakeConfig, "", "mooncake backend: read master, metadata, segment and buffer sizes from a TensorRT-LLM mooncake.json `FILE`; flags win over it")
-	fl.StringVar(&k.MasterAdmin, config.ServeKeyMasterAdmin, "", "mooncake backend: the master's HTTP admin `URL`, for the cluster's segments (default http://MASTER-HOST:9003)")
+	fl.StringVar(&k.MasterAdmin, config.ServeKeyMasterAdmin, "", "mooncake backend: the master's HTTP admin `URL`, for the cluster's segments (default http://MASTER-HOST:9003, dropped when it serves another master)")
+	fl.BoolVar(&k.ObjectChecksum, config.ServeKeyObjectChecksum, false, "mooncake backend: fill Mooncake's per-object checksum (CRC-64) on every put and verify it on every get; a page changed in its segment is refused and recomputed")
 	fl.DurationVar(&k.PoolTimeout, config.ServeKeyPoolTimeout, 0, "longest an engine waits for one pool call; a lookup past it answers miss (default 5s)")
 }
 
@@ -52,9 +55,12 @@ func clusterBackend(sc config.ServeConfig, plan config.ServePlan, log *slog.Logg
 	if timeout <= 0 {
 		timeout = daemon.DefaultPoolTimeout
 	}
-	p, err := cluster.New(cluster.Options{Logger: log, Native: mooncake.NativeOptions{
+	if log != nil {
+		warnExposure(log, c)
+	}
+	p, err := cluster.New(cluster.Options{Logger: log, AdminDerived: c.MasterAdminDerived, Native: mooncake.NativeOptions{
 		MasterAddr: c.Master, MetadataURL: c.Metadata, AdminURL: c.MasterAdmin, SegmentSize: c.SegmentBytes,
-		Host: c.HostAddress, DataAddr: dataAddr, CallTimeout: timeout, Logger: log,
+		Host: c.HostAddress, DataAddr: dataAddr, CallTimeout: timeout, Logger: log, ObjectChecksum: sc.ObjectChecksum,
 	}})
 	if err != nil {
 		return nil, cmdutil.ValidationErrorf("%v", err)
@@ -63,6 +69,18 @@ func clusterBackend(sc config.ServeConfig, plan config.ServePlan, log *slog.Logg
 		Kind: statsapi.BackendMooncake, Master: c.Master, Metadata: c.Metadata, HostAddress: c.HostAddress,
 		Protocol: c.Protocol, Segment: segment, SegmentBytes: c.SegmentBytes, LocalBufferBytes: c.LocalBufferBytes,
 	}}, nil
+}
+
+// warnExposure warns, at start, for each address of the mooncake backend's unauthenticated
+// traffic that is on a non-private network (docs/SECURITY.md "Mooncake mode"). Names are
+// resolved with a short bound so a slow resolver does not hold the start.
+func warnExposure(log *slog.Logger, c config.Cluster) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	for _, e := range cluster.CheckExposure(ctx, c.HostAddress, c.Metadata, c.Master, nil) {
+		log.Warn("Mooncake traffic on a non-private address: it is unauthenticated, so whoever reaches it can read and overwrite every tenant's KV pages or redirect other hosts; keep it on an isolated network (docs/SECURITY.md, Mooncake mode)",
+			"traffic", e.What, "address", e.Addr, "ip", e.IP.String())
+	}
 }
 
 // clusterBanner is the backend part of the startup banner.

@@ -23,7 +23,16 @@ type Options struct {
 	Native mooncake.NativeOptions
 	// Logger receives mount events; nil discards them.
 	Logger *slog.Logger
+	// AdminDerived says Native.AdminURL was not given but derived from the master's host and
+	// mooncake_master's default admin port: an admin server found to serve another master is
+	// then dropped with a warning, where a given one fails Mount (ErrForeignAdmin).
+	AdminDerived bool
 }
+
+// ErrForeignAdmin is wrapped by Mount's error when the master admin address serves another
+// master than the one this host mounted its segment with: it answers, but does not list this
+// host's segment under the id the segment was mounted with.
+var ErrForeignAdmin = errors.New("the master admin address serves another master")
 
 // Pool is a Mooncake cluster as the daemon serves from it. It implements mooncake.Pool and
 // the daemon's Mounter and Pinger hooks. It is safe for concurrent use.
@@ -38,6 +47,9 @@ type Pool struct {
 	closed bool
 
 	adminWarn sync.Once
+	// foreign is the error of a given admin address found to serve another master; Mount
+	// returns it until the daemon is restarted with the right one.
+	foreign error
 	// outage is set when a ping failed: the remount count then, and when the first Mount
 	// after it began, so that Mount waits for the segment to be back.
 	outage struct {
@@ -112,7 +124,12 @@ func (p *Pool) Mount(ctx context.Context) error {
 		p.native = n
 		p.mu.Unlock()
 		p.log.Info("joined the Mooncake cluster", "master", p.opts.Native.MasterAddr, "segment", n.SegmentName(), "bytes", p.opts.Native.SegmentSize)
-		return nil
+		return p.checkAdmin(ctx, n)
+	}
+	if p.foreign != nil {
+		err := p.foreign
+		p.mu.Unlock()
+		return err
 	}
 	if !p.outage.active || n.SegmentName() == "" {
 		p.mu.Unlock()
@@ -161,6 +178,53 @@ func (p *Pool) heartbeat() time.Duration {
 		return p.opts.Native.Heartbeat
 	}
 	return time.Second
+}
+
+// checkAdmin asks the admin server, right after the segment was mounted over RPC, whether it
+// lists the segment under the id it was mounted with (random for each client). One that
+// answers without it serves another master (another cluster's on MASTER-HOST:9003, or a
+// mistyped address): its readiness and capacity would be another cluster's. A derived address
+// is then dropped with a warning; a given one is refused: Mount fails with ErrForeignAdmin. An
+// admin server that does not answer is only warned about (warnAdmin).
+func (p *Pool) checkAdmin(ctx context.Context, n *mooncake.Native) error {
+	if p.admin == nil {
+		return nil
+	}
+	segs, err := p.admin.SegmentsDetail(ctx)
+	if err != nil {
+		p.warnAdmin(err)
+		return nil
+	}
+	want := n.SegmentID()
+	id := fmt.Sprintf("%d-%d", want[0], want[1])
+	listed := ""
+	for _, s := range segs {
+		if s.Name == n.SegmentName() {
+			listed = s.ID
+			if s.ID == id {
+				return nil
+			}
+		}
+	}
+	what := "does not list this host's segment " + n.SegmentName()
+	if listed != "" {
+		what = fmt.Sprintf("lists this host's segment %s under id %s, not %s", n.SegmentName(), listed, id)
+	}
+	admin := p.opts.Native.AdminURL
+	p.admin = nil
+	n.DropAdmin()
+	if p.opts.AdminDerived {
+		p.log.Warn("the admin server at the master's host serves another master: not using it; give --master-admin for the cluster's segments and capacity",
+			"admin", admin, "master", p.opts.Native.MasterAddr, "segments_listed", len(segs), "why", what)
+		return nil
+	}
+	err = fmt.Errorf("--master-admin %s %s mounted with master %s (it lists %d segments): %w; give the admin address of master %s",
+		admin, what, p.opts.Native.MasterAddr, len(segs), ErrForeignAdmin, p.opts.Native.MasterAddr)
+	p.mu.Lock()
+	p.foreign = err
+	p.mu.Unlock()
+	p.log.Error("refusing the master admin address", "err", err)
+	return err
 }
 
 // warnAdmin reports, once, that the master's admin server does not answer: the cluster's

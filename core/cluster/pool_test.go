@@ -3,12 +3,15 @@ package cluster_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvctl/kvctl/core/cluster"
 	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/mooncake/mooncaketest"
 )
 
 func TestNewRefusesMissingAddresses(t *testing.T) {
@@ -70,5 +73,52 @@ func TestBeforeMount(t *testing.T) {
 	}
 	if err := p.Mount(ctx); err == nil {
 		t.Fatal("mount after unmount succeeded")
+	}
+}
+
+// TestDerivedAdminOfAnotherMaster: an admin address derived from the master's host (nothing was
+// given) that turns out to serve another master (two real masters, each with a segment) is
+// dropped with a warning: the pool mounts, and its segments are its own, not the other
+// cluster's. A given one that serves another master fails Mount, every time, with
+// ErrForeignAdmin; the master's own admin server is kept.
+func TestDerivedAdminOfAnotherMaster(t *testing.T) {
+	a := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
+	b := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := func(m *mooncaketest.Master, admin string, derived bool, log *lockedBuffer) *cluster.Pool {
+		t.Helper()
+		p, err := cluster.New(cluster.Options{AdminDerived: derived, Logger: slog.New(slog.NewTextHandler(log, nil)),
+			Native: mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL, AdminURL: admin,
+				SegmentSize: 16 << 20, CallTimeout: 5 * time.Second}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Close() })
+		return p
+	}
+	other := pool(b, b.AdminURL, false, &lockedBuffer{})
+	if err := other.Mount(ctx); err != nil {
+		t.Fatalf("a pool with its master's own admin server: %v", err)
+	}
+
+	log := &lockedBuffer{}
+	derived := pool(a, b.AdminURL, true, log)
+	if err := derived.Mount(ctx); err != nil {
+		t.Fatalf("a derived admin address of another master failed Mount: %v", err)
+	}
+	if !strings.Contains(log.String(), "serves another master") {
+		t.Errorf("no warning about the foreign admin server:\n%s", log.String())
+	}
+	segs, err := derived.Segments(ctx)
+	if err != nil || len(segs) != 1 || segs[0].Name != derived.SegmentName() {
+		t.Errorf("segments with a dropped admin server: %+v, %v; want only %s", segs, err, derived.SegmentName())
+	}
+
+	given := pool(a, b.AdminURL, false, &lockedBuffer{})
+	for i := 0; i < 2; i++ {
+		if err := given.Mount(ctx); !errors.Is(err, cluster.ErrForeignAdmin) || !strings.Contains(err.Error(), b.AdminURL) {
+			t.Errorf("mount %d with another master's admin server given: %v, want ErrForeignAdmin naming it", i, err)
+		}
 	}
 }

@@ -38,6 +38,11 @@ type ClusterKeys struct {
 	// TransferPort is the TCP port this host serves its segment on (the Transfer Engine);
 	// 0 picks a free port. Peers connect to it: a firewall must let them.
 	TransferPort int `json:"transfer-port,omitempty" yaml:"transfer-port,omitempty"`
+	// ObjectChecksum fills Mooncake's per-object checksum (CRC-64) on every put and verifies it
+	// on every get, refusing a page changed in its segment after it was put (Mooncake's own
+	// client does the same with MOONCAKE_STORE_CHECKSUM=1). Off by default: it costs a pass
+	// over every page saved and loaded (docs/PERFORMANCE.md).
+	ObjectChecksum bool `json:"object-checksum,omitempty" yaml:"object-checksum,omitempty"`
 }
 
 // Serve keys of the mooncake backend, which are also flag names of `kvctl serve`.
@@ -52,6 +57,7 @@ const (
 	ServeKeyPoolTimeout     = "pool-timeout"
 	ServeKeyMasterAdmin     = "master-admin"
 	ServeKeyTransferPort    = "transfer-port"
+	ServeKeyObjectChecksum  = "object-checksum"
 )
 
 // DefaultMasterAdminPort is mooncake_master's --metrics_port default, where its HTTP admin
@@ -73,6 +79,9 @@ func (k ClusterKeys) set() []string {
 		if kv.v != "" {
 			out = append(out, kv.key)
 		}
+	}
+	if k.ObjectChecksum {
+		out = append(out, ServeKeyObjectChecksum)
 	}
 	return out
 }
@@ -192,7 +201,11 @@ type Cluster struct {
 	SegmentBytes     int64 // 0 when it is to be sized automatically
 	LocalBufferBytes int64
 	MasterAdmin      string
-	TransferPort     int
+	// MasterAdminDerived is set when MasterAdmin was not given but derived from the master's
+	// host and mooncake_master's default admin port (the master does not report its admin
+	// port over RPC).
+	MasterAdminDerived bool
+	TransferPort       int
 	// Sources names where each setting came from, by serve key: "flag or config", a file's
 	// path, or "default".
 	Sources map[string]string
@@ -301,6 +314,7 @@ func (s ServeConfig) ResolveCluster(read func(string) ([]byte, error)) (Cluster,
 	if c.MasterAdmin == "" {
 		if host, _, err := net.SplitHostPort(c.Master); err == nil && host != "" {
 			c.MasterAdmin = "http://" + net.JoinHostPort(host, DefaultMasterAdminPort)
+			c.MasterAdminDerived = true
 		}
 	}
 
@@ -374,6 +388,9 @@ func decodeClusterKeys(o *obj, k *ClusterKeys) {
 		k.PoolTimeout = readDuration(o, ServeKeyPoolTimeout, n)
 	}
 	o.str(ServeKeyMasterAdmin, &k.MasterAdmin, true)
+	if v, ok := o.boolv(ServeKeyObjectChecksum, boolStrict); ok {
+		k.ObjectChecksum = v
+	}
 	if n := o.field(ServeKeyTransferPort); n != nil && !isNull(n) {
 		if n.kind == nodeScalar && n.typ == scalarInt && !n.overflow && n.i >= 0 && n.i <= 65535 {
 			k.TransferPort = int(n.i)

@@ -212,3 +212,35 @@ func TestConcurrentCallsShareOneConnection(t *testing.T) {
 		t.Fatalf("after the storm: %v %v", got, err)
 	}
 }
+
+// TestLiveObjectChecksum: the real master keeps the checksum a put ends with and returns it
+// with the object's replica list; an object put without one has none.
+func TestLiveObjectChecksum(t *testing.T) {
+	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
+	ctx := context.Background()
+	c, err := masterrpc.Dial(ctx, masterrpc.Options{Addr: m.RPCAddr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	_, client := mount(t, c, "127.0.0.1:4", 0x40000, 1<<20)
+	keys := []string{"summed", "plain"}
+	if _, err := c.BatchPutStart(ctx, client, keys, []uint64{10, 10}, masterrpc.ReplicateConfig{ReplicaNum: 1}, tenant); err != nil {
+		t.Fatal(err)
+	}
+	const sum = 0xfedcba9876543210
+	ends, err := c.BatchPutEndMeta(ctx, client, []masterrpc.ObjectMeta{{Key: "summed", HasChecksum: true, Checksum: sum}, {Key: "plain"}}, tenant)
+	if err != nil || ends[0] != 0 || ends[1] != 0 {
+		t.Fatalf("BatchPutEndMeta: %v %v", ends, err)
+	}
+	lists, err := c.BatchGetReplicaList(ctx, keys, tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := lists[0]; l.Code != 0 || !l.List.HasChecksum || l.List.Checksum != sum {
+		t.Errorf("replica list of the summed object: %+v, want checksum %#x", l, uint64(sum))
+	}
+	if l := lists[1]; l.Code != 0 || l.List.HasChecksum {
+		t.Errorf("replica list of an object put without a checksum: %+v", l)
+	}
+}

@@ -88,6 +88,14 @@ type ReplicaList struct {
 	Checksum    uint64
 }
 
+// ObjectMeta is PutEnd's ObjectMeta: the key and, when the writer computed it, the object's
+// checksum (mooncake.ObjectChecksum), which the master keeps and returns with every replica list.
+type ObjectMeta struct {
+	Key         string
+	HasChecksum bool
+	Checksum    uint64
+}
+
 // PingResponse is the master's answer to a segment owner's heartbeat.
 type PingResponse struct {
 	ViewVersion  int64
@@ -212,12 +220,23 @@ func encodeBatchPutStart(client UUID, keys []string, sizes []uint64, c Replicate
 }
 
 func encodeBatchPutEnd(client UUID, keys []string, tenant string) []byte {
+	metas := make([]ObjectMeta, len(keys))
+	for i, k := range keys {
+		metas[i] = ObjectMeta{Key: k}
+	}
+	return encodeBatchPutEndMeta(client, metas, tenant)
+}
+
+func encodeBatchPutEndMeta(client UUID, metas []ObjectMeta, tenant string) []byte {
 	return pack(litBatchPutEnd, func(e *encoder) {
 		e.uuid(client)
-		e.length(len(keys))
-		for _, k := range keys {
-			e.str(k)
-			e.boolean(false) // no object checksum: pages carry no envelope
+		e.length(len(metas))
+		for _, m := range metas {
+			e.str(m.Key)
+			e.boolean(m.HasChecksum)
+			if m.HasChecksum {
+				e.u64(m.Checksum)
+			}
 		}
 		e.i32(ReplicaTypeAll)
 		e.str(tenant)

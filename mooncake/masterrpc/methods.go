@@ -144,6 +144,11 @@ func (c *Client) BatchPutEnd(ctx context.Context, client UUID, keys []string, te
 	return c.batchVoid(ctx, "BatchPutEnd", encodeBatchPutEnd(client, keys, tenant), len(keys))
 }
 
+// BatchPutEndMeta is BatchPutEnd with each key's ObjectMeta, carrying its checksum when set.
+func (c *Client) BatchPutEndMeta(ctx context.Context, client UUID, metas []ObjectMeta, tenant string) ([]int32, error) {
+	return c.batchVoid(ctx, "BatchPutEnd", encodeBatchPutEndMeta(client, metas, tenant), len(metas))
+}
+
 // BatchPutRevoke abandons started puts; their space is freed and nothing becomes readable.
 func (c *Client) BatchPutRevoke(ctx context.Context, client UUID, keys []string, tenant string) ([]int32, error) {
 	return c.batchVoid(ctx, "BatchPutRevoke", encodeBatchPutRevoke(client, keys, tenant), len(keys))

@@ -29,6 +29,8 @@ type ClientOptions struct {
 	// Hostname is the client's local_hostname, which also names its segment (default
 	// 127.0.0.1; the store appends its own port).
 	Hostname string
+	// Env adds environment variables to the client's (e.g. MOONCAKE_STORE_CHECKSUM=1).
+	Env []string
 }
 
 // PutOptions are the ReplicateConfig fields a Python put may set.
@@ -86,7 +88,7 @@ func StartClient(t testing.TB, m *Master, opts ClientOptions) *PyClient {
 	}
 	cmd := exec.Command(filepath.Join(env, "bin", "python3"), script, opts.Hostname, m.MetadataURL, m.RPCAddr,
 		strconv.FormatInt(opts.SegmentSize, 10), strconv.FormatInt(opts.LocalBufferSize, 10))
-	cmd.Env = append(os.Environ(), "MC_TCP_BIND_ADDRESS=127.0.0.1", "PYTHONUNBUFFERED=1")
+	cmd.Env = append(append(os.Environ(), "MC_TCP_BIND_ADDRESS=127.0.0.1", "PYTHONUNBUFFERED=1"), opts.Env...)
 	c := &PyClient{t: t, dir: dir, cmd: cmd, log: &lockedBuffer{}, done: make(chan struct{})}
 	cmd.Stdout = c.log
 	cmd.Stderr = c.log

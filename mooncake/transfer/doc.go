@@ -50,10 +50,15 @@
 // lock and must order itself against remote WRITEs by other means (for a pool page: the
 // master's put lifecycle, which never hands out a key before its PutEnd).
 //
-// Staging memory is bounded server-wide by ServerOptions.StagingBytes; a request waits for
-// staging room no longer than its read deadline. Connections are capped by
-// ServerOptions.MaxConns; a connection idle between requests longer than IdleTimeout, or a
-// request that makes no progress for ReadTimeout / WriteTimeout, is closed.
+// Staging memory is bounded server-wide by ServerOptions.StagingBytes and per peer (remote IP
+// address) by PeerStagingBytes; a request waits for staging room no longer than its read
+// deadline. A WRITE takes staging one 1 MiB chunk at a time as its payload arrives, so a peer
+// that announces a large WRITE and sends slowly holds only what it sent; a READ takes its
+// whole range at once (it is copied out under the region's lock). Every request must finish
+// within ReadTimeout (WriteTimeout for a READ) plus its size at MinRate, however it trickles.
+// Connections are capped by ServerOptions.MaxConns; a connection idle between requests longer
+// than IdleTimeout, or a request that makes no progress for ReadTimeout / WriteTimeout, is
+// closed.
 //
 // # Concurrency and buffers
 //

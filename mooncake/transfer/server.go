@@ -22,6 +22,10 @@ const (
 	DefaultIOTimeout      = 30 * time.Second
 	DefaultMaxRequestSize = 256 << 20
 	DefaultStagingBytes   = 512 << 20
+	// DefaultMinRate is the slowest a request's payload may move on average: a request of
+	// size bytes must finish within ReadTimeout (WriteTimeout for a READ) plus size /
+	// DefaultMinRate seconds, however it trickles.
+	DefaultMinRate = 16 << 20
 )
 
 // ioChunk is how many bytes move between deadline refreshes: a peer must make this much
@@ -60,6 +64,15 @@ type ServerOptions struct {
 	// StagingBytes bounds the memory all in-flight requests stage at once (see the package
 	// documentation). It is raised to MaxRequestSize when smaller.
 	StagingBytes int64
+	// PeerStagingBytes bounds the staging the requests of one peer (a remote IP address) hold
+	// at once, so that peers stalling their transfers cannot take the staging other peers'
+	// transfers need. Default: half of StagingBytes; raised to MaxRequestSize when smaller.
+	PeerStagingBytes int64
+	// MinRate is the slowest average rate, in bytes a second, at which a request's payload
+	// must move: past ReadTimeout (WriteTimeout for a READ) plus size/MinRate the request is
+	// cut off, so a peer that drips its payload cannot hold staging for long. Default
+	// DefaultMinRate.
+	MinRate int64
 	// Logger receives a line per refused request, at most one a second (each says how many
 	// refusals went unlogged before it); nil discards them.
 	Logger *slog.Logger
@@ -96,6 +109,7 @@ type Server struct {
 	regions []*region // sorted by base, non-overlapping
 
 	staging *weighted
+	peers   peerShares
 	bufs    bufferPool
 	// ctx ends at Close, so requests waiting for staging room give up at once.
 	ctx    context.Context
@@ -152,6 +166,16 @@ func NewServer(opts ServerOptions) (*Server, error) {
 	if uint64(opts.StagingBytes) < opts.MaxRequestSize {
 		opts.StagingBytes = int64(opts.MaxRequestSize)
 	}
+	if opts.PeerStagingBytes <= 0 {
+		opts.PeerStagingBytes = opts.StagingBytes / 2
+	}
+	if uint64(opts.PeerStagingBytes) < opts.MaxRequestSize {
+		opts.PeerStagingBytes = int64(opts.MaxRequestSize)
+	}
+	opts.PeerStagingBytes = min(opts.PeerStagingBytes, opts.StagingBytes)
+	if opts.MinRate <= 0 {
+		opts.MinRate = DefaultMinRate
+	}
 	lc := net.ListenConfig{KeepAlive: 15 * time.Second}
 	ln, err := lc.Listen(context.Background(), "tcp", opts.Addr)
 	if err != nil {
@@ -169,6 +193,7 @@ func NewServer(opts ServerOptions) (*Server, error) {
 		ln:      ln,
 		log:     log,
 		staging: newWeighted(opts.StagingBytes),
+		peers:   peerShares{size: opts.PeerStagingBytes, m: map[string]*peerShare{}},
 		conns:   make(map[net.Conn]struct{}),
 	}, nil
 }
@@ -303,6 +328,62 @@ func (r *region) copy(addr uint64, b []byte, write bool) bool {
 	return true
 }
 
+// writeChunks copies consecutive chunks into the region at addr under its write lock, so a
+// READ sees the range before or after the whole WRITE; false when the region is gone.
+func (r *region) writeChunks(addr uint64, chunks [][]byte) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.gone {
+		return false
+	}
+	off := addr - r.base
+	for _, b := range chunks {
+		off += uint64(copy(r.mem[off:], b))
+	}
+	return true
+}
+
+// peerShares holds one staging semaphore per peer address with connections open.
+type peerShares struct {
+	size int64
+	mu   sync.Mutex
+	m    map[string]*peerShare
+}
+
+type peerShare struct {
+	key  string
+	w    *weighted
+	refs int
+}
+
+func (p *peerShares) get(key string) *peerShare {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ps, ok := p.m[key]
+	if !ok {
+		ps = &peerShare{key: key, w: newWeighted(p.size)}
+		p.m[key] = ps
+	}
+	ps.refs++
+	return ps
+}
+
+func (p *peerShares) put(ps *peerShare) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ps.refs--; ps.refs == 0 {
+		delete(p.m, ps.key)
+	}
+}
+
+// peerOf is the peer a connection's staging is counted against: its remote IP address.
+func peerOf(c net.Conn) string {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.IP.String()
+	}
+	return c.RemoteAddr().String()
+}
+
 // Stats returns the server's counters.
 func (s *Server) Stats() ServerStats {
 	return ServerStats{
@@ -399,6 +480,8 @@ func (s *Server) Close() error {
 func (s *Server) serveConn(c net.Conn) {
 	defer s.untrack(c)
 	defer c.Close()
+	peer := s.peers.get(peerOf(c))
+	defer s.peers.put(peer)
 	var hdr [HeaderSize]byte
 	for {
 		// The first byte may take IdleTimeout; the rest of the header is a request in flight.
@@ -420,14 +503,14 @@ func (s *Server) serveConn(c net.Conn) {
 			}
 		}
 		h, _ := DecodeHeader(hdr[:])
-		if !s.serveRequest(c, h) {
+		if !s.serveRequest(c, h, peer) {
 			return
 		}
 	}
 }
 
 // serveRequest answers one request; false when the connection must close.
-func (s *Server) serveRequest(c net.Conn, h Header) bool {
+func (s *Server) serveRequest(c net.Conn, h Header, peer *peerShare) bool {
 	reason := ""
 	var r *region
 	switch {
@@ -449,37 +532,85 @@ func (s *Server) serveRequest(c net.Conn, h Header) bool {
 		return false
 	}
 
-	ctx, cancel := context.WithTimeout(s.ctx, s.opts.ReadTimeout)
-	err := s.staging.acquire(ctx, int64(h.Size))
-	cancel()
-	if err != nil {
+	if h.Op() == OpWrite {
+		return s.serveWrite(c, h, r, peer)
+	}
+	// A READ stages its whole range at once: it is copied out under the region's lock, so it
+	// never mixes two WRITEs.
+	if err := s.acquire(peer, int64(h.Size), time.Now().Add(s.opts.ReadTimeout)); err != nil {
 		s.refuse(c, h, "no staging memory within the read timeout")
 		return false
 	}
-	defer s.staging.release(int64(h.Size))
+	defer s.release(peer, int64(h.Size))
 	buf := s.bufs.get(int(h.Size))
 	defer s.bufs.put(buf)
-
-	if h.Op() == OpWrite {
-		return s.serveWrite(c, h, r, buf)
-	}
 	return s.serveRead(c, h, r, buf)
 }
 
-func (s *Server) serveWrite(c net.Conn, h Header, r *region, buf []byte) bool {
-	for off := 0; off < len(buf); {
-		n := min(len(buf)-off, ioChunk)
-		if err := c.SetReadDeadline(time.Now().Add(s.opts.ReadTimeout)); err != nil {
+// deadline is when a request of size bytes started now must be done: the I/O timeout plus
+// the time its payload takes at MinRate.
+func (s *Server) deadline(size uint64, timeout time.Duration) time.Time {
+	return time.Now().Add(timeout + time.Duration(float64(size)/float64(s.opts.MinRate)*float64(time.Second)))
+}
+
+// acquire takes n bytes of staging from the peer's share and the server's, waiting until
+// by at the latest.
+func (s *Server) acquire(peer *peerShare, n int64, by time.Time) error {
+	ctx, cancel := context.WithDeadline(s.ctx, by)
+	defer cancel()
+	if err := peer.w.acquire(ctx, n); err != nil {
+		return err
+	}
+	if err := s.staging.acquire(ctx, n); err != nil {
+		peer.w.release(n)
+		return err
+	}
+	return nil
+}
+
+func (s *Server) release(peer *peerShare, n int64) {
+	s.staging.release(n)
+	peer.w.release(n)
+}
+
+// serveWrite takes a WRITE's payload as it arrives: staging is taken one chunk at a time, so a
+// peer that announces a large WRITE and sends slowly holds only what it sent, within its
+// peer's share, and never longer than the request's deadline. The payload reaches registered
+// memory only once it is complete.
+func (s *Server) serveWrite(c net.Conn, h Header, r *region, peer *peerShare) bool {
+	end := s.deadline(h.Size, s.opts.ReadTimeout)
+	chunks := make([][]byte, 0, (h.Size+ioChunk-1)/ioChunk)
+	var held int64
+	defer func() {
+		for _, b := range chunks {
+			s.bufs.put(b)
+		}
+		s.release(peer, held)
+	}()
+	for off := uint64(0); off < h.Size; {
+		n := min(h.Size-off, ioChunk)
+		step := time.Now().Add(s.opts.ReadTimeout)
+		if step.After(end) {
+			step = end
+		}
+		if err := s.acquire(peer, int64(n), step); err != nil {
+			s.refuse(c, h, "no staging memory within the read timeout")
 			return false
 		}
-		if _, err := io.ReadFull(c, buf[off:off+n]); err != nil {
+		held += int64(n)
+		buf := s.bufs.get(int(n))
+		chunks = append(chunks, buf)
+		if err := c.SetReadDeadline(step); err != nil {
+			return false
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
 			// Nothing reached registered memory: a cut-off WRITE changes nothing.
 			s.stats.aborted.Add(1)
 			return false
 		}
 		off += n
 	}
-	if !r.copy(h.Addr, buf, true) {
+	if !r.writeChunks(h.Addr, chunks) {
 		s.refuse(c, h, "region unregistered while the payload arrived")
 		return false
 	}
@@ -499,10 +630,15 @@ func (s *Server) serveRead(c net.Conn, h Header, r *region, buf []byte) bool {
 		s.refuse(c, h, "region unregistered")
 		return false
 	}
+	end := s.deadline(h.Size, s.opts.WriteTimeout)
 	var status [StatusFrameSize]byte
 	for off := 0; off < len(buf); {
 		n := min(len(buf)-off, ioChunk)
-		if err := c.SetWriteDeadline(time.Now().Add(s.opts.WriteTimeout)); err != nil {
+		step := time.Now().Add(s.opts.WriteTimeout)
+		if step.After(end) {
+			step = end
+		}
+		if err := c.SetWriteDeadline(step); err != nil {
 			return false
 		}
 		// The v2 status frame goes out with the first chunk in one writev.

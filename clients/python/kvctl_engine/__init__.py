@@ -37,6 +37,7 @@ from .errors import (
     RequestMustRestart,
     ResourceExhausted,
     Unimplemented,
+    UntrustedDaemon,
     VersionMismatch,
 )
 from .fdpass import send_fd
@@ -103,6 +104,7 @@ __all__ = [
     "SharedMemory",
     "SharedMemoryFd",
     "Unimplemented",
+    "UntrustedDaemon",
     "VersionMismatch",
     "VmmAllocation",
     "check_sealed",

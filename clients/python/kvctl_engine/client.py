@@ -27,6 +27,7 @@ from .discovery import fd_socket_path, resolve_socket_path
 from .errors import DaemonUnavailable, InternalError, InvalidArgument, error_from_status
 from .fdpass import send_fd
 from .memory import PromptArena, check_sealed
+from .trust import check_daemon_path
 
 __all__ = [
     "API_VERSION",
@@ -83,10 +84,13 @@ class Client:
     socket_path: the engine socket (default: $KVCTL_SOCKET, else where kvctl serve listens by
     default, discovery.py). timeout: the default deadline of a call in seconds. call_channel:
     open a call channel and make calls over it (one write and one read a call instead of an
-    HTTP/2 stream); False keeps every call on gRPC.
+    HTTP/2 stream); False keeps every call on gRPC. daemon_uid: the uid kvctl serve runs as when
+    it is not this process's (a daemon shared through --engine-group); descriptors go only to a
+    socket directory, socket and listener of this process's uid, root or daemon_uid (trust.py).
 
     Raises DaemonUnavailable when nothing listens on the socket, CallTimeout when the daemon
-    accepts but does not answer within timeout."""
+    accepts but does not answer within timeout, UntrustedDaemon when the call channel's descriptor
+    would go to a socket another user planted."""
 
     def __init__(
         self,
@@ -94,11 +98,13 @@ class Client:
         *,
         timeout: float = DEFAULT_TIMEOUT,
         call_channel: bool = True,
+        daemon_uid: int = 0,
     ) -> None:
         path = os.path.abspath(resolve_socket_path(socket_path))
         self.socket_path = path
         self.fd_socket_path = fd_socket_path(path)
         self.timeout = timeout
+        self.daemon_uid = daemon_uid
         if not os.path.exists(path):
             raise DaemonUnavailable(
                 "no kvctl serve socket at %s: start `kvctl serve`, or pass its --socket (or set $KVCTL_SOCKET)" % path
@@ -150,7 +156,7 @@ class Client:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
             t = self.timeout if timeout is None else timeout
-            token = send_fd(self.fd_socket_path, theirs.fileno(), timeout=t)
+            token = send_fd(self.fd_socket_path, theirs.fileno(), timeout=t, daemon_uid=self.daemon_uid)
             resp = self._grpc_call("OpenCallChannel", pb.CallChannelRequest(fd_token=token), t)
         except BaseException:
             ours.close()
@@ -221,8 +227,10 @@ class Client:
     # -- descriptors and memory --------------------------------------------------------------
 
     def send_fd(self, fd: int, timeout: float | None = None) -> str:
-        """Sends a copy of fd over the descriptor side channel; returns its token."""
-        return send_fd(self.fd_socket_path, fd, timeout=self.timeout if timeout is None else timeout)
+        """Sends a copy of fd over the descriptor side channel, to a daemon this client trusts
+        (UntrustedDaemon otherwise); returns its token."""
+        t = self.timeout if timeout is None else timeout
+        return send_fd(self.fd_socket_path, fd, timeout=t, daemon_uid=self.daemon_uid)
 
     def register(self, request: pb.RegisterRequest, timeout: float | None = None) -> pb.RegisterResponse:
         """Register as sent: the request's memory must already be set (see the register_*
@@ -267,6 +275,9 @@ class Client:
         check_ipc_handle(handle)
         if size <= 0 or offset < 0:
             raise InvalidArgument("CUDA IPC memory: offset %d and size %d" % (offset, size))
+        # The handle opens this memory for whoever receives it, as a descriptor would: the same
+        # checks, on the engine socket, when no call channel (whose peer was checked) carries it.
+        check_daemon_path(self.socket_path, self.daemon_uid)
         request.cuda_ipc.CopyFrom(pb.CudaIPC(handle=bytes(handle), offset=offset, size=size, device=device))
         return self.register(request, timeout)
 

@@ -47,6 +47,12 @@ class                             daemon code          what the engine does
                                                        connection; only that one may use it.
 :class:`Unimplemented`            UNIMPLEMENTED        the daemon is older and lacks the call.
 :class:`InternalError`            INTERNAL, UNKNOWN    a daemon bug; report it with the message.
+:class:`UntrustedDaemon`          (none: raised before the socket may not be kvctl serve's: its
+                                  anything is sent)    directory or side channel belongs to another
+                                                       uid, is writable by others or a symlink, or
+                                                       another uid's process listens (trust.py).
+                                                       Nothing was sent; remove what was planted, or
+                                                       name the daemon's uid.
 ================================  ===================  =============================================
 
 docs/ENGINE_API.md has the same table with the daemon's side of each.
@@ -72,6 +78,7 @@ __all__ = [
     "RequestMustRestart",
     "ResourceExhausted",
     "Unimplemented",
+    "UntrustedDaemon",
     "VersionMismatch",
     "error_from_status",
 ]
@@ -181,6 +188,18 @@ class InternalError(KvctlError):
     """A daemon bug (INTERNAL or UNKNOWN)."""
 
     code = grpc.StatusCode.INTERNAL
+
+
+class UntrustedDaemon(KvctlError, PermissionError):
+    """The engine socket may not be kvctl serve's: its directory or side channel is owned by
+    another uid, writable by others or a symlink, or its listener (SO_PEERCRED) is another uid's
+    process. Raised before anything is sent. ``planted`` is the path found, ``uid`` the owner or
+    listener uid when one was untrusted (else None)."""
+
+    def __init__(self, details: str, *, planted: str = "", uid: int | None = None, method: str = "") -> None:
+        self.planted = planted
+        self.uid = uid
+        super().__init__(details, method=method)
 
 
 _BY_CODE: dict[grpc.StatusCode, type[KvctlError]] = {

@@ -6,6 +6,9 @@ connection per descriptor, one byte with the descriptor attached, and the daemon
 32-character token that names it in the next request (Register, RegisterPromptArena,
 OpenCallChannel). The daemon keeps an unclaimed descriptor for 30 seconds and at most 16 per
 process.
+
+A descriptor goes only to a daemon the engine trusts (trust.py): the side channel's directory and
+socket, then the listener's SO_PEERCRED uid, are checked before the byte is sent.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import socket
 
 from .errors import CallTimeout, DaemonUnavailable, KvctlError, ResourceExhausted
+from .trust import check_daemon_path, check_daemon_peer
 
 __all__ = ["TOKEN_CHARS", "send_fd"]
 
@@ -20,11 +24,14 @@ __all__ = ["TOKEN_CHARS", "send_fd"]
 TOKEN_CHARS = 32
 
 
-def send_fd(fd_socket: str, fd: int, timeout: float = 10.0) -> str:
+def send_fd(fd_socket: str, fd: int, timeout: float = 10.0, *, daemon_uid: int = 0) -> str:
     """Sends a copy of fd over the side channel at fd_socket and returns its token. fd stays
-    the caller's. Raises DaemonUnavailable when nothing listens there, CallTimeout when the
-    exchange does not finish within timeout seconds, ResourceExhausted when the daemon holds too many unclaimed
+    the caller's. Raises UntrustedDaemon, before anything is sent, when the socket's directory,
+    the socket or its listener is not this process's uid, root or daemon_uid (when > 0; see
+    trust.py); DaemonUnavailable when nothing listens there, CallTimeout when the exchange does
+    not finish within timeout seconds, ResourceExhausted when the daemon holds too many unclaimed
     descriptors, KvctlError for any other refusal."""
+    check_daemon_path(fd_socket, daemon_uid)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         s.settimeout(timeout)
@@ -36,6 +43,7 @@ def send_fd(fd_socket: str, fd: int, timeout: float = 10.0) -> str:
             ) from e
         except OSError as e:
             raise DaemonUnavailable("descriptor channel %s: %s" % (fd_socket, e)) from e
+        check_daemon_peer(s, fd_socket, daemon_uid)
         try:
             socket.send_fds(s, [b"\0"], [fd])
             reply = s.recv(256)

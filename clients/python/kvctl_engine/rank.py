@@ -257,9 +257,11 @@ class RankOptions:
     prompt_arena_bytes: int = 0
 
 
-def connect(socket_path: str | None = None, *, timeout: float = 30.0, call_channel: bool = True) -> Client:
+def connect(
+    socket_path: str | None = None, *, timeout: float = 30.0, call_channel: bool = True, daemon_uid: int = 0
+) -> Client:
     """Opens a Client to kvctl serve (see Client)."""
-    return Client(socket_path, timeout=timeout, call_channel=call_channel)
+    return Client(socket_path, timeout=timeout, call_channel=call_channel, daemon_uid=daemon_uid)
 
 
 class Rank:
