@@ -54,6 +54,10 @@ type NativeOptions struct {
 	// on the peer per page. The bound also keeps a host from taking more than its share of a
 	// peer's connection limit (transfer.DefaultMaxConns).
 	PeerConns int
+	// HealthMinBackoff and HealthMaxBackoff bound the jittered, doubling wait before an
+	// unhealthy peer segment is probed again (DefaultHealthMinBackoff and
+	// DefaultHealthMaxBackoff when zero); see SegmentHealth.
+	HealthMinBackoff, HealthMaxBackoff time.Duration
 	// Logger receives heartbeat and remount events; nil discards them.
 	Logger *slog.Logger
 	// ObjectChecksum fills Mooncake's own per-object checksum (ObjectChecksum, CRC-64/ECMA-182)
@@ -100,6 +104,7 @@ type Native struct {
 
 	remounts atomic.Int64
 	stats    nativeStats
+	health   *segmentHealth
 }
 
 type nativeStats struct {
@@ -172,6 +177,7 @@ func NewNative(ctx context.Context, opts NativeOptions) (*Native, error) {
 		endpoints: map[string]string{},
 		slots:     map[string]chan struct{}{},
 		stop:      make(chan struct{}),
+		health:    newSegmentHealth(opts.HealthMinBackoff, opts.HealthMaxBackoff),
 	}
 	if opts.AdminURL != "" {
 		a, err := NewAdminClient(opts.AdminURL, nil)
@@ -196,6 +202,8 @@ func NewNative(ctx context.Context, opts NativeOptions) (*Native, error) {
 		n.wg.Add(1)
 		go n.heartbeat()
 	}
+	n.wg.Add(1)
+	go n.prober()
 	return n, nil
 }
 
@@ -348,7 +356,44 @@ func (n *Native) BatchIsExist(ctx context.Context, keys []string) []int {
 		return out
 	}
 	copy(out, res)
+	if n.health.any() {
+		n.hideUnhealthy(ctx, keys, out)
+	}
 	return out
+}
+
+// hideUnhealthy turns the present keys whose replica lives in an unhealthy peer segment into
+// misses, so no request is offered pages that its load would fail to read. It costs one
+// BatchGetReplicaList, only while some segment is unhealthy; when that call fails the answer
+// stands (the load then fails fast on the unhealthy segment).
+func (n *Native) hideUnhealthy(ctx context.Context, keys []string, out []int) {
+	var present []string
+	var idx []int
+	for i, v := range out {
+		if v == 1 {
+			present, idx = append(present, keys[i]), append(idx, i)
+		}
+	}
+	if len(present) == 0 {
+		return
+	}
+	lists, err := n.rpc.BatchGetReplicaList(ctx, present, n.opts.Tenant)
+	if err != nil || len(lists) != len(present) {
+		return
+	}
+	for j, l := range lists {
+		if l.Code != 0 {
+			continue
+		}
+		if rep, ok := readable(l.List.Replicas); ok && n.peerUnhealthy(rep.Endpoint) {
+			out[idx[j]] = 0
+		}
+	}
+}
+
+// peerUnhealthy reports whether seg is another host's segment marked unhealthy.
+func (n *Native) peerUnhealthy(seg string) bool {
+	return (n.srv == nil || seg != n.seg.Name) && n.health.unhealthy(seg)
 }
 
 // config maps kvctl's per-put options onto Mooncake's ReplicateConfig for the given keys'
@@ -549,6 +594,7 @@ func (n *Native) transfer(ctx context.Context, rep masterrpc.Replica, buf []byte
 	}
 	peer, err := n.resolve(ctx, rep.Endpoint)
 	if err != nil {
+		n.health.fail(rep.Endpoint)
 		return err
 	}
 	slot := n.peerSlots(peer)
@@ -568,8 +614,15 @@ func (n *Native) transfer(ctx context.Context, rep masterrpc.Replica, buf []byte
 		n.epMu.Lock()
 		delete(n.endpoints, rep.Endpoint)
 		n.epMu.Unlock()
+		if !errors.Is(ctx.Err(), context.Canceled) {
+			// A transfer the caller gave up on says nothing about the peer; one that ran out
+			// of time does (a host that does not answer).
+			n.health.fail(rep.Endpoint)
+		}
+		return err
 	}
-	return err
+	n.health.ok(rep.Endpoint)
+	return nil
 }
 
 // peerSlots returns the semaphore that bounds the transfers to one peer's data address.
@@ -653,6 +706,10 @@ func (n *Native) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []i
 			continue
 		case rep.Size > uint64(len(bufs[i])):
 			out[i] = int64(ErrInvalidParams)
+			continue
+		case n.peerUnhealthy(rep.Endpoint):
+			// Offered before its host was found dead: fail it without waiting on the host.
+			out[i] = int64(ErrRPCFail)
 			continue
 		}
 		wg.Add(1)

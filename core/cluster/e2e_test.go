@@ -105,14 +105,27 @@ func startServe(t testing.TB, m *mooncaketest.Master, name string, extra ...stri
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	h := &host{name: name, socket: filepath.Join(dir, "s.sock"), port: freePort(t), out: &lockedBuffer{}, done: make(chan struct{})}
-	adminPort := freePort(t)
-	h.admin = fmt.Sprintf("http://127.0.0.1:%d", adminPort)
+	h := &host{name: name, socket: filepath.Join(dir, "s.sock"), port: freePort(t)}
+	h.admin = fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	return launch(t, m, h, extra...)
+}
+
+// restartServe starts a host again on the ports and socket of h, which must have exited: the
+// same segment name comes back, as a restarted host's does.
+func restartServe(t testing.TB, m *mooncaketest.Master, h *host, extra ...string) *host {
+	t.Helper()
+	return launch(t, m, &host{name: h.name, socket: h.socket, admin: h.admin, port: h.port}, extra...)
+}
+
+func launch(t testing.TB, m *mooncaketest.Master, h *host, extra ...string) *host {
+	t.Helper()
+	h.out, h.done = &lockedBuffer{}, make(chan struct{})
+	dir := filepath.Dir(h.socket)
 	args := append([]string{"serve", "--pool-backend", "mooncake",
 		"--master", m.RPCAddr, "--metadata", m.MetadataURL, "--master-admin", m.AdminURL,
 		"--pool-size", "64MiB", "--staging-buffer-bytes", "8MiB",
 		"--transfer-port", strconv.Itoa(h.port), "--socket", h.socket,
-		"--admin-addr", fmt.Sprintf("127.0.0.1:%d", adminPort), "--pool-timeout", "2s"}, extra...)
+		"--admin-addr", strings.TrimPrefix(h.admin, "http://"), "--pool-timeout", "2s"}, extra...)
 	h.cmd = exec.Command(kvctl(t), args...)
 	h.cmd.Stdout, h.cmd.Stderr = h.out, h.out
 	h.cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+dir, "NO_COLOR=1")

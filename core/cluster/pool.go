@@ -334,3 +334,11 @@ func (p *Pool) Stats(ctx context.Context) (mooncake.Stats, error) {
 	}
 	return mooncake.Stats{}, ErrNotMounted
 }
+
+// SegmentHealth reports the health state of the peer segments this host reads from.
+func (p *Pool) SegmentHealth() mooncake.SegmentHealthStats {
+	if n := p.client(); n != nil {
+		return n.SegmentHealth()
+	}
+	return mooncake.SegmentHealthStats{}
+}

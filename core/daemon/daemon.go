@@ -207,6 +207,7 @@ func New(cfg Config) (*Daemon, error) {
 	d.chans = newCallChannels(d, d.reg)
 	d.guard = newGuardedPool(backend.Pool, cfg.PoolTimeout, d.reg)
 	d.pool = d.guard
+	d.reg.MustRegister(newHealthCollector(backend.Pool))
 	d.met = newDaemonMetrics(d, cfg.EngineSeriesRetention)
 	insp, _ := backend.Pool.(mooncake.Inspector)
 	d.met.register(d.reg, insp, cfg.Version, cfg.Commit)
