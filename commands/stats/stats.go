@@ -232,6 +232,8 @@ func rows(res *probe.StatsReport) cmdutil.Table {
 		if sv := s.Saves; sv != nil {
 			add("saves", n(sv.Saves), d.Saves, true)
 			add("failed saves", n(sv.FailedSaves), d.FailedSaves, true)
+			// Not failures: the host had not joined its cluster, so the pool was not asked.
+			add("saves before joining the pool", fmt.Sprintf("%d (%d pages)", sv.NotJoinedSaves, sv.NotJoinedPages), 0, false)
 			add("save pages", fmt.Sprintf("%d (%d stored, %d already in the pool, %d failed, %d refused)", sv.Pages, sv.PutPages, sv.SkippedPages, sv.FailedPages, sv.RefusedPages), 0, false)
 		}
 		if e := s.Evictions; e != nil {

@@ -139,6 +139,8 @@ var totalDefs = []totalDef{
 	{"save_bytes_total", "Bytes of the pages counted by save_put_pages_total.", prometheus.CounterValue, func(t *engineTotals) float64 { return n64(t.saves.PutBytes) }},
 	{"save_failed_pages_total", "Pages whose put failed (pool full, transfer error).", prometheus.CounterValue, func(t *engineTotals) float64 { return n64(t.saves.FailedPages) }},
 	{"save_refused_pages_total", "Pages the pool refused as invalid (a soft-pin TTL above its limit).", prometheus.CounterValue, func(t *engineTotals) float64 { return n64(t.saves.RefusedPages) }},
+	{"save_not_joined_saves_total", "Save jobs that saved nothing because this host had not joined the Mooncake cluster yet (segment not mounted); not failures: the pool was not asked.", prometheus.CounterValue, func(t *engineTotals) float64 { return n64(t.saves.NotJoinedSaves) }},
+	{"save_not_joined_pages_total", "Pages not saved because this host had not joined the Mooncake cluster yet; another host may hold them.", prometheus.CounterValue, func(t *engineTotals) float64 { return n64(t.saves.NotJoinedPages) }},
 }
 
 func newDaemonMetrics(d *Daemon, retention time.Duration) *daemonMetrics {
@@ -411,7 +413,8 @@ func (m *daemonMetrics) fillStats(s *statsapi.StatsJSON) {
 	total, _ := m.snapshot()
 	t := total.saves
 	s.Saves = statsapi.SaveStatsJSON{Saves: t.Saves, FailedSaves: t.FailedSaves, Pages: t.Pages, SkippedPages: t.SkippedPages,
-		PutPages: t.PutPages, PutBytes: t.PutBytes, FailedPages: t.FailedPages, RefusedPages: t.RefusedPages, Seconds: t.Duration.Seconds()}
+		PutPages: t.PutPages, PutBytes: t.PutBytes, FailedPages: t.FailedPages, RefusedPages: t.RefusedPages, Seconds: t.Duration.Seconds(),
+		NotJoinedSaves: t.NotJoinedSaves, NotJoinedPages: t.NotJoinedPages}
 }
 
 func (m *daemonMetrics) registerLookupCounters(reg *prometheus.Registry) {

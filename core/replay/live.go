@@ -98,6 +98,9 @@ type LiveDaemon struct {
 	FailedSavePages int64 `json:"failed_save_pages"`
 	// RefusedSavePages are pages the pool refused as invalid (counted in FailedSaves too).
 	RefusedSavePages int64 `json:"refused_save_pages"`
+	// NotJoinedSaves saved nothing because the daemon had not joined its Mooncake cluster yet:
+	// not failures (another host may hold the pages), but not saved by this run either.
+	NotJoinedSaves int64 `json:"not_joined_saves"`
 }
 
 // Problems lists what did not hold of the daemon during the run: not ready at its start or its
@@ -121,6 +124,9 @@ func (d LiveDaemon) Problems() []string {
 			why = " (" + d.UnreadyReason + ")"
 		}
 		out = append(out, "kvctl serve was not ready "+when+why)
+	}
+	if d.NotJoinedSaves > 0 {
+		out = append(out, fmt.Sprintf("%d of %d saves were dropped before kvctl serve had joined its pool", d.NotJoinedSaves, d.Saves))
 	}
 	if d.FailedSaves > 0 {
 		out = append(out, fmt.Sprintf("%d of %d saves failed (%d of %d pages not stored)", d.FailedSaves, d.Saves,
@@ -182,6 +188,7 @@ func (w *daemonWatch) end(ctx context.Context) LiveDaemon {
 	w.out.Saves, w.out.FailedSaves = s.Saves.Saves-b.Saves, s.Saves.FailedSaves-b.FailedSaves
 	w.out.SavePages = s.Saves.Pages - b.Pages
 	w.out.FailedSavePages, w.out.RefusedSavePages = s.Saves.FailedPages-b.FailedPages, s.Saves.RefusedPages-b.RefusedPages
+	w.out.NotJoinedSaves = s.Saves.NotJoinedSaves - b.NotJoinedSaves
 	return w.out
 }
 
