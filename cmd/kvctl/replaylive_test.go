@@ -10,10 +10,11 @@ import (
 )
 
 // TestReplayLiveSaysWhatTheDaemonDid replays against real `kvctl serve` processes: a healthy
-// one, one that is not ready (its Mooncake master does not answer, so every save fails), and a
-// ready one whose pool is too small for the replay's pages (most saves fail). Only the first
-// may exit 0; the others print their report, name the failed saves in it and exit 3 (a replay
-// check that did not hold), the unready one with a warning as the run starts.
+// one, one that is not ready (its Mooncake master does not answer, so no save reaches the pool:
+// each counts as dropped before joining, not as failed), and a ready one whose pool is too small
+// for the replay's pages (most saves fail). Only the first may exit 0; the others print their
+// report, name the lost saves and exit 3 (a replay check that did not hold), the unready one
+// with a warning as the run starts.
 func TestReplayLiveSaysWhatTheDaemonDid(t *testing.T) {
 	const trace = "../../core/replay/testdata/conversation_head500.jsonl"
 	tests := []struct {
@@ -23,12 +24,13 @@ func TestReplayLiveSaysWhatTheDaemonDid(t *testing.T) {
 		code      int
 		ready     string
 		failed    bool
+		notJoined bool // saves dropped before the daemon joined its pool: not failures
 		warning   string
 		errorText string
 	}{
 		{name: "healthy", code: 0, ready: "yes"},
 		{name: "not ready", serve: []string{"--pool-backend", "mooncake", "--master", "127.0.0.1:1", "--metadata", "http://127.0.0.1:1/metadata", "--pool-size", "64MiB"},
-			code: 3, ready: "no", failed: true, warning: "kvctl serve is not ready (waiting for the Mooncake master 127.0.0.1:1",
+			code: 3, ready: "no", notJoined: true, warning: "kvctl serve is not ready (waiting for the Mooncake master 127.0.0.1:1",
 			errorText: "kvctl serve was not ready when the replay started or ended"},
 		{name: "saves fail", serve: []string{"--pool-size", "16MiB"}, replay: "--sim-page-size 1048576",
 			code: 3, ready: "yes", failed: true, errorText: "saves failed"},
@@ -61,6 +63,9 @@ func TestReplayLiveSaysWhatTheDaemonDid(t *testing.T) {
 			if tt.failed && !strings.Contains(stderr.String(), "of "+saves+" saves failed") {
 				t.Errorf("the error does not count the failed saves:\n%s", stderr)
 			}
+			if tt.notJoined && !strings.Contains(stderr.String(), saves+" of "+saves+" saves were dropped before kvctl serve had joined its pool") {
+				t.Errorf("the error does not count the saves dropped before joining:\n%s", stderr)
+			}
 
 			// The JSON report carries the same, and still exits with the same code. (The healthy
 			// daemon's pool holds the trace now: the second run may have nothing to save.)
@@ -76,6 +81,7 @@ func TestReplayLiveSaysWhatTheDaemonDid(t *testing.T) {
 						Saves        int64 `json:"saves"`
 						FailedSaves  int64 `json:"failed_saves"`
 						FailedPages  int64 `json:"failed_save_pages"`
+						NotJoined    int64 `json:"not_joined_saves"`
 					} `json:"daemon"`
 				} `json:"live"`
 			}
@@ -83,7 +89,7 @@ func TestReplayLiveSaysWhatTheDaemonDid(t *testing.T) {
 				t.Fatalf("%v\n%s", err, stdout)
 			}
 			d := rep.Live.Daemon
-			if !d.Checked || d.ReadyAtStart != (tt.ready == "yes") || (tt.failed && d.Saves == 0) || (d.FailedSaves > 0) != tt.failed || (d.FailedPages > 0) != tt.failed {
+			if !d.Checked || d.ReadyAtStart != (tt.ready == "yes") || ((tt.failed || tt.notJoined) && d.Saves == 0) || (d.NotJoined > 0) != tt.notJoined || (d.FailedSaves > 0) != tt.failed || (d.FailedPages > 0) != tt.failed {
 				t.Fatalf("live.daemon %+v", d)
 			}
 		})
