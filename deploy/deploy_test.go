@@ -209,7 +209,9 @@ func manifests(t *testing.T) (*appsv1.DaemonSet, *corev1.Service, *monitoringv1.
 func contract(t *testing.T) map[string]bool {
 	t.Helper()
 	names := map[string]bool{}
-	for _, f := range []string{"../core/daemon/testdata/metrics-fresh.txt", "../core/daemon/testdata/metrics-after-replay.txt"} {
+	// An embedded pool's families, and a Mooncake cluster host's (scraped from a real two-host
+	// run by core/cluster's TestClusterMetricsDashboardsAndAlerts).
+	for _, f := range []string{"../core/daemon/testdata/metrics-fresh.txt", "../core/daemon/testdata/metrics-after-replay.txt", "../core/cluster/testdata/metrics-cluster.txt"} {
 		data, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)

@@ -127,6 +127,8 @@ func codeName(c Code) string {
 		return "RPC_FAIL"
 	case ErrUnavailableInThisMode:
 		return "UNAVAILABLE_IN_CURRENT_MODE"
+	case ErrNotJoined:
+		return "NOT_JOINED"
 	}
 	if n, ok := masterCodeNames[c]; ok {
 		return n

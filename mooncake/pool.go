@@ -24,6 +24,10 @@ const (
 	ErrChecksumMismatch      Code = -800 // kvctl only: a stored page failed its checksum (keys.PageChecksum)
 	ErrRPCFail               Code = -900
 	ErrUnavailableInThisMode Code = -1011
+	// ErrNotJoined is kvctl's: this host has not joined the pool yet (its segment is not
+	// mounted with the master), so the pool was not asked. A save page that gets it is not a
+	// failed put: whether another host already stored the page is unknown.
+	ErrNotJoined Code = -1900
 )
 
 // SoftPinAction tells a put what to do with an object's soft pin (Mooncake SoftPinAction).

@@ -112,6 +112,11 @@ engines, at the trace's pace (--pace trace, scaled by --speed) or as fast as pos
 (--pace max), and reports the same hit figures with requests per second; its bytes are the
 bytes the daemon moved, pages of --sim-page-size. The engines call the daemon over call
 channels (one SOCK_SEQPACKET write and read a call) unless --no-call-channels keeps them on gRPC.
+A live replay reads the daemon's /v1/stats at --admin once its engines have registered and
+again when their saves are done: it warns when the daemon is not ready, gives the table READY,
+SAVES and FAILED_SAVES ("?" where the admin API did not answer) and the JSON report
+live.daemon, and exits 3 when the daemon was not ready or saves failed, since its pool figures
+then measure nothing of the pool.
 
 --plot FILE.png draws hit rate (top) and pool occupancy (bottom) over trace time, with a title,
 axes in seconds and percent, and a legend naming each run's --set combination; every run has a
@@ -192,7 +197,7 @@ plotting elsewhere. A progress bar goes to standard error when it is a terminal.
 	fl.StringVar(&opts.Pace, "pace", PaceTrace, "live mode: trace (arrival times, scaled by --speed) or max")
 	fl.Float64Var(&opts.Speed, "speed", 1, "live mode: arrival time speed-up under --pace trace")
 	fl.BoolVar(&opts.NoCallChannels, "no-call-channels", false, "live mode: make the engines' calls over gRPC instead of call channels")
-	fl.StringVar(&opts.Admin, "admin", "127.0.0.1:9480", "live mode: the kvctl serve admin address the pool-aware router asks which keys the pool holds")
+	fl.StringVar(&opts.Admin, "admin", "127.0.0.1:9480", "live mode: the kvctl serve admin address whose /v1/stats says whether the daemon was ready and its saves succeeded, and which the pool-aware router asks which keys the pool holds")
 	_ = cmd.RegisterFlagCompletionFunc("format", cobra.FixedCompletions([]string{replay.FormatAuto, replay.FormatMooncake, replay.FormatTokens}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("router", cobra.FixedCompletions(router.Policies, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("pace", cobra.FixedCompletions([]string{PaceTrace, PaceMax}, cobra.ShellCompDirectiveNoFileComp))
@@ -343,7 +348,10 @@ func runReplay(ctx context.Context, opts *Options) error {
 			return err
 		}
 	}
-	return cmdutil.Print(opts.IO, opts.OutputFormat, rep, func() cmdutil.Table { return rows(rep) })
+	if err := cmdutil.Print(opts.IO, opts.OutputFormat, rep, func() cmdutil.Table { return rows(rep) }); err != nil {
+		return err
+	}
+	return liveProblems(rep)
 }
 
 func readTrace(ctx context.Context, opts *Options) (*replay.Trace, error) {
@@ -410,7 +418,16 @@ func schedulerColumns(rep *replay.Report, t cmdutil.Table) cmdutil.Table {
 }
 
 func liveRows(rep *replay.Report) cmdutil.Table {
-	t := cmdutil.Table{Header: []string{"ENGINES", "REQUESTS", "LOCAL", "POOL", "TOTAL", "RECOMPUTED", "LOADED", "REQ/S", "P50", "P99"}}
+	t := cmdutil.Table{Header: []string{"ENGINES", "REQUESTS", "LOCAL", "POOL", "TOTAL", "RECOMPUTED", "LOADED", "REQ/S", "P50", "P99", "READY", "SAVES", "FAILED_SAVES"}}
+	d := rep.Live.Daemon
+	// What the daemon's admin API could not tell is unknown, not 0.
+	ready, saves, failed := "?", "?", "?"
+	if d.Checked {
+		ready, saves, failed = "yes", strconv.FormatInt(d.Saves, 10), strconv.FormatInt(d.FailedSaves, 10)
+		if !d.ReadyAtStart || !d.ReadyAtEnd {
+			ready = "no"
+		}
+	}
 	for _, r := range rep.Runs {
 		t.Rows = append(t.Rows, []string{
 			strconv.Itoa(rep.Live.Engines), strconv.Itoa(r.Requests), pct(r.HitRate.Local), pct(r.HitRate.Pool), pct(r.HitRate.Total),
@@ -418,6 +435,7 @@ func liveRows(rep *replay.Report) cmdutil.Table {
 			strconv.FormatFloat(rep.Live.RequestsPerSecond, 'f', 1, 64),
 			strconv.FormatFloat(1000*rep.Live.P50RequestSec, 'f', 2, 64) + "ms",
 			strconv.FormatFloat(1000*rep.Live.P99RequestSec, 'f', 2, 64) + "ms",
+			ready, saves, failed,
 		})
 	}
 	return t

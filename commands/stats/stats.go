@@ -38,9 +38,11 @@ func NewCmdStats(f *cmdutil.Factory, runF func(*Options) error) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "stats (--pool URL... | --from-log FILE...)",
 		Short: "Show a pool's capacity, hits, evictions, prefix holes and load phases",
-		Long: `Report what a pool and its connectors are doing: capacity and use, hits and misses,
-evictions (by pass where the pool tells them apart), soft-pinned and grouped objects, prefix-hole
-stats and the load-phase breakdown.
+		Long: `Report what a pool and its connectors are doing: capacity and use, the pool's own gets
+(found or not: "gets found ratio", not a prefix hit rate), evictions (by pass where the pool tells
+them apart), soft-pinned and grouped objects, prefix-hole stats and the load-phase breakdown; for
+a kvctl serve also its prefix hit rate (prompt tokens its lookups found, locally and in the pool)
+and its saves, failed saves and their pages.
 
 --pool (repeatable) is a kvctl serve admin address, which gives all of these (/v1/stats,
 /metrics, segments), or a Mooncake master's HTTP admin address (port 9003 by default), which
@@ -218,10 +220,21 @@ func rows(res *probe.StatsReport) cmdutil.Table {
 			}
 		}
 		if g := s.Gets; g != nil {
-			add("hits", n(g.Hits), d.Hits, true)
-			add("misses", n(g.Misses), d.Misses, true)
-			// The master's ratio of gets that found their object; not the prefix hit rate.
-			add("get hit ratio (master)", fmt.Sprintf("%.3f", g.HitRatio), 0, false)
+			// The pool's own gets (the master's, or the embedded pool's): whether each found its
+			// object. Not the prefix hit rate of engines' lookups, which has rows of its own.
+			add("gets found", n(g.Hits), d.Hits, true)
+			add("gets not found", n(g.Misses), d.Misses, true)
+			add("gets found ratio", fmt.Sprintf("%.3f", g.HitRatio), 0, false)
+		}
+		if h := s.HitRates; h != nil {
+			add("prefix hit rate", fmt.Sprintf("%.2f%% (%.2f%% local, %.2f%% pool) of %d prompt tokens", 100*h.Total, 100*h.Local, 100*h.Pool, h.PromptTokens), 0, false)
+		}
+		if sv := s.Saves; sv != nil {
+			add("saves", n(sv.Saves), d.Saves, true)
+			add("failed saves", n(sv.FailedSaves), d.FailedSaves, true)
+			// Not failures: the host had not joined its cluster, so the pool was not asked.
+			add("saves before joining the pool", fmt.Sprintf("%d (%d pages)", sv.NotJoinedSaves, sv.NotJoinedPages), 0, false)
+			add("save pages", fmt.Sprintf("%d (%d stored, %d already in the pool, %d failed, %d refused)", sv.Pages, sv.PutPages, sv.SkippedPages, sv.FailedPages, sv.RefusedPages), 0, false)
 		}
 		if e := s.Evictions; e != nil {
 			add("eviction attempts", n(e.Attempts), d.EvictionAttempts, true)

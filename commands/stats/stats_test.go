@@ -514,11 +514,123 @@ func TestSeveralPoolsOneDown(t *testing.T) {
 		}
 		got := out.String()
 		if !strings.Contains(got, "http://"+addr+"\tkind\tkvctl-serve") || !strings.Contains(got, "http://"+dead+"\tkind\terror") ||
-			!strings.Contains(got, "http://"+dead+"\terror\t") || !strings.Contains(got, "get hit ratio (master)") {
+			!strings.Contains(got, "http://"+dead+"\terror\t") || !strings.Contains(got, "gets found ratio") {
 			t.Errorf("watch %d: table lacks the healthy target, the error row or the get ratio label:\n%s", watch, got)
 		}
 		if watch == 1 && strings.Count(got, "kvctl-serve") != 2 {
 			t.Errorf("watch: want two tables:\n%s", got)
 		}
+	}
+}
+
+// TestServeSavesAndHitRate pins the rows a kvctl serve adds: its prefix hit rate beside the
+// pool's own gets (which are not called a hit ratio), and its saves with the failed ones. The
+// daemon's 16 MiB pool cannot hold the 24 MiB of 1 MiB pages one request saves, so saves fail;
+// the table, the JSON and --watch's deltas must all say as much as /v1/stats does.
+func TestServeSavesAndHitRate(t *testing.T) {
+	po := mooncake.DefaultOptions()
+	po.Segments = []mooncake.SegmentSpec{{Name: "small", Capacity: 16 << 20}}
+	r := daemontest.Start(t, daemon.Config{Pool: po})
+	ctx := context.Background()
+	const T = 16
+	run := func(name string, blocks int) {
+		t.Helper()
+		toks := make([]int64, blocks*T+1)
+		for j := range toks {
+			toks[j] = int64(j)
+		}
+		e, err := enginesim.Start(ctx, enginesim.Config{Socket: r.Info.Socket, ModelKey: "m", Name: name, TokensPerBlock: T,
+			PageBytes: []int{1 << 20}, Slots: blocks + 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.Run(ctx, []enginesim.Request{{ID: name, Tokens: toks}}, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run("fits", 4)
+	run("too-big", 24)
+	run("warm", 4)
+	st, err := r.Daemon.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Saves.Saves == 0 || st.Saves.FailedSaves == 0 || st.Saves.FailedSaves == st.Saves.Saves || st.HitRates.Pool == 0 {
+		t.Fatalf("the script did not make saves fail and others succeed, or no pool hits: saves %+v hit rates %+v", st.Saves, st.HitRates)
+	}
+
+	ios, _, out, _ := cmdutil.Test()
+	o := options(ios, cmdutil.FormatTable)
+	o.Pools = []string{r.Info.AdminAddr}
+	if err := runStats(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	if strings.Contains(got, "hit ratio") {
+		t.Errorf("the pool's get ratio is still called a hit ratio:\n%s", got)
+	}
+	row := func(metric string) string {
+		for _, l := range strings.Split(got, "\n") {
+			f := strings.Split(l, "\t")
+			if len(f) == 4 && f[1] == metric {
+				return f[2]
+			}
+		}
+		t.Errorf("no %q row:\n%s", metric, got)
+		return ""
+	}
+	sv := st.Saves
+	wantRate := fmt.Sprintf("%.2f%% (%.2f%% local, %.2f%% pool) of %d prompt tokens", 100*st.HitRates.Total, 100*st.HitRates.Local, 100*st.HitRates.Pool, st.HitRates.PromptTokens)
+	for metric, want := range map[string]string{
+		"saves":           fmt.Sprint(sv.Saves),
+		"failed saves":    fmt.Sprint(sv.FailedSaves),
+		"save pages":      fmt.Sprintf("%d (%d stored, %d already in the pool, %d failed, %d refused)", sv.Pages, sv.PutPages, sv.SkippedPages, sv.FailedPages, sv.RefusedPages),
+		"prefix hit rate": wantRate,
+		"gets found":      fmt.Sprint(st.Pool.Hits),
+	} {
+		if g := row(metric); g != want {
+			t.Errorf("%s: %q, want %q", metric, g, want)
+		}
+	}
+	row("gets found ratio")
+
+	ios, _, out, _ = cmdutil.Test()
+	o = options(ios, cmdutil.FormatJSON)
+	o.Pools = []string{r.Info.AdminAddr}
+	if err := runStats(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	var res probe.StatsReport
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatal(err)
+	}
+	s := res.Sources[0]
+	if s.Saves == nil || *s.Saves != sv || s.HitRates == nil || *s.HitRates != st.HitRates {
+		t.Errorf("JSON saves %+v hit rates %+v; /v1/stats says %+v %+v", s.Saves, s.HitRates, sv, st.HitRates)
+	}
+
+	// --watch: a failed save between two reports shows in the deltas.
+	ios, _, out, _ = cmdutil.Test()
+	o = options(ios, cmdutil.FormatJSON)
+	o.Pools = []string{r.Info.AdminAddr}
+	o.Watch, o.Iterations = 1, 2
+	o.Sleep = func(context.Context, time.Duration) error { run("too-big-again", 24); return nil }
+	if err := runStats(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(out.Bytes()))
+	var reports []probe.StatsReport
+	for dec.More() {
+		var rep probe.StatsReport
+		if err := dec.Decode(&rep); err != nil {
+			t.Fatal(err)
+		}
+		reports = append(reports, rep)
+	}
+	if len(reports) != 2 || reports[1].Sources[0].Delta == nil || reports[1].Sources[0].Delta.Saves == 0 || reports[1].Sources[0].Delta.FailedSaves == 0 {
+		t.Fatalf("watch deltas: %+v", reports)
 	}
 }

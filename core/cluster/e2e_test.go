@@ -509,3 +509,89 @@ func TestFourEnginesEachHost(t *testing.T) {
 		t.Fatalf("pool failures on B: %+v", f)
 	}
 }
+
+// forwarder is a TCP port that refuses connections until open is called, then forwards each
+// one to target: a master that one host cannot reach yet while the others can.
+type forwarder struct {
+	addr, target string
+	ln           net.Listener
+}
+
+func newForwarder(t *testing.T, target string) *forwarder {
+	t.Helper()
+	return &forwarder{addr: fmt.Sprintf("127.0.0.1:%d", freePort(t)), target: target}
+}
+
+func (f *forwarder) open(t *testing.T) {
+	t.Helper()
+	ln, err := net.Listen("tcp", f.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.ln = ln
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				u, err := net.Dial("tcp", f.target)
+				if err != nil {
+					return
+				}
+				defer u.Close()
+				go func() { _, _ = io.Copy(u, c) }()
+				_, _ = io.Copy(c, u)
+			}()
+		}
+	}()
+}
+
+// TestSavesBeforeJoiningAreNotFailures is the two-host run behind "saves (failed) 220 (200)"
+// under a green "pool healthy" on host B: B's engine ran before B had joined the cluster (its
+// master not reachable from B yet), so its lookups missed and it saved pages that host A had
+// stored already. Those saves never asked the pool; they are counted as saves before joining
+// the pool, not as failed saves. Once B joins, the same requests load every block from A's
+// segment and no save fails.
+func TestSavesBeforeJoiningAreNotFailures(t *testing.T) {
+	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
+	reqs, ids := traceRequests(t, 20)
+	a := startServe(t, m, "A")
+	a.waitReady(t)
+	runEngine(t, simConfig(a, "cold"), reqs, 4)
+
+	path := newForwarder(t, m.RPCAddr)
+	b := startServe(t, m, "B", "--master", path.addr)
+	eventually(t, "B waiting for its master", func() bool { return strings.Contains(b.out.String(), "waiting for the Mooncake master; retrying") })
+	early := runEngine(t, simConfig(b, "early"), renamed(reqs, "early"), 4)
+	st := b.stats(t)
+	sv := st.Saves
+	if early.MatchedTokens != 0 || st.Ready || sv.Saves == 0 || sv.NotJoinedSaves != sv.Saves || sv.FailedSaves != 0 || sv.NotJoinedPages == 0 || sv.FailedPages != 0 {
+		t.Fatalf("B before joining: engine %+v, ready %t, saves %+v; want every save counted as before joining, none failed", early, st.Ready, sv)
+	}
+
+	path.open(t)
+	b.waitReady(t)
+	warm := runEngine(t, simConfig(b, "warm"), renamed(reqs, "warm"), 4)
+	ideal := 0
+	for _, r := range ids {
+		ideal += len(r)
+	}
+	st = b.stats(t)
+	if warm.LoadedBlocks != ideal || st.Saves.FailedSaves != 0 || st.Saves.NotJoinedSaves != sv.NotJoinedSaves {
+		t.Fatalf("B once joined: engine %+v (want %d blocks loaded), saves %+v", warm, ideal, st.Saves)
+	}
+	code, page, err := get(b.admin + "/")
+	if err != nil || code != 200 {
+		t.Fatalf("status page: %d %v", code, err)
+	}
+	wantSaves := fmt.Sprintf(`id="saves" data-value="%d">%d (0)<`, st.Saves.Saves, st.Saves.Saves)
+	wantEarly := fmt.Sprintf(`id="saves-not-joined" data-value="%d">%d (%d)<`, sv.NotJoinedSaves, sv.NotJoinedSaves, sv.NotJoinedPages)
+	if !strings.Contains(page, wantSaves) || !strings.Contains(page, wantEarly) || !strings.Contains(page, "pool healthy") {
+		t.Errorf("B's status page lacks %q or %q:\n%s", wantSaves, wantEarly, page)
+	}
+	t.Logf("B: %d saves before joining (%d pages), then %d blocks loaded from A; saves %+v", sv.NotJoinedSaves, sv.NotJoinedPages, warm.LoadedBlocks, st.Saves)
+}

@@ -295,12 +295,14 @@ func (p *Pool) BatchIsExist(ctx context.Context, keys []string) []int {
 	return failAll(len(keys), int(mooncake.ErrRPCFail))
 }
 
-// BatchPut stores through the cluster; before the segment is mounted every key fails.
+// BatchPut stores through the cluster. Before the segment is mounted nothing is asked and every
+// key answers ErrNotJoined: the page is not stored by this host, but whether another host
+// stored it is unknown, so it is not counted as a failed put.
 func (p *Pool) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg mooncake.ReplicateConfig) []mooncake.Code {
 	if n := p.client(); n != nil {
 		return n.BatchPut(ctx, keys, bufs, cfg)
 	}
-	return failAll(len(keys), mooncake.ErrRPCFail)
+	return failAll(len(keys), mooncake.ErrNotJoined)
 }
 
 // BatchGet reads from whichever segment holds each page; before the mount every key fails.

@@ -702,6 +702,8 @@ func (w *Worker) save(job saveJob) (err error) {
 			switch c := codes[j]; {
 			case c == mooncake.ErrObjectAlreadyExists:
 				sample.SkippedPages++
+			case c == mooncake.ErrNotJoined:
+				sample.NotJoinedPages++
 			case c == mooncake.ErrInvalidParams:
 				failed++
 				refusedTTL++

@@ -46,6 +46,13 @@ const (
 // loop that survives resource exhaustion. A connection over the cap or from a refused peer is
 // accepted and closed at once, so the kernel's backlog never fills with connections nobody will
 // serve and the connections already open keep working.
+//
+// golang.org/x/net/netutil.LimitListener is not enough here: at its cap it stops calling Accept,
+// so new connections wait unanswered in the kernel's backlog (a client sees a hang, not a
+// refusal) and a probe that connects and sends nothing holds its slot. This listener answers
+// every connection at once, refuses the ones over the cap or from a refused peer and counts
+// them, and keeps accepting through EMFILE with a backoff; the servers' handshake and idle
+// timeouts close silent connections and so free their slots.
 type guardedListener struct {
 	net.Listener
 	name   string

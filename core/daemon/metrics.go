@@ -139,6 +139,8 @@ var totalDefs = []totalDef{
 	{"save_bytes_total", "Bytes of the pages counted by save_put_pages_total.", prometheus.CounterValue, func(t *engineTotals) float64 { return n64(t.saves.PutBytes) }},
 	{"save_failed_pages_total", "Pages whose put failed (pool full, transfer error).", prometheus.CounterValue, func(t *engineTotals) float64 { return n64(t.saves.FailedPages) }},
 	{"save_refused_pages_total", "Pages the pool refused as invalid (a soft-pin TTL above its limit).", prometheus.CounterValue, func(t *engineTotals) float64 { return n64(t.saves.RefusedPages) }},
+	{"save_not_joined_saves_total", "Save jobs that saved nothing because this host had not joined the Mooncake cluster yet (segment not mounted); not failures: the pool was not asked.", prometheus.CounterValue, func(t *engineTotals) float64 { return n64(t.saves.NotJoinedSaves) }},
+	{"save_not_joined_pages_total", "Pages not saved because this host had not joined the Mooncake cluster yet; another host may hold them.", prometheus.CounterValue, func(t *engineTotals) float64 { return n64(t.saves.NotJoinedPages) }},
 }
 
 func newDaemonMetrics(d *Daemon, retention time.Duration) *daemonMetrics {
@@ -164,10 +166,15 @@ func newDaemonMetrics(d *Daemon, retention time.Duration) *daemonMetrics {
 	m.descs["kvctl_rank_registered"] = prometheus.NewDesc("kvctl_rank_registered", "Engines registered with this model key and rank now (0 after the last one left, until the series expires).", []string{"model_key", "rank"}, nil)
 	m.descs["kvctl_engines_registered"] = prometheus.NewDesc("kvctl_engines_registered", "Engine ranks registered now.", nil, nil)
 	m.descs["kvctl_ready"] = prometheus.NewDesc("kvctl_ready", "1 while the daemon accepts engine calls, 0 while it starts or drains.", nil, nil)
-	m.descs["kvctl_pool_capacity_bytes"] = prometheus.NewDesc("kvctl_pool_capacity_bytes", "Bytes the pool can hold.", nil, nil)
-	m.descs["kvctl_pool_used_bytes"] = prometheus.NewDesc("kvctl_pool_used_bytes", "Bytes the pool holds now.", nil, nil)
-	m.descs["kvctl_pool_objects"] = prometheus.NewDesc("kvctl_pool_objects", "Objects (pages) the pool holds now.", nil, nil)
-	m.descs["kvctl_pool_occupancy_ratio"] = prometheus.NewDesc("kvctl_pool_occupancy_ratio", "Used bytes over capacity, 0 to 1.", nil, nil)
+	m.descs["kvctl_pool_capacity_bytes"] = prometheus.NewDesc("kvctl_pool_capacity_bytes", "Bytes this host's pool can hold: the embedded pool, or this host's segment of a Mooncake cluster (so a sum over hosts counts each byte once).", nil, nil)
+	m.descs["kvctl_pool_used_bytes"] = prometheus.NewDesc("kvctl_pool_used_bytes", "Bytes this host's pool holds now: the embedded pool, or this host's segment of a Mooncake cluster.", nil, nil)
+	m.descs["kvctl_pool_objects"] = prometheus.NewDesc("kvctl_pool_objects", "Objects (pages) the embedded pool holds now (a Mooncake cluster's are kvctl_cluster_objects).", nil, nil)
+	m.descs["kvctl_pool_occupancy_ratio"] = prometheus.NewDesc("kvctl_pool_occupancy_ratio", "Used bytes over capacity of this host's pool (or segment), 0 to 1.", nil, nil)
+	// Every host of a cluster exports the cluster's totals, labelled by master, so that a query
+	// takes them once: max by (master) (...).
+	m.descs["kvctl_cluster_capacity_bytes"] = prometheus.NewDesc("kvctl_cluster_capacity_bytes", "Bytes the Mooncake cluster can hold, all segments (each host reports it: take max by (master)).", []string{"master"}, nil)
+	m.descs["kvctl_cluster_used_bytes"] = prometheus.NewDesc("kvctl_cluster_used_bytes", "Bytes the Mooncake cluster holds, all segments (each host reports it: take max by (master)).", []string{"master"}, nil)
+	m.descs["kvctl_cluster_objects"] = prometheus.NewDesc("kvctl_cluster_objects", "Objects the Mooncake cluster holds (each host reports it: take max by (master)).", []string{"master"}, nil)
 	m.descs["kvctl_pool_evicted_objects_total"] = prometheus.NewDesc("kvctl_pool_evicted_objects_total", "Objects the pool evicted to make room.", nil, nil)
 	m.descs["kvctl_pool_put_failures_total"] = prometheus.NewDesc("kvctl_pool_put_failures_total", "Puts the pool failed (no room, bad input).", nil, nil)
 	m.descs["kvctl_pool_up"] = prometheus.NewDesc("kvctl_pool_up", "1 when this scrape read the pool's statistics, 0 when the pool did not answer (its other gauges are then left out).", nil, nil)
@@ -356,13 +363,35 @@ func (m *daemonMetrics) poolMetrics(ctx context.Context, ch chan<- prometheus.Me
 		ch <- prometheus.MustNewConstMetric(m.descs["kvctl_pool_up"], prometheus.GaugeValue, 0)
 		return
 	}
+	capacity, used := st.CapacityBytes, st.UsedBytes
+	if m.d.backendIsRemote() {
+		// A cluster's Stats are the cluster's: this host's gauges are its own segment's, and
+		// the cluster's totals go out once more under the master's label.
+		segs, err := m.d.pool.Segments(ctx)
+		if err != nil {
+			ch <- prometheus.MustNewConstMetric(m.descs["kvctl_pool_up"], prometheus.GaugeValue, 0)
+			return
+		}
+		capacity, used = 0, 0
+		name := m.d.segmentName()
+		for _, s := range segs {
+			if s.Name == name {
+				capacity, used = s.Capacity, s.Used
+			}
+		}
+		master := m.d.backend.Info.Master
+		ch <- prometheus.MustNewConstMetric(m.descs["kvctl_cluster_capacity_bytes"], prometheus.GaugeValue, float64(st.CapacityBytes), master)
+		ch <- prometheus.MustNewConstMetric(m.descs["kvctl_cluster_used_bytes"], prometheus.GaugeValue, float64(st.UsedBytes), master)
+		ch <- prometheus.MustNewConstMetric(m.descs["kvctl_cluster_objects"], prometheus.GaugeValue, float64(st.Objects), master)
+	} else {
+		ch <- prometheus.MustNewConstMetric(m.descs["kvctl_pool_objects"], prometheus.GaugeValue, float64(st.Objects))
+	}
 	ch <- prometheus.MustNewConstMetric(m.descs["kvctl_pool_up"], prometheus.GaugeValue, 1)
-	ch <- prometheus.MustNewConstMetric(m.descs["kvctl_pool_capacity_bytes"], prometheus.GaugeValue, float64(st.CapacityBytes))
-	ch <- prometheus.MustNewConstMetric(m.descs["kvctl_pool_used_bytes"], prometheus.GaugeValue, float64(st.UsedBytes))
-	ch <- prometheus.MustNewConstMetric(m.descs["kvctl_pool_objects"], prometheus.GaugeValue, float64(st.Objects))
+	ch <- prometheus.MustNewConstMetric(m.descs["kvctl_pool_capacity_bytes"], prometheus.GaugeValue, float64(capacity))
+	ch <- prometheus.MustNewConstMetric(m.descs["kvctl_pool_used_bytes"], prometheus.GaugeValue, float64(used))
 	occ := 0.0
-	if st.CapacityBytes > 0 {
-		occ = float64(st.UsedBytes) / float64(st.CapacityBytes)
+	if capacity > 0 {
+		occ = float64(used) / float64(capacity)
 	}
 	ch <- prometheus.MustNewConstMetric(m.descs["kvctl_pool_occupancy_ratio"], prometheus.GaugeValue, occ)
 	ch <- prometheus.MustNewConstMetric(m.descs["kvctl_pool_evicted_objects_total"], prometheus.CounterValue, float64(st.EvictedPass1+st.EvictedPass2))
@@ -411,7 +440,8 @@ func (m *daemonMetrics) fillStats(s *statsapi.StatsJSON) {
 	total, _ := m.snapshot()
 	t := total.saves
 	s.Saves = statsapi.SaveStatsJSON{Saves: t.Saves, FailedSaves: t.FailedSaves, Pages: t.Pages, SkippedPages: t.SkippedPages,
-		PutPages: t.PutPages, PutBytes: t.PutBytes, FailedPages: t.FailedPages, RefusedPages: t.RefusedPages, Seconds: t.Duration.Seconds()}
+		PutPages: t.PutPages, PutBytes: t.PutBytes, FailedPages: t.FailedPages, RefusedPages: t.RefusedPages, Seconds: t.Duration.Seconds(),
+		NotJoinedSaves: t.NotJoinedSaves, NotJoinedPages: t.NotJoinedPages}
 }
 
 func (m *daemonMetrics) registerLookupCounters(reg *prometheus.Registry) {

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/kvctl/kvctl/core/engineapi"
 )
 
@@ -130,30 +132,17 @@ func (d *Daemon) adminServer() *http.Server {
 	}
 }
 
-// tokenBucket is a rate limiter: rate tokens a second, at most burst banked.
+// tokenBucket is the /query_key lease limiter: rate tokens a second, at most burst banked. It is
+// golang.org/x/time/rate's limiter, asked with the daemon's clock.
 type tokenBucket struct {
-	mu     sync.Mutex
-	rate   float64
-	burst  float64
-	tokens float64
-	last   time.Time
-	now    func() time.Time
+	rate float64
+	lim  *rate.Limiter
+	now  func() time.Time
 }
 
-func newTokenBucket(rate, burst float64, now func() time.Time) *tokenBucket {
-	return &tokenBucket{rate: rate, burst: burst, tokens: burst, last: now(), now: now}
+func newTokenBucket(r, burst float64, now func() time.Time) *tokenBucket {
+	return &tokenBucket{rate: r, lim: rate.NewLimiter(rate.Limit(r), max(1, int(burst))), now: now}
 }
 
 // allow takes a token if one is there.
-func (b *tokenBucket) allow() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	t := b.now()
-	b.tokens = min(b.burst, b.tokens+t.Sub(b.last).Seconds()*b.rate)
-	b.last = t
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
-}
+func (b *tokenBucket) allow() bool { return b.lim.AllowN(b.now(), 1) }

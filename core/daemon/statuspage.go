@@ -319,6 +319,7 @@ svg .grid { stroke: var(--muted); stroke-width: 1; stroke-dasharray: 4 4; opacit
 <tr><td>bytes loaded</td><td class="n" id="load-bytes" data-value="{{.Stats.Loads.LandedBytes}}">{{bytes .Stats.Loads.LandedBytes}}</td></tr>
 <tr><td>saves (failed)</td><td class="n" id="saves" data-value="{{.Stats.Saves.Saves}}">{{.Stats.Saves.Saves}} ({{.Stats.Saves.FailedSaves}})</td></tr>
 <tr><td>pages saved (skipped)</td><td class="n" id="save-pages" data-value="{{.Stats.Saves.PutPages}}">{{.Stats.Saves.PutPages}} ({{.Stats.Saves.SkippedPages}})</td></tr>
+{{if .Stats.Saves.NotJoinedSaves}}<tr><td>saves before joining the pool (pages)</td><td class="n" id="saves-not-joined" data-value="{{.Stats.Saves.NotJoinedSaves}}">{{.Stats.Saves.NotJoinedSaves}} ({{.Stats.Saves.NotJoinedPages}})</td></tr>{{end}}
 </table>
 <h2 style="margin-top:10px">Load phases</h2>
 <table id="phases">

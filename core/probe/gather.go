@@ -32,7 +32,9 @@ type Usage struct {
 	Segments          []Segment `json:"segments"`
 }
 
-// Gets are a pool's hits and misses.
+// Gets are the pool's own gets (the master's, or an embedded pool's): those that found their
+// object (Hits) and those that did not. HitRatio is Hits over all gets; it is not the prefix hit
+// rate of engines' lookups (Source.HitRates), and the table calls it "gets found ratio".
 type Gets struct {
 	Hits     int64   `json:"hits"`
 	Misses   int64   `json:"misses"`
@@ -80,6 +82,8 @@ type Counters struct {
 	Loads                  int64 `json:"loads"`
 	LoadedPages            int64 `json:"loaded_pages"`
 	LandedBytes            int64 `json:"landed_bytes"`
+	Saves                  int64 `json:"saves"`
+	FailedSaves            int64 `json:"failed_saves"`
 }
 
 // Source is the report of one pool or log file.
@@ -95,6 +99,10 @@ type Source struct {
 	Evictions   *Evictions              `json:"evictions,omitempty"`
 	PrefixHoles *stats.HoleStats        `json:"prefix_holes,omitempty"`
 	Loads       *statsapi.LoadStatsJSON `json:"loads,omitempty"`
+	// HitRates is where a kvctl serve's lookups found their prompt tokens: the prefix hit rate.
+	HitRates *statsapi.HitRatesJSON `json:"hit_rates,omitempty"`
+	// Saves are a kvctl serve's save jobs, those that failed among them, and their pages.
+	Saves *statsapi.SaveStatsJSON `json:"saves,omitempty"`
 	// Backend is a kvctl serve's pool backend: its master, this host's segment and the
 	// cluster's capacity (cluster.go).
 	Backend *statsapi.BackendStatusJSON `json:"backend,omitempty"`
@@ -233,8 +241,7 @@ func gatherPool(ctx context.Context, t *Target) (Source, error) {
 		u.HardPinnedObjects, u.GroupedObjects = &p.HardPinned, &p.Grouped
 		g = &Gets{Hits: p.Hits, Misses: p.Misses}
 		ev.ByPass = &EvictionPasses{Pass1: p.EvictedPass1, Pass2: p.EvictedPass2, SoftPinned: p.EvictedSoftPinned, Grouped: p.EvictedGrouped, Failed: p.FailedEvictions}
-		holes, loads, backend := st.PrefixHoles, st.Loads, st.Backend
-		src.PrefixHoles, src.Loads, src.Backend = &holes, &loads, &backend
+		serveCounts(&src, st)
 	case KindMaster:
 		sum, err := t.Admin.MetricsSummary(ctx)
 		if err != nil {
@@ -311,9 +318,16 @@ func gatherClusterServe(ctx context.Context, t *Target, src *Source) (done bool,
 	if g.Hits+g.Misses > 0 {
 		g.HitRatio = float64(g.Hits) / float64(g.Hits+g.Misses)
 	}
-	holes, loads, backend := st.PrefixHoles, st.Loads, st.Backend
-	src.Usage, src.Gets, src.PrefixHoles, src.Loads, src.Backend = u, g, &holes, &loads, &backend
+	src.Usage, src.Gets = u, g
+	serveCounts(src, st)
 	return true, nil
+}
+
+// serveCounts copies what only a kvctl serve counts into src: prefix holes, loads, lookup hit
+// rates, saves and its backend.
+func serveCounts(src *Source, st statsapi.StatsJSON) {
+	holes, loads, rates, saves, backend := st.PrefixHoles, st.Loads, st.HitRates, st.Saves, st.Backend
+	src.PrefixHoles, src.Loads, src.HitRates, src.Saves, src.Backend = &holes, &loads, &rates, &saves, &backend
 }
 
 // gatherRPC reports what a master's RPC service tells: that it serves, its store protocol
@@ -350,6 +364,9 @@ func (s Source) Counters() Counters {
 	if l := s.Loads; l != nil {
 		c.Loads, c.LoadedPages, c.LandedBytes = l.Loads, l.Pages, l.LandedBytes
 	}
+	if sv := s.Saves; sv != nil {
+		c.Saves, c.FailedSaves = sv.Saves, sv.FailedSaves
+	}
 	return c
 }
 
@@ -361,6 +378,7 @@ func (c Counters) Minus(o Counters) Counters {
 		Lookups: c.Lookups - o.Lookups, HitBlocks: c.HitBlocks - o.HitBlocks, Holes: c.Holes - o.Holes,
 		HoleBlocks: c.HoleBlocks - o.HoleBlocks, RecomputedStoredTokens: c.RecomputedStoredTokens - o.RecomputedStoredTokens,
 		Loads: c.Loads - o.Loads, LoadedPages: c.LoadedPages - o.LoadedPages, LandedBytes: c.LandedBytes - o.LandedBytes,
+		Saves: c.Saves - o.Saves, FailedSaves: c.FailedSaves - o.FailedSaves,
 	}
 }
 

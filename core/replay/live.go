@@ -21,6 +21,7 @@ import (
 	"github.com/kvctl/kvctl/core/kvcache"
 	"github.com/kvctl/kvctl/core/probe"
 	"github.com/kvctl/kvctl/core/router"
+	"github.com/kvctl/kvctl/core/statsapi"
 )
 
 // ErrUnreachable is wrapped by Live's error when the daemon cannot be reached.
@@ -42,7 +43,12 @@ type LiveOptions struct {
 	NoCallChannels bool
 	// Admin is the daemon's admin address, which the pool-aware router asks which of a
 	// request's keys the pool holds (as probe-pool does). The pool-aware router needs it.
+	// Every live replay also reads the daemon's /v1/stats there before and after the run, to
+	// say whether the daemon was ready and how many of its saves failed (LiveDaemon).
 	Admin string
+	// Warn, when set, is told at once when the daemon is not ready as the run starts, or when
+	// its admin API cannot say.
+	Warn func(msg string)
 }
 
 // ErrPoolAwareNeedsAdmin is returned by Live for the pool-aware router without an admin address.
@@ -65,6 +71,143 @@ type LiveInfo struct {
 	// pool, and those that failed and fell back to the work-aware estimate.
 	PoolLookups         int64 `json:"pool_lookups,omitempty"`
 	PoolLookupFallbacks int64 `json:"pool_lookup_fallbacks,omitempty"`
+	// Daemon is what the daemon's admin API said of the run.
+	Daemon LiveDaemon `json:"daemon"`
+}
+
+// LiveDaemon is what a live replay read of the daemon's /v1/stats once its engines had
+// registered and again once their saves were done: whether it was ready each time, and the
+// save jobs it finished in between (those of every engine it serves, the replay's included).
+// A daemon that is not ready answers every lookup miss and fails every save, so a run against
+// it measures nothing of the pool.
+type LiveDaemon struct {
+	Admin string `json:"admin"`
+	// Checked is true when the admin API answered both times and lists the replay's engines;
+	// otherwise Error says why and nothing below is known.
+	Checked bool   `json:"checked"`
+	Error   string `json:"error,omitempty"`
+
+	ReadyAtStart bool `json:"ready_at_start"`
+	ReadyAtEnd   bool `json:"ready_at_end"`
+	// UnreadyReason is the daemon's own words for the first unready answer.
+	UnreadyReason string `json:"unready_reason,omitempty"`
+
+	Saves           int64 `json:"saves"`
+	FailedSaves     int64 `json:"failed_saves"`
+	SavePages       int64 `json:"save_pages"`
+	FailedSavePages int64 `json:"failed_save_pages"`
+	// RefusedSavePages are pages the pool refused as invalid (counted in FailedSaves too).
+	RefusedSavePages int64 `json:"refused_save_pages"`
+	// NotJoinedSaves saved nothing because the daemon had not joined its Mooncake cluster yet:
+	// not failures (another host may hold the pages), but not saved by this run either.
+	NotJoinedSaves int64 `json:"not_joined_saves"`
+}
+
+// Problems lists what did not hold of the daemon during the run: not ready at its start or its
+// end, saves that failed. Empty when the run measured the pool as configured, or when nothing
+// could be checked (see Checked).
+func (d LiveDaemon) Problems() []string {
+	if !d.Checked {
+		return nil
+	}
+	var out []string
+	if !d.ReadyAtStart || !d.ReadyAtEnd {
+		when := "when the replay started"
+		switch {
+		case !d.ReadyAtStart && !d.ReadyAtEnd:
+			when = "when the replay started or ended"
+		case !d.ReadyAtEnd:
+			when = "when the replay ended"
+		}
+		why := ""
+		if d.UnreadyReason != "" {
+			why = " (" + d.UnreadyReason + ")"
+		}
+		out = append(out, "kvctl serve was not ready "+when+why)
+	}
+	if d.NotJoinedSaves > 0 {
+		out = append(out, fmt.Sprintf("%d of %d saves were dropped before kvctl serve had joined its pool", d.NotJoinedSaves, d.Saves))
+	}
+	if d.FailedSaves > 0 {
+		out = append(out, fmt.Sprintf("%d of %d saves failed (%d of %d pages not stored)", d.FailedSaves, d.Saves,
+			d.FailedSavePages+d.RefusedSavePages, d.SavePages))
+	}
+	return out
+}
+
+// daemonWatch reads the daemon's /v1/stats around a live replay.
+type daemonWatch struct {
+	out    LiveDaemon
+	target *probe.Target
+	names  []string
+	before statsapi.StatsJSON
+}
+
+// statsTimeout bounds one /v1/stats read of a live replay's daemon.
+const statsTimeout = 5 * time.Second
+
+// begin reads the daemon's stats once the engines named names have registered.
+func (w *daemonWatch) begin(ctx context.Context, admin string, names []string) {
+	w.out.Admin, w.names = admin, names
+	if admin == "" {
+		w.out.Error = "no admin address given"
+		return
+	}
+	t, err := probe.NewTarget(admin, statsTimeout)
+	if err != nil {
+		w.out.Error = err.Error()
+		return
+	}
+	w.target, w.out.Admin = t, t.Addr()
+	s, err := w.read(ctx)
+	if err != nil {
+		w.out.Error, w.target = err.Error(), nil
+		return
+	}
+	w.before, w.out.ReadyAtStart = s, s.Ready
+	if !s.Ready {
+		w.out.UnreadyReason = s.Backend.UnreadyReason
+	}
+}
+
+// end reads the stats again once every save is done, and returns what the two reads say.
+func (w *daemonWatch) end(ctx context.Context) LiveDaemon {
+	if w.target == nil {
+		return w.out
+	}
+	s, err := w.read(ctx)
+	if err != nil {
+		w.out.Error = err.Error()
+		return w.out
+	}
+	w.out.Checked, w.out.ReadyAtEnd = true, s.Ready
+	if !s.Ready && w.out.UnreadyReason == "" {
+		w.out.UnreadyReason = s.Backend.UnreadyReason
+	}
+	b := w.before.Saves
+	w.out.Saves, w.out.FailedSaves = s.Saves.Saves-b.Saves, s.Saves.FailedSaves-b.FailedSaves
+	w.out.SavePages = s.Saves.Pages - b.Pages
+	w.out.FailedSavePages, w.out.RefusedSavePages = s.Saves.FailedPages-b.FailedPages, s.Saves.RefusedPages-b.RefusedPages
+	w.out.NotJoinedSaves = s.Saves.NotJoinedSaves - b.NotJoinedSaves
+	return w.out
+}
+
+// read fetches /v1/stats and checks that it is the daemon the replay's engines registered with.
+func (w *daemonWatch) read(ctx context.Context) (statsapi.StatsJSON, error) {
+	s, err := w.target.ServeStats(ctx)
+	if err != nil {
+		return s, fmt.Errorf("reading the daemon's stats: %w", err)
+	}
+	registered := map[string]bool{}
+	for _, e := range s.Engines {
+		registered[e.Engine] = true
+	}
+	for _, n := range w.names {
+		if !registered[n] {
+			return s, fmt.Errorf("%s is another kvctl serve's admin address: engine %s of this replay is not registered there", w.target.Addr(), n)
+		}
+	}
+	return s, nil
 }
 
 // liveEngine is one simulated engine: a KV cache manager, host memory registered with the
@@ -151,6 +294,21 @@ func Live(ctx context.Context, t *Trace, p Params, c Config, lo LiveOptions) (*R
 		}
 	}
 	var rmu sync.Mutex
+
+	var watch daemonWatch
+	names := make([]string, len(engines))
+	for i, e := range engines {
+		names[i] = e.name
+	}
+	watch.begin(ctx, lo.Admin, names)
+	if lo.Warn != nil {
+		switch {
+		case watch.target == nil:
+			lo.Warn(fmt.Sprintf("cannot tell whether kvctl serve is ready or its saves succeed: %s; pass --admin with its admin address", watch.out.Error))
+		case !watch.out.ReadyAtStart:
+			lo.Warn(fmt.Sprintf("kvctl serve is not ready (%s): its lookups miss and its saves fail until it is", watch.out.UnreadyReason))
+		}
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -246,6 +404,11 @@ dispatch:
 		return nil, err
 	}
 
+	daemon := watch.end(ctx)
+	if lo.Warn != nil && watch.target != nil && !daemon.Checked {
+		lo.Warn(fmt.Sprintf("cannot tell whether kvctl serve's saves succeeded: %s", daemon.Error))
+	}
+
 	rep := &Report{Mode: "live", Trace: Describe(t, p), Params: p.info()}
 	run := RunReport{Name: c.Name, Settings: c.Settings, Ranks: lo.Engines, Router: c.Router}
 	if run.Settings == nil {
@@ -289,6 +452,7 @@ dispatch:
 		Socket: lo.Socket, Engines: lo.Engines, Pace: pace, WallSec: wall.Seconds(),
 		RequestsPerSecond: float64(run.Requests) / wall.Seconds(),
 		P50RequestSec:     quantile(lat, 0.5), P99RequestSec: quantile(lat, 0.99),
+		Daemon: daemon,
 	}
 	if c.Router == router.PolicyPoolAware {
 		rep.Live.PoolLookups, rep.Live.PoolLookupFallbacks = int64(run.Requests), poolFallbacks.Load()

@@ -73,8 +73,11 @@ func Plots(rep *Report) (plots []*plot.Plot, lines [][]*plotter.Line, err error)
 	for _, p := range []*plot.Plot{hit, occ} {
 		p.Y.Min, p.Y.Max = 0, 100
 		p.Add(plotter.NewGrid())
+		// Top left, inside the axes: the hit rate of a warming pool and the occupancy of a
+		// filling one both start low, and a legend at the top right ran past the plot's edge.
 		p.Legend.Top = true
-		p.Legend.Left = false
+		p.Legend.Left = true
+		p.Legend.XOffs, p.Legend.YOffs = 3*vg.Millimeter, -2*vg.Millimeter
 		p.Legend.ThumbnailWidth = vg.Points(28)
 	}
 	lines = make([][]*plotter.Line, 2)
@@ -103,6 +106,12 @@ func Plots(rep *Report) (plots []*plot.Plot, lines [][]*plotter.Line, err error)
 			s.p.Legend.Add(label, l)
 			lines[k] = append(lines[k], l)
 		}
+	}
+	// Both panels span the same trace time, so that their ticks line up: the hit panel has no
+	// point for an interval without arrivals, the occupancy panel has one for every interval.
+	xmin, xmax := min(hit.X.Min, occ.X.Min), max(hit.X.Max, occ.X.Max)
+	for _, p := range []*plot.Plot{hit, occ} {
+		p.X.Min, p.X.Max = xmin, xmax
 	}
 	return []*plot.Plot{hit, occ}, lines, nil
 }

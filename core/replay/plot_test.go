@@ -67,6 +67,26 @@ func TestPlotProperties(t *testing.T) {
 	if len(lines) != 2 || len(lines[0]) != 2 || len(lines[1]) != 2 {
 		t.Fatalf("lines %v: want two runs in each plot", lines)
 	}
+	// Both panels share their x range and ticks, so that one time reads at the same place.
+	h, o := plots[0].X, plots[1].X
+	if h.Min != o.Min || h.Max != o.Max {
+		t.Errorf("hit panel x %v..%v, occupancy panel x %v..%v: want the same range", h.Min, h.Max, o.Min, o.Max)
+	}
+	ht, ot := h.Tick.Marker.Ticks(h.Min, h.Max), o.Tick.Marker.Ticks(o.Min, o.Max)
+	if len(ht) != len(ot) {
+		t.Errorf("hit panel ticks %v, occupancy ticks %v", ht, ot)
+	}
+	for i := range min(len(ht), len(ot)) {
+		if ht[i] != ot[i] {
+			t.Errorf("tick %d: hit %v, occupancy %v", i, ht[i], ot[i])
+		}
+	}
+	// The legend sits inside the axes at the top left.
+	for _, p := range plots {
+		if !p.Legend.Top || !p.Legend.Left || p.Legend.XOffs <= 0 || p.Legend.YOffs >= 0 {
+			t.Errorf("plot %q: legend %+v: want it inside the top left corner", p.Title.Text, p.Legend)
+		}
+	}
 	a, b := lines[0][0].LineStyle, lines[0][1].LineStyle
 	if a.Color == b.Color || len(a.Dashes) == len(b.Dashes) {
 		t.Errorf("the two runs share a colour or a dash pattern: %+v %+v", a, b)
@@ -115,6 +135,15 @@ func TestPlotPNG(t *testing.T) {
 		}
 	}
 	if os.Getenv("KVCTL_UPDATE_SCREENSHOTS") == "1" {
+		// The committed image's title names the trace by its path from the repository root.
+		rep.Trace.Name = "core/replay/testdata/conversation_head500.jsonl"
+		if _, err := os.Stat("../../" + rep.Trace.Name); err != nil {
+			t.Fatal(err)
+		}
+		buf.Reset()
+		if err := WritePlot(&buf, rep); err != nil {
+			t.Fatal(err)
+		}
 		if err := os.WriteFile("../../docs/replay-plot.png", buf.Bytes(), 0o644); err != nil {
 			t.Fatal(err)
 		}

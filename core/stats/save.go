@@ -8,14 +8,18 @@ import (
 // SaveSample is what one save job did: the pages it was given, those it skipped because the
 // pool already held them, those it put, and those the pool refused or failed.
 type SaveSample struct {
-	Pages        int64         // pages the job was asked to save
-	SkippedPages int64         // pages already in the pool, not written again
-	PutPages     int64         // pages the pool accepted: stored, or found stored by a concurrent save
-	PutBytes     int64         // bytes of the accepted pages
-	FailedPages  int64         // pages whose put failed (pool full, transfer error)
-	RefusedPages int64         // pages the pool refused as invalid (a soft-pin TTL above its limit)
-	Duration     time.Duration // from the fence passing to the last put's answer
-	Err          bool          // the job stopped on an error before it was done
+	Pages        int64 // pages the job was asked to save
+	SkippedPages int64 // pages already in the pool, not written again
+	PutPages     int64 // pages the pool accepted: stored, or found stored by a concurrent save
+	PutBytes     int64 // bytes of the accepted pages
+	FailedPages  int64 // pages whose put failed (pool full, transfer error)
+	RefusedPages int64 // pages the pool refused as invalid (a soft-pin TTL above its limit)
+	// NotJoinedPages were not saved because this host had not joined the pool yet (a Mooncake
+	// cluster's segment not mounted): the pool was not asked, so they are not failures; another
+	// host may hold them.
+	NotJoinedPages int64
+	Duration       time.Duration // from the fence passing to the last put's answer
+	Err            bool          // the job stopped on an error before it was done
 }
 
 // SaveTotals is the sum of save samples.
@@ -28,7 +32,10 @@ type SaveTotals struct {
 	PutBytes     int64
 	FailedPages  int64
 	RefusedPages int64
-	Duration     time.Duration
+	// NotJoinedSaves are jobs that saved nothing for NotJoinedPages (and lost no page otherwise).
+	NotJoinedSaves int64
+	NotJoinedPages int64
+	Duration       time.Duration
 }
 
 // Add folds one sample in.
@@ -36,7 +43,10 @@ func (t *SaveTotals) Add(s SaveSample) {
 	t.Saves++
 	if s.Err || s.FailedPages > 0 || s.RefusedPages > 0 {
 		t.FailedSaves++
+	} else if s.NotJoinedPages > 0 {
+		t.NotJoinedSaves++
 	}
+	t.NotJoinedPages += s.NotJoinedPages
 	t.Pages += s.Pages
 	t.SkippedPages += s.SkippedPages
 	t.PutPages += s.PutPages
@@ -56,6 +66,8 @@ func (t *SaveTotals) Merge(o SaveTotals) {
 	t.PutBytes += o.PutBytes
 	t.FailedPages += o.FailedPages
 	t.RefusedPages += o.RefusedPages
+	t.NotJoinedSaves += o.NotJoinedSaves
+	t.NotJoinedPages += o.NotJoinedPages
 	t.Duration += o.Duration
 }
 

@@ -126,4 +126,9 @@ type SaveStatsJSON struct {
 	FailedPages  int64   `json:"failed_pages"`
 	RefusedPages int64   `json:"refused_pages"`
 	Seconds      float64 `json:"seconds"`
+	// NotJoinedSaves and NotJoinedPages were not saved because this host had not joined the
+	// pool yet (its Mooncake segment not mounted): the pool was not asked, so they are not
+	// failed saves (another host may hold the pages).
+	NotJoinedSaves int64 `json:"not_joined_saves"`
+	NotJoinedPages int64 `json:"not_joined_pages"`
 }
