@@ -219,12 +219,13 @@ func (n *Native) prober() {
 // listedSegments is the master's segment list, or nil when it is unknown (no admin URL, or
 // the admin server did not answer): then every segment counts as listed.
 func (n *Native) listedSegments() map[string]struct{} {
-	if n.admin == nil {
+	admin := n.admin.Load()
+	if admin == nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), n.opts.CallTimeout)
 	defer cancel()
-	names, err := n.admin.AllSegments(ctx)
+	names, err := admin.AllSegments(ctx)
 	if err != nil {
 		return nil
 	}

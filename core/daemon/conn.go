@@ -45,6 +45,7 @@ func connOf(ctx context.Context) uint64 {
 func (d *Daemon) connEnded(id uint64) {
 	// The connection's call channels go with it, before its engines do.
 	d.chans.closeConn(id)
+	d.connDetached(id)
 	d.mu.Lock()
 	var gone []*engine
 	for name, e := range d.engines {

@@ -50,6 +50,10 @@ type engine struct {
 	// order is the engine's CUDA event opened for stream ordering, nil when it registered none
 	// (it then synchronises before its calls: docs/ENGINE_API.md, "Stream ordering").
 	order kvmem.StreamOrder
+
+	// attach holds the scheduler token and the connections attached to the scheduler
+	// (attach.go); nil on a rank without the scheduler adapter.
+	attach *schedulerAttachments
 }
 
 // checkTransfers refuses metadata that names a layer group or page slot outside the engine's
@@ -159,14 +163,14 @@ func (d *Daemon) lookupEngine(ctx context.Context, name string) (*engine, error)
 	if e == nil {
 		return nil, status.Errorf(codes.NotFound, "engine %q is not registered", name)
 	}
-	if err := e.ownedBy(connOf(ctx)); err != nil {
+	if err := e.mayUse(ctx); err != nil {
 		return nil, err
 	}
 	return e, nil
 }
 
 func (d *Daemon) schedulerOf(ctx context.Context, name string) (*connector.Scheduler, error) {
-	e, err := d.lookupEngine(ctx, name)
+	e, err := d.lookupEngine(scheduling(ctx), name)
 	if err != nil {
 		return nil, err
 	}
@@ -291,6 +295,9 @@ func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (_
 		}
 		if err := e.scheduler.RegisterLayout(layout); err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
+		}
+		if e.attach, err = newSchedulerAttachments(); err != nil {
+			return nil, status.Errorf(codes.Internal, "register: scheduler token: %v", err)
 		}
 	}
 

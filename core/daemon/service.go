@@ -24,6 +24,9 @@ func (s *service) Register(ctx context.Context, req *enginepb.RegisterRequest) (
 	}
 	out := &enginepb.RegisterResponse{Engine: e.name, Shard: e.shard, Declarations: engineapi.DeclarationsToPB(e.worker.Declarations()),
 		ApiVersion: engineapi.APIVersion()}
+	if e.attach != nil {
+		out.SchedulerToken = e.attach.token
+	}
 	if e.order != nil {
 		out.DaemonEvent = &enginepb.CudaEvent{Handle: e.order.Handle(), Device: req.GetEngineEvent().GetDevice()}
 	}
@@ -73,7 +76,7 @@ func (s *service) lookup(ctx context.Context, req *enginepb.LookupRequest, admis
 		return nil, status.Errorf(codes.InvalidArgument, "lookup: %v", err)
 	}
 	r.TokensOwned = owned
-	if err := s.d.checkLookup(ctx, req.GetEngine(), r); err != nil {
+	if err := s.d.checkLookup(scheduling(ctx), req.GetEngine(), r); err != nil {
 		return nil, err
 	}
 	if req.GetNumComputedTokens() < 0 {
@@ -117,7 +120,7 @@ func (s *service) UpdateStateAfterAlloc(ctx context.Context, req *enginepb.Alloc
 	if err != nil {
 		return nil, err
 	}
-	if err := s.d.checkAlloc(ctx, req); err != nil {
+	if err := s.d.checkAlloc(scheduling(ctx), req); err != nil {
 		return nil, err
 	}
 	if err := sc.UpdateStateAfterAlloc(req.GetRequestId(), engineapi.BlockIDsFromPB(req.GetBlockIdsByGroup()), int(req.GetHonouredTokens()), req.GetDummy()); err != nil {
@@ -134,7 +137,7 @@ func (s *service) BuildMeta(ctx context.Context, req *enginepb.BuildMetaRequest)
 	if err := s.d.checkBuildMeta(req); err != nil {
 		return nil, err
 	}
-	if err := s.d.checkBuildMetaShape(ctx, req); err != nil {
+	if err := s.d.checkBuildMetaShape(scheduling(ctx), req); err != nil {
 		return nil, err
 	}
 	out := engineapi.SchedulerOutputFromPB(req)
@@ -142,7 +145,7 @@ func (s *service) BuildMeta(ctx context.Context, req *enginepb.BuildMetaRequest)
 	if err != nil {
 		return nil, requestStatusOf(err)
 	}
-	if e, err := s.d.lookupEngine(ctx, req.GetEngine()); err == nil {
+	if e, err := s.d.lookupEngine(scheduling(ctx), req.GetEngine()); err == nil {
 		e.offers.record(m)
 	}
 	return engineapi.MetadataToPB(m), nil
@@ -249,7 +252,8 @@ func (s *service) TakeFailedAsyncLoads(ctx context.Context, req *enginepb.Engine
 }
 
 func (s *service) TakeSubmittedSaves(ctx context.Context, req *enginepb.EngineRef) (*enginepb.RequestIDs, error) {
-	w, err := s.d.workerOf(ctx, req.GetEngine())
+	// The scheduler takes the submitted saves into its next BuildMeta: an attached scheduler may.
+	w, err := s.d.workerOf(scheduling(ctx), req.GetEngine())
 	if err != nil {
 		return nil, err
 	}

@@ -218,6 +218,7 @@ var callMethods = map[enginepb.CallChannelMethod]string{
 	enginepb.CallChannelMethod_CALL_CHANNEL_METHOD_TAKE_SUBMITTED_SAVES:     enginepb.Engine_TakeSubmittedSaves_FullMethodName,
 	enginepb.CallChannelMethod_CALL_CHANNEL_METHOD_DROP_BOUND_SAVES:         enginepb.Engine_DropBoundSaves_FullMethodName,
 	enginepb.CallChannelMethod_CALL_CHANNEL_METHOD_REGISTER_PROMPT_ARENA:    enginepb.Engine_RegisterPromptArena_FullMethodName,
+	enginepb.CallChannelMethod_CALL_CHANNEL_METHOD_ATTACH_SCHEDULER:         enginepb.Engine_AttachScheduler_FullMethodName,
 }
 
 // callMethodOf is callMethods inverted.

@@ -31,6 +31,7 @@ func TestCallMethodsPinned(t *testing.T) {
 		"UpdateStateAfterAlloc": 6, "BuildMeta": 7, "RequestFinished": 8, "RequestReset": 9,
 		"BindMeta": 10, "StartLoad": 11, "WaitForSave": 12, "GetFinished": 13, "TakeFailedLoads": 14,
 		"TakeFailedAsyncLoads": 15, "TakeSubmittedSaves": 16, "DropBoundSaves": 17, "RegisterPromptArena": 18,
+		"AttachScheduler": 50,
 	}
 	seen := 0
 	for _, m := range enginepb.Engine_ServiceDesc.Methods {

@@ -106,6 +106,7 @@ type rank struct {
 	name   string
 	client *engineapi.Client
 	remote *engineapi.RemoteRank
+	token  string      // the scheduler token its registration returned (rank 0)
 	mem    *rankMemory // its mover is the engine's own view, to write and check KV
 }
 
@@ -179,6 +180,7 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 			return nil, fmt.Errorf("register %s: %w", rk.name, err)
 		}
 		rk.remote = engineapi.NewRemoteRankWith(rk.client, resp, connector.RoleBoth, engineapi.RemoteRankOptions{NoPromptArena: cfg.NoPromptArena})
+		rk.token = resp.GetSchedulerToken()
 		e.kv.Ranks = append(e.kv.Ranks, rk.mem.mover)
 	}
 	e.slots = simkv.NewSlots(len(layout.Groups), cfg.Slots)
@@ -318,6 +320,10 @@ func (e *Engine) Abandon() {
 // Client is rank r's connection to the daemon. A registration can be named only over the
 // connection that made it, so tests that send a rank calls of their own use this one.
 func (e *Engine) Client(r int) *engineapi.Client { return e.ranks[r].client }
+
+// SchedulerToken is the scheduler token rank r's registration returned ("" on a rank without
+// the scheduler adapter): what a scheduler in another process presents to AttachScheduler.
+func (e *Engine) SchedulerToken(r int) string { return e.ranks[r].token }
 
 // Remote is rank r's engineapi.RemoteRank, the connector.Rank its runs call.
 func (e *Engine) Remote(r int) *engineapi.RemoteRank { return e.ranks[r].remote }

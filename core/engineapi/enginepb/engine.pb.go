@@ -51,6 +51,7 @@ const (
 	CallChannelMethod_CALL_CHANNEL_METHOD_TAKE_SUBMITTED_SAVES     CallChannelMethod = 16
 	CallChannelMethod_CALL_CHANNEL_METHOD_DROP_BOUND_SAVES         CallChannelMethod = 17
 	CallChannelMethod_CALL_CHANNEL_METHOD_REGISTER_PROMPT_ARENA    CallChannelMethod = 18
+	CallChannelMethod_CALL_CHANNEL_METHOD_ATTACH_SCHEDULER         CallChannelMethod = 50
 )
 
 // Enum value maps for CallChannelMethod.
@@ -75,6 +76,7 @@ var (
 		16: "CALL_CHANNEL_METHOD_TAKE_SUBMITTED_SAVES",
 		17: "CALL_CHANNEL_METHOD_DROP_BOUND_SAVES",
 		18: "CALL_CHANNEL_METHOD_REGISTER_PROMPT_ARENA",
+		50: "CALL_CHANNEL_METHOD_ATTACH_SCHEDULER",
 	}
 	CallChannelMethod_value = map[string]int32{
 		"CALL_CHANNEL_METHOD_UNSPECIFIED":              0,
@@ -96,6 +98,7 @@ var (
 		"CALL_CHANNEL_METHOD_TAKE_SUBMITTED_SAVES":     16,
 		"CALL_CHANNEL_METHOD_DROP_BOUND_SAVES":         17,
 		"CALL_CHANNEL_METHOD_REGISTER_PROMPT_ARENA":    18,
+		"CALL_CHANNEL_METHOD_ATTACH_SCHEDULER":         50,
 	}
 )
 
@@ -1086,9 +1089,13 @@ type RegisterResponse struct {
 	// interprocess event, recorded once a StartLoad's copies are done. The engine opens it once
 	// (cudaIpcOpenEventHandle) and makes its compute stream wait on it after each StartLoad,
 	// before it reads loaded pages.
-	DaemonEvent   *CudaEvent `protobuf:"bytes,30,opt,name=daemon_event,json=daemonEvent,proto3" json:"daemon_event,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DaemonEvent *CudaEvent `protobuf:"bytes,30,opt,name=daemon_event,json=daemonEvent,proto3" json:"daemon_event,omitempty"`
+	// scheduler_token is set for a rank registered with scheduler = true: the secret a process
+	// of the same uid presents to AttachScheduler to drive this rank's scheduler adapter from
+	// another connection. Hand it only to the engine's own scheduler process.
+	SchedulerToken string `protobuf:"bytes,50,opt,name=scheduler_token,json=schedulerToken,proto3" json:"scheduler_token,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RegisterResponse) Reset() {
@@ -1156,6 +1163,129 @@ func (x *RegisterResponse) GetDaemonEvent() *CudaEvent {
 	return nil
 }
 
+func (x *RegisterResponse) GetSchedulerToken() string {
+	if x != nil {
+		return x.SchedulerToken
+	}
+	return ""
+}
+
+// AttachSchedulerRequest names a registered scheduler rank and its RegisterResponse's
+// scheduler_token.
+type AttachSchedulerRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Engine         string                 `protobuf:"bytes,50,opt,name=engine,proto3" json:"engine,omitempty"`
+	SchedulerToken string                 `protobuf:"bytes,51,opt,name=scheduler_token,json=schedulerToken,proto3" json:"scheduler_token,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *AttachSchedulerRequest) Reset() {
+	*x = AttachSchedulerRequest{}
+	mi := &file_engine_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttachSchedulerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttachSchedulerRequest) ProtoMessage() {}
+
+func (x *AttachSchedulerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_engine_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttachSchedulerRequest.ProtoReflect.Descriptor instead.
+func (*AttachSchedulerRequest) Descriptor() ([]byte, []int) {
+	return file_engine_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *AttachSchedulerRequest) GetEngine() string {
+	if x != nil {
+		return x.Engine
+	}
+	return ""
+}
+
+func (x *AttachSchedulerRequest) GetSchedulerToken() string {
+	if x != nil {
+		return x.SchedulerToken
+	}
+	return ""
+}
+
+// AttachSchedulerResponse confirms an attachment: the rank's shard and its declarations, as
+// its RegisterResponse gave them.
+type AttachSchedulerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Engine        string                 `protobuf:"bytes,50,opt,name=engine,proto3" json:"engine,omitempty"`
+	Shard         string                 `protobuf:"bytes,51,opt,name=shard,proto3" json:"shard,omitempty"`
+	Declarations  map[string]bool        `protobuf:"bytes,52,rep,name=declarations,proto3" json:"declarations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttachSchedulerResponse) Reset() {
+	*x = AttachSchedulerResponse{}
+	mi := &file_engine_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttachSchedulerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttachSchedulerResponse) ProtoMessage() {}
+
+func (x *AttachSchedulerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_engine_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttachSchedulerResponse.ProtoReflect.Descriptor instead.
+func (*AttachSchedulerResponse) Descriptor() ([]byte, []int) {
+	return file_engine_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *AttachSchedulerResponse) GetEngine() string {
+	if x != nil {
+		return x.Engine
+	}
+	return ""
+}
+
+func (x *AttachSchedulerResponse) GetShard() string {
+	if x != nil {
+		return x.Shard
+	}
+	return ""
+}
+
+func (x *AttachSchedulerResponse) GetDeclarations() map[string]bool {
+	if x != nil {
+		return x.Declarations
+	}
+	return nil
+}
+
 type Request struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1183,7 +1313,7 @@ type Request struct {
 
 func (x *Request) Reset() {
 	*x = Request{}
-	mi := &file_engine_proto_msgTypes[14]
+	mi := &file_engine_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1195,7 +1325,7 @@ func (x *Request) String() string {
 func (*Request) ProtoMessage() {}
 
 func (x *Request) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[14]
+	mi := &file_engine_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1208,7 +1338,7 @@ func (x *Request) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Request.ProtoReflect.Descriptor instead.
 func (*Request) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{14}
+	return file_engine_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Request) GetId() string {
@@ -1294,7 +1424,7 @@ type ArenaRange struct {
 
 func (x *ArenaRange) Reset() {
 	*x = ArenaRange{}
-	mi := &file_engine_proto_msgTypes[15]
+	mi := &file_engine_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1306,7 +1436,7 @@ func (x *ArenaRange) String() string {
 func (*ArenaRange) ProtoMessage() {}
 
 func (x *ArenaRange) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[15]
+	mi := &file_engine_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1319,7 +1449,7 @@ func (x *ArenaRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArenaRange.ProtoReflect.Descriptor instead.
 func (*ArenaRange) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{15}
+	return file_engine_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ArenaRange) GetOffset() uint64 {
@@ -1351,7 +1481,7 @@ type PromptArenaRequest struct {
 
 func (x *PromptArenaRequest) Reset() {
 	*x = PromptArenaRequest{}
-	mi := &file_engine_proto_msgTypes[16]
+	mi := &file_engine_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1363,7 +1493,7 @@ func (x *PromptArenaRequest) String() string {
 func (*PromptArenaRequest) ProtoMessage() {}
 
 func (x *PromptArenaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[16]
+	mi := &file_engine_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1376,7 +1506,7 @@ func (x *PromptArenaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromptArenaRequest.ProtoReflect.Descriptor instead.
 func (*PromptArenaRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{16}
+	return file_engine_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PromptArenaRequest) GetEngine() string {
@@ -1411,7 +1541,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_engine_proto_msgTypes[17]
+	mi := &file_engine_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1423,7 +1553,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[17]
+	mi := &file_engine_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1436,7 +1566,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{17}
+	return file_engine_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LookupRequest) GetEngine() string {
@@ -1470,7 +1600,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_engine_proto_msgTypes[18]
+	mi := &file_engine_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1482,7 +1612,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[18]
+	mi := &file_engine_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1495,7 +1625,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{18}
+	return file_engine_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *LookupResponse) GetMatchedTokens() int32 {
@@ -1524,7 +1654,7 @@ type CancelLoadRequest struct {
 
 func (x *CancelLoadRequest) Reset() {
 	*x = CancelLoadRequest{}
-	mi := &file_engine_proto_msgTypes[19]
+	mi := &file_engine_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1536,7 +1666,7 @@ func (x *CancelLoadRequest) String() string {
 func (*CancelLoadRequest) ProtoMessage() {}
 
 func (x *CancelLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[19]
+	mi := &file_engine_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1549,7 +1679,7 @@ func (x *CancelLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelLoadRequest.ProtoReflect.Descriptor instead.
 func (*CancelLoadRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{19}
+	return file_engine_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CancelLoadRequest) GetEngine() string {
@@ -1589,7 +1719,7 @@ type BlockIDs struct {
 
 func (x *BlockIDs) Reset() {
 	*x = BlockIDs{}
-	mi := &file_engine_proto_msgTypes[20]
+	mi := &file_engine_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1601,7 +1731,7 @@ func (x *BlockIDs) String() string {
 func (*BlockIDs) ProtoMessage() {}
 
 func (x *BlockIDs) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[20]
+	mi := &file_engine_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1614,7 +1744,7 @@ func (x *BlockIDs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockIDs.ProtoReflect.Descriptor instead.
 func (*BlockIDs) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{20}
+	return file_engine_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BlockIDs) GetIds() []int32 {
@@ -1639,7 +1769,7 @@ type AllocRequest struct {
 
 func (x *AllocRequest) Reset() {
 	*x = AllocRequest{}
-	mi := &file_engine_proto_msgTypes[21]
+	mi := &file_engine_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1651,7 +1781,7 @@ func (x *AllocRequest) String() string {
 func (*AllocRequest) ProtoMessage() {}
 
 func (x *AllocRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[21]
+	mi := &file_engine_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1664,7 +1794,7 @@ func (x *AllocRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocRequest.ProtoReflect.Descriptor instead.
 func (*AllocRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{21}
+	return file_engine_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *AllocRequest) GetEngine() string {
@@ -1716,7 +1846,7 @@ type RequestData struct {
 
 func (x *RequestData) Reset() {
 	*x = RequestData{}
-	mi := &file_engine_proto_msgTypes[22]
+	mi := &file_engine_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1728,7 +1858,7 @@ func (x *RequestData) String() string {
 func (*RequestData) ProtoMessage() {}
 
 func (x *RequestData) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[22]
+	mi := &file_engine_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1741,7 +1871,7 @@ func (x *RequestData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestData.ProtoReflect.Descriptor instead.
 func (*RequestData) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{22}
+	return file_engine_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RequestData) GetId() string {
@@ -1798,7 +1928,7 @@ type BuildMetaRequest struct {
 
 func (x *BuildMetaRequest) Reset() {
 	*x = BuildMetaRequest{}
-	mi := &file_engine_proto_msgTypes[23]
+	mi := &file_engine_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1810,7 +1940,7 @@ func (x *BuildMetaRequest) String() string {
 func (*BuildMetaRequest) ProtoMessage() {}
 
 func (x *BuildMetaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[23]
+	mi := &file_engine_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1823,7 +1953,7 @@ func (x *BuildMetaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildMetaRequest.ProtoReflect.Descriptor instead.
 func (*BuildMetaRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{23}
+	return file_engine_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *BuildMetaRequest) GetEngine() string {
@@ -1865,7 +1995,7 @@ type PageTransfer struct {
 
 func (x *PageTransfer) Reset() {
 	*x = PageTransfer{}
-	mi := &file_engine_proto_msgTypes[24]
+	mi := &file_engine_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1877,7 +2007,7 @@ func (x *PageTransfer) String() string {
 func (*PageTransfer) ProtoMessage() {}
 
 func (x *PageTransfer) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[24]
+	mi := &file_engine_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1890,7 +2020,7 @@ func (x *PageTransfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PageTransfer.ProtoReflect.Descriptor instead.
 func (*PageTransfer) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{24}
+	return file_engine_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PageTransfer) GetHash() []byte {
@@ -1924,7 +2054,7 @@ type RequestTransfers struct {
 
 func (x *RequestTransfers) Reset() {
 	*x = RequestTransfers{}
-	mi := &file_engine_proto_msgTypes[25]
+	mi := &file_engine_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1936,7 +2066,7 @@ func (x *RequestTransfers) String() string {
 func (*RequestTransfers) ProtoMessage() {}
 
 func (x *RequestTransfers) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[25]
+	mi := &file_engine_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1949,7 +2079,7 @@ func (x *RequestTransfers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestTransfers.ProtoReflect.Descriptor instead.
 func (*RequestTransfers) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{25}
+	return file_engine_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RequestTransfers) GetRequestId() string {
@@ -1977,7 +2107,7 @@ type Metadata struct {
 
 func (x *Metadata) Reset() {
 	*x = Metadata{}
-	mi := &file_engine_proto_msgTypes[26]
+	mi := &file_engine_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1989,7 +2119,7 @@ func (x *Metadata) String() string {
 func (*Metadata) ProtoMessage() {}
 
 func (x *Metadata) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[26]
+	mi := &file_engine_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2002,7 +2132,7 @@ func (x *Metadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metadata.ProtoReflect.Descriptor instead.
 func (*Metadata) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{26}
+	return file_engine_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Metadata) GetLoads() []*RequestTransfers {
@@ -2036,7 +2166,7 @@ type BindMetaRequest struct {
 
 func (x *BindMetaRequest) Reset() {
 	*x = BindMetaRequest{}
-	mi := &file_engine_proto_msgTypes[27]
+	mi := &file_engine_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2048,7 +2178,7 @@ func (x *BindMetaRequest) String() string {
 func (*BindMetaRequest) ProtoMessage() {}
 
 func (x *BindMetaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[27]
+	mi := &file_engine_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2061,7 +2191,7 @@ func (x *BindMetaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindMetaRequest.ProtoReflect.Descriptor instead.
 func (*BindMetaRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{27}
+	return file_engine_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *BindMetaRequest) GetEngine() string {
@@ -2091,7 +2221,7 @@ type RequestRef struct {
 
 func (x *RequestRef) Reset() {
 	*x = RequestRef{}
-	mi := &file_engine_proto_msgTypes[28]
+	mi := &file_engine_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2103,7 +2233,7 @@ func (x *RequestRef) String() string {
 func (*RequestRef) ProtoMessage() {}
 
 func (x *RequestRef) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[28]
+	mi := &file_engine_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2116,7 +2246,7 @@ func (x *RequestRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestRef.ProtoReflect.Descriptor instead.
 func (*RequestRef) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{28}
+	return file_engine_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RequestRef) GetEngine() string {
@@ -2149,7 +2279,7 @@ type RequestFinishedResponse struct {
 
 func (x *RequestFinishedResponse) Reset() {
 	*x = RequestFinishedResponse{}
-	mi := &file_engine_proto_msgTypes[29]
+	mi := &file_engine_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2161,7 +2291,7 @@ func (x *RequestFinishedResponse) String() string {
 func (*RequestFinishedResponse) ProtoMessage() {}
 
 func (x *RequestFinishedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[29]
+	mi := &file_engine_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2174,7 +2304,7 @@ func (x *RequestFinishedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestFinishedResponse.ProtoReflect.Descriptor instead.
 func (*RequestFinishedResponse) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{29}
+	return file_engine_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RequestFinishedResponse) GetAsyncSaving() bool {
@@ -2195,7 +2325,7 @@ type GetFinishedRequest struct {
 
 func (x *GetFinishedRequest) Reset() {
 	*x = GetFinishedRequest{}
-	mi := &file_engine_proto_msgTypes[30]
+	mi := &file_engine_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2207,7 +2337,7 @@ func (x *GetFinishedRequest) String() string {
 func (*GetFinishedRequest) ProtoMessage() {}
 
 func (x *GetFinishedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[30]
+	mi := &file_engine_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2220,7 +2350,7 @@ func (x *GetFinishedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFinishedRequest.ProtoReflect.Descriptor instead.
 func (*GetFinishedRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{30}
+	return file_engine_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetFinishedRequest) GetEngine() string {
@@ -2254,7 +2384,7 @@ type GetFinishedResponse struct {
 
 func (x *GetFinishedResponse) Reset() {
 	*x = GetFinishedResponse{}
-	mi := &file_engine_proto_msgTypes[31]
+	mi := &file_engine_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2266,7 +2396,7 @@ func (x *GetFinishedResponse) String() string {
 func (*GetFinishedResponse) ProtoMessage() {}
 
 func (x *GetFinishedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[31]
+	mi := &file_engine_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2279,7 +2409,7 @@ func (x *GetFinishedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFinishedResponse.ProtoReflect.Descriptor instead.
 func (*GetFinishedResponse) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{31}
+	return file_engine_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetFinishedResponse) GetFinishedSaving() []string {
@@ -2305,7 +2435,7 @@ type RequestIDs struct {
 
 func (x *RequestIDs) Reset() {
 	*x = RequestIDs{}
-	mi := &file_engine_proto_msgTypes[32]
+	mi := &file_engine_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2317,7 +2447,7 @@ func (x *RequestIDs) String() string {
 func (*RequestIDs) ProtoMessage() {}
 
 func (x *RequestIDs) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[32]
+	mi := &file_engine_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2330,7 +2460,7 @@ func (x *RequestIDs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestIDs.ProtoReflect.Descriptor instead.
 func (*RequestIDs) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{32}
+	return file_engine_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RequestIDs) GetIds() []string {
@@ -2350,7 +2480,7 @@ type DropRequest struct {
 
 func (x *DropRequest) Reset() {
 	*x = DropRequest{}
-	mi := &file_engine_proto_msgTypes[33]
+	mi := &file_engine_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2362,7 +2492,7 @@ func (x *DropRequest) String() string {
 func (*DropRequest) ProtoMessage() {}
 
 func (x *DropRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[33]
+	mi := &file_engine_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2375,7 +2505,7 @@ func (x *DropRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropRequest.ProtoReflect.Descriptor instead.
 func (*DropRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{33}
+	return file_engine_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DropRequest) GetEngine() string {
@@ -2467,14 +2597,25 @@ const file_engine_proto_rawDesc = "" +
 	"\x05minor\x18\x02 \x01(\rR\x05minor\";\n" +
 	"\tCudaEvent\x12\x16\n" +
 	"\x06handle\x18\x01 \x01(\fR\x06handle\x12\x16\n" +
-	"\x06device\x18\x02 \x01(\x05R\x06device\"\xd7\x02\n" +
+	"\x06device\x18\x02 \x01(\x05R\x06device\"\x80\x03\n" +
 	"\x10RegisterResponse\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x14\n" +
 	"\x05shard\x18\x02 \x01(\tR\x05shard\x12W\n" +
 	"\fdeclarations\x18\x03 \x03(\v23.kvctl.engine.v1.RegisterResponse.DeclarationsEntryR\fdeclarations\x12<\n" +
 	"\vapi_version\x18\x04 \x01(\v2\x1b.kvctl.engine.v1.ApiVersionR\n" +
 	"apiVersion\x12=\n" +
-	"\fdaemon_event\x18\x1e \x01(\v2\x1a.kvctl.engine.v1.CudaEventR\vdaemonEvent\x1a?\n" +
+	"\fdaemon_event\x18\x1e \x01(\v2\x1a.kvctl.engine.v1.CudaEventR\vdaemonEvent\x12'\n" +
+	"\x0fscheduler_token\x182 \x01(\tR\x0eschedulerToken\x1a?\n" +
+	"\x11DeclarationsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01\"Y\n" +
+	"\x16AttachSchedulerRequest\x12\x16\n" +
+	"\x06engine\x182 \x01(\tR\x06engine\x12'\n" +
+	"\x0fscheduler_token\x183 \x01(\tR\x0eschedulerToken\"\xe8\x01\n" +
+	"\x17AttachSchedulerResponse\x12\x16\n" +
+	"\x06engine\x182 \x01(\tR\x06engine\x12\x14\n" +
+	"\x05shard\x183 \x01(\tR\x05shard\x12^\n" +
+	"\fdeclarations\x184 \x03(\v2:.kvctl.engine.v1.AttachSchedulerResponse.DeclarationsEntryR\fdeclarations\x1a?\n" +
 	"\x11DeclarationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01\"\x90\x03\n" +
@@ -2574,7 +2715,7 @@ const file_engine_proto_rawDesc = "" +
 	"\vDropRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x1f\n" +
 	"\vrequest_ids\x18\x02 \x03(\tR\n" +
-	"requestIds*\x8a\x06\n" +
+	"requestIds*\xb4\x06\n" +
 	"\x11CallChannelMethod\x12#\n" +
 	"\x1fCALL_CHANNEL_METHOD_UNSPECIFIED\x10\x00\x12 \n" +
 	"\x1cCALL_CHANNEL_METHOD_REGISTER\x10\x01\x12\"\n" +
@@ -2595,7 +2736,8 @@ const file_engine_proto_rawDesc = "" +
 	"+CALL_CHANNEL_METHOD_TAKE_FAILED_ASYNC_LOADS\x10\x0f\x12,\n" +
 	"(CALL_CHANNEL_METHOD_TAKE_SUBMITTED_SAVES\x10\x10\x12(\n" +
 	"$CALL_CHANNEL_METHOD_DROP_BOUND_SAVES\x10\x11\x12-\n" +
-	")CALL_CHANNEL_METHOD_REGISTER_PROMPT_ARENA\x10\x122\xc7\v\n" +
+	")CALL_CHANNEL_METHOD_REGISTER_PROMPT_ARENA\x10\x12\x12(\n" +
+	"$CALL_CHANNEL_METHOD_ATTACH_SCHEDULER\x1022\xad\f\n" +
 	"\x06Engine\x12O\n" +
 	"\bRegister\x12 .kvctl.engine.v1.RegisterRequest\x1a!.kvctl.engine.v1.RegisterResponse\x12@\n" +
 	"\n" +
@@ -2617,7 +2759,8 @@ const file_engine_proto_rawDesc = "" +
 	"\x12TakeSubmittedSaves\x12\x1a.kvctl.engine.v1.EngineRef\x1a\x1b.kvctl.engine.v1.RequestIDs\x12F\n" +
 	"\x0eDropBoundSaves\x12\x1c.kvctl.engine.v1.DropRequest\x1a\x16.kvctl.engine.v1.Empty\x12R\n" +
 	"\x13RegisterPromptArena\x12#.kvctl.engine.v1.PromptArenaRequest\x1a\x16.kvctl.engine.v1.Empty\x12\\\n" +
-	"\x0fOpenCallChannel\x12#.kvctl.engine.v1.CallChannelRequest\x1a$.kvctl.engine.v1.CallChannelResponseB0Z.github.com/kvctl/kvctl/core/engineapi/enginepbb\x06proto3"
+	"\x0fOpenCallChannel\x12#.kvctl.engine.v1.CallChannelRequest\x1a$.kvctl.engine.v1.CallChannelResponse\x12d\n" +
+	"\x0fAttachScheduler\x12'.kvctl.engine.v1.AttachSchedulerRequest\x1a(.kvctl.engine.v1.AttachSchedulerResponseB0Z.github.com/kvctl/kvctl/core/engineapi/enginepbb\x06proto3"
 
 var (
 	file_engine_proto_rawDescOnce sync.Once
@@ -2632,7 +2775,7 @@ func file_engine_proto_rawDescGZIP() []byte {
 }
 
 var file_engine_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_engine_proto_goTypes = []any{
 	(CallChannelMethod)(0),          // 0: kvctl.engine.v1.CallChannelMethod
 	(*CallChannelRequest)(nil),      // 1: kvctl.engine.v1.CallChannelRequest
@@ -2649,27 +2792,30 @@ var file_engine_proto_goTypes = []any{
 	(*ApiVersion)(nil),              // 12: kvctl.engine.v1.ApiVersion
 	(*CudaEvent)(nil),               // 13: kvctl.engine.v1.CudaEvent
 	(*RegisterResponse)(nil),        // 14: kvctl.engine.v1.RegisterResponse
-	(*Request)(nil),                 // 15: kvctl.engine.v1.Request
-	(*ArenaRange)(nil),              // 16: kvctl.engine.v1.ArenaRange
-	(*PromptArenaRequest)(nil),      // 17: kvctl.engine.v1.PromptArenaRequest
-	(*LookupRequest)(nil),           // 18: kvctl.engine.v1.LookupRequest
-	(*LookupResponse)(nil),          // 19: kvctl.engine.v1.LookupResponse
-	(*CancelLoadRequest)(nil),       // 20: kvctl.engine.v1.CancelLoadRequest
-	(*BlockIDs)(nil),                // 21: kvctl.engine.v1.BlockIDs
-	(*AllocRequest)(nil),            // 22: kvctl.engine.v1.AllocRequest
-	(*RequestData)(nil),             // 23: kvctl.engine.v1.RequestData
-	(*BuildMetaRequest)(nil),        // 24: kvctl.engine.v1.BuildMetaRequest
-	(*PageTransfer)(nil),            // 25: kvctl.engine.v1.PageTransfer
-	(*RequestTransfers)(nil),        // 26: kvctl.engine.v1.RequestTransfers
-	(*Metadata)(nil),                // 27: kvctl.engine.v1.Metadata
-	(*BindMetaRequest)(nil),         // 28: kvctl.engine.v1.BindMetaRequest
-	(*RequestRef)(nil),              // 29: kvctl.engine.v1.RequestRef
-	(*RequestFinishedResponse)(nil), // 30: kvctl.engine.v1.RequestFinishedResponse
-	(*GetFinishedRequest)(nil),      // 31: kvctl.engine.v1.GetFinishedRequest
-	(*GetFinishedResponse)(nil),     // 32: kvctl.engine.v1.GetFinishedResponse
-	(*RequestIDs)(nil),              // 33: kvctl.engine.v1.RequestIDs
-	(*DropRequest)(nil),             // 34: kvctl.engine.v1.DropRequest
-	nil,                             // 35: kvctl.engine.v1.RegisterResponse.DeclarationsEntry
+	(*AttachSchedulerRequest)(nil),  // 15: kvctl.engine.v1.AttachSchedulerRequest
+	(*AttachSchedulerResponse)(nil), // 16: kvctl.engine.v1.AttachSchedulerResponse
+	(*Request)(nil),                 // 17: kvctl.engine.v1.Request
+	(*ArenaRange)(nil),              // 18: kvctl.engine.v1.ArenaRange
+	(*PromptArenaRequest)(nil),      // 19: kvctl.engine.v1.PromptArenaRequest
+	(*LookupRequest)(nil),           // 20: kvctl.engine.v1.LookupRequest
+	(*LookupResponse)(nil),          // 21: kvctl.engine.v1.LookupResponse
+	(*CancelLoadRequest)(nil),       // 22: kvctl.engine.v1.CancelLoadRequest
+	(*BlockIDs)(nil),                // 23: kvctl.engine.v1.BlockIDs
+	(*AllocRequest)(nil),            // 24: kvctl.engine.v1.AllocRequest
+	(*RequestData)(nil),             // 25: kvctl.engine.v1.RequestData
+	(*BuildMetaRequest)(nil),        // 26: kvctl.engine.v1.BuildMetaRequest
+	(*PageTransfer)(nil),            // 27: kvctl.engine.v1.PageTransfer
+	(*RequestTransfers)(nil),        // 28: kvctl.engine.v1.RequestTransfers
+	(*Metadata)(nil),                // 29: kvctl.engine.v1.Metadata
+	(*BindMetaRequest)(nil),         // 30: kvctl.engine.v1.BindMetaRequest
+	(*RequestRef)(nil),              // 31: kvctl.engine.v1.RequestRef
+	(*RequestFinishedResponse)(nil), // 32: kvctl.engine.v1.RequestFinishedResponse
+	(*GetFinishedRequest)(nil),      // 33: kvctl.engine.v1.GetFinishedRequest
+	(*GetFinishedResponse)(nil),     // 34: kvctl.engine.v1.GetFinishedResponse
+	(*RequestIDs)(nil),              // 35: kvctl.engine.v1.RequestIDs
+	(*DropRequest)(nil),             // 36: kvctl.engine.v1.DropRequest
+	nil,                             // 37: kvctl.engine.v1.RegisterResponse.DeclarationsEntry
+	nil,                             // 38: kvctl.engine.v1.AttachSchedulerResponse.DeclarationsEntry
 }
 var file_engine_proto_depIdxs = []int32{
 	5,  // 0: kvctl.engine.v1.LayerGroup.regions:type_name -> kvctl.engine.v1.Region
@@ -2681,63 +2827,66 @@ var file_engine_proto_depIdxs = []int32{
 	10, // 6: kvctl.engine.v1.RegisterRequest.cuda_fd:type_name -> kvctl.engine.v1.CudaFD
 	12, // 7: kvctl.engine.v1.RegisterRequest.api_version:type_name -> kvctl.engine.v1.ApiVersion
 	13, // 8: kvctl.engine.v1.RegisterRequest.engine_event:type_name -> kvctl.engine.v1.CudaEvent
-	35, // 9: kvctl.engine.v1.RegisterResponse.declarations:type_name -> kvctl.engine.v1.RegisterResponse.DeclarationsEntry
+	37, // 9: kvctl.engine.v1.RegisterResponse.declarations:type_name -> kvctl.engine.v1.RegisterResponse.DeclarationsEntry
 	12, // 10: kvctl.engine.v1.RegisterResponse.api_version:type_name -> kvctl.engine.v1.ApiVersion
 	13, // 11: kvctl.engine.v1.RegisterResponse.daemon_event:type_name -> kvctl.engine.v1.CudaEvent
-	16, // 12: kvctl.engine.v1.Request.tokens_arena:type_name -> kvctl.engine.v1.ArenaRange
-	15, // 13: kvctl.engine.v1.LookupRequest.request:type_name -> kvctl.engine.v1.Request
-	21, // 14: kvctl.engine.v1.AllocRequest.block_ids_by_group:type_name -> kvctl.engine.v1.BlockIDs
-	21, // 15: kvctl.engine.v1.RequestData.new_block_ids_by_group:type_name -> kvctl.engine.v1.BlockIDs
-	23, // 16: kvctl.engine.v1.BuildMetaRequest.new_requests:type_name -> kvctl.engine.v1.RequestData
-	23, // 17: kvctl.engine.v1.BuildMetaRequest.cached_requests:type_name -> kvctl.engine.v1.RequestData
-	25, // 18: kvctl.engine.v1.RequestTransfers.pages:type_name -> kvctl.engine.v1.PageTransfer
-	26, // 19: kvctl.engine.v1.Metadata.loads:type_name -> kvctl.engine.v1.RequestTransfers
-	26, // 20: kvctl.engine.v1.Metadata.saves:type_name -> kvctl.engine.v1.RequestTransfers
-	26, // 21: kvctl.engine.v1.Metadata.async_loads:type_name -> kvctl.engine.v1.RequestTransfers
-	27, // 22: kvctl.engine.v1.BindMetaRequest.metadata:type_name -> kvctl.engine.v1.Metadata
-	11, // 23: kvctl.engine.v1.Engine.Register:input_type -> kvctl.engine.v1.RegisterRequest
-	4,  // 24: kvctl.engine.v1.Engine.Unregister:input_type -> kvctl.engine.v1.EngineRef
-	18, // 25: kvctl.engine.v1.Engine.Lookup:input_type -> kvctl.engine.v1.LookupRequest
-	18, // 26: kvctl.engine.v1.Engine.AdmissionQuery:input_type -> kvctl.engine.v1.LookupRequest
-	20, // 27: kvctl.engine.v1.Engine.CancelLoad:input_type -> kvctl.engine.v1.CancelLoadRequest
-	22, // 28: kvctl.engine.v1.Engine.UpdateStateAfterAlloc:input_type -> kvctl.engine.v1.AllocRequest
-	24, // 29: kvctl.engine.v1.Engine.BuildMeta:input_type -> kvctl.engine.v1.BuildMetaRequest
-	29, // 30: kvctl.engine.v1.Engine.RequestFinished:input_type -> kvctl.engine.v1.RequestRef
-	29, // 31: kvctl.engine.v1.Engine.RequestReset:input_type -> kvctl.engine.v1.RequestRef
-	28, // 32: kvctl.engine.v1.Engine.BindMeta:input_type -> kvctl.engine.v1.BindMetaRequest
-	4,  // 33: kvctl.engine.v1.Engine.StartLoad:input_type -> kvctl.engine.v1.EngineRef
-	4,  // 34: kvctl.engine.v1.Engine.WaitForSave:input_type -> kvctl.engine.v1.EngineRef
-	31, // 35: kvctl.engine.v1.Engine.GetFinished:input_type -> kvctl.engine.v1.GetFinishedRequest
-	4,  // 36: kvctl.engine.v1.Engine.TakeFailedLoads:input_type -> kvctl.engine.v1.EngineRef
-	4,  // 37: kvctl.engine.v1.Engine.TakeFailedAsyncLoads:input_type -> kvctl.engine.v1.EngineRef
-	4,  // 38: kvctl.engine.v1.Engine.TakeSubmittedSaves:input_type -> kvctl.engine.v1.EngineRef
-	34, // 39: kvctl.engine.v1.Engine.DropBoundSaves:input_type -> kvctl.engine.v1.DropRequest
-	17, // 40: kvctl.engine.v1.Engine.RegisterPromptArena:input_type -> kvctl.engine.v1.PromptArenaRequest
-	1,  // 41: kvctl.engine.v1.Engine.OpenCallChannel:input_type -> kvctl.engine.v1.CallChannelRequest
-	14, // 42: kvctl.engine.v1.Engine.Register:output_type -> kvctl.engine.v1.RegisterResponse
-	3,  // 43: kvctl.engine.v1.Engine.Unregister:output_type -> kvctl.engine.v1.Empty
-	19, // 44: kvctl.engine.v1.Engine.Lookup:output_type -> kvctl.engine.v1.LookupResponse
-	19, // 45: kvctl.engine.v1.Engine.AdmissionQuery:output_type -> kvctl.engine.v1.LookupResponse
-	3,  // 46: kvctl.engine.v1.Engine.CancelLoad:output_type -> kvctl.engine.v1.Empty
-	3,  // 47: kvctl.engine.v1.Engine.UpdateStateAfterAlloc:output_type -> kvctl.engine.v1.Empty
-	27, // 48: kvctl.engine.v1.Engine.BuildMeta:output_type -> kvctl.engine.v1.Metadata
-	30, // 49: kvctl.engine.v1.Engine.RequestFinished:output_type -> kvctl.engine.v1.RequestFinishedResponse
-	3,  // 50: kvctl.engine.v1.Engine.RequestReset:output_type -> kvctl.engine.v1.Empty
-	3,  // 51: kvctl.engine.v1.Engine.BindMeta:output_type -> kvctl.engine.v1.Empty
-	3,  // 52: kvctl.engine.v1.Engine.StartLoad:output_type -> kvctl.engine.v1.Empty
-	3,  // 53: kvctl.engine.v1.Engine.WaitForSave:output_type -> kvctl.engine.v1.Empty
-	32, // 54: kvctl.engine.v1.Engine.GetFinished:output_type -> kvctl.engine.v1.GetFinishedResponse
-	33, // 55: kvctl.engine.v1.Engine.TakeFailedLoads:output_type -> kvctl.engine.v1.RequestIDs
-	33, // 56: kvctl.engine.v1.Engine.TakeFailedAsyncLoads:output_type -> kvctl.engine.v1.RequestIDs
-	33, // 57: kvctl.engine.v1.Engine.TakeSubmittedSaves:output_type -> kvctl.engine.v1.RequestIDs
-	3,  // 58: kvctl.engine.v1.Engine.DropBoundSaves:output_type -> kvctl.engine.v1.Empty
-	3,  // 59: kvctl.engine.v1.Engine.RegisterPromptArena:output_type -> kvctl.engine.v1.Empty
-	2,  // 60: kvctl.engine.v1.Engine.OpenCallChannel:output_type -> kvctl.engine.v1.CallChannelResponse
-	42, // [42:61] is the sub-list for method output_type
-	23, // [23:42] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	38, // 12: kvctl.engine.v1.AttachSchedulerResponse.declarations:type_name -> kvctl.engine.v1.AttachSchedulerResponse.DeclarationsEntry
+	18, // 13: kvctl.engine.v1.Request.tokens_arena:type_name -> kvctl.engine.v1.ArenaRange
+	17, // 14: kvctl.engine.v1.LookupRequest.request:type_name -> kvctl.engine.v1.Request
+	23, // 15: kvctl.engine.v1.AllocRequest.block_ids_by_group:type_name -> kvctl.engine.v1.BlockIDs
+	23, // 16: kvctl.engine.v1.RequestData.new_block_ids_by_group:type_name -> kvctl.engine.v1.BlockIDs
+	25, // 17: kvctl.engine.v1.BuildMetaRequest.new_requests:type_name -> kvctl.engine.v1.RequestData
+	25, // 18: kvctl.engine.v1.BuildMetaRequest.cached_requests:type_name -> kvctl.engine.v1.RequestData
+	27, // 19: kvctl.engine.v1.RequestTransfers.pages:type_name -> kvctl.engine.v1.PageTransfer
+	28, // 20: kvctl.engine.v1.Metadata.loads:type_name -> kvctl.engine.v1.RequestTransfers
+	28, // 21: kvctl.engine.v1.Metadata.saves:type_name -> kvctl.engine.v1.RequestTransfers
+	28, // 22: kvctl.engine.v1.Metadata.async_loads:type_name -> kvctl.engine.v1.RequestTransfers
+	29, // 23: kvctl.engine.v1.BindMetaRequest.metadata:type_name -> kvctl.engine.v1.Metadata
+	11, // 24: kvctl.engine.v1.Engine.Register:input_type -> kvctl.engine.v1.RegisterRequest
+	4,  // 25: kvctl.engine.v1.Engine.Unregister:input_type -> kvctl.engine.v1.EngineRef
+	20, // 26: kvctl.engine.v1.Engine.Lookup:input_type -> kvctl.engine.v1.LookupRequest
+	20, // 27: kvctl.engine.v1.Engine.AdmissionQuery:input_type -> kvctl.engine.v1.LookupRequest
+	22, // 28: kvctl.engine.v1.Engine.CancelLoad:input_type -> kvctl.engine.v1.CancelLoadRequest
+	24, // 29: kvctl.engine.v1.Engine.UpdateStateAfterAlloc:input_type -> kvctl.engine.v1.AllocRequest
+	26, // 30: kvctl.engine.v1.Engine.BuildMeta:input_type -> kvctl.engine.v1.BuildMetaRequest
+	31, // 31: kvctl.engine.v1.Engine.RequestFinished:input_type -> kvctl.engine.v1.RequestRef
+	31, // 32: kvctl.engine.v1.Engine.RequestReset:input_type -> kvctl.engine.v1.RequestRef
+	30, // 33: kvctl.engine.v1.Engine.BindMeta:input_type -> kvctl.engine.v1.BindMetaRequest
+	4,  // 34: kvctl.engine.v1.Engine.StartLoad:input_type -> kvctl.engine.v1.EngineRef
+	4,  // 35: kvctl.engine.v1.Engine.WaitForSave:input_type -> kvctl.engine.v1.EngineRef
+	33, // 36: kvctl.engine.v1.Engine.GetFinished:input_type -> kvctl.engine.v1.GetFinishedRequest
+	4,  // 37: kvctl.engine.v1.Engine.TakeFailedLoads:input_type -> kvctl.engine.v1.EngineRef
+	4,  // 38: kvctl.engine.v1.Engine.TakeFailedAsyncLoads:input_type -> kvctl.engine.v1.EngineRef
+	4,  // 39: kvctl.engine.v1.Engine.TakeSubmittedSaves:input_type -> kvctl.engine.v1.EngineRef
+	36, // 40: kvctl.engine.v1.Engine.DropBoundSaves:input_type -> kvctl.engine.v1.DropRequest
+	19, // 41: kvctl.engine.v1.Engine.RegisterPromptArena:input_type -> kvctl.engine.v1.PromptArenaRequest
+	1,  // 42: kvctl.engine.v1.Engine.OpenCallChannel:input_type -> kvctl.engine.v1.CallChannelRequest
+	15, // 43: kvctl.engine.v1.Engine.AttachScheduler:input_type -> kvctl.engine.v1.AttachSchedulerRequest
+	14, // 44: kvctl.engine.v1.Engine.Register:output_type -> kvctl.engine.v1.RegisterResponse
+	3,  // 45: kvctl.engine.v1.Engine.Unregister:output_type -> kvctl.engine.v1.Empty
+	21, // 46: kvctl.engine.v1.Engine.Lookup:output_type -> kvctl.engine.v1.LookupResponse
+	21, // 47: kvctl.engine.v1.Engine.AdmissionQuery:output_type -> kvctl.engine.v1.LookupResponse
+	3,  // 48: kvctl.engine.v1.Engine.CancelLoad:output_type -> kvctl.engine.v1.Empty
+	3,  // 49: kvctl.engine.v1.Engine.UpdateStateAfterAlloc:output_type -> kvctl.engine.v1.Empty
+	29, // 50: kvctl.engine.v1.Engine.BuildMeta:output_type -> kvctl.engine.v1.Metadata
+	32, // 51: kvctl.engine.v1.Engine.RequestFinished:output_type -> kvctl.engine.v1.RequestFinishedResponse
+	3,  // 52: kvctl.engine.v1.Engine.RequestReset:output_type -> kvctl.engine.v1.Empty
+	3,  // 53: kvctl.engine.v1.Engine.BindMeta:output_type -> kvctl.engine.v1.Empty
+	3,  // 54: kvctl.engine.v1.Engine.StartLoad:output_type -> kvctl.engine.v1.Empty
+	3,  // 55: kvctl.engine.v1.Engine.WaitForSave:output_type -> kvctl.engine.v1.Empty
+	34, // 56: kvctl.engine.v1.Engine.GetFinished:output_type -> kvctl.engine.v1.GetFinishedResponse
+	35, // 57: kvctl.engine.v1.Engine.TakeFailedLoads:output_type -> kvctl.engine.v1.RequestIDs
+	35, // 58: kvctl.engine.v1.Engine.TakeFailedAsyncLoads:output_type -> kvctl.engine.v1.RequestIDs
+	35, // 59: kvctl.engine.v1.Engine.TakeSubmittedSaves:output_type -> kvctl.engine.v1.RequestIDs
+	3,  // 60: kvctl.engine.v1.Engine.DropBoundSaves:output_type -> kvctl.engine.v1.Empty
+	3,  // 61: kvctl.engine.v1.Engine.RegisterPromptArena:output_type -> kvctl.engine.v1.Empty
+	2,  // 62: kvctl.engine.v1.Engine.OpenCallChannel:output_type -> kvctl.engine.v1.CallChannelResponse
+	16, // 63: kvctl.engine.v1.Engine.AttachScheduler:output_type -> kvctl.engine.v1.AttachSchedulerResponse
+	44, // [44:64] is the sub-list for method output_type
+	24, // [24:44] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_engine_proto_init() }
@@ -2750,14 +2899,14 @@ func file_engine_proto_init() {
 		(*RegisterRequest_CudaIpc)(nil),
 		(*RegisterRequest_CudaFd)(nil),
 	}
-	file_engine_proto_msgTypes[14].OneofWrappers = []any{}
+	file_engine_proto_msgTypes[16].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_engine_proto_rawDesc), len(file_engine_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   35,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

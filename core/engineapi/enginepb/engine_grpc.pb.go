@@ -44,6 +44,7 @@ const (
 	Engine_DropBoundSaves_FullMethodName        = "/kvctl.engine.v1.Engine/DropBoundSaves"
 	Engine_RegisterPromptArena_FullMethodName   = "/kvctl.engine.v1.Engine/RegisterPromptArena"
 	Engine_OpenCallChannel_FullMethodName       = "/kvctl.engine.v1.Engine/OpenCallChannel"
+	Engine_AttachScheduler_FullMethodName       = "/kvctl.engine.v1.Engine/AttachScheduler"
 )
 
 // EngineClient is the client API for Engine service.
@@ -97,6 +98,14 @@ type EngineClient interface {
 	// then up to max_frame_bytes - 16 bytes of the message. A response with status 0 carries the
 	// method's protobuf response; any other status carries its error message as UTF-8.
 	OpenCallChannel(ctx context.Context, in *CallChannelRequest, opts ...grpc.CallOption) (*CallChannelResponse, error)
+	// AttachScheduler lets another connection drive the scheduler adapter of a registered
+	// scheduler rank: an engine whose scheduler runs in another process than its workers (vLLM).
+	// The caller must run as the same uid as the process that registered the rank and present
+	// the scheduler_token its RegisterResponse returned. Afterwards the attached connection may
+	// make the scheduler calls (Lookup, AdmissionQuery, CancelLoad, UpdateStateAfterAlloc,
+	// BuildMeta, RequestFinished, RequestReset, TakeSubmittedSaves) naming that engine; worker
+	// calls stay with the registering connection. The attachment ends with either connection.
+	AttachScheduler(ctx context.Context, in *AttachSchedulerRequest, opts ...grpc.CallOption) (*AttachSchedulerResponse, error)
 }
 
 type engineClient struct {
@@ -297,6 +306,16 @@ func (c *engineClient) OpenCallChannel(ctx context.Context, in *CallChannelReque
 	return out, nil
 }
 
+func (c *engineClient) AttachScheduler(ctx context.Context, in *AttachSchedulerRequest, opts ...grpc.CallOption) (*AttachSchedulerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AttachSchedulerResponse)
+	err := c.cc.Invoke(ctx, Engine_AttachScheduler_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // EngineServer is the server API for Engine service.
 // All implementations must embed UnimplementedEngineServer
 // for forward compatibility.
@@ -348,6 +367,14 @@ type EngineServer interface {
 	// then up to max_frame_bytes - 16 bytes of the message. A response with status 0 carries the
 	// method's protobuf response; any other status carries its error message as UTF-8.
 	OpenCallChannel(context.Context, *CallChannelRequest) (*CallChannelResponse, error)
+	// AttachScheduler lets another connection drive the scheduler adapter of a registered
+	// scheduler rank: an engine whose scheduler runs in another process than its workers (vLLM).
+	// The caller must run as the same uid as the process that registered the rank and present
+	// the scheduler_token its RegisterResponse returned. Afterwards the attached connection may
+	// make the scheduler calls (Lookup, AdmissionQuery, CancelLoad, UpdateStateAfterAlloc,
+	// BuildMeta, RequestFinished, RequestReset, TakeSubmittedSaves) naming that engine; worker
+	// calls stay with the registering connection. The attachment ends with either connection.
+	AttachScheduler(context.Context, *AttachSchedulerRequest) (*AttachSchedulerResponse, error)
 	mustEmbedUnimplementedEngineServer()
 }
 
@@ -414,6 +441,9 @@ func (UnimplementedEngineServer) RegisterPromptArena(context.Context, *PromptAre
 }
 func (UnimplementedEngineServer) OpenCallChannel(context.Context, *CallChannelRequest) (*CallChannelResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method OpenCallChannel not implemented")
+}
+func (UnimplementedEngineServer) AttachScheduler(context.Context, *AttachSchedulerRequest) (*AttachSchedulerResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AttachScheduler not implemented")
 }
 func (UnimplementedEngineServer) mustEmbedUnimplementedEngineServer() {}
 func (UnimplementedEngineServer) testEmbeddedByValue()                {}
@@ -778,6 +808,24 @@ func _Engine_OpenCallChannel_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Engine_AttachScheduler_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AttachSchedulerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EngineServer).AttachScheduler(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Engine_AttachScheduler_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EngineServer).AttachScheduler(ctx, req.(*AttachSchedulerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Engine_ServiceDesc is the grpc.ServiceDesc for Engine service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -860,6 +908,10 @@ var Engine_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "OpenCallChannel",
 			Handler:    _Engine_OpenCallChannel_Handler,
+		},
+		{
+			MethodName: "AttachScheduler",
+			Handler:    _Engine_AttachScheduler_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

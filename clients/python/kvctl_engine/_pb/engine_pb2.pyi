@@ -28,6 +28,7 @@ class CallChannelMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CALL_CHANNEL_METHOD_TAKE_SUBMITTED_SAVES: _ClassVar[CallChannelMethod]
     CALL_CHANNEL_METHOD_DROP_BOUND_SAVES: _ClassVar[CallChannelMethod]
     CALL_CHANNEL_METHOD_REGISTER_PROMPT_ARENA: _ClassVar[CallChannelMethod]
+    CALL_CHANNEL_METHOD_ATTACH_SCHEDULER: _ClassVar[CallChannelMethod]
 CALL_CHANNEL_METHOD_UNSPECIFIED: CallChannelMethod
 CALL_CHANNEL_METHOD_REGISTER: CallChannelMethod
 CALL_CHANNEL_METHOD_UNREGISTER: CallChannelMethod
@@ -47,6 +48,7 @@ CALL_CHANNEL_METHOD_TAKE_FAILED_ASYNC_LOADS: CallChannelMethod
 CALL_CHANNEL_METHOD_TAKE_SUBMITTED_SAVES: CallChannelMethod
 CALL_CHANNEL_METHOD_DROP_BOUND_SAVES: CallChannelMethod
 CALL_CHANNEL_METHOD_REGISTER_PROMPT_ARENA: CallChannelMethod
+CALL_CHANNEL_METHOD_ATTACH_SCHEDULER: CallChannelMethod
 
 class CallChannelRequest(_message.Message):
     __slots__ = ("fd_token",)
@@ -203,7 +205,7 @@ class CudaEvent(_message.Message):
     def __init__(self, handle: _Optional[bytes] = ..., device: _Optional[int] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("engine", "shard", "declarations", "api_version", "daemon_event")
+    __slots__ = ("engine", "shard", "declarations", "api_version", "daemon_event", "scheduler_token")
     class DeclarationsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -216,12 +218,39 @@ class RegisterResponse(_message.Message):
     DECLARATIONS_FIELD_NUMBER: _ClassVar[int]
     API_VERSION_FIELD_NUMBER: _ClassVar[int]
     DAEMON_EVENT_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     engine: str
     shard: str
     declarations: _containers.ScalarMap[str, bool]
     api_version: ApiVersion
     daemon_event: CudaEvent
-    def __init__(self, engine: _Optional[str] = ..., shard: _Optional[str] = ..., declarations: _Optional[_Mapping[str, bool]] = ..., api_version: _Optional[_Union[ApiVersion, _Mapping]] = ..., daemon_event: _Optional[_Union[CudaEvent, _Mapping]] = ...) -> None: ...
+    scheduler_token: str
+    def __init__(self, engine: _Optional[str] = ..., shard: _Optional[str] = ..., declarations: _Optional[_Mapping[str, bool]] = ..., api_version: _Optional[_Union[ApiVersion, _Mapping]] = ..., daemon_event: _Optional[_Union[CudaEvent, _Mapping]] = ..., scheduler_token: _Optional[str] = ...) -> None: ...
+
+class AttachSchedulerRequest(_message.Message):
+    __slots__ = ("engine", "scheduler_token")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    scheduler_token: str
+    def __init__(self, engine: _Optional[str] = ..., scheduler_token: _Optional[str] = ...) -> None: ...
+
+class AttachSchedulerResponse(_message.Message):
+    __slots__ = ("engine", "shard", "declarations")
+    class DeclarationsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bool
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bool] = ...) -> None: ...
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    DECLARATIONS_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    shard: str
+    declarations: _containers.ScalarMap[str, bool]
+    def __init__(self, engine: _Optional[str] = ..., shard: _Optional[str] = ..., declarations: _Optional[_Mapping[str, bool]] = ...) -> None: ...
 
 class Request(_message.Message):
     __slots__ = ("id", "tokens", "cache_salt", "lora_task_id", "multimodal_digests", "has_multimodal", "dummy", "context_only", "tokens_packed", "tokens_arena")

@@ -129,6 +129,11 @@ class EngineStub:
                 request_serializer=kvctl__engine_dot___pb_dot_engine__pb2.CallChannelRequest.SerializeToString,
                 response_deserializer=kvctl__engine_dot___pb_dot_engine__pb2.CallChannelResponse.FromString,
                 _registered_method=True)
+        self.AttachScheduler = channel.unary_unary(
+                '/kvctl.engine.v1.Engine/AttachScheduler',
+                request_serializer=kvctl__engine_dot___pb_dot_engine__pb2.AttachSchedulerRequest.SerializeToString,
+                response_deserializer=kvctl__engine_dot___pb_dot_engine__pb2.AttachSchedulerResponse.FromString,
+                _registered_method=True)
 
 
 class EngineServicer:
@@ -274,6 +279,19 @@ class EngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AttachScheduler(self, request, context):
+        """AttachScheduler lets another connection drive the scheduler adapter of a registered
+        scheduler rank: an engine whose scheduler runs in another process than its workers (vLLM).
+        The caller must run as the same uid as the process that registered the rank and present
+        the scheduler_token its RegisterResponse returned. Afterwards the attached connection may
+        make the scheduler calls (Lookup, AdmissionQuery, CancelLoad, UpdateStateAfterAlloc,
+        BuildMeta, RequestFinished, RequestReset, TakeSubmittedSaves) naming that engine; worker
+        calls stay with the registering connection. The attachment ends with either connection.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -371,6 +389,11 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.OpenCallChannel,
                     request_deserializer=kvctl__engine_dot___pb_dot_engine__pb2.CallChannelRequest.FromString,
                     response_serializer=kvctl__engine_dot___pb_dot_engine__pb2.CallChannelResponse.SerializeToString,
+            ),
+            'AttachScheduler': grpc.unary_unary_rpc_method_handler(
+                    servicer.AttachScheduler,
+                    request_deserializer=kvctl__engine_dot___pb_dot_engine__pb2.AttachSchedulerRequest.FromString,
+                    response_serializer=kvctl__engine_dot___pb_dot_engine__pb2.AttachSchedulerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -886,6 +909,33 @@ class Engine:
             '/kvctl.engine.v1.Engine/OpenCallChannel',
             kvctl__engine_dot___pb_dot_engine__pb2.CallChannelRequest.SerializeToString,
             kvctl__engine_dot___pb_dot_engine__pb2.CallChannelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AttachScheduler(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvctl.engine.v1.Engine/AttachScheduler',
+            kvctl__engine_dot___pb_dot_engine__pb2.AttachSchedulerRequest.SerializeToString,
+            kvctl__engine_dot___pb_dot_engine__pb2.AttachSchedulerResponse.FromString,
             options,
             channel_credentials,
             insecure,
