@@ -9,7 +9,10 @@ reference transformers engine computing on the GPU (tests/trtllm_hf.py, ``v1=Tru
 - cold then warm: the warm server restores the cold one's pages byte for byte, its first-token
   logits agree within 1e-5 and its tokens equal the model computing everything;
 - the negative control: one value of the last restored page changed gives other logits;
-- TP=2 (two ranks in threads on one device): the same tokens as cold.
+- TP=2 (two ranks in threads on one device): the same tokens as cold;
+- a V2-style pool (one ``cuMemCreate`` chunk with the POSIX file-descriptor handle type,
+  registered as a KvCacheLayout) exported as a descriptor: cold then warm, token-exact; a chunk
+  created without an exportable handle type is refused at registration, naming the setting.
 
 Skipped without a CUDA device (CI has none); the GPU host runs it.
 """
@@ -42,8 +45,24 @@ def prompt(seed: int, blocks: float) -> list[int]:
 
 
 class Server:
-    def __init__(self, socket: str, model_key: str, *, world: int = 1) -> None:
-        self.engine = HFEngine(tiny_spec(), world, T, device="cuda", v1=True)
+    def __init__(
+        self,
+        socket: str,
+        model_key: str,
+        *,
+        world: int = 1,
+        v2: bool = False,
+        exportable: bool = True,
+    ) -> None:
+        self.engine = HFEngine(
+            tiny_spec(),
+            world,
+            T,
+            device="cuda",
+            v1=not v2,
+            v2=v2,
+            exportable=exportable,
+        )
         args = SimpleNamespace(
             kv_connector_config=SimpleNamespace(server_url=f"unix://{socket}?model_key={model_key}"),
             tensor_parallel_size=world,
@@ -132,3 +151,38 @@ def test_v1_pool_tensor_parallel_two_ranks_is_token_exact(daemon, model_key):
     finally:
         warm.close()
     assert b.generated == a.generated and len(a.generated) == NEW
+
+
+def test_v2_pool_over_a_vmm_descriptor_is_token_exact(daemon, model_key):
+    toks = prompt(13, 4.5)
+    ref = hfengine.Engine(
+        hfengine.EngineOptions(spec=tiny_spec(), device="cuda", tokens_per_block=T, use_cache=False)
+    ).generate(toks, NEW)
+    cold = Server(daemon.socket, model_key, v2=True)
+    try:
+        reg = cold.workers[0].registration
+        assert reg is not None and reg.kind == "cuda-fd", "a cuMemCreate pool is shared as a descriptor"
+        assert cold.workers[0]._rank.stream_order is not None, "the shim registers CUDA stream ordering"
+        a = cold.generate(1, toks)
+        pool = cold.engine.pools[0]
+        cold_pages = [pool.page_bytes_of(s) for s in cold.engine.allocated[1][:4]]
+    finally:
+        cold.close()
+    warm = Server(daemon.socket, model_key, v2=True)
+    try:
+        b = warm.generate(2, toks)
+        assert warm.engine.restored == {2: 4 * T}, "the warm server should restore the four whole blocks"
+        assert warm.engine.restored_pages[2] == cold_pages, "restored pages differ from the bytes the cold server saved"
+    finally:
+        warm.close()
+    assert a.generated == ref.tokens
+    assert b.generated == ref.tokens
+
+
+def test_v2_pool_without_an_exportable_handle_is_refused(daemon, model_key):
+    from kvctl_engine.trtllm import memory as kvmemory
+
+    with pytest.raises(kvmemory.MemoryError_) as e:
+        Server(daemon.socket, model_key, v2=True, exportable=False)
+    assert "without a POSIX file-descriptor handle type" in str(e.value)
+    assert kvmemory.EXPORTABLE_SETTING in str(e.value)

@@ -48,7 +48,7 @@ class FakeVmm:
 def test_v2_exportable_pool_registers_as_a_descriptor():
     drv = FakeVmm(0x7F0000000000, 64 * MiB, 1)
     reg = memory.from_layout(layout(0x7F0000000000, groups=2), cuda=drv)
-    assert reg.kind == "cuda-fd" and reg.memory == kv.CudaFdMemory(fd=5, size=2 * 8 * 4096, device=3)
+    assert reg.kind == "cuda-fd" and reg.memory == kv.CudaFdMemory(fd=5, size=64 * MiB, device=3)
     assert [g.regions[0].offset for g in reg.layout.groups] == [0, 8 * 4096]
     assert drv.released == [77]
 
@@ -138,3 +138,10 @@ def test_host_pool_registers_as_shared_memory():
     finally:
         memory.remove_host_pool(shm)
         del t
+
+
+def test_v2_pool_inside_its_chunk_is_refused_before_any_export():
+    drv = FakeVmm(0x7F0000000000, 64 * MiB, 1)
+    with pytest.raises(memory.MemoryError_, match="starts 4096 bytes into its cuMemCreate chunk"):
+        memory.from_layout(layout(0x7F0000000000 + 4096), cuda=drv)
+    assert drv.released == [], "nothing was retained, so nothing is exported or leaked"

@@ -13,6 +13,12 @@ On a GPU (``device="cuda"``, ``v1=True``) each rank's pool is what KVCacheManage
 tensor torch did not allocate (``for_blob`` in TensorRT-LLM; here ``__cuda_array_interface__``),
 block i being ``tensor[i]``; torch cannot share it, so the shim exports it with
 ``cudaIpcGetMemHandle``.
+
+With ``v2=True`` (GPU only) each rank's pool is what KVCacheManagerV2 registers with
+``register_kv_cache_layout``: one ``cuMemCreate`` chunk (:class:`VmmAlloc`, made with the CUDA
+driver through ctypes, its handle type a POSIX file descriptor or, with ``exportable=False``,
+none), mapped and viewed as the same (layers, 2, slots, ...) pages as :class:`KVPool`; the shim
+exports the chunk as a descriptor.
 """
 
 from __future__ import annotations
@@ -86,7 +92,14 @@ class V1CudaPool(KVPool):
     (layers, 2, slots, ...) view KVPool's methods use."""
 
     def __init__(
-        self, layers: int, slots: int, kv_heads: int, T: int, head_dim: int, dtype: torch.dtype, device: torch.device
+        self,
+        layers: int,
+        slots: int,
+        kv_heads: int,
+        T: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
     ) -> None:
         self.layers, self.slots, self.kv_heads = layers, slots, kv_heads
         self.T, self.head_dim, self.dtype, self.device = T, head_dim, dtype, device
@@ -108,6 +121,136 @@ class V1CudaPool(KVPool):
         self.blob.free()
 
 
+class _Loc(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class _AccessDesc(ctypes.Structure):
+    _fields_ = [("location", _Loc), ("flags", ctypes.c_int)]
+
+
+class VmmAlloc:
+    """device memory from ``cuMemCreate`` (the CUDA driver's virtual memory management, as
+    KVCacheManagerV2 allocates its pool), reserved, mapped and made read-write on ``device``;
+    its size rounded up to the allocation granularity. With ``exportable`` the chunk is created
+    with the POSIX file-descriptor handle type, else with none (not exportable)."""
+
+    _PINNED, _DEVICE, _POSIX_FD, _READWRITE = 1, 1, 0x1, 3
+
+    def __init__(self, size: int, device: int, *, exportable: bool = True) -> None:
+        torch.cuda.set_device(device)
+        torch.cuda.init()
+        torch.empty(1, device=f"cuda:{device}")  # the primary context, current on this thread
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        prop = kvmemory._Prop()
+        prop.type = self._PINNED
+        prop.requestedHandleTypes = self._POSIX_FD if exportable else 0
+        prop.location_type, prop.location_id = self._DEVICE, device
+        gran = ctypes.c_size_t()
+        self._check(
+            "cuMemGetAllocationGranularity",
+            self.lib.cuMemGetAllocationGranularity(ctypes.byref(gran), ctypes.byref(prop), 0),
+        )
+        self.size = -(-size // gran.value) * gran.value
+        self.handle = ctypes.c_uint64()
+        self._check(
+            "cuMemCreate",
+            self.lib.cuMemCreate(
+                ctypes.byref(self.handle),
+                ctypes.c_size_t(self.size),
+                ctypes.byref(prop),
+                ctypes.c_uint64(0),
+            ),
+        )
+        ptr = ctypes.c_uint64()
+        self._check(
+            "cuMemAddressReserve",
+            self.lib.cuMemAddressReserve(
+                ctypes.byref(ptr),
+                ctypes.c_size_t(self.size),
+                ctypes.c_size_t(0),
+                ctypes.c_uint64(0),
+                ctypes.c_uint64(0),
+            ),
+        )
+        self.ptr = ptr.value
+        self._check(
+            "cuMemMap",
+            self.lib.cuMemMap(
+                ctypes.c_uint64(self.ptr),
+                ctypes.c_size_t(self.size),
+                ctypes.c_size_t(0),
+                self.handle,
+                ctypes.c_uint64(0),
+            ),
+        )
+        desc = _AccessDesc(_Loc(self._DEVICE, device), self._READWRITE)
+        self._check(
+            "cuMemSetAccess",
+            self.lib.cuMemSetAccess(
+                ctypes.c_uint64(self.ptr),
+                ctypes.c_size_t(self.size),
+                ctypes.byref(desc),
+                ctypes.c_size_t(1),
+            ),
+        )
+        self.__cuda_array_interface__ = {
+            "shape": (self.size,),
+            "typestr": "|u1",
+            "data": (self.ptr, False),
+            "version": 3,
+            "strides": None,
+        }
+
+    @staticmethod
+    def _check(call: str, rc: int) -> None:
+        if rc != 0:
+            raise RuntimeError(f"{call}: CUresult {rc}")
+
+    def free(self) -> None:
+        if self.ptr:
+            torch.cuda.synchronize()
+            self.lib.cuMemUnmap(ctypes.c_uint64(self.ptr), ctypes.c_size_t(self.size))
+            self.lib.cuMemRelease(self.handle)
+            self.lib.cuMemAddressFree(ctypes.c_uint64(self.ptr), ctypes.c_size_t(self.size))
+            self.ptr = 0
+
+
+class V2CudaPool(KVPool):
+    """A KVPool over one cuMemCreate chunk: the same (layers, 2, slots, ...) pages as
+    :class:`KVPool`, registered as a KVCacheManagerV2 layout (one region a layer's K or V)."""
+
+    def __init__(
+        self,
+        layers: int,
+        slots: int,
+        kv_heads: int,
+        T: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        *,
+        exportable: bool = True,
+    ) -> None:
+        self.layers, self.slots, self.kv_heads = layers, slots, kv_heads
+        self.T, self.head_dim, self.dtype, self.device = T, head_dim, dtype, device
+        elsize = torch.empty((), dtype=dtype).element_size()
+        self.piece = kv_heads * T * head_dim * elsize
+        self.size = 2 * layers * slots * self.piece
+        self.page_bytes = 2 * layers * self.piece
+        self.shm = None
+        self.blob = VmmAlloc(self.size, device.index or 0, exportable=exportable)
+        self.raw = torch.as_tensor(self.blob, device=device)[: self.size]
+        self.pages = self.raw.view(dtype).view(layers, 2, slots, kv_heads, T, head_dim)
+        self.free = list(range(slots - 1, -1, -1))
+        self.host_sync = True
+
+    def close(self) -> None:
+        self.sync()
+        del self.pages, self.raw
+        self.blob.free()
+
+
 class HFEngine:
     def __init__(
         self,
@@ -118,14 +261,22 @@ class HFEngine:
         *,
         device: str = "cpu",
         v1: bool = False,
+        v2: bool = False,
+        exportable: bool = True,
     ) -> None:
-        self.spec, self.world_size, self.tokens_per_block = spec, world_size, tokens_per_block
+        self.spec, self.world_size, self.tokens_per_block = (
+            spec,
+            world_size,
+            tokens_per_block,
+        )
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         if v1 and self.device.type != "cuda":
             raise ValueError("the V1 pool is a cudaMalloc allocation: it needs device cuda")
-        self.v1 = v1
+        if v2 and self.device.type != "cuda":
+            raise ValueError("the V2 GPU pool is a cuMemCreate chunk: it needs device cuda")
+        self.v1, self.v2 = v1, v2
         self.group = ThreadGroup(world_size)
         self.models, self.pools = [], []
         for r in range(world_size):
@@ -133,18 +284,21 @@ class HFEngine:
             tp = M.TensorParallel(world_size, r, self.group.member(r))
             M.shard_model(m, spec, tp)
             self.models.append(m)
-            make = V1CudaPool if v1 else KVPool
-            self.pools.append(
-                make(
-                    spec.layers,
-                    slots,
-                    len(tp.kv_heads(spec)),
-                    tokens_per_block,
-                    spec.head_dim,
-                    spec.torch_dtype,
-                    self.device,
-                )
+            shape = (
+                spec.layers,
+                slots,
+                len(tp.kv_heads(spec)),
+                tokens_per_block,
+                spec.head_dim,
+                spec.torch_dtype,
+                self.device,
             )
+            if v1:
+                self.pools.append(V1CudaPool(*shape))
+            elif v2:
+                self.pools.append(V2CudaPool(*shape, exportable=exportable))
+            else:
+                self.pools.append(KVPool(*shape))
         self.slots: dict[int, list[int]] = {}
         self.caches: dict[tuple[int, int], object] = {}
         self.restored: dict[int, int] = {}  # request -> tokens its first forward took from the pages
@@ -172,7 +326,7 @@ class HFEngine:
             # Ordered by CUDA events when the shim registered them: no device syncs around calls.
             p.host_sync = worker._rank.stream_order is None
             return
-        base = kvmemory.add_host_pool(p.shm)
+        base = p.blob.ptr if self.v2 else kvmemory.add_host_pool(p.shm)
         regions = tuple(
             standin.KvCacheRegion(
                 base=base + i * p.slots * p.piece,
@@ -185,6 +339,8 @@ class HFEngine:
         )
         group = standin.KvCacheLayerGroupLayout(0, tuple(range(p.layers)), None, regions)
         worker.register_kv_cache_layout(standin.KvCacheLayout(self.tokens_per_block, (group,)))
+        if self.v2:
+            p.host_sync = worker._rank.stream_order is None
 
     def local_match(self, request) -> int:
         return 0

@@ -238,6 +238,11 @@ def _vmm_fd(start: int, size: int, drv: Any) -> Any:
             f"the KVCacheManagerV2 pool spans {size} bytes from {start:#x}, but its first cuMemCreate chunk maps only "
             f"{base + length - start} of them; kvctl serve takes one exportable allocation. Set {EXPORTABLE_SETTING}"
         )
+    if start != base:
+        raise MemoryError_(
+            f"the KVCacheManagerV2 pool starts {start - base} bytes into its cuMemCreate chunk; "
+            f"kvctl serve maps the chunk from its start. Set {EXPORTABLE_SETTING}"
+        )
     handle = drv.retain(start)
     try:
         if not drv.handle_types(handle) & _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR:
@@ -248,11 +253,6 @@ def _vmm_fd(start: int, size: int, drv: Any) -> Any:
         fd = drv.export_fd(handle)
     finally:
         drv.release(handle)
-    return kv.CudaFdMemory(fd=fd, size=size, device=drv.device(start)) if start == base else _offset_error(start, base)
-
-
-def _offset_error(start: int, base: int) -> Any:
-    raise MemoryError_(
-        f"the KVCacheManagerV2 pool starts {start - base} bytes into its cuMemCreate chunk; "
-        f"kvctl serve maps the chunk from its start. Set {EXPORTABLE_SETTING}"
-    )
+    # The daemon imports and maps the whole chunk: cuMemCreate sizes are multiples of the
+    # allocation granularity, which cuMemMap requires; the layout's regions lie inside it.
+    return kv.CudaFdMemory(fd=fd, size=length, device=drv.device(start))
