@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -400,5 +401,50 @@ func TestDisaggFrontResponsesStreamError(t *testing.T) {
 	}
 	if r := frontPost(t, f.URL+"/v1/responses", req(false, "fault:"+string(disaggtest.FaultGenStatus))); r.Status != http.StatusServiceUnavailable {
 		t.Fatalf("not streamed: %d %s", r.Status, r.Body)
+	}
+}
+
+// Seed commit 19 through the front: a request the user cancelled is left to the cancel path.
+// A client that goes away while its generation leg waits for its first chunk cancels the
+// upstream request and is counted as a disconnect, never as a timeout; a later request whose KV
+// never arrives is the only timeout, answered 504 with its upstream request cancelled too.
+func TestDisaggFrontUserCancelIsLeftToTheCancelPath(t *testing.T) {
+	c := disaggtest.StartContext(t)
+	g := disaggtest.StartGeneration(t)
+	f := startFront(t, []string{c.Addr}, []string{g.Addr}, "kv_transfer_timeout_ms: 300\nrequest_timeout_s: 600\n")
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, f.URL+"/v1/completions",
+		strings.NewReader(`{"prompt":"p","max_tokens":3,"stream":true,"user":"fault:`+string(disaggtest.FaultGenStall)+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			_, err = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	within(t, 5*time.Second, "the generation leg", func() bool { return g.Stats().Requests == 1 })
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("the cancelled client got an answer")
+	}
+	within(t, 5*time.Second, "upstream cancellation", func() bool { return g.Stats().Cancelled == 1 })
+	const disconnects = `kvctl_disagg_client_disconnects_total{endpoint="/v1/completions"}`
+	within(t, 5*time.Second, "the disconnect", func() bool { return frontMetric(t, f.URL, disconnects) == 1 })
+
+	r := frontPost(t, f.URL+"/v1/completions", frontCompletion(true, "fault:"+string(disaggtest.FaultGenStall)))
+	if r.Status != http.StatusGatewayTimeout {
+		t.Fatalf("status %d: %s", r.Status, r.Body)
+	}
+	within(t, 5*time.Second, "the timed-out leg cancelled upstream", func() bool { return g.Stats().Cancelled == 2 })
+	if n := frontMetric(t, f.URL, `kvctl_disagg_timeouts_total{kind="kv_transfer",leg="generation"}`); n != 1 {
+		t.Fatalf("kv_transfer timeouts %v, want only the second request's", n)
+	}
+	if n := frontMetric(t, f.URL, disconnects); n != 1 {
+		t.Fatalf("disconnects %v, want 1", n)
 	}
 }
