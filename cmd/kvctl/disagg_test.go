@@ -19,79 +19,112 @@ import (
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
 )
 
-// startDisaggServe runs `kvctl serve --disagg-config` in front of scripted servers and returns
-// the front's base URL. The front's port is picked free and written into the config before
-// kvctl binds it, so another process can take it in between: a start that fails to bind is
-// tried again on another port.
+// startDisaggServe runs `kvctl serve --disagg-config` in front of one scripted context and one
+// scripted generation server and returns the front's base URL.
 func startDisaggServe(t *testing.T, extra string) (string, *disaggtest.Server, *disaggtest.Server) {
 	t.Helper()
 	c := disaggtest.StartContext(t)
 	g := disaggtest.StartGeneration(t)
+	f := startFront(t, []string{c.Addr}, []string{g.Addr}, extra)
+	return f.URL, c, g
+}
+
+// frontProc is one `kvctl serve --disagg-config` process.
+type frontProc struct {
+	URL  string
+	cmd  *exec.Cmd
+	log  *lockedBuilder // what it wrote to stderr
+	done chan struct{}  // closed when it has exited and its stderr is read
+	err  error          // its exit, once done is closed
+}
+
+// startFront runs `kvctl serve --disagg-config` in front of the context and generation
+// servers at ctxs and gens, with extra config lines and flags, and waits for its listen line;
+// t.Cleanup stops it. The front's port is picked free and written into the config before
+// kvctl binds it, so another process can take it in between: a start that fails to bind is
+// tried again on another port.
+func startFront(t *testing.T, ctxs, gens []string, extra string, flags ...string) *frontProc {
+	t.Helper()
 	for attempt := 1; ; attempt++ {
-		u, log, err := startDisaggFront(t, c, g, extra)
+		f, err := startFrontOnce(t, ctxs, gens, extra, flags)
 		if err == nil {
-			return u, c, g
+			return f
 		}
-		if attempt == 3 || !strings.Contains(log, "address already in use") {
-			t.Fatalf("%v\n%s", err, log)
+		if attempt == 3 || !strings.Contains(f.log.String(), "address already in use") {
+			t.Fatalf("%v\n%s", err, f.log.String())
 		}
 	}
 }
 
-// startDisaggFront starts one `kvctl serve --disagg-config` on a free port and waits for its
-// listen line; on failure it returns what kvctl wrote.
-func startDisaggFront(t *testing.T, c, g *disaggtest.Server, extra string) (string, string, error) {
+func startFrontOnce(t *testing.T, ctxs, gens []string, extra string, flags []string) (*frontProc, error) {
 	t.Helper()
 	port := mooncaketest.FreePort(t)
+	var b strings.Builder
+	b.WriteString("hostname: 127.0.0.1\nport: " + strconv.Itoa(port) + "\nbackend: pytorch\n")
+	for _, role := range []struct {
+		key   string
+		addrs []string
+	}{{"context_servers", ctxs}, {"generation_servers", gens}} {
+		fmt.Fprintf(&b, "%s:\n  num_instances: %d\n  urls:\n", role.key, len(role.addrs))
+		for _, a := range role.addrs {
+			fmt.Fprintf(&b, "    - %q\n", a)
+		}
+	}
+	b.WriteString(extra)
 	cfg := filepath.Join(t.TempDir(), "disagg_config.yaml")
-	text := "hostname: 127.0.0.1\nport: " + strconv.Itoa(port) + "\nbackend: pytorch\n" +
-		"context_servers:\n  num_instances: 1\n  urls:\n    - \"" + c.Addr + "\"\n" +
-		"generation_servers:\n  num_instances: 1\n  urls:\n    - \"" + g.Addr + "\"\n" + extra
-	if err := os.WriteFile(cfg, []byte(text), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("kvctl", "serve", "--disagg-config", cfg)
+	cmd := exec.Command("kvctl", append([]string{"serve", "--disagg-config", cfg}, flags...)...)
 	cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+t.TempDir())
 	pr, pw := io.Pipe()
 	cmd.Stderr = pw
+	f := &frontProc{cmd: cmd, log: &lockedBuilder{}, done: make(chan struct{})}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait(); _ = pw.Close() }()
-	stop := func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	}
 	ready := make(chan string, 1)
 	scanned := make(chan struct{})
-	var log lockedBuilder
 	go func() {
 		defer close(scanned)
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
-			log.WriteString(sc.Text() + "\n")
+			f.log.WriteString(sc.Text() + "\n")
 			if a, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "listen   "); ok {
 				ready <- a
 			}
 		}
 	}()
+	go func() {
+		f.err = cmd.Wait()
+		_ = pw.Close()
+		<-scanned // everything kvctl wrote before it exited
+		close(f.done)
+	}()
 	select {
 	case u := <-ready:
-		t.Cleanup(stop)
-		return u, "", nil
-	case err := <-done:
-		<-scanned // everything kvctl wrote before it exited
-		return "", log.String(), fmt.Errorf("kvctl serve --disagg-config exited: %w", err)
+		f.URL = u
+		t.Cleanup(func() { f.stop(os.Interrupt, 10*time.Second) })
+		return f, nil
+	case <-f.done:
+		return f, fmt.Errorf("kvctl serve --disagg-config exited: %w", f.err)
 	case <-time.After(20 * time.Second):
-		stop()
-		return "", log.String(), errors.New("kvctl serve --disagg-config was not ready in 20s")
+		f.stop(os.Interrupt, 10*time.Second)
+		return f, errors.New("kvctl serve --disagg-config was not ready in 20s")
 	}
+}
+
+// stop signals the front and waits up to wait for it to exit (then kills it); it returns the
+// exit.
+func (f *frontProc) stop(sig os.Signal, wait time.Duration) error {
+	_ = f.cmd.Process.Signal(sig)
+	select {
+	case <-f.done:
+	case <-time.After(wait):
+		_ = f.cmd.Process.Kill()
+		<-f.done
+	}
+	return f.err
 }
 
 const openAIScript = `

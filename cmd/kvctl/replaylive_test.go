@@ -113,3 +113,37 @@ func TestReplayLiveWithoutAdmin(t *testing.T) {
 		t.Fatalf("no warning:\n%s", stderr)
 	}
 }
+
+// TestReplayLivePoolAwareRouter: `kvctl replay --router pool-aware` against a real `kvctl
+// serve` routes with the pool-aware router, asking the daemon's pool through --admin for every
+// request (none falls back to the work-aware estimate), and says so in its JSON report.
+func TestReplayLivePoolAwareRouter(t *testing.T) {
+	const trace = "../../core/replay/testdata/conversation_head500.jsonl"
+	socket := shortSocket(t)
+	p := startServe(t, socket)
+	args := "replay --target " + socket + " --admin " + p.admin + " --engines 2 --limit 20 --pace max --router pool-aware -o json " + trace
+	ios, _, stdout, stderr := cmdutil.Test()
+	if code := runWith(strings.Fields(args), ios, os.Getenv); code != 0 {
+		t.Fatalf("kvctl %s exited %d\nstdout: %s\nstderr: %s", args, code, stdout, stderr)
+	}
+	var rep struct {
+		Runs []struct {
+			Router   string `json:"router"`
+			Requests int    `json:"requests"`
+		} `json:"runs"`
+		Live struct {
+			PoolLookups         int64 `json:"pool_lookups"`
+			PoolLookupFallbacks int64 `json:"pool_lookup_fallbacks"`
+		} `json:"live"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, stdout)
+	}
+	if len(rep.Runs) != 1 || rep.Runs[0].Router != "pool-aware" || rep.Runs[0].Requests != 20 {
+		t.Fatalf("runs %+v: want one pool-aware run of 20 requests", rep.Runs)
+	}
+	if rep.Live.PoolLookups != 20 || rep.Live.PoolLookupFallbacks != 0 {
+		t.Fatalf("pool lookups %d, fallbacks %d: the router did not get the daemon's answer for every request\nstderr: %s",
+			rep.Live.PoolLookups, rep.Live.PoolLookupFallbacks, stderr)
+	}
+}

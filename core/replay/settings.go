@@ -234,7 +234,7 @@ var knobs = map[string]knob{
 		c.Ranks, err = parseBounded(v, 1, MaxRanks)
 		return
 	}},
-	"router": {"work-aware, prompt-length or pool-aware (offline only; live runs fall back to work-aware)", func(c *Config, v string) error {
+	"router": {"work-aware, prompt-length or pool-aware (a live run asks the daemon's pool through --admin)", func(c *Config, v string) error {
 		p, err := router.ParsePolicy(v)
 		if err != nil {
 			return fmt.Errorf("%q: want one of %s (work_aware and the like are accepted too)", v, strings.Join(router.Policies, ", "))
