@@ -2,13 +2,16 @@ package mooncake
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
-	"math"
 	"net/http"
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
 )
 
 // Content types the master's admin server (cinatra) sends.
@@ -380,7 +383,12 @@ func (h *adminHandler) metrics(w http.ResponseWriter, r *http.Request) {
 		writeBody(w, http.StatusInternalServerError, contentTypeProm, []byte("Failed to collect metrics"))
 		return
 	}
-	writeBody(w, http.StatusOK, contentTypeProm, RenderMasterMetrics(m))
+	body, err := RenderMasterMetrics(m)
+	if err != nil {
+		writeBody(w, http.StatusInternalServerError, contentTypeProm, []byte("Failed to collect metrics: "+err.Error()))
+		return
+	}
+	writeBody(w, http.StatusOK, contentTypeProm, body)
 }
 
 func (h *adminHandler) summary(w http.ResponseWriter, r *http.Request) {
@@ -434,62 +442,26 @@ func masterMetricValues(m MetricsSnapshot) map[string]float64 {
 	}
 }
 
-func promValue(v float64) string {
-	switch {
-	case math.IsInf(v, 1):
-		return "+Inf"
-	case math.IsInf(v, -1):
-		return "-Inf"
-	case math.IsNaN(v):
-		return "NaN"
-	}
-	return strconv.FormatFloat(v, 'f', -1, 64)
-}
-
-func promLabel(v string) string {
-	r := strings.NewReplacer(`\`, `\\`, "\n", `\n`, `"`, `\"`)
-	return r.Replace(v)
-}
-
 // RenderMasterMetrics prints m as Prometheus text format 0.0.4 with every metric family the
-// master prints, in its order and with its help texts. Per-segment gauges appear once a
-// segment is mounted and the value-size histogram once a value was stored, as on the master.
-func RenderMasterMetrics(m MetricsSnapshot) []byte {
-	vals := masterMetricValues(m)
+// master prints and its help texts: the families of the master collector (NewMasterCollector)
+// over m, encoded by expfmt, so the admin endpoint and a daemon's /metrics export one thing.
+// Per-segment gauges appear once a segment is mounted and the value-size histogram once a value
+// was stored, as on the master.
+func RenderMasterMetrics(m MetricsSnapshot) ([]byte, error) {
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(newMasterCollector(func(context.Context) (MetricsSnapshot, error) { return m, nil }))
+	fams, err := reg.Gather()
+	if err != nil {
+		return nil, err
+	}
 	var buf bytes.Buffer
-	for _, f := range masterMetricFamilies {
-		switch f.name {
-		case "segment_allocated_bytes", "segment_total_capacity_bytes":
-			if len(m.Segments) == 0 {
-				continue
-			}
-		case "master_value_size_bytes":
-			if m.ValueSizes.Count == 0 {
-				continue
-			}
-		}
-		fmt.Fprintf(&buf, "# HELP %s %s\n# TYPE %s %s\n", f.name, f.help, f.name, f.kind)
-		switch f.name {
-		case "segment_allocated_bytes", "segment_total_capacity_bytes":
-			for _, s := range m.Segments {
-				v := s.Used
-				if f.name == "segment_total_capacity_bytes" {
-					v = s.Capacity
-				}
-				fmt.Fprintf(&buf, "%s{segment=\"%s\"} %d\n", f.name, promLabel(s.Name), v)
-			}
-		case "master_value_size_bytes":
-			h := m.ValueSizes
-			for i, b := range h.Bounds {
-				fmt.Fprintf(&buf, "%s_bucket{le=\"%f\"} %d\n", f.name, b, h.Counts[i])
-			}
-			fmt.Fprintf(&buf, "%s_bucket{le=\"+Inf\"} %d\n", f.name, h.Count)
-			fmt.Fprintf(&buf, "%s_sum %s\n%s_count %d\n", f.name, promValue(h.Sum), f.name, h.Count)
-		default:
-			fmt.Fprintf(&buf, "%s %s\n", f.name, promValue(vals[f.name]))
+	enc := expfmt.NewEncoder(&buf, expfmt.NewFormat(expfmt.TypeTextPlain))
+	for _, f := range fams {
+		if err := enc.Encode(f); err != nil {
+			return nil, err
 		}
 	}
-	return buf.Bytes()
+	return buf.Bytes(), nil
 }
 
 // humanBytes prints a byte count the way the master's summary does (1.13 MB, 64.00 MB, 0 B).

@@ -17,7 +17,11 @@ const MasterCollectorTimeout = 5 * time.Second
 // the master. A scrape whose inspector fails exports an invalid metric carrying the error, so
 // the registry reports it instead of serving stale figures.
 func NewMasterCollector(insp Inspector) prometheus.Collector {
-	c := &masterCollector{insp: insp, descs: map[string]*prometheus.Desc{}}
+	return newMasterCollector(insp.Metrics)
+}
+
+func newMasterCollector(metrics func(context.Context) (MetricsSnapshot, error)) *masterCollector {
+	c := &masterCollector{metrics: metrics, descs: map[string]*prometheus.Desc{}}
 	for _, f := range masterMetricFamilies {
 		var labels []string
 		if f.name == "segment_allocated_bytes" || f.name == "segment_total_capacity_bytes" {
@@ -29,8 +33,8 @@ func NewMasterCollector(insp Inspector) prometheus.Collector {
 }
 
 type masterCollector struct {
-	insp  Inspector
-	descs map[string]*prometheus.Desc
+	metrics func(context.Context) (MetricsSnapshot, error)
+	descs   map[string]*prometheus.Desc
 }
 
 // Describe implements prometheus.Collector.
@@ -44,7 +48,7 @@ func (c *masterCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *masterCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), MasterCollectorTimeout)
 	defer cancel()
-	m, err := c.insp.Metrics(ctx)
+	m, err := c.metrics(ctx)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.descs["master_allocated_bytes"], err)
 		return

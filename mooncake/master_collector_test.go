@@ -48,7 +48,11 @@ func TestMasterCollectorMatchesRender(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := parseProm(t, mooncake.RenderMasterMetrics(snap))
+	rendered, err := mooncake.RenderMasterMetrics(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := parseProm(t, rendered)
 
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(mooncake.NewMasterCollector(p))
@@ -64,6 +68,10 @@ func TestMasterCollectorMatchesRender(t *testing.T) {
 		}
 	}
 	have := parseProm(t, buf.Bytes())
+	// The admin endpoint's /metrics is the collector's output, not a second printer.
+	if !bytes.Equal(rendered, buf.Bytes()) {
+		t.Errorf("RenderMasterMetrics prints\n%s\nthe collector exports\n%s", rendered, buf.Bytes())
+	}
 	if len(have) != len(want) {
 		t.Errorf("collector exports %d families, the renderer prints %d", len(have), len(want))
 	}

@@ -54,7 +54,11 @@ func TestRenderedMetricsParse(t *testing.T) {
 		ValueSizes:          mooncake.Histogram{Bounds: []float64{4096, 65536}, Counts: []uint64{1, 3}, Count: 4, Sum: 70000},
 		SuccessfulEvictions: 3, AttemptedEvictions: 4, EvictedKeys: 11, EvictedBytes: 1 << 20,
 	}
-	m, err := mooncake.ParsePromText(mooncake.RenderMasterMetrics(snap))
+	body, err := mooncake.RenderMasterMetrics(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := mooncake.ParsePromText(body)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -227,5 +228,49 @@ func TestDisaggServeWithOpenAIClient(t *testing.T) {
 	}
 	if cs, gs := c.Stats(), g.Stats(); cs.Rejected != 0 || gs.Rejected != 0 {
 		t.Errorf("protocol violations: %q %q", cs.LastProtocolError, gs.LastProtocolError)
+	}
+}
+
+// TestREADMEDisaggWithNoServers checks the README's sentence on a front with no servers behind
+// it against the real binary: /health answers 503 with the status and counts the README quotes,
+// and a completion answers 502 naming the context server.
+func TestREADMEDisaggWithNoServers(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(strings.Fields(string(readme)), " ")
+	i := strings.Index(text, "With no servers behind it, `curl 127.0.0.1:8000/health` answers")
+	if i < 0 {
+		t.Fatal("the README no longer says what /health answers with no servers behind the front")
+	}
+	claim := text[i : i+strings.Index(text[i:], "reach.")]
+	dead := func() *disaggtest.Server { return &disaggtest.Server{Addr: disaggtest.DeadAddr(t)} }
+	url, log, err := startDisaggFront(t, dead(), dead(), "")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log)
+	}
+	resp, err := http.Get(url + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(claim, "answers "+strconv.Itoa(resp.StatusCode)) {
+		t.Errorf("/health answered %d; the README says: %s", resp.StatusCode, claim)
+	}
+	for _, f := range []string{`"status":"unavailable"`, `"context_up":0`, `"generation_up":0`} {
+		if !strings.Contains(string(body), f) || !strings.Contains(claim, f) {
+			t.Errorf("%s: /health answered %s; the README says: %s", f, body, claim)
+		}
+	}
+	resp, err = http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"hi","max_tokens":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 502 || !strings.Contains(string(body), "context server") || !strings.Contains(claim, "completion answers 502") {
+		t.Errorf("a completion answered %d %s; the README says: %s", resp.StatusCode, body, claim)
 	}
 }

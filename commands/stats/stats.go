@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
+	"github.com/kvctl/kvctl/core/config"
 	"github.com/kvctl/kvctl/core/probe"
 	corestats "github.com/kvctl/kvctl/core/stats"
 )
@@ -152,19 +153,8 @@ func gather(ctx context.Context, targets []probe.Pool, logs []string) (*probe.St
 	return res, nil
 }
 
-func bytesHuman(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	v, u := float64(n)/unit, 0
-	units := []string{"KiB", "MiB", "GiB", "TiB", "PiB"}
-	for v >= unit && u < len(units)-1 {
-		v /= unit
-		u++
-	}
-	return fmt.Sprintf("%.2f %s", v, units[u])
-}
+// bytesHuman writes a byte count the way kvctl stats has always shown it ("64.00 MiB").
+func bytesHuman(n int64) string { return config.FormatBytes(n, 2, " ") }
 
 func secs(v float64) string { return strconv.FormatFloat(v*1000, 'f', 3, 64) + " ms" }
 

@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/kvctl/kvctl/core/sysmem"
@@ -97,13 +96,14 @@ func nodeBudget(d *dec, opts LoadOptions, path string, in BudgetInput) {
 	}
 }
 
-// FormatSizeFloor writes n rounded down to a whole GiB or MiB when it is that large.
+// FormatSizeFloor writes n rounded down to a whole GiB or MiB when it is that large, through
+// FormatSize.
 func FormatSizeFloor(n int64) string {
 	switch {
 	case n >= 1<<30:
-		return strconv.FormatInt(n>>30, 10) + "GiB"
+		n = n >> 30 << 30
 	case n >= 1<<20:
-		return strconv.FormatInt(n>>20, 10) + "MiB"
+		n = n >> 20 << 20
 	}
-	return strconv.FormatInt(n, 10)
+	return FormatSize(n)
 }

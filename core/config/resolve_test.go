@@ -1,6 +1,10 @@
 package config
 
 import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -118,5 +122,55 @@ func TestFormatSizeHuman(t *testing.T) {
 		if got := FormatSizeHuman(n); got != want {
 			t.Errorf("FormatSizeHuman(%d) = %q, want %q", n, got, want)
 		}
+	}
+}
+
+// TestFormatBytes pins the one human size formatter in its two uses: the status page's and log
+// lines' "1.5GiB" and kvctl stats' "64.00 MiB".
+func TestFormatBytes(t *testing.T) {
+	for _, c := range []struct {
+		n    int64
+		dec  int
+		sep  string
+		want string
+	}{
+		{512, 1, "", "512B"}, {1536 << 20, 1, "", "1.5GiB"}, {64 << 20, 2, " ", "64.00 MiB"},
+		{0, 2, " ", "0 B"}, {1023, 2, " ", "1023 B"}, {5 << 40, 2, " ", "5.00 TiB"},
+	} {
+		if got := FormatBytes(c.n, c.dec, c.sep); got != c.want {
+			t.Errorf("FormatBytes(%d, %d, %q) = %q, want %q", c.n, c.dec, c.sep, got, c.want)
+		}
+	}
+	if FormatSizeFloor(7<<30+5) != "7GiB" || FormatSizeFloor(300<<20+1) != "300MiB" || FormatSizeFloor(4096) != "4KiB" {
+		t.Errorf("FormatSizeFloor: %s %s %s", FormatSizeFloor(7<<30+5), FormatSizeFloor(300<<20+1), FormatSizeFloor(4096))
+	}
+}
+
+// TestOneSizeFormatter checks that no package outside core/config carries its own table of
+// binary size units, the mark of a second size parser or formatter (the Mooncake master's own
+// "1.13 MB" summary format, which kvctl reproduces byte for byte, uses other names).
+func TestOneSizeFormatter(t *testing.T) {
+	units := regexp.MustCompile(`"(KiB|MiB|GiB|TiB)"\s*[,:]\s*"?(MiB|GiB|TiB|PiB|1)`)
+	err := filepath.WalkDir("../..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") && path != "../.." {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") || filepath.Dir(path) == "../../core/config" {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if units.Match(b) {
+			t.Errorf("%s has a size unit table of its own: use config.ParseSize, FormatSize or FormatBytes", path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -162,19 +162,24 @@ func FormatSize(n int64) string {
 }
 
 // FormatSizeHuman writes a byte count for people: whole bytes below 1 KiB ("512B"), else one
-// decimal in the largest binary unit it reaches ("1.5GiB"). It is kvctl's one human size
-// format (status page, tables, log lines); FormatSize is the exact one for configs.
-func FormatSizeHuman(n int64) string {
+// decimal in the largest binary unit it reaches ("1.5GiB"). It is FormatBytes(n, 1, "").
+func FormatSizeHuman(n int64) string { return FormatBytes(n, 1, "") }
+
+// FormatBytes is kvctl's one human size formatter (status page, tables, log lines, kvctl stats):
+// whole bytes below 1 KiB, else decimals digits in the largest binary unit the count reaches,
+// with sep between the number and the unit ("64.00 MiB" for 2 and " "). FormatSize is the exact
+// one for configs.
+func FormatBytes(n int64, decimals int, sep string) string {
 	const unit = 1024
 	if n < unit && n > -unit {
-		return strconv.FormatInt(n, 10) + "B"
+		return strconv.FormatInt(n, 10) + sep + "B"
 	}
 	f, i := float64(n), 0
 	for (f >= unit || f <= -unit) && i < 6 {
 		f /= unit
 		i++
 	}
-	return strconv.FormatFloat(f, 'f', 1, 64) + [...]string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}[i]
+	return strconv.FormatFloat(f, 'f', decimals, 64) + sep + [...]string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}[i]
 }
 
 // formatPyFloat writes a float64 the way Python's repr does: the shortest digits that read

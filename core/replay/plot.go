@@ -72,9 +72,10 @@ func Plots(rep *Report) (plots []*plot.Plot, lines [][]*plotter.Line, err error)
 	occ.Y.Label.Text = "pool occupancy (% of capacity)"
 	for _, p := range []*plot.Plot{hit, occ} {
 		p.Y.Min, p.Y.Max = 0, 100
+		// Ticks end at 100 %: WritePlot raises the axis above it to make a band for the legend.
+		p.Y.Tick.Marker = plot.ConstantTicks{{Value: 0, Label: "0"}, {Value: 25}, {Value: 50, Label: "50"}, {Value: 75}, {Value: 100, Label: "100"}}
 		p.Add(plotter.NewGrid())
-		// Top left, inside the axes: the hit rate of a warming pool and the occupancy of a
-		// filling one both start low, and a legend at the top right ran past the plot's edge.
+		// Top left, inside the axes: a legend at the top right ran past the plot's edge.
 		p.Legend.Top = true
 		p.Legend.Left = true
 		p.Legend.XOffs, p.Legend.YOffs = 3*vg.Millimeter, -2*vg.Millimeter
@@ -119,16 +120,38 @@ func Plots(rep *Report) (plots []*plot.Plot, lines [][]*plotter.Line, err error)
 // WritePlot draws hit rate (top) and pool occupancy (bottom) over trace time as a PNG, one
 // line style per run, with a legend naming each run's --set combination.
 func WritePlot(w io.Writer, rep *Report) error {
-	plots, _, err := Plots(rep)
+	img := vgimg.NewWith(vgimg.UseWH(PlotWidth, PlotHeight), vgimg.UseDPI(plotDPI), vgimg.UseBackgroundColor(color.White))
+	plots, canvases, err := arrange(rep, draw.New(img))
 	if err != nil {
 		return err
 	}
-	img := vgimg.NewWith(vgimg.UseWH(PlotWidth, PlotHeight), vgimg.UseDPI(plotDPI), vgimg.UseBackgroundColor(color.White))
-	dc := draw.New(img)
-	tiles := draw.Tiles{Rows: 2, Cols: 1, PadX: vg.Millimeter, PadY: 4 * vg.Millimeter, PadTop: 2 * vg.Millimeter, PadBottom: 2 * vg.Millimeter, PadLeft: 2 * vg.Millimeter, PadRight: 4 * vg.Millimeter}
-	canvases := plot.Align([][]*plot.Plot{{plots[0]}, {plots[1]}}, tiles, dc)
-	plots[0].Draw(canvases[0][0])
-	plots[1].Draw(canvases[1][0])
+	for i, p := range plots {
+		p.Draw(canvases[i])
+	}
 	_, err = vgimg.PngCanvas{Canvas: img}.WriteTo(w)
 	return err
+}
+
+// arrange lays the two plots out on dc, one above the other, and raises each y axis above 100 %
+// by just enough for a band that holds the legend, so that no line runs under it (a full pool
+// sits at the top of the occupancy panel). It returns each plot's canvas.
+func arrange(rep *Report, dc draw.Canvas) ([]*plot.Plot, []draw.Canvas, error) {
+	plots, _, err := Plots(rep)
+	if err != nil {
+		return nil, nil, err
+	}
+	tiles := draw.Tiles{Rows: 2, Cols: 1, PadX: vg.Millimeter, PadY: 4 * vg.Millimeter, PadTop: 2 * vg.Millimeter, PadBottom: 2 * vg.Millimeter, PadLeft: 2 * vg.Millimeter, PadRight: 4 * vg.Millimeter}
+	aligned := plot.Align([][]*plot.Plot{{plots[0]}, {plots[1]}}, tiles, dc)
+	canvases := []draw.Canvas{aligned[0][0], aligned[1][0]}
+	for i, p := range plots {
+		// The data area does not depend on the y range (its ticks are fixed), so the band is
+		// exact: the legend's height, its offset from the top and a millimetre of air.
+		data := p.DataCanvas(canvases[i])
+		h := data.Max.Y - data.Min.Y
+		need := p.Legend.Rectangle(data).Size().Y - p.Legend.YOffs + vg.Millimeter
+		if need > 0 && need < h/2 {
+			p.Y.Max = 100 * float64(h/(h-need))
+		}
+	}
+	return plots, canvases, nil
 }

@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"image/color"
 	"image/png"
-	"os"
 	"strings"
 	"testing"
 
 	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 )
 
 // twoEqualRuns replays the trace head under two --set values that give the same hit rates (a
@@ -134,18 +136,42 @@ func TestPlotPNG(t *testing.T) {
 			t.Errorf("run %d's colour %v covers %d pixels: its line is not visible", i, want, n)
 		}
 	}
-	if os.Getenv("KVCTL_UPDATE_SCREENSHOTS") == "1" {
-		// The committed image's title names the trace by its path from the repository root.
-		rep.Trace.Name = "core/replay/testdata/conversation_head500.jsonl"
-		if _, err := os.Stat("../../" + rep.Trace.Name); err != nil {
+}
+
+// TestPlotLegendClearsTheLines checks that each panel's legend sits in a band above 100 %, where
+// no line can run: a full pool's occupancy and a 100 % hit rate stay below it, with two runs
+// and with six.
+func TestPlotLegendClearsTheLines(t *testing.T) {
+	tr := readTrace(t, "testdata/conversation_head500.jsonl")
+	for _, set := range []string{"soft_pin_ttl_ms=0,600000", "soft_pin_ttl_ms=0,1,2,3,4,5"} {
+		cfgs, err := Expand(DefaultConfig(), []string{set})
+		if err != nil {
 			t.Fatal(err)
 		}
-		buf.Reset()
-		if err := WritePlot(&buf, rep); err != nil {
+		rep, err := Offline(context.Background(), tr, DefaultParams(), cfgs)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile("../../docs/replay-plot.png", buf.Bytes(), 0o644); err != nil {
+		img := vgimg.NewWith(vgimg.UseWH(PlotWidth, PlotHeight), vgimg.UseDPI(plotDPI))
+		plots, canvases, err := arrange(rep, draw.New(img))
+		if err != nil {
 			t.Fatal(err)
+		}
+		for i, p := range plots {
+			data := p.DataCanvas(canvases[i])
+			_, y := p.Transforms(&data)
+			legend := p.Legend.Rectangle(data)
+			if legend.Min.Y < y(100) {
+				t.Errorf("%s, %q: the legend reaches down to %v, below the 100 %% line at %v", set, p.Title.Text, legend.Min.Y, y(100))
+			}
+			if legend.Max.Y > data.Max.Y+vg.Millimeter {
+				t.Errorf("%s, %q: the legend's top %v is above the data area's %v", set, p.Title.Text, legend.Max.Y, data.Max.Y)
+			}
+			for _, tk := range p.Y.Tick.Marker.Ticks(p.Y.Min, p.Y.Max) {
+				if tk.Label != "" && tk.Value > 100 {
+					t.Errorf("%q: a y tick labelled %s above 100 %%", p.Title.Text, tk.Label)
+				}
+			}
 		}
 	}
 }
