@@ -18,7 +18,7 @@ COUNT     ?= 5
 # go-nvml's cgo build warns about deprecated declarations it cannot avoid.
 export CGO_CFLAGS := -Wno-deprecated-declarations
 
-.PHONY: all build install test test-norace bench lint fmt golden docs verify proto tools clean pyenv ptx pytools engineenv pytest-sdk proto-python ruff image
+.PHONY: all build install test test-norace bench lint fmt golden docs verify proto tools clean pyenv ptx pytools engineenv vllmenv pytest-sdk proto-python ruff image
 
 # The Python environment the interoperability tests use: the real mooncake_master and Mooncake's
 # Python store client, pinned in tools/python/requirements.txt. Tests find it through KVCTL_PYENV.
@@ -65,6 +65,21 @@ $(ENGINEENV)/.stamp: tools/engine/requirements.txt $(PYSDK)/pyproject.toml
 	@rm -rf $(ENGINEENV) && $(PYTHON3) -m venv $(ENGINEENV) && \
 		$(ENGINEENV)/bin/pip install -q --disable-pip-version-check -r tools/engine/requirements.txt && \
 		$(ENGINEENV)/bin/pip install -q --disable-pip-version-check --no-deps -e $(PYSDK) && touch $@
+
+# vLLM's scheduler on CPU, for the vLLM connector's tests: a virtual environment layered over
+# the engine SDK's (a .pth file adds ENGINEENV's site-packages), with vLLM and the modules its
+# scheduler imports installed without their dependencies (tools/vllm/requirements.txt says why).
+# The engine environment is an order-only prerequisite: built when missing, never rebuilt from here.
+VLLMENV   ?= $(CURDIR)/.cache/vllmenv
+vllmenv: $(VLLMENV)/.stamp
+
+$(VLLMENV)/.stamp: tools/vllm/requirements.txt | $(ENGINEENV)/.stamp
+	@echo '== vLLM environment $(VLLMENV)'
+	@rm -rf $(VLLMENV) && $(PYTHON3) -m venv $(VLLMENV) && \
+		$(ENGINEENV)/bin/python -c 'import site; print(site.getsitepackages()[0])' \
+			>"$$($(VLLMENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/kvctl-engineenv.pth" && \
+		$(VLLMENV)/bin/pip install -q --disable-pip-version-check --no-deps -r tools/vllm/requirements.txt && \
+		$(VLLMENV)/bin/python -c 'from vllm.v1.core.sched.scheduler import Scheduler' && touch $@
 
 # The SDK's tests run against a real kvctl serve built from this tree (the fixture builds it).
 pytest-sdk: engineenv
