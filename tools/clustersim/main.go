@@ -37,6 +37,7 @@ func run(args []string, stdout io.Writer) error {
 	local := fs.Float64("local-gbyte", 25, "what a host reads from its own segment, GB/s")
 	placement := fs.String("placement", "random,local", "where saves go: random and/or local, comma separated")
 	router := fs.String("router", "affinity,random", "which host serves a request: affinity and/or random, comma separated")
+	replicas := fs.String("replicas", "1", "replicas of each saved block, comma separated")
 	seed := fs.Uint64("seed", 1, "seed of the random choices")
 	format := fs.String("o", "table", "output: table or json")
 	if err := fs.Parse(args); err != nil {
@@ -54,6 +55,10 @@ func run(args []string, stdout io.Writer) error {
 	ns, err := intList(*hosts)
 	if err != nil {
 		return fmt.Errorf("--hosts: %w", err)
+	}
+	rs, err := intList(*replicas)
+	if err != nil {
+		return fmt.Errorf("--replicas: %w", err)
 	}
 	if *scaleFrom < 0 {
 		return fmt.Errorf("--scale-from %d: must not be negative", *scaleFrom)
@@ -76,14 +81,17 @@ func run(args []string, stdout io.Writer) error {
 			}
 			copies = n / *scaleFrom
 		}
-		for _, p := range strings.Split(*placement, ",") {
-			for _, r := range strings.Split(*router, ",") {
-				res, err := Run(reqs, Config{Hosts: n, Copies: copies, SegmentBytes: int64(*segment * (1 << 30)), TokenBytes: *tokenBytes,
-					LinkBandwidth: *link * 1e9 / 8, LocalBandwidth: *local * 1e9, Placement: Placement(p), Router: Router(r), Seed: *seed})
-				if err != nil {
-					return err
+		for _, rep := range rs {
+			for _, p := range strings.Split(*placement, ",") {
+				for _, r := range strings.Split(*router, ",") {
+					res, err := Run(reqs, Config{Hosts: n, Copies: copies, SegmentBytes: int64(*segment * (1 << 30)), TokenBytes: *tokenBytes,
+						LinkBandwidth: *link * 1e9 / 8, LocalBandwidth: *local * 1e9, Placement: Placement(p), Router: Router(r),
+						Replicas: rep, Seed: *seed})
+					if err != nil {
+						return err
+					}
+					results = append(results, res)
 				}
-				results = append(results, res)
 			}
 		}
 	}
@@ -93,9 +101,9 @@ func run(args []string, stdout io.Writer) error {
 		return e.Encode(results)
 	}
 	w := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "hosts\tcopies\tplacement\trouter\thit rate\tremote share\tevictions\tload mean ms\tp50 ms\tp99 ms\tGB/s per load\tbusiest link\t")
+	fmt.Fprintln(w, "hosts\tcopies\treplicas\tplacement\trouter\thit rate\tremote share\tevictions\tload mean ms\tp50 ms\tp99 ms\tGB/s per load\tbusiest link\t")
 	for _, r := range results {
-		fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%.1f%%\t%.1f%%\t%d\t%.1f\t%.1f\t%.1f\t%.2f\t%.1f%%\t\n", r.Hosts, r.Copies, r.Placement, r.Router,
+		fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%s\t%.1f%%\t%.1f%%\t%d\t%.1f\t%.1f\t%.1f\t%.2f\t%.1f%%\t\n", r.Hosts, r.Copies, r.Replicas, r.Placement, r.Router,
 			100*r.HitRate, 100*r.RemoteShare, r.Evictions, r.LoadMeanMs, r.LoadP50Ms, r.LoadP99Ms, r.LoadGBps, 100*r.LinkBusy)
 	}
 	return w.Flush()

@@ -21,6 +21,7 @@ const (
 	maxLineBytes     = 8 << 20
 	maxHosts         = 1 << 12
 	maxCopies        = 1 << 10
+	maxReplicas      = 16
 )
 
 // Request is one line of a Mooncake FAST'25 trace.
@@ -107,7 +108,11 @@ type Config struct {
 	LocalBandwidth float64
 	Placement      Placement
 	Router         Router
-	Seed           uint64
+	// Replicas is how many segments hold each saved block (replica_num): the first where
+	// Placement says, the others in random other segments. A read takes a replica in its own
+	// host's segment if there is one, else the one whose owner's link frees soonest.
+	Replicas int
+	Seed     uint64
 }
 
 // Validate refuses a configuration the simulation cannot run.
@@ -129,6 +134,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("placement %q: want %q or %q", c.Placement, PlaceRandom, PlaceLocal)
 	case c.Router != RouteRandom && c.Router != RouteAffinity:
 		return fmt.Errorf("router %q: want %q or %q", c.Router, RouteRandom, RouteAffinity)
+	case c.Replicas < 1 || c.Replicas > c.Hosts || c.Replicas > maxReplicas:
+		return fmt.Errorf("replicas %d: want 1..%d and at most the hosts", c.Replicas, maxReplicas)
 	}
 	return nil
 }
@@ -136,6 +143,7 @@ func (c Config) Validate() error {
 // Result is what one simulated cluster did.
 type Result struct {
 	Hosts, Copies        int
+	Replicas             int
 	Placement            Placement
 	Router               Router
 	Requests             int
@@ -172,7 +180,7 @@ type link struct{ free, busy float64 }
 // Run replays trace on the cluster c. Requests are taken in arrival order; each looks up the
 // longest prefix of its blocks the pool holds (any segment), reads them (a block in its own
 // host's segment at LocalBandwidth, one in another's over both hosts' links), and saves the
-// blocks it computed. A transfer queues bytes/LinkBandwidth on the owner's outgoing and the
+// blocks it computed, Replicas copies each. A transfer queues bytes/LinkBandwidth on the owner's outgoing and the
 // reader's incoming link (transfer); the queueing on a shared link is what the model is for. The
 // connector leaves the block holding the last prompt token
 // to compute, so a prompt cached whole loads all but its last block. Saves go where Placement
@@ -181,7 +189,7 @@ func Run(trace []Request, c Config) (Result, error) {
 	if err := c.Validate(); err != nil {
 		return Result{}, err
 	}
-	rng := rand.New(rand.NewPCG(c.Seed, c.Seed^0x9e3779b97f4a7c15))
+	rng := newRand(c.Seed)
 	var span uint64
 	for _, q := range trace {
 		for _, h := range q.Hashes {
@@ -195,10 +203,10 @@ func Run(trace []Request, c Config) (Result, error) {
 	for i := range segs {
 		segs[i].lru.init()
 	}
-	stored := map[uint64]*lruNode{}
+	stored := map[uint64][]*lruNode{} // a block's replicas
 	out := make([]link, c.Hosts)
 	in := make([]link, c.Hosts)
-	r := Result{Hosts: c.Hosts, Copies: c.Copies, Placement: c.Placement, Router: c.Router}
+	r := Result{Hosts: c.Hosts, Copies: c.Copies, Replicas: c.Replicas, Placement: c.Placement, Router: c.Router}
 	var loads []float64
 	var rateSum float64
 	blockBytes := func(q Request, i int) (int64, int64) {
@@ -224,7 +232,7 @@ func Run(trace []Request, c Config) (Result, error) {
 			r.InputTokens += int64(q.InputLength)
 			// The longest stored prefix, less the block holding the last prompt token.
 			hit := 0
-			for hit < len(ids) && stored[ids[hit]] != nil {
+			for hit < len(ids) && len(stored[ids[hit]]) > 0 {
 				hit++
 			}
 			if hit == len(ids) {
@@ -233,7 +241,7 @@ func Run(trace []Request, c Config) (Result, error) {
 			done := now
 			var reqBytes int64
 			for i := range hit {
-				n := stored[ids[i]]
+				n := pick(stored[ids[i]], host, out)
 				toks, bytes := blockBytes(q, i)
 				r.HitTokens += toks
 				reqBytes += bytes
@@ -254,30 +262,33 @@ func Run(trace []Request, c Config) (Result, error) {
 			}
 			// Save what was computed and is not stored yet.
 			for i := hit; i < len(ids); i++ {
-				if stored[ids[i]] != nil {
+				if len(stored[ids[i]]) > 0 {
 					continue
 				}
 				_, bytes := blockBytes(q, i)
-				seg := host
-				if c.Placement == PlaceRandom {
-					seg = rng.IntN(c.Hosts)
-				}
 				if bytes > c.SegmentBytes {
 					continue // larger than a segment: never stored
 				}
-				for segs[seg].used+bytes > c.SegmentBytes {
-					victim := segs[seg].lru.front()
-					segs[seg].lru.remove(victim)
-					segs[seg].used -= victim.b.bytes
-					delete(stored, victim.id)
-					r.Evictions++
-				}
-				n := &lruNode{id: ids[i], b: block{seg: seg, bytes: bytes}}
-				segs[seg].lru.pushBack(n)
-				segs[seg].used += bytes
-				stored[ids[i]] = n
-				if seg != host {
-					transfer(&out[host], &in[seg], now, float64(bytes)/c.LinkBandwidth)
+				for _, seg := range placeReplicas(c, host, rng) {
+					for segs[seg].used+bytes > c.SegmentBytes {
+						victim := segs[seg].lru.front()
+						segs[seg].lru.remove(victim)
+						segs[seg].used -= victim.b.bytes
+						reps := slices.DeleteFunc(stored[victim.id], func(x *lruNode) bool { return x == victim })
+						if len(reps) == 0 {
+							delete(stored, victim.id)
+							r.Evictions++ // the block is gone once its last replica is
+						} else {
+							stored[victim.id] = reps
+						}
+					}
+					n := &lruNode{id: ids[i], b: block{seg: seg, bytes: bytes}}
+					segs[seg].lru.pushBack(n)
+					segs[seg].used += bytes
+					stored[ids[i]] = append(stored[ids[i]], n)
+					if seg != host {
+						transfer(&out[host], &in[seg], now, float64(bytes)/c.LinkBandwidth)
+					}
 				}
 			}
 		}
@@ -307,6 +318,9 @@ func Run(trace []Request, c Config) (Result, error) {
 	return r, nil
 }
 
+// newRand is the source of every random choice a run makes.
+func newRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)) }
+
 // transfer queues d seconds of work on each link, each a first-come first-served server of its
 // own, and returns when the later of the two is done: the transfer is as slow as its more
 // loaded end. (Holding both links at once from when both are free would leave each idle while
@@ -317,6 +331,37 @@ func transfer(from, to *link, now, d float64) float64 {
 	from.busy += d
 	to.busy += d
 	return max(from.free, to.free)
+}
+
+// pick returns the replica a read on host takes: one in host's own segment, else the one whose
+// owner's outgoing link frees soonest.
+func pick(reps []*lruNode, host int, out []link) *lruNode {
+	best := reps[0]
+	for _, n := range reps {
+		if n.b.seg == host {
+			return n
+		}
+		if out[n.b.seg].free < out[best.b.seg].free {
+			best = n
+		}
+	}
+	return best
+}
+
+// placeReplicas returns the distinct segments a block saved on host goes to: the first where
+// c.Placement says, then random others.
+func placeReplicas(c Config, host int, rng *rand.Rand) []int {
+	first := host
+	if c.Placement == PlaceRandom {
+		first = rng.IntN(c.Hosts)
+	}
+	segs := []int{first}
+	for len(segs) < c.Replicas {
+		if s := rng.IntN(c.Hosts); !slices.Contains(segs, s) {
+			segs = append(segs, s)
+		}
+	}
+	return segs
 }
 
 // route picks the host that serves a request with block ids ids.

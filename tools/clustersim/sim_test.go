@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -18,7 +19,7 @@ func req(ts int64, input int, ids ...uint64) Request {
 // reads of 1024 B/s, so a whole block takes 1 s over a link and 0.5 s from the own segment.
 func base() Config {
 	return Config{Hosts: 2, Copies: 1, SegmentBytes: 1 << 20, TokenBytes: 1, LinkBandwidth: 512, LocalBandwidth: 1024,
-		Placement: PlaceLocal, Router: RouteAffinity, Seed: 1}
+		Placement: PlaceLocal, Router: RouteAffinity, Replicas: 1, Seed: 1}
 }
 
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
@@ -52,6 +53,7 @@ func TestConfigValidateNamesTheProblem(t *testing.T) {
 		{func(c *Config) { c.LocalBandwidth = math.Inf(1) }, "local bandwidth +Inf"},
 		{func(c *Config) { c.Placement = "near" }, `placement "near"`},
 		{func(c *Config) { c.Router = "x" }, `router "x"`},
+		{func(c *Config) { c.Replicas = 3 }, "replicas 3"},
 	} {
 		cfg := base()
 		c.mod(&cfg)
@@ -195,5 +197,48 @@ func TestCommandOnTheConversationTrace(t *testing.T) {
 	}
 	if err := run([]string{"--trace", path, "--hosts", "12", "--scale-from", "8"}, &out); err == nil || !strings.Contains(err.Error(), "--hosts 12 is not a multiple of --scale-from 8") {
 		t.Fatalf("error %v", err)
+	}
+}
+
+// A hot block read by many hosts at once: with one replica every read queues on its owner's
+// outgoing link; with two the reads split between the owners and the slowest load about halves.
+func TestReplicasSpreadReadsOfAHotBlock(t *testing.T) {
+	trace := []Request{req(0, 1024, 7, 1)}
+	for i := range 40 {
+		trace = append(trace, req(100_000, 1024, 7, uint64(1000+i)))
+	}
+	var p99 [3]float64
+	for reps := 1; reps <= 2; reps++ {
+		cfg := base()
+		cfg.Hosts, cfg.Replicas = 8, reps
+		r, err := Run(trace, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.HitTokens == 0 {
+			t.Fatal("no hits")
+		}
+		p99[reps] = r.LoadP99Ms
+	}
+	if !(p99[2] < 0.75*p99[1]) {
+		t.Fatalf("p99 load %v ms with two replicas, %v ms with one: want well below", p99[2], p99[1])
+	}
+}
+
+// A read takes the replica in its own segment, else the one whose owner's link frees first.
+func TestPickTakesLocalThenLeastBusy(t *testing.T) {
+	out := []link{{free: 5}, {free: 1}, {free: 3}}
+	a, b, c := &lruNode{b: block{seg: 0}}, &lruNode{b: block{seg: 1}}, &lruNode{b: block{seg: 2}}
+	if got := pick([]*lruNode{a, b, c}, 2, out); got != c {
+		t.Fatalf("picked segment %d, want the reader's own 2", got.b.seg)
+	}
+	if got := pick([]*lruNode{a, c, b}, 3, out); got != b {
+		t.Fatalf("picked segment %d, want 1 (its link frees first)", got.b.seg)
+	}
+	cfg := base()
+	cfg.Hosts, cfg.Replicas = 5, 3
+	segs := placeReplicas(cfg, 4, newRand(1))
+	if len(segs) != 3 || segs[0] != 4 || segs[1] == segs[2] || slices.Contains(segs[1:], 4) {
+		t.Fatalf("replicas in %v: want 3 distinct segments, the saver's own first", segs)
 	}
 }
