@@ -3,7 +3,14 @@ package mooncake_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
@@ -19,7 +26,17 @@ const benchSegment = 512 << 20
 // the Python process (reported as inproc-ns/op; ns/op adds one driver round trip per run).
 //
 //	go test -run '^$' -bench BenchmarkInterop -benchtime 200x ./mooncake/
+//
+// With KVCTL_INTEROP_BUSY=N a sibling process spins N threads on the same cores for the whole
+// run (busySibling), so both clients are measured equally loaded.
 func BenchmarkInterop(b *testing.B) {
+	if v := os.Getenv(busyEnv); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1024 {
+			b.Fatalf("%s=%q: want a number of threads, 1..1024", busyEnv, v)
+		}
+		busySibling(b, n)
+	}
 	m := mooncaketest.StartMaster(b, mooncaketest.MasterOptions{})
 	startHelper(b, m, "bench-holder", 0, 0, benchSegment)
 	kv := newNative(b, m, 0)
@@ -176,4 +193,68 @@ func BenchmarkInterop(b *testing.B) {
 	b.Run("batch_exist/3000/python", pyExist)
 	b.Run("batch_exist/3000/python-again", pyExist)
 	b.Run("batch_exist/3000/kvctl-again", kvExist)
+}
+
+// busyEnv asks BenchmarkInterop for a busy sibling process, and tells that process how many
+// threads to spin.
+const busyEnv = "KVCTL_INTEROP_BUSY"
+
+// busySibling starts this test binary again as a process that keeps n threads busy on the same
+// cores until the benchmark ends (its stdin closes) or this process dies.
+func busySibling(b *testing.B, n int) {
+	b.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperBusyProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), busyEnv+"="+strconv.Itoa(n))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = stdin.Close()
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	b.Logf("busy sibling process %d spins %d threads", cmd.Process.Pid, n)
+}
+
+// TestHelperBusyProcess is the busy sibling of BenchmarkInterop: KVCTL_INTEROP_BUSY threads
+// spinning until stdin closes. Skipped in a normal run.
+func TestHelperBusyProcess(t *testing.T) {
+	n, err := strconv.Atoi(os.Getenv(busyEnv))
+	if err != nil || n < 1 {
+		t.Skip("helper process only")
+	}
+	runtime.GOMAXPROCS(n)
+	stop := make(chan struct{})
+	for range n {
+		go func() {
+			runtime.LockOSThread()
+			x := uint64(1)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				for range 1 << 16 {
+					x = x*6364136223846793005 + 1442695040888963407
+				}
+				if x == 0 {
+					t.Log(x) // keeps the loop from being optimised away
+				}
+			}
+		}()
+	}
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	close(stop)
 }

@@ -489,8 +489,7 @@ func (n *Native) putUnique(ctx context.Context, keys []string, bufs [][]byte, cf
 	if n.opts.ObjectChecksum {
 		sums = make([]uint64, len(idx))
 	}
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, n.opts.Transfers)
+	writes := make([]int, 0, len(idx)) // indices into idx of the pages to write
 	for j, i := range idx {
 		r := started[j]
 		switch {
@@ -506,22 +505,21 @@ func (n *Native) putUnique(ctx context.Context, keys []string, bufs [][]byte, cf
 			writeErr[j] = errors.New("master allocated no replica")
 			continue
 		}
-		wg.Add(1)
-		sem <- struct{}{}
-		go func(j int, buf []byte, reps []masterrpc.Replica) {
-			defer func() { <-sem; wg.Done() }()
-			if sums != nil {
-				sums[j] = ObjectChecksum(buf)
-			}
-			for _, rep := range reps {
-				if err := n.transfer(ctx, rep, buf, true); err != nil {
-					writeErr[j] = err
-					return
-				}
-			}
-		}(j, bufs[i], r.Replicas)
+		writes = append(writes, j)
 	}
-	wg.Wait()
+	n.runTransfers(len(writes), func(k int) {
+		j := writes[k]
+		buf := bufs[idx[j]]
+		if sums != nil {
+			sums[j] = ObjectChecksum(buf)
+		}
+		for _, rep := range started[j].Replicas {
+			if err := n.transfer(ctx, rep, buf, true); err != nil {
+				writeErr[j] = err
+				return
+			}
+		}
+	})
 	var endKeys, revokeKeys []string
 	var endIdx, revokeIdx []int
 	var endMeta []masterrpc.ObjectMeta
@@ -573,6 +571,37 @@ func (n *Native) putUnique(ctx context.Context, keys []string, bufs [][]byte, cf
 		}
 		n.stats.putFailures.Add(1)
 	}
+}
+
+// getJob is one page a BatchGet reads: its index in the batch and the replica it reads.
+type getJob struct {
+	i    int
+	rep  masterrpc.Replica
+	list masterrpc.ReplicaList
+}
+
+// runTransfers runs do(0) .. do(count-1), at most Transfers at once, and returns once all are
+// done. The last one runs in the caller's goroutine: a batch of one page (the common small get
+// or put) then starts no goroutine and waits on nothing, which on a busy machine saves a wake-up
+// of the caller that waits its turn for a core.
+func (n *Native) runTransfers(count int, do func(k int)) {
+	if count == 0 {
+		return
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, n.opts.Transfers)
+	for k := range count - 1 {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			do(k)
+		}()
+	}
+	sem <- struct{}{}
+	do(count - 1)
+	<-sem
+	wg.Wait()
 }
 
 // transfer moves buf to (write) or from (read) one memory replica.
@@ -688,9 +717,8 @@ func (n *Native) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []i
 		}
 		return out
 	}
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, n.opts.Transfers)
 	poisoned := make([]bool, len(keys))
+	jobs := make([]getJob, 0, len(keys))
 	for i, l := range lists {
 		if l.Code != 0 {
 			out[i] = int64(l.Code)
@@ -712,28 +740,27 @@ func (n *Native) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []i
 			out[i] = int64(ErrRPCFail)
 			continue
 		}
-		wg.Add(1)
-		sem <- struct{}{}
-		go func(i int, rep masterrpc.Replica, l masterrpc.ReplicaList) {
-			defer func() { <-sem; wg.Done() }()
-			dst := bufs[i][:rep.Size]
-			if err := n.transfer(ctx, rep, dst, false); err != nil {
-				n.log.Warn("mooncake get transfer failed", "key", keys[i], "segment", rep.Endpoint, "err", err)
-				out[i] = int64(ErrRPCFail)
-				return
-			}
-			if !n.checksumOK(keys[i], rep, l, dst) {
-				clear(dst) // the caller's buffer never keeps a poisoned page
-				out[i] = int64(ErrMooncakeChecksum)
-				poisoned[i] = true
-				return
-			}
-			out[i] = int64(rep.Size)
-			n.stats.hits.Add(1)
-			n.stats.bytesOut.Add(int64(rep.Size))
-		}(i, rep, l.List)
+		jobs = append(jobs, getJob{i: i, rep: rep, list: l.List})
 	}
-	wg.Wait()
+	get := func(j getJob) {
+		i, rep := j.i, j.rep
+		dst := bufs[i][:rep.Size]
+		if err := n.transfer(ctx, rep, dst, false); err != nil {
+			n.log.Warn("mooncake get transfer failed", "key", keys[i], "segment", rep.Endpoint, "err", err)
+			out[i] = int64(ErrRPCFail)
+			return
+		}
+		if !n.checksumOK(keys[i], rep, j.list, dst) {
+			clear(dst) // the caller's buffer never keeps a poisoned page
+			out[i] = int64(ErrMooncakeChecksum)
+			poisoned[i] = true
+			return
+		}
+		out[i] = int64(rep.Size)
+		n.stats.hits.Add(1)
+		n.stats.bytesOut.Add(int64(rep.Size))
+	}
+	n.runTransfers(len(jobs), func(k int) { get(jobs[k]) })
 	for i, bad := range poisoned {
 		if bad {
 			n.removePoisoned(ctx, keys[i])

@@ -106,6 +106,7 @@ type loadLists struct {
 	keyBytes [][]byte // for one that takes them as bytes (mooncake.ReusingViewer): of keyBuf
 	owners   []*loadItem
 	bufs     [][]byte // staging slots, for a load that does not read the pool in place
+	dsts     [][]byte // engine memory of every value, for a load that reads straight into it
 	srcs     [][]byte
 	refs     []kvmem.PageRef
 	sums     []uint64
@@ -131,6 +132,7 @@ func (l *loadLists) fit(n int) {
 	l.keyBytes = make([][]byte, n)
 	l.owners = make([]*loadItem, n)
 	l.bufs = make([][]byte, n)
+	l.dsts = make([][]byte, n)
 	l.srcs = make([][]byte, n)
 	l.refs = make([]kvmem.PageRef, n)
 	l.sums = make([]uint64, n)
@@ -226,10 +228,13 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 			gpuBefore = timer.GPUTime()
 		}
 	}
+	// Straight into engine memory: a pool that reads into the caller's buffers, a mover whose
+	// engine memory is host memory, and every value one contiguous piece of it.
+	dst := hostDestinations(view, mover, items, lists.dsts[:len(items)])
 	sets := 1
 	if view != nil {
 		sets = 2 // no slots to share: one batch is verified while the previous one is scattered
-	} else {
+	} else if dst == nil {
 		if stage.Slots() >= 2 {
 			sets = 2
 		}
@@ -374,7 +379,10 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 			} else {
 				keys = append(keys, keyString[it.at:it.end])
 			}
-			if view == nil {
+			switch {
+			case dst != nil:
+				bufs = append(bufs, dst[next])
+			case view == nil:
 				bufs = append(bufs, stage.Slot(set*batch + len(bufs))[:it.size])
 			}
 			owners = append(owners, it)
@@ -423,6 +431,10 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 		}
 		for i, it := range owners {
 			if len(got) == len(owners) && got[i] == int64(it.size) && len(bufs) == len(owners) && len(bufs[i]) == it.size {
+				if dst != nil { // landed where it belongs: nothing to scatter
+					res.landedBytes += int64(it.size)
+					continue
+				}
 				srcs = append(srcs, bufs[i])
 				refs = append(refs, it.ref)
 				res.landedBytes += int64(it.size)
@@ -492,6 +504,31 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 		}
 	}
 	return res, nil
+}
+
+// hostDestinationsOff makes loads stage every page even where they could read it straight into
+// engine memory; the benchmarks set it to compare the two.
+var hostDestinationsOff = false
+
+// hostDestinations returns, for a load that reads each value straight into engine memory, the
+// engine memory of every value in items' order; nil when the load stages its pages. It does so
+// when the pool reads into the caller's buffers (no view: a Mooncake cluster, whose Transfer
+// Engine reads a peer's page off the socket), the mover's engine memory is host memory
+// (kvmem.HostPages) and every value is one contiguous piece of it. The list is out (as long as
+// items), from the load's lists.
+func hostDestinations(view mooncake.Viewer, mover kvmem.Mover, items []loadItem, out [][]byte) [][]byte {
+	hp, ok := mover.(kvmem.HostPages)
+	if view != nil || !ok || hostDestinationsOff || len(items) == 0 {
+		return nil
+	}
+	for i := range items {
+		mem, ok := hp.PageMemory(items[i].ref)
+		if !ok || len(mem) != items[i].size {
+			return nil
+		}
+		out[i] = mem
+	}
+	return out
 }
 
 // issuedFirstBatchOff makes checked loads issue their pages in one batch even where the mover

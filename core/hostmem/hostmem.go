@@ -149,6 +149,20 @@ func (h *hostMover) Scatter(ctx context.Context, src [][]byte, pages []kvmem.Pag
 	})
 }
 
+// PageMemory returns the engine memory of ref's value when it is one contiguous piece
+// (kvmem.HostPages), so a pool read lands there without staging. The memory is a sealed memfd
+// (kvctl serve refuses one that could shrink), so writing it cannot fault.
+func (h *hostMover) PageMemory(ref kvmem.PageRef) ([]byte, bool) {
+	if h.closed {
+		return nil, false
+	}
+	off, n, ok := h.layout.ContiguousValue(ref)
+	if !ok || off+n > uint64(len(h.mem.data)) || off+n < off {
+		return nil, false
+	}
+	return h.mem.data[off : off+n : off+n], true
+}
+
 // ErrMemoryFault is wrapped by a copy's error when touching engine memory faulted (SIGBUS: the
 // file under the mapping lost pages). The copy fails; the process does not.
 var ErrMemoryFault = errors.New("engine memory fault")

@@ -55,6 +55,19 @@ type HostRegistrar interface {
 	RegisterHost(mem []byte) (io.Closer, error)
 }
 
+// HostPages is implemented by movers over engine memory this process maps as ordinary host
+// memory (the shared-memory mover of core/hostmem). A load from a pool that reads into the
+// caller's buffers (a Mooncake cluster, whose Transfer Engine reads a peer's page off the
+// socket) then reads each page whose value is one contiguous piece of engine memory straight
+// into it: no staging slot and no copy after. A page whose read fails may be left partly
+// written; it is never reported loaded, as with any failed load.
+type HostPages interface {
+	// PageMemory returns the engine memory ref's value occupies when it is one contiguous
+	// piece (Layout.ContiguousValue); ok is false otherwise. The slice is valid until the
+	// mover is closed.
+	PageMemory(ref PageRef) (mem []byte, ok bool)
+}
+
 // PageChecker is implemented by movers that can check pages where they land in engine memory,
 // on the device, instead of the host checking them before the copy (the CUDA mover, for layouts
 // whose regions are multiples of 64 bytes). A load that uses it copies pages straight from pool

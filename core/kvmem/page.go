@@ -81,3 +81,23 @@ func WalkPages(l Layout, pages []PageRef, bufs [][]byte, fn PieceFunc) error {
 	}
 	return nil
 }
+
+// ContiguousValue reports where ref's value lies in engine memory when it is one contiguous
+// piece there (its regions back to back, in value order): its offset and size. ok is false when
+// the value is split, and for a reference outside the layout.
+func (l Layout) ContiguousValue(ref PageRef) (off, size uint64, ok bool) {
+	rs, err := l.regions(ref)
+	if err != nil || len(rs) == 0 {
+		return 0, 0, false
+	}
+	slot := uint64(ref.Slot)
+	off = rs[0].Offset + rs[0].Stride*slot
+	end := off
+	for _, r := range rs {
+		if r.Offset+r.Stride*slot != end {
+			return 0, 0, false
+		}
+		end += r.Size
+	}
+	return off, end - off, true
+}

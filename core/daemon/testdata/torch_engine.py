@@ -566,6 +566,12 @@ def main():
         default=0,
         help="keep the GPU computing this long before each StartLoad, as the previous step's forward pass does in a serving engine (0: the GPU idles between passes)",
     )
+    p.add_argument(
+        "--passes",
+        choices=["both", "cold", "warm"],
+        default="both",
+        help="run the cold pass, the warm pass or both (a warm pass alone loads what a cold pass with the same --seed saved, through this or another daemon of the same pool)",
+    )
     p.add_argument("--staging-bytes", type=int, default=256 << 20)
     p.add_argument("--pass-timeout", type=int, default=300)
     p.add_argument(
@@ -630,44 +636,49 @@ def main():
         summary["gpu"] = torch.cuda.get_device_name()
         summary["anchor"] = pinned_anchor(torch)
 
-    # Cold pass: computes and saves every block.
-    mem = new_memory(args)
-    cold = Engine(client, args, args.name + "-cold/rank0", mem)
-    summary["registration"] = cold.memory_info
-    summary["cold"] = cold.run(reqs)
-    summary["large_calls"] = large_calls(client, cold.name, args.seed, reqs[0][1])
-    cold.close()
-    mem.close()
+    summary["passes"] = args.passes
+    last = None
+    if args.passes in ("both", "cold"):
+        # Cold pass: computes and saves every block.
+        mem = new_memory(args)
+        cold = Engine(client, args, args.name + "-cold/rank0", mem)
+        summary["registration"] = cold.memory_info
+        summary["cold"] = cold.run(reqs)
+        summary["large_calls"] = large_calls(client, cold.name, args.seed, reqs[0][1])
+        last = cold.name  # run() returns once every save is done: a warm pass may follow at once
+        cold.close()
+        mem.close()
 
-    # Warm pass: a new engine with fresh memory loads what the cold pass saved.
-    mem = new_memory(args)
-    warm = Engine(client, args, args.name + "-warm/rank0", mem)
-    # An engine call's own cost on an idle daemon, over each transport: calls that do next to
-    # nothing there.
-    for via in ("grpc", "channel"):
-        summary["idle_rpc_seconds_" + via] = time_calls(client, via, warm.name, 200)
-    summary["idle_rpc_seconds"] = summary["idle_rpc_seconds_" + args.calls]
-    summary["warm"] = warm.run([(rid + "-warm", toks) for rid, toks in reqs])
-    # Every full block but the one holding the last prompt token is offered.
-    summary["expected_warm_loaded_blocks"] = sum((len(t) - 1) // T for _, t in reqs)
-    if args.stats_url:
-        with urllib.request.urlopen(args.stats_url, timeout=30) as resp:
-            summary["daemon_loads"] = json.load(resp)["loads"]
-    warm.close()
-    mem.close()
+    if args.passes in ("both", "warm"):
+        # Warm pass: a new engine with fresh memory loads what the cold pass saved.
+        mem = new_memory(args)
+        warm = Engine(client, args, args.name + "-warm/rank0", mem)
+        # An engine call's own cost on an idle daemon, over each transport: calls that do next
+        # to nothing there.
+        for via in ("grpc", "channel"):
+            summary["idle_rpc_seconds_" + via] = time_calls(client, via, warm.name, 200)
+        summary["idle_rpc_seconds"] = summary["idle_rpc_seconds_" + args.calls]
+        summary["warm"] = warm.run([(rid + "-warm", toks) for rid, toks in reqs])
+        # Every full block but the one holding the last prompt token is offered.
+        summary["expected_warm_loaded_blocks"] = sum((len(t) - 1) // T for _, t in reqs)
+        if args.stats_url:
+            with urllib.request.urlopen(args.stats_url, timeout=30) as resp:
+                summary["daemon_loads"] = json.load(resp)["loads"]
+        last = warm.name
+        warm.close()
+        mem.close()
     summary["call_channel_stats"] = asdict(client.call_channel.stats)
-    summary["channel_after_connection_end"] = channel_after_connection_end(client, warm.name)
+    summary["channel_after_connection_end"] = channel_after_connection_end(client, last)
     client.close()
 
     if args.memory == "cuda":
         # Measured again after the passes: the anchor brackets the loads.
         after = pinned_anchor(torch)
         summary["anchor_after"] = after
-    w = summary["warm"]
     problems = []
-    if summary["cold"]["mismatched_blocks"] or w["mismatched_blocks"]:
+    if any(summary[k]["mismatched_blocks"] for k in ("cold", "warm") if k in summary):
         problems.append("loaded pages held wrong bytes")
-    if w["loaded_blocks"] == 0:
+    if "warm" in summary and summary["warm"]["loaded_blocks"] == 0:
         problems.append("the warm pass loaded nothing")
     summary["ok"] = not problems
     summary["problems"] = problems
