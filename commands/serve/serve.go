@@ -22,7 +22,7 @@ import (
 	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/core/sysmem"
 	"github.com/kvctl/kvctl/gpu"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // Options are the inputs of `kvctl serve`.
@@ -269,8 +269,8 @@ func runServe(ctx context.Context, opts *Options) error {
 		backend = b
 	}
 
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "kvctl-embedded-0", Capacity: poolBytes}}
+	popts := embedded.DefaultOptions()
+	popts.Segments = []embedded.SegmentSpec{{Name: "kvctl-embedded-0", Capacity: poolBytes}}
 	popts.Prefault = sc.PoolPrefault
 	d, err := daemon.New(daemon.Config{
 		Socket:           sc.Socket,

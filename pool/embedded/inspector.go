@@ -1,68 +1,12 @@
-package mooncake
+package embedded
 
 import (
 	"context"
 	"sort"
-	"time"
+
+	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
-
-// ReplicaDesc is one memory replica as the master's admin API shows it (the C++
-// AllocatedBuffer::Descriptor, with its trailing-underscore JSON names).
-type ReplicaDesc struct {
-	Size              uint64 `json:"size_"`
-	BufferAddress     uint64 `json:"buffer_address_"`
-	Protocol          string `json:"protocol_"`
-	TransportEndpoint string `json:"transport_endpoint_"`
-}
-
-// KeyQuery is the read-only answer for one key of a batch query: either OK with its replicas
-// or Error with the master's error name (e.g. "OBJECT_NOT_FOUND").
-type KeyQuery struct {
-	OK       bool
-	Error    string
-	Replicas []ReplicaDesc
-}
-
-// Inspector is the read-only view the admin HTTP handler serves. Implementations are safe for
-// concurrent use. Only QueryKey has side effects: like the master's /query_key it grants a read
-// lease and counts as a get; BatchQuery never changes a lease.
-type Inspector interface {
-	QueryKey(ctx context.Context, key string) ([]ReplicaDesc, Code)
-	BatchQuery(ctx context.Context, keys []string) map[string]KeyQuery
-	// Keys lists the readable keys, in no particular order.
-	Keys(ctx context.Context) ([]string, error)
-	Segments(ctx context.Context) ([]Segment, error)
-	Metrics(ctx context.Context) (MetricsSnapshot, error)
-}
-
-// MetricsSnapshot is what /metrics and /metrics/summary render, named after the master's
-// metrics it feeds.
-type MetricsSnapshot struct {
-	Stats    Stats
-	Segments []Segment
-	// Uptime is how long the pool has run; the summary's per-second rates divide by it.
-	Uptime time.Duration
-
-	ActiveClients int64
-	ValueSizes    Histogram
-
-	ExistRequests, ExistFailedItems         int64 // batch_exist_key calls and failed items
-	PutRequests, PutFailedItems             int64 // batch put calls and failed items
-	GetRequests, GetItems, GetFailedItems   int64 // batch get calls, items and failed items
-	QueryKeyRequests, QueryKeyFailures      int64 // get_replica_list through /query_key
-	RemoveRequests, RemoveFailures          int64
-	AllocFailures                           int64
-	SuccessfulEvictions, AttemptedEvictions int64
-	EvictedKeys, EvictedBytes               int64
-}
-
-// Histogram is a cumulative histogram with the master's value-size buckets.
-type Histogram struct {
-	Bounds []float64 // upper bounds, ascending; +Inf is implied
-	Counts []uint64  // cumulative count per bound
-	Count  uint64
-	Sum    float64
-}
 
 // valueSizeBuckets are the master's master_value_size_bytes bucket bounds.
 var valueSizeBuckets = []float64{4096, 65536, 262144, 1048576, 4194304, 16777216, 67108864}
@@ -78,8 +22,8 @@ func (h *valueSizeHistogram) observe(size int64) {
 	h.sum += float64(size)
 }
 
-func (h *valueSizeHistogram) snapshot() Histogram {
-	out := Histogram{Bounds: append([]float64(nil), valueSizeBuckets...), Sum: h.sum}
+func (h *valueSizeHistogram) snapshot() mooncake.Histogram {
+	out := mooncake.Histogram{Bounds: append([]float64(nil), valueSizeBuckets...), Sum: h.sum}
 	var cum uint64
 	for i := range valueSizeBuckets {
 		cum += h.counts[i]
@@ -89,8 +33,8 @@ func (h *valueSizeHistogram) snapshot() Histogram {
 	return out
 }
 
-func (e *Embedded) replicaLocked(o *object) ReplicaDesc {
-	return ReplicaDesc{
+func (e *Embedded) replicaLocked(o *object) mooncake.ReplicaDesc {
+	return mooncake.ReplicaDesc{
 		Size:              uint64(o.size),
 		BufferAddress:     o.seg.base + uint64(o.off),
 		Protocol:          "local",
@@ -98,54 +42,13 @@ func (e *Embedded) replicaLocked(o *object) ReplicaDesc {
 	}
 }
 
-// codeName is the master's name for an error code, as its admin API prints it.
-func codeName(c Code) string {
-	switch c {
-	case OK:
-		return "OK"
-	case ErrInternal:
-		return "INTERNAL_ERROR"
-	case ErrNoAvailableHandle:
-		return "NO_AVAILABLE_HANDLE"
-	case ErrInvalidParams:
-		return "INVALID_PARAMS"
-	case ErrIllegalClient:
-		return "ILLEGAL_CLIENT"
-	case ErrReplicaNotReady:
-		return "REPLICA_IS_NOT_READY"
-	case ErrObjectNotFound:
-		return "OBJECT_NOT_FOUND"
-	case ErrObjectAlreadyExists:
-		return "OBJECT_ALREADY_EXISTS"
-	case ErrObjectHasLease:
-		return "OBJECT_HAS_LEASE"
-	case ErrLeaseExpired:
-		return "LEASE_EXPIRED"
-	case ErrChecksumMismatch:
-		return "CHECKSUM_MISMATCH"
-	case ErrRPCFail:
-		return "RPC_FAIL"
-	case ErrUnavailableInThisMode:
-		return "UNAVAILABLE_IN_CURRENT_MODE"
-	case ErrNotJoined:
-		return "NOT_JOINED"
-	}
-	if n, ok := masterCodeNames[c]; ok {
-		return n
-	}
-	return "UNKNOWN_ERROR"
-}
-
-// String returns the master's name for the code.
-func (c Code) String() string { return codeName(c) }
-
 // QueryKey implements Inspector: the master's GetReplicaList, so a hit grants a read lease
 // (refreshing the object's group) and counts as a get.
-func (e *Embedded) QueryKey(ctx context.Context, key string) ([]ReplicaDesc, Code) {
+func (e *Embedded) QueryKey(ctx context.Context, key string) ([]mooncake.ReplicaDesc, pool.Code) {
 	e.c.queryKey.Add(1)
 	if ctx.Err() != nil {
 		e.c.queryKeyFail.Add(1)
-		return nil, ErrRPCFail
+		return nil, pool.ErrRPCFail
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -153,25 +56,25 @@ func (e *Embedded) QueryKey(ctx context.Context, key string) ([]ReplicaDesc, Cod
 	if o == nil || !o.complete {
 		e.c.queryKeyFail.Add(1)
 		e.c.misses.Add(1)
-		return nil, ErrObjectNotFound
+		return nil, pool.ErrObjectNotFound
 	}
 	now := e.clock.Now()
 	e.grantLease(o, now, now.Add(e.opts.LeaseTTL))
-	return []ReplicaDesc{e.replicaLocked(o)}, OK
+	return []mooncake.ReplicaDesc{e.replicaLocked(o)}, pool.OK
 }
 
 // BatchQuery implements Inspector. It grants no lease and changes no counter.
-func (e *Embedded) BatchQuery(ctx context.Context, ks []string) map[string]KeyQuery {
-	out := make(map[string]KeyQuery, len(ks))
+func (e *Embedded) BatchQuery(ctx context.Context, ks []string) map[string]mooncake.KeyQuery {
+	out := make(map[string]mooncake.KeyQuery, len(ks))
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, k := range ks {
 		o := e.objs[k]
 		if o == nil || !o.complete {
-			out[k] = KeyQuery{Error: codeName(ErrObjectNotFound)}
+			out[k] = mooncake.KeyQuery{Error: pool.ErrObjectNotFound.String()}
 			continue
 		}
-		out[k] = KeyQuery{OK: true, Replicas: []ReplicaDesc{e.replicaLocked(o)}}
+		out[k] = mooncake.KeyQuery{OK: true, Replicas: []mooncake.ReplicaDesc{e.replicaLocked(o)}}
 	}
 	return out
 }
@@ -193,22 +96,24 @@ func (e *Embedded) Keys(ctx context.Context) ([]string, error) {
 }
 
 // Metrics implements Inspector.
-func (e *Embedded) Metrics(ctx context.Context) (MetricsSnapshot, error) {
-	st, err := e.Stats(ctx)
+func (e *Embedded) Metrics(ctx context.Context) (mooncake.MetricsSnapshot, error) {
+	st, err := e.Snapshot(ctx)
 	if err != nil {
-		return MetricsSnapshot{}, err
+		return mooncake.MetricsSnapshot{}, err
 	}
 	segs, err := e.Segments(ctx)
 	if err != nil {
-		return MetricsSnapshot{}, err
+		return mooncake.MetricsSnapshot{}, err
 	}
 	e.mu.Lock()
 	hist := e.hist.snapshot()
 	uptime := e.clock.Now().Sub(e.start)
 	e.mu.Unlock()
 	c := &e.c
-	return MetricsSnapshot{
-		Stats:               st,
+	return mooncake.MetricsSnapshot{
+		Stats:               st.Pool(),
+		SoftPinned:          st.SoftPinned,
+		ExistProbes:         st.ExistProbes,
 		Segments:            segs,
 		Uptime:              uptime,
 		ActiveClients:       1,

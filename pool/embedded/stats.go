@@ -1,6 +1,9 @@
-package mooncake
+package embedded
 
-// Stats is a snapshot of a pool's counters and occupancy. Counters only grow.
+import "github.com/kvctl/kvctl/pool"
+
+// Stats is a snapshot of the embedded pool's counters and occupancy (Embedded.Snapshot).
+// Counters only grow. Its JSON names are those of /v1/stats's pool object.
 type Stats struct {
 	CapacityBytes int64 `json:"capacity_bytes"`
 	UsedBytes     int64 `json:"used_bytes"`
@@ -36,4 +39,31 @@ type Stats struct {
 	FreeExtents      int64 `json:"free_extents"`
 	LargestFreeBytes int64 `json:"largest_free_bytes"`
 	FragmentedBytes  int64 `json:"fragmented_bytes"`
+}
+
+// StatsDetail lists the figures of Stats that are not pool.Stats fields, by the JSON names
+// Stats.Pool files them under in pool.Stats.Detail.
+var StatsDetail = []string{"soft_pinned_objects", "hard_pinned_objects", "grouped_objects",
+	"eviction_rounds", "evicted_pass1", "evicted_pass2", "evicted_soft_pinned", "evicted_grouped",
+	"failed_evictions", "exist_probes", "pending_objects", "free_extents", "largest_free_bytes",
+	"fragmented_bytes"}
+
+// Pool returns the figures as every backend reports them, this pool's own in Detail.
+func (s Stats) Pool() pool.Stats {
+	return pool.Stats{
+		CapacityBytes: s.CapacityBytes, UsedBytes: s.UsedBytes, Objects: s.Objects,
+		Hits: s.Hits, Misses: s.Misses, Puts: s.Puts, SkippedExisting: s.SkippedExisting,
+		PutFailures: s.PutFailures, BytesIn: s.BytesIn, BytesOut: s.BytesOut,
+		ChecksumErrors: s.ChecksumErrors, AllocFailures: s.AllocFailures,
+		Evicted: s.EvictedPass1 + s.EvictedPass2,
+		Detail: map[string]int64{
+			"soft_pinned_objects": s.SoftPinned, "hard_pinned_objects": s.HardPinned,
+			"grouped_objects": s.Grouped, "eviction_rounds": s.EvictionRounds,
+			"evicted_pass1": s.EvictedPass1, "evicted_pass2": s.EvictedPass2,
+			"evicted_soft_pinned": s.EvictedSoftPinned, "evicted_grouped": s.EvictedGrouped,
+			"failed_evictions": s.FailedEvictions, "exist_probes": s.ExistProbes,
+			"pending_objects": s.PendingObjects, "free_extents": s.FreeExtents,
+			"largest_free_bytes": s.LargestFreeBytes, "fragmented_bytes": s.FragmentedBytes,
+		},
+	}
 }

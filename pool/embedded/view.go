@@ -1,10 +1,11 @@
-package mooncake
+package embedded
 
 import (
 	"context"
 	"sync"
 
 	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // Viewer is implemented by pools whose values live in this process's memory, so a caller can
@@ -73,7 +74,7 @@ func (v *View) Corrupt(i int) {
 		return
 	}
 	size := v.Codes[i]
-	v.Codes[i] = int64(ErrChecksumMismatch)
+	v.Codes[i] = int64(pool.ErrChecksumMismatch)
 	hooks := v.onCorrupt
 	v.mu.Unlock()
 	if v.e != nil {
@@ -122,7 +123,7 @@ func (e *Embedded) BatchView(ctx context.Context, ks []string) *View {
 		}
 		mem := o.seg.mem[o.off : o.off+o.size : o.off+o.size]
 		if keys.PageChecksum(mem) != o.sum {
-			out[i] = int64(ErrChecksumMismatch)
+			out[i] = int64(pool.ErrChecksumMismatch)
 			return
 		}
 		v.Bufs[i] = mem
@@ -204,7 +205,7 @@ func (e *Embedded) MemoryRegions() [][]byte {
 type Reserver interface {
 	// BatchPutStart allocates memory for every key of ks not stored yet (sizes[i] bytes) and
 	// returns it to be written; the keys are not readable until PutReservation.End.
-	BatchPutStart(ctx context.Context, ks []string, sizes []int64, cfg ReplicateConfig) *PutReservation
+	BatchPutStart(ctx context.Context, ks []string, sizes []int64, cfg pool.ReplicateConfig) *PutReservation
 }
 
 // PutReservation is the result of Reserver.BatchPutStart. Bufs[i] is the memory key i's value
@@ -213,18 +214,18 @@ type Reserver interface {
 // one of End and Revoke must be called once the writes are done or abandoned.
 type PutReservation struct {
 	Bufs  [][]byte
-	Codes []Code
+	Codes []pool.Code
 
 	r    *reservation
 	once sync.Once
-	done []Code
+	done []pool.Code
 }
 
 // BatchPutStart implements Reserver. A call with len(sizes) != len(ks) fails every key.
-func (e *Embedded) BatchPutStart(ctx context.Context, ks []string, sizes []int64, cfg ReplicateConfig) *PutReservation {
+func (e *Embedded) BatchPutStart(ctx context.Context, ks []string, sizes []int64, cfg pool.ReplicateConfig) *PutReservation {
 	if len(sizes) != len(ks) {
 		e.c.putCalls.Add(1)
-		out := e.failPut(make([]Code, len(ks)), ErrInvalidParams)
+		out := e.failPut(make([]pool.Code, len(ks)), pool.ErrInvalidParams)
 		return &PutReservation{Bufs: make([][]byte, len(ks)), Codes: out, r: &reservation{e: e, out: out}}
 	}
 	r := e.reserve(ctx, ks, func(i int) int64 { return sizes[i] }, cfg)
@@ -239,7 +240,7 @@ func (e *Embedded) BatchPutStart(ctx context.Context, ks []string, sizes []int64
 // End takes each written value's checksum where it lies (on up to GOMAXPROCS-1 goroutines for
 // large batches) and makes the values readable, with a lease of now. It returns the final code
 // of every key. A second call, or one after Revoke, returns the same codes and does nothing.
-func (p *PutReservation) End() []Code {
+func (p *PutReservation) End() []pool.Code {
 	p.once.Do(func() {
 		r := p.r
 		r.e.forEachBeside(len(r.work), r.bytes, func(j int) {
@@ -254,7 +255,7 @@ func (p *PutReservation) End() []Code {
 
 // Revoke abandons the reservation: the memory goes back to the pool, nothing becomes readable,
 // and every key that was to be written fails with ErrRPCFail.
-func (p *PutReservation) Revoke() []Code {
+func (p *PutReservation) Revoke() []pool.Code {
 	p.once.Do(func() {
 		p.done = p.r.revoke()
 		p.Bufs = nil

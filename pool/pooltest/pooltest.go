@@ -8,11 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // Factory returns a fresh, empty pool; the suite does not close it (use t.Cleanup).
-type Factory func(t *testing.T) mooncake.Pool
+type Factory func(t *testing.T) pool.Pool
 
 // page returns n bytes derived from key, so every key has distinct content.
 func page(key string, n int) []byte {
@@ -34,7 +34,7 @@ func page(key string, n int) []byte {
 func Run(t *testing.T, newPool Factory) {
 	cases := []struct {
 		name string
-		fn   func(t *testing.T, p mooncake.Pool)
+		fn   func(t *testing.T, p pool.Pool)
 	}{
 		{"PutGetRoundTrip", testRoundTrip},
 		{"ExistReportsPresence", testExist},
@@ -60,16 +60,16 @@ func Run(t *testing.T, newPool Factory) {
 
 var ctx = context.Background()
 
-func put(t *testing.T, p mooncake.Pool, keys []string, bufs [][]byte, cfg mooncake.ReplicateConfig) {
+func put(t *testing.T, p pool.Pool, keys []string, bufs [][]byte, cfg pool.ReplicateConfig) {
 	t.Helper()
 	for i, c := range p.BatchPut(ctx, keys, bufs, cfg) {
-		if c != mooncake.OK {
+		if c != pool.OK {
 			t.Fatalf("BatchPut %q = %v (%d), want OK", keys[i], c, c)
 		}
 	}
 }
 
-func testRoundTrip(t *testing.T, p mooncake.Pool) {
+func testRoundTrip(t *testing.T, p pool.Pool) {
 	sizes := []int{1, 4096, 65536, 1 << 20, 4 << 20}
 	var ks []string
 	var bufs [][]byte
@@ -78,7 +78,7 @@ func testRoundTrip(t *testing.T, p mooncake.Pool) {
 		ks = append(ks, k)
 		bufs = append(bufs, page(k, n))
 	}
-	put(t, p, ks, bufs, mooncake.ReplicateConfig{})
+	put(t, p, ks, bufs, pool.ReplicateConfig{})
 	dst := make([][]byte, len(ks))
 	for i, n := range sizes {
 		dst[i] = make([]byte, n)
@@ -94,8 +94,8 @@ func testRoundTrip(t *testing.T, p mooncake.Pool) {
 	}
 }
 
-func testExist(t *testing.T, p mooncake.Pool) {
-	put(t, p, []string{"e/a"}, [][]byte{page("e/a", 100)}, mooncake.ReplicateConfig{})
+func testExist(t *testing.T, p pool.Pool) {
+	put(t, p, []string{"e/a"}, [][]byte{page("e/a", 100)}, pool.ReplicateConfig{})
 	got := p.BatchIsExist(ctx, []string{"e/a", "e/missing", "e/a"})
 	want := []int{1, 0, 1}
 	for i := range want {
@@ -108,10 +108,10 @@ func testExist(t *testing.T, p mooncake.Pool) {
 	}
 }
 
-func testNoOverwrite(t *testing.T, p mooncake.Pool) {
+func testNoOverwrite(t *testing.T, p pool.Pool) {
 	first := page("first", 512)
-	put(t, p, []string{"ow"}, [][]byte{first}, mooncake.ReplicateConfig{})
-	put(t, p, []string{"ow"}, [][]byte{page("second", 1024)}, mooncake.ReplicateConfig{})
+	put(t, p, []string{"ow"}, [][]byte{first}, pool.ReplicateConfig{})
+	put(t, p, []string{"ow"}, [][]byte{page("second", 1024)}, pool.ReplicateConfig{})
 	dst := make([]byte, 2048)
 	got := p.BatchGet(ctx, []string{"ow"}, [][]byte{dst})
 	if got[0] != 512 || !bytes.Equal(dst[:512], first) {
@@ -119,9 +119,9 @@ func testNoOverwrite(t *testing.T, p mooncake.Pool) {
 	}
 }
 
-func testDuplicateInBatch(t *testing.T, p mooncake.Pool) {
+func testDuplicateInBatch(t *testing.T, p pool.Pool) {
 	a, b := page("dupA", 256), page("dupB", 256)
-	put(t, p, []string{"dup", "dup"}, [][]byte{a, b}, mooncake.ReplicateConfig{})
+	put(t, p, []string{"dup", "dup"}, [][]byte{a, b}, pool.ReplicateConfig{})
 	dst := make([]byte, 256)
 	if got := p.BatchGet(ctx, []string{"dup"}, [][]byte{dst}); got[0] != 256 {
 		t.Fatalf("get = %d, want 256", got[0])
@@ -131,24 +131,24 @@ func testDuplicateInBatch(t *testing.T, p mooncake.Pool) {
 	}
 }
 
-func testGetMissing(t *testing.T, p mooncake.Pool) {
+func testGetMissing(t *testing.T, p pool.Pool) {
 	got := p.BatchGet(ctx, []string{"nope"}, [][]byte{make([]byte, 8)})
-	if got[0] != int64(mooncake.ErrObjectNotFound) {
-		t.Fatalf("get of a missing key = %d, want %d", got[0], mooncake.ErrObjectNotFound)
+	if got[0] != int64(pool.ErrObjectNotFound) {
+		t.Fatalf("get of a missing key = %d, want %d", got[0], pool.ErrObjectNotFound)
 	}
 }
 
-func testSmallBuffer(t *testing.T, p mooncake.Pool) {
-	put(t, p, []string{"small"}, [][]byte{page("small", 1000)}, mooncake.ReplicateConfig{})
+func testSmallBuffer(t *testing.T, p pool.Pool) {
+	put(t, p, []string{"small"}, [][]byte{page("small", 1000)}, pool.ReplicateConfig{})
 	got := p.BatchGet(ctx, []string{"small"}, [][]byte{make([]byte, 999)})
-	if got[0] != int64(mooncake.ErrInvalidParams) {
-		t.Fatalf("get into a short buffer = %d, want %d", got[0], mooncake.ErrInvalidParams)
+	if got[0] != int64(pool.ErrInvalidParams) {
+		t.Fatalf("get into a short buffer = %d, want %d", got[0], pool.ErrInvalidParams)
 	}
 }
 
-func testLargeBuffer(t *testing.T, p mooncake.Pool) {
+func testLargeBuffer(t *testing.T, p pool.Pool) {
 	src := page("large", 300)
-	put(t, p, []string{"large"}, [][]byte{src}, mooncake.ReplicateConfig{})
+	put(t, p, []string{"large"}, [][]byte{src}, pool.ReplicateConfig{})
 	dst := bytes.Repeat([]byte{0xAA}, 400)
 	got := p.BatchGet(ctx, []string{"large"}, [][]byte{dst})
 	if got[0] != 300 || !bytes.Equal(dst[:300], src) {
@@ -159,10 +159,10 @@ func testLargeBuffer(t *testing.T, p mooncake.Pool) {
 	}
 }
 
-func testBufferOwnership(t *testing.T, p mooncake.Pool) {
+func testBufferOwnership(t *testing.T, p pool.Pool) {
 	src := page("own", 4096)
 	keep := append([]byte(nil), src...)
-	put(t, p, []string{"own"}, [][]byte{src}, mooncake.ReplicateConfig{})
+	put(t, p, []string{"own"}, [][]byte{src}, pool.ReplicateConfig{})
 	for i := range src {
 		src[i] = 0
 	}
@@ -181,36 +181,36 @@ func testBufferOwnership(t *testing.T, p mooncake.Pool) {
 	}
 }
 
-func testMixedBatch(t *testing.T, p mooncake.Pool) {
-	put(t, p, []string{"m/1", "m/3"}, [][]byte{page("m/1", 64), page("m/3", 64)}, mooncake.ReplicateConfig{})
+func testMixedBatch(t *testing.T, p pool.Pool) {
+	put(t, p, []string{"m/1", "m/3"}, [][]byte{page("m/1", 64), page("m/3", 64)}, pool.ReplicateConfig{})
 	ks := []string{"m/1", "m/2", "m/3"}
 	dst := [][]byte{make([]byte, 64), make([]byte, 64), make([]byte, 64)}
 	got := p.BatchGet(ctx, ks, dst)
-	if got[0] != 64 || got[1] != int64(mooncake.ErrObjectNotFound) || got[2] != 64 {
+	if got[0] != 64 || got[1] != int64(pool.ErrObjectNotFound) || got[2] != 64 {
 		t.Fatalf("mixed BatchGet = %v", got)
 	}
 }
 
-func testInvalidParams(t *testing.T, p mooncake.Pool) {
-	res := p.BatchPut(ctx, []string{"a", "b"}, [][]byte{page("a", 8)}, mooncake.ReplicateConfig{})
+func testInvalidParams(t *testing.T, p pool.Pool) {
+	res := p.BatchPut(ctx, []string{"a", "b"}, [][]byte{page("a", 8)}, pool.ReplicateConfig{})
 	for _, c := range res {
 		if c >= 0 {
 			t.Fatalf("BatchPut with fewer buffers than keys = %v, want failures", res)
 		}
 	}
 	res = p.BatchPut(ctx, []string{"a", "b"}, [][]byte{page("a", 8), page("b", 8)},
-		mooncake.ReplicateConfig{GroupIDs: []string{"g"}})
+		pool.ReplicateConfig{GroupIDs: []string{"g"}})
 	for _, c := range res {
-		if c != mooncake.ErrInvalidParams {
+		if c != pool.ErrInvalidParams {
 			t.Fatalf("BatchPut with a wrong group_ids length = %v, want INVALID_PARAMS", res)
 		}
 	}
 	res = p.BatchPut(ctx, []string{"a"}, [][]byte{page("a", 8)},
-		mooncake.ReplicateConfig{SoftPinAction: mooncake.SoftPinPreserve, SoftPinTTL: time.Minute})
-	if res[0] != mooncake.ErrInvalidParams {
+		pool.ReplicateConfig{SoftPinAction: pool.SoftPinPreserve, SoftPinTTL: time.Minute})
+	if res[0] != pool.ErrInvalidParams {
 		t.Fatalf("soft-pin TTL without ENABLE = %v, want INVALID_PARAMS", res[0])
 	}
-	if res := p.BatchPut(ctx, []string{""}, [][]byte{page("x", 8)}, mooncake.ReplicateConfig{}); res[0] >= 0 {
+	if res := p.BatchPut(ctx, []string{""}, [][]byte{page("x", 8)}, pool.ReplicateConfig{}); res[0] >= 0 {
 		t.Fatalf("put of an empty key = %v, want a failure", res[0])
 	}
 	if got := p.BatchIsExist(ctx, []string{"a"}); got[0] != 0 {
@@ -218,48 +218,48 @@ func testInvalidParams(t *testing.T, p mooncake.Pool) {
 	}
 }
 
-func testSoftPinCeiling(t *testing.T, p mooncake.Pool) {
+func testSoftPinCeiling(t *testing.T, p pool.Pool) {
 	res := p.BatchPut(ctx, []string{"sp/ok", "sp/ok2"}, [][]byte{page("1", 8), page("2", 8)},
-		mooncake.ReplicateConfig{SoftPinAction: mooncake.SoftPinEnable, SoftPinTTL: time.Hour})
-	if res[0] != mooncake.OK || res[1] != mooncake.OK {
+		pool.ReplicateConfig{SoftPinAction: pool.SoftPinEnable, SoftPinTTL: time.Hour})
+	if res[0] != pool.OK || res[1] != pool.OK {
 		t.Fatalf("soft pin of 1 h = %v, want OK", res)
 	}
 	res = p.BatchPut(ctx, []string{"sp/long"}, [][]byte{page("3", 8)},
-		mooncake.ReplicateConfig{SoftPinAction: mooncake.SoftPinEnable, SoftPinTTL: 25 * time.Hour})
-	if res[0] != mooncake.ErrInvalidParams {
+		pool.ReplicateConfig{SoftPinAction: pool.SoftPinEnable, SoftPinTTL: 25 * time.Hour})
+	if res[0] != pool.ErrInvalidParams {
 		t.Fatalf("soft pin of 25 h = %v, want INVALID_PARAMS (the master's 24 h ceiling)", res[0])
 	}
 }
 
-func testRemove(t *testing.T, p mooncake.Pool) {
-	if c := p.Remove(ctx, "rm/none", false); c != mooncake.ErrObjectNotFound {
+func testRemove(t *testing.T, p pool.Pool) {
+	if c := p.Remove(ctx, "rm/none", false); c != pool.ErrObjectNotFound {
 		t.Fatalf("Remove of a missing key = %v, want OBJECT_NOT_FOUND", c)
 	}
-	put(t, p, []string{"rm/a"}, [][]byte{page("rm/a", 128)}, mooncake.ReplicateConfig{})
+	put(t, p, []string{"rm/a"}, [][]byte{page("rm/a", 128)}, pool.ReplicateConfig{})
 	// A get grants a read lease: a plain Remove must keep the object.
 	if got := p.BatchGet(ctx, []string{"rm/a"}, [][]byte{make([]byte, 128)}); got[0] != 128 {
 		t.Fatalf("get = %d", got[0])
 	}
-	if c := p.Remove(ctx, "rm/a", false); c != mooncake.ErrObjectHasLease {
+	if c := p.Remove(ctx, "rm/a", false); c != pool.ErrObjectHasLease {
 		t.Fatalf("Remove of a leased object = %v, want OBJECT_HAS_LEASE", c)
 	}
 	if got := p.BatchIsExist(ctx, []string{"rm/a"}); got[0] != 1 {
 		t.Fatal("a refused Remove deleted the object")
 	}
-	if c := p.Remove(ctx, "rm/a", true); c != mooncake.OK {
+	if c := p.Remove(ctx, "rm/a", true); c != pool.OK {
 		t.Fatalf("forced Remove = %v, want OK", c)
 	}
 	if got := p.BatchIsExist(ctx, []string{"rm/a"}); got[0] != 0 {
 		t.Fatal("object still present after a forced Remove")
 	}
-	put(t, p, []string{"rm/a"}, [][]byte{page("again", 64)}, mooncake.ReplicateConfig{})
+	put(t, p, []string{"rm/a"}, [][]byte{page("again", 64)}, pool.ReplicateConfig{})
 	dst := make([]byte, 64)
 	if got := p.BatchGet(ctx, []string{"rm/a"}, [][]byte{dst}); got[0] != 64 || !bytes.Equal(dst, page("again", 64)) {
 		t.Fatal("a put after Remove did not store the new bytes")
 	}
 }
 
-func testSegmentsStats(t *testing.T, p mooncake.Pool) {
+func testSegmentsStats(t *testing.T, p pool.Pool) {
 	segs, err := p.Segments(ctx)
 	if err != nil || len(segs) == 0 {
 		t.Fatalf("Segments = %v, %v; want at least one", segs, err)
@@ -268,8 +268,8 @@ func testSegmentsStats(t *testing.T, p mooncake.Pool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	put(t, p, []string{"st/a"}, [][]byte{page("st/a", 1000)}, mooncake.ReplicateConfig{})
-	put(t, p, []string{"st/a"}, [][]byte{page("st/a", 1000)}, mooncake.ReplicateConfig{})
+	put(t, p, []string{"st/a"}, [][]byte{page("st/a", 1000)}, pool.ReplicateConfig{})
+	put(t, p, []string{"st/a"}, [][]byte{page("st/a", 1000)}, pool.ReplicateConfig{})
 	p.BatchGet(ctx, []string{"st/a", "st/none"}, [][]byte{make([]byte, 1000), make([]byte, 1)})
 	after, err := p.Stats(ctx)
 	if err != nil {
@@ -305,7 +305,7 @@ func testSegmentsStats(t *testing.T, p mooncake.Pool) {
 	}
 }
 
-func testConcurrent(t *testing.T, p mooncake.Pool) {
+func testConcurrent(t *testing.T, p pool.Pool) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	for g := 0; g < 8; g++ {
@@ -315,13 +315,13 @@ func testConcurrent(t *testing.T, p mooncake.Pool) {
 			for i := 0; i < 50; i++ {
 				k := fmt.Sprintf("cc/%d", i%20) // goroutines share keys on purpose
 				src := page(k, 2048)
-				if c := p.BatchPut(ctx, []string{k}, [][]byte{src}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
+				if c := p.BatchPut(ctx, []string{k}, [][]byte{src}, pool.ReplicateConfig{}); c[0] != pool.OK {
 					errs <- fmt.Errorf("put %s = %v", k, c[0])
 					return
 				}
 				dst := make([]byte, 2048)
 				n := p.BatchGet(ctx, []string{k}, [][]byte{dst})[0]
-				if n == int64(mooncake.ErrReplicaNotReady) {
+				if n == int64(pool.ErrReplicaNotReady) {
 					continue // another goroutine's put of the same key is still copying
 				}
 				if n != 2048 || !bytes.Equal(dst, src) {
