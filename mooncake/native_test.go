@@ -32,10 +32,19 @@ func newNative(t testing.TB, m *mooncaketest.Master, segSize int64) *mooncake.Na
 // TestNativeConformance runs the pool conformance suite through Native against the real
 // mooncake_master, a fresh master for each case.
 func TestNativeConformance(t *testing.T) {
-	pooltest.Run(t, func(t *testing.T) pool.Pool {
+	(&pooltest.Suite{NewPool: func(t *testing.T) pool.Pool {
 		m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
 		return newNative(t, m, 64<<20)
-	})
+	}}).RunTests(t)
+}
+
+// BenchmarkNativeSuite runs the shared pool benchmarks through Native against the real
+// mooncake_master (its Transfer Engine over loopback TCP), a fresh master for each.
+func BenchmarkNativeSuite(b *testing.B) {
+	(&pooltest.Suite{NewBenchPool: func(b *testing.B) pool.Pool {
+		m := mooncaketest.StartMaster(b, mooncaketest.MasterOptions{})
+		return newNative(b, m, 64<<20)
+	}}).RunBenchmarks(b)
 }
 
 // TestCodesPinned pins the values and names of the master's error codes: they are the

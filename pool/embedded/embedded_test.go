@@ -44,8 +44,9 @@ func newPool(t testing.TB, mod func(*embedded.Options)) (*embedded.Embedded, *em
 	return p, clk
 }
 
-func TestConformanceEmbedded(t *testing.T) {
-	pooltest.Run(t, func(t *testing.T) pool.Pool {
+// suite is the shared conformance suite on the embedded pool: two 48 MiB segments.
+func suite() *pooltest.Suite {
+	newPool := func(t testing.TB) pool.Pool {
 		o := embedded.DefaultOptions()
 		o.Segments = []embedded.SegmentSpec{{Name: "a", Capacity: 48 * mib}, {Name: "b", Capacity: 48 * mib}}
 		p, err := embedded.NewEmbedded(o)
@@ -54,8 +55,17 @@ func TestConformanceEmbedded(t *testing.T) {
 		}
 		t.Cleanup(func() { p.Close() })
 		return p
-	})
+	}
+	return &pooltest.Suite{
+		NewPool:      func(t *testing.T) pool.Pool { return newPool(t) },
+		NewBenchPool: func(b *testing.B) pool.Pool { return newPool(b) },
+	}
 }
+
+func TestConformanceEmbedded(t *testing.T) { suite().RunTests(t) }
+
+// BenchmarkSuite runs the shared pool benchmarks on the embedded pool.
+func BenchmarkSuite(b *testing.B) { suite().RunBenchmarks(b) }
 
 func mustPut(t testing.TB, p *embedded.Embedded, key string, size int, cfg pool.ReplicateConfig) {
 	t.Helper()

@@ -30,37 +30,153 @@ func page(key string, n int) []byte {
 	return b
 }
 
-// Run runs every conformance case as a subtest of t.
-func Run(t *testing.T, newPool Factory) {
-	cases := []struct {
-		name string
-		fn   func(t *testing.T, p pool.Pool)
-	}{
-		{"PutGetRoundTrip", testRoundTrip},
-		{"ExistReportsPresence", testExist},
-		{"PutNeverOverwrites", testNoOverwrite},
-		{"DuplicateKeysInOneBatch", testDuplicateInBatch},
-		{"GetMissingIsNotFound", testGetMissing},
-		{"GetIntoSmallBufferFails", testSmallBuffer},
-		{"GetIntoLargerBufferReturnsLength", testLargeBuffer},
-		{"CallerOwnsBuffers", testBufferOwnership},
-		{"MixedBatch", testMixedBatch},
-		{"InvalidParams", testInvalidParams},
-		{"SoftPinTTLCeiling", testSoftPinCeiling},
-		{"RemoveLeaseRule", testRemove},
-		{"SegmentsAndStats", testSegmentsStats},
-		{"ConcurrentUse", testConcurrent},
+// Suite is the conformance suite every backend runs, after restic's backend test suite: a
+// backend's test sets NewPool (and, for its benchmarks, NewBenchPool) and calls RunTests and
+// RunBenchmarks. A factory must return an empty pool with room for at least 64 MiB of pages,
+// large enough that the suite never triggers eviction.
+type Suite struct {
+	// NewPool returns a fresh, empty pool for one case.
+	NewPool Factory
+	// NewBenchPool returns a fresh, empty pool for one benchmark; nil skips the benchmarks.
+	NewBenchPool func(b *testing.B) pool.Pool
+}
+
+// Run runs every conformance case as a subtest of t (Suite.RunTests with newPool).
+func Run(t *testing.T, newPool Factory) { (&Suite{NewPool: newPool}).RunTests(t) }
+
+// cases are the conformance cases, by name.
+var cases = []struct {
+	name string
+	fn   func(t *testing.T, p pool.Pool)
+}{
+	{"PutGetRoundTrip", testRoundTrip},
+	{"ExistReportsPresence", testExist},
+	{"PutNeverOverwrites", testNoOverwrite},
+	{"DuplicateKeysInOneBatch", testDuplicateInBatch},
+	{"GetMissingIsNotFound", testGetMissing},
+	{"GetIntoSmallBufferFails", testSmallBuffer},
+	{"GetIntoLargerBufferReturnsLength", testLargeBuffer},
+	{"CallerOwnsBuffers", testBufferOwnership},
+	{"MixedBatch", testMixedBatch},
+	{"InvalidParams", testInvalidParams},
+	{"SoftPinTTLCeiling", testSoftPinCeiling},
+	{"RemoveLeaseRule", testRemove},
+	{"SegmentsAndStats", testSegmentsStats},
+	{"ConcurrentUse", testConcurrent},
+}
+
+// RunTests runs every conformance case as a subtest of t, each on a fresh pool.
+func (s *Suite) RunTests(t *testing.T) {
+	if s.NewPool == nil {
+		t.Fatal("pooltest.Suite: NewPool is nil")
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			c.fn(t, newPool(t))
+			c.fn(t, s.NewPool(t))
 		})
+	}
+}
+
+// benchSizes are the benchmark page sizes: a 64 KiB page (a small model's block) and 1 MiB.
+var benchSizes = []int{64 << 10, 1 << 20}
+
+// benchBatch is the number of pages of one benchmark call, about one request's prefix.
+const benchBatch = 16
+
+// RunBenchmarks runs the suite's benchmarks as sub-benchmarks of b: batched puts of new keys
+// and batched gets of stored keys at each page size (bytes per second of page data), and
+// existence probes of a half-stored batch.
+func (s *Suite) RunBenchmarks(b *testing.B) {
+	if s.NewBenchPool == nil {
+		b.Skip("pooltest.Suite: no NewBenchPool")
+	}
+	for _, size := range benchSizes {
+		name := fmt.Sprintf("%dKiB", size>>10)
+		b.Run("BatchPut/"+name, func(b *testing.B) { benchPut(b, s.NewBenchPool(b), size) })
+		b.Run("BatchGet/"+name, func(b *testing.B) { benchGet(b, s.NewBenchPool(b), size) })
+	}
+	b.Run("BatchIsExist", func(b *testing.B) { benchExist(b, s.NewBenchPool(b)) })
+}
+
+// benchKeys returns n keys of the benchmark named by prefix, numbered from from.
+func benchKeys(prefix string, from, n int) []string {
+	ks := make([]string, n)
+	for i := range ks {
+		ks[i] = fmt.Sprintf("bench/%s/%08d", prefix, from+i)
+	}
+	return ks
+}
+
+func benchBufs(size int) [][]byte {
+	bufs := make([][]byte, benchBatch)
+	for i := range bufs {
+		bufs[i] = page(fmt.Sprint(i), size)
+	}
+	return bufs
+}
+
+// benchPut stores new keys, removing each batch once stored (outside the timer) so the pool
+// never fills.
+func benchPut(b *testing.B, p pool.Pool, size int) {
+	bufs := benchBufs(size)
+	b.SetBytes(int64(size * benchBatch))
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		ks := benchKeys("put", i*benchBatch, benchBatch)
+		i++
+		for j, c := range p.BatchPut(ctx, ks, bufs, pool.ReplicateConfig{}) {
+			if c != pool.OK {
+				b.Fatalf("BatchPut %s = %v", ks[j], c)
+			}
+		}
+		b.StopTimer()
+		for _, k := range ks {
+			if c := p.Remove(ctx, k, true); c != pool.OK {
+				b.Fatalf("Remove %s = %v", k, c)
+			}
+		}
+		b.StartTimer()
+	}
+}
+
+// benchGet reads one stored batch over and over.
+func benchGet(b *testing.B, p pool.Pool, size int) {
+	ks := benchKeys("get", 0, benchBatch)
+	put(b, p, ks, benchBufs(size), pool.ReplicateConfig{})
+	dst := make([][]byte, benchBatch)
+	for i := range dst {
+		dst[i] = make([]byte, size)
+	}
+	b.SetBytes(int64(size * benchBatch))
+	b.ReportAllocs()
+	for b.Loop() {
+		for j, n := range p.BatchGet(ctx, ks, dst) {
+			if n != int64(size) {
+				b.Fatalf("BatchGet %s = %d, want %d", ks[j], n, size)
+			}
+		}
+	}
+}
+
+// benchExist probes a batch of which the first half is stored.
+func benchExist(b *testing.B, p pool.Pool) {
+	stored := benchKeys("exist", 0, benchBatch/2)
+	put(b, p, stored, benchBufs(4096)[:len(stored)], pool.ReplicateConfig{})
+	ks := append(append([]string(nil), stored...), benchKeys("absent", 0, benchBatch/2)...)
+	b.ReportAllocs()
+	for b.Loop() {
+		for j, got := range p.BatchIsExist(ctx, ks) {
+			if want := j < len(stored); (got == 1) != want {
+				b.Fatalf("BatchIsExist %s = %d", ks[j], got)
+			}
+		}
 	}
 }
 
 var ctx = context.Background()
 
-func put(t *testing.T, p pool.Pool, keys []string, bufs [][]byte, cfg pool.ReplicateConfig) {
+func put(t testing.TB, p pool.Pool, keys []string, bufs [][]byte, cfg pool.ReplicateConfig) {
 	t.Helper()
 	for i, c := range p.BatchPut(ctx, keys, bufs, cfg) {
 		if c != pool.OK {
