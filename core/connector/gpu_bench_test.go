@@ -267,13 +267,13 @@ func newUncheckedPool(b *testing.B, p *embedded.Embedded, ks []string) *unchecke
 }
 
 // BatchViewDeferred answers as BatchView does: a view without Sums, which no one checks.
-func (u *uncheckedPool) BatchViewDeferred(ctx context.Context, ks []string) *embedded.View {
+func (u *uncheckedPool) BatchViewDeferred(ctx context.Context, ks []string) *pool.View {
 	return u.BatchView(ctx, ks)
 }
 
 // BatchViewDeferredInto answers as BatchView does, into v (it hides the embedded pool's, which
 // would hand out the checksums to check).
-func (u *uncheckedPool) BatchViewDeferredInto(ctx context.Context, ks [][]byte, v *embedded.View) {
+func (u *uncheckedPool) BatchViewDeferredInto(ctx context.Context, ks [][]byte, v *pool.View) {
 	strs := make([]string, len(ks))
 	for i, k := range ks {
 		strs[i] = string(k)
@@ -282,8 +282,8 @@ func (u *uncheckedPool) BatchViewDeferredInto(ctx context.Context, ks [][]byte, 
 	v.Bufs, v.Codes, v.Sums = nv.Bufs, nv.Codes, nil
 }
 
-func (u *uncheckedPool) BatchView(_ context.Context, ks []string) *embedded.View {
-	v := &embedded.View{Bufs: make([][]byte, len(ks)), Codes: make([]int64, len(ks))}
+func (u *uncheckedPool) BatchView(_ context.Context, ks []string) *pool.View {
+	v := &pool.View{Bufs: make([][]byte, len(ks)), Codes: make([]int64, len(ks))}
 	for i, k := range ks {
 		if buf, ok := u.views[k]; ok {
 			v.Bufs[i], v.Codes[i] = buf, int64(len(buf))
@@ -529,13 +529,13 @@ func BenchmarkGPUCheckCost(b *testing.B) {
 // it leases, copies and releases its pages as a checked load does and checks nothing.
 type leasedPool struct{ *embedded.Embedded }
 
-func (p leasedPool) BatchViewDeferred(ctx context.Context, ks []string) *embedded.View {
+func (p leasedPool) BatchViewDeferred(ctx context.Context, ks []string) *pool.View {
 	v := p.Embedded.BatchViewDeferred(ctx, ks)
 	v.Sums = nil
 	return v
 }
 
-func (p leasedPool) BatchViewDeferredInto(ctx context.Context, ks [][]byte, v *embedded.View) {
+func (p leasedPool) BatchViewDeferredInto(ctx context.Context, ks [][]byte, v *pool.View) {
 	p.Embedded.BatchViewDeferredInto(ctx, ks, v)
 	v.Sums = nil
 }

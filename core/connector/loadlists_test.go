@@ -60,7 +60,7 @@ func TestLoadListsReusedAcrossLoads(t *testing.T) {
 			}
 			w := registeredWorkerWith(t, o, wp, m, l)
 			deferred, _ := gpuPageChecks(w.direct, w.mover)
-			_, into := deferred.(embedded.ReusingViewer)
+			_, into := deferred.(pool.ReusingViewer)
 			if wantInto := kind == "checked" || kind == "issued"; into != wantInto {
 				t.Fatalf("views into reused Views: %v, want %v", into, wantInto)
 			}
@@ -145,17 +145,17 @@ type stringViewPool struct {
 	e *embedded.Embedded
 }
 
-func (p stringViewPool) BatchView(ctx context.Context, ks []string) *embedded.View {
+func (p stringViewPool) BatchView(ctx context.Context, ks []string) *pool.View {
 	return p.e.BatchView(ctx, ks)
 }
 
-func (p stringViewPool) BatchViewDeferred(ctx context.Context, ks []string) *embedded.View {
+func (p stringViewPool) BatchViewDeferred(ctx context.Context, ks []string) *pool.View {
 	return p.e.BatchViewDeferred(ctx, ks)
 }
 
 func (p stringViewPool) MemoryRegions() [][]byte { return p.e.MemoryRegions() }
 
-func (p stringViewPool) BatchPutStart(ctx context.Context, ks []string, sizes []int64, cfg pool.ReplicateConfig) *embedded.PutReservation {
+func (p stringViewPool) BatchPutStart(ctx context.Context, ks []string, sizes []int64, cfg pool.ReplicateConfig) *pool.PutReservation {
 	return p.e.BatchPutStart(ctx, ks, sizes, cfg)
 }
 

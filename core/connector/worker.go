@@ -16,7 +16,6 @@ import (
 	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/pool"
-	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // Worker is the connector half on one engine rank: it makes the loads and saves the metadata
@@ -70,8 +69,8 @@ type Worker struct {
 	// direct is the pool read in place by loads and directPut the pool saves write into in
 	// place (nil: through staging); regs hold the registrations of its memory with the
 	// mover's device, released by Close.
-	direct    embedded.Viewer
-	directPut embedded.Reserver
+	direct    pool.Viewer
+	directPut pool.Reserver
 	regs      []io.Closer
 	// keptStaging is staging whose unregistration failed at Close (seed commit 17): held, never
 	// freed, since the device may still address it.
@@ -254,7 +253,7 @@ func (w *Worker) RegisterLayout(l kvmem.Layout) error {
 
 	if !w.opts.StagedTransfers {
 		if regs, v := w.registerPoolMemory(); v != nil {
-			w.direct, w.directPut, w.regs = v, v.(embedded.Reserver), regs
+			w.direct, w.directPut, w.regs = v, v.(pool.Reserver), regs
 		}
 	}
 	w.loadStage = loadStage
@@ -276,12 +275,12 @@ func (w *Worker) RegisterLayout(l kvmem.Layout) error {
 // registerPoolMemory registers every region of an in-process pool with the mover, so loads can
 // copy pages straight from pool memory. It returns nil when the pool or the mover cannot do
 // that, or when a registration fails (the failure is logged and loads use staging).
-func (w *Worker) registerPoolMemory() ([]io.Closer, embedded.Viewer) {
-	v, ok := w.pool.(embedded.Viewer)
+func (w *Worker) registerPoolMemory() ([]io.Closer, pool.Viewer) {
+	v, ok := w.pool.(pool.Viewer)
 	if !ok {
 		return nil, nil
 	}
-	if _, ok := w.pool.(embedded.Reserver); !ok {
+	if _, ok := w.pool.(pool.Reserver); !ok {
 		return nil, nil
 	}
 	r, ok := w.mover.(kvmem.HostRegistrar)

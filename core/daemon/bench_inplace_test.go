@@ -23,7 +23,7 @@ func BenchmarkInPlaceViewDeferred(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = d.closeBackend() })
-	p, ok := d.connectorPool().(embedded.DeferredViewer)
+	p, ok := d.connectorPool().(pool.DeferredViewer)
 	if !ok {
 		b.Fatal("the embedded backend's connector pool has no deferred views")
 	}
@@ -43,7 +43,7 @@ func BenchmarkInPlaceViewDeferred(b *testing.B) {
 			b.Fatalf("put %d: %v", i, c)
 		}
 	}
-	check := func(v *embedded.View) {
+	check := func(v *pool.View) {
 		for i, n := range v.Codes {
 			if n != size {
 				b.Fatalf("page %d: %d", i, n)
@@ -59,7 +59,7 @@ func BenchmarkInPlaceViewDeferred(b *testing.B) {
 		}
 	})
 	b.Run("into", func(b *testing.B) {
-		rv, ok := p.(embedded.ReusingViewer)
+		rv, ok := p.(pool.ReusingViewer)
 		if !ok {
 			b.Fatal("the embedded backend's connector pool has no views into a reused View")
 		}
@@ -67,7 +67,7 @@ func BenchmarkInPlaceViewDeferred(b *testing.B) {
 		for i, k := range ks {
 			kb[i] = []byte(k)
 		}
-		var v embedded.View
+		var v pool.View
 		b.ReportAllocs()
 		for b.Loop() {
 			rv.BatchViewDeferredInto(ctx, kb, &v)

@@ -22,13 +22,13 @@ func TestConnectorPoolInPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := d.connectorPool()
-	if _, ok := p.(embedded.Viewer); !ok {
+	if _, ok := p.(pool.Viewer); !ok {
 		t.Fatal("the embedded backend's connector pool has no in-place reads")
 	}
-	if _, ok := p.(embedded.Reserver); !ok {
+	if _, ok := p.(pool.Reserver); !ok {
 		t.Fatal("the embedded backend's connector pool has no in-place writes")
 	}
-	if _, ok := p.(embedded.ReusingViewer); !ok {
+	if _, ok := p.(pool.ReusingViewer); !ok {
 		t.Fatal("the embedded backend's connector pool has no views into a reused View")
 	}
 
@@ -41,7 +41,7 @@ func TestConnectorPoolInPlace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := d2.connectorPool().(embedded.Viewer); ok {
+	if _, ok := d2.connectorPool().(pool.Viewer); ok {
 		t.Fatal("a Mooncake backend is read in place")
 	}
 }
@@ -76,11 +76,11 @@ func TestInPlaceViewsCounted(t *testing.T) {
 		if timeout == time.Nanosecond {
 			timedOut = 1
 		}
-		v := p.(embedded.Viewer).BatchView(ctx, []string{"a", "missing"})
+		v := p.(pool.Viewer).BatchView(ctx, []string{"a", "missing"})
 		v.Release()
 		want.LoadPages, want.Timeouts = 1, timedOut
 		check("a view with a missing page")
-		v = p.(embedded.DeferredViewer).BatchViewDeferred(ctx, []string{"missing", "b"})
+		v = p.(pool.DeferredViewer).BatchViewDeferred(ctx, []string{"missing", "b"})
 		want.LoadPages, want.Timeouts = 2, 2*timedOut
 		check("a deferred view with a missing page")
 		v.Corrupt(1)
@@ -88,20 +88,20 @@ func TestInPlaceViewsCounted(t *testing.T) {
 		want.LoadPages = 3
 		check("a page the caller found corrupt")
 		past, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
-		v = p.(embedded.DeferredViewer).BatchViewDeferred(past, []string{"a"})
+		v = p.(pool.DeferredViewer).BatchViewDeferred(past, []string{"a"})
 		cancel()
 		v.Release()
 		want.LoadPages, want.Timeouts = 4, 2*timedOut+1
 		check("a view past its caller's deadline")
-		var into embedded.View
-		p.(embedded.ReusingViewer).BatchViewDeferredInto(ctx, [][]byte{[]byte("a"), []byte("missing"), []byte("b")}, &into)
+		var into pool.View
+		p.(pool.ReusingViewer).BatchViewDeferredInto(ctx, [][]byte{[]byte("a"), []byte("missing"), []byte("b")}, &into)
 		want.LoadPages, want.Timeouts = 5, 3*timedOut+1
 		check("a view into the caller's View with a missing page")
 		into.Corrupt(2)
 		into.Release()
 		want.LoadPages = 6
 		check("a page of a view into the caller's View found corrupt")
-		p.(embedded.ReusingViewer).BatchViewDeferredInto(ctx, [][]byte{[]byte("b")}, &into)
+		p.(pool.ReusingViewer).BatchViewDeferredInto(ctx, [][]byte{[]byte("b")}, &into)
 		into.Corrupt(0)
 		into.Release()
 		want.LoadPages, want.Timeouts = 7, 4*timedOut+1

@@ -36,12 +36,12 @@ func FuzzInPlaceOps(f *testing.F) {
 		ctx := context.Background()
 		want := map[string][]byte{} // readable keys and their bytes
 		type open struct {
-			r    *PutReservation
+			r    *pool.PutReservation
 			keys []string
 			vals [][]byte
 		}
 		var opens []open
-		var views []*View
+		var views []*pool.View
 		gen := 0
 		value := func(size int) []byte {
 			gen++

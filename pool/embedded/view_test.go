@@ -8,7 +8,6 @@ import (
 
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/pool"
-	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 func pattern(n int, seed byte) []byte {
@@ -249,7 +248,7 @@ func TestBatchViewDeferredInto(t *testing.T) {
 	ks := keyBytes("a", "missing", "bad", "")
 	want := p.BatchViewDeferred(bg, []string{"a", "missing", "bad", ""})
 	want.Release()
-	var v embedded.View
+	var v pool.View
 	p.BatchViewDeferredInto(bg, ks, &v)
 	for _, k := range ks {
 		for i := range k {
@@ -327,7 +326,7 @@ func TestBatchViewDeferredIntoAllocatesNothing(t *testing.T) {
 		mustPut(t, p, k, 64, pool.ReplicateConfig{})
 		ks = append(ks, []byte(k))
 	}
-	var v embedded.View
+	var v pool.View
 	if n := testing.AllocsPerRun(100, func() {
 		p.BatchViewDeferredInto(bg, ks, &v)
 		v.Release()
