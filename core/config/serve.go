@@ -88,6 +88,10 @@ const (
 	PoolBackendMooncake = "mooncake"
 )
 
+// PoolBackends are the pool-backend values a serve config accepts; each has an entry in the
+// backend registry (pool.Register), which a test keeps in step with this list.
+var PoolBackends = []string{PoolBackendEmbedded, PoolBackendMooncake}
+
 // DefaultServeConfig returns the settings serve runs with when nothing is set.
 func DefaultServeConfig() ServeConfig {
 	return ServeConfig{

@@ -192,7 +192,7 @@ func New(cfg Config) (*Daemon, error) {
 		if err != nil {
 			return nil, fmt.Errorf("embedded pool: %w", err)
 		}
-		backend = Backend{Pool: pl, Info: embeddedInfo(cfg.Pool)}
+		backend = Backend{Pool: pl, Info: embedded.Info(cfg.Pool)}
 	}
 	d := &Daemon{
 		cfg:     cfg,
@@ -379,18 +379,6 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 		d.log.Info("stopped cleanly")
 	}
 	return errors.Join(runErr, drainErr)
-}
-
-// embeddedInfo describes an embedded pool: its segments are all this host's.
-func embeddedInfo(o embedded.Options) statsapi.BackendInfo {
-	info := statsapi.BackendInfo{Kind: statsapi.BackendEmbedded}
-	for i, s := range o.Segments {
-		if i == 0 {
-			info.Segment = s.Name
-		}
-		info.SegmentBytes += s.Capacity
-	}
-	return info
 }
 
 // backendIsRemote reports whether the backend has a segment to mount or a master to ping.
