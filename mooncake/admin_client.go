@@ -17,6 +17,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/kvctl/kvctl/pool"
 )
 
 // Errors an AdminClient call can wrap; test with errors.Is.
@@ -264,29 +266,29 @@ func (c *AdminClient) AllSegments(ctx context.Context) ([]string, error) {
 
 // QuerySegment calls /query_segment. An unknown segment gives an error that wraps
 // ErrSegmentNotFound (the master answers 500 "Failed to query segment").
-func (c *AdminClient) QuerySegment(ctx context.Context, name string) (Segment, error) {
+func (c *AdminClient) QuerySegment(ctx context.Context, name string) (pool.Segment, error) {
 	path := "/query_segment?segment=" + masterQueryEscape(name)
 	body, _, err := c.get(ctx, path, http.StatusOK)
 	if err != nil {
-		return Segment{}, err
+		return pool.Segment{}, err
 	}
 	return parseQuerySegment(body, func(format string, a ...any) error { return malformed(c, path, format, a...) })
 }
 
-func parseQuerySegment(body []byte, bad func(string, ...any) error) (Segment, error) {
+func parseQuerySegment(body []byte, bad func(string, ...any) error) (pool.Segment, error) {
 	ls := splitLines(body)
 	if len(ls) != 3 {
-		return Segment{}, bad("want 3 lines, got %d", len(ls))
+		return pool.Segment{}, bad("want 3 lines, got %d", len(ls))
 	}
-	s := Segment{Name: ls[0]}
+	s := pool.Segment{Name: ls[0]}
 	for _, l := range ls[1:] {
 		k, v, ok := strings.Cut(l, ":")
 		if !ok {
-			return Segment{}, bad("line %q has no colon", l)
+			return pool.Segment{}, bad("line %q has no colon", l)
 		}
 		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		if err != nil {
-			return Segment{}, bad("line %q: %v", l, err)
+			return pool.Segment{}, bad("line %q: %v", l, err)
 		}
 		switch strings.TrimSpace(k) {
 		case "Used(bytes)":
@@ -294,7 +296,7 @@ func parseQuerySegment(body []byte, bad func(string, ...any) error) (Segment, er
 		case "Capacity(bytes)":
 			s.Capacity = n
 		default:
-			return Segment{}, bad("unknown field in line %q", l)
+			return pool.Segment{}, bad("unknown field in line %q", l)
 		}
 	}
 	return s, nil

@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
+
+	"github.com/kvctl/kvctl/pool"
 )
 
 // Content types the master's admin server (cinatra) sends.
@@ -286,20 +288,20 @@ func (h *adminHandler) allSegments(w http.ResponseWriter, r *http.Request) {
 	writeBody(w, http.StatusOK, contentTypeProm, lines(names))
 }
 
-func (h *adminHandler) findSegment(r *http.Request, name string) (Segment, bool) {
+func (h *adminHandler) findSegment(r *http.Request, name string) (pool.Segment, bool) {
 	if name == "" {
-		return Segment{}, false
+		return pool.Segment{}, false
 	}
 	segs, err := h.insp.Segments(r.Context())
 	if err != nil {
-		return Segment{}, false
+		return pool.Segment{}, false
 	}
 	for _, s := range segs {
 		if s.Name == name {
 			return s, true
 		}
 	}
-	return Segment{}, false
+	return pool.Segment{}, false
 }
 
 func (h *adminHandler) querySegment(w http.ResponseWriter, r *http.Request) {
@@ -412,7 +414,7 @@ func masterMetricValues(m MetricsSnapshot) map[string]float64 {
 		"master_allocated_bytes":                           float64(st.UsedBytes),
 		"master_total_capacity_bytes":                      float64(st.CapacityBytes),
 		"master_key_count":                                 float64(st.Objects),
-		"master_soft_pin_key_count":                        float64(st.SoftPinned),
+		"master_soft_pin_key_count":                        float64(m.SoftPinned),
 		"master_active_clients":                            float64(m.ActiveClients),
 		"master_get_replica_list_requests_total":           float64(m.QueryKeyRequests),
 		"master_get_replica_list_failures_total":           float64(m.QueryKeyFailures),
@@ -420,7 +422,7 @@ func masterMetricValues(m MetricsSnapshot) map[string]float64 {
 		"master_remove_failures_total":                     float64(m.RemoveFailures),
 		"master_put_start_alloc_failures_total":            float64(m.AllocFailures),
 		"master_batch_exist_key_requests_total":            float64(m.ExistRequests),
-		"master_batch_exist_key_items_total":               float64(st.ExistProbes),
+		"master_batch_exist_key_items_total":               float64(m.ExistProbes),
 		"master_batch_exist_key_failed_items_total":        float64(m.ExistFailedItems),
 		"master_batch_get_replica_list_requests_total":     float64(m.GetRequests),
 		"master_batch_get_replica_list_items_total":        float64(m.GetItems),
@@ -499,7 +501,7 @@ func RenderMasterSummary(m MetricsSnapshot, role, haState string) string {
 	getItems := m.GetItems
 	var b strings.Builder
 	fmt.Fprintf(&b, "role=%s, state=%s, service_ready=true, master={Mem Storage: %s | NVMe-oF SSD: 0 B / 0 B | SSD Storage: 0 B / 0 B | Keys: %d (soft-pinned: %d) | Clients: %d",
-		role, haState, mem, st.Objects, st.SoftPinned, m.ActiveClients)
+		role, haState, mem, st.Objects, m.SoftPinned, m.ActiveClients)
 	fmt.Fprintf(&b, " | Requests (Success/Total per sec): PutStart=%s, PutEnd=%s, PutRevoke=0.00/0.00, Get=%s, Exist=0.00/0.00, Del=%s, DelAll=0.00/0.00, Ping=0.00/0.00, CopyStart=0.00/0.00, CopyEnd=0.00/0.00, CopyRevoke=0.00/0.00, MoveStart=0.00/0.00, MoveEnd=0.00/0.00, MoveRevoke=0.00/0.00, EvictDiskReplica=0.00/0.00",
 		pair(putItems-m.PutFailedItems, putItems), pair(st.Puts, st.Puts),
 		pair(m.QueryKeyRequests-m.QueryKeyFailures, m.QueryKeyRequests),
@@ -508,7 +510,7 @@ func RenderMasterSummary(m MetricsSnapshot, role, haState string) string {
 		rate(m.PutRequests), rate(m.PutRequests), pair(putItems-m.PutFailedItems, putItems),
 		rate(m.PutRequests), rate(m.PutRequests), pair(st.Puts, st.Puts),
 		rate(m.GetRequests), rate(m.GetRequests), pair(getItems-m.GetFailedItems, getItems),
-		rate(m.ExistRequests), rate(m.ExistRequests), pair(st.ExistProbes-m.ExistFailedItems, st.ExistProbes))
+		rate(m.ExistRequests), rate(m.ExistRequests), pair(m.ExistProbes-m.ExistFailedItems, m.ExistProbes))
 	fmt.Fprintf(&b, " | Eviction: Success/Attempts=%d/%d, AllocFail=%d, PartialAlloc=0, keys=%d, size=%s | Mem Eviction: Success/Attempts=%d/%d, keys=%d, size=%s | NoF Eviction: Success/Attempts=0/0, keys=0, size=0 B",
 		m.SuccessfulEvictions, m.AttemptedEvictions, m.AllocFailures, m.EvictedKeys, humanBytes(m.EvictedBytes),
 		m.SuccessfulEvictions, m.AttemptedEvictions, m.EvictedKeys, humanBytes(m.EvictedBytes))

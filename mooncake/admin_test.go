@@ -22,6 +22,8 @@ import (
 
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
+	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // exchange is one recorded request and the master's response (testdata/http/*/*.txt).
@@ -66,13 +68,13 @@ func loadExchanges(t *testing.T) []exchange {
 // newRecordedStatePool builds the pool state the recordings were taken in: empty, or the
 // populated keys of testdata/http/populated (a 4 KiB, b 1 MiB soft pin, x and y 64 KiB in group
 // grp1, h 4 KiB hard pin, c 1 KiB soft pin of 60 s) in one 64 MiB segment.
-func newRecordedStatePool(t *testing.T, state, segName string) *mooncake.Embedded {
+func newRecordedStatePool(t *testing.T, state, segName string) *embedded.Embedded {
 	t.Helper()
-	o := mooncake.DefaultOptions()
-	o.Segments = []mooncake.SegmentSpec{{Name: segName, Capacity: 64 * mib}}
+	o := embedded.DefaultOptions()
+	o.Segments = []embedded.SegmentSpec{{Name: segName, Capacity: 64 * mib}}
 	o.EvictionPeriod = 0
-	o.Clock = mooncake.NewManualClock(epoch)
-	p, err := mooncake.NewEmbedded(o)
+	o.Clock = embedded.NewManualClock(epoch)
+	p, err := embedded.NewEmbedded(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,14 +85,14 @@ func newRecordedStatePool(t *testing.T, state, segName string) *mooncake.Embedde
 	puts := []struct {
 		key  string
 		size int
-		cfg  mooncake.ReplicateConfig
+		cfg  pool.ReplicateConfig
 	}{
-		{"a", 4096, mooncake.ReplicateConfig{}},
-		{"b", mib, mooncake.ReplicateConfig{SoftPinAction: mooncake.SoftPinEnable}},
-		{"x", 65536, mooncake.ReplicateConfig{GroupIDs: []string{"grp1"}}},
-		{"y", 65536, mooncake.ReplicateConfig{GroupIDs: []string{"grp1"}}},
-		{"h", 4096, mooncake.ReplicateConfig{HardPin: true}},
-		{"c", 1024, mooncake.ReplicateConfig{SoftPinAction: mooncake.SoftPinEnable, SoftPinTTL: time.Minute}},
+		{"a", 4096, pool.ReplicateConfig{}},
+		{"b", mib, pool.ReplicateConfig{SoftPinAction: pool.SoftPinEnable}},
+		{"x", 65536, pool.ReplicateConfig{GroupIDs: []string{"grp1"}}},
+		{"y", 65536, pool.ReplicateConfig{GroupIDs: []string{"grp1"}}},
+		{"h", 4096, pool.ReplicateConfig{HardPin: true}},
+		{"c", 1024, pool.ReplicateConfig{SoftPinAction: pool.SoftPinEnable, SoftPinTTL: time.Minute}},
 	}
 	for _, x := range puts {
 		mustPut(t, p, x.key, x.size, x.cfg)
@@ -123,6 +125,8 @@ func jsonShape(v any) any {
 	}
 	return fmt.Sprintf("%T", v)
 }
+
+const mib = 1 << 20
 
 var (
 	summaryNumbers = regexp.MustCompile(`\d+(\.\d+)?( (B|KB|MB|GB|TB))?`)
@@ -379,7 +383,7 @@ func TestClientParsesRecordedResponses(t *testing.T) {
 					t.Fatalf("status %q %v", st, err)
 				}
 				var se *mooncake.StatusError
-				if !populated && (!errors.As(err, &se) || se.Code != mooncake.ErrInvalidParams) {
+				if !populated && (!errors.As(err, &se) || se.Code != pool.ErrInvalidParams) {
 					t.Fatalf("err %v, want a StatusError with -600", err)
 				}
 			case "api_v1_tenant_quotas", "api_v1_drain_jobs_query":
@@ -456,7 +460,7 @@ func TestClientHandlerRoundTrip(t *testing.T) {
 		t.Fatalf("query_key of a missing key: %v", err)
 	}
 	// Keys with characters that need escaping survive the trip.
-	mustPut(t, p, "ns/m w1r0/ä&=?", 10, mooncake.ReplicateConfig{})
+	mustPut(t, p, "ns/m w1r0/ä&=?", 10, pool.ReplicateConfig{})
 	if reps, err := c.QueryKey(ctx, "ns/m w1r0/ä&=?"); err != nil || len(reps) != 1 {
 		t.Fatalf("escaped key: %v %v", reps, err)
 	}
@@ -550,7 +554,7 @@ func TestClientErrors(t *testing.T) {
 	c, _ = mooncake.NewAdminClient(srv503.URL, nil)
 	_, err = c.AllKeys(ctx)
 	var se *mooncake.StatusError
-	if !errors.As(err, &se) || se.StatusCode != 503 || se.Code != mooncake.ErrUnavailableInThisMode {
+	if !errors.As(err, &se) || se.StatusCode != 503 || se.Code != pool.ErrUnavailableInThisMode {
 		t.Fatalf("err %v, want a 503 StatusError with -1011", err)
 	}
 }
@@ -607,5 +611,16 @@ func TestHandlerMalformedInput(t *testing.T) {
 	// The server keeps serving.
 	if h, err := c.Health(context.Background()); err != nil || h.Status != "ok" {
 		t.Fatalf("after bad input: %+v %v", h, err)
+	}
+}
+
+var bg = context.Background()
+
+var epoch = time.Date(2026, 11, 30, 6, 0, 0, 0, time.UTC)
+
+func mustPut(t testing.TB, p *embedded.Embedded, key string, size int, cfg pool.ReplicateConfig) {
+	t.Helper()
+	if c := p.BatchPut(context.Background(), []string{key}, [][]byte{make([]byte, size)}, cfg); c[0] != pool.OK {
+		t.Fatalf("put %s = %v", key, c[0])
 	}
 }

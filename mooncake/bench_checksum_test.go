@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // BenchmarkObjectChecksumCost measures what NativeOptions.ObjectChecksum (serve's
@@ -41,8 +42,8 @@ func BenchmarkObjectChecksumCost(b *testing.B) {
 				for j := range keys {
 					keys[j] = fmt.Sprintf("ck/%s/%d/%d/%d", mode, round, i, j)
 				}
-				for _, c := range clients[mode].BatchPut(ctx, keys, bufs, mooncake.ReplicateConfig{}) {
-					if c != mooncake.OK {
+				for _, c := range clients[mode].BatchPut(ctx, keys, bufs, pool.ReplicateConfig{}) {
+					if c != pool.OK {
 						b.Fatalf("put = %v", c)
 					}
 				}

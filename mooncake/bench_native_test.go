@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // benchSegment is the memory the page-holding process of each pair contributes.
@@ -64,7 +64,7 @@ func BenchmarkInterop(b *testing.B) {
 			b.SetBytes(int64(size))
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				if c := kv.BatchPut(ctx, []string{fmt.Sprintf("%s/%d/%d", kvPrefix, b.N, i)}, [][]byte{page}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
+				if c := kv.BatchPut(ctx, []string{fmt.Sprintf("%s/%d/%d", kvPrefix, b.N, i)}, [][]byte{page}, pool.ReplicateConfig{}); c[0] != pool.OK {
 					b.Fatalf("put = %v", c[0])
 				}
 			}
@@ -123,8 +123,8 @@ func BenchmarkInterop(b *testing.B) {
 			for j := range keys {
 				keys[j] = fmt.Sprintf("kvb/%d/%d/%d", kvRound, i, j)
 			}
-			for _, c := range kv.BatchPut(ctx, keys, bufs, mooncake.ReplicateConfig{}) {
-				if c != mooncake.OK {
+			for _, c := range kv.BatchPut(ctx, keys, bufs, pool.ReplicateConfig{}) {
+				if c != pool.OK {
 					b.Fatalf("put = %v", c)
 				}
 			}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // BenchmarkNativePeerConns measures gets from one peer's segment (a helper process) with four
@@ -33,7 +34,7 @@ func BenchmarkNativePeerConns(b *testing.B) {
 		for i := range perG {
 			k := fmt.Sprintf("peer-conns/%d/%d", g, i)
 			buf[0], buf[1] = byte(g), byte(i)
-			if c := w.BatchPut(ctx, []string{k}, [][]byte{buf}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
+			if c := w.BatchPut(ctx, []string{k}, [][]byte{buf}, pool.ReplicateConfig{}); c[0] != pool.OK {
 				b.Fatalf("put %s: %v", k, c[0])
 			}
 			keys[g] = append(keys[g], k)

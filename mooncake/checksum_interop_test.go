@@ -10,6 +10,7 @@ import (
 	"github.com/kvctl/kvctl/mooncake/masterrpc"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
 	"github.com/kvctl/kvctl/mooncake/transfer"
+	"github.com/kvctl/kvctl/pool"
 )
 
 func checksumNative(t testing.TB, m *mooncaketest.Master, segSize int64) *mooncake.Native {
@@ -56,7 +57,7 @@ func TestObjectChecksumInterop(t *testing.T) {
 		if got := kv.BatchGet(ctx, []string{pyKey}, [][]byte{buf}); got[0] != int64(size) || !bytes.Equal(buf, val) {
 			t.Errorf("kvctl get of a %d-byte object the Python client put with its checksum: %d", size, got[0])
 		}
-		if c := kv.BatchPut(ctx, []string{kvKey}, [][]byte{val}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
+		if c := kv.BatchPut(ctx, []string{kvKey}, [][]byte{val}, pool.ReplicateConfig{}); c[0] != pool.OK {
 			t.Fatalf("kvctl put: %v", c[0])
 		}
 		if got := py.Get(kvKey); !bytes.Equal(got, val) {

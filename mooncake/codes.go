@@ -1,5 +1,29 @@
 package mooncake
 
+import "github.com/kvctl/kvctl/pool"
+
+// Code is the master's ErrorCode: kvctl's pool codes (pool.Code) are the master's values, so
+// Native passes the master's codes through unchanged.
+type Code = pool.Code
+
+// The master's codes that kvctl's pool vocabulary shares (package pool defines them).
+const (
+	OK                       = pool.OK
+	ErrInternal              = pool.ErrInternal
+	ErrNoAvailableHandle     = pool.ErrNoAvailableHandle
+	ErrInvalidParams         = pool.ErrInvalidParams
+	ErrIllegalClient         = pool.ErrIllegalClient
+	ErrReplicaNotReady       = pool.ErrReplicaNotReady
+	ErrObjectNotFound        = pool.ErrObjectNotFound
+	ErrObjectAlreadyExists   = pool.ErrObjectAlreadyExists
+	ErrObjectHasLease        = pool.ErrObjectHasLease
+	ErrLeaseExpired          = pool.ErrLeaseExpired
+	ErrChecksumMismatch      = pool.ErrChecksumMismatch
+	ErrRPCFail               = pool.ErrRPCFail
+	ErrUnavailableInThisMode = pool.ErrUnavailableInThisMode
+	ErrNotJoined             = pool.ErrNotJoined
+)
+
 // More of the master's error codes (Mooncake ErrorCode, release 0.3.13.post1), as Native
 // surfaces them from the master. Mooncake's TRANSFER_FAIL is -800, the value kvctl gave
 // ErrChecksumMismatch before it spoke to a real master; that value is a contract and stays,

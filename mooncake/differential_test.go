@@ -16,6 +16,8 @@ import (
 
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
+	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // The differential test runs random operation sequences against the real mooncake_master and
@@ -115,13 +117,13 @@ func (o diffOp) String() string {
 	return o.Kind + " " + o.Key
 }
 
-func (o diffOp) config() mooncake.ReplicateConfig {
-	var c mooncake.ReplicateConfig
+func (o diffOp) config() pool.ReplicateConfig {
+	var c pool.ReplicateConfig
 	switch o.Soft {
 	case 1:
-		c.SoftPinAction = mooncake.SoftPinEnable
+		c.SoftPinAction = pool.SoftPinEnable
 	case 2:
-		c.SoftPinAction = mooncake.SoftPinEnable
+		c.SoftPinAction = pool.SoftPinEnable
 		c.SoftPinTTL = diffSoftTTL
 	}
 	c.HardPin = o.Hard
@@ -144,8 +146,8 @@ func diffPage(key string) []byte {
 
 // diffModel is the embedded pool a history leads to.
 type diffModel struct {
-	p     *mooncake.Embedded
-	clk   *mooncake.ManualClock
+	p     *embedded.Embedded
+	clk   *embedded.ManualClock
 	codes []int64 // the code (or, for a get, the size) of every step
 	// refilled reports whether a round of the last step took objects to make up a shortfall
 	// of pass 1, and frontier the keys its rounds took otherwise.
@@ -153,9 +155,9 @@ type diffModel struct {
 	frontier []string
 }
 
-func diffOptions(clk mooncake.Clock) mooncake.Options {
-	o := mooncake.DefaultOptions()
-	o.Segments = []mooncake.SegmentSpec{{Name: "diff", Capacity: diffSlot * diffSlots}}
+func diffOptions(clk embedded.Clock) embedded.Options {
+	o := embedded.DefaultOptions()
+	o.Segments = []embedded.SegmentSpec{{Name: "diff", Capacity: diffSlot * diffSlots}}
 	o.LeaseTTL = diffLease
 	o.SoftPinTTL = time.Hour
 	o.HighWatermark = diffHW
@@ -169,14 +171,14 @@ func diffOptions(clk mooncake.Clock) mooncake.Options {
 // the trigger stops firing or a round takes nothing, as the master's thread does.
 func diffReplay(t testing.TB, hist []diffOp) *diffModel {
 	t.Helper()
-	clk := mooncake.NewManualClock(time.Unix(1_700_000_000, 0))
-	p, err := mooncake.NewEmbedded(diffOptions(clk))
+	clk := embedded.NewManualClock(time.Unix(1_700_000_000, 0))
+	p, err := embedded.NewEmbedded(diffOptions(clk))
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := &diffModel{p: p, clk: clk}
 	var last bool
-	p.SetEvictionHook(func(r mooncake.EvictionRound) {
+	p.SetEvictionHook(func(r embedded.EvictionRound) {
 		if !last {
 			return
 		}
@@ -223,7 +225,7 @@ func diffReplay(t testing.TB, hist []diffOp) *diffModel {
 
 // settle runs up to n eviction rounds (n < 0: until the trigger stops firing or a round takes
 // nothing).
-func settle(p *mooncake.Embedded, n int) {
+func settle(p *embedded.Embedded, n int) {
 	for i := 0; n < 0 || i < n; i++ {
 		r, ran := p.EvictNow()
 		if !ran || len(r.Evicted) == 0 || i > 10_000 {

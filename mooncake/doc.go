@@ -1,56 +1,11 @@
-// Package mooncake is kvctl's KV page pool: the Pool interface the connector, probe and replay
-// use, an embedded pool with the Mooncake master's semantics, and the Mooncake master's HTTP
-// admin API (a handler serving it and a client that speaks it).
+// Package mooncake is what kvctl speaks of Mooncake: Native, a pool.Pool over a real Mooncake
+// cluster (the master's RPC protocol, package masterrpc, for metadata and the Transfer
+// Engine's TCP transport, package transfer, for bytes; docs/mooncake.md says what it speaks and
+// which release it is proven against); the master's HTTP admin API (NewAdminHandler serves an
+// Inspector with the master's endpoints and formats, checked against responses recorded from a
+// real master in testdata/http; NewAdminClient talks to a real master or to that handler); the
+// master's error codes (pool.Code has the master's values) and its metrics.
 //
-// Vocabulary, after the master (reference/mooncake.md §2):
-//
-//   - object: one stored page under one key. A put never overwrites: storing an existing key
-//     is a successful no-op, as the Mooncake client treats the master's OBJECT_ALREADY_EXISTS.
-//   - lease: the object's lease_timeout. An existence probe (when Options.ExistRenewsLease),
-//     a get and the admin API's /query_key set it to max(lease, now + LeaseTTL); a finished put
-//     sets it to now. A leased object is neither evicted nor removed without force.
-//   - soft pin: a fixed deadline set when a put with SoftPinEnable finishes (reads never
-//     extend it). Eviction pass 1 skips soft-pinned objects; pass 2 takes them only when the
-//     unpinned ones cannot reach the lower bound and AllowEvictSoftPinned is set.
-//   - hard pin: the object is never evicted and is left out of the eviction base. It does not
-//     block Remove: as on the master, only a lease does.
-//   - group: objects put with the same group id. A lease granted to one member refreshes all
-//     (when the hit member has less than half a TTL left, or the group changed); eviction takes
-//     a chosen member's whole group, and skips the group while any member is leased.
-//   - eviction round: one tick of the master's eviction thread. It runs when allocated/capacity
-//     is above HighWatermark, or after an allocation failed. It counts objects, not bytes:
-//     target = max(ratio, used-hw+ratio) and lowerbound = max(target/2, used-hw) of the eviction
-//     base (objects readable, not hard-pinned, not being read). Pass 1 tries its frontier, the
-//     target's count of expired, unpinned objects with the oldest lease deadlines (a group
-//     taken along counts each member). When the frontier falls short (a member whose group
-//     holds a lease is skipped), pass 1 makes up the shortfall from the other candidates in
-//     shard order, not by age, as mooncake_master 0.3.13 does: that leaves holes among younger
-//     objects (EvictedObject.Refill marks them). Pass 2 runs below the lower bound.
-//
-// Proven against the real master: TestPoolDifferential runs random sequences of puts (soft
-// pins, soft-pin TTLs, hard pins, groups), gets, probes, removes and lease expiries against
-// mooncake_master 0.3.13 and this pool, and compares codes and keys after every step
-// (docs/perf/pool-differential.md). Deliberate differences, each out of the test's reach on
-// purpose: the shard order of a pass 1 refill is this pool's own (FNV-1a of the group id or
-// key, mod 1024; the master's depends on std::hash, its hash tables and a selection
-// algorithm), so there the test checks invariants only; and one call gives all its keys one
-// clock reading, where the master reads the clock per key in an order of its shards, so the
-// test uses single-key calls.
-//   - segment: a region of memory the pool allocates pages from, first fit with no padding, so
-//     used bytes are exactly the sum of the stored sizes; fragmentation shows in Stats.
-//   - integrity: every page's XXH3-based checksum (keys.PageChecksum) is taken at put and
-//     checked at get (and by BatchView, in place); a mismatch is ErrChecksumMismatch and the
-//     bytes must not be used.
-//   - in place: Embedded is also a Viewer (BatchView leases and checks values where they lie
-//     and returns views of pool memory) and a Reserver (BatchPutStart hands out the memory a
-//     value will live in; End takes its checksum there), so the connector can copy pages between
-//     the GPU and pool memory registered with the driver without a staging copy.
-//
-// Native implements Pool over a real Mooncake cluster: the master's RPC protocol (package
-// masterrpc) for metadata and the Transfer Engine's TCP transport (package transfer) for bytes;
-// docs/mooncake.md says what it speaks and which release it is proven against.
-//
-// Embedded implements both Pool and Inspector. NewAdminHandler serves an Inspector with the
-// master's admin endpoints and formats (checked against responses recorded from a real
-// master in testdata/http); NewAdminClient talks to a real master or to that handler.
+// The embedded pool with the master's semantics is package pool/embedded; its differential
+// test against the real master (TestPoolDifferential) lives here, beside the master's client.
 package mooncake

@@ -15,6 +15,7 @@ import (
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
 	"github.com/kvctl/kvctl/mooncake/transfer"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // checkNeverWrong reads every key and fails on anything but a miss, a failed get, or the
@@ -60,14 +61,14 @@ func TestFaultMasterRestartMidPut(t *testing.T) {
 			default:
 			}
 			k := fmt.Sprintf("mid/%d", i)
-			c := writer.BatchPut(context.Background(), []string{k}, [][]byte{interopPage(k, size)}, mooncake.ReplicateConfig{})
+			c := writer.BatchPut(context.Background(), []string{k}, [][]byte{interopPage(k, size)}, pool.ReplicateConfig{})
 			mu.Lock()
 			keys = append(keys, k)
-			if c[0] == mooncake.OK {
+			if c[0] == pool.OK {
 				oks[k] = time.Now()
 			}
 			mu.Unlock()
-			if c[0] != mooncake.OK {
+			if c[0] != pool.OK {
 				time.Sleep(20 * time.Millisecond)
 			}
 		}
@@ -142,7 +143,7 @@ func TestFaultSegmentOwnerKilled(t *testing.T) {
 		deadline := time.Now().Add(20 * time.Second)
 		for {
 			c := n.BatchGet(context.Background(), keys[:1], [][]byte{make([]byte, size)})[0]
-			if c == int64(mooncake.ErrObjectNotFound) {
+			if c == int64(pool.ErrObjectNotFound) {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -178,7 +179,7 @@ func TestFaultHostileTransferPeer(t *testing.T) {
 	reader := newNative(t, m, 0)
 	ctx := context.Background()
 	const key, size = "hostile/page", 64 << 10
-	if c := owner.BatchPut(ctx, []string{key}, [][]byte{interopPage(key, size)}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
+	if c := owner.BatchPut(ctx, []string{key}, [][]byte{interopPage(key, size)}, pool.ReplicateConfig{}); c[0] != pool.OK {
 		t.Fatalf("put = %v", c[0])
 	}
 	te := transfer.NewClient(transfer.ClientOptions{Timeout: 2 * time.Second})

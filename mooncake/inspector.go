@@ -2,8 +2,9 @@ package mooncake
 
 import (
 	"context"
-	"sort"
 	"time"
+
+	"github.com/kvctl/kvctl/pool"
 )
 
 // ReplicaDesc is one memory replica as the master's admin API shows it (the C++
@@ -31,15 +32,19 @@ type Inspector interface {
 	BatchQuery(ctx context.Context, keys []string) map[string]KeyQuery
 	// Keys lists the readable keys, in no particular order.
 	Keys(ctx context.Context) ([]string, error)
-	Segments(ctx context.Context) ([]Segment, error)
+	Segments(ctx context.Context) ([]pool.Segment, error)
 	Metrics(ctx context.Context) (MetricsSnapshot, error)
 }
 
 // MetricsSnapshot is what /metrics and /metrics/summary render, named after the master's
 // metrics it feeds.
 type MetricsSnapshot struct {
-	Stats    Stats
-	Segments []Segment
+	// Stats holds the pool's counters; SoftPinned and ExistProbes are the master's figures
+	// that are not every backend's.
+	Stats       pool.Stats
+	SoftPinned  int64
+	ExistProbes int64
+	Segments    []pool.Segment
 	// Uptime is how long the pool has run; the summary's per-second rates divide by it.
 	Uptime time.Duration
 
@@ -64,170 +69,7 @@ type Histogram struct {
 	Sum    float64
 }
 
-// valueSizeBuckets are the master's master_value_size_bytes bucket bounds.
-var valueSizeBuckets = []float64{4096, 65536, 262144, 1048576, 4194304, 16777216, 67108864}
-
-type valueSizeHistogram struct {
-	counts [8]uint64 // per bucket, not cumulative; the last is +Inf
-	sum    float64
-}
-
-func (h *valueSizeHistogram) observe(size int64) {
-	i := sort.SearchFloat64s(valueSizeBuckets, float64(size))
-	h.counts[i]++
-	h.sum += float64(size)
-}
-
-func (h *valueSizeHistogram) snapshot() Histogram {
-	out := Histogram{Bounds: append([]float64(nil), valueSizeBuckets...), Sum: h.sum}
-	var cum uint64
-	for i := range valueSizeBuckets {
-		cum += h.counts[i]
-		out.Counts = append(out.Counts, cum)
-	}
-	out.Count = cum + h.counts[len(valueSizeBuckets)]
-	return out
-}
-
-func (e *Embedded) replicaLocked(o *object) ReplicaDesc {
-	return ReplicaDesc{
-		Size:              uint64(o.size),
-		BufferAddress:     o.seg.base + uint64(o.off),
-		Protocol:          "local",
-		TransportEndpoint: o.seg.name,
-	}
-}
-
 // codeName is the master's name for an error code, as its admin API prints it.
-func codeName(c Code) string {
-	switch c {
-	case OK:
-		return "OK"
-	case ErrInternal:
-		return "INTERNAL_ERROR"
-	case ErrNoAvailableHandle:
-		return "NO_AVAILABLE_HANDLE"
-	case ErrInvalidParams:
-		return "INVALID_PARAMS"
-	case ErrIllegalClient:
-		return "ILLEGAL_CLIENT"
-	case ErrReplicaNotReady:
-		return "REPLICA_IS_NOT_READY"
-	case ErrObjectNotFound:
-		return "OBJECT_NOT_FOUND"
-	case ErrObjectAlreadyExists:
-		return "OBJECT_ALREADY_EXISTS"
-	case ErrObjectHasLease:
-		return "OBJECT_HAS_LEASE"
-	case ErrLeaseExpired:
-		return "LEASE_EXPIRED"
-	case ErrChecksumMismatch:
-		return "CHECKSUM_MISMATCH"
-	case ErrRPCFail:
-		return "RPC_FAIL"
-	case ErrUnavailableInThisMode:
-		return "UNAVAILABLE_IN_CURRENT_MODE"
-	case ErrNotJoined:
-		return "NOT_JOINED"
-	}
-	if n, ok := masterCodeNames[c]; ok {
-		return n
-	}
-	return "UNKNOWN_ERROR"
-}
+func codeName(c Code) string { return c.String() }
 
-// String returns the master's name for the code.
-func (c Code) String() string { return codeName(c) }
-
-// QueryKey implements Inspector: the master's GetReplicaList, so a hit grants a read lease
-// (refreshing the object's group) and counts as a get.
-func (e *Embedded) QueryKey(ctx context.Context, key string) ([]ReplicaDesc, Code) {
-	e.c.queryKey.Add(1)
-	if ctx.Err() != nil {
-		e.c.queryKeyFail.Add(1)
-		return nil, ErrRPCFail
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	o := e.objs[key]
-	if o == nil || !o.complete {
-		e.c.queryKeyFail.Add(1)
-		e.c.misses.Add(1)
-		return nil, ErrObjectNotFound
-	}
-	now := e.clock.Now()
-	e.grantLease(o, now, now.Add(e.opts.LeaseTTL))
-	return []ReplicaDesc{e.replicaLocked(o)}, OK
-}
-
-// BatchQuery implements Inspector. It grants no lease and changes no counter.
-func (e *Embedded) BatchQuery(ctx context.Context, ks []string) map[string]KeyQuery {
-	out := make(map[string]KeyQuery, len(ks))
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for _, k := range ks {
-		o := e.objs[k]
-		if o == nil || !o.complete {
-			out[k] = KeyQuery{Error: codeName(ErrObjectNotFound)}
-			continue
-		}
-		out[k] = KeyQuery{OK: true, Replicas: []ReplicaDesc{e.replicaLocked(o)}}
-	}
-	return out
-}
-
-// Keys implements Inspector.
-func (e *Embedded) Keys(ctx context.Context) ([]string, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	out := make([]string, 0, len(e.objs))
-	for k, o := range e.objs {
-		if o.complete {
-			out = append(out, k)
-		}
-	}
-	return out, nil
-}
-
-// Metrics implements Inspector.
-func (e *Embedded) Metrics(ctx context.Context) (MetricsSnapshot, error) {
-	st, err := e.Stats(ctx)
-	if err != nil {
-		return MetricsSnapshot{}, err
-	}
-	segs, err := e.Segments(ctx)
-	if err != nil {
-		return MetricsSnapshot{}, err
-	}
-	e.mu.Lock()
-	hist := e.hist.snapshot()
-	uptime := e.clock.Now().Sub(e.start)
-	e.mu.Unlock()
-	c := &e.c
-	return MetricsSnapshot{
-		Stats:               st,
-		Segments:            segs,
-		Uptime:              uptime,
-		ActiveClients:       1,
-		ValueSizes:          hist,
-		ExistRequests:       c.existCalls.Load(),
-		ExistFailedItems:    c.existFailedItems.Load(),
-		PutRequests:         c.putCalls.Load(),
-		PutFailedItems:      c.putFailedItems.Load(),
-		GetRequests:         c.getCalls.Load(),
-		GetItems:            c.getItems.Load(),
-		GetFailedItems:      c.getFailedItems.Load(),
-		QueryKeyRequests:    c.queryKey.Load(),
-		QueryKeyFailures:    c.queryKeyFail.Load(),
-		RemoveRequests:      c.removeCalls.Load(),
-		RemoveFailures:      c.removeFailures.Load(),
-		AllocFailures:       c.allocFailures.Load(),
-		SuccessfulEvictions: c.successfulRounds.Load(),
-		AttemptedEvictions:  c.rounds.Load(),
-		EvictedKeys:         c.evictedPass1.Load() + c.evictedPass2.Load(),
-		EvictedBytes:        c.evictedBytes.Load(),
-	}, nil
-}
+func init() { pool.RegisterCodeNames(masterCodeNames) }

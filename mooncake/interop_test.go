@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
+	"github.com/kvctl/kvctl/pool"
 )
 
 var interopSizes = []int{1 << 10, 1 << 20, 16 << 20}
@@ -90,7 +91,7 @@ func kvctlToPython(t *testing.T, n *mooncake.Native, py *mooncaketest.PyClient, 
 	for _, size := range interopSizes {
 		key := fmt.Sprintf("kvctl-to-py/%s/%d", tag, size)
 		want := interopPage(key, size)
-		if c := n.BatchPut(context.Background(), []string{key}, [][]byte{want}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
+		if c := n.BatchPut(context.Background(), []string{key}, [][]byte{want}, pool.ReplicateConfig{}); c[0] != pool.OK {
 			t.Fatalf("kvctl put %s = %v", key, c[0])
 		}
 		if got := py.BatchIsExist([]string{key}); len(got) != 1 || got[0] != 1 {
@@ -113,7 +114,7 @@ func TestInteropExistRemoveAcrossClients(t *testing.T) {
 	n := newNative(t, m, 16<<20)
 	ctx := context.Background()
 	py.Put("x/py", interopPage("x/py", 100), mooncaketest.PutOptions{})
-	n.BatchPut(ctx, []string{"x/kv"}, [][]byte{interopPage("x/kv", 100)}, mooncake.ReplicateConfig{})
+	n.BatchPut(ctx, []string{"x/kv"}, [][]byte{interopPage("x/kv", 100)}, pool.ReplicateConfig{})
 	keys := []string{"x/py", "x/none", "x/kv"}
 	if got := fmt.Sprint(n.BatchIsExist(ctx, keys)); got != "[1 0 1]" {
 		t.Fatalf("kvctl BatchIsExist = %s", got)
@@ -123,11 +124,11 @@ func TestInteropExistRemoveAcrossClients(t *testing.T) {
 	}
 	// The Python get grants a read lease: kvctl's plain Remove is refused until it lapses.
 	py.Get("x/kv")
-	if c := n.Remove(ctx, "x/kv", false); c != mooncake.ErrObjectHasLease {
+	if c := n.Remove(ctx, "x/kv", false); c != pool.ErrObjectHasLease {
 		t.Fatalf("kvctl Remove under a read lease = %v", c)
 	}
 	time.Sleep(lease + 200*time.Millisecond)
-	if c := n.Remove(ctx, "x/kv", false); c != mooncake.OK {
+	if c := n.Remove(ctx, "x/kv", false); c != pool.OK {
 		t.Fatalf("kvctl Remove after the lease = %v", c)
 	}
 	if rc := py.Remove("x/py", true); rc != 0 {
@@ -161,7 +162,7 @@ func TestHelperNativeProcess(t *testing.T) {
 	defer n.Close()
 	for i := 0; i < count; i++ {
 		key := fmt.Sprintf("%s/%d", prefix, i)
-		if c := n.BatchPut(context.Background(), []string{key}, [][]byte{interopPage(key, size)}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
+		if c := n.BatchPut(context.Background(), []string{key}, [][]byte{interopPage(key, size)}, pool.ReplicateConfig{}); c[0] != pool.OK {
 			t.Fatalf("put %s = %v", key, c[0])
 		}
 	}

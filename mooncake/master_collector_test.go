@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 func parseProm(t *testing.T, text []byte) map[string]*dto.MetricFamily {
@@ -28,9 +30,9 @@ func parseProm(t *testing.T, text []byte) map[string]*dto.MetricFamily {
 // TestMasterCollectorMatchesRender checks that the collector exports exactly the families,
 // types, help texts, labels and values the master-compatible renderer prints.
 func TestMasterCollectorMatchesRender(t *testing.T) {
-	o := mooncake.DefaultOptions()
-	o.Segments = []mooncake.SegmentSpec{{Name: "seg-a", Capacity: 8 << 20}}
-	p, err := mooncake.NewEmbedded(o)
+	o := embedded.DefaultOptions()
+	o.Segments = []embedded.SegmentSpec{{Name: "seg-a", Capacity: 8 << 20}}
+	p, err := embedded.NewEmbedded(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +40,7 @@ func TestMasterCollectorMatchesRender(t *testing.T) {
 	ctx := context.Background()
 	for i := range 5 {
 		k := fmt.Sprintf("key-%d", i)
-		if c := p.BatchPut(ctx, []string{k}, [][]byte{bytes.Repeat([]byte{byte(i)}, 1000*(i+1))}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
+		if c := p.BatchPut(ctx, []string{k}, [][]byte{bytes.Repeat([]byte{byte(i)}, 1000*(i+1))}, pool.ReplicateConfig{}); c[0] != pool.OK {
 			t.Fatalf("put %s: %v", k, c[0])
 		}
 	}
@@ -121,9 +123,9 @@ func sampleText(f *dto.MetricFamily) string {
 // TestMasterCollectorPoolError checks that a pool that cannot answer fails the scrape with its
 // error rather than exporting stale or zero figures.
 func TestMasterCollectorPoolError(t *testing.T) {
-	o := mooncake.DefaultOptions()
-	o.Segments = []mooncake.SegmentSpec{{Name: "seg-a", Capacity: 1 << 20}}
-	p, err := mooncake.NewEmbedded(o)
+	o := embedded.DefaultOptions()
+	o.Segments = []embedded.SegmentSpec{{Name: "seg-a", Capacity: 1 << 20}}
+	p, err := embedded.NewEmbedded(o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvctl/kvctl/mooncake/masterrpc"
 	"github.com/kvctl/kvctl/mooncake/transfer"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // NativeOptions configure a Native pool client.
@@ -398,7 +399,7 @@ func (n *Native) peerUnhealthy(seg string) bool {
 
 // config maps kvctl's per-put options onto Mooncake's ReplicateConfig for the given keys'
 // group ids.
-func (n *Native) config(cfg ReplicateConfig, groups []string) masterrpc.ReplicateConfig {
+func (n *Native) config(cfg pool.ReplicateConfig, groups []string) masterrpc.ReplicateConfig {
 	rc := masterrpc.ReplicateConfig{ReplicaNum: 1, SoftPinAction: uint8(cfg.SoftPinAction), WithHardPin: cfg.HardPin}
 	if cfg.SoftPinTTL > 0 {
 		rc.HasSoftPinTTL = true
@@ -415,7 +416,7 @@ func (n *Native) config(cfg ReplicateConfig, groups []string) masterrpc.Replicat
 // to them over the Transfer Engine (or straight into this client's segment when the master
 // placed them there), and only then does the put end. A key that already exists is OK
 // without a write, as Mooncake's client treats OBJECT_ALREADY_EXISTS.
-func (n *Native) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg ReplicateConfig) []Code {
+func (n *Native) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg pool.ReplicateConfig) []Code {
 	out := make([]Code, len(keys))
 	fail := func(c Code) []Code {
 		for i := range out {
@@ -424,7 +425,7 @@ func (n *Native) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg
 		return out
 	}
 	if len(bufs) != len(keys) || (cfg.GroupIDs != nil && len(cfg.GroupIDs) != len(keys)) ||
-		(cfg.SoftPinTTL != 0 && cfg.SoftPinAction != SoftPinEnable) || cfg.SoftPinTTL < 0 || cfg.SoftPinAction > SoftPinDisable {
+		(cfg.SoftPinTTL != 0 && cfg.SoftPinAction != pool.SoftPinEnable) || cfg.SoftPinTTL < 0 || cfg.SoftPinAction > pool.SoftPinDisable {
 		n.stats.putFailures.Add(int64(len(keys)))
 		return fail(ErrInvalidParams)
 	}
@@ -459,7 +460,7 @@ func (n *Native) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg
 	return out
 }
 
-func (n *Native) putUnique(ctx context.Context, keys []string, bufs [][]byte, cfg ReplicateConfig, idx []int, out []Code) {
+func (n *Native) putUnique(ctx context.Context, keys []string, bufs [][]byte, cfg pool.ReplicateConfig, idx []int, out []Code) {
 	ctx, cancel := n.callCtx(ctx)
 	defer cancel()
 	ks := make([]string, len(idx))
@@ -816,19 +817,19 @@ func (n *Native) Remove(ctx context.Context, key string, force bool) Code {
 
 // Segments lists the pool's segments from the master's admin API when AdminURL is set, else
 // this client's own segment (its used bytes unknown, reported as 0).
-func (n *Native) Segments(ctx context.Context) ([]Segment, error) {
+func (n *Native) Segments(ctx context.Context) ([]pool.Segment, error) {
 	admin := n.admin.Load()
 	if admin == nil {
 		if n.seg.Name == "" {
 			return nil, nil
 		}
-		return []Segment{{Name: n.seg.Name, Capacity: int64(n.seg.Size)}}, nil
+		return []pool.Segment{{Name: n.seg.Name, Capacity: int64(n.seg.Size)}}, nil
 	}
 	names, err := admin.AllSegments(ctx)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]Segment, 0, len(names))
+	out := make([]pool.Segment, 0, len(names))
 	for _, name := range names {
 		s, err := admin.QuerySegment(ctx, name)
 		if errors.Is(err, ErrSegmentNotFound) {
@@ -844,8 +845,8 @@ func (n *Native) Segments(ctx context.Context) ([]Segment, error) {
 
 // Stats returns this client's counters and, from Segments and (with AdminURL) the master's
 // metrics, the pool's capacity, occupancy and object count.
-func (n *Native) Stats(ctx context.Context) (Stats, error) {
-	st := Stats{
+func (n *Native) Stats(ctx context.Context) (pool.Stats, error) {
+	st := pool.Stats{
 		Hits:            n.stats.hits.Load(),
 		Misses:          n.stats.misses.Load(),
 		Puts:            n.stats.puts.Load(),
@@ -853,8 +854,8 @@ func (n *Native) Stats(ctx context.Context) (Stats, error) {
 		PutFailures:     n.stats.putFailures.Load(),
 		BytesIn:         n.stats.bytesIn.Load(),
 		BytesOut:        n.stats.bytesOut.Load(),
-		ExistProbes:     n.stats.existProbes.Load(),
 		ChecksumErrors:  n.stats.checksumErrors.Load(),
+		Detail:          map[string]int64{StatExistProbes: n.stats.existProbes.Load()},
 	}
 	segs, err := n.Segments(ctx)
 	if err != nil {
@@ -873,7 +874,7 @@ func (n *Native) Stats(ctx context.Context) (Stats, error) {
 			st.Objects = int64(v)
 		}
 		if v, ok := m.Value("master_soft_pin_key_count"); ok {
-			st.SoftPinned = int64(v)
+			st.Detail[StatSoftPinned] = int64(v)
 		}
 	}
 	return st, nil

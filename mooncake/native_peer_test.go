@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // TestNativePeerConnsBound checks, against the real master, that concurrent batches reading
@@ -30,8 +31,8 @@ func TestNativePeerConnsBound(t *testing.T) {
 		want[i] = make([]byte, page)
 		_, _ = rand.Read(want[i])
 	}
-	for i, c := range owner.BatchPut(ctx, keys, want, mooncake.ReplicateConfig{}) {
-		if c != mooncake.OK {
+	for i, c := range owner.BatchPut(ctx, keys, want, pool.ReplicateConfig{}) {
+		if c != pool.OK {
 			t.Fatalf("put %s: %v", keys[i], c)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
 func FuzzParsePromText(f *testing.F) {
@@ -47,8 +48,9 @@ func FuzzParseSummary(f *testing.F) {
 // values, labels included.
 func TestRenderedMetricsParse(t *testing.T) {
 	snap := mooncake.MetricsSnapshot{
-		Stats:               mooncake.Stats{CapacityBytes: 1 << 30, UsedBytes: 12345, Objects: 7, SoftPinned: 2, Hits: 5, BytesOut: 999},
-		Segments:            []mooncake.Segment{{Name: `we"ird\seg`, Capacity: 1 << 30, Used: 12345}},
+		Stats:               pool.Stats{CapacityBytes: 1 << 30, UsedBytes: 12345, Objects: 7, Hits: 5, BytesOut: 999},
+		SoftPinned:          2,
+		Segments:            []pool.Segment{{Name: `we"ird\seg`, Capacity: 1 << 30, Used: 12345}},
 		Uptime:              10 * time.Second,
 		ActiveClients:       1,
 		ValueSizes:          mooncake.Histogram{Bounds: []float64{4096, 65536}, Counts: []uint64{1, 3}, Count: 4, Sum: 70000},

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // TestRealMasterHonoursPinsAndGroups puts pages with the ReplicateConfig options kvctl sends
@@ -19,25 +20,25 @@ func TestRealMasterHonoursPinsAndGroups(t *testing.T) {
 	n := newNative(t, m, 8<<20)
 	ctx := context.Background()
 	const size = 128 << 10
-	put := func(key string, cfg mooncake.ReplicateConfig) mooncake.Code {
+	put := func(key string, cfg pool.ReplicateConfig) pool.Code {
 		return n.BatchPut(ctx, []string{key}, [][]byte{interopPage(key, size)}, cfg)[0]
 	}
-	must := func(key string, cfg mooncake.ReplicateConfig) {
+	must := func(key string, cfg pool.ReplicateConfig) {
 		t.Helper()
-		if c := put(key, cfg); c != mooncake.OK {
+		if c := put(key, cfg); c != pool.OK {
 			t.Fatalf("put %s = %v", key, c)
 		}
 	}
-	must("pin/short", mooncake.ReplicateConfig{SoftPinAction: mooncake.SoftPinEnable, SoftPinTTL: 500 * time.Millisecond})
-	must("pin/long", mooncake.ReplicateConfig{SoftPinAction: mooncake.SoftPinEnable, SoftPinTTL: time.Hour})
-	must("pin/hard", mooncake.ReplicateConfig{HardPin: true})
+	must("pin/short", pool.ReplicateConfig{SoftPinAction: pool.SoftPinEnable, SoftPinTTL: 500 * time.Millisecond})
+	must("pin/long", pool.ReplicateConfig{SoftPinAction: pool.SoftPinEnable, SoftPinTTL: time.Hour})
+	must("pin/hard", pool.ReplicateConfig{HardPin: true})
 	group := []string{"grp/0", "grp/1", "grp/2", "grp/3"}
 	bufs := make([][]byte, len(group))
 	for i, k := range group {
 		bufs[i] = interopPage(k, size)
 	}
-	for i, c := range n.BatchPut(ctx, group, bufs, mooncake.ReplicateConfig{GroupIDs: []string{"g", "g", "g", "g"}}) {
-		if c != mooncake.OK {
+	for i, c := range n.BatchPut(ctx, group, bufs, pool.ReplicateConfig{GroupIDs: []string{"g", "g", "g", "g"}}) {
+		if c != pool.OK {
 			t.Fatalf("grouped put %s = %v", group[i], c)
 		}
 	}
@@ -52,7 +53,7 @@ func TestRealMasterHonoursPinsAndGroups(t *testing.T) {
 	var filler []string
 	for i := 0; i < 400; i++ {
 		k := fmt.Sprintf("fill/%d", i)
-		if put(k, mooncake.ReplicateConfig{}) == mooncake.OK {
+		if put(k, pool.ReplicateConfig{}) == pool.OK {
 			filler = append(filler, k)
 		}
 		// A group leaves whole: never some members present and others gone. The admin API's

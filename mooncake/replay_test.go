@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // scenario is the part of a recorded eviction scenario (testdata/eviction/*.json) the replay
@@ -112,7 +114,7 @@ type replayResult struct {
 // replayRound is a round the replay ran, with the last put that succeeded before it and the
 // number of readable keys right after it.
 type replayRound struct {
-	mooncake.EvictionRound
+	embedded.EvictionRound
 	lastPut   string
 	keysAfter int
 }
@@ -141,9 +143,9 @@ func loadScenario(t *testing.T, path string) scenario {
 // advance the clock tick by tick, running EvictNow at each.
 func replay(t *testing.T, s scenario) replayResult {
 	d := s.Master.Defaults
-	clk := mooncake.NewManualClock(epoch)
-	o := mooncake.DefaultOptions()
-	o.Segments = []mooncake.SegmentSpec{{Name: "127.0.0.1:12806", Capacity: s.Client.SegmentBytes}}
+	clk := embedded.NewManualClock(epoch)
+	o := embedded.DefaultOptions()
+	o.Segments = []embedded.SegmentSpec{{Name: "127.0.0.1:12806", Capacity: s.Client.SegmentBytes}}
 	o.LeaseTTL = time.Duration(d.LeaseTTLms) * time.Millisecond
 	o.SoftPinTTL = time.Duration(d.SoftPinTTLms) * time.Millisecond
 	o.MaxSoftPinTTL = time.Duration(d.MaxSoftPinTTLms) * time.Millisecond
@@ -152,7 +154,7 @@ func replay(t *testing.T, s scenario) replayResult {
 	o.HighWatermark = d.HighWatermark
 	o.EvictionPeriod = 0
 	o.Clock = clk
-	p, err := mooncake.NewEmbedded(o)
+	p, err := embedded.NewEmbedded(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +163,7 @@ func replay(t *testing.T, s scenario) replayResult {
 
 	res := replayResult{snapshots: map[string][]string{}, failedPuts: map[string]int{}}
 	lastPut := ""
-	p.SetEvictionHook(func(r mooncake.EvictionRound) {
+	p.SetEvictionHook(func(r embedded.EvictionRound) {
 		ks, _ := p.Keys(bg)
 		res.rounds = append(res.rounds, replayRound{r, lastPut, len(ks)})
 	})
@@ -189,9 +191,9 @@ func replay(t *testing.T, s scenario) replayResult {
 	for _, op := range s.Script {
 		switch op.Op {
 		case "put":
-			cfg := mooncake.ReplicateConfig{HardPin: op.HardPin}
+			cfg := pool.ReplicateConfig{HardPin: op.HardPin}
 			if op.SoftPin {
-				cfg.SoftPinAction = mooncake.SoftPinEnable
+				cfg.SoftPinAction = pool.SoftPinEnable
 				if op.SoftPinMs != nil && *op.SoftPinMs >= 0 {
 					cfg.SoftPinTTL = time.Duration(*op.SoftPinMs) * time.Millisecond
 				}
@@ -200,7 +202,7 @@ func replay(t *testing.T, s scenario) replayResult {
 				cfg.GroupIDs = []string{op.Group}
 			}
 			rc := p.BatchPut(bg, []string{op.Key}, [][]byte{make([]byte, op.Size)}, cfg)[0]
-			if rc != mooncake.OK {
+			if rc != pool.OK {
 				res.failedPuts[op.Key] = int(rc)
 			} else {
 				lastPut = op.Key
@@ -264,7 +266,7 @@ func round6(v float64) float64 {
 	return r
 }
 
-func stateOf(r mooncake.EvictionRound) roundState {
+func stateOf(r embedded.EvictionRound) roundState {
 	return roundState{round6(r.MemoryRatio), r.NeedMemEviction, r.Base, round6(r.Target), len(r.Evicted)}
 }
 
@@ -375,7 +377,7 @@ func TestRecordedEvictionScenarios(t *testing.T) {
 				"master_allocated_bytes":                float64(m.Stats.UsedBytes),
 				"master_total_capacity_bytes":           float64(m.Stats.CapacityBytes),
 				"master_key_count":                      float64(m.Stats.Objects),
-				"master_soft_pin_key_count":             float64(m.Stats.SoftPinned),
+				"master_soft_pin_key_count":             float64(m.SoftPinned),
 				"master_put_start_alloc_failures_total": float64(m.AllocFailures),
 				"master_successful_evictions_total":     float64(m.SuccessfulEvictions),
 				"master_evicted_key_count":              float64(m.EvictedKeys),
@@ -397,4 +399,13 @@ func TestRecordedEvictionScenarios(t *testing.T) {
 			}
 		})
 	}
+}
+
+func evictedKeys(r embedded.EvictionRound) []string {
+	var out []string
+	for _, e := range r.Evicted {
+		out = append(out, e.Key)
+	}
+	sort.Strings(out)
+	return out
 }

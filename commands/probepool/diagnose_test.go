@@ -9,12 +9,13 @@ import (
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
 	"github.com/kvctl/kvctl/core/probe"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // putPrompt stores every lookup key of the prompt o describes (its first blocks only, when
 // blocks > 0), as an engine with those settings would have saved it.
-func putPrompt(t *testing.T, p *mooncake.Embedded, o *cmdutil.KeyFlags, blocks int) {
+func putPrompt(t *testing.T, p *embedded.Embedded, o *cmdutil.KeyFlags, blocks int) {
 	t.Helper()
 	layout := deriveLayout(t, o)
 	for i, b := range layout.Blocks {
@@ -25,8 +26,8 @@ func putPrompt(t *testing.T, p *mooncake.Embedded, o *cmdutil.KeyFlags, blocks i
 		for j := range bufs {
 			bufs[j] = bytes.Repeat([]byte{1}, 16)
 		}
-		for j, c := range p.BatchPut(context.Background(), b.Keys, bufs, mooncake.ReplicateConfig{}) {
-			if c != mooncake.OK {
+		for j, c := range p.BatchPut(context.Background(), b.Keys, bufs, pool.ReplicateConfig{}) {
+			if c != pool.OK {
 				t.Fatalf("put %s: %v", b.Keys[j], c)
 			}
 		}

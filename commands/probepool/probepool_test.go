@@ -23,8 +23,9 @@ import (
 	"github.com/kvctl/kvctl/core/daemon/daemontest"
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/probe"
-	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
+	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -120,8 +121,8 @@ func options(ios *cmdutil.IOStreams, pool, format string) *Options {
 // address.
 func startServe(t *testing.T) (*daemon.Daemon, string) {
 	t.Helper()
-	po := mooncake.DefaultOptions()
-	po.Segments = []mooncake.SegmentSpec{{Name: "seg0", Capacity: 16 << 20}}
+	po := embedded.DefaultOptions()
+	po.Segments = []embedded.SegmentSpec{{Name: "seg0", Capacity: 16 << 20}}
 	po.EvictionPeriod = 0
 	r := daemontest.Start(t, daemon.Config{Pool: po, AdminGrantsLeases: true})
 	return r.Daemon, r.Info.AdminAddr
@@ -131,7 +132,7 @@ func startServe(t *testing.T) (*daemon.Daemon, string) {
 // block 2 loses one peer shard's page, blocks 3 and 6 lose every page, and blocks 8 and 9 lose
 // their replicated page. So blocks 0-1 hit, 2-3 and 6 are holes, 4-5 and 7 are stored but
 // recomputed, and 8-9 are missing at the end.
-func populate(t *testing.T, p *mooncake.Embedded) []keys.BlockKeys {
+func populate(t *testing.T, p *embedded.Embedded) []keys.BlockKeys {
 	t.Helper()
 	ios, _, _, _ := cmdutil.Test()
 	o := promptKeys(ios)
@@ -142,14 +143,14 @@ func populate(t *testing.T, p *mooncake.Embedded) []keys.BlockKeys {
 		for i := range bufs {
 			bufs[i] = bytes.Repeat([]byte{byte(b.Index)}, 16)
 		}
-		for i, c := range p.BatchPut(ctx, b.Keys, bufs, mooncake.ReplicateConfig{}) {
-			if c != mooncake.OK {
+		for i, c := range p.BatchPut(ctx, b.Keys, bufs, pool.ReplicateConfig{}) {
+			if c != pool.OK {
 				t.Fatalf("put %s: %v", b.Keys[i], c)
 			}
 		}
 	}
 	remove := func(k string) {
-		if c := p.Remove(ctx, k, true); c != mooncake.OK {
+		if c := p.Remove(ctx, k, true); c != pool.OK {
 			t.Fatalf("remove %s: %v", k, c)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/kvctl/kvctl/core/probe"
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/masterrpc"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // MaxDumpBytes bounds the object --dump-key fetches.
@@ -91,10 +92,10 @@ func runDump(ctx context.Context, opts *Options) error {
 	defer func() { _ = n.Close() }()
 	data, code := n.Fetch(ctx, opts.DumpKey, MaxDumpBytes)
 	switch code {
-	case mooncake.OK:
-	case mooncake.ErrObjectNotFound:
+	case pool.OK:
+	case pool.ErrObjectNotFound:
 		return cmdutil.ValidationErrorf("key %q is not in the pool at %s", opts.DumpKey, probe.RPCScheme+addr)
-	case mooncake.ErrInvalidParams:
+	case pool.ErrInvalidParams:
 		return fmt.Errorf("key %q: the object is larger than %d bytes", opts.DumpKey, MaxDumpBytes)
 	default:
 		return fmt.Errorf("key %q: the fetch failed with Mooncake code %d (metadata server %s)", opts.DumpKey, code, meta)

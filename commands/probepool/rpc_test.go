@@ -15,6 +15,7 @@ import (
 	"github.com/kvctl/kvctl/core/probe"
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
+	"github.com/kvctl/kvctl/pool"
 )
 
 func TestDumpFlags(t *testing.T) {
@@ -62,14 +63,14 @@ func rpcPopulate(t *testing.T, n *mooncake.Native) {
 		for i := range bufs {
 			bufs[i] = bytes.Repeat([]byte{byte(b.Index)}, 16)
 		}
-		for i, c := range n.BatchPut(ctx, b.Keys, bufs, mooncake.ReplicateConfig{}) {
-			if c != mooncake.OK {
+		for i, c := range n.BatchPut(ctx, b.Keys, bufs, pool.ReplicateConfig{}) {
+			if c != pool.OK {
 				t.Fatalf("put %s: %v", b.Keys[i], c)
 			}
 		}
 		if b.Index == 3 {
 			for _, k := range b.Keys {
-				if c := n.Remove(ctx, k, true); c != mooncake.OK {
+				if c := n.Remove(ctx, k, true); c != pool.OK {
 					t.Fatalf("remove %s: %v", k, c)
 				}
 			}
@@ -92,20 +93,20 @@ func startNative(t *testing.T, m *mooncaketest.Master, seg int64) *mooncake.Nati
 func TestProbeOverRPC(t *testing.T) {
 	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
 	rpcPopulate(t, startNative(t, m, 16<<20))
-	for _, pool := range []string{probe.RPCScheme + m.RPCAddr, m.RPCAddr} {
+	for _, pl := range []string{probe.RPCScheme + m.RPCAddr, m.RPCAddr} {
 		ios, _, out, _ := cmdutil.Test()
-		if err := runProbePool(context.Background(), options(ios, pool, cmdutil.FormatJSON)); err != nil {
-			t.Fatalf("--pool %s: %v", pool, err)
+		if err := runProbePool(context.Background(), options(ios, pl, cmdutil.FormatJSON)); err != nil {
+			t.Fatalf("--pool %s: %v", pl, err)
 		}
 		var r probe.Report
 		if err := json.Unmarshal(out.Bytes(), &r); err != nil {
 			t.Fatal(err)
 		}
 		if r.Target != probe.KindMasterRPC || r.Query != probe.QueryBatchExistKey || r.Pool != probe.RPCScheme+m.RPCAddr {
-			t.Fatalf("--pool %s: target %q query %q pool %q", pool, r.Target, r.Query, r.Pool)
+			t.Fatalf("--pool %s: target %q query %q pool %q", pl, r.Target, r.Query, r.Pool)
 		}
 		if r.Summary.HitBlocks != 3 || r.Summary.Holes != 1 || r.Blocks[3].State != probe.StateHole || r.Summary.KeysPresent != r.Summary.KeysChecked-r.Blocks[3].NeededKeys {
-			t.Fatalf("--pool %s: summary %+v", pool, r.Summary)
+			t.Fatalf("--pool %s: summary %+v", pl, r.Summary)
 		}
 	}
 }
@@ -123,9 +124,9 @@ func TestDumpKey(t *testing.T) {
 		t.Fatalf("python put = %d", rc)
 	}
 	dir := t.TempDir()
-	dump := func(pool, key, out string) (*DumpResult, error) {
+	dump := func(pl, key, out string) (*DumpResult, error) {
 		ios, _, stdout, _ := cmdutil.Test()
-		o := &Options{IO: ios, Pool: pool, DumpKey: key, Out: out, Metadata: m.MetadataURL, Timeout: 5 * time.Second, OutputFormat: cmdutil.FormatJSON}
+		o := &Options{IO: ios, Pool: pl, DumpKey: key, Out: out, Metadata: m.MetadataURL, Timeout: 5 * time.Second, OutputFormat: cmdutil.FormatJSON}
 		err := runDump(context.Background(), o)
 		if err != nil {
 			return nil, err

@@ -4,18 +4,15 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
-	"strconv"
-	"time"
+	"strings"
 
 	"github.com/spf13/pflag"
 
 	"github.com/kvctl/kvctl/commands/cmdutil"
-	"github.com/kvctl/kvctl/core/cluster"
 	"github.com/kvctl/kvctl/core/config"
 	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/statsapi"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // addClusterFlags registers the mooncake backend's flags, which are also serve config keys.
@@ -33,54 +30,19 @@ func addClusterFlags(fl *pflag.FlagSet, k *config.ClusterKeys) {
 	fl.DurationVar(&k.PoolTimeout, config.ServeKeyPoolTimeout, 0, "longest an engine waits for one pool call; a lookup past it answers miss (default 5s)")
 }
 
-// clusterBackend builds the mooncake backend's pool from a resolved plan. It dials nothing:
-// the daemon mounts the segment once the master answers.
-func clusterBackend(sc config.ServeConfig, plan config.ServePlan, log *slog.Logger) (*daemon.Backend, error) {
-	c := *plan.Cluster
-	c.SegmentBytes = plan.PoolBytes
-	if c.HostAddress == "" {
-		host, err := config.RouteAddress(c.Master)
-		if err != nil {
-			return nil, cmdutil.ValidationErrorf("host-address: %v; give --host-address", err)
-		}
-		c.HostAddress, c.Sources[config.ServeKeyHostAddress] = host, "route to the master"
+// buildBackend builds the plan's backend through the backend registry (pool.Lookup). It
+// dials nothing: a remote backend connects when the daemon mounts it. A backend that cannot be
+// built is an invalid configuration (exit 3), as it was when the daemon built the pool.
+func buildBackend(ctx context.Context, plan config.ServePlan, log *slog.Logger) (*daemon.Backend, error) {
+	b, ok := pool.Lookup(plan.Backend)
+	if !ok {
+		return nil, cmdutil.ValidationErrorf("pool-backend: unknown pool backend %q (this kvctl has %s)", plan.Backend, strings.Join(pool.Names(), ", "))
 	}
-	dataAddr := ""
-	segment := net.JoinHostPort(c.HostAddress, "(port chosen at mount)")
-	if c.TransferPort > 0 {
-		dataAddr = net.JoinHostPort(c.HostAddress, strconv.Itoa(c.TransferPort))
-		segment = dataAddr
-	}
-	timeout := sc.PoolTimeout
-	if timeout <= 0 {
-		timeout = daemon.DefaultPoolTimeout
-	}
-	if log != nil {
-		warnExposure(log, c)
-	}
-	p, err := cluster.New(cluster.Options{Logger: log, AdminDerived: c.MasterAdminDerived, Native: mooncake.NativeOptions{
-		MasterAddr: c.Master, MetadataURL: c.Metadata, AdminURL: c.MasterAdmin, SegmentSize: c.SegmentBytes,
-		Host: c.HostAddress, DataAddr: dataAddr, CallTimeout: timeout, Logger: log, ObjectChecksum: sc.ObjectChecksum,
-	}})
+	p, info, err := b.New(ctx, pool.Spec{Plan: plan, Logger: log})
 	if err != nil {
 		return nil, cmdutil.ValidationErrorf("%v", err)
 	}
-	return &daemon.Backend{Pool: p, Info: statsapi.BackendInfo{
-		Kind: statsapi.BackendMooncake, Master: c.Master, Metadata: c.Metadata, HostAddress: c.HostAddress,
-		Protocol: c.Protocol, Segment: segment, SegmentBytes: c.SegmentBytes, LocalBufferBytes: c.LocalBufferBytes,
-	}}, nil
-}
-
-// warnExposure warns, at start, for each address of the mooncake backend's unauthenticated
-// traffic that is on a non-private network (docs/SECURITY.md "Mooncake mode"). Names are
-// resolved with a short bound so a slow resolver does not hold the start.
-func warnExposure(log *slog.Logger, c config.Cluster) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	for _, e := range cluster.CheckExposure(ctx, c.HostAddress, c.Metadata, c.Master, nil) {
-		log.Warn("Mooncake traffic on a non-private address: it is unauthenticated, so whoever reaches it can read and overwrite every tenant's KV pages or redirect other hosts; keep it on an isolated network (docs/SECURITY.md, Mooncake mode)",
-			"traffic", e.What, "address", e.Addr, "ip", e.IP.String())
-	}
+	return &daemon.Backend{Pool: p, Info: info}, nil
 }
 
 // clusterBanner is the backend part of the startup banner.

@@ -46,7 +46,7 @@ func TestClusterBackendResolves(t *testing.T) {
 	if diags.HasErrors() {
 		t.Fatal(diags)
 	}
-	b, err := clusterBackend(sc, plan, nil)
+	b, err := buildBackend(context.Background(), plan, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

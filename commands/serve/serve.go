@@ -4,6 +4,7 @@ package serve
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -22,7 +23,7 @@ import (
 	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/core/sysmem"
 	"github.com/kvctl/kvctl/gpu"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // Options are the inputs of `kvctl serve`.
@@ -174,7 +175,7 @@ messages of kvctl validate-config.`,
 	fl.StringVar(&opts.DisaggConfig, FlagDisaggConfig, "", "run the disaggregated front described by TensorRT-LLM's disagg_config.yaml `FILE` instead of the daemon")
 	addClusterFlags(fl, &opts.Cluster)
 	addSecurityFlags(cmd, opts)
-	_ = cmd.RegisterFlagCompletionFunc(config.ServeKeyPoolBackend, cobra.FixedCompletions([]string{config.PoolBackendEmbedded, config.PoolBackendMooncake}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc(config.ServeKeyPoolBackend, cobra.FixedCompletions(pool.Names(), cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
 
@@ -259,25 +260,15 @@ func runServe(ctx context.Context, opts *Options) error {
 	for _, w := range plan.Warnings {
 		log.Warn(w.Msg, w.Args...)
 	}
-	var backend *daemon.Backend
-	poolBytes := plan.PoolBytes
-	if plan.Backend == config.PoolBackendMooncake {
-		b, err := clusterBackend(sc, plan, log)
-		if err != nil {
-			return err
-		}
-		backend = b
+	backend, err := buildBackend(ctx, plan, log)
+	if err != nil {
+		return err
 	}
-
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "kvctl-embedded-0", Capacity: poolBytes}}
-	popts.Prefault = sc.PoolPrefault
 	d, err := daemon.New(daemon.Config{
 		Socket:           sc.Socket,
 		AdminAddr:        sc.AdminAddr,
 		AllowRemoteAdmin: sc.AllowRemoteAdmin,
 		MetricsAddr:      sc.MetricsAddr,
-		Pool:             popts,
 		Backend:          backend,
 		PoolTimeout:      sc.PoolTimeout,
 		Defaults: connector.Options{
@@ -299,6 +290,9 @@ func runServe(ctx context.Context, opts *Options) error {
 		Device:                gpu.CUDA{},
 	})
 	if err != nil {
+		if c, ok := backend.Pool.(io.Closer); ok {
+			_ = c.Close()
+		}
 		return cmdutil.ValidationErrorf("%v", err)
 	}
 	err = d.Run(ctx, func(info daemon.Info) {

@@ -25,8 +25,9 @@ import (
 	"github.com/kvctl/kvctl/core/enginesim"
 	"github.com/kvctl/kvctl/core/probe"
 	corestats "github.com/kvctl/kvctl/core/stats"
-	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
+	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -136,11 +137,11 @@ func TestRecordedMaster(t *testing.T) {
 }
 
 // startServe runs a real kvctl serve daemon on a pool whose clock the test moves.
-func startServe(t *testing.T) (*daemon.Daemon, *mooncake.ManualClock, string) {
+func startServe(t *testing.T) (*daemon.Daemon, *embedded.ManualClock, string) {
 	t.Helper()
-	clock := mooncake.NewManualClock(time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC))
-	po := mooncake.DefaultOptions()
-	po.Segments = []mooncake.SegmentSpec{{Name: "seg0", Capacity: 16 << 20}}
+	clock := embedded.NewManualClock(time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC))
+	po := embedded.DefaultOptions()
+	po.Segments = []embedded.SegmentSpec{{Name: "seg0", Capacity: 16 << 20}}
 	po.EvictionPeriod = 0
 	po.Clock = clock
 	r := daemontest.Start(t, daemon.Config{Pool: po, Version: "test"})
@@ -149,19 +150,19 @@ func startServe(t *testing.T) (*daemon.Daemon, *mooncake.ManualClock, string) {
 
 // script fills the pool past its high watermark with 1 MiB pages, some soft-pinned and some
 // grouped, reads a few back (hits and misses), and runs one eviction round.
-func script(t *testing.T, p *mooncake.Embedded, clock *mooncake.ManualClock) {
+func script(t *testing.T, p *embedded.Embedded, clock *embedded.ManualClock) {
 	t.Helper()
 	ctx := context.Background()
 	page := bytes.Repeat([]byte{7}, 1<<20)
 	for i := 0; i < 15; i++ {
-		cfg := mooncake.ReplicateConfig{}
+		cfg := pool.ReplicateConfig{}
 		switch {
 		case i < 3:
-			cfg.SoftPinAction = mooncake.SoftPinEnable
+			cfg.SoftPinAction = pool.SoftPinEnable
 		case i < 7:
 			cfg.GroupIDs = []string{fmt.Sprintf("g%d", i/2)}
 		}
-		if c := p.BatchPut(ctx, []string{fmt.Sprintf("k%02d", i)}, [][]byte{page}, cfg); c[0] != mooncake.OK {
+		if c := p.BatchPut(ctx, []string{fmt.Sprintf("k%02d", i)}, [][]byte{page}, cfg); c[0] != pool.OK {
 			t.Fatalf("put %d: %v", i, c[0])
 		}
 		clock.Advance(time.Second)
@@ -209,7 +210,7 @@ func TestServe(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
 		t.Fatal(err)
 	}
-	st, _ := d.Pool().Stats(context.Background())
+	st, _ := d.Pool().Snapshot(context.Background())
 	s := r.Sources[0]
 	if s.Kind != "kvctl-serve" || s.Version != "test" || s.Gets.Hits != 2 || s.Gets.Misses != 1 || s.Usage.Objects != st.Objects ||
 		*s.Usage.GroupedObjects != st.Grouped || s.Usage.SoftPinnedObjects != st.SoftPinned || s.Evictions.EvictedKeys == 0 ||
@@ -528,8 +529,8 @@ func TestSeveralPoolsOneDown(t *testing.T) {
 // daemon's 16 MiB pool cannot hold the 24 MiB of 1 MiB pages one request saves, so saves fail;
 // the table, the JSON and --watch's deltas must all say as much as /v1/stats does.
 func TestServeSavesAndHitRate(t *testing.T) {
-	po := mooncake.DefaultOptions()
-	po.Segments = []mooncake.SegmentSpec{{Name: "small", Capacity: 16 << 20}}
+	po := embedded.DefaultOptions()
+	po.Segments = []embedded.SegmentSpec{{Name: "small", Capacity: 16 << 20}}
 	r := daemontest.Start(t, daemon.Config{Pool: po})
 	ctx := context.Background()
 	const T = 16

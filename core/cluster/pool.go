@@ -11,6 +11,7 @@ import (
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/masterrpc"
 	"github.com/kvctl/kvctl/mooncake/transfer"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // ErrNotMounted is returned by calls that need the cluster before the segment is mounted.
@@ -34,7 +35,7 @@ type Options struct {
 // host's segment under the id the segment was mounted with.
 var ErrForeignAdmin = errors.New("the master admin address serves another master")
 
-// Pool is a Mooncake cluster as the daemon serves from it. It implements mooncake.Pool and
+// Pool is a Mooncake cluster as the daemon serves from it. It implements pool.Pool and
 // the daemon's Mounter and Pinger hooks. It is safe for concurrent use.
 type Pool struct {
 	opts  Options
@@ -292,17 +293,17 @@ func (p *Pool) BatchIsExist(ctx context.Context, keys []string) []int {
 	if n := p.client(); n != nil {
 		return n.BatchIsExist(ctx, keys)
 	}
-	return failAll(len(keys), int(mooncake.ErrRPCFail))
+	return failAll(len(keys), int(pool.ErrRPCFail))
 }
 
 // BatchPut stores through the cluster. Before the segment is mounted nothing is asked and every
 // key answers ErrNotJoined: the page is not stored by this host, but whether another host
 // stored it is unknown, so it is not counted as a failed put.
-func (p *Pool) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg mooncake.ReplicateConfig) []mooncake.Code {
+func (p *Pool) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg pool.ReplicateConfig) []pool.Code {
 	if n := p.client(); n != nil {
 		return n.BatchPut(ctx, keys, bufs, cfg)
 	}
-	return failAll(len(keys), mooncake.ErrNotJoined)
+	return failAll(len(keys), pool.ErrNotJoined)
 }
 
 // BatchGet reads from whichever segment holds each page; before the mount every key fails.
@@ -310,19 +311,19 @@ func (p *Pool) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []int
 	if n := p.client(); n != nil {
 		return n.BatchGet(ctx, keys, bufs)
 	}
-	return failAll(len(keys), int64(mooncake.ErrRPCFail))
+	return failAll(len(keys), int64(pool.ErrRPCFail))
 }
 
 // Remove deletes one object through the master.
-func (p *Pool) Remove(ctx context.Context, key string, force bool) mooncake.Code {
+func (p *Pool) Remove(ctx context.Context, key string, force bool) pool.Code {
 	if n := p.client(); n != nil {
 		return n.Remove(ctx, key, force)
 	}
-	return mooncake.ErrRPCFail
+	return pool.ErrRPCFail
 }
 
 // Segments lists every segment of the cluster (from the master's admin API).
-func (p *Pool) Segments(ctx context.Context) ([]mooncake.Segment, error) {
+func (p *Pool) Segments(ctx context.Context) ([]pool.Segment, error) {
 	if n := p.client(); n != nil {
 		return n.Segments(ctx)
 	}
@@ -330,11 +331,11 @@ func (p *Pool) Segments(ctx context.Context) ([]mooncake.Segment, error) {
 }
 
 // Stats returns this host's client counters and the cluster's capacity and occupancy.
-func (p *Pool) Stats(ctx context.Context) (mooncake.Stats, error) {
+func (p *Pool) Stats(ctx context.Context) (pool.Stats, error) {
 	if n := p.client(); n != nil {
 		return n.Stats(ctx)
 	}
-	return mooncake.Stats{}, ErrNotMounted
+	return pool.Stats{}, ErrNotMounted
 }
 
 // SegmentHealth reports the health state of the peer segments this host reads from.

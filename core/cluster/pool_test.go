@@ -12,6 +12,7 @@ import (
 	"github.com/kvctl/kvctl/core/cluster"
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
+	"github.com/kvctl/kvctl/pool"
 )
 
 func TestNewRefusesMissingAddresses(t *testing.T) {
@@ -42,22 +43,22 @@ func TestBeforeMount(t *testing.T) {
 	}
 	keys := []string{"a", "b"}
 	for _, v := range p.BatchIsExist(ctx, keys) {
-		if v != int(mooncake.ErrRPCFail) {
+		if v != int(pool.ErrRPCFail) {
 			t.Fatalf("exist before mount: %d", v)
 		}
 	}
 	// A put before the mount asks nothing: not joined, rather than failed.
-	for _, c := range p.BatchPut(ctx, keys, [][]byte{{1}, {2}}, mooncake.ReplicateConfig{}) {
-		if c != mooncake.ErrNotJoined {
+	for _, c := range p.BatchPut(ctx, keys, [][]byte{{1}, {2}}, pool.ReplicateConfig{}) {
+		if c != pool.ErrNotJoined {
 			t.Fatalf("put before mount: %d", c)
 		}
 	}
 	for _, n := range p.BatchGet(ctx, keys, [][]byte{make([]byte, 1), make([]byte, 1)}) {
-		if n != int64(mooncake.ErrRPCFail) {
+		if n != int64(pool.ErrRPCFail) {
 			t.Fatalf("get before mount: %d", n)
 		}
 	}
-	if c := p.Remove(ctx, "a", false); c != mooncake.ErrRPCFail {
+	if c := p.Remove(ctx, "a", false); c != pool.ErrRPCFail {
 		t.Fatalf("remove before mount: %d", c)
 	}
 	if _, err := p.Segments(ctx); !errors.Is(err, cluster.ErrNotMounted) {
@@ -87,7 +88,7 @@ func TestDerivedAdminOfAnotherMaster(t *testing.T) {
 	b := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pool := func(m *mooncaketest.Master, admin string, derived bool, log *lockedBuffer) *cluster.Pool {
+	pl := func(m *mooncaketest.Master, admin string, derived bool, log *lockedBuffer) *cluster.Pool {
 		t.Helper()
 		p, err := cluster.New(cluster.Options{AdminDerived: derived, Logger: slog.New(slog.NewTextHandler(log, nil)),
 			Native: mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL, AdminURL: admin,
@@ -98,13 +99,13 @@ func TestDerivedAdminOfAnotherMaster(t *testing.T) {
 		t.Cleanup(func() { _ = p.Close() })
 		return p
 	}
-	other := pool(b, b.AdminURL, false, &lockedBuffer{})
+	other := pl(b, b.AdminURL, false, &lockedBuffer{})
 	if err := other.Mount(ctx); err != nil {
 		t.Fatalf("a pool with its master's own admin server: %v", err)
 	}
 
 	log := &lockedBuffer{}
-	derived := pool(a, b.AdminURL, true, log)
+	derived := pl(a, b.AdminURL, true, log)
 	if err := derived.Mount(ctx); err != nil {
 		t.Fatalf("a derived admin address of another master failed Mount: %v", err)
 	}
@@ -116,7 +117,7 @@ func TestDerivedAdminOfAnotherMaster(t *testing.T) {
 		t.Errorf("segments with a dropped admin server: %+v, %v; want only %s", segs, err, derived.SegmentName())
 	}
 
-	given := pool(a, b.AdminURL, false, &lockedBuffer{})
+	given := pl(a, b.AdminURL, false, &lockedBuffer{})
 	for i := 0; i < 2; i++ {
 		if err := given.Mount(ctx); !errors.Is(err, cluster.ErrForeignAdmin) || !strings.Contains(err.Error(), b.AdminURL) {
 			t.Errorf("mount %d with another master's admin server given: %v, want ErrForeignAdmin naming it", i, err)

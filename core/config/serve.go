@@ -32,7 +32,7 @@ type ServeConfig struct {
 	DisaggConfig string `json:"disagg-config,omitempty" yaml:"disagg-config,omitempty"`
 	// EngineMetricsRetention is how long an engine's per-rank series outlive it.
 	EngineMetricsRetention time.Duration `json:"engine-metrics-retention,omitempty" yaml:"engine-metrics-retention,omitempty"`
-	// PoolPrefault makes the embedded pool's memory resident at start (mooncake.Options.Prefault).
+	// PoolPrefault makes the embedded pool's memory resident at start (embedded.Options.Prefault).
 	PoolPrefault bool `json:"pool-prefault,omitempty" yaml:"pool-prefault,omitempty"`
 	// CallChannelPoll is how long a call channel keeps polling for an engine's next call before
 	// it sleeps (daemon.Config.CallChannelPoll): 0 takes the default (200µs on a host with 4 or
@@ -87,6 +87,10 @@ const (
 	PoolBackendEmbedded = "embedded"
 	PoolBackendMooncake = "mooncake"
 )
+
+// PoolBackends are the pool-backend values a serve config accepts; each has an entry in the
+// backend registry (pool.Register), which a test keeps in step with this list.
+var PoolBackends = []string{PoolBackendEmbedded, PoolBackendMooncake}
 
 // DefaultServeConfig returns the settings serve runs with when nothing is set.
 func DefaultServeConfig() ServeConfig {

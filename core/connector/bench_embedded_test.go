@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
-// The benchmarks in this file run the worker against the embedded pool (mooncake.Embedded),
+// The benchmarks in this file run the worker against the embedded pool (embedded.Embedded),
 // which copies and checksums (keys.CopyChecksum) every page on put and get. Each one alternates, within one
 // benchmark loop, the connector's transfer and the pool's raw batch call on the same 256 pages
 // of 64 KiB, so that both see the same machine load; they report the two throughputs and their
@@ -21,7 +21,7 @@ func benchEmbedded(b *testing.B) *embPool {
 	return newEmbPool(b, benchEmbCapacity)
 }
 
-func fillEmbedded(b *testing.B, pool mooncake.Pool, ks []string, size int) {
+func fillEmbedded(b *testing.B, p pool.Pool, ks []string, size int) {
 	bufs := make([][]byte, len(ks))
 	for i := range bufs {
 		bufs[i] = make([]byte, size)
@@ -29,8 +29,8 @@ func fillEmbedded(b *testing.B, pool mooncake.Pool, ks []string, size int) {
 			bufs[i][j] = byte(i + j*7)
 		}
 	}
-	for i, c := range pool.BatchPut(context.Background(), ks, bufs, mooncake.ReplicateConfig{}) {
-		if c != mooncake.OK {
+	for i, c := range p.BatchPut(context.Background(), ks, bufs, pool.ReplicateConfig{}) {
+		if c != pool.OK {
 			b.Fatalf("put %s = %v", ks[i], c)
 		}
 	}
@@ -50,11 +50,11 @@ func reportRatio(b *testing.B, name string, bytes int64, conn, raw time.Duration
 func BenchmarkEmbeddedLoad(b *testing.B) {
 	l := benchLayout(benchPages)
 	opts := benchOptions()
-	pool := benchEmbedded(b)
+	pl := benchEmbedded(b)
 	ks, hs := benchKeys(opts, l)
 	size := int(l.Groups[0].BytesPerPage())
-	fillEmbedded(b, pool, ks, size)
-	w, meta := benchLoadWorker(b, opts, pool, l, hs)
+	fillEmbedded(b, pl, ks, size)
+	w, meta := benchLoadWorker(b, opts, pl, l, hs)
 	bufs := make([][]byte, len(ks))
 	for i := range bufs {
 		bufs[i] = make([]byte, size)
@@ -66,7 +66,7 @@ func BenchmarkEmbeddedLoad(b *testing.B) {
 		t0 := time.Now()
 		for s := 0; s < len(ks); s += DefaultTransferBatchSize {
 			n := min(DefaultTransferBatchSize, len(ks)-s)
-			for j, got := range pool.BatchGet(ctx, ks[s:s+n], bufs[s:s+n]) {
+			for j, got := range pl.BatchGet(ctx, ks[s:s+n], bufs[s:s+n]) {
 				if got != int64(size) {
 					b.Fatalf("get %s = %d", ks[s+j], got)
 				}
@@ -119,11 +119,11 @@ func BenchmarkEmbeddedSave(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		pool, err := makeEmbPool(benchEmbCapacity)
+		ep, err := makeEmbPool(benchEmbCapacity)
 		if err != nil {
 			b.Fatal(err)
 		}
-		w, err := NewWorker(opts, pool, mover)
+		w, err := NewWorker(opts, ep, mover)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -135,8 +135,8 @@ func BenchmarkEmbeddedSave(b *testing.B) {
 		t0 := time.Now()
 		for s := 0; s < len(ks); s += DefaultTransferBatchSize {
 			n := min(DefaultTransferBatchSize, len(ks)-s)
-			for j, c := range raw.BatchPut(ctx, ks[s:s+n], bufs[s:s+n], mooncake.ReplicateConfig{}) {
-				if c != mooncake.OK {
+			for j, c := range raw.BatchPut(ctx, ks[s:s+n], bufs[s:s+n], pool.ReplicateConfig{}) {
+				if c != pool.OK {
 					b.Fatalf("put %s = %v", ks[s+j], c)
 				}
 			}
@@ -160,12 +160,12 @@ func BenchmarkEmbeddedSave(b *testing.B) {
 		putT += t1.Sub(t0)
 		saveT += t2.Sub(t1)
 		b.StopTimer()
-		if st := pool.stats(b); st.Puts != benchPages || st.PutFailures != 0 {
+		if st := ep.stats(b); st.Puts != benchPages || st.PutFailures != 0 {
 			b.Fatalf("saved %d pages, %d failures", st.Puts, st.PutFailures)
 		}
 		_ = w.Close(ctx)
 		_ = raw.Close()
-		_ = pool.Close()
+		_ = ep.Close()
 		b.StartTimer()
 	}
 	reportRatio(b, "save", int64(benchPages*size), saveT, putT, "put")

@@ -9,7 +9,7 @@ import (
 
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // benchLayout is one layer group with K and V regions of 32 KiB each: 64 KiB pages.
@@ -38,16 +38,16 @@ func BenchmarkLookup32k(b *testing.B) {
 		{ID: 1, Slots: 2048, Regions: []kvmem.Region{{Stride: 1, Size: 1}}, ReplicatedRegions: []kvmem.Region{{Stride: 1, Size: 1}}},
 	}}
 	opts := benchOptions()
-	pool := newMemPool()
+	pl := newMemPool()
 	c, _ := keys.NewChain(keys.ChainConfig{TokensPerBlock: T})
 	hs, _ := c.Extend(tokens)
 	g, _ := newGeometry(l, opts.withDefaults())
 	for _, h := range hs {
 		for _, k := range opts.Namespace.BlockKeys(T, g.groups, h) {
-			pool.objs[k] = nil
+			pl.objs[k] = nil
 		}
 	}
-	s, err := NewScheduler(opts, pool)
+	s, err := NewScheduler(opts, pl)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -78,11 +78,11 @@ func benchKeys(opts Options, l kvmem.Layout) ([]string, []keys.Hash) {
 	return ks, hs
 }
 
-func fillPool(pool *memPool, ks []string, size int) {
+func fillPool(pl *memPool, ks []string, size int) {
 	for i, k := range ks {
 		v := make([]byte, size)
 		v[0], v[size-1] = byte(i), byte(i>>8)
-		pool.objs[k] = v
+		pl.objs[k] = v
 	}
 }
 
@@ -91,10 +91,10 @@ func fillPool(pool *memPool, ks []string, size int) {
 func BenchmarkPoolGetRaw(b *testing.B) {
 	l := benchLayout(benchPages)
 	opts := benchOptions()
-	pool := newMemPool()
+	pl := newMemPool()
 	ks, _ := benchKeys(opts, l)
 	size := int(l.Groups[0].BytesPerPage())
-	fillPool(pool, ks, size)
+	fillPool(pl, ks, size)
 	bufs := make([][]byte, DefaultTransferBatchSize)
 	for i := range bufs {
 		bufs[i] = make([]byte, size)
@@ -104,7 +104,7 @@ func BenchmarkPoolGetRaw(b *testing.B) {
 	for b.Loop() {
 		for s := 0; s < len(ks); s += len(bufs) {
 			n := min(len(bufs), len(ks)-s)
-			pool.BatchGet(ctx, ks[s:s+n], bufs[:n])
+			pl.BatchGet(ctx, ks[s:s+n], bufs[:n])
 		}
 	}
 }
@@ -115,10 +115,10 @@ func BenchmarkPoolGetRaw(b *testing.B) {
 func BenchmarkPoolGetRawDistinct(b *testing.B) {
 	l := benchLayout(benchPages)
 	opts := benchOptions()
-	pool := newMemPool()
+	pl := newMemPool()
 	ks, _ := benchKeys(opts, l)
 	size := int(l.Groups[0].BytesPerPage())
-	fillPool(pool, ks, size)
+	fillPool(pl, ks, size)
 	bufs := make([][]byte, len(ks))
 	for i := range bufs {
 		bufs[i] = make([]byte, size)
@@ -128,7 +128,7 @@ func BenchmarkPoolGetRawDistinct(b *testing.B) {
 	for b.Loop() {
 		for s := 0; s < len(ks); s += DefaultTransferBatchSize {
 			n := min(DefaultTransferBatchSize, len(ks)-s)
-			pool.BatchGet(ctx, ks[s:s+n], bufs[s:s+n])
+			pl.BatchGet(ctx, ks[s:s+n], bufs[s:s+n])
 		}
 	}
 }
@@ -138,11 +138,11 @@ func BenchmarkPoolGetRawDistinct(b *testing.B) {
 func BenchmarkLoadThroughput(b *testing.B) {
 	l := benchLayout(benchPages)
 	opts := benchOptions()
-	pool := newMemPool()
+	pl := newMemPool()
 	ks, hs := benchKeys(opts, l)
 	size := int(l.Groups[0].BytesPerPage())
-	fillPool(pool, ks, size)
-	w, meta := benchLoadWorker(b, opts, pool, l, hs)
+	fillPool(pl, ks, size)
+	w, meta := benchLoadWorker(b, opts, pl, l, hs)
 	ctx := context.Background()
 	b.SetBytes(int64(benchPages * size))
 	for b.Loop() {
@@ -171,12 +171,12 @@ func BenchmarkPoolPutRaw(b *testing.B) {
 	b.SetBytes(int64(benchPages * size))
 	for b.Loop() {
 		b.StopTimer()
-		pool := newMemPool()
+		pl := newMemPool()
 		runtime.GC()
 		b.StartTimer()
 		for s := 0; s < len(ks); s += len(bufs) {
 			n := min(len(bufs), len(ks)-s)
-			pool.BatchPut(ctx, ks[s:s+n], bufs[:n], mooncakeConfig())
+			pl.BatchPut(ctx, ks[s:s+n], bufs[:n], mooncakeConfig())
 		}
 	}
 }
@@ -198,8 +198,8 @@ func BenchmarkSaveThroughput(b *testing.B) {
 	b.SetBytes(int64(benchPages * size))
 	for b.Loop() {
 		b.StopTimer()
-		pool := newMemPool()
-		w, err := NewWorker(opts, pool, mover)
+		pl := newMemPool()
+		w, err := NewWorker(opts, pl, mover)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -223,7 +223,7 @@ func BenchmarkSaveThroughput(b *testing.B) {
 			time.Sleep(20 * time.Microsecond)
 		}
 		b.StopTimer()
-		if got := len(pool.objs); got != benchPages {
+		if got := len(pl.objs); got != benchPages {
 			b.Fatalf("saved %d pages", got)
 		}
 		_ = w.Close(ctx)
@@ -233,9 +233,9 @@ func BenchmarkSaveThroughput(b *testing.B) {
 
 // benchLoadWorker returns a worker over pool and a host mover, closed when the benchmark ends,
 // and the metadata of one request loading every page hs names, page i into slot i.
-func benchLoadWorker(b *testing.B, opts Options, pool mooncake.Pool, l kvmem.Layout, hs []keys.Hash) (*Worker, Metadata) {
+func benchLoadWorker(b *testing.B, opts Options, pl pool.Pool, l kvmem.Layout, hs []keys.Hash) (*Worker, Metadata) {
 	b.Helper()
-	w, err := NewWorker(opts, pool, newHostMover(l))
+	w, err := NewWorker(opts, pl, newHostMover(l))
 	if err != nil {
 		b.Fatal(err)
 	}

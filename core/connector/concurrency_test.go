@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // A remote pool answers after a network round trip. These tests put the embedded pool behind
@@ -65,15 +65,15 @@ func (p *latencyPool) BatchGet(ctx context.Context, keys []string, bufs [][]byte
 	return p.embPool.BatchGet(ctx, keys, bufs)
 }
 
-func (p *latencyPool) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg mooncake.ReplicateConfig) []mooncake.Code {
+func (p *latencyPool) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg pool.ReplicateConfig) []pool.Code {
 	defer p.enter()()
 	return p.embPool.BatchPut(ctx, keys, bufs, cfg)
 }
 
 // schedulerOver is a scheduler adapter over pool with the test layout of slots page slots.
-func schedulerOver(t *testing.T, pool mooncake.Pool, slots int) *Scheduler {
+func schedulerOver(t *testing.T, pl pool.Pool, slots int) *Scheduler {
 	t.Helper()
-	s, err := NewScheduler(baseOptions(), pool)
+	s, err := NewScheduler(baseOptions(), pl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,20 +98,20 @@ func waitOrFail(t *testing.T, what string, f func()) {
 // TestSchedulerCallsProceedDuringLookupPoolCall parks one lookup inside the pool and checks
 // that the same engine's other scheduler calls, on other requests, still return.
 func TestSchedulerCallsProceedDuringLookupPoolCall(t *testing.T) {
-	pool := &gatedPool{embPool: newEmbPool(t, embTestCapacity), arrived: make(chan struct{}, 16), gate: make(chan struct{})}
+	pl := &gatedPool{embPool: newEmbPool(t, embTestCapacity), arrived: make(chan struct{}, 16), gate: make(chan struct{})}
 	// A warm pool: request "b" finds its blocks.
-	warmup := newEngine(t, pool.embPool, baseOptions(), 1, 64)
+	warmup := newEngine(t, pl.embPool, baseOptions(), 1, 64)
 	warmup.add("b", prompt(2, 0, 21))
 	warmup.mustRun()
 
-	s := schedulerOver(t, pool, 64)
+	s := schedulerOver(t, pl, 64)
 	slow := make(chan error, 1)
 	go func() {
 		_, _, err := s.Lookup(context.Background(), Request{ID: "a", Tokens: prompt(1, 0, 21), ContextOnly: true}, 0)
 		slow <- err
 	}()
 	select {
-	case <-pool.arrived:
+	case <-pl.arrived:
 	case <-time.After(guard):
 		t.Fatal("the first lookup never reached the pool")
 	}
@@ -133,7 +133,7 @@ func TestSchedulerCallsProceedDuringLookupPoolCall(t *testing.T) {
 		}
 	})
 	waitOrFail(t, "RequestFinished", func() { s.RequestFinished("c", false) })
-	close(pool.gate)
+	close(pl.gate)
 	if err := <-slow; err != nil {
 		t.Fatal(err)
 	}
@@ -144,14 +144,14 @@ func TestSchedulerCallsProceedDuringLookupPoolCall(t *testing.T) {
 // its pool calls would never get past the first.
 func TestConcurrentLookupsMeetInsidePool(t *testing.T) {
 	const n = 8
-	pool := &gatedPool{embPool: newEmbPool(t, embTestCapacity), arrived: make(chan struct{}, n), gate: make(chan struct{})}
-	warmup := newEngine(t, pool.embPool, baseOptions(), 1, 256)
+	pl := &gatedPool{embPool: newEmbPool(t, embTestCapacity), arrived: make(chan struct{}, n), gate: make(chan struct{})}
+	warmup := newEngine(t, pl.embPool, baseOptions(), 1, 256)
 	for i := range n {
 		warmup.add(fmt.Sprint("w", i), prompt(int64(i+1), 8, 17))
 	}
 	warmup.mustRun()
 
-	s := schedulerOver(t, pool, 256)
+	s := schedulerOver(t, pl, 256)
 	var wg sync.WaitGroup
 	matched := make([]int, n)
 	for i := range n {
@@ -167,12 +167,12 @@ func TestConcurrentLookupsMeetInsidePool(t *testing.T) {
 	}
 	for i := range n {
 		select {
-		case <-pool.arrived:
+		case <-pl.arrived:
 		case <-time.After(guard):
 			t.Fatalf("only %d of %d concurrent lookups reached the pool: lookups are serialised", i, n)
 		}
 	}
-	close(pool.gate)
+	close(pl.gate)
 	wg.Wait()
 	for i, m := range matched {
 		if m != 16 {
@@ -184,26 +184,26 @@ func TestConcurrentLookupsMeetInsidePool(t *testing.T) {
 // TestSupersededLookupLeavesNewerOffer checks the one ordering the unlocked pool call opens: an
 // older lookup of a request that returns after a newer one must not overwrite the newer offer.
 func TestSupersededLookupLeavesNewerOffer(t *testing.T) {
-	pool := &gatedPool{embPool: newEmbPool(t, embTestCapacity), arrived: make(chan struct{}, 4), gate: make(chan struct{})}
-	warmup := newEngine(t, pool.embPool, baseOptions(), 1, 64)
+	pl := &gatedPool{embPool: newEmbPool(t, embTestCapacity), arrived: make(chan struct{}, 4), gate: make(chan struct{})}
+	warmup := newEngine(t, pl.embPool, baseOptions(), 1, 64)
 	warmup.add("w", prompt(1, 0, 21))
 	warmup.mustRun()
-	s := schedulerOver(t, pool, 64)
+	s := schedulerOver(t, pl, 64)
 	req := Request{ID: "a", Tokens: prompt(1, 0, 21), ContextOnly: true}
 	older := make(chan int, 1)
 	go func() {
 		m, _, _ := s.Lookup(context.Background(), req, 0)
 		older <- m
 	}()
-	<-pool.arrived
+	<-pl.arrived
 	// The newer lookup starts after 4 computed tokens, so its offer begins at block 1.
 	newer := make(chan int, 1)
 	go func() {
 		m, _, _ := s.Lookup(context.Background(), req, 4)
 		newer <- m
 	}()
-	<-pool.arrived
-	close(pool.gate)
+	<-pl.arrived
+	close(pl.gate)
 	if m := <-newer; m != 16 {
 		t.Fatalf("newer lookup matched %d tokens, want 16", m)
 	}
@@ -220,17 +220,17 @@ func TestSupersededLookupLeavesNewerOffer(t *testing.T) {
 // after a delay: each runs cold, then warm, and every loaded page is checked byte for byte by
 // the engine harness. Run with -race.
 func TestManyEnginesAgainstSlowPool(t *testing.T) {
-	pool := &latencyPool{embPool: newEmbPool(t, 256<<10), delay: 500 * time.Microsecond}
+	pl := &latencyPool{embPool: newEmbPool(t, 256<<10), delay: 500 * time.Microsecond}
 	t.Run("group", func(t *testing.T) {
 		for i := range 4 {
 			t.Run(fmt.Sprint("engine-", i), func(t *testing.T) {
 				t.Parallel()
-				cold := newEngine(t, pool, baseOptions(), 1, 256)
+				cold := newEngine(t, pl, baseOptions(), 1, 256)
 				for j := range 4 {
 					cold.add(fmt.Sprint("c", j), prompt(int64(10*i+j+1), 12, 29))
 				}
 				cold.mustRun()
-				warm := newEngine(t, pool, baseOptions(), 1, 256)
+				warm := newEngine(t, pl, baseOptions(), 1, 256)
 				for j := range 4 {
 					warm.add(fmt.Sprint("w", j), prompt(int64(10*i+j+1), 12, 29))
 				}
@@ -241,7 +241,7 @@ func TestManyEnginesAgainstSlowPool(t *testing.T) {
 			})
 		}
 	})
-	t.Logf("peak pool calls in flight at once: %d", pool.peak.Load())
+	t.Logf("peak pool calls in flight at once: %d", pl.peak.Load())
 }
 
 // putGatedPool holds every BatchPut inside the pool until the gate opens.
@@ -250,7 +250,7 @@ type putGatedPool struct {
 	gate chan struct{}
 }
 
-func (p *putGatedPool) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg mooncake.ReplicateConfig) []mooncake.Code {
+func (p *putGatedPool) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg pool.ReplicateConfig) []pool.Code {
 	<-p.gate
 	return p.embPool.BatchPut(ctx, keys, bufs, cfg)
 }
@@ -259,13 +259,13 @@ func (p *putGatedPool) BatchPut(ctx context.Context, keys []string, bufs [][]byt
 // is still inside the pool (it ends with the context instead), and returns once the save is
 // written, with the pages readable.
 func TestWaitSavesReturnsOnceQueuedSavesAreWritten(t *testing.T) {
-	pool := &putGatedPool{embPool: newEmbPool(t, 1<<20), gate: make(chan struct{})}
+	pl := &putGatedPool{embPool: newEmbPool(t, 1<<20), gate: make(chan struct{})}
 	l := testLayout(8)
 	m := newHostMover(l)
 	for i := range m.mem {
 		m.mem[i] = byte(i)
 	}
-	w := registeredWorker(t, pool, m, l)
+	w := registeredWorker(t, pl, m, l)
 	if err := w.WaitSaves(context.Background()); err != nil {
 		t.Fatalf("nothing queued: %v", err)
 	}
@@ -278,7 +278,7 @@ func TestWaitSavesReturnsOnceQueuedSavesAreWritten(t *testing.T) {
 	if err := w.WaitSaves(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("WaitSaves with the save held in the pool = %v, want the context's deadline", err)
 	}
-	close(pool.gate)
+	close(pl.gate)
 	done := make(chan error, 1)
 	go func() { done <- w.WaitSaves(context.Background()) }()
 	select {
@@ -290,7 +290,7 @@ func TestWaitSavesReturnsOnceQueuedSavesAreWritten(t *testing.T) {
 		t.Fatal("WaitSaves did not return after the save was written")
 	}
 	key := baseOptions().Namespace.PageKey(0, testT, l.Groups[0].BytesPerPage(), directHash(1))
-	if got := pool.BatchIsExist(context.Background(), []string{key}); got[0] != 1 {
+	if got := pl.BatchIsExist(context.Background(), []string{key}); got[0] != 1 {
 		t.Fatalf("page not in the pool when WaitSaves returned: %v", got)
 	}
 }

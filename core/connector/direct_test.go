@@ -12,7 +12,7 @@ import (
 
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // registeringMover is the host mover double with kvmem.HostRegistrar: it counts the live
@@ -63,13 +63,13 @@ func pageBytes(m *hostMover, g, slot int, replicated bool) []byte {
 
 // saveDirectPages saves n pages of both groups (slots 0..n-1, hashes directHash(i)) from an
 // engine whose memory holds a pattern, and returns that engine's mover.
-func saveDirectPages(t testing.TB, pool mooncake.Pool, l kvmem.Layout, n int) *hostMover {
+func saveDirectPages(t testing.TB, pl pool.Pool, l kvmem.Layout, n int) *hostMover {
 	t.Helper()
 	m := newHostMover(l)
 	for i := range m.mem {
 		m.mem[i] = byte(i*7 + 3)
 	}
-	w, err := NewWorker(baseOptions(), pool, m)
+	w, err := NewWorker(baseOptions(), pl, m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,9 +110,9 @@ func saveDirectPages(t testing.TB, pool mooncake.Pool, l kvmem.Layout, n int) *h
 // Close releases the registration.
 func TestLoadsReadPoolMemoryInPlace(t *testing.T) {
 	const n = 6
-	pool := newEmbPool(t, 1<<20)
+	pl := newEmbPool(t, 1<<20)
 	l := testLayout(16)
-	src := saveDirectPages(t, pool, l, n)
+	src := saveDirectPages(t, pl, l, n)
 	for _, staged := range []bool{false, true} {
 		m := newRegisteringMover(l)
 		for i := range m.mem {
@@ -120,7 +120,7 @@ func TestLoadsReadPoolMemoryInPlace(t *testing.T) {
 		}
 		o := baseOptions()
 		o.StagedTransfers = staged
-		w, err := NewWorker(o, pool, m)
+		w, err := NewWorker(o, pl, m)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -168,19 +168,19 @@ func TestLoadsReadPoolMemoryInPlace(t *testing.T) {
 // fails and is handed back, the slot it would have filled keeps its poison, and another
 // request's page in the same call lands.
 func TestDirectLoadNeverDeliversCorruptedPages(t *testing.T) {
-	pool := newEmbPool(t, 1<<20)
+	pl := newEmbPool(t, 1<<20)
 	l := testLayout(16)
-	src := saveDirectPages(t, pool, l, 4)
+	src := saveDirectPages(t, pl, l, 4)
 	ns := baseOptions().Namespace
 	bad := ns.PageKey(0, testT, l.Groups[0].BytesPerPage(), directHash(2))
-	if !pool.CorruptForTest(bad) {
+	if !pl.CorruptForTest(bad) {
 		t.Fatalf("no stored page %q", bad)
 	}
 	m := newRegisteringMover(l)
 	for i := range m.mem {
 		m.mem[i] = 0xEE
 	}
-	w := registeredWorker(t, pool, m, l)
+	w := registeredWorker(t, pl, m, l)
 	if m.made.Load() != 1 {
 		t.Fatal("the pool's memory was not registered: the direct path is not under test")
 	}
@@ -200,7 +200,7 @@ func TestDirectLoadNeverDeliversCorruptedPages(t *testing.T) {
 	if !bytes.Equal(pageBytes(m.hostMover, 0, 13, false), pageBytes(src, 0, 3, false)) {
 		t.Fatal("the good page of the same call did not land")
 	}
-	if st := pool.stats(t); st.ChecksumErrors != 1 {
+	if st := pl.stats(t); st.ChecksumErrors != 1 {
 		t.Fatalf("pool counted %d checksum errors, want 1", st.ChecksumErrors)
 	}
 }
@@ -218,14 +218,14 @@ func TestSavesWriteIntoPoolMemory(t *testing.T) {
 	ns := baseOptions().Namespace
 	stored := map[bool]map[string][]byte{}
 	for _, staged := range []bool{false, true} {
-		pool := newEmbPool(t, 1<<20)
+		pl := newEmbPool(t, 1<<20)
 		m := registeringMover{&hostMover{mem: src.mem, layout: l}, new(atomic.Int32), new(atomic.Int32)}
 		o := baseOptions()
 		o.StagedTransfers = staged
 		// Staging of two slots per direction: an in-place batch (all 15 values) is larger than
 		// the staging, which it must not touch.
 		o.StagingBufferBytes = 2 * 48
-		w, err := NewWorker(o, pool, m)
+		w, err := NewWorker(o, pl, m)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -261,8 +261,8 @@ func TestSavesWriteIntoPoolMemory(t *testing.T) {
 			t.Fatal(err)
 		}
 		stored[staged] = map[string][]byte{}
-		for _, k := range pool.keys() {
-			v, ok := pool.get(k)
+		for _, k := range pl.keys() {
+			v, ok := pl.get(k)
 			if !ok {
 				t.Fatalf("staged=%v: stored key %q does not read back", staged, k)
 			}
@@ -275,7 +275,7 @@ func TestSavesWriteIntoPoolMemory(t *testing.T) {
 		if !bytes.Equal(stored[staged][k], pageBytes(src, 0, 3, false)) {
 			t.Fatalf("staged=%v: stored page differs from the engine's", staged)
 		}
-		if st := pool.stats(t); st.PendingObjects != 0 || st.ChecksumErrors != 0 {
+		if st := pl.stats(t); st.PendingObjects != 0 || st.ChecksumErrors != 0 {
 			t.Fatalf("staged=%v: %d pending objects, %d checksum errors", staged, st.PendingObjects, st.ChecksumErrors)
 		}
 	}
@@ -286,10 +286,10 @@ func TestSavesWriteIntoPoolMemory(t *testing.T) {
 	}
 
 	// A failing gather revokes the reservation: nothing stays pending or allocated.
-	pool := newEmbPool(t, 1<<20)
+	pl := newEmbPool(t, 1<<20)
 	m := registeringMover{newHostMover(l), new(atomic.Int32), new(atomic.Int32)}
 	m.gatherFn = func() error { return errors.New("device lost") }
-	w, err := NewWorker(baseOptions(), pool, m)
+	w, err := NewWorker(baseOptions(), pl, m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +308,7 @@ func TestSavesWriteIntoPoolMemory(t *testing.T) {
 		t.Fatal("the gather failure was not kept")
 	}
 	_ = w.Close(context.Background())
-	if st := pool.stats(t); st.PendingObjects != 0 || st.UsedBytes != 0 || st.Objects != 0 {
+	if st := pl.stats(t); st.PendingObjects != 0 || st.UsedBytes != 0 || st.Objects != 0 {
 		t.Fatalf("after a failed gather: %d pending, %d objects, %d bytes used", st.PendingObjects, st.Objects, st.UsedBytes)
 	}
 }

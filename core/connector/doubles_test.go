@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/kvmem"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
-// memPool is a test double of mooncake.Pool: an in-memory map with the pool's put-never-
+// memPool is a test double of pool.Pool: an in-memory map with the pool's put-never-
 // overwrites rule, its error codes, per-put options recorded per key, eviction by deleting a
 // key, and call counters. The lifecycle and feature tests run against it and against the
 // embedded pool (poolKinds in pools_test.go); its per-key records of groups and soft-pin TTLs
@@ -22,8 +22,8 @@ type memPool struct {
 	group   map[string]string
 	pinTTL  map[string]time.Duration
 	maxTTL  time.Duration
-	putErr  map[string]mooncake.Code // injected per-key put failures
-	onGet   func(keys []string)      // called before a BatchGet is answered, without the lock
+	putErr  map[string]pool.Code // injected per-key put failures
+	onGet   func(keys []string)  // called before a BatchGet is answered, without the lock
 	counter struct {
 		existCalls, existKeys int
 		putCalls, putKeys     int
@@ -35,7 +35,7 @@ type memPool struct {
 
 func newMemPool() *memPool {
 	return &memPool{objs: map[string][]byte{}, group: map[string]string{}, pinTTL: map[string]time.Duration{},
-		maxTTL: 24 * time.Hour, putErr: map[string]mooncake.Code{}}
+		maxTTL: 24 * time.Hour, putErr: map[string]pool.Code{}}
 }
 
 func (p *memPool) BatchIsExist(_ context.Context, keys []string) []int {
@@ -52,21 +52,21 @@ func (p *memPool) BatchIsExist(_ context.Context, keys []string) []int {
 	return out
 }
 
-func (p *memPool) BatchPut(_ context.Context, keys []string, bufs [][]byte, cfg mooncake.ReplicateConfig) []mooncake.Code {
+func (p *memPool) BatchPut(_ context.Context, keys []string, bufs [][]byte, cfg pool.ReplicateConfig) []pool.Code {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.counter.putCalls++
 	p.counter.putKeys += len(keys)
-	out := make([]mooncake.Code, len(keys))
+	out := make([]pool.Code, len(keys))
 	if len(bufs) != len(keys) || (cfg.GroupIDs != nil && len(cfg.GroupIDs) != len(keys)) {
 		for i := range out {
-			out[i] = mooncake.ErrInvalidParams
+			out[i] = pool.ErrInvalidParams
 		}
 		return out
 	}
-	if cfg.SoftPinTTL > 0 && (cfg.SoftPinAction != mooncake.SoftPinEnable || cfg.SoftPinTTL > p.maxTTL) {
+	if cfg.SoftPinTTL > 0 && (cfg.SoftPinAction != pool.SoftPinEnable || cfg.SoftPinTTL > p.maxTTL) {
 		for i := range out {
-			out[i] = mooncake.ErrInvalidParams
+			out[i] = pool.ErrInvalidParams
 		}
 		return out
 	}
@@ -83,7 +83,7 @@ func (p *memPool) BatchPut(_ context.Context, keys []string, bufs [][]byte, cfg 
 		if cfg.GroupIDs != nil {
 			p.group[k] = cfg.GroupIDs[i]
 		}
-		if cfg.SoftPinAction == mooncake.SoftPinEnable {
+		if cfg.SoftPinAction == pool.SoftPinEnable {
 			p.pinTTL[k] = cfg.SoftPinTTL
 		}
 	}
@@ -103,9 +103,9 @@ func (p *memPool) BatchGet(_ context.Context, keys []string, bufs [][]byte) []in
 		v, ok := p.objs[k]
 		switch {
 		case !ok:
-			out[i] = int64(mooncake.ErrObjectNotFound)
+			out[i] = int64(pool.ErrObjectNotFound)
 		case len(bufs[i]) < len(v):
-			out[i] = int64(mooncake.ErrInvalidParams)
+			out[i] = int64(pool.ErrInvalidParams)
 		default:
 			out[i] = int64(copy(bufs[i], v))
 			p.counter.getBytes += int64(len(v))
@@ -114,22 +114,22 @@ func (p *memPool) BatchGet(_ context.Context, keys []string, bufs [][]byte) []in
 	return out
 }
 
-func (p *memPool) Remove(_ context.Context, key string, _ bool) mooncake.Code {
+func (p *memPool) Remove(_ context.Context, key string, _ bool) pool.Code {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if _, ok := p.objs[key]; !ok {
-		return mooncake.ErrObjectNotFound
+		return pool.ErrObjectNotFound
 	}
 	delete(p.objs, key)
-	return mooncake.OK
+	return pool.OK
 }
 
-func (p *memPool) Segments(context.Context) ([]mooncake.Segment, error) { return nil, nil }
+func (p *memPool) Segments(context.Context) ([]pool.Segment, error) { return nil, nil }
 
-func (p *memPool) Stats(context.Context) (mooncake.Stats, error) {
+func (p *memPool) Stats(context.Context) (pool.Stats, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return mooncake.Stats{Objects: int64(len(p.objs))}, nil
+	return pool.Stats{Objects: int64(len(p.objs))}, nil
 }
 
 func (p *memPool) get(key string) ([]byte, bool) {
@@ -142,7 +142,7 @@ func (p *memPool) get(key string) ([]byte, bool) {
 func (p *memPool) has(key string) bool { _, ok := p.get(key); return ok }
 
 func (p *memPool) evict(key string) bool {
-	return p.Remove(context.Background(), key, true) == mooncake.OK
+	return p.Remove(context.Background(), key, true) == pool.OK
 }
 
 func (p *memPool) keys() []string {
@@ -287,4 +287,4 @@ type (
 	gpuMover   = kvmem.Mover
 )
 
-func mooncakeConfig() mooncake.ReplicateConfig { return mooncake.ReplicateConfig{} }
+func mooncakeConfig() pool.ReplicateConfig { return pool.ReplicateConfig{} }

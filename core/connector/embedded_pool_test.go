@@ -8,7 +8,7 @@ import (
 
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/simkv"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // TestEmbeddedEvictionBetweenLookupAndLoad lets the embedded pool's own eviction take pages
@@ -17,13 +17,13 @@ import (
 // every evictable object, which is all of a's pages and none of b's. a is restarted without a
 // wrong byte in its pages and recomputes and saves its blocks; b loads its whole offer.
 func TestEmbeddedEvictionBetweenLookupAndLoad(t *testing.T) {
-	pool := newEmbPool(t, embTestCapacity, func(o *mooncake.Options) {
+	pl := newEmbPool(t, embTestCapacity, func(o *embedded.Options) {
 		o.HighWatermark, o.EvictionRatio = 1e-9, 1 // any use triggers a round that takes all it may
 	})
 	opts := baseOptions()
 	opts.GroupBlocks = true
 	ta, tb := prompt(21, 0, 33), prompt(22, 0, 33) // 8 offerable blocks each
-	cold := newEngine(t, pool, opts, 1, 128)
+	cold := newEngine(t, pl, opts, 1, 128)
 	cold.add("a", ta)
 	cold.add("b", tb)
 	cold.mustRun()
@@ -48,13 +48,13 @@ func TestEmbeddedEvictionBetweenLookupAndLoad(t *testing.T) {
 	for _, h := range hb {
 		bProbe = append(bProbe, opts.Namespace.SaveKeys(testT, g.groups, h)[0])
 	}
-	if len(aKeys) != 8*3 || len(pool.keys()) != 2*8*3 {
-		t.Fatalf("cold run stored %d keys, a has %d", len(pool.keys()), len(aKeys))
+	if len(aKeys) != 8*3 || len(pl.keys()) != 2*8*3 {
+		t.Fatalf("cold run stored %d keys, a has %d", len(pl.keys()), len(aKeys))
 	}
 
-	warm := newEngine(t, pool, opts, 1, 128)
+	warm := newEngine(t, pl, opts, 1, 128)
 	warm.chunk = 64
-	var round mooncake.EvictionRound
+	var round embedded.EvictionRound
 	warm.beforeLoad = func(e *engine, meta Metadata) {
 		if e.pass != 0 {
 			return
@@ -62,14 +62,14 @@ func TestEmbeddedEvictionBetweenLookupAndLoad(t *testing.T) {
 		if len(meta.Loads) != 2 {
 			t.Fatalf("pass 0 carries %d loads, want 2", len(meta.Loads))
 		}
-		pool.clock.Advance(pool.Options().LeaseTTL + time.Second) // the lookup's leases lapse
-		for i, v := range pool.BatchIsExist(e.ctx, bProbe) {
+		pl.clock.Advance(pl.Options().LeaseTTL + time.Second) // the lookup's leases lapse
+		for i, v := range pl.BatchIsExist(e.ctx, bProbe) {
 			if v != 1 {
 				t.Fatalf("%s is not in the pool", bProbe[i])
 			}
 		}
 		var ran bool
-		if round, ran = pool.EvictNow(); !ran {
+		if round, ran = pl.EvictNow(); !ran {
 			t.Fatal("no eviction round ran")
 		}
 	}
@@ -102,13 +102,13 @@ func TestEmbeddedEvictionBetweenLookupAndLoad(t *testing.T) {
 	for blk, h := range ha {
 		for gi := range warm.layout.Groups {
 			k := opts.Namespace.PageKey(gi, testT, uint64(warm.pageSize(gi, false)), h)
-			v, ok := pool.get(k)
+			v, ok := pl.get(k)
 			if !ok || !bytes.Equal(v, simkv.KVBytes(ta, blk, testT, 0, 0, gi, false, warm.pageSize(gi, false))) {
 				t.Fatalf("block %d group %d: recomputed page not saved with its KV", blk, gi)
 			}
 		}
 	}
-	if st := pool.stats(t); st.EvictedGrouped != int64(len(aKeys)) || st.ChecksumErrors != 0 || st.AllocFailures != 0 {
+	if st := pl.stats(t); st.EvictedGrouped != int64(len(aKeys)) || st.ChecksumErrors != 0 || st.AllocFailures != 0 {
 		t.Fatalf("pool stats %+v", st)
 	}
 }

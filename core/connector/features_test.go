@@ -14,7 +14,7 @@ import (
 
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/stats"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -23,11 +23,11 @@ func TestAsyncLoads(t *testing.T) { poolKinds(t, testAsyncLoads) }
 func testAsyncLoads(t *testing.T, newPool func() testPool) {
 	for _, workers := range []int{1, 4} {
 		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
-			pool := newPool()
+			pl := newPool()
 			opts := baseOptions()
 			const n = 24
 			prompts := make([][]int64, n)
-			cold := newEngine(t, pool, opts, 1, 2048)
+			cold := newEngine(t, pl, opts, 1, 2048)
 			for i := range prompts {
 				prompts[i] = prompt(int64(i%6), 20, 37+i) // six families sharing a 5-block prefix
 				cold.add(fmt.Sprintf("r%02d", i), prompts[i])
@@ -38,7 +38,7 @@ func testAsyncLoads(t *testing.T, newPool func() testPool) {
 			ao.AsyncLoad, ao.AsyncLoadWorkers = true, workers
 			ao.TransferBatchSize = 5 // several pool calls per request
 			ao.StatsInterval = time.Hour
-			warm := newEngine(t, pool, ao, 1, 2048)
+			warm := newEngine(t, pl, ao, 1, 2048)
 			for i := range prompts {
 				warm.add(fmt.Sprintf("r%02d", i), prompts[i])
 			}
@@ -63,10 +63,10 @@ func testAsyncLoads(t *testing.T, newPool func() testPool) {
 func TestAsyncLoadFailureIsHandedBack(t *testing.T) { poolKinds(t, testAsyncLoadFailureIsHandedBack) }
 
 func testAsyncLoadFailureIsHandedBack(t *testing.T, newPool func() testPool) {
-	pool := newPool()
+	pl := newPool()
 	opts := baseOptions()
 	ta, tb := prompt(11, 0, 29), prompt(12, 0, 29)
-	cold := newEngine(t, pool, opts, 1, 128)
+	cold := newEngine(t, pl, opts, 1, 128)
 	cold.add("a", ta)
 	cold.add("b", tb)
 	cold.mustRun()
@@ -76,13 +76,13 @@ func testAsyncLoadFailureIsHandedBack(t *testing.T, newPool func() testPool) {
 	evicted := opts.Namespace.ReplicatedPageKey(1, testT, 12, ha[2])
 	ao := opts
 	ao.AsyncLoad, ao.AsyncLoadWorkers = true, 2
-	warm := newEngine(t, pool, ao, 1, 128)
+	warm := newEngine(t, pl, ao, 1, 128)
 	warm.beforeLoad = func(e *engine, meta Metadata) {
 		if e.pass == 0 {
 			if len(meta.AsyncLoads) != 2 {
 				t.Fatalf("pass 0 carries %d async transfers, want 2", len(meta.AsyncLoads))
 			}
-			pool.evict(evicted)
+			pl.evict(evicted)
 		}
 	}
 	warm.add("a", ta)
@@ -92,7 +92,7 @@ func testAsyncLoadFailureIsHandedBack(t *testing.T, newPool func() testPool) {
 	if a.Restarts != 1 || b.Restarts != 0 || b.loaded != 7 || a.loaded != 2 {
 		t.Fatalf("a restarts=%d loaded=%d, b restarts=%d loaded=%d", a.Restarts, a.loaded, b.Restarts, b.loaded)
 	}
-	if !pool.has(evicted) {
+	if !pl.has(evicted) {
 		t.Fatal("the restarted request did not save its recomputed block")
 	}
 }
@@ -102,8 +102,8 @@ func TestSavesReemittedWhenSaveStepSkipped(t *testing.T) {
 }
 
 func testSavesReemittedWhenSaveStepSkipped(t *testing.T, newPool func() testPool) {
-	pool := newPool()
-	e := newEngine(t, pool, baseOptions(), 1, 64)
+	pl := newPool()
+	e := newEngine(t, pl, baseOptions(), 1, 64)
 	e.chunk = 8 // two blocks per pass
 	e.skipSave = func(pass int) bool { return pass == 1 }
 	r := e.add("r", prompt(13, 0, 25))
@@ -133,7 +133,7 @@ func testSavesReemittedWhenSaveStepSkipped(t *testing.T, newPool func() testPool
 	if m := blocksIn(e.metas[3]); m[hashOf(2)] || m[hashOf(4)] {
 		t.Fatal("confirmed saves were emitted again")
 	}
-	if got := len(pool.keys()); got != 6*3 {
+	if got := len(pl.keys()); got != 6*3 {
 		t.Fatalf("pool holds %d keys, want %d", got, 18)
 	}
 }
@@ -168,22 +168,22 @@ func TestResetDropsUnconfirmedSaves(t *testing.T) {
 func TestAttentionDPOwnersShareKeys(t *testing.T) { poolKinds(t, testAttentionDPOwnersShareKeys) }
 
 func testAttentionDPOwnersShareKeys(t *testing.T, newPool func() testPool) {
-	pool := newPool()
+	pl := newPool()
 	owner := func(rank int) Options {
 		o := baseOptions()
 		o.Namespace = keys.Namespace{ModelKey: "test-model", WorldSize: 2, Rank: rank, AttentionDP: true}
 		return o
 	}
 	tokens := prompt(15, 0, 33)
-	e0 := newEngine(t, pool, owner(0), 1, 64)
+	e0 := newEngine(t, pl, owner(0), 1, 64)
 	e0.add("r", tokens)
 	e0.mustRun()
-	for _, k := range pool.keys() {
+	for _, k := range pl.keys() {
 		if !strings.Contains(k, "/w1r0/") && !strings.Contains(k, "/replicated/") {
 			t.Fatalf("owner key %s is not shared", k)
 		}
 	}
-	e1 := newEngine(t, pool, owner(1), 1, 64)
+	e1 := newEngine(t, pl, owner(1), 1, 64)
 	e1.add("r2", tokens)
 	e1.mustRun()
 	if got := e1.byID["r2"].loaded; got != 8 {
@@ -200,10 +200,10 @@ func TestSpeculativePrefillLookaheadKeys(t *testing.T) {
 }
 
 func testSpeculativePrefillLookaheadKeys(t *testing.T, newPool func() testPool) {
-	pool := newPool()
+	pl := newPool()
 	opts := baseOptions()
 	opts.SpeculativePrefill, opts.PromptLookahead = true, 3
-	s, err := NewScheduler(opts, pool)
+	s, err := NewScheduler(opts, pl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,30 +216,30 @@ func testSpeculativePrefillLookaheadKeys(t *testing.T, newPool func() testPool) 
 	}
 
 	tokens := prompt(16, 0, 30) // (30-3)/4 = 6 blocks get a hash; block 6 needs tokens up to 31
-	cold := newEngine(t, pool, opts, 1, 64)
+	cold := newEngine(t, pl, opts, 1, 64)
 	cold.add("r", tokens)
 	cold.mustRun()
 	want := saveKeysOf(t, opts, cold.layout, tokens)
 	if len(want) != 6*3 {
 		t.Fatalf("%d lookahead keys", len(want))
 	}
-	got := pool.keys()
+	got := pl.keys()
 	if len(got) != len(want) {
 		t.Fatalf("pool holds %d keys, want %d", len(got), len(want))
 	}
 	for _, k := range want {
-		if !pool.has(k) {
+		if !pl.has(k) {
 			t.Fatalf("missing lookahead key %s", k)
 		}
 	}
 	// Lookahead keys differ from keys without a lookahead.
 	plain := baseOptions()
 	for _, k := range saveKeysOf(t, plain, cold.layout, tokens) {
-		if pool.has(k) {
+		if pl.has(k) {
 			t.Fatalf("a lookahead server wrote a plain key %s", k)
 		}
 	}
-	warm := newEngine(t, pool, opts, 1, 64)
+	warm := newEngine(t, pl, opts, 1, 64)
 	warm.add("r", tokens)
 	warm.mustRun()
 	if got := warm.byID["r"].loaded; got != 6 {
@@ -250,17 +250,17 @@ func testSpeculativePrefillLookaheadKeys(t *testing.T, newPool func() testPool) 
 func TestGroupedSoftPinnedPuts(t *testing.T) { poolKinds(t, testGroupedSoftPinnedPuts) }
 
 func testGroupedSoftPinnedPuts(t *testing.T, newPool func() testPool) {
-	pool := newPool()
+	pl := newPool()
 	opts := baseOptions()
 	opts.GroupBlocks, opts.SoftPinTTL = true, 90*time.Second
 	tokens := prompt(17, 0, 17)
-	e := newEngine(t, pool, opts, 1, 32)
+	e := newEngine(t, pl, opts, 1, 32)
 	e.add("r", tokens)
 	e.mustRun()
 	c, _ := keys.NewChain(keys.ChainConfig{TokensPerBlock: testT})
 	hs, _ := c.Extend(tokens)
 	g, _ := newGeometry(e.layout, opts.withDefaults())
-	switch p := pool.(type) {
+	switch p := pl.(type) {
 	case *memPool:
 		for _, h := range hs {
 			for _, k := range opts.Namespace.SaveKeys(testT, g.groups, h) {
@@ -275,7 +275,7 @@ func testGroupedSoftPinnedPuts(t *testing.T, newPool func() testPool) {
 	case *embPool:
 		checkEmbeddedGroups(t, p, opts, g, hs)
 	default:
-		t.Fatalf("unknown pool %T", pool)
+		t.Fatalf("unknown pool %T", pl)
 	}
 
 	// A TTL above the pool's ceiling is refused on every put: logged, not fatal.
@@ -333,17 +333,17 @@ func checkEmbeddedGroups(t *testing.T, p *embPool, opts Options, g *geometry, hs
 }
 
 func testHoleStatsFromTheLookup(t *testing.T, newPool func() testPool) {
-	pool := newPool()
+	pl := newPool()
 	opts := baseOptions()
 	tokens := prompt(18, 0, 41) // 10 candidate blocks
-	cold := newEngine(t, pool, opts, 1, 64)
+	cold := newEngine(t, pl, opts, 1, 64)
 	cold.add("r", tokens)
 	cold.mustRun()
 	c, _ := keys.NewChain(keys.ChainConfig{TokensPerBlock: testT})
 	hs, _ := c.Extend(tokens)
 	// Pattern "##.##...#." : evict one page of blocks 2, 5, 6, 7 and 9.
 	for _, b := range []int{2, 5, 6, 7, 9} {
-		pool.evict(opts.Namespace.PageKey(b%2, testT, []uint64{48, 20}[b%2], hs[b]))
+		pl.evict(opts.Namespace.PageKey(b%2, testT, []uint64{48, 20}[b%2], hs[b]))
 	}
 	reg := prometheus.NewRegistry()
 	var logs bytes.Buffer
@@ -353,15 +353,15 @@ func testHoleStatsFromTheLookup(t *testing.T, newPool func() testPool) {
 	}
 	so := opts
 	so.Stats = rep
-	s, _ := NewScheduler(so, pool)
+	s, _ := NewScheduler(so, pl)
 	_ = s.RegisterLayout(testLayout(64))
-	calls := pool.existCalls()
+	calls := pl.existCalls()
 	m, _, err := s.Lookup(context.Background(), Request{ID: "r", Tokens: tokens}, 0)
 	if err != nil || m != 2*testT {
 		t.Fatalf("lookup = %d, %v", m, err)
 	}
-	if pool.existCalls() != calls+1 {
-		t.Fatalf("lookup made %d existence calls, want 1", pool.existCalls()-calls)
+	if pl.existCalls() != calls+1 {
+		t.Fatalf("lookup made %d existence calls, want 1", pl.existCalls()-calls)
 	}
 	// Second lookup from a 3-block local match: candidates 3..9 = "##...#." .
 	if _, _, err := s.Lookup(context.Background(), Request{ID: "r2", Tokens: tokens}, 3*testT); err != nil {
@@ -382,13 +382,13 @@ func testHoleStatsFromTheLookup(t *testing.T, newPool func() testPool) {
 func TestDummyBypassAndRoles(t *testing.T) { poolKinds(t, testDummyBypassAndRoles) }
 
 func testDummyBypassAndRoles(t *testing.T, newPool func() testPool) {
-	pool := newPool()
-	cold := newEngine(t, pool, baseOptions(), 1, 32)
+	pl := newPool()
+	cold := newEngine(t, pl, baseOptions(), 1, 32)
 	tokens := prompt(19, 0, 17)
 	cold.add("r", tokens)
 	cold.mustRun()
 
-	s, _ := NewScheduler(baseOptions(), pool)
+	s, _ := NewScheduler(baseOptions(), pl)
 	_ = s.RegisterLayout(testLayout(32))
 	ctx := context.Background()
 	if m, _, _ := s.Lookup(ctx, Request{ID: "d", Tokens: tokens, Dummy: true}, 0); m != 0 || s.reqs["d"] != nil {
@@ -414,7 +414,7 @@ func testDummyBypassAndRoles(t *testing.T, newPool func() testPool) {
 	for _, role := range []Role{RoleProducer, RoleCapacity} {
 		o := baseOptions()
 		o.Role = role
-		ps, _ := NewScheduler(o, pool)
+		ps, _ := NewScheduler(o, pl)
 		_ = ps.RegisterLayout(testLayout(32))
 		if m, _, _ := ps.Lookup(ctx, Request{ID: "r", Tokens: tokens}, 0); m != 0 {
 			t.Fatalf("a %s role offered %d tokens", role, m)
@@ -429,12 +429,12 @@ func testDummyBypassAndRoles(t *testing.T, newPool func() testPool) {
 func TestAdmissionQueryIsReplaced(t *testing.T) { poolKinds(t, testAdmissionQueryIsReplaced) }
 
 func testAdmissionQueryIsReplaced(t *testing.T, newPool func() testPool) {
-	pool := newPool()
-	cold := newEngine(t, pool, baseOptions(), 1, 32)
+	pl := newPool()
+	cold := newEngine(t, pl, baseOptions(), 1, 32)
 	tokens := prompt(20, 0, 25)
 	cold.add("r", tokens)
 	cold.mustRun()
-	s, _ := NewScheduler(baseOptions(), pool)
+	s, _ := NewScheduler(baseOptions(), pl)
 	_ = s.RegisterLayout(testLayout(32))
 	ctx := context.Background()
 	if m, _, _ := s.AdmissionQuery(ctx, Request{ID: "r", Tokens: tokens}, 0); m != 24 {
@@ -512,11 +512,11 @@ func TestOptionsValidateReportsEverything(t *testing.T) {
 }
 
 func TestSaveErrorIsKept(t *testing.T) {
-	pool := newMemPool()
+	pl := newMemPool()
 	l := testLayout(16)
 	m := newHostMover(l)
 	m.gatherFn = func() error { return errors.New("device lost") }
-	w, err := NewWorker(baseOptions(), pool, m)
+	w, err := NewWorker(baseOptions(), pl, m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -696,7 +696,7 @@ func (m *trackingMover) Clone() (gpuMover, error) {
 	return &trackingMover{hostMover: c.(*hostMover), mu: m.mu, made: m.made}, nil
 }
 
-var _ = mooncake.OK
+var _ = pool.OK
 
 // TestLookupTokensOwned: a lookup that hands its tokens over (TokensOwned) leaves them with the
 // scheduler uncopied, and the tokens a later BuildMeta appends never land in the caller's array;

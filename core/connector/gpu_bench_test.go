@@ -17,7 +17,8 @@ import (
 	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/gpu"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // The benchmarks in this file need a CUDA device (they skip without one) and measure the
@@ -188,13 +189,13 @@ func (m *timedMover) RegisterHost(mem []byte) (io.Closer, error) {
 	return m.Mover.(kvmem.HostRegistrar).RegisterHost(mem)
 }
 
-func (g *gpuBench) worker(b *testing.B, pool mooncake.Pool, staged bool) *Worker {
-	w, _, _ := g.timedWorker(b, pool, staged)
+func (g *gpuBench) worker(b *testing.B, pl pool.Pool, staged bool) *Worker {
+	w, _, _ := g.timedWorker(b, pl, staged)
 	return w
 }
 
 // timedWorker is worker with its mover timed and a stats reporter that keeps phase totals.
-func (g *gpuBench) timedWorker(b *testing.B, pool mooncake.Pool, staged bool) (*Worker, *timedMover, *stats.Reporter) {
+func (g *gpuBench) timedWorker(b *testing.B, pl pool.Pool, staged bool) (*Worker, *timedMover, *stats.Reporter) {
 	b.Helper()
 	cm, err := g.d.NewMover(g.mem, g.layout, gpu.CUDAMoverOptions{Scatter: benchScatter()})
 	if err != nil {
@@ -209,7 +210,7 @@ func (g *gpuBench) timedWorker(b *testing.B, pool mooncake.Pool, staged bool) (*
 	o.Stats = rep
 	o.StagedTransfers = staged
 	o.StagingBufferBytes = 256 << 20
-	w, err := NewWorker(o, pool, m)
+	w, err := NewWorker(o, pl, m)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -229,15 +230,15 @@ func (g *gpuBench) anchor(b *testing.B, toDevice bool) time.Duration {
 }
 
 // gpuPool makes the embedded pool of a GPU benchmark; mode may ask for "workers=N" in-place
-// checkers (mooncake.Options.InPlaceWorkers).
-func gpuPool(b *testing.B, mode string) *mooncake.Embedded {
-	o := mooncake.DefaultOptions()
-	o.Segments = []mooncake.SegmentSpec{{Name: "gpu-bench", Capacity: 2 * gpuBenchBytes}}
+// checkers (embedded.Options.InPlaceWorkers).
+func gpuPool(b *testing.B, mode string) *embedded.Embedded {
+	o := embedded.DefaultOptions()
+	o.Segments = []embedded.SegmentSpec{{Name: "gpu-bench", Capacity: 2 * gpuBenchBytes}}
 	o.EvictionPeriod = 0
 	if i := strings.Index(mode, "workers="); i >= 0 {
 		_, _ = fmt.Sscanf(mode[i:], "workers=%d", &o.InPlaceWorkers)
 	}
-	p, err := mooncake.NewEmbedded(o)
+	p, err := embedded.NewEmbedded(o)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -249,11 +250,11 @@ func gpuPool(b *testing.B, mode string) *mooncake.Embedded {
 // and never checked again: the in-place load with its checks taken out, to measure what they
 // cost. Benchmarks only.
 type uncheckedPool struct {
-	*mooncake.Embedded
+	*embedded.Embedded
 	views map[string][]byte
 }
 
-func newUncheckedPool(b *testing.B, p *mooncake.Embedded, ks []string) *uncheckedPool {
+func newUncheckedPool(b *testing.B, p *embedded.Embedded, ks []string) *uncheckedPool {
 	v := p.BatchView(context.Background(), ks) // held for the pool's life
 	u := &uncheckedPool{Embedded: p, views: map[string][]byte{}}
 	for i, k := range ks {
@@ -266,13 +267,13 @@ func newUncheckedPool(b *testing.B, p *mooncake.Embedded, ks []string) *unchecke
 }
 
 // BatchViewDeferred answers as BatchView does: a view without Sums, which no one checks.
-func (u *uncheckedPool) BatchViewDeferred(ctx context.Context, ks []string) *mooncake.View {
+func (u *uncheckedPool) BatchViewDeferred(ctx context.Context, ks []string) *pool.View {
 	return u.BatchView(ctx, ks)
 }
 
 // BatchViewDeferredInto answers as BatchView does, into v (it hides the embedded pool's, which
 // would hand out the checksums to check).
-func (u *uncheckedPool) BatchViewDeferredInto(ctx context.Context, ks [][]byte, v *mooncake.View) {
+func (u *uncheckedPool) BatchViewDeferredInto(ctx context.Context, ks [][]byte, v *pool.View) {
 	strs := make([]string, len(ks))
 	for i, k := range ks {
 		strs[i] = string(k)
@@ -281,13 +282,13 @@ func (u *uncheckedPool) BatchViewDeferredInto(ctx context.Context, ks [][]byte, 
 	v.Bufs, v.Codes, v.Sums = nv.Bufs, nv.Codes, nil
 }
 
-func (u *uncheckedPool) BatchView(_ context.Context, ks []string) *mooncake.View {
-	v := &mooncake.View{Bufs: make([][]byte, len(ks)), Codes: make([]int64, len(ks))}
+func (u *uncheckedPool) BatchView(_ context.Context, ks []string) *pool.View {
+	v := &pool.View{Bufs: make([][]byte, len(ks)), Codes: make([]int64, len(ks))}
 	for i, k := range ks {
 		if buf, ok := u.views[k]; ok {
 			v.Bufs[i], v.Codes[i] = buf, int64(len(buf))
 		} else {
-			v.Codes[i] = int64(mooncake.ErrObjectNotFound)
+			v.Codes[i] = int64(pool.ErrObjectNotFound)
 		}
 	}
 	return v
@@ -370,16 +371,16 @@ func BenchmarkGPULoad(b *testing.B) {
 					gpuPageChecksOff, issuedFirstBatchOff, wakeDeviceOff, benchScatterPath = false, false, false, gpu.ScatterAuto
 				}()
 				g := newGPUBench(b, page)
-				pool := gpuPool(b, mode)
+				pl := gpuPool(b, mode)
 				opts := benchOptions()
 				ks := make([]string, len(g.hs))
 				for i, h := range g.hs {
 					ks[i] = opts.Namespace.PageKey(0, 32, uint64(page), h)
 				}
-				fillEmbedded(b, pool, ks, page)
-				var lp mooncake.Pool = pool
+				fillEmbedded(b, pl, ks, page)
+				var lp pool.Pool = pl
 				if strings.Contains(mode, "nocheck") {
-					lp = newUncheckedPool(b, pool, ks)
+					lp = newUncheckedPool(b, pl, ks)
 				}
 				w, tm, rep := g.timedWorker(b, lp, mode == "staged")
 				meta, loadBytes := g.loadOf(mode, page)
@@ -455,17 +456,17 @@ func BenchmarkGPUCheckCost(b *testing.B) {
 		}{{12, "leased"}, {48, "leased"}, {12, "held"}, {48, "held"}} {
 			b.Run(fmt.Sprintf("%dKiB/load=%dMiB/%s", page>>10, c.mib, c.base), func(b *testing.B) {
 				g := newGPUBench(b, page)
-				pool := gpuPool(b, "direct")
+				pl := gpuPool(b, "direct")
 				opts := benchOptions()
 				ks := make([]string, len(g.hs))
 				for i, h := range g.hs {
 					ks[i] = opts.Namespace.PageKey(0, 32, uint64(page), h)
 				}
-				fillEmbedded(b, pool, ks, page)
-				checked, cm0, rep := g.timedWorker(b, pool, false)
-				var base mooncake.Pool = leasedPool{pool}
+				fillEmbedded(b, pl, ks, page)
+				checked, cm0, rep := g.timedWorker(b, pl, false)
+				var base pool.Pool = leasedPool{pl}
 				if c.base == "held" {
-					base = newUncheckedPool(b, pool, ks)
+					base = newUncheckedPool(b, pl, ks)
 				}
 				unchecked, um0, _ := g.timedWorker(b, base, false)
 				meta, _ := g.loadOf(fmt.Sprintf("load=%dMiB", c.mib), page)
@@ -526,15 +527,15 @@ func BenchmarkGPUCheckCost(b *testing.B) {
 
 // leasedPool is the embedded pool with its deferred views' checksums dropped, so a load through
 // it leases, copies and releases its pages as a checked load does and checks nothing.
-type leasedPool struct{ *mooncake.Embedded }
+type leasedPool struct{ *embedded.Embedded }
 
-func (p leasedPool) BatchViewDeferred(ctx context.Context, ks []string) *mooncake.View {
+func (p leasedPool) BatchViewDeferred(ctx context.Context, ks []string) *pool.View {
 	v := p.Embedded.BatchViewDeferred(ctx, ks)
 	v.Sums = nil
 	return v
 }
 
-func (p leasedPool) BatchViewDeferredInto(ctx context.Context, ks [][]byte, v *mooncake.View) {
+func (p leasedPool) BatchViewDeferredInto(ctx context.Context, ks [][]byte, v *pool.View) {
 	p.Embedded.BatchViewDeferredInto(ctx, ks, v)
 	v.Sums = nil
 }
@@ -569,8 +570,8 @@ func BenchmarkGPUSave(b *testing.B) {
 				var saveT, anchorT time.Duration
 				for b.Loop() {
 					b.StopTimer()
-					pool := gpuPool(b, mode)
-					w := g.worker(b, pool, mode == "staged")
+					pl := gpuPool(b, mode)
+					w := g.worker(b, pl, mode == "staged")
 					b.StartTimer()
 					anchorT += g.anchor(b, false)
 					t0 := time.Now()
@@ -590,11 +591,11 @@ func BenchmarkGPUSave(b *testing.B) {
 					}
 					saveT += time.Since(t0)
 					b.StopTimer()
-					if st, _ := pool.Stats(ctx); st.Puts != int64(len(g.hs)) || st.PutFailures != 0 {
+					if st, _ := pl.Stats(ctx); st.Puts != int64(len(g.hs)) || st.PutFailures != 0 {
 						b.Fatalf("saved %d pages, %d failures", st.Puts, st.PutFailures)
 					}
 					_ = w.Close(ctx)
-					_ = pool.Close()
+					_ = pl.Close()
 					b.StartTimer()
 				}
 				reportGPU(b, "save", saveT, anchorT, "d2h")
@@ -626,15 +627,15 @@ func BenchmarkGPUVerify(b *testing.B) {
 	for _, mode := range []string{"plain", "registered", "registered+dma", "registered+dma,workers=8", "registered+dma,workers=4"} {
 		b.Run(mode, func(b *testing.B) {
 			g := newGPUBench(b, page)
-			pool := gpuPool(b, mode)
+			pl := gpuPool(b, mode)
 			opts := benchOptions()
 			ks := make([]string, len(g.hs))
 			for i, h := range g.hs {
 				ks[i] = opts.Namespace.PageKey(0, 32, page, h)
 			}
-			fillEmbedded(b, pool, ks, page)
+			fillEmbedded(b, pl, ks, page)
 			if mode != "plain" {
-				for _, mem := range pool.MemoryRegions() {
+				for _, mem := range pl.MemoryRegions() {
 					r, err := g.d.RegisterHost(mem)
 					if err != nil {
 						b.Fatal(err)
@@ -669,7 +670,7 @@ func BenchmarkGPUVerify(b *testing.B) {
 			b.ResetTimer()
 			for b.Loop() {
 				for s := 0; s < len(ks); s += 64 {
-					v := pool.BatchView(ctx, ks[s:min(s+64, len(ks))])
+					v := pl.BatchView(ctx, ks[s:min(s+64, len(ks))])
 					if v.Codes[0] != page {
 						b.Fatalf("view = %d", v.Codes[0])
 					}

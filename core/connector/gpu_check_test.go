@@ -14,7 +14,7 @@ import (
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/gpu"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // TestGPUCheckedLoadOnDevice loads pages from the embedded pool into device memory through a
@@ -44,7 +44,7 @@ func TestGPUCheckedLoadOnDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = mem.Close() })
-	pool := newEmbPool(t, 64<<20)
+	pl := newEmbPool(t, 64<<20)
 	opts := benchOptions()
 	c, _ := keys.NewChain(keys.ChainConfig{TokensPerBlock: 32})
 	hs, _ := c.Extend(prompt(11, 0, n*32))
@@ -58,14 +58,14 @@ func TestGPUCheckedLoadOnDevice(t *testing.T) {
 		}
 		ks[i] = opts.Namespace.PageKey(0, 32, page, hs[i])
 	}
-	for i, code := range pool.BatchPut(context.Background(), ks, vals, mooncake.ReplicateConfig{}) {
-		if code != mooncake.OK {
+	for i, code := range pl.BatchPut(context.Background(), ks, vals, pool.ReplicateConfig{}) {
+		if code != pool.OK {
 			t.Fatalf("put %d: %v", i, code)
 		}
 	}
 	corrupt := map[int]bool{3: true, 77: true, 150: true, 199: true}
 	for i := range corrupt {
-		pool.CorruptForTest(ks[i])
+		pl.CorruptForTest(ks[i])
 	}
 	cm, err := d.NewMover(mem, l, gpu.CUDAMoverOptions{})
 	if err != nil {
@@ -76,7 +76,7 @@ func TestGPUCheckedLoadOnDevice(t *testing.T) {
 	}
 	m := &timedMover{Mover: cm}
 	t.Cleanup(func() { _ = m.Close() }) // after the worker's (cleanups run last first)
-	w := registeredWorkerWith(t, opts, pool, m, l)
+	w := registeredWorkerWith(t, opts, pl, m, l)
 	var reqs []RequestTransfers
 	slotOf := func(i int) int { return (i * 37) % slots }
 	for i := range n {
@@ -116,7 +116,7 @@ func TestGPUCheckedLoadOnDevice(t *testing.T) {
 			t.Fatalf("page %d in slot %d differs from what was stored", i, s)
 		}
 	}
-	if st := pool.stats(t); st.ChecksumErrors != int64(len(corrupt)) {
+	if st := pl.stats(t); st.ChecksumErrors != int64(len(corrupt)) {
 		t.Fatalf("pool counted %d checksum errors, want %d", st.ChecksumErrors, len(corrupt))
 	}
 }

@@ -12,20 +12,20 @@ import (
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/stats"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // registeredWorker is a worker with the base options over pool and m, with layout l registered,
 // closed when the test ends.
-func registeredWorker(t testing.TB, pool mooncake.Pool, m kvmem.Mover, l kvmem.Layout) *Worker {
+func registeredWorker(t testing.TB, pl pool.Pool, m kvmem.Mover, l kvmem.Layout) *Worker {
 	t.Helper()
-	return registeredWorkerWith(t, baseOptions(), pool, m, l)
+	return registeredWorkerWith(t, baseOptions(), pl, m, l)
 }
 
 // registeredWorkerWith is registeredWorker with options o.
-func registeredWorkerWith(t testing.TB, o Options, pool mooncake.Pool, m kvmem.Mover, l kvmem.Layout) *Worker {
+func registeredWorkerWith(t testing.TB, o Options, pl pool.Pool, m kvmem.Mover, l kvmem.Layout) *Worker {
 	t.Helper()
-	w, err := NewWorker(o, pool, m)
+	w, err := NewWorker(o, pl, m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,19 +82,19 @@ func TestGPUCheckedLoadNeverReportsCorruptedPages(t *testing.T) {
 	directCheckedBatchBytes = 4 * 64 // a few pages a batch: many batches, checks overlapping copies
 	defer func() { directCheckedBatchBytes = old }()
 	const n = 14
-	pool := newEmbPool(t, 1<<20)
+	pl := newEmbPool(t, 1<<20)
 	l := testLayout(32)
-	src := saveDirectPages(t, pool, l, n)
+	src := saveDirectPages(t, pl, l, n)
 	ns := baseOptions().Namespace
 	corrupt := map[int]bool{2: true, 9: true, 13: true}
 	for i := range corrupt {
 		k := ns.PageKey(0, testT, l.Groups[0].BytesPerPage(), directHash(i))
-		if !pool.CorruptForTest(k) {
+		if !pl.CorruptForTest(k) {
 			t.Fatalf("no stored page %q", k)
 		}
 	}
 	m := newCheckingMover(l)
-	w := registeredWorker(t, pool, m, l)
+	w := registeredWorker(t, pl, m, l)
 	loadSavedPairs(t, w, n)
 	if m.calls.Load() < 3 {
 		t.Fatalf("%d checked scatters: the GPU-checked path with several batches is not under test", m.calls.Load())
@@ -102,14 +102,14 @@ func TestGPUCheckedLoadNeverReportsCorruptedPages(t *testing.T) {
 	if p := m.pending.Load(); p != 0 {
 		t.Fatalf("%d checks not read when the load returned", p)
 	}
-	checkCorruptLoad(t, w, pool, m.hostMover, src, n, corrupt)
+	checkCorruptLoad(t, w, pl, m.hostMover, src, n, corrupt)
 }
 
 // checkCorruptLoad checks a load of n requests (request i's pages are saved page i of groups 0
 // and 1, loaded into slot 16+i) whose pages in corrupt were corrupted in the pool: exactly those
 // requests failed, every other page landed with the saved bytes, and the pool counted one
 // checksum error per corrupted page.
-func checkCorruptLoad(t *testing.T, w *Worker, pool *embPool, got, src *hostMover, n int, corrupt map[int]bool) {
+func checkCorruptLoad(t *testing.T, w *Worker, pl *embPool, got, src *hostMover, n int, corrupt map[int]bool) {
 	t.Helper()
 	failed := w.TakeFailedLoadRequests()
 	slices.Sort(failed)
@@ -132,7 +132,7 @@ func checkCorruptLoad(t *testing.T, w *Worker, pool *embPool, got, src *hostMove
 			}
 		}
 	}
-	if st := pool.stats(t); st.ChecksumErrors != int64(len(corrupt)) {
+	if st := pl.stats(t); st.ChecksumErrors != int64(len(corrupt)) {
 		t.Fatalf("pool counted %d checksum errors, want %d", st.ChecksumErrors, len(corrupt))
 	}
 }
@@ -142,16 +142,16 @@ func checkCorruptLoad(t *testing.T, w *Worker, pool *embPool, got, src *hostMove
 func TestGPUPageChecksOff(t *testing.T) {
 	gpuPageChecksOff = true
 	defer func() { gpuPageChecksOff = false }()
-	pool := newEmbPool(t, 1<<20)
+	pl := newEmbPool(t, 1<<20)
 	l := testLayout(16)
-	saveDirectPages(t, pool, l, 3)
+	saveDirectPages(t, pl, l, 3)
 	ns := baseOptions().Namespace
-	pool.CorruptForTest(ns.PageKey(0, testT, l.Groups[0].BytesPerPage(), directHash(1)))
+	pl.CorruptForTest(ns.PageKey(0, testT, l.Groups[0].BytesPerPage(), directHash(1)))
 	m := newCheckingMover(l)
 	for i := range m.mem {
 		m.mem[i] = 0xEE
 	}
-	w := registeredWorker(t, pool, m, l)
+	w := registeredWorker(t, pl, m, l)
 	w.BindMeta(Metadata{Loads: []RequestTransfers{
 		{RequestID: "a", Pages: []PageTransfer{{Hash: directHash(0), Group: 0, Page: 10}}},
 		{RequestID: "b", Pages: []PageTransfer{{Hash: directHash(1), Group: 0, Page: 11}}},
@@ -199,9 +199,9 @@ func TestGPUCheckedLoadRecordsGPUTime(t *testing.T) {
 	old := directCheckedBatchBytes
 	directCheckedBatchBytes = 4 * 64
 	defer func() { directCheckedBatchBytes = old }()
-	pool := newEmbPool(t, 1<<20)
+	pl := newEmbPool(t, 1<<20)
 	l := testLayout(32)
-	saveDirectPages(t, pool, l, 10)
+	saveDirectPages(t, pl, l, 10)
 	m := timingMover{newCheckingMover(l), new(atomic.Int32)}
 	m.read.Store(7) // checks read before this worker's loads
 	rep, err := stats.NewReporter(stats.ReporterOptions{Interval: time.Hour, Logger: quietLogger()})
@@ -210,7 +210,7 @@ func TestGPUCheckedLoadRecordsGPUTime(t *testing.T) {
 	}
 	o := baseOptions()
 	o.Stats = rep
-	w := registeredWorkerWith(t, o, pool, m, l)
+	w := registeredWorkerWith(t, o, pl, m, l)
 	var reqs []RequestTransfers
 	for i := range 10 {
 		reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%02d", i), Pages: []PageTransfer{{Hash: directHash(i), Group: 0, Page: 16 + i}}})
@@ -264,13 +264,13 @@ func (m issuingMover) IssueChecked(ctx context.Context, src [][]byte, pages []kv
 // (counted by the pool as checksum errors) and lands every other page.
 func TestGPUIssuedLoad(t *testing.T) {
 	const n = 16
-	pool := newEmbPool(t, 4<<20)
+	pl := newEmbPool(t, 4<<20)
 	l := testLayout(32)
-	src := saveDirectPages(t, pool, l, n)
+	src := saveDirectPages(t, pl, l, n)
 	ns := baseOptions().Namespace
 	corrupt := map[int]bool{1: true, 12: true}
 	for i := range corrupt {
-		if !pool.CorruptForTest(ns.PageKey(0, testT, l.Groups[0].BytesPerPage(), directHash(i))) {
+		if !pl.CorruptForTest(ns.PageKey(0, testT, l.Groups[0].BytesPerPage(), directHash(i))) {
 			t.Fatalf("no stored page %d", i)
 		}
 	}
@@ -279,7 +279,7 @@ func TestGPUIssuedLoad(t *testing.T) {
 	oldMin, oldPages := issuedFirstBatchMin, issuedSplitMinPages
 	issuedFirstBatchMin, issuedSplitMinPages = 1, 1
 	defer func() { issuedFirstBatchMin, issuedSplitMinPages = oldMin, oldPages }()
-	w := registeredWorker(t, pool, m, l)
+	w := registeredWorker(t, pl, m, l)
 	loadSavedPairs(t, w, n)
 	if len(batches) != 2 || batches[0] > batches[1] {
 		t.Fatalf("issued batches of %v pages, want a small first one and the rest", batches)
@@ -290,7 +290,7 @@ func TestGPUIssuedLoad(t *testing.T) {
 	if p := m.pending.Load(); p != 0 {
 		t.Fatalf("%d checks not read when the load returned", p)
 	}
-	checkCorruptLoad(t, w, pool, m.hostMover, src, n, corrupt)
+	checkCorruptLoad(t, w, pl, m.hostMover, src, n, corrupt)
 }
 
 // TestFirstIssuedBatch pins which checked loads a queueing mover gets in two batches and how
@@ -330,16 +330,16 @@ func TestFirstIssuedBatch(t *testing.T) {
 // and fails exactly the request whose page was corrupted in the pool.
 func TestGPUIssuedLoadFewPages(t *testing.T) {
 	const n = 8
-	pool := newEmbPool(t, 4<<20)
+	pl := newEmbPool(t, 4<<20)
 	l := testLayout(32)
-	src := saveDirectPages(t, pool, l, n)
+	src := saveDirectPages(t, pl, l, n)
 	corrupt := map[int]bool{3: true}
-	if !pool.CorruptForTest(baseOptions().Namespace.PageKey(0, testT, l.Groups[0].BytesPerPage(), directHash(3))) {
+	if !pl.CorruptForTest(baseOptions().Namespace.PageKey(0, testT, l.Groups[0].BytesPerPage(), directHash(3))) {
 		t.Fatal("no stored page 3")
 	}
 	var batches []int
 	m := issuingMover{newCheckingMover(l), new(atomic.Int32), &batches}
-	w := registeredWorker(t, pool, m, l)
+	w := registeredWorker(t, pl, m, l)
 	loadSavedPairs(t, w, n)
 	if m.calls.Load() != 0 || len(batches) != 1 {
 		t.Fatalf("%d scatters waited for and batches of %v pages issued, want 0 and one batch", m.calls.Load(), batches)
@@ -347,7 +347,7 @@ func TestGPUIssuedLoadFewPages(t *testing.T) {
 	if p := m.pending.Load(); p != 0 {
 		t.Fatalf("%d checks not read when the load returned", p)
 	}
-	checkCorruptLoad(t, w, pool, m.hostMover, src, n, corrupt)
+	checkCorruptLoad(t, w, pl, m.hostMover, src, n, corrupt)
 }
 
 // loadSavedPairs binds the loads of n requests, request i loading saveDirectPages' page i of

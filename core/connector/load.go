@@ -10,7 +10,7 @@ import (
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/stats"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // pageIO is one pool value a save moves: its key and the engine page it comes from.
@@ -103,7 +103,7 @@ type loadLists struct {
 	keyBuf []byte // every key of items, end to end
 
 	keys     []string // for a pool that takes keys as strings: slices of one string per load
-	keyBytes [][]byte // for one that takes them as bytes (mooncake.ReusingViewer): of keyBuf
+	keyBytes [][]byte // for one that takes them as bytes (pool.ReusingViewer): of keyBuf
 	owners   []*loadItem
 	bufs     [][]byte // staging slots, for a load that does not read the pool in place
 	dsts     [][]byte // engine memory of every value, for a load that reads straight into it
@@ -112,7 +112,7 @@ type loadLists struct {
 	sums     []uint64
 	idx      []int
 	checked  []*loadItem
-	views    []*mooncake.View // a load's views by batch, for mooncake.ReusingViewer
+	views    []*pool.View // a load's views by batch, for pool.ReusingViewer
 }
 
 // key is the key of it, one of l.items.
@@ -141,9 +141,9 @@ func (l *loadLists) fit(n int) {
 }
 
 // view returns the view of a load's batch b, kept for the next load.
-func (l *loadLists) view(b int) *mooncake.View {
+func (l *loadLists) view(b int) *pool.View {
 	for len(l.views) <= b {
-		l.views = append(l.views, new(mooncake.View))
+		l.views = append(l.views, new(pool.View))
 	}
 	return l.views[b]
 }
@@ -201,14 +201,14 @@ const directBatchMaxPages = 8192
 //
 // The values are lists.items (resolveLoads), and the batches' lists are taken from lists. A
 // pool with deferred views that also takes keys as bytes into a View the caller reuses
-// (mooncake.ReusingViewer) gets the keys' bytes, and views kept in lists; any other call gets
+// (pool.ReusingViewer) gets the keys' bytes, and views kept in lists; any other call gets
 // the keys as slices of one string made for the load.
-func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mover kvmem.Mover, stage kvmem.Staging, batch int, lists *loadLists, sample *stats.LoadSample) (res loadResult, err error) {
+func loadPages(ctx context.Context, pl pool.Pool, view pool.Viewer, mover kvmem.Mover, stage kvmem.Staging, batch int, lists *loadLists, sample *stats.LoadSample) (res loadResult, err error) {
 	items := lists.items
 	lists.fit(len(items))
 	n := len(items) // a batch's lists run from its first value's index to at most here
 	deferred, checker := gpuPageChecks(view, mover)
-	into, _ := deferred.(mooncake.ReusingViewer)
+	into, _ := deferred.(pool.ReusingViewer)
 	var keyString string
 	if into == nil {
 		keyString = string(lists.keyBuf)
@@ -249,14 +249,14 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 	}
 	var inflight chan scattered
 	var inflightOwners []*loadItem
-	var inflightView *mooncake.View // released once its scatter is done
+	var inflightView *pool.View // released once its scatter is done
 	var inflightIdx []int
 	// GPU checks launched and not read yet, oldest first: a batch's check runs while the next
 	// batch is copied, and is read once that copy is done.
 	type pendingCheck struct {
 		wait    func() ([]bool, error)
 		owners  []*loadItem
-		view    *mooncake.View
+		view    *pool.View
 		idx     []int // index in view of each checked page
 		release bool  // release the view once read: a batch issued without waiting for its copies
 	}
@@ -397,7 +397,7 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 		m = sample.Start()
 		getRegion := trace.StartRegion(ctx, "load.get")
 		var got []int64
-		var v *mooncake.View
+		var v *pool.View
 		switch {
 		case into != nil:
 			v = lists.view(b)
@@ -407,7 +407,7 @@ func loadPages(ctx context.Context, pool mooncake.Pool, view mooncake.Viewer, mo
 		case view != nil:
 			v = view.BatchView(ctx, keys)
 		default:
-			got = pool.BatchGet(ctx, keys, bufs)
+			got = pl.BatchGet(ctx, keys, bufs)
 		}
 		if v != nil {
 			got, bufs = v.Codes, v.Bufs
@@ -516,7 +516,7 @@ var hostDestinationsOff = false
 // Engine reads a peer's page off the socket), the mover's engine memory is host memory
 // (kvmem.HostPages) and every value is one contiguous piece of it. The list is out (as long as
 // items), from the load's lists.
-func hostDestinations(view mooncake.Viewer, mover kvmem.Mover, items []loadItem, out [][]byte) [][]byte {
+func hostDestinations(view pool.Viewer, mover kvmem.Mover, items []loadItem, out [][]byte) [][]byte {
 	hp, ok := mover.(kvmem.HostPages)
 	if view != nil || !ok || hostDestinationsOff || len(items) == 0 {
 		return nil
@@ -600,11 +600,11 @@ var gpuPageChecksOff = false
 // with their checksums, and the mover checks pages in engine memory after copying them
 // (kvmem.PageChecker). Otherwise it returns nils and the pool checks every page on the host before
 // it is copied.
-func gpuPageChecks(view mooncake.Viewer, mover kvmem.Mover) (mooncake.DeferredViewer, kvmem.PageChecker) {
+func gpuPageChecks(view pool.Viewer, mover kvmem.Mover) (pool.DeferredViewer, kvmem.PageChecker) {
 	if view == nil || gpuPageChecksOff {
 		return nil, nil
 	}
-	dv, ok := view.(mooncake.DeferredViewer)
+	dv, ok := view.(pool.DeferredViewer)
 	if !ok {
 		return nil, nil
 	}

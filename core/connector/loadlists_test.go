@@ -10,7 +10,8 @@ import (
 	"testing"
 
 	"github.com/kvctl/kvctl/core/kvmem"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // TestLoadListsReusedAcrossLoads runs StartLoads of different sizes, several batches each, on
@@ -27,9 +28,9 @@ func TestLoadListsReusedAcrossLoads(t *testing.T) {
 	const saved = 12
 	for _, kind := range []string{"staged", "in-place", "checked", "checked-strings", "issued"} {
 		t.Run(kind, func(t *testing.T) {
-			pool := newEmbPool(t, 1<<20)
+			pl := newEmbPool(t, 1<<20)
 			l := testLayout(64)
-			src := saveDirectPages(t, pool, l, saved)
+			src := saveDirectPages(t, pl, l, saved)
 			var m kvmem.Mover
 			var got *hostMover
 			o := baseOptions()
@@ -53,13 +54,13 @@ func TestLoadListsReusedAcrossLoads(t *testing.T) {
 			for i := range got.mem {
 				got.mem[i] = 0xEE
 			}
-			var wp mooncake.Pool = pool
+			var wp pool.Pool = pl
 			if kind == "checked-strings" {
-				wp = stringViewPool{pool, pool.Embedded}
+				wp = stringViewPool{pl, pl.Embedded}
 			}
 			w := registeredWorkerWith(t, o, wp, m, l)
 			deferred, _ := gpuPageChecks(w.direct, w.mover)
-			_, into := deferred.(mooncake.ReusingViewer)
+			_, into := deferred.(pool.ReusingViewer)
 			if wantInto := kind == "checked" || kind == "issued"; into != wantInto {
 				t.Fatalf("views into reused Views: %v, want %v", into, wantInto)
 			}
@@ -118,7 +119,7 @@ func TestLoadListsReusedAcrossLoads(t *testing.T) {
 				t.Fatalf("%d views kept: a load of several batches into reused Views is not under test", len(views))
 			}
 			// Evicted after the load that looked it up: its request fails, never wrong bytes.
-			if !pool.evict(ns.PageKey(0, testT, l.Groups[0].BytesPerPage(), directHash(5))) {
+			if !pl.evict(ns.PageKey(0, testT, l.Groups[0].BytesPerPage(), directHash(5))) {
 				t.Fatal("page 5 was not in the pool")
 			}
 			load(2, 10, 16, map[int]bool{5: true})
@@ -130,7 +131,7 @@ func TestLoadListsReusedAcrossLoads(t *testing.T) {
 			if len(views) > 0 && lists.views[0] != views[0] {
 				t.Fatal("a later load did not reuse the kept views")
 			}
-			if st := pool.stats(t); st.ChecksumErrors != 0 {
+			if st := pl.stats(t); st.ChecksumErrors != 0 {
 				t.Fatalf("%d checksum errors", st.ChecksumErrors)
 			}
 		})
@@ -140,21 +141,21 @@ func TestLoadListsReusedAcrossLoads(t *testing.T) {
 // stringViewPool is the embedded pool without views into reused Views: its deferred views take
 // their keys as strings, as a pool's that is a DeferredViewer and not a ReusingViewer.
 type stringViewPool struct {
-	mooncake.Pool
-	e *mooncake.Embedded
+	pool.Pool
+	e *embedded.Embedded
 }
 
-func (p stringViewPool) BatchView(ctx context.Context, ks []string) *mooncake.View {
+func (p stringViewPool) BatchView(ctx context.Context, ks []string) *pool.View {
 	return p.e.BatchView(ctx, ks)
 }
 
-func (p stringViewPool) BatchViewDeferred(ctx context.Context, ks []string) *mooncake.View {
+func (p stringViewPool) BatchViewDeferred(ctx context.Context, ks []string) *pool.View {
 	return p.e.BatchViewDeferred(ctx, ks)
 }
 
 func (p stringViewPool) MemoryRegions() [][]byte { return p.e.MemoryRegions() }
 
-func (p stringViewPool) BatchPutStart(ctx context.Context, ks []string, sizes []int64, cfg mooncake.ReplicateConfig) *mooncake.PutReservation {
+func (p stringViewPool) BatchPutStart(ctx context.Context, ks []string, sizes []int64, cfg pool.ReplicateConfig) *pool.PutReservation {
 	return p.e.BatchPutStart(ctx, ks, sizes, cfg)
 }
 
@@ -162,10 +163,10 @@ func (p stringViewPool) BatchPutStart(ctx context.Context, ks []string, sizes []
 // dropped once it is done; the next load makes lists of its own size and keeps them.
 func TestLargeLoadListsNotKept(t *testing.T) {
 	const n = maxKeptLoadLists + 1
-	pool := newEmbPool(t, 4<<20)
+	pl := newEmbPool(t, 4<<20)
 	l := testLayout(n)
-	saveDirectPages(t, pool, l, n)
-	w := registeredWorker(t, pool, newRegisteringMover(l), l)
+	saveDirectPages(t, pl, l, n)
+	w := registeredWorker(t, pl, newRegisteringMover(l), l)
 	loadGroup0 := func(n int) {
 		t.Helper()
 		var pages []PageTransfer
@@ -203,10 +204,10 @@ func (m lostCheckMover) ScatterChecked(ctx context.Context, src [][]byte, pages 
 // TestFailedLoadListsNotKept: the lists of a load that failed (a view of one of its batches may
 // still be held) are not kept for the next load.
 func TestFailedLoadListsNotKept(t *testing.T) {
-	pool := newEmbPool(t, 1<<20)
+	pl := newEmbPool(t, 1<<20)
 	l := testLayout(32)
-	saveDirectPages(t, pool, l, 4)
-	w := registeredWorker(t, pool, lostCheckMover{newCheckingMover(l)}, l)
+	saveDirectPages(t, pl, l, 4)
+	w := registeredWorker(t, pl, lostCheckMover{newCheckingMover(l)}, l)
 	w.BindMeta(Metadata{Loads: []RequestTransfers{{RequestID: "r", Pages: []PageTransfer{{Hash: directHash(1), Group: 0, Page: 3}}}}})
 	if err := w.StartLoad(context.Background()); err == nil {
 		t.Fatal("a load whose check failed succeeded")

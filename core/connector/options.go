@@ -91,7 +91,7 @@ type Options struct {
 	// PromptLookahead tokens past each block.
 	SpeculativePrefill bool
 	// StagedTransfers copies pages through host staging even when the pool's memory can be used
-	// in place (a pool that is a mooncake.Viewer and mooncake.Reserver, and a mover that is a
+	// in place (a pool that is a pool.Viewer and pool.Reserver, and a mover that is a
 	// kvmem.HostRegistrar). By default such a pool's segments are registered with the mover: a
 	// load verifies each page where it lies and copies it once, straight into engine memory,
 	// and a save gathers each page straight into the pool memory reserved for it and takes its

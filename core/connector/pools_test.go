@@ -6,14 +6,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // testPool is what the engine tests need of a pool: the pool itself, plus reading a stored
 // value back, evicting one key, listing keys and two call counters. memPool and embPool
 // implement it, so the lifecycle tests run against the test double and the embedded pool.
 type testPool interface {
-	mooncake.Pool
+	pool.Pool
 	get(key string) ([]byte, bool)
 	has(key string) bool
 	evict(key string) bool
@@ -41,14 +42,14 @@ const embTestCapacity = 16 << 10
 // embPool is the embedded pool on a manual clock with no eviction goroutine: eviction runs only
 // through EvictNow, and leases and soft pins move only when the test advances the clock.
 type embPool struct {
-	*mooncake.Embedded
-	clock *mooncake.ManualClock
+	*embedded.Embedded
+	clock *embedded.ManualClock
 
 	mu     sync.Mutex
 	exists int
 }
 
-func newEmbPool(tb testing.TB, capacity int64, tune ...func(*mooncake.Options)) *embPool {
+func newEmbPool(tb testing.TB, capacity int64, tune ...func(*embedded.Options)) *embPool {
 	tb.Helper()
 	p, err := makeEmbPool(capacity, tune...)
 	if err != nil {
@@ -59,16 +60,16 @@ func newEmbPool(tb testing.TB, capacity int64, tune ...func(*mooncake.Options)) 
 }
 
 // makeEmbPool is newEmbPool without the cleanup: the caller closes the pool.
-func makeEmbPool(capacity int64, tune ...func(*mooncake.Options)) (*embPool, error) {
-	clock := mooncake.NewManualClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
-	o := mooncake.DefaultOptions()
-	o.Segments = []mooncake.SegmentSpec{{Name: "connector-test", Capacity: capacity}}
+func makeEmbPool(capacity int64, tune ...func(*embedded.Options)) (*embPool, error) {
+	clock := embedded.NewManualClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
+	o := embedded.DefaultOptions()
+	o.Segments = []embedded.SegmentSpec{{Name: "connector-test", Capacity: capacity}}
 	o.EvictionPeriod = 0
 	o.Clock = clock
 	for _, f := range tune {
 		f(&o)
 	}
-	e, err := mooncake.NewEmbedded(o)
+	e, err := embedded.NewEmbedded(o)
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +109,7 @@ func (p *embPool) has(key string) bool {
 
 // evict takes the key out as an eviction would, whatever its lease.
 func (p *embPool) evict(key string) bool {
-	return p.Remove(context.Background(), key, true) == mooncake.OK
+	return p.Remove(context.Background(), key, true) == pool.OK
 }
 
 func (p *embPool) keys() []string {
@@ -127,9 +128,9 @@ func (p *embPool) written() int {
 	return int(st.Puts)
 }
 
-func (p *embPool) stats(tb testing.TB) mooncake.Stats {
+func (p *embPool) stats(tb testing.TB) embedded.Stats {
 	tb.Helper()
-	st, err := p.Stats(context.Background())
+	st, err := p.Snapshot(context.Background())
 	if err != nil {
 		tb.Fatal(err)
 	}

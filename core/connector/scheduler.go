@@ -9,7 +9,7 @@ import (
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/stats"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // Scheduler is the scheduler adapter of one engine: it answers prefix lookups, keeps what each
@@ -18,7 +18,7 @@ import (
 // rank; under attention DP one runs on every owner. Its methods are safe for concurrent use.
 type Scheduler struct {
 	opts  Options
-	pool  mooncake.Pool
+	pool  pool.Pool
 	log   *slog.Logger
 	stats *stats.Reporter
 	own   bool // stats was made here and is flushed by Close
@@ -56,17 +56,17 @@ type reqState struct {
 
 // NewScheduler returns a scheduler adapter over pool. Lookups need a layout (RegisterLayout)
 // unless the role does not load.
-func NewScheduler(opts Options, pool mooncake.Pool) (*Scheduler, error) {
+func NewScheduler(opts Options, pl pool.Pool) (*Scheduler, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, fmt.Errorf("connector options: %w", err)
 	}
 	opts = opts.withDefaults()
-	if pool == nil && opts.Role.Loads() {
+	if pl == nil && opts.Role.Loads() {
 		return nil, fmt.Errorf("a %s role needs a pool", opts.Role)
 	}
 	s := &Scheduler{
 		opts:        opts,
-		pool:        pool,
+		pool:        pl,
 		log:         opts.Logger,
 		reqs:        map[string]*reqState{},
 		contextOnly: map[string]bool{},

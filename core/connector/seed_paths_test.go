@@ -12,14 +12,14 @@ import (
 
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // fillBlocks saves every block of tokens into pool through a cold engine and returns the
 // block hashes.
-func fillBlocks(t *testing.T, pool testPool, opts Options, tokens []int64, slots int) []keys.Hash {
+func fillBlocks(t *testing.T, pl testPool, opts Options, tokens []int64, slots int) []keys.Hash {
 	t.Helper()
-	cold := newEngine(t, pool, opts, 1, slots)
+	cold := newEngine(t, pl, opts, 1, slots)
 	cold.add("cold", tokens)
 	cold.mustRun()
 	c, err := keys.NewChain(keys.ChainConfig{TokensPerBlock: testT})
@@ -33,9 +33,9 @@ func fillBlocks(t *testing.T, pool testPool, opts Options, tokens []int64, slots
 	return hs
 }
 
-func newTestScheduler(t *testing.T, opts Options, pool mooncake.Pool, slots int) *Scheduler {
+func newTestScheduler(t *testing.T, opts Options, pl pool.Pool, slots int) *Scheduler {
 	t.Helper()
-	s, err := NewScheduler(opts, pool)
+	s, err := NewScheduler(opts, pl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,11 +59,11 @@ func pagesFrom(first, n int) [][]int {
 // Seed commit 3: a dummy request in the scheduler output is skipped, whatever the parallel
 // mode: it carries no prompt to load or save, and its id must not touch a real request.
 func TestDummyRequestsSkippedInSchedulerOutput(t *testing.T) {
-	pool := newMemPool()
+	pl := newMemPool()
 	opts := baseOptions()
 	tokens := prompt(40, 0, 29)
-	fillBlocks(t, pool, opts, tokens, 64)
-	s := newTestScheduler(t, opts, pool, 64)
+	fillBlocks(t, pl, opts, tokens, 64)
+	s := newTestScheduler(t, opts, pl, 64)
 	m, _, err := s.Lookup(context.Background(), Request{ID: "r", Tokens: tokens}, 0)
 	if err != nil || m != 7*testT {
 		t.Fatalf("lookup = %d, %v", m, err)
@@ -87,11 +87,11 @@ func TestDummyRequestsSkippedInSchedulerOutput(t *testing.T) {
 // the adapter skips a dummy because of the flag, not because its id has no state: a dummy
 // carrying a live request's id neither settles that request's offer nor drops its state.
 func TestDummyFlagSkipsAllocFinishAndReset(t *testing.T) {
-	pool := newMemPool()
+	pl := newMemPool()
 	opts := baseOptions()
 	tokens := prompt(42, 0, 29)
-	fillBlocks(t, pool, opts, tokens, 64)
-	s := newTestScheduler(t, opts, pool, 64)
+	fillBlocks(t, pl, opts, tokens, 64)
+	s := newTestScheduler(t, opts, pl, 64)
 	m, _, err := s.Lookup(context.Background(), Request{ID: "r", Tokens: tokens}, 0)
 	if err != nil || m != 7*testT {
 		t.Fatalf("lookup = %d, %v", m, err)
@@ -142,10 +142,10 @@ func TestDummyFlagSkipsAllocFinishAndReset(t *testing.T) {
 // Seed commit 10: an honoured block without a destination page is an error, never a silent
 // drop of the tail, because the runtime already counts those tokens as computed.
 func TestHonouredBlockWithoutDestinationPage(t *testing.T) {
-	pool := newMemPool()
+	pl := newMemPool()
 	opts := baseOptions()
 	tokens := prompt(41, 0, 29)
-	fillBlocks(t, pool, opts, tokens, 64)
+	fillBlocks(t, pl, opts, tokens, 64)
 	for _, c := range []struct {
 		name  string
 		pages [][]int
@@ -155,7 +155,7 @@ func TestHonouredBlockWithoutDestinationPage(t *testing.T) {
 		{"page -1", [][]int{{0, 1, 2, 3, 4, 5, 6, 7}, {0, 1, 2, -1, 4, 5, 6, 7}}, "honoured block 3 has no page in layer group 1"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			s := newTestScheduler(t, opts, pool, 64)
+			s := newTestScheduler(t, opts, pl, 64)
 			m, _, err := s.Lookup(context.Background(), Request{ID: "r", Tokens: tokens}, 0)
 			if err != nil || m != 7*testT {
 				t.Fatalf("lookup = %d, %v", m, err)
@@ -175,10 +175,10 @@ func TestHonouredBlockWithoutDestinationPage(t *testing.T) {
 // output without a context-only lookup, before any state is recorded; a dummy is never refused
 // and a capacity role is never refused.
 func TestSpeculativePrefillBuildBackstop(t *testing.T) {
-	pool := newMemPool()
+	pl := newMemPool()
 	opts := baseOptions()
 	opts.SpeculativePrefill, opts.PromptLookahead = true, 1
-	s := newTestScheduler(t, opts, pool, 64)
+	s := newTestScheduler(t, opts, pl, 64)
 	tokens := prompt(42, 0, 20)
 	if _, _, err := s.Lookup(context.Background(), Request{ID: "ctx", Tokens: tokens, ContextOnly: true}, 0); err != nil {
 		t.Fatal(err)
@@ -201,7 +201,7 @@ func TestSpeculativePrefillBuildBackstop(t *testing.T) {
 	}
 	co := opts
 	co.Role = RoleCapacity
-	cs := newTestScheduler(t, co, pool, 64)
+	cs := newTestScheduler(t, co, pl, 64)
 	if _, err := cs.BuildMeta(SchedulerOutput{NewRequests: []RequestData{{ID: "gen", NumScheduledTokens: 5}}}); err != nil {
 		t.Fatalf("a capacity role refused a request: %v", err)
 	}
@@ -210,13 +210,13 @@ func TestSpeculativePrefillBuildBackstop(t *testing.T) {
 // Seed commit 17: an asynchronous offer honoured with no tokens still queues an empty
 // transfer, because the runtime parks the request regardless; the worker finishes it at once.
 func TestZeroTokenAsyncHonourQueuesEmptyTransfer(t *testing.T) {
-	pool := newMemPool()
+	pl := newMemPool()
 	opts := baseOptions()
 	tokens := prompt(43, 0, 29)
-	fillBlocks(t, pool, opts, tokens, 64)
+	fillBlocks(t, pl, opts, tokens, 64)
 	ao := opts
 	ao.AsyncLoad, ao.AsyncLoadWorkers = true, 1
-	s := newTestScheduler(t, ao, pool, 64)
+	s := newTestScheduler(t, ao, pl, 64)
 	m, async, err := s.Lookup(context.Background(), Request{ID: "r", Tokens: tokens}, 0)
 	if err != nil || m == 0 || !async {
 		t.Fatalf("lookup = %d, %v, %v", m, async, err)
@@ -228,7 +228,7 @@ func TestZeroTokenAsyncHonourQueuesEmptyTransfer(t *testing.T) {
 	if err != nil || len(meta.AsyncLoads) != 1 || meta.AsyncLoads[0].RequestID != "r" || len(meta.AsyncLoads[0].Pages) != 0 {
 		t.Fatalf("async transfers %+v, %v; want one empty transfer for r", meta.AsyncLoads, err)
 	}
-	w := newTestWorker(t, ao, pool, 64)
+	w := newTestWorker(t, ao, pl, 64)
 	w.BindMeta(meta)
 	_, fl, err := w.GetFinished(nil, []string{"r"})
 	if err != nil || len(fl) != 1 || len(w.TakeFailedAsyncLoadRequests()) != 0 {
@@ -239,7 +239,7 @@ func TestZeroTokenAsyncHonourQueuesEmptyTransfer(t *testing.T) {
 // scriptedPool answers BatchGet from an inner pool but shortens the result list of chosen
 // calls, and records how many keys every call asked for.
 type scriptedPool struct {
-	mooncake.Pool
+	pool.Pool
 	mu    sync.Mutex
 	calls []int
 	short map[int]bool // call index -> answer with one result too few
@@ -309,8 +309,8 @@ func TestLoadPagesAcrossCallsAndShortResults(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Two slot sets of 4: calls of 4 keys. Call 1 (a's values 4..7) comes back short.
-	pool := &scriptedPool{Pool: mem, short: map[int]bool{1: true}}
-	res, err := loadPages(context.Background(), pool, nil, mover, stage, 64, &lists, nil)
+	pl := &scriptedPool{Pool: mem, short: map[int]bool{1: true}}
+	res, err := loadPages(context.Background(), pl, nil, mover, stage, 64, &lists, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,7 +323,7 @@ func TestLoadPagesAcrossCallsAndShortResults(t *testing.T) {
 		t.Fatalf("failed pages %d, store calls %d; want 4 and 8", res.failedPages, res.storeCalls)
 	}
 	asked := 0
-	for _, n := range pool.calls {
+	for _, n := range pl.calls {
 		if n > 4 {
 			t.Fatalf("a call asked for %d keys, more than a slot set holds", n)
 		}
@@ -368,10 +368,10 @@ func TestLoadPagesAcrossCallsAndShortResults(t *testing.T) {
 // Seed commits 16 and 17: Close skips the asynchronous loads still queued, and flushes the
 // stats lines, whose load line carries failed_pages, wait_ms and the load workers' queue.
 func TestCloseSkipsQueuedLoadsAndFlushesStats(t *testing.T) {
-	pool := newMemPool()
+	pl := newMemPool()
 	opts := baseOptions()
 	tokens := prompt(46, 0, 29)
-	fillBlocks(t, pool, opts, tokens, 64)
+	fillBlocks(t, pl, opts, tokens, 64)
 	var buf bytes.Buffer
 	var logMu sync.Mutex
 	ao := opts
@@ -380,7 +380,7 @@ func TestCloseSkipsQueuedLoadsAndFlushesStats(t *testing.T) {
 	ao.Logger = slog.New(slog.NewTextHandler(&lockedWriter{w: &buf, mu: &logMu}, nil))
 	release := make(chan struct{})
 	ao.Fence = func() Fence { return blockingFence{release: release} }
-	s := newTestScheduler(t, ao, pool, 64)
+	s := newTestScheduler(t, ao, pl, 64)
 	if m, async, err := s.Lookup(context.Background(), Request{ID: "a", Tokens: tokens}, 0); err != nil || !async || m != 7*testT {
 		t.Fatalf("lookup = %d, %v, %v", m, async, err)
 	}
@@ -391,7 +391,7 @@ func TestCloseSkipsQueuedLoadsAndFlushesStats(t *testing.T) {
 	if err != nil || len(meta.AsyncLoads) != 1 {
 		t.Fatalf("%+v, %v", meta.AsyncLoads, err)
 	}
-	w, err := NewWorker(ao, pool, newHostMover(testLayout(64)))
+	w, err := NewWorker(ao, pl, newHostMover(testLayout(64)))
 	if err != nil {
 		t.Fatal(err)
 	}

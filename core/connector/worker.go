@@ -15,7 +15,7 @@ import (
 
 	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/stats"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // Worker is the connector half on one engine rank: it makes the loads and saves the metadata
@@ -28,7 +28,7 @@ import (
 // StartLoad, WaitForSave and GetFinished returns it.
 type Worker struct {
 	opts    Options
-	pool    mooncake.Pool
+	pool    pool.Pool
 	mover   kvmem.Mover
 	log     *slog.Logger
 	stats   *stats.Reporter
@@ -69,8 +69,8 @@ type Worker struct {
 	// direct is the pool read in place by loads and directPut the pool saves write into in
 	// place (nil: through staging); regs hold the registrations of its memory with the
 	// mover's device, released by Close.
-	direct    mooncake.Viewer
-	directPut mooncake.Reserver
+	direct    pool.Viewer
+	directPut pool.Reserver
 	regs      []io.Closer
 	// keptStaging is staging whose unregistration failed at Close (seed commit 17): held, never
 	// freed, since the device may still address it.
@@ -101,17 +101,17 @@ type asyncLoad struct {
 
 // NewWorker returns a worker over pool that copies pages with mover. mover may be nil for a
 // role that transfers nothing. The worker does nothing until RegisterLayout.
-func NewWorker(opts Options, pool mooncake.Pool, mover kvmem.Mover) (*Worker, error) {
+func NewWorker(opts Options, pl pool.Pool, mover kvmem.Mover) (*Worker, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, fmt.Errorf("connector options: %w", err)
 	}
 	opts = opts.withDefaults()
-	if opts.Role.Transfers() && (pool == nil || mover == nil) {
+	if opts.Role.Transfers() && (pl == nil || mover == nil) {
 		return nil, fmt.Errorf("a %s role needs a pool and a mover", opts.Role)
 	}
 	w := &Worker{
 		opts:         opts,
-		pool:         pool,
+		pool:         pl,
 		mover:        mover,
 		log:          opts.Logger,
 		recover:      opts.recoverFailedLoads(),
@@ -253,7 +253,7 @@ func (w *Worker) RegisterLayout(l kvmem.Layout) error {
 
 	if !w.opts.StagedTransfers {
 		if regs, v := w.registerPoolMemory(); v != nil {
-			w.direct, w.directPut, w.regs = v, v.(mooncake.Reserver), regs
+			w.direct, w.directPut, w.regs = v, v.(pool.Reserver), regs
 		}
 	}
 	w.loadStage = loadStage
@@ -275,12 +275,12 @@ func (w *Worker) RegisterLayout(l kvmem.Layout) error {
 // registerPoolMemory registers every region of an in-process pool with the mover, so loads can
 // copy pages straight from pool memory. It returns nil when the pool or the mover cannot do
 // that, or when a registration fails (the failure is logged and loads use staging).
-func (w *Worker) registerPoolMemory() ([]io.Closer, mooncake.Viewer) {
-	v, ok := w.pool.(mooncake.Viewer)
+func (w *Worker) registerPoolMemory() ([]io.Closer, pool.Viewer) {
+	v, ok := w.pool.(pool.Viewer)
 	if !ok {
 		return nil, nil
 	}
-	if _, ok := w.pool.(mooncake.Reserver); !ok {
+	if _, ok := w.pool.(pool.Reserver); !ok {
 		return nil, nil
 	}
 	r, ok := w.mover.(kvmem.HostRegistrar)
@@ -683,7 +683,7 @@ func (w *Worker) save(job saveJob) (err error) {
 		batch = min(directBatchMaxPages, max(1, directSaveBatchBytes/largest))
 	}
 	var failed, attempted, refusedTTL int
-	var inflight chan []mooncake.Code
+	var inflight chan []pool.Code
 	var inflightN int
 	var inflightSizes []int
 	settle := func() {
@@ -700,11 +700,11 @@ func (w *Worker) save(job saveJob) (err error) {
 				continue
 			}
 			switch c := codes[j]; {
-			case c == mooncake.ErrObjectAlreadyExists:
+			case c == pool.ErrObjectAlreadyExists:
 				sample.SkippedPages++
-			case c == mooncake.ErrNotJoined:
+			case c == pool.ErrNotJoined:
 				sample.NotJoinedPages++
-			case c == mooncake.ErrInvalidParams:
+			case c == pool.ErrInvalidParams:
 				failed++
 				refusedTTL++
 				sample.RefusedPages++
@@ -757,7 +757,7 @@ func (w *Worker) save(job saveJob) (err error) {
 		}
 		cfg := w.replicateConfig()
 		cfg.GroupIDs = gids
-		done := make(chan []mooncake.Code, 1)
+		done := make(chan []pool.Code, 1)
 		if w.directPut != nil {
 			// Gather straight into the pool memory reserved for the keys; End takes the
 			// checksums there and makes the values readable.
@@ -817,11 +817,11 @@ func (w *Worker) save(job saveJob) (err error) {
 }
 
 // replicateConfig is the per-put configuration: a soft pin for SoftPinTTL when set.
-func (w *Worker) replicateConfig() mooncake.ReplicateConfig {
+func (w *Worker) replicateConfig() pool.ReplicateConfig {
 	if w.opts.SoftPinTTL > 0 {
-		return mooncake.ReplicateConfig{SoftPinAction: mooncake.SoftPinEnable, SoftPinTTL: w.opts.SoftPinTTL}
+		return pool.ReplicateConfig{SoftPinAction: pool.SoftPinEnable, SoftPinTTL: w.opts.SoftPinTTL}
 	}
-	return mooncake.ReplicateConfig{}
+	return pool.ReplicateConfig{}
 }
 
 // StartAsyncLoad queues a parked request's load for the asynchronous load workers, behind the

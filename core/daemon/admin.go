@@ -11,6 +11,7 @@ import (
 	"github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // AdminHandler serves the admin HTTP API: the status page at /, the Mooncake master's read
@@ -62,7 +63,7 @@ func loadsJSON(t stats.LoadTotals) statsapi.LoadStatsJSON {
 // Stats returns what GET /v1/stats serves.
 func (d *Daemon) Stats(ctx context.Context) (statsapi.StatsJSON, error) {
 	bs := d.BackendStatus(ctx)
-	var ps mooncake.Stats
+	var ps pool.Stats
 	if bs.MasterReachable {
 		sctx, cancel := context.WithTimeout(ctx, d.cfg.PoolTimeout)
 		var err error
@@ -72,7 +73,7 @@ func (d *Daemon) Stats(ctx context.Context) (statsapi.StatsJSON, error) {
 			return statsapi.StatsJSON{}, err
 		}
 	}
-	out := statsapi.StatsJSON{Version: d.cfg.Version, UptimeSeconds: time.Since(d.start).Seconds(), Ready: d.ready.Load(), Pool: statsapi.PoolStats(ps), Backend: bs, Engines: []statsapi.EngineJSON{}}
+	out := statsapi.StatsJSON{Version: d.cfg.Version, UptimeSeconds: time.Since(d.start).Seconds(), Ready: d.ready.Load(), Pool: poolStatsJSON(ps), Backend: bs, Engines: []statsapi.EngineJSON{}}
 	d.mu.RLock()
 	holes, loads := d.retiredHoles, d.retiredLoads
 	for _, e := range d.engines {
@@ -102,4 +103,21 @@ func (d *Daemon) serveStats(w http.ResponseWriter, r *http.Request) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(s)
+}
+
+// poolStatsJSON is /v1/stats's pool object: the figures every backend reports, and the
+// backend's own (pool.Stats.Detail) under the JSON names they carry there. A name the wire
+// type does not have is dropped; the backend registry's test pins that every backend's names
+// are the wire type's.
+func poolStatsJSON(ps pool.Stats) statsapi.PoolStats {
+	out := statsapi.PoolStats{
+		CapacityBytes: ps.CapacityBytes, UsedBytes: ps.UsedBytes, Objects: ps.Objects,
+		Hits: ps.Hits, Misses: ps.Misses, Puts: ps.Puts, SkippedExisting: ps.SkippedExisting,
+		PutFailures: ps.PutFailures, BytesIn: ps.BytesIn, BytesOut: ps.BytesOut,
+		ChecksumErrors: ps.ChecksumErrors, AllocFailures: ps.AllocFailures,
+	}
+	if len(ps.Detail) > 0 {
+		out.SetDetail(ps.Detail)
+	}
+	return out
 }

@@ -21,7 +21,7 @@ import (
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/enginesim"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // arenaMappings counts this process's shared mappings of prompt arenas with permissions perms:
@@ -269,8 +269,8 @@ func TestPromptArenaBelongsToItsEngine(t *testing.T) {
 // 0. The daemon keeps none of their descriptors. An engine whose arena is refused (RemoteRank's
 // default 8 MiB is over the limit) falls back to packed prompts and runs correctly.
 func TestPromptArenaRefusesMemory(t *testing.T) {
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: 64 << 20}}
+	popts := embedded.DefaultOptions()
+	popts.Segments = []embedded.SegmentSpec{{Name: "test", Capacity: 64 << 20}}
 	r := daemontest.Start(t, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20},
 		Limits: daemon.Limits{MaxPromptArenaBytes: 1 << 20}})
 	ctx := context.Background()

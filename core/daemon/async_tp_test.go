@@ -11,6 +11,7 @@ import (
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/enginesim"
 	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // Seed commit 17 through kvctl serve: a tensor-parallel engine of two ranks registered with
@@ -76,7 +77,7 @@ func TestTensorParallelAsyncLoadsThroughServe(t *testing.T) {
 		}
 		for _, k := range keys {
 			if strings.Contains(k, "/w2r1/") {
-				if code := r.Daemon.Pool().Remove(ctx, k, true); code != mooncake.OK {
+				if code := r.Daemon.Pool().Remove(ctx, k, true); code != pool.OK {
 					t.Errorf("remove %s: %v", k, code)
 				}
 				removed++

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/statsapi"
-	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/transfer"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // Backend is the pool a Daemon serves from and what the operator configured it with. A nil
@@ -23,7 +23,7 @@ import (
 //   - mooncake.Inspector: the admin API serves the master's read endpoints and metrics for it.
 //   - io.Closer-like Close() error: called last on shutdown.
 type Backend struct {
-	Pool mooncake.Pool
+	Pool pool.Pool
 	Info statsapi.BackendInfo
 }
 

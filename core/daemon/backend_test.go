@@ -16,7 +16,8 @@ import (
 	"github.com/kvctl/kvctl/core/daemon/daemontest"
 	"github.com/kvctl/kvctl/core/enginesim"
 	"github.com/kvctl/kvctl/core/statsapi"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // These tests drive the daemon's supervision of a remote backend (mount, readiness, outages,
@@ -30,7 +31,7 @@ var errMasterDown = errors.New("dial tcp 127.0.0.1:50051: connect: connection re
 // way a client with an unreachable master fails; while hang is set, existence probes never
 // return (until the test ends), ignoring their context.
 type outagePool struct {
-	*mooncake.Embedded
+	*embedded.Embedded
 	down     atomic.Bool
 	hang     atomic.Bool
 	release  chan struct{}
@@ -42,9 +43,9 @@ type outagePool struct {
 
 func newOutagePool(t *testing.T, capacity int64) *outagePool {
 	t.Helper()
-	o := mooncake.DefaultOptions()
-	o.Segments = []mooncake.SegmentSpec{{Name: "host-a", Capacity: capacity}}
-	e, err := mooncake.NewEmbedded(o)
+	o := embedded.DefaultOptions()
+	o.Segments = []embedded.SegmentSpec{{Name: "host-a", Capacity: capacity}}
+	e, err := embedded.NewEmbedded(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,35 +84,35 @@ func (p *outagePool) BatchIsExist(ctx context.Context, keys []string) []int {
 		<-p.release
 	}
 	if p.down.Load() {
-		return fill(len(keys), int(mooncake.ErrRPCFail))
+		return fill(len(keys), int(pool.ErrRPCFail))
 	}
 	return p.Embedded.BatchIsExist(ctx, keys)
 }
 
-func (p *outagePool) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg mooncake.ReplicateConfig) []mooncake.Code {
+func (p *outagePool) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg pool.ReplicateConfig) []pool.Code {
 	if p.down.Load() {
-		return fill(len(keys), mooncake.ErrRPCFail)
+		return fill(len(keys), pool.ErrRPCFail)
 	}
 	return p.Embedded.BatchPut(ctx, keys, bufs, cfg)
 }
 
 func (p *outagePool) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []int64 {
 	if p.down.Load() {
-		return fill(len(keys), int64(mooncake.ErrRPCFail))
+		return fill(len(keys), int64(pool.ErrRPCFail))
 	}
 	return p.Embedded.BatchGet(ctx, keys, bufs)
 }
 
-func (p *outagePool) Segments(ctx context.Context) ([]mooncake.Segment, error) {
+func (p *outagePool) Segments(ctx context.Context) ([]pool.Segment, error) {
 	if p.down.Load() {
 		return nil, errMasterDown
 	}
 	return p.Embedded.Segments(ctx)
 }
 
-func (p *outagePool) Stats(ctx context.Context) (mooncake.Stats, error) {
+func (p *outagePool) Stats(ctx context.Context) (pool.Stats, error) {
 	if p.down.Load() {
-		return mooncake.Stats{}, errMasterDown
+		return pool.Stats{}, errMasterDown
 	}
 	return p.Embedded.Stats(ctx)
 }

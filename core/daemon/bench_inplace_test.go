@@ -5,7 +5,8 @@ import (
 	"testing"
 
 	"github.com/kvctl/kvctl/core/keys"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // BenchmarkInPlaceViewDeferred is the daemon's pool as a connector reads it in place: one
@@ -14,15 +15,15 @@ import (
 // reused from call to call (into).
 func BenchmarkInPlaceViewDeferred(b *testing.B) {
 	const pages, size = 190, 64 << 10
-	o := mooncake.DefaultOptions()
-	o.Segments = []mooncake.SegmentSpec{{Name: "s", Capacity: 2 * pages * size}}
+	o := embedded.DefaultOptions()
+	o.Segments = []embedded.SegmentSpec{{Name: "s", Capacity: 2 * pages * size}}
 	o.EvictionPeriod = 0
 	d, err := New(Config{Pool: o})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = d.closeBackend() })
-	p, ok := d.connectorPool().(mooncake.DeferredViewer)
+	p, ok := d.connectorPool().(pool.DeferredViewer)
 	if !ok {
 		b.Fatal("the embedded backend's connector pool has no deferred views")
 	}
@@ -37,12 +38,12 @@ func BenchmarkInPlaceViewDeferred(b *testing.B) {
 		bufs[i][0] = byte(i)
 	}
 	ctx := context.Background()
-	for i, c := range d.pool.BatchPut(ctx, ks, bufs, mooncake.ReplicateConfig{}) {
-		if c != mooncake.OK {
+	for i, c := range d.pool.BatchPut(ctx, ks, bufs, pool.ReplicateConfig{}) {
+		if c != pool.OK {
 			b.Fatalf("put %d: %v", i, c)
 		}
 	}
-	check := func(v *mooncake.View) {
+	check := func(v *pool.View) {
 		for i, n := range v.Codes {
 			if n != size {
 				b.Fatalf("page %d: %d", i, n)
@@ -58,7 +59,7 @@ func BenchmarkInPlaceViewDeferred(b *testing.B) {
 		}
 	})
 	b.Run("into", func(b *testing.B) {
-		rv, ok := p.(mooncake.ReusingViewer)
+		rv, ok := p.(pool.ReusingViewer)
 		if !ok {
 			b.Fatal("the embedded backend's connector pool has no views into a reused View")
 		}
@@ -66,7 +67,7 @@ func BenchmarkInPlaceViewDeferred(b *testing.B) {
 		for i, k := range ks {
 			kb[i] = []byte(k)
 		}
-		var v mooncake.View
+		var v pool.View
 		b.ReportAllocs()
 		for b.Loop() {
 			rv.BatchViewDeferredInto(ctx, kb, &v)

@@ -26,7 +26,7 @@ import (
 	"github.com/kvctl/kvctl/core/daemon/daemontest"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/enginesim"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // benchT is the block size the benchmarks use: TensorRT-LLM's default tokens_per_block.
@@ -40,8 +40,8 @@ const serveStaging = connector.DefaultStagingBufferBytes
 // --pool-size poolBytes and the default staging budget.
 func benchStart(tb testing.TB, poolBytes int64) *daemontest.Running {
 	tb.Helper()
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "bench", Capacity: poolBytes}}
+	popts := embedded.DefaultOptions()
+	popts.Segments = []embedded.SegmentSpec{{Name: "bench", Capacity: poolBytes}}
 	return daemontest.Start(tb, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: serveStaging}, Version: "bench"})
 }
 
@@ -270,7 +270,7 @@ func benchThroughput(b *testing.B, dir string, page int) {
 			}
 		}
 	}
-	st, err := r.Daemon.Pool().Stats(context.Background())
+	st, err := r.Daemon.Pool().Snapshot(context.Background())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -24,7 +24,7 @@ import (
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/enginesim"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // socketPair returns both ends of a unix socket pair of type typ; the test closes them.
@@ -456,8 +456,8 @@ func mustMarshal(t testing.TB, m proto.Message) []byte {
 // refused with ResourceExhausted naming the limit once its last frame arrives, and the channel
 // answers the next call. A request just under the bound is served.
 func TestCallChannelOversizedMessage(t *testing.T) {
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: 16 << 20}}
+	popts := embedded.DefaultOptions()
+	popts.Segments = []embedded.SegmentSpec{{Name: "test", Capacity: 16 << 20}}
 	r := daemontest.Start(t, daemon.Config{Pool: popts, Limits: daemon.Limits{MaxCallRequestBytes: 1 << 20}})
 	c, err := engineapi.Dial(r.Info.Socket)
 	if err != nil {
@@ -574,8 +574,8 @@ func TestCallChannelRefusedDescriptors(t *testing.T) {
 // ResourceExhausted naming the limit, another connection still opens its own, and closing one
 // makes room again.
 func TestCallChannelCap(t *testing.T) {
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: 16 << 20}}
+	popts := embedded.DefaultOptions()
+	popts.Segments = []embedded.SegmentSpec{{Name: "test", Capacity: 16 << 20}}
 	r := daemontest.Start(t, daemon.Config{Pool: popts, Limits: daemon.Limits{MaxCallChannelsPerConn: 3}})
 	ctx := context.Background()
 	c, err := engineapi.Dial(r.Info.Socket)
@@ -609,8 +609,8 @@ func TestCallChannelCap(t *testing.T) {
 // its replies: the daemon closes that channel once a reply waits past the write timeout, logs
 // it, keeps serving other engines (a warm run over another connection), and stays up.
 func TestCallChannelFlood(t *testing.T) {
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: 64 << 20}}
+	popts := embedded.DefaultOptions()
+	popts.Segments = []embedded.SegmentSpec{{Name: "test", Capacity: 64 << 20}}
 	var logs syncBuffer
 	r := daemontest.Start(t, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20},
 		CallChannelWriteTimeout: 300 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
@@ -694,8 +694,8 @@ func testCallChannelPeerVanishes(t *testing.T, poll time.Duration) {
 // well-formed response, and the daemon must not panic. A zero-length frame is left out: the
 // socket reports it as the end of the channel.
 func FuzzCallChannel(f *testing.F) {
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: 16 << 20}}
+	popts := embedded.DefaultOptions()
+	popts.Segments = []embedded.SegmentSpec{{Name: "test", Capacity: 16 << 20}}
 	r := daemontest.Start(f, daemon.Config{Pool: popts})
 	c, err := engineapi.Dial(r.Info.Socket)
 	if err != nil {
@@ -892,7 +892,7 @@ func eachCallPoll(t *testing.T, test func(*testing.T, time.Duration)) {
 // startPolling is start with the call channels' poll window set.
 func startPolling(t *testing.T, poolBytes int64, poll time.Duration) *daemontest.Running {
 	t.Helper()
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: poolBytes}}
+	popts := embedded.DefaultOptions()
+	popts.Segments = []embedded.SegmentSpec{{Name: "test", Capacity: poolBytes}}
 	return daemontest.Start(t, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20}, CallChannelPoll: poll})
 }

@@ -21,6 +21,8 @@ import (
 	"github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // Config configures a Daemon. Zero values take the defaults noted.
@@ -35,9 +37,9 @@ type Config struct {
 	// it. It serves only /metrics, /healthz and /readyz.
 	MetricsAddr string
 
-	// Pool holds the embedded pool's options (mooncake.DefaultOptions when zero); it is read
+	// Pool holds the embedded pool's options (embedded.DefaultOptions when zero); it is read
 	// only when Backend is nil.
-	Pool mooncake.Options
+	Pool embedded.Options
 	// Backend, when set, is the pool to serve from instead of an embedded one (a Mooncake
 	// cluster). The daemon closes it on shutdown.
 	Backend *Backend
@@ -123,7 +125,7 @@ type Info struct {
 type Daemon struct {
 	cfg   Config
 	log   *slog.Logger
-	pool  mooncake.Pool // the backend's pool behind the guard
+	pool  pool.Pool // the backend's pool behind the guard
 	guard *guardedPool
 	// backend is what the daemon serves from; bstate is what the supervisor knows of it.
 	backend Backend
@@ -163,7 +165,7 @@ func New(cfg Config) (*Daemon, error) {
 		cfg.DrainTimeout = DefaultDrainTimeout
 	}
 	if len(cfg.Pool.Segments) == 0 {
-		cfg.Pool = mooncake.DefaultOptions()
+		cfg.Pool = embedded.DefaultOptions()
 	}
 	if cfg.AdminAddr != "" && !cfg.AllowRemoteAdmin {
 		if err := checkLoopback(cfg.AdminAddr); err != nil {
@@ -186,11 +188,11 @@ func New(cfg Config) (*Daemon, error) {
 		}
 		backend = *cfg.Backend
 	} else {
-		pool, err := mooncake.NewEmbedded(cfg.Pool)
+		pl, err := embedded.NewEmbedded(cfg.Pool)
 		if err != nil {
 			return nil, fmt.Errorf("embedded pool: %w", err)
 		}
-		backend = Backend{Pool: pool, Info: embeddedInfo(cfg.Pool)}
+		backend = Backend{Pool: pl, Info: embedded.Info(cfg.Pool)}
 	}
 	d := &Daemon{
 		cfg:     cfg,
@@ -216,8 +218,8 @@ func New(cfg Config) (*Daemon, error) {
 
 // Pool is the daemon's embedded pool, or nil when it serves from another backend (see
 // Backend).
-func (d *Daemon) Pool() *mooncake.Embedded {
-	e, _ := d.backend.Pool.(*mooncake.Embedded)
+func (d *Daemon) Pool() *embedded.Embedded {
+	e, _ := d.backend.Pool.(*embedded.Embedded)
 	return e
 }
 
@@ -377,18 +379,6 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 		d.log.Info("stopped cleanly")
 	}
 	return errors.Join(runErr, drainErr)
-}
-
-// embeddedInfo describes an embedded pool: its segments are all this host's.
-func embeddedInfo(o mooncake.Options) statsapi.BackendInfo {
-	info := statsapi.BackendInfo{Kind: statsapi.BackendEmbedded}
-	for i, s := range o.Segments {
-		if i == 0 {
-			info.Segment = s.Name
-		}
-		info.SegmentBytes += s.Capacity
-	}
-	return info
 }
 
 // backendIsRemote reports whether the backend has a segment to mount or a master to ping.

@@ -27,13 +27,14 @@ import (
 	"github.com/kvctl/kvctl/core/enginesim"
 	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // start runs a real daemon on a temporary socket with an admin listener on a free loopback port.
 func start(t *testing.T, poolBytes int64) *daemontest.Running {
 	t.Helper()
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: poolBytes}}
+	popts := embedded.DefaultOptions()
+	popts.Segments = []embedded.SegmentSpec{{Name: "test", Capacity: poolBytes}}
 	return daemontest.Start(t, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20}})
 }
 
@@ -370,7 +371,7 @@ func renamed(reqs []enginesim.Request, suffix string) []enginesim.Request {
 }
 
 func TestAdminRefusesRemoteAddress(t *testing.T) {
-	_, err := daemon.New(daemon.Config{Socket: "/tmp/x.sock", AdminAddr: "0.0.0.0:9480", Pool: mooncake.Options{Segments: []mooncake.SegmentSpec{{Name: "s", Capacity: 1 << 20}}}})
+	_, err := daemon.New(daemon.Config{Socket: "/tmp/x.sock", AdminAddr: "0.0.0.0:9480", Pool: embedded.Options{Segments: []embedded.SegmentSpec{{Name: "s", Capacity: 1 << 20}}}})
 	if err == nil || !strings.Contains(err.Error(), "--allow-remote-admin") {
 		t.Errorf("non-loopback admin address: %v", err)
 	}

@@ -19,7 +19,7 @@ import (
 	"github.com/kvctl/kvctl/core/enginesim"
 	"github.com/kvctl/kvctl/core/hostmem"
 	"github.com/kvctl/kvctl/core/kvmem"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // fakeDevice stands in for a GPU, which CI lacks: it records the handles the daemon asks it to
@@ -48,8 +48,8 @@ func TestDeviceMemoryOpener(t *testing.T) {
 			Memory: &enginepb.RegisterRequest_CudaIpc{CudaIpc: &enginepb.CudaIPC{Handle: ipc, Offset: 512, Size: size, Device: 2}}}
 	}
 	start := func(dev kvmem.DeviceOpener) *engineapi.Client {
-		popts := mooncake.DefaultOptions()
-		popts.Segments = []mooncake.SegmentSpec{{Name: "t", Capacity: 16 << 20}}
+		popts := embedded.DefaultOptions()
+		popts.Segments = []embedded.SegmentSpec{{Name: "t", Capacity: 16 << 20}}
 		r := daemontest.Start(t, daemon.Config{Pool: popts, Device: dev})
 		c, err := engineapi.Dial(r.Info.Socket)
 		if err != nil {
@@ -147,8 +147,8 @@ func (d *memfdDevice) OpenMover(h kvmem.EngineHandle, layout kvmem.Layout) (kvme
 // full block, each checked byte for byte. Without a device backend the engine refuses the kind.
 func TestSimulatedEngineOnInjectedDevice(t *testing.T) {
 	dev := &memfdDevice{}
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "t", Capacity: 256 << 20}}
+	popts := embedded.DefaultOptions()
+	popts.Segments = []embedded.SegmentSpec{{Name: "t", Capacity: 256 << 20}}
 	r := daemontest.Start(t, daemon.Config{Pool: popts, Device: dev})
 	ctx := context.Background()
 	const T = 16

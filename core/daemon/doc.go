@@ -16,7 +16,7 @@
 //   - call channel: a unix SOCK_SEQPACKET socket an engine hands over (OpenCallChannel) to make
 //     its calls without HTTP/2. Its calls run through the same handlers and interceptor as the
 //     gRPC calls of the connection that opened it, and it closes with that connection.
-//   - backend: the pool the daemon serves from, behind the mooncake.Pool interface: the
+//   - backend: the pool the daemon serves from, behind the pool.Pool interface: the
 //     embedded pool, or a Mooncake cluster client whose segment (the memory this host donates)
 //     must be mounted with the master before the daemon is ready. The daemon supervises it:
 //     it retries the mount while the master is away, is unready while pings fail, remounts

@@ -15,7 +15,7 @@ import (
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/hostmem"
 	"github.com/kvctl/kvctl/core/kvmem"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // fenceLog records, in order, what the daemon did about the engine's event and its copies.
@@ -125,8 +125,8 @@ func TestLoadsFirstCopyWaitsOnTheEngineEvent(t *testing.T) {
 	}
 	defer mem.Close()
 	log := &fenceLog{}
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "t", Capacity: 16 << 20}}
+	popts := embedded.DefaultOptions()
+	popts.Segments = []embedded.SegmentSpec{{Name: "t", Capacity: 16 << 20}}
 	r := daemontest.Start(t, daemon.Config{Pool: popts, Device: &fencingDevice{mem: mem, log: log}})
 	c, err := engineapi.Dial(r.Info.Socket)
 	if err != nil {

@@ -17,7 +17,7 @@ import (
 	corestats "github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/gpu"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // torchPass is one pass's counts in torch_engine.py's summary.
@@ -214,8 +214,8 @@ func checkTorchSummary(t *testing.T, s *torchSummary) {
 // `kvctl serve` sets it, so that engines can register CUDA memory.
 func startOnGPU(t *testing.T, poolBytes int64) *daemontest.Running {
 	t.Helper()
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: poolBytes}}
+	popts := embedded.DefaultOptions()
+	popts.Segments = []embedded.SegmentSpec{{Name: "test", Capacity: poolBytes}}
 	var dev gpu.CUDA
 	switch os.Getenv("KVCTL_TORCH_SCATTER") {
 	case "kernel":

@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvctl/kvctl/core/statsapi"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // guardedPool is the pool as the connectors see it: every call carries the daemon's pool
@@ -18,7 +18,7 @@ import (
 // ignores its context; puts and gets read or fill the caller's buffers and so are only ever cut
 // off through their context.
 type guardedPool struct {
-	mooncake.Pool
+	pool.Pool
 	timeout time.Duration
 
 	timeouts, lookupKeys, droppedPages, loadPages atomic.Int64
@@ -36,7 +36,7 @@ const (
 	metricPoolFailedKeys = "kvctl_pool_failed_keys_total"
 )
 
-func newGuardedPool(p mooncake.Pool, timeout time.Duration, reg prometheus.Registerer) *guardedPool {
+func newGuardedPool(p pool.Pool, timeout time.Duration, reg prometheus.Registerer) *guardedPool {
 	g := &guardedPool{Pool: p, timeout: timeout}
 	g.m.timeouts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPoolTimeouts,
 		Help: "Pool calls cut off at the pool timeout, by operation."}, []string{"op"})
@@ -80,7 +80,7 @@ func (g *guardedPool) BatchIsExist(ctx context.Context, keys []string) []int {
 	case <-ctx.Done():
 		out = make([]int, len(keys))
 		for i := range out {
-			out[i] = int(mooncake.ErrRPCFail)
+			out[i] = int(pool.ErrRPCFail)
 		}
 	}
 	g.timedOut("exist", ctx)
@@ -98,14 +98,14 @@ func (g *guardedPool) BatchIsExist(ctx context.Context, keys []string) []int {
 }
 
 // BatchPut stores within the timeout and counts the pages it dropped.
-func (g *guardedPool) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg mooncake.ReplicateConfig) []mooncake.Code {
+func (g *guardedPool) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg pool.ReplicateConfig) []pool.Code {
 	ctx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
 	out := g.Pool.BatchPut(ctx, keys, bufs, cfg)
 	g.timedOut("put", ctx)
 	bad := 0
 	for _, c := range out {
-		if c < 0 && c != mooncake.ErrObjectAlreadyExists {
+		if c < 0 && c != pool.ErrObjectAlreadyExists {
 			bad++
 		}
 	}
@@ -136,7 +136,7 @@ func (g *guardedPool) BatchGet(ctx context.Context, keys []string, bufs [][]byte
 }
 
 // Remove deletes within the timeout.
-func (g *guardedPool) Remove(ctx context.Context, key string, force bool) mooncake.Code {
+func (g *guardedPool) Remove(ctx context.Context, key string, force bool) pool.Code {
 	ctx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
 	c := g.Pool.Remove(ctx, key, force)

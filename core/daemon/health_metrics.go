@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // Metric names of the peer segment health state (mooncake.SegmentHealthStats). They are a
@@ -21,13 +22,13 @@ type segmentHealther interface {
 // healthCollector exports the pool's segment health; a pool without one exports zeros, so
 // every series exists from the start whatever the backend.
 type healthCollector struct {
-	pool        mooncake.Pool
+	pool        pool.Pool
 	unhealthy   *prometheus.Desc
 	transitions *prometheus.Desc
 }
 
-func newHealthCollector(pool mooncake.Pool) *healthCollector {
-	return &healthCollector{pool: pool,
+func newHealthCollector(pl pool.Pool) *healthCollector {
+	return &healthCollector{pool: pl,
 		unhealthy: prometheus.NewDesc(metricUnhealthySegments,
 			"Peer segments marked unhealthy now: a transfer with them failed and no probe has answered since; their pages are answered as misses.", nil, nil),
 		transitions: prometheus.NewDesc(metricSegmentHealthTransition,

@@ -5,18 +5,18 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/statsapi"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // inPlacePool is the guarded pool for a backend whose memory is in this process (the embedded
-// pool): it adds the backend's in-place calls (mooncake.Viewer, mooncake.Reserver), counted as
+// pool): it adds the backend's in-place calls (pool.Viewer, pool.Reserver), counted as
 // the guard counts gets and puts, so the connectors register that memory with the GPU and copy
 // pages straight between it and engine memory instead of through staging
 // (docs/perf/serve-gpu.md).
 type inPlacePool struct {
 	*guardedPool
-	v mooncake.Viewer
-	r mooncake.Reserver
+	v pool.Viewer
+	r pool.Reserver
 	// corrupt counts a page a deferred view's caller found corrupt (View.OnCorrupt): made once
 	// rather than per view.
 	corrupt func()
@@ -25,35 +25,35 @@ type inPlacePool struct {
 // connectorPool is the pool the daemon hands a connector: the guarded pool, with the in-place
 // calls when the backend is the embedded pool and has them. A Mooncake backend keeps its values
 // in segments reached over the Transfer Engine, so it always goes through staging.
-func (d *Daemon) connectorPool() mooncake.Pool {
+func (d *Daemon) connectorPool() pool.Pool {
 	if d.backend.Info.Kind != statsapi.BackendEmbedded {
 		return d.pool
 	}
-	v, ok := d.backend.Pool.(mooncake.Viewer)
+	v, ok := d.backend.Pool.(pool.Viewer)
 	if !ok {
 		return d.pool
 	}
-	r, ok := d.backend.Pool.(mooncake.Reserver)
+	r, ok := d.backend.Pool.(pool.Reserver)
 	if !ok {
 		return d.pool
 	}
 	p := &inPlacePool{guardedPool: d.guard, v: v, r: r}
 	p.corrupt = func() { p.failed("get", &p.loadPages, 1) }
-	if rv, ok := d.backend.Pool.(mooncake.ReusingViewer); ok {
+	if rv, ok := d.backend.Pool.(pool.ReusingViewer); ok {
 		return &reusingInPlacePool{inPlacePool: p, rv: rv}
 	}
 	return p
 }
 
 // reusingInPlacePool is inPlacePool over a backend whose deferred views also take keys as bytes
-// into a View the caller reuses (mooncake.ReusingViewer), so a load's views allocate nothing.
+// into a View the caller reuses (pool.ReusingViewer), so a load's views allocate nothing.
 type reusingInPlacePool struct {
 	*inPlacePool
-	rv mooncake.ReusingViewer
+	rv pool.ReusingViewer
 }
 
 // BatchViewDeferredInto is BatchViewDeferred into the caller's view, counted the same way.
-func (p *reusingInPlacePool) BatchViewDeferredInto(ctx context.Context, keys [][]byte, v *mooncake.View) {
+func (p *reusingInPlacePool) BatchViewDeferredInto(ctx context.Context, keys [][]byte, v *pool.View) {
 	began := time.Now()
 	p.rv.BatchViewDeferredInto(ctx, keys, v)
 	p.countView(ctx, began, v)
@@ -66,7 +66,7 @@ func (p *reusingInPlacePool) BatchViewDeferredInto(ctx context.Context, keys [][
 // it from its memory, under its lock, and waits on nothing a deadline could cut off, so a timer
 // per call (a StartLoad makes one view per batch) would bound nothing. A view that ran past the
 // pool timeout, or whose caller's deadline passed, is still counted as a get that timed out.
-func (p *inPlacePool) BatchView(ctx context.Context, keys []string) *mooncake.View {
+func (p *inPlacePool) BatchView(ctx context.Context, keys []string) *pool.View {
 	began := time.Now()
 	v := p.v.BatchView(ctx, keys)
 	p.countView(ctx, began, v)
@@ -76,8 +76,8 @@ func (p *inPlacePool) BatchView(ctx context.Context, keys []string) *mooncake.Vi
 // BatchViewDeferred leases without checking and counts the pages it did not offer as
 // BatchView does; a page the caller's check later finds corrupt is counted then. A backend
 // without deferred views checks here, and the view it returns has no Sums.
-func (p *inPlacePool) BatchViewDeferred(ctx context.Context, keys []string) *mooncake.View {
-	dv, ok := p.v.(mooncake.DeferredViewer)
+func (p *inPlacePool) BatchViewDeferred(ctx context.Context, keys []string) *pool.View {
+	dv, ok := p.v.(pool.DeferredViewer)
 	if !ok {
 		return p.BatchView(ctx, keys)
 	}
@@ -90,7 +90,7 @@ func (p *inPlacePool) BatchViewDeferred(ctx context.Context, keys []string) *moo
 
 // countView counts a view that began at began as the guard counts a get: a timeout when it ran
 // past the pool timeout or its context's deadline passed, and the pages it did not offer.
-func (p *inPlacePool) countView(ctx context.Context, began time.Time, v *mooncake.View) {
+func (p *inPlacePool) countView(ctx context.Context, began time.Time, v *pool.View) {
 	if time.Since(began) > p.timeout {
 		p.timeouts.Add(1)
 		p.m.timeouts.WithLabelValues("get").Inc()
@@ -111,14 +111,14 @@ func (p *inPlacePool) MemoryRegions() [][]byte { return p.v.MemoryRegions() }
 
 // BatchPutStart reserves within the timeout and counts the pages it could not reserve, as
 // BatchPut counts dropped pages.
-func (p *inPlacePool) BatchPutStart(ctx context.Context, keys []string, sizes []int64, cfg mooncake.ReplicateConfig) *mooncake.PutReservation {
+func (p *inPlacePool) BatchPutStart(ctx context.Context, keys []string, sizes []int64, cfg pool.ReplicateConfig) *pool.PutReservation {
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
 	r := p.r.BatchPutStart(ctx, keys, sizes, cfg)
 	p.timedOut("put", ctx)
 	bad := 0
 	for _, c := range r.Codes {
-		if c < 0 && c != mooncake.ErrObjectAlreadyExists {
+		if c < 0 && c != pool.ErrObjectAlreadyExists {
 			bad++
 		}
 	}
@@ -127,8 +127,8 @@ func (p *inPlacePool) BatchPutStart(ctx context.Context, keys []string, sizes []
 }
 
 var (
-	_ mooncake.Viewer         = (*inPlacePool)(nil)
-	_ mooncake.DeferredViewer = (*inPlacePool)(nil)
-	_ mooncake.Reserver       = (*inPlacePool)(nil)
-	_ mooncake.ReusingViewer  = (*reusingInPlacePool)(nil)
+	_ pool.Viewer         = (*inPlacePool)(nil)
+	_ pool.DeferredViewer = (*inPlacePool)(nil)
+	_ pool.Reserver       = (*inPlacePool)(nil)
+	_ pool.ReusingViewer  = (*reusingInPlacePool)(nil)
 )

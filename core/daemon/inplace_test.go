@@ -6,32 +6,33 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/statsapi"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // TestConnectorPoolInPlace pins which backends the connectors use in place: the embedded pool
 // (its memory is this process's) and not a Mooncake backend, even one whose pool type happens
 // to have the in-place calls.
 func TestConnectorPoolInPlace(t *testing.T) {
-	o := mooncake.DefaultOptions()
-	o.Segments = []mooncake.SegmentSpec{{Name: "s", Capacity: 1 << 20}}
+	o := embedded.DefaultOptions()
+	o.Segments = []embedded.SegmentSpec{{Name: "s", Capacity: 1 << 20}}
 	o.EvictionPeriod = 0 // no goroutine to outlive the test
 	d, err := New(Config{Pool: o})
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := d.connectorPool()
-	if _, ok := p.(mooncake.Viewer); !ok {
+	if _, ok := p.(pool.Viewer); !ok {
 		t.Fatal("the embedded backend's connector pool has no in-place reads")
 	}
-	if _, ok := p.(mooncake.Reserver); !ok {
+	if _, ok := p.(pool.Reserver); !ok {
 		t.Fatal("the embedded backend's connector pool has no in-place writes")
 	}
-	if _, ok := p.(mooncake.ReusingViewer); !ok {
+	if _, ok := p.(pool.ReusingViewer); !ok {
 		t.Fatal("the embedded backend's connector pool has no views into a reused View")
 	}
 
-	e, err := mooncake.NewEmbedded(o)
+	e, err := embedded.NewEmbedded(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +41,7 @@ func TestConnectorPoolInPlace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := d2.connectorPool().(mooncake.Viewer); ok {
+	if _, ok := d2.connectorPool().(pool.Viewer); ok {
 		t.Fatal("a Mooncake backend is read in place")
 	}
 }
@@ -50,8 +51,8 @@ func TestConnectorPoolInPlace(t *testing.T) {
 // pages; a view past the pool timeout, or past its caller's deadline, is a timeout; a view
 // within both is not.
 func TestInPlaceViewsCounted(t *testing.T) {
-	o := mooncake.DefaultOptions()
-	o.Segments = []mooncake.SegmentSpec{{Name: "s", Capacity: 1 << 20}}
+	o := embedded.DefaultOptions()
+	o.Segments = []embedded.SegmentSpec{{Name: "s", Capacity: 1 << 20}}
 	o.EvictionPeriod = 0
 	for _, timeout := range []time.Duration{time.Hour, time.Nanosecond} {
 		d, err := New(Config{Pool: o, PoolTimeout: timeout})
@@ -60,7 +61,7 @@ func TestInPlaceViewsCounted(t *testing.T) {
 		}
 		ctx := context.Background()
 		// Straight into the backend: through the guard, a put would time out too.
-		if c := d.Pool().BatchPut(ctx, []string{"a", "b"}, [][]byte{[]byte("aaaa"), []byte("bbbb")}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK || c[1] != mooncake.OK {
+		if c := d.Pool().BatchPut(ctx, []string{"a", "b"}, [][]byte{[]byte("aaaa"), []byte("bbbb")}, pool.ReplicateConfig{}); c[0] != pool.OK || c[1] != pool.OK {
 			t.Fatalf("put: %v", c)
 		}
 		p := d.connectorPool()
@@ -75,11 +76,11 @@ func TestInPlaceViewsCounted(t *testing.T) {
 		if timeout == time.Nanosecond {
 			timedOut = 1
 		}
-		v := p.(mooncake.Viewer).BatchView(ctx, []string{"a", "missing"})
+		v := p.(pool.Viewer).BatchView(ctx, []string{"a", "missing"})
 		v.Release()
 		want.LoadPages, want.Timeouts = 1, timedOut
 		check("a view with a missing page")
-		v = p.(mooncake.DeferredViewer).BatchViewDeferred(ctx, []string{"missing", "b"})
+		v = p.(pool.DeferredViewer).BatchViewDeferred(ctx, []string{"missing", "b"})
 		want.LoadPages, want.Timeouts = 2, 2*timedOut
 		check("a deferred view with a missing page")
 		v.Corrupt(1)
@@ -87,20 +88,20 @@ func TestInPlaceViewsCounted(t *testing.T) {
 		want.LoadPages = 3
 		check("a page the caller found corrupt")
 		past, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
-		v = p.(mooncake.DeferredViewer).BatchViewDeferred(past, []string{"a"})
+		v = p.(pool.DeferredViewer).BatchViewDeferred(past, []string{"a"})
 		cancel()
 		v.Release()
 		want.LoadPages, want.Timeouts = 4, 2*timedOut+1
 		check("a view past its caller's deadline")
-		var into mooncake.View
-		p.(mooncake.ReusingViewer).BatchViewDeferredInto(ctx, [][]byte{[]byte("a"), []byte("missing"), []byte("b")}, &into)
+		var into pool.View
+		p.(pool.ReusingViewer).BatchViewDeferredInto(ctx, [][]byte{[]byte("a"), []byte("missing"), []byte("b")}, &into)
 		want.LoadPages, want.Timeouts = 5, 3*timedOut+1
 		check("a view into the caller's View with a missing page")
 		into.Corrupt(2)
 		into.Release()
 		want.LoadPages = 6
 		check("a page of a view into the caller's View found corrupt")
-		p.(mooncake.ReusingViewer).BatchViewDeferredInto(ctx, [][]byte{[]byte("b")}, &into)
+		p.(pool.ReusingViewer).BatchViewDeferredInto(ctx, [][]byte{[]byte("b")}, &into)
 		into.Corrupt(0)
 		into.Release()
 		want.LoadPages, want.Timeouts = 7, 4*timedOut+1

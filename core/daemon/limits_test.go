@@ -13,14 +13,14 @@ import (
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/hostmem"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // TestLiveRequestLimits: an engine that looks requests up and never finishes them is stopped at
 // the live-request and tracked-token limits with ResourceExhausted; finishing one makes room.
 func TestLiveRequestLimits(t *testing.T) {
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "t", Capacity: 16 << 20}}
+	popts := embedded.DefaultOptions()
+	popts.Segments = []embedded.SegmentSpec{{Name: "t", Capacity: 16 << 20}}
 	r := daemontest.Start(t, daemon.Config{Pool: popts, Limits: daemon.Limits{MaxLiveRequests: 4, MaxTrackedTokens: 1000}})
 	ctx := context.Background()
 	c, err := engineapi.Dial(r.Info.Socket)

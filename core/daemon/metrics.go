@@ -394,7 +394,7 @@ func (m *daemonMetrics) poolMetrics(ctx context.Context, ch chan<- prometheus.Me
 		occ = float64(used) / float64(capacity)
 	}
 	ch <- prometheus.MustNewConstMetric(m.descs["kvctl_pool_occupancy_ratio"], prometheus.GaugeValue, occ)
-	ch <- prometheus.MustNewConstMetric(m.descs["kvctl_pool_evicted_objects_total"], prometheus.CounterValue, float64(st.EvictedPass1+st.EvictedPass2))
+	ch <- prometheus.MustNewConstMetric(m.descs["kvctl_pool_evicted_objects_total"], prometheus.CounterValue, float64(st.Evicted))
 	ch <- prometheus.MustNewConstMetric(m.descs["kvctl_pool_put_failures_total"], prometheus.CounterValue, float64(st.PutFailures))
 }
 

@@ -14,14 +14,14 @@ import (
 	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/daemon/daemontest"
 	"github.com/kvctl/kvctl/core/enginesim"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // BenchmarkScrape times one /metrics scrape of a daemon serving four engine ranks (two models,
 // two ranks each), in each format a scraper may ask for.
 func BenchmarkScrape(b *testing.B) {
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "bench", Capacity: 128 << 20}}
+	popts := embedded.DefaultOptions()
+	popts.Segments = []embedded.SegmentSpec{{Name: "bench", Capacity: 128 << 20}}
 	r := daemontest.Start(b, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20}})
 	ctx := context.Background()
 	const T = 16

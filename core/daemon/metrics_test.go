@@ -26,7 +26,7 @@ import (
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/enginesim"
 	"github.com/kvctl/kvctl/core/statsapi"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files under testdata")
@@ -288,8 +288,8 @@ func TestMetricContract(t *testing.T) {
 // leaves (no counter reset for Prometheus), count on when a new engine takes the same model
 // and rank, and expire once the retention has passed with no engine holding them.
 func TestEngineSeriesOutliveEngine(t *testing.T) {
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: 128 << 20}}
+	popts := embedded.DefaultOptions()
+	popts.Segments = []embedded.SegmentSpec{{Name: "test", Capacity: 128 << 20}}
 	const retention = 2 * time.Second
 	r := daemontest.Start(t, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20}, EngineSeriesRetention: retention})
 	base := "http://" + r.Info.AdminAddr
@@ -453,8 +453,8 @@ func TestMetricsNegotiation(t *testing.T) {
 // commit kvctl version prints (daemon.Config.Commit), and kvctl_engine_call_errors_total exists
 // at 0 before the first error, as every family does.
 func TestBuildInfoAndErrorSeries(t *testing.T) {
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: 32 << 20}}
+	popts := embedded.DefaultOptions()
+	popts.Segments = []embedded.SegmentSpec{{Name: "test", Capacity: 32 << 20}}
 	r := daemontest.Start(t, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20}, Version: "v9.9.9", Commit: "0123abcd"})
 	fresh := scrape(t, "http://"+r.Info.AdminAddr)
 	if _, ok := value(fresh, "kvctl_build_info", map[string]string{"version": "v9.9.9", "revision": "0123abcd"}); !ok {

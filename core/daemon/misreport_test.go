@@ -17,7 +17,7 @@ import (
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/enginesim"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 type syncBuffer struct {
@@ -43,8 +43,8 @@ func (s *syncBuffer) String() string {
 // engine on the same daemon goes on.
 func TestMisreportedRequestIDsFailStopTheEngine(t *testing.T) {
 	var logs syncBuffer
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: 64 << 20}}
+	popts := embedded.DefaultOptions()
+	popts.Segments = []embedded.SegmentSpec{{Name: "test", Capacity: 64 << 20}}
 	r := daemontest.Start(t, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20},
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	ctx := context.Background()

@@ -17,7 +17,7 @@ import (
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/hostmem"
 	"github.com/kvctl/kvctl/core/kvmem"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // orderDevice is fakeDevice with interprocess events, which CI lacks: it records the event
@@ -76,8 +76,8 @@ func TestEngineEventRegistration(t *testing.T) {
 	}
 	defer devMem.Close()
 	startWith := func(dev kvmem.DeviceOpener) *engineapi.Client {
-		popts := mooncake.DefaultOptions()
-		popts.Segments = []mooncake.SegmentSpec{{Name: "t", Capacity: 16 << 20}}
+		popts := embedded.DefaultOptions()
+		popts.Segments = []embedded.SegmentSpec{{Name: "t", Capacity: 16 << 20}}
 		r := daemontest.Start(t, daemon.Config{Pool: popts, Device: dev})
 		c, err := engineapi.Dial(r.Info.Socket)
 		if err != nil {

@@ -21,7 +21,7 @@ import (
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/enginesim"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // pyEngineSummary is torch_engine.py's summary with what it records about the transports.
@@ -328,8 +328,8 @@ func BenchmarkPythonEngineCall(b *testing.B) {
 // engine socket.
 func daemonForBench(b *testing.B) string {
 	b.Helper()
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: 256 << 20}}
+	popts := embedded.DefaultOptions()
+	popts.Segments = []embedded.SegmentSpec{{Name: "test", Capacity: 256 << 20}}
 	r := daemontest.Start(b, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20}})
 	return r.Info.Socket
 }

@@ -18,15 +18,15 @@ import (
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/enginesim"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // Seed commit 3 over the engine API: AllocRequest and RequestRef carry the dummy flag, and a
 // real `kvctl serve` skips a dummy because of it. A dummy that carries a live request's id
 // neither settles that request's offer nor reports or drops its saves.
 func TestDummyFlagOverTheEngineAPI(t *testing.T) {
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: 64 << 20}}
+	popts := embedded.DefaultOptions()
+	popts.Segments = []embedded.SegmentSpec{{Name: "test", Capacity: 64 << 20}}
 	r := daemontest.Start(t, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20}})
 	ctx := context.Background()
 	e, err := enginesim.Start(ctx, enginesim.Config{Socket: r.Info.Socket, ModelKey: "m", Name: "dummies", Slots: 64})
@@ -128,8 +128,8 @@ func TestRegisterRefusesADrafterOutsideTheAllowList(t *testing.T) {
 // with its totals (the load line too), under the engine's name.
 func TestStatsLinesFlushedWhenAnEngineLeaves(t *testing.T) {
 	var logs syncBuffer
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: 64 << 20}}
+	popts := embedded.DefaultOptions()
+	popts.Segments = []embedded.SegmentSpec{{Name: "test", Capacity: 64 << 20}}
 	r := daemontest.Start(t, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20, StatsInterval: time.Hour},
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	ctx := context.Background()

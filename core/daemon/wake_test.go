@@ -10,7 +10,7 @@ import (
 	"github.com/kvctl/kvctl/core/daemon/daemontest"
 	"github.com/kvctl/kvctl/core/enginesim"
 	"github.com/kvctl/kvctl/core/kvmem"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // wakeCounts counts a device's wakes by where they came from: inside a StartLoad, or not (the
@@ -63,8 +63,8 @@ func TestWakeAfterBindMeta(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			dev := &wakingDevice{}
-			popts := mooncake.DefaultOptions()
-			popts.Segments = []mooncake.SegmentSpec{{Name: "t", Capacity: 64 << 20}}
+			popts := embedded.DefaultOptions()
+			popts.Segments = []embedded.SegmentSpec{{Name: "t", Capacity: 64 << 20}}
 			r := daemontest.Start(t, daemon.Config{Pool: popts, Device: dev})
 			const T = 16
 			cfg := enginesim.Config{Socket: r.Info.Socket, ModelKey: "wake-model", TokensPerBlock: T, Slots: 256,

@@ -13,6 +13,8 @@ import (
 	"github.com/kvctl/kvctl/core/disagg/disaggtest"
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 const (
@@ -25,9 +27,9 @@ const (
 // holding the first `cached` blocks of tokens, under the layout of routerYAML.
 func poolWith(t *testing.T, tokens []int64, cached int) string {
 	t.Helper()
-	o := mooncake.DefaultOptions()
-	o.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: 64 << 20}}
-	emb, err := mooncake.NewEmbedded(o)
+	o := embedded.DefaultOptions()
+	o.Segments = []embedded.SegmentSpec{{Name: "test", Capacity: 64 << 20}}
+	emb, err := embedded.NewEmbedded(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,8 +52,8 @@ func poolWith(t *testing.T, tokens []int64, cached int) string {
 			bufs = append(bufs, make([]byte, 64))
 		}
 	}
-	for i, c := range emb.BatchPut(context.Background(), ks, bufs, mooncake.ReplicateConfig{}) {
-		if c != mooncake.OK {
+	for i, c := range emb.BatchPut(context.Background(), ks, bufs, pool.ReplicateConfig{}) {
+		if c != pool.OK {
 			t.Fatalf("put %s: %v", ks[i], c)
 		}
 	}

@@ -24,13 +24,13 @@ import (
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/keys"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 func startDaemon(t *testing.T, limits daemon.Limits) *daemontest.Running {
 	t.Helper()
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: 16 << 20}}
+	popts := embedded.DefaultOptions()
+	popts.Segments = []embedded.SegmentSpec{{Name: "test", Capacity: 16 << 20}}
 	return daemontest.Start(t, daemon.Config{Pool: popts, Limits: limits})
 }
 
@@ -244,8 +244,8 @@ func TestCallChannelsDeadlineAndCancel(t *testing.T) {
 //
 //	go test -run '^$' -bench EmptyCall -benchtime 20000x ./core/engineapi/
 func BenchmarkEmptyCall(b *testing.B) {
-	popts := mooncake.DefaultOptions()
-	popts.Segments = []mooncake.SegmentSpec{{Name: "test", Capacity: 16 << 20}}
+	popts := embedded.DefaultOptions()
+	popts.Segments = []embedded.SegmentSpec{{Name: "test", Capacity: 16 << 20}}
 	r := daemontest.Start(b, daemon.Config{Pool: popts})
 	ctx := context.Background()
 	grpcOnly, err := engineapi.Dial(r.Info.Socket)

@@ -19,7 +19,8 @@ import (
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/core/simkv"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 const rankT = 8 // tokens per block in the rank tests
@@ -34,9 +35,9 @@ func rankLayout(slots int) (kvmem.Layout, int64) {
 	return l, int64(96 * s)
 }
 
-func rankPool() mooncake.Options {
-	po := mooncake.DefaultOptions()
-	po.Segments = []mooncake.SegmentSpec{{Name: "rank-test", Capacity: 16 << 20}}
+func rankPool() embedded.Options {
+	po := embedded.DefaultOptions()
+	po.Segments = []embedded.SegmentSpec{{Name: "rank-test", Capacity: 16 << 20}}
 	return po
 }
 
@@ -47,19 +48,19 @@ var rankNamespace = keys.Namespace{ModelKey: "rank-model", WorldSize: 1}
 type rankSide struct {
 	rank connector.Rank
 	view kvmem.Mover
-	pool *mooncake.Embedded
+	pool *embedded.Embedded
 }
 
 func localSide(t *testing.T, layout kvmem.Layout, size int64) rankSide {
 	t.Helper()
-	pool, err := mooncake.NewEmbedded(rankPool())
+	pl, err := embedded.NewEmbedded(rankPool())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = pool.Close() })
+	t.Cleanup(func() { _ = pl.Close() })
 	opts := connector.Options{Role: connector.RoleBoth, Namespace: rankNamespace, Format: keys.FormatTRTLLM, TokensPerBlock: rankT,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	s, err := connector.NewScheduler(opts, pool)
+	s, err := connector.NewScheduler(opts, pl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +72,7 @@ func localSide(t *testing.T, layout kvmem.Layout, size int64) rankSide {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := connector.NewWorker(opts, pool, mv)
+	w, err := connector.NewWorker(opts, pl, mv)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +80,7 @@ func localSide(t *testing.T, layout kvmem.Layout, size int64) rankSide {
 	if err := w.RegisterLayout(layout); err != nil {
 		t.Fatal(err)
 	}
-	return rankSide{rank: connector.NewLocalRank("local", s, w), view: hostView(t, mem, size, layout), pool: pool}
+	return rankSide{rank: connector.NewLocalRank("local", s, w), view: hostView(t, mem, size, layout), pool: pl}
 }
 
 func remoteSide(t *testing.T, layout kvmem.Layout, size int64) rankSide {
@@ -180,7 +181,7 @@ func drive(t *testing.T, side rankSide, layout kvmem.Layout) transcript {
 				h := l.Pages[3*len(layout.Groups)].Hash
 				for g, gl := range layout.Groups {
 					k := rankNamespace.PageKey(g, rankT, gl.BytesPerPage(), h)
-					if code := side.pool.Remove(ctx, k, true); code != mooncake.OK {
+					if code := side.pool.Remove(ctx, k, true); code != pool.OK {
 						return fmt.Errorf("remove %s: %v", k, code)
 					}
 				}

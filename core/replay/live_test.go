@@ -11,14 +11,14 @@ import (
 	"github.com/kvctl/kvctl/core/daemon"
 	"github.com/kvctl/kvctl/core/daemon/daemontest"
 	"github.com/kvctl/kvctl/core/probe"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // startDaemon runs a real kvctl serve daemon on a short socket path until the test ends.
 func startDaemon(t *testing.T, poolBytes int64) string {
 	t.Helper()
-	po := mooncake.DefaultOptions()
-	po.Segments = []mooncake.SegmentSpec{{Name: "live-test", Capacity: poolBytes}}
+	po := embedded.DefaultOptions()
+	po.Segments = []embedded.SegmentSpec{{Name: "live-test", Capacity: poolBytes}}
 	return daemontest.Start(t, daemon.Config{Pool: po}).Info.Socket
 }
 
@@ -105,8 +105,8 @@ func TestLiveUnreachable(t *testing.T) {
 func TestLivePoolAwareRouterAsksThePool(t *testing.T) {
 	tr := readTrace(t, "testdata/conversation_head500.jsonl")
 	tr.Requests = tr.Requests[:40]
-	po := mooncake.DefaultOptions()
-	po.Segments = []mooncake.SegmentSpec{{Name: "live-test", Capacity: 64 << 20}}
+	po := embedded.DefaultOptions()
+	po.Segments = []embedded.SegmentSpec{{Name: "live-test", Capacity: 64 << 20}}
 	d := daemontest.Start(t, daemon.Config{Pool: po})
 	cfg := DefaultConfig()
 	cfg.Router = "pool-aware"

@@ -12,7 +12,7 @@ import (
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/kvcache"
 	"github.com/kvctl/kvctl/core/router"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // Offline replays the trace under every configuration in virtual time and returns the report.
@@ -50,8 +50,8 @@ type offline struct {
 	t      *Trace
 	p      Params
 	c      Config
-	clock  *mooncake.ManualClock
-	emb    *mooncake.Embedded
+	clock  *embedded.ManualClock
+	emb    *embedded.Embedded
 	pool   *countingPool
 	ranks  []*rank
 	router *router.Router
@@ -112,8 +112,8 @@ func (o *offline) setup() error {
 	}
 	o.buf64 = make([]int64, 0, maxBlocks*p.TokensPerBlock)
 
-	o.clock = mooncake.NewManualClock(epoch)
-	po := mooncake.DefaultOptions()
+	o.clock = embedded.NewManualClock(epoch)
+	po := embedded.DefaultOptions()
 	po.Clock = o.clock
 	po.EvictionPeriod = 0
 	po.LeaseTTL = c.LeaseTTL
@@ -133,16 +133,16 @@ func (o *offline) setup() error {
 		// above 0.8.
 		capacity = int64(totalBlocks+totalBlocks/4+64) * int64(p.SimPageBytes)
 	}
-	po.Segments = []mooncake.SegmentSpec{{Name: "replay-0", Capacity: capacity}}
+	po.Segments = []embedded.SegmentSpec{{Name: "replay-0", Capacity: capacity}}
 	if c.SoftPinTTL > po.MaxSoftPinTTL {
 		po.MaxSoftPinTTL = c.SoftPinTTL
 	}
-	emb, err := mooncake.NewEmbedded(po)
+	emb, err := embedded.NewEmbedded(po)
 	if err != nil {
 		return fmt.Errorf("pool: %w", err)
 	}
 	o.emb = emb
-	emb.SetEvictionHook(func(r mooncake.EvictionRound) {
+	emb.SetEvictionHook(func(r embedded.EvictionRound) {
 		o.evictRounds.Add(1)
 		o.evicted.Add(int64(len(r.Evicted)))
 	})

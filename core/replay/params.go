@@ -8,7 +8,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // Params are the run-wide replay parameters.
@@ -55,7 +55,7 @@ func DefaultParams() Params {
 		SaveBandwidth:          25 << 30,
 		PrefillTokensPerSecond: 50000,
 		DecodeTokensPerSecond:  50,
-		TickInterval:           mooncake.DefaultEvictionPeriod,
+		TickInterval:           embedded.DefaultEvictionPeriod,
 		Seed:                   1,
 		TimelineBuckets:        120,
 	}

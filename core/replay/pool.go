@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/stats"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // countingPool counts what the connector's workers write and read, and folds the existence
@@ -15,7 +15,7 @@ import (
 // do (stats.FoldLookup over the same answer; the offline layout has one key per block), which
 // spares the connector's stats reporter and its per-load thread-time syscalls.
 type countingPool struct {
-	mooncake.Pool
+	pool.Pool
 	putOK, putFailed, gotPages atomic.Int64
 	saveNanos                  atomic.Int64
 
@@ -41,14 +41,14 @@ func (c *countingPool) BatchIsExist(ctx context.Context, ks []string) []int {
 	return out
 }
 
-func (c *countingPool) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg mooncake.ReplicateConfig) []mooncake.Code {
+func (c *countingPool) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg pool.ReplicateConfig) []pool.Code {
 	began := time.Now()
 	codes := c.Pool.BatchPut(ctx, ks, bufs, cfg)
 	c.saveNanos.Add(int64(time.Since(began)))
 	for _, code := range codes {
-		if code == mooncake.OK {
+		if code == pool.OK {
 			c.putOK.Add(1)
-		} else if code != mooncake.ErrObjectAlreadyExists {
+		} else if code != pool.ErrObjectAlreadyExists {
 			c.putFailed.Add(1)
 		}
 	}

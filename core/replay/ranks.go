@@ -12,7 +12,7 @@ import (
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvcache"
 	"github.com/kvctl/kvctl/core/kvmem"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // rank is one attention-DP engine of an offline replay.
@@ -101,7 +101,7 @@ func (t timedRank) StartLoad(ctx context.Context) error {
 	return err
 }
 
-func newRank(o *offline, idx int, pool mooncake.Pool, slots int, logger *slog.Logger) (*rank, error) {
+func newRank(o *offline, idx int, pl pool.Pool, slots int, logger *slog.Logger) (*rank, error) {
 	p, c, clock := o.p, o.c, o.clock
 	r := &rank{idx: idx, load: RankLoad{Rank: idx}}
 	ok := false
@@ -138,13 +138,13 @@ func newRank(o *offline, idx int, pool mooncake.Pool, slots int, logger *slog.Lo
 	if c.Scheduler && c.AsyncLoad {
 		opts.AsyncLoad, opts.AsyncLoadWorkers = true, 1
 	}
-	if r.sched, err = connector.NewScheduler(opts, pool); err != nil {
+	if r.sched, err = connector.NewScheduler(opts, pl); err != nil {
 		return nil, err
 	}
 	if err := r.sched.RegisterLayout(layout); err != nil {
 		return nil, err
 	}
-	if r.w, err = connector.NewWorker(opts, pool, r.mover); err != nil {
+	if r.w, err = connector.NewWorker(opts, pl, r.mover); err != nil {
 		return nil, err
 	}
 	if err := r.w.RegisterLayout(layout); err != nil {

@@ -12,7 +12,7 @@ import (
 	"github.com/kvctl/kvctl/core/config"
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/router"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 var (
@@ -83,7 +83,7 @@ type Setting struct {
 // DefaultConfig returns the defaults: the connector's and pool master's defaults, an unlimited
 // pool, one rank and the work-aware router.
 func DefaultConfig() Config {
-	d := mooncake.DefaultOptions()
+	d := embedded.DefaultOptions()
 	return Config{
 		Name:                 "base",
 		LocalReuseBackoff:    connector.ReuseBackoffOff,

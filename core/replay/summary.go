@@ -22,7 +22,7 @@ func (o *offline) finish() error {
 	if o.t.Format != FormatMooncake {
 		run.Holes.RecomputedStoredTokens = holes.RecomputedStoredTokens
 	}
-	st, err := o.emb.Stats(context.Background())
+	st, err := o.emb.Snapshot(context.Background())
 	if err != nil {
 		return err
 	}

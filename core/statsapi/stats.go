@@ -1,6 +1,7 @@
 package statsapi
 
 import (
+	"reflect"
 	"time"
 
 	"github.com/kvctl/kvctl/core/stats"
@@ -22,9 +23,9 @@ type StatsJSON struct {
 	Saves       SaveStatsJSON     `json:"saves"`
 }
 
-// PoolStats is the "pool" object of /v1/stats: the pool's objects, traffic and evictions. Its
-// fields are those of the pool's own counters (mooncake.Stats) one for one, so the server
-// converts one into the other with a plain type conversion.
+// PoolStats is the "pool" object of /v1/stats: the pool's objects, traffic and evictions. The
+// fields every backend reports are pool.Stats's; the rest are a backend's own figures
+// (pool.Stats.Detail, by these JSON names), zero for a backend that does not have them.
 type PoolStats struct {
 	CapacityBytes int64 `json:"capacity_bytes"`
 	UsedBytes     int64 `json:"used_bytes"`
@@ -59,6 +60,33 @@ type PoolStats struct {
 	FreeExtents      int64 `json:"free_extents"`
 	LargestFreeBytes int64 `json:"largest_free_bytes"`
 	FragmentedBytes  int64 `json:"fragmented_bytes"`
+}
+
+// poolDetailFields maps a PoolStats JSON name to its field index.
+var poolDetailFields = func() map[string]int {
+	t := reflect.TypeFor[PoolStats]()
+	m := make(map[string]int, t.NumField())
+	for i := range t.NumField() {
+		m[t.Field(i).Tag.Get("json")] = i
+	}
+	return m
+}()
+
+// HasField reports whether the pool object has a field of this JSON name.
+func (PoolStats) HasField(name string) bool {
+	_, ok := poolDetailFields[name]
+	return ok
+}
+
+// SetDetail sets the fields named by a backend's Detail figures; names the pool object does
+// not have are ignored.
+func (p *PoolStats) SetDetail(detail map[string]int64) {
+	v := reflect.ValueOf(p).Elem()
+	for name, x := range detail {
+		if i, ok := poolDetailFields[name]; ok {
+			v.Field(i).SetInt(x)
+		}
+	}
 }
 
 // PhaseJSON is one load phase's time. CPUSeconds is the loading thread's CPU time; synchronous

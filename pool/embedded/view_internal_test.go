@@ -1,8 +1,10 @@
-package mooncake
+package embedded
 
 import (
 	"context"
 	"testing"
+
+	"github.com/kvctl/kvctl/pool"
 )
 
 // TestGetAndViewCatchCorruptionAnywhere flips one byte at several places of a 1 MiB value (every
@@ -22,7 +24,7 @@ func TestGetAndViewCatchCorruptionAnywhere(t *testing.T) {
 		val[i] = byte(i*31 + i>>10)
 	}
 	ctx := context.Background()
-	if c := p.BatchPut(ctx, []string{"k"}, [][]byte{val}, ReplicateConfig{}); c[0] != OK {
+	if c := p.BatchPut(ctx, []string{"k"}, [][]byte{val}, pool.ReplicateConfig{}); c[0] != pool.OK {
 		t.Fatal(c)
 	}
 	obj := p.objs["k"]
@@ -30,11 +32,11 @@ func TestGetAndViewCatchCorruptionAnywhere(t *testing.T) {
 	dst := make([]byte, len(val))
 	for _, at := range []int{0, 1, 65535, 65536, 65537, 300000, 1<<20 - 65536, 1<<20 - 1} {
 		mem[at] ^= 0x10
-		if got := p.BatchGet(ctx, []string{"k"}, [][]byte{dst}); got[0] != int64(ErrChecksumMismatch) {
+		if got := p.BatchGet(ctx, []string{"k"}, [][]byte{dst}); got[0] != int64(pool.ErrChecksumMismatch) {
 			t.Fatalf("get with byte %d flipped = %d", at, got[0])
 		}
 		v := p.BatchView(ctx, []string{"k"})
-		if v.Codes[0] != int64(ErrChecksumMismatch) || v.Bufs[0] != nil {
+		if v.Codes[0] != int64(pool.ErrChecksumMismatch) || v.Bufs[0] != nil {
 			t.Fatalf("view with byte %d flipped = %d", at, v.Codes[0])
 		}
 		v.Release()

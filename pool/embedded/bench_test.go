@@ -1,4 +1,4 @@
-package mooncake_test
+package embedded_test
 
 import (
 	"bytes"
@@ -10,7 +10,8 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/keys"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // benchBatchBytes is the payload of one batch in the put/get/copy benchmarks.
@@ -21,12 +22,12 @@ var benchSizes = []struct {
 	size int
 }{{"64KiB", 64 << 10}, {"1MiB", 1 << 20}, {"4MiB", 4 << 20}}
 
-func benchPool(b *testing.B, capacity int64) *mooncake.Embedded {
+func benchPool(b *testing.B, capacity int64) *embedded.Embedded {
 	b.Helper()
-	o := mooncake.DefaultOptions()
-	o.Segments = []mooncake.SegmentSpec{{Name: "bench", Capacity: capacity}}
+	o := embedded.DefaultOptions()
+	o.Segments = []embedded.SegmentSpec{{Name: "bench", Capacity: capacity}}
 	o.EvictionPeriod = 0
-	p, err := mooncake.NewEmbedded(o)
+	p, err := embedded.NewEmbedded(o)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -56,7 +57,7 @@ func BenchmarkBatchIsExist1024(b *testing.B) {
 		ks[i] = fmt.Sprintf("ns/model/w1r0/%016x", i*7919)
 		bufs[i] = make([]byte, 4096)
 	}
-	p.BatchPut(bg, ks, bufs, mooncake.ReplicateConfig{})
+	p.BatchPut(bg, ks, bufs, pool.ReplicateConfig{})
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -149,8 +150,8 @@ func BenchmarkBatchPut(b *testing.B) {
 				p := benchPool(b, int64(callers)*benchBatchBytes)
 				ks, bufs := callerPages(callers, s.size)
 				put := func(c int) {
-					for j, code := range p.BatchPut(bg, ks[c], bufs, mooncake.ReplicateConfig{}) {
-						if code != mooncake.OK {
+					for j, code := range p.BatchPut(bg, ks[c], bufs, pool.ReplicateConfig{}) {
+						if code != pool.OK {
 							b.Errorf("put %s = %v", ks[c][j], code)
 							return
 						}
@@ -189,7 +190,7 @@ func BenchmarkBatchGet(b *testing.B) {
 				ks, bufs := callerPages(callers, s.size)
 				dst := make([][][]byte, callers)
 				for c := range dst {
-					p.BatchPut(bg, ks[c], bufs, mooncake.ReplicateConfig{})
+					p.BatchPut(bg, ks[c], bufs, pool.ReplicateConfig{})
 					dst[c] = make([][]byte, len(bufs))
 					for i := range dst[c] {
 						dst[c][i] = bytes.Repeat([]byte{1}, s.size) // resident before timing
@@ -221,7 +222,7 @@ func BenchmarkBatchView(b *testing.B) {
 				p := benchPool(b, int64(callers)*benchBatchBytes)
 				ks, bufs := callerPages(callers, s.size)
 				for c := range ks {
-					p.BatchPut(bg, ks[c], bufs, mooncake.ReplicateConfig{})
+					p.BatchPut(bg, ks[c], bufs, pool.ReplicateConfig{})
 				}
 				b.SetBytes(int64(callers) * benchBatchBytes)
 				b.ResetTimer()
@@ -302,7 +303,7 @@ func BenchmarkEvictionRound1M(b *testing.B) {
 	}
 	const batch = 4096
 	for i := 0; i < n; i += batch {
-		p.BatchPut(bg, ks[i:i+batch], bufs[i:i+batch], mooncake.ReplicateConfig{})
+		p.BatchPut(bg, ks[i:i+batch], bufs[i:i+batch], pool.ReplicateConfig{})
 	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -317,7 +318,7 @@ func BenchmarkEvictionRound1M(b *testing.B) {
 			again = append(again, e.Key)
 			againBufs = append(againBufs, page)
 		}
-		p.BatchPut(bg, again, againBufs, mooncake.ReplicateConfig{})
+		p.BatchPut(bg, again, againBufs, pool.ReplicateConfig{})
 		b.StartTimer()
 	}
 	b.ReportMetric(float64(n), "objects")
@@ -353,18 +354,18 @@ func BenchmarkBatchPutFirstTouch(b *testing.B) {
 				b.ResetTimer()
 				for i := 0; i < b.N; i++ {
 					b.StopTimer()
-					o := mooncake.DefaultOptions()
-					o.Segments = []mooncake.SegmentSpec{{Name: "bench", Capacity: int64(callers) * benchBatchBytes}}
+					o := embedded.DefaultOptions()
+					o.Segments = []embedded.SegmentSpec{{Name: "bench", Capacity: int64(callers) * benchBatchBytes}}
 					o.EvictionPeriod = 0
 					o.Prefault = pre
-					p, err := mooncake.NewEmbedded(o)
+					p, err := embedded.NewEmbedded(o)
 					if err != nil {
 						b.Fatal(err)
 					}
 					b.StartTimer()
 					runCallers(callers, func(c int) {
-						for j, code := range p.BatchPut(bg, ks[c], bufs, mooncake.ReplicateConfig{}) {
-							if code != mooncake.OK {
+						for j, code := range p.BatchPut(bg, ks[c], bufs, pool.ReplicateConfig{}) {
+							if code != pool.OK {
 								b.Errorf("put %s = %v", ks[c][j], code)
 								return
 							}
@@ -385,11 +386,11 @@ func BenchmarkPrefault(b *testing.B) {
 	const size = 256 << 20
 	b.SetBytes(size)
 	for i := 0; i < b.N; i++ {
-		o := mooncake.DefaultOptions()
-		o.Segments = []mooncake.SegmentSpec{{Name: "bench", Capacity: size}}
+		o := embedded.DefaultOptions()
+		o.Segments = []embedded.SegmentSpec{{Name: "bench", Capacity: size}}
 		o.EvictionPeriod = 0
 		o.Prefault = true
-		p, err := mooncake.NewEmbedded(o)
+		p, err := embedded.NewEmbedded(o)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -421,8 +422,8 @@ func BenchmarkBatchPutGetVsCopy(b *testing.B) {
 					flat[c] = bytes.Repeat([]byte{1}, benchBatchBytes)
 				}
 				put := func(c int) {
-					for j, code := range p.BatchPut(bg, ks[c], src[c], mooncake.ReplicateConfig{}) {
-						if code != mooncake.OK {
+					for j, code := range p.BatchPut(bg, ks[c], src[c], pool.ReplicateConfig{}) {
+						if code != pool.OK {
 							b.Errorf("put %s = %v", ks[c][j], code)
 							return
 						}

@@ -1,4 +1,4 @@
-package mooncake
+package embedded
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // ErrClosed is returned by Segments and Stats after Close.
@@ -274,7 +276,7 @@ func (e *Embedded) BatchIsExist(ctx context.Context, ks []string) []int {
 	e.c.existProbes.Add(int64(len(ks)))
 	if err := ctx.Err(); err != nil {
 		for i := range out {
-			out[i] = int(ErrRPCFail)
+			out[i] = int(pool.ErrRPCFail)
 		}
 		e.c.existFailedItems.Add(int64(len(ks)))
 		return out
@@ -285,7 +287,7 @@ func (e *Embedded) BatchIsExist(ctx context.Context, ks []string) []int {
 	var failed int64
 	for i, k := range ks {
 		if !e.validKey(k) {
-			out[i] = int(ErrInvalidParams)
+			out[i] = int(pool.ErrInvalidParams)
 			failed++
 			continue
 		}
@@ -307,10 +309,10 @@ func (e *Embedded) BatchIsExist(ctx context.Context, ks []string) []int {
 // outside the lock; an object becomes readable, with its lease set to now, only when its copy
 // is done (the master's PutEnd). A key that is already stored, or whose put is in flight, is
 // OK without a write, as the master's -705 is for the Mooncake client.
-func (e *Embedded) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg ReplicateConfig) []Code {
+func (e *Embedded) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg pool.ReplicateConfig) []pool.Code {
 	if len(bufs) != len(ks) {
 		e.c.putCalls.Add(1)
-		return e.failPut(make([]Code, len(ks)), ErrInvalidParams)
+		return e.failPut(make([]pool.Code, len(ks)), pool.ErrInvalidParams)
 	}
 	r := e.reserve(ctx, ks, func(i int) int64 { return int64(len(bufs[i])) }, cfg)
 	// Each object's memory belongs to this call until it is marked complete, so the copies run
@@ -332,13 +334,13 @@ type pendingPut struct {
 // the index but not readable.
 type reservation struct {
 	e       *Embedded
-	out     []Code
+	out     []pool.Code
 	work    []pendingPut
 	bytes   int64
 	softTTL time.Duration
 }
 
-func (e *Embedded) failPut(out []Code, c Code) []Code {
+func (e *Embedded) failPut(out []pool.Code, c pool.Code) []pool.Code {
 	for i := range out {
 		out[i] = c
 	}
@@ -350,21 +352,21 @@ func (e *Embedded) failPut(out []Code, c Code) []Code {
 // reserve validates a put and allocates memory for every new key of ks (size(i) bytes each).
 // Keys already stored or in flight are OK and get no memory; keys that failed have their code
 // in out. When the whole call fails, work is empty and the failure already counted.
-func (e *Embedded) reserve(ctx context.Context, ks []string, size func(i int) int64, cfg ReplicateConfig) *reservation {
-	r := &reservation{e: e, out: make([]Code, len(ks))}
+func (e *Embedded) reserve(ctx context.Context, ks []string, size func(i int) int64, cfg pool.ReplicateConfig) *reservation {
+	r := &reservation{e: e, out: make([]pool.Code, len(ks))}
 	e.c.putCalls.Add(1)
 	if cfg.GroupIDs != nil && len(cfg.GroupIDs) != len(ks) {
-		e.failPut(r.out, ErrInvalidParams)
+		e.failPut(r.out, pool.ErrInvalidParams)
 		return r
 	}
 	softTTL, code := e.softPinTTL(cfg)
-	if code != OK {
+	if code != pool.OK {
 		e.failPut(r.out, code)
 		return r
 	}
 	r.softTTL = softTTL
 	if ctx.Err() != nil {
-		e.failPut(r.out, ErrRPCFail)
+		e.failPut(r.out, pool.ErrRPCFail)
 		return r
 	}
 	out := r.out
@@ -375,11 +377,11 @@ func (e *Embedded) reserve(ctx context.Context, ks []string, size func(i int) in
 	for i, k := range ks {
 		size := size(i)
 		if !e.validKey(k) || size <= 0 {
-			out[i] = ErrInvalidParams
+			out[i] = pool.ErrInvalidParams
 			continue
 		}
 		if _, ok := e.objs[k]; ok {
-			out[i] = OK
+			out[i] = pool.OK
 			e.c.skipped.Add(1)
 			continue
 		}
@@ -396,14 +398,14 @@ func (e *Embedded) reserve(ctx context.Context, ks []string, size func(i int) in
 				}
 			}
 			if _, ok := e.objs[k]; ok { // another put stored it while the lock was free
-				out[i] = OK
+				out[i] = pool.OK
 				e.c.skipped.Add(1)
 				continue
 			}
 			seg, off, ok = e.allocLocked(size)
 		}
 		if !ok {
-			out[i] = ErrNoAvailableHandle
+			out[i] = pool.ErrNoAvailableHandle
 			e.needEvict = true
 			allocFailed = true
 			e.c.allocFailures.Add(1)
@@ -436,7 +438,7 @@ func (e *Embedded) reserve(ctx context.Context, ks []string, size func(i int) in
 
 // commit makes every reserved object readable (the master's PutEnd), its lease set to now; the
 // checksums must be set. It returns the call's codes.
-func (r *reservation) commit() []Code {
+func (r *reservation) commit() []pool.Code {
 	e, out := r.e, r.out
 	if len(r.work) > 0 {
 		e.mu.Lock()
@@ -444,7 +446,7 @@ func (r *reservation) commit() []Code {
 		for _, w := range r.work {
 			o := w.o
 			if o.removed { // force-removed while the copy ran
-				out[w.i] = OK
+				out[w.i] = pool.OK
 				continue
 			}
 			o.complete = true
@@ -452,13 +454,13 @@ func (r *reservation) commit() []Code {
 			if r.softTTL > 0 {
 				o.softPin = now.Add(r.softTTL)
 			}
-			out[w.i] = OK
+			out[w.i] = pool.OK
 		}
 		e.mu.Unlock()
 	}
 	var failed int64
 	for _, c := range out {
-		if c != OK {
+		if c != pool.OK {
 			failed++
 		}
 	}
@@ -471,17 +473,17 @@ func (r *reservation) commit() []Code {
 
 // revoke gives a reservation's memory back (the master's PutRevoke): the objects leave the
 // index unread and their keys count as failed puts.
-func (r *reservation) revoke() []Code {
+func (r *reservation) revoke() []pool.Code {
 	e, out := r.e, r.out
 	e.mu.Lock()
 	for _, w := range r.work {
 		e.unlinkLocked(w.o)
-		out[w.i] = ErrRPCFail
+		out[w.i] = pool.ErrRPCFail
 	}
 	e.mu.Unlock()
 	var failed int64
 	for _, c := range out {
-		if c != OK {
+		if c != pool.OK {
 			failed++
 		}
 	}
@@ -542,24 +544,24 @@ func forEachOn(workers, n int, bytes int64, fn func(i int)) {
 
 // softPinTTL resolves the soft-pin lifetime a put asks for (0 for none), enforcing the master's
 // rules: a TTL only with SoftPinEnable, none above MaxSoftPinTTL.
-func (e *Embedded) softPinTTL(cfg ReplicateConfig) (time.Duration, Code) {
+func (e *Embedded) softPinTTL(cfg pool.ReplicateConfig) (time.Duration, pool.Code) {
 	switch cfg.SoftPinAction {
-	case SoftPinPreserve, SoftPinDisable:
+	case pool.SoftPinPreserve, pool.SoftPinDisable:
 		if cfg.SoftPinTTL != 0 {
-			return 0, ErrInvalidParams
+			return 0, pool.ErrInvalidParams
 		}
-		return 0, OK
-	case SoftPinEnable:
+		return 0, pool.OK
+	case pool.SoftPinEnable:
 		ttl := cfg.SoftPinTTL
 		if ttl < 0 || ttl > e.opts.MaxSoftPinTTL {
-			return 0, ErrInvalidParams
+			return 0, pool.ErrInvalidParams
 		}
 		if ttl == 0 {
 			ttl = e.opts.SoftPinTTL
 		}
-		return ttl, OK
+		return ttl, pool.OK
 	default:
-		return 0, ErrInvalidParams
+		return 0, pool.ErrInvalidParams
 	}
 }
 
@@ -630,7 +632,7 @@ func (e *Embedded) BatchGet(ctx context.Context, ks []string, bufs [][]byte) []i
 		e.c.getItems.Add(int64(len(ks)))
 		out := make([]int64, len(ks))
 		for i := range out {
-			out[i] = int64(ErrInvalidParams)
+			out[i] = int64(pool.ErrInvalidParams)
 		}
 		e.c.getFailedItems.Add(int64(len(ks)))
 		return out
@@ -649,7 +651,7 @@ func (e *Embedded) BatchGet(ctx context.Context, ks []string, bufs [][]byte) []i
 			return
 		}
 		if keys.CopyChecksum(bufs[i], o.seg.mem[o.off:o.off+o.size]) != o.sum {
-			out[i] = int64(ErrChecksumMismatch)
+			out[i] = int64(pool.ErrChecksumMismatch)
 			return
 		}
 		out[i] = o.size
@@ -676,7 +678,7 @@ func acquireInto[K string | []byte](e *Embedded, ctx context.Context, ks []K, ro
 	e.c.getItems.Add(int64(len(ks)))
 	if ctx.Err() != nil {
 		for i := range out {
-			out[i] = int64(ErrRPCFail)
+			out[i] = int64(pool.ErrRPCFail)
 		}
 		return 0
 	}
@@ -685,20 +687,20 @@ func acquireInto[K string | []byte](e *Embedded, ctx context.Context, ks []K, ro
 	deadline := now.Add(e.opts.LeaseTTL)
 	for i, k := range ks {
 		if len(k) == 0 || len(k) > e.opts.MaxKeyLength { // validKey
-			out[i] = int64(ErrInvalidParams)
+			out[i] = int64(pool.ErrInvalidParams)
 			continue
 		}
 		o := e.objs[string(k)]
 		switch {
 		case o == nil:
-			out[i] = int64(ErrObjectNotFound)
+			out[i] = int64(pool.ErrObjectNotFound)
 			misses++
 			continue
 		case !o.complete:
-			out[i] = int64(ErrReplicaNotReady)
+			out[i] = int64(pool.ErrReplicaNotReady)
 			continue
 		case room != nil && room(i) >= 0 && room(i) < o.size:
-			out[i] = int64(ErrInvalidParams)
+			out[i] = int64(pool.ErrInvalidParams)
 			continue
 		}
 		e.grantLease(o, now, deadline)
@@ -716,7 +718,7 @@ func (e *Embedded) finishGet(out []int64, held []*object, misses int64) {
 	for i, o := range held {
 		switch {
 		case o == nil:
-		case out[i] == int64(ErrChecksumMismatch):
+		case out[i] == int64(pool.ErrChecksumMismatch):
 			bad++
 		default:
 			hits++
@@ -756,40 +758,40 @@ func (e *Embedded) releaseRefs(held []*object) {
 // Pins do not block Remove: a hard pin keeps an object from eviction only, as on the master
 // (Mooncake 0.3.13 removes a hard-pinned object whose lease ran out without force; the
 // differential test's case "hard pin does not block remove" pins it).
-func (e *Embedded) Remove(ctx context.Context, key string, force bool) Code {
+func (e *Embedded) Remove(ctx context.Context, key string, force bool) pool.Code {
 	e.c.removeCalls.Add(1)
 	code := e.remove(ctx, key, force)
-	if code != OK {
+	if code != pool.OK {
 		e.c.removeFailures.Add(1)
 	}
 	return code
 }
 
-func (e *Embedded) remove(ctx context.Context, key string, force bool) Code {
+func (e *Embedded) remove(ctx context.Context, key string, force bool) pool.Code {
 	if ctx.Err() != nil {
-		return ErrRPCFail
+		return pool.ErrRPCFail
 	}
 	if !e.validKey(key) {
-		return ErrInvalidParams
+		return pool.ErrInvalidParams
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	o := e.objs[key]
 	if o == nil {
-		return ErrObjectNotFound
+		return pool.ErrObjectNotFound
 	}
 	if !o.complete {
-		return ErrReplicaNotReady
+		return pool.ErrReplicaNotReady
 	}
 	if !force && o.lease.After(e.clock.Now()) {
-		return ErrObjectHasLease
+		return pool.ErrObjectHasLease
 	}
 	e.unlinkLocked(o)
-	return OK
+	return pool.OK
 }
 
 // Segments implements Pool.
-func (e *Embedded) Segments(ctx context.Context) ([]Segment, error) {
+func (e *Embedded) Segments(ctx context.Context) ([]pool.Segment, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -798,15 +800,26 @@ func (e *Embedded) Segments(ctx context.Context) ([]Segment, error) {
 	if e.closed {
 		return nil, ErrClosed
 	}
-	out := make([]Segment, len(e.segs))
+	out := make([]pool.Segment, len(e.segs))
 	for i, s := range e.segs {
-		out[i] = Segment{Name: s.name, Capacity: int64(len(s.mem)), Used: s.alloc.used}
+		out[i] = pool.Segment{Name: s.name, Capacity: int64(len(s.mem)), Used: s.alloc.used}
 	}
 	return out, nil
 }
 
-// Stats implements Pool. It walks the index, so it costs O(objects).
-func (e *Embedded) Stats(ctx context.Context) (Stats, error) {
+// Stats implements pool.Pool: Snapshot's figures, those that are not every backend's in
+// Detail. It walks the index, so it costs O(objects).
+func (e *Embedded) Stats(ctx context.Context) (pool.Stats, error) {
+	st, err := e.Snapshot(ctx)
+	if err != nil {
+		return pool.Stats{}, err
+	}
+	return st.Pool(), nil
+}
+
+// Snapshot returns the embedded pool's own counters and occupancy. It walks the index, so it
+// costs O(objects).
+func (e *Embedded) Snapshot(ctx context.Context) (Stats, error) {
 	if err := ctx.Err(); err != nil {
 		return Stats{}, err
 	}
@@ -898,8 +911,8 @@ func (e *Embedded) String() string {
 }
 
 var (
-	_ Pool      = (*Embedded)(nil)
-	_ Inspector = (*Embedded)(nil)
+	_ pool.Pool          = (*Embedded)(nil)
+	_ mooncake.Inspector = (*Embedded)(nil)
 )
 
 // mapSegment reserves size bytes of anonymous memory. Pages become resident as they are first

@@ -1,4 +1,4 @@
-package mooncake_test
+package embedded_test
 
 import (
 	"bytes"
@@ -11,7 +11,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // checkSizes are page sizes on both sides of the checksum's 64 KiB pieces and 1 KiB blocks.
@@ -25,15 +26,15 @@ func randomPage(r *rand.Rand, n int) []byte {
 	return p
 }
 
-func bigPool(t *testing.T, capacity int64, mod func(*mooncake.Options)) *mooncake.Embedded {
+func bigPool(t *testing.T, capacity int64, mod func(*embedded.Options)) *embedded.Embedded {
 	t.Helper()
-	o := mooncake.DefaultOptions()
-	o.Segments = []mooncake.SegmentSpec{{Name: "big", Capacity: capacity}}
+	o := embedded.DefaultOptions()
+	o.Segments = []embedded.SegmentSpec{{Name: "big", Capacity: capacity}}
 	o.EvictionPeriod = 0
 	if mod != nil {
 		mod(&o)
 	}
-	p, err := mooncake.NewEmbedded(o)
+	p, err := embedded.NewEmbedded(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +44,7 @@ func bigPool(t *testing.T, capacity int64, mod func(*mooncake.Options)) *mooncak
 
 // flip XORs one byte of key's value where it lies in pool memory (found through a deferred
 // view, which checks nothing).
-func flip(t *testing.T, p *mooncake.Embedded, key string, off int) {
+func flip(t *testing.T, p *embedded.Embedded, key string, off int) {
 	t.Helper()
 	v := p.BatchViewDeferred(bg, []string{key})
 	defer v.Release()
@@ -62,7 +63,7 @@ func TestCorruptedLargePagesRefused(t *testing.T) {
 	for _, n := range checkSizes {
 		key := fmt.Sprintf("page/%d", n)
 		page := randomPage(r, n)
-		if c := p.BatchPut(bg, []string{key}, [][]byte{page}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
+		if c := p.BatchPut(bg, []string{key}, [][]byte{page}, pool.ReplicateConfig{}); c[0] != pool.OK {
 			t.Fatalf("put %s = %v", key, c[0])
 		}
 		offs := []int{0, n / 2, n - 1, n - 64, n - 65}
@@ -71,17 +72,17 @@ func TestCorruptedLargePagesRefused(t *testing.T) {
 		}
 		dst := make([]byte, n)
 		for _, off := range offs {
-			before, _ := p.Stats(bg)
+			before, _ := p.Snapshot(bg)
 			flip(t, p, key, off)
-			if got := p.BatchGet(bg, []string{key}, [][]byte{dst}); got[0] != int64(mooncake.ErrChecksumMismatch) {
+			if got := p.BatchGet(bg, []string{key}, [][]byte{dst}); got[0] != int64(pool.ErrChecksumMismatch) {
 				t.Fatalf("%d-byte page corrupted at %d: get = %d, want ErrChecksumMismatch", n, off, got[0])
 			}
 			v := p.BatchView(bg, []string{key})
-			if v.Codes[0] != int64(mooncake.ErrChecksumMismatch) || v.Bufs[0] != nil {
+			if v.Codes[0] != int64(pool.ErrChecksumMismatch) || v.Bufs[0] != nil {
 				t.Fatalf("%d-byte page corrupted at %d: view = %d", n, off, v.Codes[0])
 			}
 			v.Release()
-			after, _ := p.Stats(bg)
+			after, _ := p.Snapshot(bg)
 			if after.ChecksumErrors != before.ChecksumErrors+2 {
 				t.Fatalf("checksum errors %d -> %d, want two more", before.ChecksumErrors, after.ChecksumErrors)
 			}
@@ -107,7 +108,7 @@ func TestConcurrentPutGetWithCorruptPage(t *testing.T) {
 	p := bigPool(t, int64(callers*rounds*batch+(1<<20)), nil)
 	r := rand.New(rand.NewPCG(23, 24))
 	bad := randomPage(r, 1<<20)
-	if c := p.BatchPut(bg, []string{"bad"}, [][]byte{bad}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
+	if c := p.BatchPut(bg, []string{"bad"}, [][]byte{bad}, pool.ReplicateConfig{}); c[0] != pool.OK {
 		t.Fatalf("put bad = %v", c[0])
 	}
 	flip(t, p, "bad", 700<<10)
@@ -124,8 +125,8 @@ func TestConcurrentPutGetWithCorruptPage(t *testing.T) {
 				for i := range ks {
 					ks[i] = fmt.Sprintf("c%d/r%d/%d", c, round, i)
 				}
-				for i, code := range p.BatchPut(bg, ks, pages, mooncake.ReplicateConfig{}) {
-					if code != mooncake.OK {
+				for i, code := range p.BatchPut(bg, ks, pages, pool.ReplicateConfig{}) {
+					if code != pool.OK {
 						errs <- fmt.Errorf("put %s = %v", ks[i], code)
 						return
 					}
@@ -142,7 +143,7 @@ func TestConcurrentPutGetWithCorruptPage(t *testing.T) {
 						return
 					}
 				}
-				if got[len(sizes)] != int64(mooncake.ErrChecksumMismatch) {
+				if got[len(sizes)] != int64(pool.ErrChecksumMismatch) {
 					errs <- fmt.Errorf("get of the corrupted page = %d, want ErrChecksumMismatch", got[len(sizes)])
 					return
 				}
@@ -154,7 +155,7 @@ func TestConcurrentPutGetWithCorruptPage(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	st, _ := p.Stats(bg)
+	st, _ := p.Snapshot(bg)
 	if st.ChecksumErrors != callers*rounds {
 		t.Fatalf("checksum errors %d, want %d", st.ChecksumErrors, callers*rounds)
 	}
@@ -180,12 +181,12 @@ func resident(t *testing.T, mem []byte) (in, total int) {
 // pool stores, checks and refuses pages as any other.
 func TestPrefaultMakesSegmentsResident(t *testing.T) {
 	const segBytes = 6<<20 + 4096 // not a whole number of huge pages
-	mk := func(pre bool) *mooncake.Embedded {
-		o := mooncake.DefaultOptions()
-		o.Segments = []mooncake.SegmentSpec{{Name: "a", Capacity: segBytes}, {Name: "b", Capacity: segBytes}}
+	mk := func(pre bool) *embedded.Embedded {
+		o := embedded.DefaultOptions()
+		o.Segments = []embedded.SegmentSpec{{Name: "a", Capacity: segBytes}, {Name: "b", Capacity: segBytes}}
 		o.EvictionPeriod = 0
 		o.Prefault = pre
-		p, err := mooncake.NewEmbedded(o)
+		p, err := embedded.NewEmbedded(o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -205,7 +206,7 @@ func TestPrefaultMakesSegmentsResident(t *testing.T) {
 		}
 	}
 	page := randomPage(rand.New(rand.NewPCG(25, 26)), 1<<20)
-	if c := warm.BatchPut(bg, []string{"k"}, [][]byte{page}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
+	if c := warm.BatchPut(bg, []string{"k"}, [][]byte{page}, pool.ReplicateConfig{}); c[0] != pool.OK {
 		t.Fatalf("put = %v", c[0])
 	}
 	dst := make([]byte, len(page))
@@ -215,7 +216,7 @@ func TestPrefaultMakesSegmentsResident(t *testing.T) {
 	if !warm.CorruptForTest("k") {
 		t.Fatal("corrupt hook found no object")
 	}
-	if got := warm.BatchGet(bg, []string{"k"}, [][]byte{dst}); got[0] != int64(mooncake.ErrChecksumMismatch) {
+	if got := warm.BatchGet(bg, []string{"k"}, [][]byte{dst}); got[0] != int64(pool.ErrChecksumMismatch) {
 		t.Fatalf("get of a corrupted page = %d", got[0])
 	}
 }
@@ -225,8 +226,8 @@ func TestPrefaultMakesSegmentsResident(t *testing.T) {
 // eviction goroutine running: every page handed out is byte for byte what was put, no check
 // fails on an intact page, and all memory comes back. Run it with -race.
 func TestLargePagesUnderEviction(t *testing.T) {
-	o := func(mo *mooncake.Options) {
-		mo.Segments = []mooncake.SegmentSpec{{Name: "s0", Capacity: 3 << 20}, {Name: "s1", Capacity: 3 << 20}}
+	o := func(mo *embedded.Options) {
+		mo.Segments = []embedded.SegmentSpec{{Name: "s0", Capacity: 3 << 20}, {Name: "s1", Capacity: 3 << 20}}
 		mo.EvictionPeriod = time.Millisecond
 		mo.LeaseTTL = 2 * time.Millisecond
 	}
@@ -265,8 +266,8 @@ func TestLargePagesUnderEviction(t *testing.T) {
 					for j, k := range batch {
 						bufs[j] = pages[k]
 					}
-					for j, c := range p.BatchPut(bg, batch, bufs, mooncake.ReplicateConfig{}) {
-						if c != mooncake.OK && c != mooncake.ErrNoAvailableHandle {
+					for j, c := range p.BatchPut(bg, batch, bufs, pool.ReplicateConfig{}) {
+						if c != pool.OK && c != pool.ErrNoAvailableHandle {
 							report("put %s = %v", batch[j], c)
 						}
 					}
@@ -284,7 +285,7 @@ func TestLargePagesUnderEviction(t *testing.T) {
 							mu.Lock()
 							hits++
 							mu.Unlock()
-						case n == int64(mooncake.ErrObjectNotFound), n == int64(mooncake.ErrReplicaNotReady):
+						case n == int64(pool.ErrObjectNotFound), n == int64(pool.ErrReplicaNotReady):
 						default:
 							report("get %s = %d", batch[j], n)
 						}
@@ -295,7 +296,7 @@ func TestLargePagesUnderEviction(t *testing.T) {
 						if n >= 0 && !bytes.Equal(v.Bufs[j], pages[batch[j]]) {
 							report("view %s differs from the put", batch[j])
 						}
-						if n == int64(mooncake.ErrChecksumMismatch) {
+						if n == int64(pool.ErrChecksumMismatch) {
 							report("view %s failed its check", batch[j])
 						}
 					}
@@ -310,7 +311,7 @@ func TestLargePagesUnderEviction(t *testing.T) {
 	for _, pr := range problems {
 		t.Error(pr)
 	}
-	st, err := p.Stats(bg)
+	st, err := p.Snapshot(bg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,7 +321,7 @@ func TestLargePagesUnderEviction(t *testing.T) {
 	for _, k := range names {
 		p.Remove(bg, k, true)
 	}
-	if st, _ := p.Stats(bg); st.UsedBytes != 0 || st.FreeExtents != 2 {
+	if st, _ := p.Snapshot(bg); st.UsedBytes != 0 || st.FreeExtents != 2 {
 		t.Fatalf("after removing all: used %d, %d free extents", st.UsedBytes, st.FreeExtents)
 	}
 }

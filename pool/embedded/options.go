@@ -1,4 +1,4 @@
-package mooncake
+package embedded
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-package mooncake_test
+package embedded_test
 
 import (
 	"bytes"
@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/kvctl/kvctl/core/keys"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
 )
 
 func pattern(n int, seed byte) []byte {
@@ -23,12 +23,12 @@ func pattern(n int, seed byte) []byte {
 func TestBatchViewReturnsVerifiedPoolMemory(t *testing.T) {
 	p, _ := newPool(t, nil)
 	a, b := pattern(3*unit, 1), pattern(unit+17, 2)
-	if c := p.BatchPut(bg, []string{"a", "b"}, [][]byte{a, b}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK || c[1] != mooncake.OK {
+	if c := p.BatchPut(bg, []string{"a", "b"}, [][]byte{a, b}, pool.ReplicateConfig{}); c[0] != pool.OK || c[1] != pool.OK {
 		t.Fatalf("put: %v", c)
 	}
 	v := p.BatchView(bg, []string{"a", "missing", "b", ""})
 	defer v.Release()
-	want := []int64{int64(len(a)), int64(mooncake.ErrObjectNotFound), int64(len(b)), int64(mooncake.ErrInvalidParams)}
+	want := []int64{int64(len(a)), int64(pool.ErrObjectNotFound), int64(len(b)), int64(pool.ErrInvalidParams)}
 	for i, c := range v.Codes {
 		if c != want[i] {
 			t.Fatalf("codes %v, want %v", v.Codes, want)
@@ -40,7 +40,7 @@ func TestBatchViewReturnsVerifiedPoolMemory(t *testing.T) {
 	if cap(v.Bufs[0]) != len(a) {
 		t.Fatalf("view capacity %d reaches past the value (%d)", cap(v.Bufs[0]), len(a))
 	}
-	st, _ := p.Stats(bg)
+	st, _ := p.Snapshot(bg)
 	if st.Hits != 2 || st.Misses != 1 || st.BytesOut != int64(len(a)+len(b)) {
 		t.Fatalf("hits %d misses %d bytes out %d", st.Hits, st.Misses, st.BytesOut)
 	}
@@ -50,18 +50,18 @@ func TestBatchViewReturnsVerifiedPoolMemory(t *testing.T) {
 // batch are.
 func TestBatchViewRefusesCorruptedPages(t *testing.T) {
 	p, _ := newPool(t, nil)
-	mustPut(t, p, "bad", 4096, mooncake.ReplicateConfig{})
-	mustPut(t, p, "good", 4096, mooncake.ReplicateConfig{})
+	mustPut(t, p, "bad", 4096, pool.ReplicateConfig{})
+	mustPut(t, p, "good", 4096, pool.ReplicateConfig{})
 	p.CorruptForTest("bad")
 	v := p.BatchView(bg, []string{"bad", "good"})
 	defer v.Release()
-	if v.Codes[0] != int64(mooncake.ErrChecksumMismatch) || v.Bufs[0] != nil {
+	if v.Codes[0] != int64(pool.ErrChecksumMismatch) || v.Bufs[0] != nil {
 		t.Fatalf("corrupted page: code %d, buffer offered %v", v.Codes[0], v.Bufs[0] != nil)
 	}
 	if v.Codes[1] != 4096 || v.Bufs[1] == nil {
 		t.Fatalf("good page: code %d", v.Codes[1])
 	}
-	st, _ := p.Stats(bg)
+	st, _ := p.Snapshot(bg)
 	if st.ChecksumErrors != 1 {
 		t.Fatalf("checksum errors %d, want 1", st.ChecksumErrors)
 	}
@@ -73,22 +73,22 @@ func TestBatchViewHoldsMemoryUntilRelease(t *testing.T) {
 	p, _ := newPool(t, nil)
 	full := 64 * unit
 	orig := pattern(full, 9)
-	if c := p.BatchPut(bg, []string{"all"}, [][]byte{orig}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
+	if c := p.BatchPut(bg, []string{"all"}, [][]byte{orig}, pool.ReplicateConfig{}); c[0] != pool.OK {
 		t.Fatalf("put: %v", c)
 	}
 	v := p.BatchView(bg, []string{"all"})
-	if c := p.Remove(bg, "all", true); c != mooncake.OK {
+	if c := p.Remove(bg, "all", true); c != pool.OK {
 		t.Fatalf("force remove: %v", c)
 	}
-	if c := p.BatchPut(bg, []string{"other"}, [][]byte{pattern(full, 3)}, mooncake.ReplicateConfig{}); c[0] != mooncake.ErrNoAvailableHandle {
-		t.Fatalf("put into viewed memory = %v, want %v", c[0], mooncake.ErrNoAvailableHandle)
+	if c := p.BatchPut(bg, []string{"other"}, [][]byte{pattern(full, 3)}, pool.ReplicateConfig{}); c[0] != pool.ErrNoAvailableHandle {
+		t.Fatalf("put into viewed memory = %v, want %v", c[0], pool.ErrNoAvailableHandle)
 	}
 	if !bytes.Equal(v.Bufs[0], orig) {
 		t.Fatal("viewed bytes changed while the view was held")
 	}
 	v.Release()
 	v.Release() // a second release is harmless
-	if c := p.BatchPut(bg, []string{"other"}, [][]byte{pattern(full, 3)}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
+	if c := p.BatchPut(bg, []string{"other"}, [][]byte{pattern(full, 3)}, pool.ReplicateConfig{}); c[0] != pool.OK {
 		t.Fatalf("put after release = %v", c[0])
 	}
 }
@@ -96,12 +96,12 @@ func TestBatchViewHoldsMemoryUntilRelease(t *testing.T) {
 // TestBatchViewCancelledContext fails every key without leasing anything.
 func TestBatchViewCancelledContext(t *testing.T) {
 	p, _ := newPool(t, nil)
-	mustPut(t, p, "a", 4096, mooncake.ReplicateConfig{})
+	mustPut(t, p, "a", 4096, pool.ReplicateConfig{})
 	ctx, cancel := context.WithCancel(bg)
 	cancel()
 	v := p.BatchView(ctx, []string{"a"})
 	defer v.Release()
-	if v.Codes[0] != int64(mooncake.ErrRPCFail) || v.Bufs[0] != nil {
+	if v.Codes[0] != int64(pool.ErrRPCFail) || v.Bufs[0] != nil {
 		t.Fatalf("code %d", v.Codes[0])
 	}
 }
@@ -112,7 +112,7 @@ func TestMemoryRegionsAreTheSegments(t *testing.T) {
 	if len(rs) != 1 || len(rs[0]) != 64*unit {
 		t.Fatalf("regions %d, first %d bytes", len(rs), len(rs[0]))
 	}
-	mustPut(t, p, "a", 4096, mooncake.ReplicateConfig{})
+	mustPut(t, p, "a", 4096, pool.ReplicateConfig{})
 	v := p.BatchView(bg, []string{"a"})
 	defer v.Release()
 	base := &rs[0][0]
@@ -126,27 +126,27 @@ func TestMemoryRegionsAreTheSegments(t *testing.T) {
 // reservation leaves nothing behind and frees its memory.
 func TestBatchPutStartEnd(t *testing.T) {
 	p, _ := newPool(t, nil)
-	mustPut(t, p, "old", 4096, mooncake.ReplicateConfig{})
-	r := p.BatchPutStart(bg, []string{"new", "old", ""}, []int64{3 * unit, 4096, 10}, mooncake.ReplicateConfig{})
-	if r.Codes[0] != mooncake.OK || r.Bufs[0] == nil || len(r.Bufs[0]) != 3*unit {
+	mustPut(t, p, "old", 4096, pool.ReplicateConfig{})
+	r := p.BatchPutStart(bg, []string{"new", "old", ""}, []int64{3 * unit, 4096, 10}, pool.ReplicateConfig{})
+	if r.Codes[0] != pool.OK || r.Bufs[0] == nil || len(r.Bufs[0]) != 3*unit {
 		t.Fatalf("new key: code %v, %d bytes of memory", r.Codes[0], len(r.Bufs[0]))
 	}
-	if r.Codes[1] != mooncake.OK || r.Bufs[1] != nil {
+	if r.Codes[1] != pool.OK || r.Bufs[1] != nil {
 		t.Fatalf("existing key: code %v, memory %v", r.Codes[1], r.Bufs[1] != nil)
 	}
-	if r.Codes[2] != mooncake.ErrInvalidParams || r.Bufs[2] != nil {
+	if r.Codes[2] != pool.ErrInvalidParams || r.Bufs[2] != nil {
 		t.Fatalf("empty key: code %v", r.Codes[2])
 	}
 	want := pattern(3*unit, 4)
 	copy(r.Bufs[0], want)
-	if got := p.BatchGet(bg, []string{"new"}, [][]byte{make([]byte, 3*unit)}); got[0] != int64(mooncake.ErrReplicaNotReady) {
-		t.Fatalf("get before End = %d, want %d", got[0], mooncake.ErrReplicaNotReady)
+	if got := p.BatchGet(bg, []string{"new"}, [][]byte{make([]byte, 3*unit)}); got[0] != int64(pool.ErrReplicaNotReady) {
+		t.Fatalf("get before End = %d, want %d", got[0], pool.ErrReplicaNotReady)
 	}
 	codes := r.End()
-	if codes[0] != mooncake.OK || codes[1] != mooncake.OK || codes[2] != mooncake.ErrInvalidParams {
+	if codes[0] != pool.OK || codes[1] != pool.OK || codes[2] != pool.ErrInvalidParams {
 		t.Fatalf("End codes %v", codes)
 	}
-	if again := r.Revoke(); again[0] != mooncake.OK {
+	if again := r.Revoke(); again[0] != pool.OK {
 		t.Fatal("Revoke after End changed the outcome")
 	}
 	got := make([]byte, 3*unit)
@@ -156,26 +156,26 @@ func TestBatchPutStartEnd(t *testing.T) {
 	// A byte changed after End is caught like any corruption: the checksum is of what was
 	// written before End.
 	p.CorruptForTest("new")
-	if n := p.BatchGet(bg, []string{"new"}, [][]byte{got}); n[0] != int64(mooncake.ErrChecksumMismatch) {
+	if n := p.BatchGet(bg, []string{"new"}, [][]byte{got}); n[0] != int64(pool.ErrChecksumMismatch) {
 		t.Fatalf("get of a value changed after End = %d", n[0])
 	}
 
-	before, _ := p.Stats(bg)
-	rv := p.BatchPutStart(bg, []string{"gone"}, []int64{8 * unit}, mooncake.ReplicateConfig{})
+	before, _ := p.Snapshot(bg)
+	rv := p.BatchPutStart(bg, []string{"gone"}, []int64{8 * unit}, pool.ReplicateConfig{})
 	if rv.Bufs[0] == nil {
 		t.Fatal("no memory reserved")
 	}
-	if c := rv.Revoke(); c[0] != mooncake.ErrRPCFail {
+	if c := rv.Revoke(); c[0] != pool.ErrRPCFail {
 		t.Fatalf("revoked key code %v", c[0])
 	}
-	after, _ := p.Stats(bg)
+	after, _ := p.Snapshot(bg)
 	if after.UsedBytes != before.UsedBytes || after.Objects+after.PendingObjects != before.Objects+before.PendingObjects {
 		t.Fatalf("revoke left %d bytes / %d objects behind", after.UsedBytes-before.UsedBytes, after.Objects+after.PendingObjects-before.Objects-before.PendingObjects)
 	}
 	if n := p.BatchIsExist(bg, []string{"gone"}); n[0] != 0 {
 		t.Fatal("a revoked key exists")
 	}
-	if bad := p.BatchPutStart(bg, []string{"a", "b"}, []int64{1}, mooncake.ReplicateConfig{}); bad.Codes[0] != mooncake.ErrInvalidParams || bad.Codes[1] != mooncake.ErrInvalidParams {
+	if bad := p.BatchPutStart(bg, []string{"a", "b"}, []int64{1}, pool.ReplicateConfig{}); bad.Codes[0] != pool.ErrInvalidParams || bad.Codes[1] != pool.ErrInvalidParams {
 		t.Fatalf("mismatched sizes: %v", bad.Codes)
 	}
 }
@@ -187,13 +187,13 @@ func TestBatchPutStartEnd(t *testing.T) {
 func TestBatchViewDeferred(t *testing.T) {
 	p, _ := newPool(t, nil)
 	a := pattern(3*unit, 1)
-	if c := p.BatchPut(bg, []string{"a"}, [][]byte{a}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
+	if c := p.BatchPut(bg, []string{"a"}, [][]byte{a}, pool.ReplicateConfig{}); c[0] != pool.OK {
 		t.Fatalf("put: %v", c)
 	}
-	mustPut(t, p, "bad", 4096, mooncake.ReplicateConfig{})
+	mustPut(t, p, "bad", 4096, pool.ReplicateConfig{})
 	p.CorruptForTest("bad")
 	v := p.BatchViewDeferred(bg, []string{"a", "missing", "bad"})
-	if v.Codes[0] != int64(len(a)) || v.Codes[1] != int64(mooncake.ErrObjectNotFound) || v.Codes[2] != 4096 {
+	if v.Codes[0] != int64(len(a)) || v.Codes[1] != int64(pool.ErrObjectNotFound) || v.Codes[2] != 4096 {
 		t.Fatalf("codes %v", v.Codes)
 	}
 	if !bytes.Equal(v.Bufs[0], a) || v.Bufs[1] != nil || len(v.Bufs[2]) != 4096 {
@@ -205,7 +205,7 @@ func TestBatchViewDeferred(t *testing.T) {
 	if v.Sums[2] == uint64(keys.PageChecksum(v.Bufs[2])) {
 		t.Fatal("corrupted value's stored checksum matches its bytes")
 	}
-	st, _ := p.Stats(bg)
+	st, _ := p.Snapshot(bg)
 	if st.Hits != 2 || st.ChecksumErrors != 0 {
 		t.Fatalf("before Corrupt: hits %d checksum errors %d", st.Hits, st.ChecksumErrors)
 	}
@@ -215,11 +215,11 @@ func TestBatchViewDeferred(t *testing.T) {
 	v.Corrupt(2)
 	v.Corrupt(2)
 	v.Corrupt(1) // a miss: nothing to record
-	st, _ = p.Stats(bg)
+	st, _ = p.Snapshot(bg)
 	if st.Hits != 1 || st.ChecksumErrors != 1 || st.BytesOut != int64(len(a)) || hooked != 1 {
 		t.Fatalf("after Corrupt: hits %d checksum errors %d bytes out %d hooks %d", st.Hits, st.ChecksumErrors, st.BytesOut, hooked)
 	}
-	if v.Codes[2] != int64(mooncake.ErrChecksumMismatch) {
+	if v.Codes[2] != int64(pool.ErrChecksumMismatch) {
 		t.Fatalf("corrupted value's code %d", v.Codes[2])
 	}
 }
@@ -233,10 +233,10 @@ func TestBatchViewDeferred(t *testing.T) {
 func TestBatchViewDeferredInto(t *testing.T) {
 	p, _ := newPool(t, nil)
 	a, b := pattern(3*unit, 1), pattern(unit+17, 2)
-	if c := p.BatchPut(bg, []string{"a", "b"}, [][]byte{a, b}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK || c[1] != mooncake.OK {
+	if c := p.BatchPut(bg, []string{"a", "b"}, [][]byte{a, b}, pool.ReplicateConfig{}); c[0] != pool.OK || c[1] != pool.OK {
 		t.Fatalf("put: %v", c)
 	}
-	mustPut(t, p, "bad", 4096, mooncake.ReplicateConfig{})
+	mustPut(t, p, "bad", 4096, pool.ReplicateConfig{})
 	p.CorruptForTest("bad")
 	keyBytes := func(ks ...string) [][]byte {
 		out := make([][]byte, len(ks))
@@ -248,7 +248,7 @@ func TestBatchViewDeferredInto(t *testing.T) {
 	ks := keyBytes("a", "missing", "bad", "")
 	want := p.BatchViewDeferred(bg, []string{"a", "missing", "bad", ""})
 	want.Release()
-	var v mooncake.View
+	var v pool.View
 	p.BatchViewDeferredInto(bg, ks, &v)
 	for _, k := range ks {
 		for i := range k {
@@ -267,7 +267,7 @@ func TestBatchViewDeferredInto(t *testing.T) {
 	v.OnCorrupt(func() { hooked++ })
 	v.Corrupt(2)
 	v.Release()
-	st, _ := p.Stats(bg)
+	st, _ := p.Snapshot(bg)
 	// a and bad of both calls are hits, less the one found corrupt; missing misses twice.
 	if st.Hits != 3 || st.ChecksumErrors != 1 || st.Misses != 2 || hooked != 1 {
 		t.Fatalf("hits %d checksum errors %d misses %d hooks %d; want 3, 1, 2, 1", st.Hits, st.ChecksumErrors, st.Misses, hooked)
@@ -288,7 +288,7 @@ func TestBatchViewDeferredInto(t *testing.T) {
 	v.Release()
 
 	p.BatchViewDeferredInto(bg, keyBytes("missing", "b", "gone", "a", "b"), &v)
-	wantCodes := []int64{int64(mooncake.ErrObjectNotFound), int64(len(b)), int64(mooncake.ErrObjectNotFound), int64(len(a)), int64(len(b))}
+	wantCodes := []int64{int64(pool.ErrObjectNotFound), int64(len(b)), int64(pool.ErrObjectNotFound), int64(len(a)), int64(len(b))}
 	for i, c := range wantCodes {
 		if v.Codes[i] != c {
 			t.Fatalf("a longer call into the view: codes %v, want %v", v.Codes, wantCodes)
@@ -297,12 +297,12 @@ func TestBatchViewDeferredInto(t *testing.T) {
 	if v.Bufs[0] != nil || v.Sums[0] != 0 || v.Bufs[2] != nil || v.Sums[2] != 0 || !bytes.Equal(v.Bufs[3], a) {
 		t.Fatal("a reused view offers something for a miss")
 	}
-	if p.Remove(bg, "a", true) != mooncake.OK {
+	if p.Remove(bg, "a", true) != pool.OK {
 		t.Fatal("remove a")
 	}
-	used, _ := p.Stats(bg)
+	used, _ := p.Snapshot(bg)
 	v.Release()
-	after, _ := p.Stats(bg)
+	after, _ := p.Snapshot(bg)
 	if after.UsedBytes != used.UsedBytes-int64(len(a)) {
 		t.Fatalf("used bytes %d before the release, %d after; the view's reference on a removed value did not hold its memory until Release", used.UsedBytes, after.UsedBytes)
 	}
@@ -310,7 +310,7 @@ func TestBatchViewDeferredInto(t *testing.T) {
 	cancelled, cancel := context.WithCancel(bg)
 	cancel()
 	p.BatchViewDeferredInto(cancelled, keyBytes("b", "bad"), &v)
-	if v.Codes[0] != int64(mooncake.ErrRPCFail) || v.Codes[1] != int64(mooncake.ErrRPCFail) || v.Bufs[0] != nil {
+	if v.Codes[0] != int64(pool.ErrRPCFail) || v.Codes[1] != int64(pool.ErrRPCFail) || v.Bufs[0] != nil {
 		t.Fatalf("a cancelled call: codes %v", v.Codes)
 	}
 	v.Release()
@@ -323,10 +323,10 @@ func TestBatchViewDeferredIntoAllocatesNothing(t *testing.T) {
 	var ks [][]byte
 	for i := range 16 {
 		k := fmt.Sprintf("page-%02d", i)
-		mustPut(t, p, k, 64, mooncake.ReplicateConfig{})
+		mustPut(t, p, k, 64, pool.ReplicateConfig{})
 		ks = append(ks, []byte(k))
 	}
-	var v mooncake.View
+	var v pool.View
 	if n := testing.AllocsPerRun(100, func() {
 		p.BatchViewDeferredInto(bg, ks, &v)
 		v.Release()

@@ -1,4 +1,4 @@
-package mooncake_test
+package embedded_test
 
 import (
 	"fmt"
@@ -8,7 +8,8 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/keys"
-	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // stressPage is the content every writer of key stores, so any reader can check it.
@@ -26,11 +27,11 @@ func stressPage(key string, size int) []byte {
 // too small, with the eviction goroutine running, and checks every byte a get returns against
 // the checksum of what was put. Run it with -race.
 func TestConcurrentStress(t *testing.T) {
-	o := mooncake.DefaultOptions()
-	o.Segments = []mooncake.SegmentSpec{{Name: "s0", Capacity: 1 << 20}, {Name: "s1", Capacity: 1 << 20}}
+	o := embedded.DefaultOptions()
+	o.Segments = []embedded.SegmentSpec{{Name: "s0", Capacity: 1 << 20}, {Name: "s1", Capacity: 1 << 20}}
 	o.EvictionPeriod = time.Millisecond
 	o.LeaseTTL = 2 * time.Millisecond
-	p, err := mooncake.NewEmbedded(o)
+	p, err := embedded.NewEmbedded(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,12 +84,12 @@ func TestConcurrentStress(t *testing.T) {
 					for j, k := range batch {
 						bufs[j] = pages[k]
 					}
-					cfg := mooncake.ReplicateConfig{}
+					cfg := pool.ReplicateConfig{}
 					if r.Intn(10) == 0 {
-						cfg.SoftPinAction = mooncake.SoftPinEnable
+						cfg.SoftPinAction = pool.SoftPinEnable
 					}
 					for j, c := range p.BatchPut(bg, batch, bufs, cfg) {
-						if c != mooncake.OK && c != mooncake.ErrNoAvailableHandle {
+						if c != pool.OK && c != pool.ErrNoAvailableHandle {
 							report("put %s = %v", batch[j], c)
 						}
 					}
@@ -111,7 +112,7 @@ func TestConcurrentStress(t *testing.T) {
 							mu.Lock()
 							hits++
 							mu.Unlock()
-						case n == int64(mooncake.ErrObjectNotFound), n == int64(mooncake.ErrReplicaNotReady):
+						case n == int64(pool.ErrObjectNotFound), n == int64(pool.ErrReplicaNotReady):
 						default:
 							report("get %s = %d", k, n)
 						}
@@ -125,7 +126,7 @@ func TestConcurrentStress(t *testing.T) {
 				case 7:
 					c := p.Remove(bg, batch[0], r.Intn(2) == 0)
 					switch c {
-					case mooncake.OK, mooncake.ErrObjectNotFound, mooncake.ErrObjectHasLease, mooncake.ErrReplicaNotReady:
+					case pool.OK, pool.ErrObjectNotFound, pool.ErrObjectHasLease, pool.ErrReplicaNotReady:
 					default:
 						report("remove %s = %v", batch[0], c)
 					}
@@ -137,7 +138,7 @@ func TestConcurrentStress(t *testing.T) {
 	for _, pr := range problems {
 		t.Error(pr)
 	}
-	st, err := p.Stats(bg)
+	st, err := p.Snapshot(bg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +162,7 @@ func TestConcurrentStress(t *testing.T) {
 	for _, k := range names {
 		p.Remove(bg, k, true)
 	}
-	if st, _ := p.Stats(bg); st.UsedBytes != 0 || st.FreeExtents != 2 {
+	if st, _ := p.Snapshot(bg); st.UsedBytes != 0 || st.FreeExtents != 2 {
 		t.Fatalf("after removing all: used %d, %d free extents", st.UsedBytes, st.FreeExtents)
 	}
 }

@@ -1,16 +1,14 @@
-package mooncake
+package pool
 
 import (
 	"context"
 	"sync"
-
-	"github.com/kvctl/kvctl/core/keys"
 )
 
 // Viewer is implemented by pools whose values live in this process's memory, so a caller can
 // read them where they are instead of copying them out: the connector hands such views straight
 // to the GPU's copy engines once the memory is registered with the driver (MemoryRegions).
-// Embedded implements it; a pool reached over the network does not.
+// The embedded pool implements it; a pool reached over the network does not.
 type Viewer interface {
 	// BatchView leases and verifies ks like BatchGet but copies nothing: each hit's bytes are
 	// checked in place against the checksum taken at put and returned as a view of pool
@@ -45,6 +43,16 @@ type ReusingViewer interface {
 	BatchViewDeferredInto(ctx context.Context, ks [][]byte, v *View)
 }
 
+// ViewHolder is a backend's side of a View: what it holds for the view's values and how a
+// failed check is counted.
+type ViewHolder interface {
+	// Corrupted is told that a value of size bytes the view offered failed the caller's check
+	// (View.Corrupt), so the backend counts a checksum error instead of a hit.
+	Corrupted(size int64)
+	// Release gives back what the view held; it is called once, by View.Release.
+	Release()
+}
+
 // View is the result of Viewer.BatchView. Bufs[i] is key i's value in pool memory, nil where
 // Codes[i] is negative; Codes[i] is the value's size or a negative Code (ErrChecksumMismatch
 // for a value that failed its check: its bytes are not offered). A view must not be written.
@@ -54,12 +62,49 @@ type View struct {
 	Codes []int64
 	Sums  []uint64
 
-	e         *Embedded
-	held      []*object
-	bufs      [][]byte // Bufs' array, kept past Release for BatchViewDeferredInto to reuse
+	holder    ViewHolder
+	bufs      [][]byte // Bufs' array, kept past Release for Reset to reuse
 	once      sync.Once
 	mu        sync.Mutex
 	onCorrupt []func()
+}
+
+// NewView returns a view of n values held by h (nil: nothing to give back), with Sums when
+// deferred.
+func NewView(n int, deferred bool, h ViewHolder) *View {
+	v := &View{Bufs: make([][]byte, n), Codes: make([]int64, n), holder: h}
+	v.bufs = v.Bufs
+	if deferred {
+		v.Sums = make([]uint64, n)
+	}
+	return v
+}
+
+// Reset readies v, new or released with its Corrupt calls made, for a deferred view of n values
+// held by h: every list n long and zero, in the arrays it had where they are long enough, no
+// OnCorrupt hook, not released. It is how a ReusingViewer fills a view its caller keeps.
+func (v *View) Reset(n int, h ViewHolder) {
+	v.bufs = Zeroed(v.bufs, n)
+	v.Bufs = v.bufs
+	v.Codes = Zeroed(v.Codes, n)
+	v.Sums = Zeroed(v.Sums, n)
+	v.holder = h
+	v.once = sync.Once{}
+	clear(v.onCorrupt)
+	v.onCorrupt = v.onCorrupt[:0]
+}
+
+// Holder returns the ViewHolder v was last made or Reset with, so a backend can reuse its own.
+func (v *View) Holder() ViewHolder { return v.holder }
+
+// Zeroed returns s's array, or a new one when it is shorter than n, as a list of n zero values.
+func Zeroed[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	s = s[:n]
+	clear(s)
+	return s
 }
 
 // Corrupt records that value i of a deferred view failed the caller's check: it counts as a
@@ -76,11 +121,8 @@ func (v *View) Corrupt(i int) {
 	v.Codes[i] = int64(ErrChecksumMismatch)
 	hooks := v.onCorrupt
 	v.mu.Unlock()
-	if v.e != nil {
-		v.e.c.hits.Add(-1)
-		v.e.c.bytesOut.Add(-size)
-		v.e.c.checksumErrors.Add(1)
-		v.e.c.getFailedItems.Add(1)
+	if v.holder != nil {
+		v.holder.Corrupted(size)
 	}
 	for _, f := range hooks {
 		f()
@@ -98,113 +140,29 @@ func (v *View) OnCorrupt(f func()) {
 // Release ends the view: its buffers must not be used afterwards. Calling it again does nothing.
 func (v *View) Release() {
 	v.once.Do(func() {
-		if v.e != nil {
-			v.e.releaseRefs(v.held)
+		if v.holder != nil {
+			v.holder.Release()
 		}
 		v.Bufs = nil
 	})
 }
 
-// BatchView implements Viewer. The checks of a batch run on up to GOMAXPROCS-1 goroutines.
-func (e *Embedded) BatchView(ctx context.Context, ks []string) *View {
-	out, held, misses := e.acquire(ctx, ks, nil)
-	v := &View{Bufs: make([][]byte, len(ks)), Codes: out, e: e, held: held}
-	var total int64
-	for _, o := range held {
-		if o != nil {
-			total += o.size
-		}
-	}
-	e.forEachBeside(len(held), total, func(i int) {
-		o := held[i]
-		if o == nil {
-			return
-		}
-		mem := o.seg.mem[o.off : o.off+o.size : o.off+o.size]
-		if keys.PageChecksum(mem) != o.sum {
-			out[i] = int64(ErrChecksumMismatch)
-			return
-		}
-		v.Bufs[i] = mem
-		out[i] = o.size
-	})
-	e.finishGet(out, held, misses)
-	return v
-}
-
-// BatchViewDeferred implements DeferredViewer.
-func (e *Embedded) BatchViewDeferred(ctx context.Context, ks []string) *View {
-	out, held, misses := e.acquire(ctx, ks, nil)
-	v := &View{Bufs: make([][]byte, len(ks)), Codes: out, Sums: make([]uint64, len(ks)), e: e, held: held}
-	e.offerDeferred(v, misses)
-	return v
-}
-
-// BatchViewDeferredInto implements ReusingViewer.
-func (e *Embedded) BatchViewDeferredInto(ctx context.Context, ks [][]byte, v *View) {
-	v.reuse(e, len(ks))
-	misses := acquireInto(e, ctx, ks, nil, v.Codes, v.held)
-	e.offerDeferred(v, misses)
-}
-
-// offerDeferred fills a deferred view whose keys acquire looked up: each held value's memory,
-// size and checksum at put.
-func (e *Embedded) offerDeferred(v *View, misses int64) {
-	for i, o := range v.held {
-		if o == nil {
-			continue
-		}
-		v.Bufs[i] = o.seg.mem[o.off : o.off+o.size : o.off+o.size]
-		v.Sums[i] = uint64(o.sum)
-		v.Codes[i] = o.size
-	}
-	e.finishGet(v.Codes, v.held, misses)
-}
-
-// reuse readies v, new or released with its Corrupt calls made, for a deferred view of n keys
-// of e: every list n long and zero, in the arrays it had where they are long enough, no hook,
-// not released.
-func (v *View) reuse(e *Embedded, n int) {
-	v.bufs = zeroed(v.bufs, n)
-	v.Bufs = v.bufs
-	v.Codes = zeroed(v.Codes, n)
-	v.Sums = zeroed(v.Sums, n)
-	v.held = zeroed(v.held, n)
-	v.e = e
-	v.once = sync.Once{}
-	clear(v.onCorrupt)
-	v.onCorrupt = v.onCorrupt[:0]
-}
-
-// zeroed returns s's array, or a new one when it is shorter than n, as a list of n zero values.
-func zeroed[T any](s []T, n int) []T {
-	if cap(s) < n {
-		return make([]T, n)
-	}
-	s = s[:n]
-	clear(s)
-	return s
-}
-
-// MemoryRegions implements Viewer.
-func (e *Embedded) MemoryRegions() [][]byte {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	out := make([][]byte, len(e.segs))
-	for i, s := range e.segs {
-		out[i] = s.mem
-	}
-	return out
-}
-
 // Reserver is implemented by pools whose values live in this process's memory, so a caller
 // can write a value where it will be stored instead of handing over a copy: the connector
 // gathers pages from the GPU straight into reserved pool memory once it is registered with the
-// driver. It is the master's PutStart / PutEnd / PutRevoke in one process.
+// driver. It is the Mooncake master's PutStart / PutEnd / PutRevoke in one process.
 type Reserver interface {
 	// BatchPutStart allocates memory for every key of ks not stored yet (sizes[i] bytes) and
 	// returns it to be written; the keys are not readable until PutReservation.End.
 	BatchPutStart(ctx context.Context, ks []string, sizes []int64, cfg ReplicateConfig) *PutReservation
+}
+
+// Committer is a backend's side of a PutReservation.
+type Committer interface {
+	// Commit makes the written values readable and returns every key's final code.
+	Commit() []Code
+	// Revoke gives the memory back, makes nothing readable and returns every key's code.
+	Revoke() []Code
 }
 
 // PutReservation is the result of Reserver.BatchPutStart. Bufs[i] is the memory key i's value
@@ -215,56 +173,32 @@ type PutReservation struct {
 	Bufs  [][]byte
 	Codes []Code
 
-	r    *reservation
+	c    Committer
 	once sync.Once
 	done []Code
 }
 
-// BatchPutStart implements Reserver. A call with len(sizes) != len(ks) fails every key.
-func (e *Embedded) BatchPutStart(ctx context.Context, ks []string, sizes []int64, cfg ReplicateConfig) *PutReservation {
-	if len(sizes) != len(ks) {
-		e.c.putCalls.Add(1)
-		out := e.failPut(make([]Code, len(ks)), ErrInvalidParams)
-		return &PutReservation{Bufs: make([][]byte, len(ks)), Codes: out, r: &reservation{e: e, out: out}}
-	}
-	r := e.reserve(ctx, ks, func(i int) int64 { return sizes[i] }, cfg)
-	p := &PutReservation{Bufs: make([][]byte, len(ks)), Codes: r.out, r: r}
-	for _, w := range r.work {
-		o := w.o
-		p.Bufs[w.i] = o.seg.mem[o.off : o.off+o.size : o.off+o.size]
-	}
-	return p
+// NewPutReservation returns a reservation of bufs with codes, finished by c.
+func NewPutReservation(bufs [][]byte, codes []Code, c Committer) *PutReservation {
+	return &PutReservation{Bufs: bufs, Codes: codes, c: c}
 }
 
-// End takes each written value's checksum where it lies (on up to GOMAXPROCS-1 goroutines for
-// large batches) and makes the values readable, with a lease of now. It returns the final code
-// of every key. A second call, or one after Revoke, returns the same codes and does nothing.
+// End makes the written values readable (Committer.Commit) and returns the final code of
+// every key. A second call, or one after Revoke, returns the same codes and does nothing.
 func (p *PutReservation) End() []Code {
 	p.once.Do(func() {
-		r := p.r
-		r.e.forEachBeside(len(r.work), r.bytes, func(j int) {
-			o := r.work[j].o
-			o.sum = keys.PageChecksum(o.seg.mem[o.off : o.off+o.size])
-		})
-		p.done = r.commit()
+		p.done = p.c.Commit()
 		p.Bufs = nil
 	})
 	return p.done
 }
 
 // Revoke abandons the reservation: the memory goes back to the pool, nothing becomes readable,
-// and every key that was to be written fails with ErrRPCFail.
+// and every key that was to be written fails (ErrRPCFail for the embedded pool).
 func (p *PutReservation) Revoke() []Code {
 	p.once.Do(func() {
-		p.done = p.r.revoke()
+		p.done = p.c.Revoke()
 		p.Bufs = nil
 	})
 	return p.done
 }
-
-var (
-	_ Viewer         = (*Embedded)(nil)
-	_ DeferredViewer = (*Embedded)(nil)
-	_ ReusingViewer  = (*Embedded)(nil)
-	_ Reserver       = (*Embedded)(nil)
-)

@@ -1,4 +1,4 @@
-package mooncake
+package embedded
 
 import (
 	"bytes"
@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sort"
 	"testing"
+
+	"github.com/kvctl/kvctl/pool"
 )
 
 // FuzzInPlaceOps drives the embedded pool with a sequence of puts, reservations (ended, revoked
@@ -34,12 +36,12 @@ func FuzzInPlaceOps(f *testing.F) {
 		ctx := context.Background()
 		want := map[string][]byte{} // readable keys and their bytes
 		type open struct {
-			r    *PutReservation
+			r    *pool.PutReservation
 			keys []string
 			vals [][]byte
 		}
 		var opens []open
-		var views []*View
+		var views []*pool.View
 		gen := 0
 		value := func(size int) []byte {
 			gen++
@@ -55,13 +57,13 @@ func FuzzInPlaceOps(f *testing.F) {
 			switch op {
 			case 0: // put
 				v := value(size)
-				if c := p.BatchPut(ctx, []string{key}, [][]byte{v}, ReplicateConfig{}); c[0] == OK {
+				if c := p.BatchPut(ctx, []string{key}, [][]byte{v}, pool.ReplicateConfig{}); c[0] == pool.OK {
 					if _, ok := want[key]; !ok && !pending(p, key) {
 						want[key] = v
 					}
 				}
 			case 1: // reserve, write, keep open
-				r := p.BatchPutStart(ctx, []string{key}, []int64{int64(size)}, ReplicateConfig{})
+				r := p.BatchPutStart(ctx, []string{key}, []int64{int64(size)}, pool.ReplicateConfig{})
 				if r.Bufs[0] != nil {
 					v := value(size)
 					copy(r.Bufs[0], v)
@@ -75,7 +77,7 @@ func FuzzInPlaceOps(f *testing.F) {
 				opens = opens[1:]
 				if op == 2 {
 					for i, c := range x.r.End() {
-						if c == OK && x.r.Codes[i] == OK {
+						if c == pool.OK && x.r.Codes[i] == pool.OK {
 							if obj := p.objs[x.keys[i]]; obj != nil && obj.complete {
 								want[x.keys[i]] = x.vals[i]
 							}
@@ -102,7 +104,7 @@ func FuzzInPlaceOps(f *testing.F) {
 					t.Fatalf("get of %s = %d, want %d bytes", key, n, len(w))
 				}
 			case 7: // forced remove
-				if p.Remove(ctx, key, true) == OK {
+				if p.Remove(ctx, key, true) == pool.OK {
 					delete(want, key)
 				}
 			}
@@ -116,11 +118,11 @@ func FuzzInPlaceOps(f *testing.F) {
 		}
 		checkLayout(t, p)
 		for k := range want {
-			if p.Remove(ctx, k, true) != OK {
+			if p.Remove(ctx, k, true) != pool.OK {
 				t.Fatalf("remove %s failed", k)
 			}
 		}
-		if st, _ := p.Stats(ctx); st.UsedBytes != 0 || st.Objects != 0 || st.PendingObjects != 0 {
+		if st, _ := p.Snapshot(ctx); st.UsedBytes != 0 || st.Objects != 0 || st.PendingObjects != 0 {
 			t.Fatalf("empty pool: %d bytes used, %d objects, %d pending", st.UsedBytes, st.Objects, st.PendingObjects)
 		}
 	})

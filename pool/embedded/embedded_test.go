@@ -1,4 +1,4 @@
-package mooncake_test
+package embedded_test
 
 import (
 	"context"
@@ -8,8 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvctl/kvctl/mooncake"
-	"github.com/kvctl/kvctl/mooncake/pooltest"
+	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
+	"github.com/kvctl/kvctl/pool/pooltest"
 )
 
 const mib = 1 << 20
@@ -25,17 +26,17 @@ var epoch = time.Date(2026, 11, 30, 6, 0, 0, 0, time.UTC)
 
 // newPool returns an embedded pool of one 64-unit segment on a manual clock, with no eviction
 // goroutine: rounds run only through EvictNow.
-func newPool(t testing.TB, mod func(*mooncake.Options)) (*mooncake.Embedded, *mooncake.ManualClock) {
+func newPool(t testing.TB, mod func(*embedded.Options)) (*embedded.Embedded, *embedded.ManualClock) {
 	t.Helper()
-	clk := mooncake.NewManualClock(epoch)
-	o := mooncake.DefaultOptions()
-	o.Segments = []mooncake.SegmentSpec{{Name: "seg0", Capacity: 64 * unit}}
+	clk := embedded.NewManualClock(epoch)
+	o := embedded.DefaultOptions()
+	o.Segments = []embedded.SegmentSpec{{Name: "seg0", Capacity: 64 * unit}}
 	o.EvictionPeriod = 0
 	o.Clock = clk
 	if mod != nil {
 		mod(&o)
 	}
-	p, err := mooncake.NewEmbedded(o)
+	p, err := embedded.NewEmbedded(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,33 +44,43 @@ func newPool(t testing.TB, mod func(*mooncake.Options)) (*mooncake.Embedded, *mo
 	return p, clk
 }
 
-func TestConformanceEmbedded(t *testing.T) {
-	pooltest.Run(t, func(t *testing.T) mooncake.Pool {
-		o := mooncake.DefaultOptions()
-		o.Segments = []mooncake.SegmentSpec{{Name: "a", Capacity: 48 * mib}, {Name: "b", Capacity: 48 * mib}}
-		p, err := mooncake.NewEmbedded(o)
+// suite is the shared conformance suite on the embedded pool: two 48 MiB segments.
+func suite() *pooltest.Suite {
+	newPool := func(t testing.TB) pool.Pool {
+		o := embedded.DefaultOptions()
+		o.Segments = []embedded.SegmentSpec{{Name: "a", Capacity: 48 * mib}, {Name: "b", Capacity: 48 * mib}}
+		p, err := embedded.NewEmbedded(o)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { p.Close() })
 		return p
-	})
+	}
+	return &pooltest.Suite{
+		NewPool:      func(t *testing.T) pool.Pool { return newPool(t) },
+		NewBenchPool: func(b *testing.B) pool.Pool { return newPool(b) },
+	}
 }
 
-func mustPut(t testing.TB, p *mooncake.Embedded, key string, size int, cfg mooncake.ReplicateConfig) {
+func TestConformanceEmbedded(t *testing.T) { suite().RunTests(t) }
+
+// BenchmarkSuite runs the shared pool benchmarks on the embedded pool.
+func BenchmarkSuite(b *testing.B) { suite().RunBenchmarks(b) }
+
+func mustPut(t testing.TB, p *embedded.Embedded, key string, size int, cfg pool.ReplicateConfig) {
 	t.Helper()
-	if c := p.BatchPut(bg, []string{key}, [][]byte{make([]byte, size)}, cfg); c[0] != mooncake.OK {
+	if c := p.BatchPut(bg, []string{key}, [][]byte{make([]byte, size)}, cfg); c[0] != pool.OK {
 		t.Fatalf("put %s = %v", key, c[0])
 	}
 }
 
 // fill puts n one-unit objects named prefix000.., advancing the clock 20 ms before each.
-func fill(t testing.TB, p *mooncake.Embedded, clk *mooncake.ManualClock, prefix string, from, n int, cfg func(i int) mooncake.ReplicateConfig) []string {
+func fill(t testing.TB, p *embedded.Embedded, clk *embedded.ManualClock, prefix string, from, n int, cfg func(i int) pool.ReplicateConfig) []string {
 	var ks []string
 	for i := from; i < from+n; i++ {
 		clk.Advance(20 * time.Millisecond)
 		k := fmt.Sprintf("%s%03d", prefix, i)
-		c := mooncake.ReplicateConfig{}
+		c := pool.ReplicateConfig{}
 		if cfg != nil {
 			c = cfg(i)
 		}
@@ -79,7 +90,7 @@ func fill(t testing.TB, p *mooncake.Embedded, clk *mooncake.ManualClock, prefix 
 	return ks
 }
 
-func evictedKeys(r mooncake.EvictionRound) []string {
+func evictedKeys(r embedded.EvictionRound) []string {
 	var out []string
 	for _, e := range r.Evicted {
 		out = append(out, e.Key)
@@ -88,7 +99,7 @@ func evictedKeys(r mooncake.EvictionRound) []string {
 	return out
 }
 
-func present(p *mooncake.Embedded, ks ...string) []int {
+func present(p *embedded.Embedded, ks ...string) []int {
 	// BatchQuery grants no lease, so checking presence does not disturb the next round.
 	res := p.BatchQuery(bg, ks)
 	out := make([]int, len(ks))
@@ -101,10 +112,10 @@ func present(p *mooncake.Embedded, ks ...string) []int {
 }
 
 func TestOptionsValidate(t *testing.T) {
-	if err := mooncake.DefaultOptions().Validate(); err != nil {
+	if err := embedded.DefaultOptions().Validate(); err != nil {
 		t.Fatalf("defaults invalid: %v", err)
 	}
-	o := mooncake.DefaultOptions()
+	o := embedded.DefaultOptions()
 	o.Segments = nil
 	o.LeaseTTL = 0
 	o.HighWatermark = 1.5
@@ -118,7 +129,7 @@ func TestOptionsValidate(t *testing.T) {
 			t.Errorf("error %q does not name %s", err, field)
 		}
 	}
-	d := mooncake.DefaultOptions()
+	d := embedded.DefaultOptions()
 	if d.LeaseTTL != 10*time.Second || d.SoftPinTTL != 30*time.Minute || d.MaxSoftPinTTL != 24*time.Hour ||
 		!d.AllowEvictSoftPinned || d.EvictionRatio != 0.05 || d.HighWatermark != 0.90 ||
 		d.EvictionPeriod != 10*time.Millisecond || !d.ExistRenewsLease {
@@ -176,11 +187,11 @@ func TestLeaseOrderVictims(t *testing.T) {
 
 func TestPass1SkipsSoftPins(t *testing.T) {
 	p, clk := newPool(t, nil)
-	soft := func(i int) mooncake.ReplicateConfig {
+	soft := func(i int) pool.ReplicateConfig {
 		if i < 4 {
-			return mooncake.ReplicateConfig{SoftPinAction: mooncake.SoftPinEnable}
+			return pool.ReplicateConfig{SoftPinAction: pool.SoftPinEnable}
 		}
-		return mooncake.ReplicateConfig{}
+		return pool.ReplicateConfig{}
 	}
 	fill(t, p, clk, "k", 0, 58, soft)
 	r, _ := p.EvictNow()
@@ -203,12 +214,12 @@ func TestPass1SkipsSoftPins(t *testing.T) {
 
 func TestSoftPinNotExtendedByReads(t *testing.T) {
 	p, clk := newPool(t, nil)
-	mustPut(t, p, "s", unit, mooncake.ReplicateConfig{SoftPinAction: mooncake.SoftPinEnable, SoftPinTTL: time.Minute})
+	mustPut(t, p, "s", unit, pool.ReplicateConfig{SoftPinAction: pool.SoftPinEnable, SoftPinTTL: time.Minute})
 	for i := 0; i < 5; i++ {
 		clk.Advance(20 * time.Second)
 		p.BatchIsExist(bg, []string{"s"})
 	}
-	st, _ := p.Stats(bg)
+	st, _ := p.Snapshot(bg)
 	if st.SoftPinned != 0 {
 		t.Fatalf("soft pin still active 100 s after a 60 s pin despite reads: %d pinned", st.SoftPinned)
 	}
@@ -217,14 +228,14 @@ func TestSoftPinNotExtendedByReads(t *testing.T) {
 func TestPass2TakesSoftPinsWhenAllowed(t *testing.T) {
 	for _, allow := range []bool{true, false} {
 		t.Run(fmt.Sprintf("allow=%v", allow), func(t *testing.T) {
-			p, clk := newPool(t, func(o *mooncake.Options) { o.AllowEvictSoftPinned = allow })
+			p, clk := newPool(t, func(o *embedded.Options) { o.AllowEvictSoftPinned = allow })
 			// 1 plain object and 57 soft-pinned: pass 1 can take only the plain one, below the
 			// lower bound ceil(58*0.028125) = 2, so pass 2 needs 1 more.
-			cfg := func(i int) mooncake.ReplicateConfig {
+			cfg := func(i int) pool.ReplicateConfig {
 				if i == 0 {
-					return mooncake.ReplicateConfig{}
+					return pool.ReplicateConfig{}
 				}
-				return mooncake.ReplicateConfig{SoftPinAction: mooncake.SoftPinEnable}
+				return pool.ReplicateConfig{SoftPinAction: pool.SoftPinEnable}
 			}
 			fill(t, p, clk, "k", 0, 58, cfg)
 			r, ran := p.EvictNow()
@@ -242,7 +253,7 @@ func TestPass2TakesSoftPinsWhenAllowed(t *testing.T) {
 			if got := strings.Join(passes, ","); got != want {
 				t.Fatalf("evicted %s, want %s", got, want)
 			}
-			st, _ := p.Stats(bg)
+			st, _ := p.Snapshot(bg)
 			if allow && (st.EvictedPass2 != 1 || st.EvictedSoftPinned != 1) {
 				t.Fatalf("stats pass2 %d soft %d, want 1 and 1", st.EvictedPass2, st.EvictedSoftPinned)
 			}
@@ -252,31 +263,31 @@ func TestPass2TakesSoftPinsWhenAllowed(t *testing.T) {
 
 func TestHardPinsKept(t *testing.T) {
 	p, clk := newPool(t, nil)
-	hard := mooncake.ReplicateConfig{HardPin: true}
-	fill(t, p, clk, "h", 0, 58, func(int) mooncake.ReplicateConfig { return hard })
+	hard := pool.ReplicateConfig{HardPin: true}
+	fill(t, p, clk, "h", 0, 58, func(int) pool.ReplicateConfig { return hard })
 	r, ran := p.EvictNow()
 	if !ran || len(r.Evicted) != 0 || r.Base != 0 {
 		t.Fatalf("round ran=%v base=%d evicted=%v; want a round with base 0 that evicts nothing", ran, r.Base, evictedKeys(r))
 	}
 	// As on the real master, a hard pin keeps an object from eviction, not from Remove.
-	if c := p.Remove(bg, "h001", false); c != mooncake.OK {
+	if c := p.Remove(bg, "h001", false); c != pool.OK {
 		t.Fatalf("plain Remove of a hard-pinned object whose lease ran out = %v, want OK", c)
 	}
-	if c := p.Remove(bg, "h000", true); c != mooncake.OK {
+	if c := p.Remove(bg, "h000", true); c != pool.OK {
 		t.Fatalf("forced Remove of a hard-pinned object = %v", c)
 	}
 }
 
 func TestGroupSkipAndRefresh(t *testing.T) {
 	p, clk := newPool(t, nil)
-	group := func(i int) mooncake.ReplicateConfig {
+	group := func(i int) pool.ReplicateConfig {
 		switch {
 		case i < 3:
-			return mooncake.ReplicateConfig{GroupIDs: []string{"gA"}}
+			return pool.ReplicateConfig{GroupIDs: []string{"gA"}}
 		case i < 6:
-			return mooncake.ReplicateConfig{GroupIDs: []string{"gB"}}
+			return pool.ReplicateConfig{GroupIDs: []string{"gB"}}
 		}
-		return mooncake.ReplicateConfig{}
+		return pool.ReplicateConfig{}
 	}
 	fill(t, p, clk, "k", 0, 57, group)
 	// A hit on one member of gA refreshes every member: the whole group is skipped.
@@ -304,7 +315,7 @@ func TestGroupSkipAndRefresh(t *testing.T) {
 	if got := present(p, "k000", "k001", "k002"); got[0]+got[1]+got[2] != 3 {
 		t.Fatalf("gA present %v, want all kept", got)
 	}
-	st, _ := p.Stats(bg)
+	st, _ := p.Snapshot(bg)
 	if st.EvictedGrouped != 3 {
 		t.Fatalf("evicted_grouped = %d, want 3", st.EvictedGrouped)
 	}
@@ -312,7 +323,7 @@ func TestGroupSkipAndRefresh(t *testing.T) {
 
 func TestGroupWithOneLeasedMemberSkipped(t *testing.T) {
 	p, clk := newPool(t, nil)
-	fill(t, p, clk, "k", 0, 3, func(int) mooncake.ReplicateConfig { return mooncake.ReplicateConfig{GroupIDs: []string{"g"}} })
+	fill(t, p, clk, "k", 0, 3, func(int) pool.ReplicateConfig { return pool.ReplicateConfig{GroupIDs: []string{"g"}} })
 	p.BatchIsExist(bg, []string{"k000"}) // refreshes all of g to now+10 s
 	clk.Advance(4 * time.Second)
 	// k001 has 6 s left, more than half the TTL: the master renews it alone.
@@ -349,7 +360,7 @@ func TestGroupWithOneLeasedMemberSkipped(t *testing.T) {
 func TestProbeRenewal(t *testing.T) {
 	for _, renew := range []bool{true, false} {
 		t.Run(fmt.Sprintf("renew=%v", renew), func(t *testing.T) {
-			p, clk := newPool(t, func(o *mooncake.Options) { o.ExistRenewsLease = renew })
+			p, clk := newPool(t, func(o *embedded.Options) { o.ExistRenewsLease = renew })
 			fill(t, p, clk, "k", 0, 57, nil)
 			// A prefix lookup probes the oldest objects (vLLM's batch_is_exist over candidates).
 			if got := p.BatchIsExist(bg, []string{"k000", "k001", "k002", "k003"}); got[0] != 1 {
@@ -369,12 +380,12 @@ func TestProbeRenewal(t *testing.T) {
 }
 
 func TestAllocationFailureFlagsEviction(t *testing.T) {
-	p, clk := newPool(t, func(o *mooncake.Options) { o.HighWatermark = 1.0 })
+	p, clk := newPool(t, func(o *embedded.Options) { o.HighWatermark = 1.0 })
 	fill(t, p, clk, "k", 0, 64, nil)
 	if _, ran := p.EvictNow(); ran {
 		t.Fatal("eviction ran with a watermark of 1.0 before any allocation failure")
 	}
-	if c := p.BatchPut(bg, []string{"x"}, [][]byte{make([]byte, unit)}, mooncake.ReplicateConfig{}); c[0] != mooncake.ErrNoAvailableHandle {
+	if c := p.BatchPut(bg, []string{"x"}, [][]byte{make([]byte, unit)}, pool.ReplicateConfig{}); c[0] != pool.ErrNoAvailableHandle {
 		t.Fatalf("put into a full pool = %v, want NO_AVAILABLE_HANDLE", c[0])
 	}
 	r, ran := p.EvictNow()
@@ -384,16 +395,16 @@ func TestAllocationFailureFlagsEviction(t *testing.T) {
 	if _, ran := p.EvictNow(); ran {
 		t.Fatal("the flag stayed set after a successful round")
 	}
-	st, _ := p.Stats(bg)
+	st, _ := p.Snapshot(bg)
 	if st.AllocFailures != 1 {
 		t.Fatalf("alloc failures %d, want 1", st.AllocFailures)
 	}
 }
 
 func TestSyncEvictOnAllocFailure(t *testing.T) {
-	p, clk := newPool(t, func(o *mooncake.Options) { o.HighWatermark = 1.0; o.SyncEvictOnAllocFailure = true })
+	p, clk := newPool(t, func(o *embedded.Options) { o.HighWatermark = 1.0; o.SyncEvictOnAllocFailure = true })
 	fill(t, p, clk, "k", 0, 64, nil)
-	if c := p.BatchPut(bg, []string{"x"}, [][]byte{make([]byte, unit)}, mooncake.ReplicateConfig{}); c[0] != mooncake.OK {
+	if c := p.BatchPut(bg, []string{"x"}, [][]byte{make([]byte, unit)}, pool.ReplicateConfig{}); c[0] != pool.OK {
 		t.Fatalf("put with synchronous eviction = %v, want OK", c[0])
 	}
 }
@@ -402,11 +413,11 @@ func TestFragmentationAccounted(t *testing.T) {
 	p, clk := newPool(t, nil)
 	fill(t, p, clk, "k", 0, 8, nil)
 	for _, k := range []string{"k001", "k003", "k005"} {
-		if c := p.Remove(bg, k, true); c != mooncake.OK {
+		if c := p.Remove(bg, k, true); c != pool.OK {
 			t.Fatal(c)
 		}
 	}
-	st, _ := p.Stats(bg)
+	st, _ := p.Snapshot(bg)
 	if st.FreeExtents != 4 || st.LargestFreeBytes != 56*unit || st.FragmentedBytes != 3*unit {
 		t.Fatalf("free extents %d largest %d fragmented %d, want 4, 56 units, 3 units", st.FreeExtents, st.LargestFreeBytes, st.FragmentedBytes)
 	}
@@ -414,14 +425,14 @@ func TestFragmentationAccounted(t *testing.T) {
 	for _, k := range []string{"k000", "k002", "k004", "k006", "k007"} {
 		p.Remove(bg, k, true)
 	}
-	st, _ = p.Stats(bg)
+	st, _ = p.Snapshot(bg)
 	if st.FreeExtents != 1 || st.FragmentedBytes != 0 || st.UsedBytes != 0 {
 		t.Fatalf("after removing all: extents %d fragmented %d used %d", st.FreeExtents, st.FragmentedBytes, st.UsedBytes)
 	}
 	// Mixed page sizes reuse holes first fit.
-	mustPut(t, p, "a", 3*unit, mooncake.ReplicateConfig{})
-	mustPut(t, p, "b", 64*1024, mooncake.ReplicateConfig{})
-	st, _ = p.Stats(bg)
+	mustPut(t, p, "a", 3*unit, pool.ReplicateConfig{})
+	mustPut(t, p, "b", 64*1024, pool.ReplicateConfig{})
+	st, _ = p.Snapshot(bg)
 	if st.UsedBytes != 3*unit+64*1024 {
 		t.Fatalf("used %d, want exactly the value sizes (no padding)", st.UsedBytes)
 	}
@@ -429,15 +440,15 @@ func TestFragmentationAccounted(t *testing.T) {
 
 func TestChecksumMismatchIsAnError(t *testing.T) {
 	p, _ := newPool(t, nil)
-	mustPut(t, p, "c", 4096, mooncake.ReplicateConfig{})
+	mustPut(t, p, "c", 4096, pool.ReplicateConfig{})
 	if !p.CorruptForTest("c") {
 		t.Fatal("corrupt hook found no object")
 	}
 	got := p.BatchGet(bg, []string{"c"}, [][]byte{make([]byte, 4096)})
-	if got[0] != int64(mooncake.ErrChecksumMismatch) {
-		t.Fatalf("get of a corrupted page = %d, want %d", got[0], mooncake.ErrChecksumMismatch)
+	if got[0] != int64(pool.ErrChecksumMismatch) {
+		t.Fatalf("get of a corrupted page = %d, want %d", got[0], pool.ErrChecksumMismatch)
 	}
-	st, _ := p.Stats(bg)
+	st, _ := p.Snapshot(bg)
 	if st.ChecksumErrors != 1 || st.Hits != 0 {
 		t.Fatalf("checksum errors %d hits %d, want 1 and 0", st.ChecksumErrors, st.Hits)
 	}
@@ -446,13 +457,13 @@ func TestChecksumMismatchIsAnError(t *testing.T) {
 func TestSoftPinTTLRules(t *testing.T) {
 	p, _ := newPool(t, nil)
 	cases := []struct {
-		cfg  mooncake.ReplicateConfig
-		want mooncake.Code
+		cfg  pool.ReplicateConfig
+		want pool.Code
 	}{
-		{mooncake.ReplicateConfig{SoftPinAction: mooncake.SoftPinEnable, SoftPinTTL: 24 * time.Hour}, mooncake.OK},
-		{mooncake.ReplicateConfig{SoftPinAction: mooncake.SoftPinEnable, SoftPinTTL: 24*time.Hour + time.Millisecond}, mooncake.ErrInvalidParams},
-		{mooncake.ReplicateConfig{SoftPinAction: mooncake.SoftPinDisable, SoftPinTTL: time.Second}, mooncake.ErrInvalidParams},
-		{mooncake.ReplicateConfig{SoftPinAction: 7}, mooncake.ErrInvalidParams},
+		{pool.ReplicateConfig{SoftPinAction: pool.SoftPinEnable, SoftPinTTL: 24 * time.Hour}, pool.OK},
+		{pool.ReplicateConfig{SoftPinAction: pool.SoftPinEnable, SoftPinTTL: 24*time.Hour + time.Millisecond}, pool.ErrInvalidParams},
+		{pool.ReplicateConfig{SoftPinAction: pool.SoftPinDisable, SoftPinTTL: time.Second}, pool.ErrInvalidParams},
+		{pool.ReplicateConfig{SoftPinAction: 7}, pool.ErrInvalidParams},
 	}
 	for i, c := range cases {
 		if got := p.BatchPut(bg, []string{fmt.Sprint("t", i)}, [][]byte{{1}}, c.cfg); got[0] != c.want {
@@ -462,23 +473,23 @@ func TestSoftPinTTLRules(t *testing.T) {
 }
 
 func TestEvictionHookAndGoroutine(t *testing.T) {
-	o := mooncake.DefaultOptions()
-	o.Segments = []mooncake.SegmentSpec{{Name: "s", Capacity: 10 * unit}}
+	o := embedded.DefaultOptions()
+	o.Segments = []embedded.SegmentSpec{{Name: "s", Capacity: 10 * unit}}
 	o.EvictionPeriod = time.Millisecond
-	p, err := mooncake.NewEmbedded(o)
+	p, err := embedded.NewEmbedded(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	rounds := make(chan mooncake.EvictionRound, 16)
-	p.SetEvictionHook(func(r mooncake.EvictionRound) {
+	rounds := make(chan embedded.EvictionRound, 16)
+	p.SetEvictionHook(func(r embedded.EvictionRound) {
 		select {
 		case rounds <- r:
 		default:
 		}
 	})
 	for i := 0; i < 10; i++ {
-		mustPut(t, p, fmt.Sprint("g", i), unit, mooncake.ReplicateConfig{})
+		mustPut(t, p, fmt.Sprint("g", i), unit, pool.ReplicateConfig{})
 	}
 	// The goroutine must bring the pool back under the watermark; wait for its report.
 	select {

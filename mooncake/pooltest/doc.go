@@ -1,9 +1,0 @@
-// Package pooltest is the conformance suite for mooncake.Pool. Every backend runs it:
-//
-//	func TestConformance(t *testing.T) {
-//		pooltest.Run(t, func(t *testing.T) mooncake.Pool { return newBackend(t) })
-//	}
-//
-// The factory must return an empty pool with room for at least 64 MiB of pages, large enough
-// that the suite never triggers eviction.
-package pooltest
