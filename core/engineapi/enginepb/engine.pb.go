@@ -685,7 +685,10 @@ type RegisterRequest struct {
 	AttentionDp bool   `protobuf:"varint,6,opt,name=attention_dp,json=attentionDp,proto3" json:"attention_dp,omitempty"`
 	// role: both, producer, consumer or capacity.
 	Role string `protobuf:"bytes,7,opt,name=role,proto3" json:"role,omitempty"`
-	// format of the block hashes: trtllm (default), trtllm-lookahead-v2, trtllm-v1, blake3.
+	// format is the key scheme of the rank's block hashes and pool keys (kvctl hash --help lists
+	// them): trtllm (default), trtllm-lookahead-v2, trtllm-v1, blake3, or, from API 1.2, vLLM's
+	// MooncakeStoreConnector schemes vllm, vllm-sha256-cbor, vllm-xxhash and vllm-xxhash-cbor,
+	// whose further inputs are in key_params.
 	Format          string `protobuf:"bytes,8,opt,name=format,proto3" json:"format,omitempty"`
 	PromptLookahead int32  `protobuf:"varint,9,opt,name=prompt_lookahead,json=promptLookahead,proto3" json:"prompt_lookahead,omitempty"`
 	// scheduler is set on the rank that runs the scheduler adapter: rank 0 under tensor
@@ -711,8 +714,10 @@ type RegisterRequest struct {
 	// any other kind, such as "eagle3-two-model", "mtp-two-model", "ngram" or "draft_target". The
 	// daemon refuses speculative_prefill with any kind but mtp and eagle3 (InvalidArgument), as
 	// TensorRT-LLM's allow-list does. Left empty by engines written before the field.
-	Drafter            string `protobuf:"bytes,42,opt,name=drafter,proto3" json:"drafter,omitempty"`
-	StagingBufferBytes uint64 `protobuf:"varint,22,opt,name=staging_buffer_bytes,json=stagingBufferBytes,proto3" json:"staging_buffer_bytes,omitempty"`
+	Drafter string `protobuf:"bytes,42,opt,name=drafter,proto3" json:"drafter,omitempty"`
+	// key_params are the key inputs of a vLLM scheme (API 1.2); refused with any other format.
+	KeyParams          *KeyParams `protobuf:"bytes,43,opt,name=key_params,json=keyParams,proto3" json:"key_params,omitempty"`
+	StagingBufferBytes uint64     `protobuf:"varint,22,opt,name=staging_buffer_bytes,json=stagingBufferBytes,proto3" json:"staging_buffer_bytes,omitempty"`
 	// api_version is the engine API version the engine was written against. The daemon refuses
 	// a major version it does not speak (FailedPrecondition, naming both versions); a minor
 	// version newer than its own is accepted (minor versions only add fields and methods). An
@@ -925,6 +930,13 @@ func (x *RegisterRequest) GetDrafter() string {
 	return ""
 }
 
+func (x *RegisterRequest) GetKeyParams() *KeyParams {
+	if x != nil {
+		return x.KeyParams
+	}
+	return nil
+}
+
 func (x *RegisterRequest) GetStagingBufferBytes() uint64 {
 	if x != nil {
 		return x.StagingBufferBytes
@@ -968,6 +980,159 @@ func (*RegisterRequest_CudaIpc) isRegisterRequest_Memory() {}
 
 func (*RegisterRequest_CudaFd) isRegisterRequest_Memory() {}
 
+// KeyParams are the registration-wide key inputs of vLLM's schemes: what vLLM's
+// MooncakeStoreConnector puts in a pool key besides the block hash. The tensor-parallel rank and
+// size are the registration's rank and world_size; a key's group is the layer group's id
+// (vLLM's KV cache group); tokens per block is the layout's (vLLM's block_size).
+type KeyParams struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// python_hash_seed is the PYTHONHASHSEED string the engine runs with (vLLM's NONE_HASH is
+	// hash_fn of it). Required: without it vLLM's hashes are random per process.
+	PythonHashSeed *string `protobuf:"bytes,1,opt,name=python_hash_seed,json=pythonHashSeed,proto3,oneof" json:"python_hash_seed,omitempty"`
+	// model is vLLM's --model; keys hold its last path element, as vLLM's connector does.
+	Model string `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	// cache_prefix and store_namespace are the connector's kv_connector_extra_config values.
+	CachePrefix    string `protobuf:"bytes,3,opt,name=cache_prefix,json=cachePrefix,proto3" json:"cache_prefix,omitempty"`
+	StoreNamespace string `protobuf:"bytes,4,opt,name=store_namespace,json=storeNamespace,proto3" json:"store_namespace,omitempty"`
+	// hash_block_size is vLLM's hash block size when it differs from the block size (it must
+	// divide it); 0 means the block size.
+	HashBlockSize int32 `protobuf:"varint,5,opt,name=hash_block_size,json=hashBlockSize,proto3" json:"hash_block_size,omitempty"`
+	// num_kv_heads is the model's KV head count (vLLM maps TP ranks holding the same heads to
+	// one key rank); mla marks a multi-head latent attention model (one key rank).
+	NumKvHeads int32 `protobuf:"varint,6,opt,name=num_kv_heads,json=numKvHeads,proto3" json:"num_kv_heads,omitempty"`
+	Mla        bool  `protobuf:"varint,7,opt,name=mla,proto3" json:"mla,omitempty"`
+	// Pipeline, prefill-context and decode-context parallel rank and size; a size of 0 means 1.
+	PpRank        int32 `protobuf:"varint,8,opt,name=pp_rank,json=ppRank,proto3" json:"pp_rank,omitempty"`
+	PpSize        int32 `protobuf:"varint,9,opt,name=pp_size,json=ppSize,proto3" json:"pp_size,omitempty"`
+	PcpRank       int32 `protobuf:"varint,10,opt,name=pcp_rank,json=pcpRank,proto3" json:"pcp_rank,omitempty"`
+	PcpSize       int32 `protobuf:"varint,11,opt,name=pcp_size,json=pcpSize,proto3" json:"pcp_size,omitempty"`
+	DcpRank       int32 `protobuf:"varint,12,opt,name=dcp_rank,json=dcpRank,proto3" json:"dcp_rank,omitempty"`
+	DcpSize       int32 `protobuf:"varint,13,opt,name=dcp_size,json=dcpSize,proto3" json:"dcp_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyParams) Reset() {
+	*x = KeyParams{}
+	mi := &file_engine_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyParams) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyParams) ProtoMessage() {}
+
+func (x *KeyParams) ProtoReflect() protoreflect.Message {
+	mi := &file_engine_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyParams.ProtoReflect.Descriptor instead.
+func (*KeyParams) Descriptor() ([]byte, []int) {
+	return file_engine_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *KeyParams) GetPythonHashSeed() string {
+	if x != nil && x.PythonHashSeed != nil {
+		return *x.PythonHashSeed
+	}
+	return ""
+}
+
+func (x *KeyParams) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *KeyParams) GetCachePrefix() string {
+	if x != nil {
+		return x.CachePrefix
+	}
+	return ""
+}
+
+func (x *KeyParams) GetStoreNamespace() string {
+	if x != nil {
+		return x.StoreNamespace
+	}
+	return ""
+}
+
+func (x *KeyParams) GetHashBlockSize() int32 {
+	if x != nil {
+		return x.HashBlockSize
+	}
+	return 0
+}
+
+func (x *KeyParams) GetNumKvHeads() int32 {
+	if x != nil {
+		return x.NumKvHeads
+	}
+	return 0
+}
+
+func (x *KeyParams) GetMla() bool {
+	if x != nil {
+		return x.Mla
+	}
+	return false
+}
+
+func (x *KeyParams) GetPpRank() int32 {
+	if x != nil {
+		return x.PpRank
+	}
+	return 0
+}
+
+func (x *KeyParams) GetPpSize() int32 {
+	if x != nil {
+		return x.PpSize
+	}
+	return 0
+}
+
+func (x *KeyParams) GetPcpRank() int32 {
+	if x != nil {
+		return x.PcpRank
+	}
+	return 0
+}
+
+func (x *KeyParams) GetPcpSize() int32 {
+	if x != nil {
+		return x.PcpSize
+	}
+	return 0
+}
+
+func (x *KeyParams) GetDcpRank() int32 {
+	if x != nil {
+		return x.DcpRank
+	}
+	return 0
+}
+
+func (x *KeyParams) GetDcpSize() int32 {
+	if x != nil {
+		return x.DcpSize
+	}
+	return 0
+}
+
 // ApiVersion is a version of this API: major changes break engines written for another major
 // version, minor versions only add.
 type ApiVersion struct {
@@ -980,7 +1145,7 @@ type ApiVersion struct {
 
 func (x *ApiVersion) Reset() {
 	*x = ApiVersion{}
-	mi := &file_engine_proto_msgTypes[11]
+	mi := &file_engine_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -992,7 +1157,7 @@ func (x *ApiVersion) String() string {
 func (*ApiVersion) ProtoMessage() {}
 
 func (x *ApiVersion) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[11]
+	mi := &file_engine_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1005,7 +1170,7 @@ func (x *ApiVersion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApiVersion.ProtoReflect.Descriptor instead.
 func (*ApiVersion) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{11}
+	return file_engine_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ApiVersion) GetMajor() uint32 {
@@ -1035,7 +1200,7 @@ type CudaEvent struct {
 
 func (x *CudaEvent) Reset() {
 	*x = CudaEvent{}
-	mi := &file_engine_proto_msgTypes[12]
+	mi := &file_engine_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1047,7 +1212,7 @@ func (x *CudaEvent) String() string {
 func (*CudaEvent) ProtoMessage() {}
 
 func (x *CudaEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[12]
+	mi := &file_engine_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1060,7 +1225,7 @@ func (x *CudaEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CudaEvent.ProtoReflect.Descriptor instead.
 func (*CudaEvent) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{12}
+	return file_engine_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CudaEvent) GetHandle() []byte {
@@ -1100,7 +1265,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_engine_proto_msgTypes[13]
+	mi := &file_engine_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1112,7 +1277,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[13]
+	mi := &file_engine_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1125,7 +1290,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{13}
+	return file_engine_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RegisterResponse) GetEngine() string {
@@ -1182,7 +1347,7 @@ type AttachSchedulerRequest struct {
 
 func (x *AttachSchedulerRequest) Reset() {
 	*x = AttachSchedulerRequest{}
-	mi := &file_engine_proto_msgTypes[14]
+	mi := &file_engine_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1194,7 +1359,7 @@ func (x *AttachSchedulerRequest) String() string {
 func (*AttachSchedulerRequest) ProtoMessage() {}
 
 func (x *AttachSchedulerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[14]
+	mi := &file_engine_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1207,7 +1372,7 @@ func (x *AttachSchedulerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachSchedulerRequest.ProtoReflect.Descriptor instead.
 func (*AttachSchedulerRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{14}
+	return file_engine_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AttachSchedulerRequest) GetEngine() string {
@@ -1237,7 +1402,7 @@ type AttachSchedulerResponse struct {
 
 func (x *AttachSchedulerResponse) Reset() {
 	*x = AttachSchedulerResponse{}
-	mi := &file_engine_proto_msgTypes[15]
+	mi := &file_engine_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1249,7 +1414,7 @@ func (x *AttachSchedulerResponse) String() string {
 func (*AttachSchedulerResponse) ProtoMessage() {}
 
 func (x *AttachSchedulerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[15]
+	mi := &file_engine_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1262,7 +1427,7 @@ func (x *AttachSchedulerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachSchedulerResponse.ProtoReflect.Descriptor instead.
 func (*AttachSchedulerResponse) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{15}
+	return file_engine_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AttachSchedulerResponse) GetEngine() string {
@@ -1306,14 +1471,19 @@ type Request struct {
 	// tokens_arena names the prompt as a range of the engine's prompt arena (see
 	// RegisterPromptArena) in the tokens_packed encoding. The daemon copies it out before it uses
 	// it. Set at most one of tokens, tokens_packed and tokens_arena.
-	TokensArena   *ArenaRange `protobuf:"bytes,10,opt,name=tokens_arena,json=tokensArena,proto3" json:"tokens_arena,omitempty"`
+	TokensArena *ArenaRange `protobuf:"bytes,10,opt,name=tokens_arena,json=tokensArena,proto3" json:"tokens_arena,omitempty"`
+	// lora_name and mm_features are a vLLM request's key inputs (API 1.2, vLLM schemes only): its
+	// LoRA adapter name, and its multimodal items sorted by offset. cache_salt is shared with
+	// TensorRT-LLM's schemes.
+	LoraName      *string      `protobuf:"bytes,11,opt,name=lora_name,json=loraName,proto3,oneof" json:"lora_name,omitempty"`
+	MmFeatures    []*MMFeature `protobuf:"bytes,12,rep,name=mm_features,json=mmFeatures,proto3" json:"mm_features,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Request) Reset() {
 	*x = Request{}
-	mi := &file_engine_proto_msgTypes[16]
+	mi := &file_engine_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1325,7 +1495,7 @@ func (x *Request) String() string {
 func (*Request) ProtoMessage() {}
 
 func (x *Request) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[16]
+	mi := &file_engine_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1338,7 +1508,7 @@ func (x *Request) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Request.ProtoReflect.Descriptor instead.
 func (*Request) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{16}
+	return file_engine_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Request) GetId() string {
@@ -1411,6 +1581,82 @@ func (x *Request) GetTokensArena() *ArenaRange {
 	return nil
 }
 
+func (x *Request) GetLoraName() string {
+	if x != nil && x.LoraName != nil {
+		return *x.LoraName
+	}
+	return ""
+}
+
+func (x *Request) GetMmFeatures() []*MMFeature {
+	if x != nil {
+		return x.MmFeatures
+	}
+	return nil
+}
+
+// MMFeature is one multimodal item of a vLLM request: vLLM's identifier of the processed input
+// and its placeholder range [offset, offset + length) in the prompt.
+type MMFeature struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Identifier    string                 `protobuf:"bytes,1,opt,name=identifier,proto3" json:"identifier,omitempty"`
+	Offset        int32                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Length        int32                  `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MMFeature) Reset() {
+	*x = MMFeature{}
+	mi := &file_engine_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MMFeature) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MMFeature) ProtoMessage() {}
+
+func (x *MMFeature) ProtoReflect() protoreflect.Message {
+	mi := &file_engine_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MMFeature.ProtoReflect.Descriptor instead.
+func (*MMFeature) Descriptor() ([]byte, []int) {
+	return file_engine_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *MMFeature) GetIdentifier() string {
+	if x != nil {
+		return x.Identifier
+	}
+	return ""
+}
+
+func (x *MMFeature) GetOffset() int32 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *MMFeature) GetLength() int32 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
 // ArenaRange is count tokens of the prompt arena, 8 bytes each (the tokens_packed encoding),
 // starting at byte offset. offset needs no alignment; the range must lie inside the arena and
 // count must be within the daemon's per-request token limit.
@@ -1424,7 +1670,7 @@ type ArenaRange struct {
 
 func (x *ArenaRange) Reset() {
 	*x = ArenaRange{}
-	mi := &file_engine_proto_msgTypes[17]
+	mi := &file_engine_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1436,7 +1682,7 @@ func (x *ArenaRange) String() string {
 func (*ArenaRange) ProtoMessage() {}
 
 func (x *ArenaRange) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[17]
+	mi := &file_engine_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1449,7 +1695,7 @@ func (x *ArenaRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArenaRange.ProtoReflect.Descriptor instead.
 func (*ArenaRange) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{17}
+	return file_engine_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ArenaRange) GetOffset() uint64 {
@@ -1481,7 +1727,7 @@ type PromptArenaRequest struct {
 
 func (x *PromptArenaRequest) Reset() {
 	*x = PromptArenaRequest{}
-	mi := &file_engine_proto_msgTypes[18]
+	mi := &file_engine_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1493,7 +1739,7 @@ func (x *PromptArenaRequest) String() string {
 func (*PromptArenaRequest) ProtoMessage() {}
 
 func (x *PromptArenaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[18]
+	mi := &file_engine_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1506,7 +1752,7 @@ func (x *PromptArenaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromptArenaRequest.ProtoReflect.Descriptor instead.
 func (*PromptArenaRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{18}
+	return file_engine_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PromptArenaRequest) GetEngine() string {
@@ -1541,7 +1787,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_engine_proto_msgTypes[19]
+	mi := &file_engine_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1553,7 +1799,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[19]
+	mi := &file_engine_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1566,7 +1812,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{19}
+	return file_engine_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *LookupRequest) GetEngine() string {
@@ -1600,7 +1846,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_engine_proto_msgTypes[20]
+	mi := &file_engine_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1612,7 +1858,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[20]
+	mi := &file_engine_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1625,7 +1871,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{20}
+	return file_engine_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *LookupResponse) GetMatchedTokens() int32 {
@@ -1654,7 +1900,7 @@ type CancelLoadRequest struct {
 
 func (x *CancelLoadRequest) Reset() {
 	*x = CancelLoadRequest{}
-	mi := &file_engine_proto_msgTypes[21]
+	mi := &file_engine_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1666,7 +1912,7 @@ func (x *CancelLoadRequest) String() string {
 func (*CancelLoadRequest) ProtoMessage() {}
 
 func (x *CancelLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[21]
+	mi := &file_engine_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1679,7 +1925,7 @@ func (x *CancelLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelLoadRequest.ProtoReflect.Descriptor instead.
 func (*CancelLoadRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{21}
+	return file_engine_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CancelLoadRequest) GetEngine() string {
@@ -1719,7 +1965,7 @@ type BlockIDs struct {
 
 func (x *BlockIDs) Reset() {
 	*x = BlockIDs{}
-	mi := &file_engine_proto_msgTypes[22]
+	mi := &file_engine_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1731,7 +1977,7 @@ func (x *BlockIDs) String() string {
 func (*BlockIDs) ProtoMessage() {}
 
 func (x *BlockIDs) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[22]
+	mi := &file_engine_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1744,7 +1990,7 @@ func (x *BlockIDs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockIDs.ProtoReflect.Descriptor instead.
 func (*BlockIDs) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{22}
+	return file_engine_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *BlockIDs) GetIds() []int32 {
@@ -1769,7 +2015,7 @@ type AllocRequest struct {
 
 func (x *AllocRequest) Reset() {
 	*x = AllocRequest{}
-	mi := &file_engine_proto_msgTypes[23]
+	mi := &file_engine_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1781,7 +2027,7 @@ func (x *AllocRequest) String() string {
 func (*AllocRequest) ProtoMessage() {}
 
 func (x *AllocRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[23]
+	mi := &file_engine_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1794,7 +2040,7 @@ func (x *AllocRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocRequest.ProtoReflect.Descriptor instead.
 func (*AllocRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{23}
+	return file_engine_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *AllocRequest) GetEngine() string {
@@ -1846,7 +2092,7 @@ type RequestData struct {
 
 func (x *RequestData) Reset() {
 	*x = RequestData{}
-	mi := &file_engine_proto_msgTypes[24]
+	mi := &file_engine_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1858,7 +2104,7 @@ func (x *RequestData) String() string {
 func (*RequestData) ProtoMessage() {}
 
 func (x *RequestData) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[24]
+	mi := &file_engine_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1871,7 +2117,7 @@ func (x *RequestData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestData.ProtoReflect.Descriptor instead.
 func (*RequestData) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{24}
+	return file_engine_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RequestData) GetId() string {
@@ -1928,7 +2174,7 @@ type BuildMetaRequest struct {
 
 func (x *BuildMetaRequest) Reset() {
 	*x = BuildMetaRequest{}
-	mi := &file_engine_proto_msgTypes[25]
+	mi := &file_engine_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1940,7 +2186,7 @@ func (x *BuildMetaRequest) String() string {
 func (*BuildMetaRequest) ProtoMessage() {}
 
 func (x *BuildMetaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[25]
+	mi := &file_engine_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1953,7 +2199,7 @@ func (x *BuildMetaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildMetaRequest.ProtoReflect.Descriptor instead.
 func (*BuildMetaRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{25}
+	return file_engine_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *BuildMetaRequest) GetEngine() string {
@@ -1995,7 +2241,7 @@ type PageTransfer struct {
 
 func (x *PageTransfer) Reset() {
 	*x = PageTransfer{}
-	mi := &file_engine_proto_msgTypes[26]
+	mi := &file_engine_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2007,7 +2253,7 @@ func (x *PageTransfer) String() string {
 func (*PageTransfer) ProtoMessage() {}
 
 func (x *PageTransfer) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[26]
+	mi := &file_engine_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2020,7 +2266,7 @@ func (x *PageTransfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PageTransfer.ProtoReflect.Descriptor instead.
 func (*PageTransfer) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{26}
+	return file_engine_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PageTransfer) GetHash() []byte {
@@ -2054,7 +2300,7 @@ type RequestTransfers struct {
 
 func (x *RequestTransfers) Reset() {
 	*x = RequestTransfers{}
-	mi := &file_engine_proto_msgTypes[27]
+	mi := &file_engine_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2066,7 +2312,7 @@ func (x *RequestTransfers) String() string {
 func (*RequestTransfers) ProtoMessage() {}
 
 func (x *RequestTransfers) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[27]
+	mi := &file_engine_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2079,7 +2325,7 @@ func (x *RequestTransfers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestTransfers.ProtoReflect.Descriptor instead.
 func (*RequestTransfers) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{27}
+	return file_engine_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RequestTransfers) GetRequestId() string {
@@ -2107,7 +2353,7 @@ type Metadata struct {
 
 func (x *Metadata) Reset() {
 	*x = Metadata{}
-	mi := &file_engine_proto_msgTypes[28]
+	mi := &file_engine_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2119,7 +2365,7 @@ func (x *Metadata) String() string {
 func (*Metadata) ProtoMessage() {}
 
 func (x *Metadata) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[28]
+	mi := &file_engine_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2132,7 +2378,7 @@ func (x *Metadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metadata.ProtoReflect.Descriptor instead.
 func (*Metadata) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{28}
+	return file_engine_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Metadata) GetLoads() []*RequestTransfers {
@@ -2166,7 +2412,7 @@ type BindMetaRequest struct {
 
 func (x *BindMetaRequest) Reset() {
 	*x = BindMetaRequest{}
-	mi := &file_engine_proto_msgTypes[29]
+	mi := &file_engine_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2178,7 +2424,7 @@ func (x *BindMetaRequest) String() string {
 func (*BindMetaRequest) ProtoMessage() {}
 
 func (x *BindMetaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[29]
+	mi := &file_engine_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2191,7 +2437,7 @@ func (x *BindMetaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindMetaRequest.ProtoReflect.Descriptor instead.
 func (*BindMetaRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{29}
+	return file_engine_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *BindMetaRequest) GetEngine() string {
@@ -2221,7 +2467,7 @@ type RequestRef struct {
 
 func (x *RequestRef) Reset() {
 	*x = RequestRef{}
-	mi := &file_engine_proto_msgTypes[30]
+	mi := &file_engine_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2233,7 +2479,7 @@ func (x *RequestRef) String() string {
 func (*RequestRef) ProtoMessage() {}
 
 func (x *RequestRef) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[30]
+	mi := &file_engine_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2246,7 +2492,7 @@ func (x *RequestRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestRef.ProtoReflect.Descriptor instead.
 func (*RequestRef) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{30}
+	return file_engine_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RequestRef) GetEngine() string {
@@ -2279,7 +2525,7 @@ type RequestFinishedResponse struct {
 
 func (x *RequestFinishedResponse) Reset() {
 	*x = RequestFinishedResponse{}
-	mi := &file_engine_proto_msgTypes[31]
+	mi := &file_engine_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2291,7 +2537,7 @@ func (x *RequestFinishedResponse) String() string {
 func (*RequestFinishedResponse) ProtoMessage() {}
 
 func (x *RequestFinishedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[31]
+	mi := &file_engine_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2304,7 +2550,7 @@ func (x *RequestFinishedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestFinishedResponse.ProtoReflect.Descriptor instead.
 func (*RequestFinishedResponse) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{31}
+	return file_engine_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RequestFinishedResponse) GetAsyncSaving() bool {
@@ -2325,7 +2571,7 @@ type GetFinishedRequest struct {
 
 func (x *GetFinishedRequest) Reset() {
 	*x = GetFinishedRequest{}
-	mi := &file_engine_proto_msgTypes[32]
+	mi := &file_engine_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2337,7 +2583,7 @@ func (x *GetFinishedRequest) String() string {
 func (*GetFinishedRequest) ProtoMessage() {}
 
 func (x *GetFinishedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[32]
+	mi := &file_engine_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2350,7 +2596,7 @@ func (x *GetFinishedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFinishedRequest.ProtoReflect.Descriptor instead.
 func (*GetFinishedRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{32}
+	return file_engine_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetFinishedRequest) GetEngine() string {
@@ -2384,7 +2630,7 @@ type GetFinishedResponse struct {
 
 func (x *GetFinishedResponse) Reset() {
 	*x = GetFinishedResponse{}
-	mi := &file_engine_proto_msgTypes[33]
+	mi := &file_engine_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2396,7 +2642,7 @@ func (x *GetFinishedResponse) String() string {
 func (*GetFinishedResponse) ProtoMessage() {}
 
 func (x *GetFinishedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[33]
+	mi := &file_engine_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2409,7 +2655,7 @@ func (x *GetFinishedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFinishedResponse.ProtoReflect.Descriptor instead.
 func (*GetFinishedResponse) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{33}
+	return file_engine_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetFinishedResponse) GetFinishedSaving() []string {
@@ -2435,7 +2681,7 @@ type RequestIDs struct {
 
 func (x *RequestIDs) Reset() {
 	*x = RequestIDs{}
-	mi := &file_engine_proto_msgTypes[34]
+	mi := &file_engine_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2447,7 +2693,7 @@ func (x *RequestIDs) String() string {
 func (*RequestIDs) ProtoMessage() {}
 
 func (x *RequestIDs) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[34]
+	mi := &file_engine_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2460,7 +2706,7 @@ func (x *RequestIDs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestIDs.ProtoReflect.Descriptor instead.
 func (*RequestIDs) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{34}
+	return file_engine_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RequestIDs) GetIds() []string {
@@ -2480,7 +2726,7 @@ type DropRequest struct {
 
 func (x *DropRequest) Reset() {
 	*x = DropRequest{}
-	mi := &file_engine_proto_msgTypes[35]
+	mi := &file_engine_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2492,7 +2738,7 @@ func (x *DropRequest) String() string {
 func (*DropRequest) ProtoMessage() {}
 
 func (x *DropRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_proto_msgTypes[35]
+	mi := &file_engine_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2505,7 +2751,7 @@ func (x *DropRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropRequest.ProtoReflect.Descriptor instead.
 func (*DropRequest) Descriptor() ([]byte, []int) {
-	return file_engine_proto_rawDescGZIP(), []int{35}
+	return file_engine_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DropRequest) GetEngine() string {
@@ -2559,7 +2805,7 @@ const file_engine_proto_rawDesc = "" +
 	"\x06CudaFD\x12\x19\n" +
 	"\bfd_token\x18\x01 \x01(\tR\afdToken\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x16\n" +
-	"\x06device\x18\x03 \x01(\x05R\x06device\"\x8c\b\n" +
+	"\x06device\x18\x03 \x01(\x05R\x06device\"\xc7\b\n" +
 	"\x0fRegisterRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x1b\n" +
 	"\tmodel_key\x18\x02 \x01(\tR\bmodelKey\x12\x1c\n" +
@@ -2585,12 +2831,31 @@ const file_engine_proto_rawDesc = "" +
 	"\fgroup_blocks\x18\x13 \x01(\bR\vgroupBlocks\x12.\n" +
 	"\x13local_reuse_backoff\x18\x14 \x01(\tR\x11localReuseBackoff\x12/\n" +
 	"\x13speculative_prefill\x18\x15 \x01(\bR\x12speculativePrefill\x12\x18\n" +
-	"\adrafter\x18* \x01(\tR\adrafter\x120\n" +
+	"\adrafter\x18* \x01(\tR\adrafter\x129\n" +
+	"\n" +
+	"key_params\x18+ \x01(\v2\x1a.kvctl.engine.v1.KeyParamsR\tkeyParams\x120\n" +
 	"\x14staging_buffer_bytes\x18\x16 \x01(\x04R\x12stagingBufferBytes\x12<\n" +
 	"\vapi_version\x18\x17 \x01(\v2\x1b.kvctl.engine.v1.ApiVersionR\n" +
 	"apiVersion\x12=\n" +
 	"\fengine_event\x18\x1e \x01(\v2\x1a.kvctl.engine.v1.CudaEventR\vengineEventB\b\n" +
-	"\x06memory\"8\n" +
+	"\x06memory\"\xab\x03\n" +
+	"\tKeyParams\x12-\n" +
+	"\x10python_hash_seed\x18\x01 \x01(\tH\x00R\x0epythonHashSeed\x88\x01\x01\x12\x14\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\x12!\n" +
+	"\fcache_prefix\x18\x03 \x01(\tR\vcachePrefix\x12'\n" +
+	"\x0fstore_namespace\x18\x04 \x01(\tR\x0estoreNamespace\x12&\n" +
+	"\x0fhash_block_size\x18\x05 \x01(\x05R\rhashBlockSize\x12 \n" +
+	"\fnum_kv_heads\x18\x06 \x01(\x05R\n" +
+	"numKvHeads\x12\x10\n" +
+	"\x03mla\x18\a \x01(\bR\x03mla\x12\x17\n" +
+	"\app_rank\x18\b \x01(\x05R\x06ppRank\x12\x17\n" +
+	"\app_size\x18\t \x01(\x05R\x06ppSize\x12\x19\n" +
+	"\bpcp_rank\x18\n" +
+	" \x01(\x05R\apcpRank\x12\x19\n" +
+	"\bpcp_size\x18\v \x01(\x05R\apcpSize\x12\x19\n" +
+	"\bdcp_rank\x18\f \x01(\x05R\adcpRank\x12\x19\n" +
+	"\bdcp_size\x18\r \x01(\x05R\adcpSizeB\x13\n" +
+	"\x11_python_hash_seed\"8\n" +
 	"\n" +
 	"ApiVersion\x12\x14\n" +
 	"\x05major\x18\x01 \x01(\rR\x05major\x12\x14\n" +
@@ -2618,7 +2883,7 @@ const file_engine_proto_rawDesc = "" +
 	"\fdeclarations\x184 \x03(\v2:.kvctl.engine.v1.AttachSchedulerResponse.DeclarationsEntryR\fdeclarations\x1a?\n" +
 	"\x11DeclarationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01\"\x90\x03\n" +
+	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01\"\xfd\x03\n" +
 	"\aRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06tokens\x18\x02 \x03(\x03R\x06tokens\x12\"\n" +
@@ -2632,9 +2897,20 @@ const file_engine_proto_rawDesc = "" +
 	"\fcontext_only\x18\b \x01(\bR\vcontextOnly\x12#\n" +
 	"\rtokens_packed\x18\t \x01(\fR\ftokensPacked\x12>\n" +
 	"\ftokens_arena\x18\n" +
-	" \x01(\v2\x1b.kvctl.engine.v1.ArenaRangeR\vtokensArenaB\r\n" +
+	" \x01(\v2\x1b.kvctl.engine.v1.ArenaRangeR\vtokensArena\x12 \n" +
+	"\tlora_name\x18\v \x01(\tH\x02R\bloraName\x88\x01\x01\x12;\n" +
+	"\vmm_features\x18\f \x03(\v2\x1a.kvctl.engine.v1.MMFeatureR\n" +
+	"mmFeaturesB\r\n" +
 	"\v_cache_saltB\x0f\n" +
-	"\r_lora_task_id\":\n" +
+	"\r_lora_task_idB\f\n" +
+	"\n" +
+	"_lora_name\"[\n" +
+	"\tMMFeature\x12\x1e\n" +
+	"\n" +
+	"identifier\x18\x01 \x01(\tR\n" +
+	"identifier\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x05R\x06offset\x12\x16\n" +
+	"\x06length\x18\x03 \x01(\x05R\x06length\":\n" +
 	"\n" +
 	"ArenaRange\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x04R\x06offset\x12\x14\n" +
@@ -2775,7 +3051,7 @@ func file_engine_proto_rawDescGZIP() []byte {
 }
 
 var file_engine_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_engine_proto_goTypes = []any{
 	(CallChannelMethod)(0),          // 0: kvctl.engine.v1.CallChannelMethod
 	(*CallChannelRequest)(nil),      // 1: kvctl.engine.v1.CallChannelRequest
@@ -2789,33 +3065,35 @@ var file_engine_proto_goTypes = []any{
 	(*CudaIPC)(nil),                 // 9: kvctl.engine.v1.CudaIPC
 	(*CudaFD)(nil),                  // 10: kvctl.engine.v1.CudaFD
 	(*RegisterRequest)(nil),         // 11: kvctl.engine.v1.RegisterRequest
-	(*ApiVersion)(nil),              // 12: kvctl.engine.v1.ApiVersion
-	(*CudaEvent)(nil),               // 13: kvctl.engine.v1.CudaEvent
-	(*RegisterResponse)(nil),        // 14: kvctl.engine.v1.RegisterResponse
-	(*AttachSchedulerRequest)(nil),  // 15: kvctl.engine.v1.AttachSchedulerRequest
-	(*AttachSchedulerResponse)(nil), // 16: kvctl.engine.v1.AttachSchedulerResponse
-	(*Request)(nil),                 // 17: kvctl.engine.v1.Request
-	(*ArenaRange)(nil),              // 18: kvctl.engine.v1.ArenaRange
-	(*PromptArenaRequest)(nil),      // 19: kvctl.engine.v1.PromptArenaRequest
-	(*LookupRequest)(nil),           // 20: kvctl.engine.v1.LookupRequest
-	(*LookupResponse)(nil),          // 21: kvctl.engine.v1.LookupResponse
-	(*CancelLoadRequest)(nil),       // 22: kvctl.engine.v1.CancelLoadRequest
-	(*BlockIDs)(nil),                // 23: kvctl.engine.v1.BlockIDs
-	(*AllocRequest)(nil),            // 24: kvctl.engine.v1.AllocRequest
-	(*RequestData)(nil),             // 25: kvctl.engine.v1.RequestData
-	(*BuildMetaRequest)(nil),        // 26: kvctl.engine.v1.BuildMetaRequest
-	(*PageTransfer)(nil),            // 27: kvctl.engine.v1.PageTransfer
-	(*RequestTransfers)(nil),        // 28: kvctl.engine.v1.RequestTransfers
-	(*Metadata)(nil),                // 29: kvctl.engine.v1.Metadata
-	(*BindMetaRequest)(nil),         // 30: kvctl.engine.v1.BindMetaRequest
-	(*RequestRef)(nil),              // 31: kvctl.engine.v1.RequestRef
-	(*RequestFinishedResponse)(nil), // 32: kvctl.engine.v1.RequestFinishedResponse
-	(*GetFinishedRequest)(nil),      // 33: kvctl.engine.v1.GetFinishedRequest
-	(*GetFinishedResponse)(nil),     // 34: kvctl.engine.v1.GetFinishedResponse
-	(*RequestIDs)(nil),              // 35: kvctl.engine.v1.RequestIDs
-	(*DropRequest)(nil),             // 36: kvctl.engine.v1.DropRequest
-	nil,                             // 37: kvctl.engine.v1.RegisterResponse.DeclarationsEntry
-	nil,                             // 38: kvctl.engine.v1.AttachSchedulerResponse.DeclarationsEntry
+	(*KeyParams)(nil),               // 12: kvctl.engine.v1.KeyParams
+	(*ApiVersion)(nil),              // 13: kvctl.engine.v1.ApiVersion
+	(*CudaEvent)(nil),               // 14: kvctl.engine.v1.CudaEvent
+	(*RegisterResponse)(nil),        // 15: kvctl.engine.v1.RegisterResponse
+	(*AttachSchedulerRequest)(nil),  // 16: kvctl.engine.v1.AttachSchedulerRequest
+	(*AttachSchedulerResponse)(nil), // 17: kvctl.engine.v1.AttachSchedulerResponse
+	(*Request)(nil),                 // 18: kvctl.engine.v1.Request
+	(*MMFeature)(nil),               // 19: kvctl.engine.v1.MMFeature
+	(*ArenaRange)(nil),              // 20: kvctl.engine.v1.ArenaRange
+	(*PromptArenaRequest)(nil),      // 21: kvctl.engine.v1.PromptArenaRequest
+	(*LookupRequest)(nil),           // 22: kvctl.engine.v1.LookupRequest
+	(*LookupResponse)(nil),          // 23: kvctl.engine.v1.LookupResponse
+	(*CancelLoadRequest)(nil),       // 24: kvctl.engine.v1.CancelLoadRequest
+	(*BlockIDs)(nil),                // 25: kvctl.engine.v1.BlockIDs
+	(*AllocRequest)(nil),            // 26: kvctl.engine.v1.AllocRequest
+	(*RequestData)(nil),             // 27: kvctl.engine.v1.RequestData
+	(*BuildMetaRequest)(nil),        // 28: kvctl.engine.v1.BuildMetaRequest
+	(*PageTransfer)(nil),            // 29: kvctl.engine.v1.PageTransfer
+	(*RequestTransfers)(nil),        // 30: kvctl.engine.v1.RequestTransfers
+	(*Metadata)(nil),                // 31: kvctl.engine.v1.Metadata
+	(*BindMetaRequest)(nil),         // 32: kvctl.engine.v1.BindMetaRequest
+	(*RequestRef)(nil),              // 33: kvctl.engine.v1.RequestRef
+	(*RequestFinishedResponse)(nil), // 34: kvctl.engine.v1.RequestFinishedResponse
+	(*GetFinishedRequest)(nil),      // 35: kvctl.engine.v1.GetFinishedRequest
+	(*GetFinishedResponse)(nil),     // 36: kvctl.engine.v1.GetFinishedResponse
+	(*RequestIDs)(nil),              // 37: kvctl.engine.v1.RequestIDs
+	(*DropRequest)(nil),             // 38: kvctl.engine.v1.DropRequest
+	nil,                             // 39: kvctl.engine.v1.RegisterResponse.DeclarationsEntry
+	nil,                             // 40: kvctl.engine.v1.AttachSchedulerResponse.DeclarationsEntry
 }
 var file_engine_proto_depIdxs = []int32{
 	5,  // 0: kvctl.engine.v1.LayerGroup.regions:type_name -> kvctl.engine.v1.Region
@@ -2825,68 +3103,70 @@ var file_engine_proto_depIdxs = []int32{
 	8,  // 4: kvctl.engine.v1.RegisterRequest.shared_memory:type_name -> kvctl.engine.v1.SharedMemory
 	9,  // 5: kvctl.engine.v1.RegisterRequest.cuda_ipc:type_name -> kvctl.engine.v1.CudaIPC
 	10, // 6: kvctl.engine.v1.RegisterRequest.cuda_fd:type_name -> kvctl.engine.v1.CudaFD
-	12, // 7: kvctl.engine.v1.RegisterRequest.api_version:type_name -> kvctl.engine.v1.ApiVersion
-	13, // 8: kvctl.engine.v1.RegisterRequest.engine_event:type_name -> kvctl.engine.v1.CudaEvent
-	37, // 9: kvctl.engine.v1.RegisterResponse.declarations:type_name -> kvctl.engine.v1.RegisterResponse.DeclarationsEntry
-	12, // 10: kvctl.engine.v1.RegisterResponse.api_version:type_name -> kvctl.engine.v1.ApiVersion
-	13, // 11: kvctl.engine.v1.RegisterResponse.daemon_event:type_name -> kvctl.engine.v1.CudaEvent
-	38, // 12: kvctl.engine.v1.AttachSchedulerResponse.declarations:type_name -> kvctl.engine.v1.AttachSchedulerResponse.DeclarationsEntry
-	18, // 13: kvctl.engine.v1.Request.tokens_arena:type_name -> kvctl.engine.v1.ArenaRange
-	17, // 14: kvctl.engine.v1.LookupRequest.request:type_name -> kvctl.engine.v1.Request
-	23, // 15: kvctl.engine.v1.AllocRequest.block_ids_by_group:type_name -> kvctl.engine.v1.BlockIDs
-	23, // 16: kvctl.engine.v1.RequestData.new_block_ids_by_group:type_name -> kvctl.engine.v1.BlockIDs
-	25, // 17: kvctl.engine.v1.BuildMetaRequest.new_requests:type_name -> kvctl.engine.v1.RequestData
-	25, // 18: kvctl.engine.v1.BuildMetaRequest.cached_requests:type_name -> kvctl.engine.v1.RequestData
-	27, // 19: kvctl.engine.v1.RequestTransfers.pages:type_name -> kvctl.engine.v1.PageTransfer
-	28, // 20: kvctl.engine.v1.Metadata.loads:type_name -> kvctl.engine.v1.RequestTransfers
-	28, // 21: kvctl.engine.v1.Metadata.saves:type_name -> kvctl.engine.v1.RequestTransfers
-	28, // 22: kvctl.engine.v1.Metadata.async_loads:type_name -> kvctl.engine.v1.RequestTransfers
-	29, // 23: kvctl.engine.v1.BindMetaRequest.metadata:type_name -> kvctl.engine.v1.Metadata
-	11, // 24: kvctl.engine.v1.Engine.Register:input_type -> kvctl.engine.v1.RegisterRequest
-	4,  // 25: kvctl.engine.v1.Engine.Unregister:input_type -> kvctl.engine.v1.EngineRef
-	20, // 26: kvctl.engine.v1.Engine.Lookup:input_type -> kvctl.engine.v1.LookupRequest
-	20, // 27: kvctl.engine.v1.Engine.AdmissionQuery:input_type -> kvctl.engine.v1.LookupRequest
-	22, // 28: kvctl.engine.v1.Engine.CancelLoad:input_type -> kvctl.engine.v1.CancelLoadRequest
-	24, // 29: kvctl.engine.v1.Engine.UpdateStateAfterAlloc:input_type -> kvctl.engine.v1.AllocRequest
-	26, // 30: kvctl.engine.v1.Engine.BuildMeta:input_type -> kvctl.engine.v1.BuildMetaRequest
-	31, // 31: kvctl.engine.v1.Engine.RequestFinished:input_type -> kvctl.engine.v1.RequestRef
-	31, // 32: kvctl.engine.v1.Engine.RequestReset:input_type -> kvctl.engine.v1.RequestRef
-	30, // 33: kvctl.engine.v1.Engine.BindMeta:input_type -> kvctl.engine.v1.BindMetaRequest
-	4,  // 34: kvctl.engine.v1.Engine.StartLoad:input_type -> kvctl.engine.v1.EngineRef
-	4,  // 35: kvctl.engine.v1.Engine.WaitForSave:input_type -> kvctl.engine.v1.EngineRef
-	33, // 36: kvctl.engine.v1.Engine.GetFinished:input_type -> kvctl.engine.v1.GetFinishedRequest
-	4,  // 37: kvctl.engine.v1.Engine.TakeFailedLoads:input_type -> kvctl.engine.v1.EngineRef
-	4,  // 38: kvctl.engine.v1.Engine.TakeFailedAsyncLoads:input_type -> kvctl.engine.v1.EngineRef
-	4,  // 39: kvctl.engine.v1.Engine.TakeSubmittedSaves:input_type -> kvctl.engine.v1.EngineRef
-	36, // 40: kvctl.engine.v1.Engine.DropBoundSaves:input_type -> kvctl.engine.v1.DropRequest
-	19, // 41: kvctl.engine.v1.Engine.RegisterPromptArena:input_type -> kvctl.engine.v1.PromptArenaRequest
-	1,  // 42: kvctl.engine.v1.Engine.OpenCallChannel:input_type -> kvctl.engine.v1.CallChannelRequest
-	15, // 43: kvctl.engine.v1.Engine.AttachScheduler:input_type -> kvctl.engine.v1.AttachSchedulerRequest
-	14, // 44: kvctl.engine.v1.Engine.Register:output_type -> kvctl.engine.v1.RegisterResponse
-	3,  // 45: kvctl.engine.v1.Engine.Unregister:output_type -> kvctl.engine.v1.Empty
-	21, // 46: kvctl.engine.v1.Engine.Lookup:output_type -> kvctl.engine.v1.LookupResponse
-	21, // 47: kvctl.engine.v1.Engine.AdmissionQuery:output_type -> kvctl.engine.v1.LookupResponse
-	3,  // 48: kvctl.engine.v1.Engine.CancelLoad:output_type -> kvctl.engine.v1.Empty
-	3,  // 49: kvctl.engine.v1.Engine.UpdateStateAfterAlloc:output_type -> kvctl.engine.v1.Empty
-	29, // 50: kvctl.engine.v1.Engine.BuildMeta:output_type -> kvctl.engine.v1.Metadata
-	32, // 51: kvctl.engine.v1.Engine.RequestFinished:output_type -> kvctl.engine.v1.RequestFinishedResponse
-	3,  // 52: kvctl.engine.v1.Engine.RequestReset:output_type -> kvctl.engine.v1.Empty
-	3,  // 53: kvctl.engine.v1.Engine.BindMeta:output_type -> kvctl.engine.v1.Empty
-	3,  // 54: kvctl.engine.v1.Engine.StartLoad:output_type -> kvctl.engine.v1.Empty
-	3,  // 55: kvctl.engine.v1.Engine.WaitForSave:output_type -> kvctl.engine.v1.Empty
-	34, // 56: kvctl.engine.v1.Engine.GetFinished:output_type -> kvctl.engine.v1.GetFinishedResponse
-	35, // 57: kvctl.engine.v1.Engine.TakeFailedLoads:output_type -> kvctl.engine.v1.RequestIDs
-	35, // 58: kvctl.engine.v1.Engine.TakeFailedAsyncLoads:output_type -> kvctl.engine.v1.RequestIDs
-	35, // 59: kvctl.engine.v1.Engine.TakeSubmittedSaves:output_type -> kvctl.engine.v1.RequestIDs
-	3,  // 60: kvctl.engine.v1.Engine.DropBoundSaves:output_type -> kvctl.engine.v1.Empty
-	3,  // 61: kvctl.engine.v1.Engine.RegisterPromptArena:output_type -> kvctl.engine.v1.Empty
-	2,  // 62: kvctl.engine.v1.Engine.OpenCallChannel:output_type -> kvctl.engine.v1.CallChannelResponse
-	16, // 63: kvctl.engine.v1.Engine.AttachScheduler:output_type -> kvctl.engine.v1.AttachSchedulerResponse
-	44, // [44:64] is the sub-list for method output_type
-	24, // [24:44] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	12, // 7: kvctl.engine.v1.RegisterRequest.key_params:type_name -> kvctl.engine.v1.KeyParams
+	13, // 8: kvctl.engine.v1.RegisterRequest.api_version:type_name -> kvctl.engine.v1.ApiVersion
+	14, // 9: kvctl.engine.v1.RegisterRequest.engine_event:type_name -> kvctl.engine.v1.CudaEvent
+	39, // 10: kvctl.engine.v1.RegisterResponse.declarations:type_name -> kvctl.engine.v1.RegisterResponse.DeclarationsEntry
+	13, // 11: kvctl.engine.v1.RegisterResponse.api_version:type_name -> kvctl.engine.v1.ApiVersion
+	14, // 12: kvctl.engine.v1.RegisterResponse.daemon_event:type_name -> kvctl.engine.v1.CudaEvent
+	40, // 13: kvctl.engine.v1.AttachSchedulerResponse.declarations:type_name -> kvctl.engine.v1.AttachSchedulerResponse.DeclarationsEntry
+	20, // 14: kvctl.engine.v1.Request.tokens_arena:type_name -> kvctl.engine.v1.ArenaRange
+	19, // 15: kvctl.engine.v1.Request.mm_features:type_name -> kvctl.engine.v1.MMFeature
+	18, // 16: kvctl.engine.v1.LookupRequest.request:type_name -> kvctl.engine.v1.Request
+	25, // 17: kvctl.engine.v1.AllocRequest.block_ids_by_group:type_name -> kvctl.engine.v1.BlockIDs
+	25, // 18: kvctl.engine.v1.RequestData.new_block_ids_by_group:type_name -> kvctl.engine.v1.BlockIDs
+	27, // 19: kvctl.engine.v1.BuildMetaRequest.new_requests:type_name -> kvctl.engine.v1.RequestData
+	27, // 20: kvctl.engine.v1.BuildMetaRequest.cached_requests:type_name -> kvctl.engine.v1.RequestData
+	29, // 21: kvctl.engine.v1.RequestTransfers.pages:type_name -> kvctl.engine.v1.PageTransfer
+	30, // 22: kvctl.engine.v1.Metadata.loads:type_name -> kvctl.engine.v1.RequestTransfers
+	30, // 23: kvctl.engine.v1.Metadata.saves:type_name -> kvctl.engine.v1.RequestTransfers
+	30, // 24: kvctl.engine.v1.Metadata.async_loads:type_name -> kvctl.engine.v1.RequestTransfers
+	31, // 25: kvctl.engine.v1.BindMetaRequest.metadata:type_name -> kvctl.engine.v1.Metadata
+	11, // 26: kvctl.engine.v1.Engine.Register:input_type -> kvctl.engine.v1.RegisterRequest
+	4,  // 27: kvctl.engine.v1.Engine.Unregister:input_type -> kvctl.engine.v1.EngineRef
+	22, // 28: kvctl.engine.v1.Engine.Lookup:input_type -> kvctl.engine.v1.LookupRequest
+	22, // 29: kvctl.engine.v1.Engine.AdmissionQuery:input_type -> kvctl.engine.v1.LookupRequest
+	24, // 30: kvctl.engine.v1.Engine.CancelLoad:input_type -> kvctl.engine.v1.CancelLoadRequest
+	26, // 31: kvctl.engine.v1.Engine.UpdateStateAfterAlloc:input_type -> kvctl.engine.v1.AllocRequest
+	28, // 32: kvctl.engine.v1.Engine.BuildMeta:input_type -> kvctl.engine.v1.BuildMetaRequest
+	33, // 33: kvctl.engine.v1.Engine.RequestFinished:input_type -> kvctl.engine.v1.RequestRef
+	33, // 34: kvctl.engine.v1.Engine.RequestReset:input_type -> kvctl.engine.v1.RequestRef
+	32, // 35: kvctl.engine.v1.Engine.BindMeta:input_type -> kvctl.engine.v1.BindMetaRequest
+	4,  // 36: kvctl.engine.v1.Engine.StartLoad:input_type -> kvctl.engine.v1.EngineRef
+	4,  // 37: kvctl.engine.v1.Engine.WaitForSave:input_type -> kvctl.engine.v1.EngineRef
+	35, // 38: kvctl.engine.v1.Engine.GetFinished:input_type -> kvctl.engine.v1.GetFinishedRequest
+	4,  // 39: kvctl.engine.v1.Engine.TakeFailedLoads:input_type -> kvctl.engine.v1.EngineRef
+	4,  // 40: kvctl.engine.v1.Engine.TakeFailedAsyncLoads:input_type -> kvctl.engine.v1.EngineRef
+	4,  // 41: kvctl.engine.v1.Engine.TakeSubmittedSaves:input_type -> kvctl.engine.v1.EngineRef
+	38, // 42: kvctl.engine.v1.Engine.DropBoundSaves:input_type -> kvctl.engine.v1.DropRequest
+	21, // 43: kvctl.engine.v1.Engine.RegisterPromptArena:input_type -> kvctl.engine.v1.PromptArenaRequest
+	1,  // 44: kvctl.engine.v1.Engine.OpenCallChannel:input_type -> kvctl.engine.v1.CallChannelRequest
+	16, // 45: kvctl.engine.v1.Engine.AttachScheduler:input_type -> kvctl.engine.v1.AttachSchedulerRequest
+	15, // 46: kvctl.engine.v1.Engine.Register:output_type -> kvctl.engine.v1.RegisterResponse
+	3,  // 47: kvctl.engine.v1.Engine.Unregister:output_type -> kvctl.engine.v1.Empty
+	23, // 48: kvctl.engine.v1.Engine.Lookup:output_type -> kvctl.engine.v1.LookupResponse
+	23, // 49: kvctl.engine.v1.Engine.AdmissionQuery:output_type -> kvctl.engine.v1.LookupResponse
+	3,  // 50: kvctl.engine.v1.Engine.CancelLoad:output_type -> kvctl.engine.v1.Empty
+	3,  // 51: kvctl.engine.v1.Engine.UpdateStateAfterAlloc:output_type -> kvctl.engine.v1.Empty
+	31, // 52: kvctl.engine.v1.Engine.BuildMeta:output_type -> kvctl.engine.v1.Metadata
+	34, // 53: kvctl.engine.v1.Engine.RequestFinished:output_type -> kvctl.engine.v1.RequestFinishedResponse
+	3,  // 54: kvctl.engine.v1.Engine.RequestReset:output_type -> kvctl.engine.v1.Empty
+	3,  // 55: kvctl.engine.v1.Engine.BindMeta:output_type -> kvctl.engine.v1.Empty
+	3,  // 56: kvctl.engine.v1.Engine.StartLoad:output_type -> kvctl.engine.v1.Empty
+	3,  // 57: kvctl.engine.v1.Engine.WaitForSave:output_type -> kvctl.engine.v1.Empty
+	36, // 58: kvctl.engine.v1.Engine.GetFinished:output_type -> kvctl.engine.v1.GetFinishedResponse
+	37, // 59: kvctl.engine.v1.Engine.TakeFailedLoads:output_type -> kvctl.engine.v1.RequestIDs
+	37, // 60: kvctl.engine.v1.Engine.TakeFailedAsyncLoads:output_type -> kvctl.engine.v1.RequestIDs
+	37, // 61: kvctl.engine.v1.Engine.TakeSubmittedSaves:output_type -> kvctl.engine.v1.RequestIDs
+	3,  // 62: kvctl.engine.v1.Engine.DropBoundSaves:output_type -> kvctl.engine.v1.Empty
+	3,  // 63: kvctl.engine.v1.Engine.RegisterPromptArena:output_type -> kvctl.engine.v1.Empty
+	2,  // 64: kvctl.engine.v1.Engine.OpenCallChannel:output_type -> kvctl.engine.v1.CallChannelResponse
+	17, // 65: kvctl.engine.v1.Engine.AttachScheduler:output_type -> kvctl.engine.v1.AttachSchedulerResponse
+	46, // [46:66] is the sub-list for method output_type
+	26, // [26:46] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_engine_proto_init() }
@@ -2899,14 +3179,15 @@ func file_engine_proto_init() {
 		(*RegisterRequest_CudaIpc)(nil),
 		(*RegisterRequest_CudaFd)(nil),
 	}
-	file_engine_proto_msgTypes[16].OneofWrappers = []any{}
+	file_engine_proto_msgTypes[11].OneofWrappers = []any{}
+	file_engine_proto_msgTypes[17].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_engine_proto_rawDesc), len(file_engine_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   38,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -135,7 +135,7 @@ class CudaFD(_message.Message):
     def __init__(self, fd_token: _Optional[str] = ..., size: _Optional[int] = ..., device: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("engine", "model_key", "namespace", "world_size", "rank", "attention_dp", "role", "format", "prompt_lookahead", "scheduler", "layout", "shared_memory", "cuda_ipc", "cuda_fd", "transfer_batch_size", "async_load", "async_load_workers", "soft_pin_ttl_ms", "group_blocks", "local_reuse_backoff", "speculative_prefill", "drafter", "staging_buffer_bytes", "api_version", "engine_event")
+    __slots__ = ("engine", "model_key", "namespace", "world_size", "rank", "attention_dp", "role", "format", "prompt_lookahead", "scheduler", "layout", "shared_memory", "cuda_ipc", "cuda_fd", "transfer_batch_size", "async_load", "async_load_workers", "soft_pin_ttl_ms", "group_blocks", "local_reuse_backoff", "speculative_prefill", "drafter", "key_params", "staging_buffer_bytes", "api_version", "engine_event")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     MODEL_KEY_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +158,7 @@ class RegisterRequest(_message.Message):
     LOCAL_REUSE_BACKOFF_FIELD_NUMBER: _ClassVar[int]
     SPECULATIVE_PREFILL_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
+    KEY_PARAMS_FIELD_NUMBER: _ClassVar[int]
     STAGING_BUFFER_BYTES_FIELD_NUMBER: _ClassVar[int]
     API_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENGINE_EVENT_FIELD_NUMBER: _ClassVar[int]
@@ -183,10 +184,41 @@ class RegisterRequest(_message.Message):
     local_reuse_backoff: str
     speculative_prefill: bool
     drafter: str
+    key_params: KeyParams
     staging_buffer_bytes: int
     api_version: ApiVersion
     engine_event: CudaEvent
-    def __init__(self, engine: _Optional[str] = ..., model_key: _Optional[str] = ..., namespace: _Optional[str] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., attention_dp: _Optional[bool] = ..., role: _Optional[str] = ..., format: _Optional[str] = ..., prompt_lookahead: _Optional[int] = ..., scheduler: _Optional[bool] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ..., cuda_ipc: _Optional[_Union[CudaIPC, _Mapping]] = ..., cuda_fd: _Optional[_Union[CudaFD, _Mapping]] = ..., transfer_batch_size: _Optional[int] = ..., async_load: _Optional[bool] = ..., async_load_workers: _Optional[int] = ..., soft_pin_ttl_ms: _Optional[int] = ..., group_blocks: _Optional[bool] = ..., local_reuse_backoff: _Optional[str] = ..., speculative_prefill: _Optional[bool] = ..., drafter: _Optional[str] = ..., staging_buffer_bytes: _Optional[int] = ..., api_version: _Optional[_Union[ApiVersion, _Mapping]] = ..., engine_event: _Optional[_Union[CudaEvent, _Mapping]] = ...) -> None: ...
+    def __init__(self, engine: _Optional[str] = ..., model_key: _Optional[str] = ..., namespace: _Optional[str] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., attention_dp: _Optional[bool] = ..., role: _Optional[str] = ..., format: _Optional[str] = ..., prompt_lookahead: _Optional[int] = ..., scheduler: _Optional[bool] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ..., cuda_ipc: _Optional[_Union[CudaIPC, _Mapping]] = ..., cuda_fd: _Optional[_Union[CudaFD, _Mapping]] = ..., transfer_batch_size: _Optional[int] = ..., async_load: _Optional[bool] = ..., async_load_workers: _Optional[int] = ..., soft_pin_ttl_ms: _Optional[int] = ..., group_blocks: _Optional[bool] = ..., local_reuse_backoff: _Optional[str] = ..., speculative_prefill: _Optional[bool] = ..., drafter: _Optional[str] = ..., key_params: _Optional[_Union[KeyParams, _Mapping]] = ..., staging_buffer_bytes: _Optional[int] = ..., api_version: _Optional[_Union[ApiVersion, _Mapping]] = ..., engine_event: _Optional[_Union[CudaEvent, _Mapping]] = ...) -> None: ...
+
+class KeyParams(_message.Message):
+    __slots__ = ("python_hash_seed", "model", "cache_prefix", "store_namespace", "hash_block_size", "num_kv_heads", "mla", "pp_rank", "pp_size", "pcp_rank", "pcp_size", "dcp_rank", "dcp_size")
+    PYTHON_HASH_SEED_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CACHE_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    STORE_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    HASH_BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_HEADS_FIELD_NUMBER: _ClassVar[int]
+    MLA_FIELD_NUMBER: _ClassVar[int]
+    PP_RANK_FIELD_NUMBER: _ClassVar[int]
+    PP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PCP_RANK_FIELD_NUMBER: _ClassVar[int]
+    PCP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DCP_RANK_FIELD_NUMBER: _ClassVar[int]
+    DCP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    python_hash_seed: str
+    model: str
+    cache_prefix: str
+    store_namespace: str
+    hash_block_size: int
+    num_kv_heads: int
+    mla: bool
+    pp_rank: int
+    pp_size: int
+    pcp_rank: int
+    pcp_size: int
+    dcp_rank: int
+    dcp_size: int
+    def __init__(self, python_hash_seed: _Optional[str] = ..., model: _Optional[str] = ..., cache_prefix: _Optional[str] = ..., store_namespace: _Optional[str] = ..., hash_block_size: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., mla: _Optional[bool] = ..., pp_rank: _Optional[int] = ..., pp_size: _Optional[int] = ..., pcp_rank: _Optional[int] = ..., pcp_size: _Optional[int] = ..., dcp_rank: _Optional[int] = ..., dcp_size: _Optional[int] = ...) -> None: ...
 
 class ApiVersion(_message.Message):
     __slots__ = ("major", "minor")
@@ -253,7 +285,7 @@ class AttachSchedulerResponse(_message.Message):
     def __init__(self, engine: _Optional[str] = ..., shard: _Optional[str] = ..., declarations: _Optional[_Mapping[str, bool]] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("id", "tokens", "cache_salt", "lora_task_id", "multimodal_digests", "has_multimodal", "dummy", "context_only", "tokens_packed", "tokens_arena")
+    __slots__ = ("id", "tokens", "cache_salt", "lora_task_id", "multimodal_digests", "has_multimodal", "dummy", "context_only", "tokens_packed", "tokens_arena", "lora_name", "mm_features")
     ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
@@ -264,6 +296,8 @@ class Request(_message.Message):
     CONTEXT_ONLY_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PACKED_FIELD_NUMBER: _ClassVar[int]
     TOKENS_ARENA_FIELD_NUMBER: _ClassVar[int]
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    MM_FEATURES_FIELD_NUMBER: _ClassVar[int]
     id: str
     tokens: _containers.RepeatedScalarFieldContainer[int]
     cache_salt: str
@@ -274,7 +308,19 @@ class Request(_message.Message):
     context_only: bool
     tokens_packed: bytes
     tokens_arena: ArenaRange
-    def __init__(self, id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[str] = ..., lora_task_id: _Optional[int] = ..., multimodal_digests: _Optional[_Iterable[bytes]] = ..., has_multimodal: _Optional[bool] = ..., dummy: _Optional[bool] = ..., context_only: _Optional[bool] = ..., tokens_packed: _Optional[bytes] = ..., tokens_arena: _Optional[_Union[ArenaRange, _Mapping]] = ...) -> None: ...
+    lora_name: str
+    mm_features: _containers.RepeatedCompositeFieldContainer[MMFeature]
+    def __init__(self, id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[str] = ..., lora_task_id: _Optional[int] = ..., multimodal_digests: _Optional[_Iterable[bytes]] = ..., has_multimodal: _Optional[bool] = ..., dummy: _Optional[bool] = ..., context_only: _Optional[bool] = ..., tokens_packed: _Optional[bytes] = ..., tokens_arena: _Optional[_Union[ArenaRange, _Mapping]] = ..., lora_name: _Optional[str] = ..., mm_features: _Optional[_Iterable[_Union[MMFeature, _Mapping]]] = ...) -> None: ...
+
+class MMFeature(_message.Message):
+    __slots__ = ("identifier", "offset", "length")
+    IDENTIFIER_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    identifier: str
+    offset: int
+    length: int
+    def __init__(self, identifier: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class ArenaRange(_message.Message):
     __slots__ = ("offset", "count")
