@@ -156,7 +156,7 @@ type VLLMChain struct {
 	r      *VLLMRank
 	p      Params
 	parent PageHash // the last hash block's hash, NONE_HASH at first
-	hashed int // hash blocks hashed
+	hashed int      // hash blocks hashed
 	tokens int
 	mmIdx  int
 	blocks []PageHash
