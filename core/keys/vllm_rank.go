@@ -92,6 +92,9 @@ func vllmHashFnOf(scheme string) (vllmHashFn, bool) {
 // Scheme returns the scheme's name.
 func (v *VLLMRank) Scheme() string { return v.scheme }
 
+// BlockSize returns the tokens of one block (vLLM's block_size).
+func (v *VLLMRank) BlockSize() int { return v.block }
+
 // DigestSize returns the length of the rank's block hashes in bytes.
 func (v *VLLMRank) DigestSize() int { return v.hf.digest.Size }
 
