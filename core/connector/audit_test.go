@@ -189,7 +189,7 @@ func TestBindMetaNeverFails(t *testing.T) {
 	if err := w.RegisterLayout(testLayout(16)); err != nil {
 		t.Fatal(err)
 	}
-	w.BindMeta(Metadata{AsyncLoads: []RequestTransfers{{RequestID: "p", Pages: []PageTransfer{{Hash: keys.Hash{1}, Page: 2}}}}})
+	w.BindMeta(Metadata{AsyncLoads: []RequestTransfers{{RequestID: "p", Pages: []PageTransfer{{Hash: keys.PageHashOf(keys.Hash{1}), Page: 2}}}}})
 	err = w.StartLoad(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "request p: asynchronous load queued but this worker has no load workers") {
 		t.Fatalf("StartLoad after the bind = %v, want the kept error", err)
@@ -214,7 +214,7 @@ func TestSecondStartLoadStartsNothing(t *testing.T) {
 	load := RequestTransfers{RequestID: "a"}
 	for i, h := range hashes {
 		for g := range 2 {
-			load.Pages = append(load.Pages, PageTransfer{Hash: h, Group: g, Page: 30 + i})
+			load.Pages = append(load.Pages, PageTransfer{Hash: keys.PageHashOf(h), Group: g, Page: 30 + i})
 		}
 	}
 	log := &orderLog{}
@@ -310,7 +310,7 @@ func TestLoadWorkerErrorIsKeptUntilShutdown(t *testing.T) {
 	}
 	var pages []PageTransfer
 	for i, h := range hashes {
-		pages = append(pages, PageTransfer{Hash: h, Group: 0, Page: 30 + i}, PageTransfer{Hash: h, Group: 1, Page: 30 + i})
+		pages = append(pages, PageTransfer{Hash: keys.PageHashOf(h), Group: 0, Page: 30 + i}, PageTransfer{Hash: keys.PageHashOf(h), Group: 1, Page: 30 + i})
 	}
 	w.BindMeta(Metadata{AsyncLoads: []RequestTransfers{{RequestID: "p", Pages: pages}}})
 	var kept error

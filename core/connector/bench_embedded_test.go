@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/pool"
 )
 
@@ -99,7 +100,7 @@ func BenchmarkEmbeddedSave(b *testing.B) {
 	size := int(l.Groups[0].BytesPerPage())
 	t := RequestTransfers{RequestID: "r"}
 	for i, h := range hs {
-		t.Pages = append(t.Pages, PageTransfer{Hash: h, Group: 0, Page: i})
+		t.Pages = append(t.Pages, PageTransfer{Hash: keys.PageHashOf(h), Group: 0, Page: i})
 	}
 	mover := newHostMover(l)
 	for i := range mover.mem {

@@ -191,7 +191,7 @@ func BenchmarkSaveThroughput(b *testing.B) {
 	size := int(l.Groups[0].BytesPerPage())
 	t := RequestTransfers{RequestID: "r"}
 	for i, h := range hs {
-		t.Pages = append(t.Pages, PageTransfer{Hash: h, Group: 0, Page: i})
+		t.Pages = append(t.Pages, PageTransfer{Hash: keys.PageHashOf(h), Group: 0, Page: i})
 	}
 	mover := newHostMover(l)
 	ctx := context.Background()
@@ -245,7 +245,7 @@ func benchLoadWorker(b *testing.B, opts Options, pl pool.Pool, l kvmem.Layout, h
 	b.Cleanup(func() { _ = w.Close(context.Background()) })
 	t := RequestTransfers{RequestID: "r"}
 	for i, h := range hs {
-		t.Pages = append(t.Pages, PageTransfer{Hash: h, Group: 0, Page: i})
+		t.Pages = append(t.Pages, PageTransfer{Hash: keys.PageHashOf(h), Group: 0, Page: i})
 	}
 	return w, Metadata{Loads: []RequestTransfers{t}}
 }

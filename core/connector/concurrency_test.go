@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/pool"
 )
 
@@ -269,7 +270,7 @@ func TestWaitSavesReturnsOnceQueuedSavesAreWritten(t *testing.T) {
 	if err := w.WaitSaves(context.Background()); err != nil {
 		t.Fatalf("nothing queued: %v", err)
 	}
-	w.BindMeta(Metadata{Saves: []RequestTransfers{{RequestID: "r", Pages: []PageTransfer{{Hash: directHash(1), Group: 0, Page: 1}}}}})
+	w.BindMeta(Metadata{Saves: []RequestTransfers{{RequestID: "r", Pages: []PageTransfer{{Hash: keys.PageHashOf(directHash(1)), Group: 0, Page: 1}}}}})
 	if err := w.WaitForSave(context.Background()); err != nil {
 		t.Fatal(err)
 	}

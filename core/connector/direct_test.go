@@ -78,7 +78,7 @@ func saveDirectPages(t testing.TB, pl pool.Pool, l kvmem.Layout, n int) *hostMov
 	}
 	var pages []PageTransfer
 	for i := range n {
-		pages = append(pages, PageTransfer{Hash: directHash(i), Group: 0, Page: i}, PageTransfer{Hash: directHash(i), Group: 1, Page: i})
+		pages = append(pages, PageTransfer{Hash: keys.PageHashOf(directHash(i)), Group: 0, Page: i}, PageTransfer{Hash: keys.PageHashOf(directHash(i)), Group: 1, Page: i})
 	}
 	w.BindMeta(Metadata{Saves: []RequestTransfers{{RequestID: "saver", Pages: pages}}})
 	if err := w.WaitForSave(context.Background()); err != nil {
@@ -136,7 +136,7 @@ func TestLoadsReadPoolMemoryInPlace(t *testing.T) {
 		}
 		var pages []PageTransfer
 		for i := range n {
-			pages = append(pages, PageTransfer{Hash: directHash(i), Group: 0, Page: 10 - i}, PageTransfer{Hash: directHash(i), Group: 1, Page: 10 - i})
+			pages = append(pages, PageTransfer{Hash: keys.PageHashOf(directHash(i)), Group: 0, Page: 10 - i}, PageTransfer{Hash: keys.PageHashOf(directHash(i)), Group: 1, Page: 10 - i})
 		}
 		w.BindMeta(Metadata{Loads: []RequestTransfers{{RequestID: "r", Pages: pages}}})
 		if err := w.StartLoad(context.Background()); err != nil {
@@ -185,8 +185,8 @@ func TestDirectLoadNeverDeliversCorruptedPages(t *testing.T) {
 		t.Fatal("the pool's memory was not registered: the direct path is not under test")
 	}
 	w.BindMeta(Metadata{Loads: []RequestTransfers{
-		{RequestID: "b", Pages: []PageTransfer{{Hash: directHash(2), Group: 0, Page: 12}}},
-		{RequestID: "c", Pages: []PageTransfer{{Hash: directHash(3), Group: 0, Page: 13}}},
+		{RequestID: "b", Pages: []PageTransfer{{Hash: keys.PageHashOf(directHash(2)), Group: 0, Page: 12}}},
+		{RequestID: "c", Pages: []PageTransfer{{Hash: keys.PageHashOf(directHash(3)), Group: 0, Page: 13}}},
 	}})
 	if err := w.StartLoad(context.Background()); err != nil {
 		t.Fatal(err)
@@ -237,7 +237,7 @@ func TestSavesWriteIntoPoolMemory(t *testing.T) {
 		}
 		var pages []PageTransfer
 		for i := range 5 {
-			pages = append(pages, PageTransfer{Hash: directHash(i), Group: 0, Page: i}, PageTransfer{Hash: directHash(i), Group: 1, Page: i})
+			pages = append(pages, PageTransfer{Hash: keys.PageHashOf(directHash(i)), Group: 0, Page: i}, PageTransfer{Hash: keys.PageHashOf(directHash(i)), Group: 1, Page: i})
 		}
 		w.BindMeta(Metadata{Saves: []RequestTransfers{{RequestID: "s", Pages: pages}}})
 		if err := w.WaitForSave(context.Background()); err != nil {
@@ -296,7 +296,7 @@ func TestSavesWriteIntoPoolMemory(t *testing.T) {
 	if err := w.RegisterLayout(l); err != nil {
 		t.Fatal(err)
 	}
-	w.BindMeta(Metadata{Saves: []RequestTransfers{{RequestID: "s", Pages: []PageTransfer{{Hash: directHash(9), Group: 0, Page: 1}}}}})
+	w.BindMeta(Metadata{Saves: []RequestTransfers{{RequestID: "s", Pages: []PageTransfer{{Hash: keys.PageHashOf(directHash(9)), Group: 0, Page: 1}}}}})
 	if err := w.WaitForSave(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -107,13 +107,13 @@ func testSavesReemittedWhenSaveStepSkipped(t *testing.T, newPool func() testPool
 	e.chunk = 8 // two blocks per pass
 	e.skipSave = func(pass int) bool { return pass == 1 }
 	r := e.add("r", prompt(13, 0, 25))
-	hashOf := func(b int) keys.Hash {
+	hashOf := func(b int) keys.PageHash {
 		c, _ := keys.NewChain(keys.ChainConfig{TokensPerBlock: testT})
 		hs, _ := c.Extend(r.tokens)
-		return hs[b]
+		return keys.PageHashOf(hs[b])
 	}
-	blocksIn := func(meta Metadata) map[keys.Hash]bool {
-		out := map[keys.Hash]bool{}
+	blocksIn := func(meta Metadata) map[keys.PageHash]bool {
+		out := map[keys.PageHash]bool{}
 		for _, s := range meta.Saves {
 			for _, p := range s.Pages {
 				out[p.Hash] = true

@@ -17,6 +17,10 @@ type geometry struct {
 	// from them without formatting the namespace again (resolveLoads). The namespace and block
 	// size are the options', fixed for the connector's life, and a geometry is made per layout.
 	prefixes []groupPrefixes
+	// lookup are the key prefixes of every page a hit on a block needs, by group: every
+	// attention rank's (TensorRT-LLM) or key rank's (vLLM) sharded page, then the replicated
+	// page when the group has one.
+	lookup [][]string
 }
 
 // groupPrefixes are the key prefixes of one layer group's pages: a page of block h has the key
@@ -43,15 +47,45 @@ func newGeometry(l kvmem.Layout, o Options) (*geometry, error) {
 		}
 		p := keys.LayerGroupPages{Group: lg.ID, BytesPerPage: lg.BytesPerPage(), ReplicatedBytesPerPage: lg.ReplicatedBytesPerPage()}
 		g.groups = append(g.groups, p)
-		g.keysPerBlock += world
-		pre := groupPrefixes{sharded: o.Namespace.PageKeyPrefix(lg.ID, o.TokensPerBlock, p.BytesPerPage)}
-		if p.ReplicatedBytesPerPage > 0 {
-			g.keysPerBlock++
-			pre.replicated = o.Namespace.ReplicatedPageKeyPrefix(lg.ID, o.TokensPerBlock, p.ReplicatedBytesPerPage)
+		if v := o.VLLM; v != nil {
+			if p.ReplicatedBytesPerPage > 0 {
+				return nil, fmt.Errorf("layout group %d has replicated regions: format %s keys each rank's pages only", i, v.Scheme())
+			}
+			g.prefixes = append(g.prefixes, groupPrefixes{sharded: v.PageKeyPrefix(o.Namespace.Rank, lg.ID)})
+			g.lookup = append(g.lookup, v.LookupKeyPrefixes(lg.ID))
+		} else {
+			pre := groupPrefixes{sharded: o.Namespace.PageKeyPrefix(lg.ID, o.TokensPerBlock, p.BytesPerPage)}
+			lookup := make([]string, 0, world+1)
+			for r := range world {
+				peer := o.Namespace
+				peer.Rank = r
+				if peer.AttentionDP {
+					peer.Rank = 0
+				}
+				lookup = append(lookup, peer.PageKeyPrefix(lg.ID, o.TokensPerBlock, p.BytesPerPage))
+			}
+			if p.ReplicatedBytesPerPage > 0 {
+				pre.replicated = o.Namespace.ReplicatedPageKeyPrefix(lg.ID, o.TokensPerBlock, p.ReplicatedBytesPerPage)
+				lookup = append(lookup, pre.replicated)
+			}
+			g.prefixes = append(g.prefixes, pre)
+			g.lookup = append(g.lookup, lookup)
 		}
-		g.prefixes = append(g.prefixes, pre)
+		g.keysPerBlock += len(g.lookup[i])
 	}
 	return g, nil
+}
+
+// appendLookupKeys appends the keys of every page a hit on block h needs (lookup's order),
+// to dst.
+func (g *geometry) appendLookupKeys(dst []string, h keys.PageHash, buf []byte) ([]string, []byte) {
+	for _, pres := range g.lookup {
+		for _, pre := range pres {
+			buf = h.AppendHex(append(buf[:0], pre...))
+			dst = append(dst, string(buf))
+		}
+	}
+	return dst, buf
 }
 
 // checkPage reports whether page is a valid slot of group.

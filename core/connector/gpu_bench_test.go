@@ -75,7 +75,7 @@ func newGPUBench(b *testing.B, page int) *gpuBench {
 	g.meta = RequestTransfers{RequestID: "r"}
 	// Slots in a shuffled order, so no two pages merge into one copy.
 	for i, h := range g.hs {
-		g.meta.Pages = append(g.meta.Pages, PageTransfer{Hash: h, Group: 0, Page: (i * 7919) % pages})
+		g.meta.Pages = append(g.meta.Pages, PageTransfer{Hash: keys.PageHashOf(h), Group: 0, Page: (i * 7919) % pages})
 	}
 	return g
 }

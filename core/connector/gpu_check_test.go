@@ -80,7 +80,7 @@ func TestGPUCheckedLoadOnDevice(t *testing.T) {
 	var reqs []RequestTransfers
 	slotOf := func(i int) int { return (i * 37) % slots }
 	for i := range n {
-		reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%03d", i), Pages: []PageTransfer{{Hash: hs[i], Group: 0, Page: slotOf(i)}}})
+		reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%03d", i), Pages: []PageTransfer{{Hash: keys.PageHashOf(hs[i]), Group: 0, Page: slotOf(i)}}})
 	}
 	w.BindMeta(Metadata{Loads: reqs})
 	if err := w.StartLoad(context.Background()); err != nil {

@@ -153,8 +153,8 @@ func TestGPUPageChecksOff(t *testing.T) {
 	}
 	w := registeredWorker(t, pl, m, l)
 	w.BindMeta(Metadata{Loads: []RequestTransfers{
-		{RequestID: "a", Pages: []PageTransfer{{Hash: directHash(0), Group: 0, Page: 10}}},
-		{RequestID: "b", Pages: []PageTransfer{{Hash: directHash(1), Group: 0, Page: 11}}},
+		{RequestID: "a", Pages: []PageTransfer{{Hash: keys.PageHashOf(directHash(0)), Group: 0, Page: 10}}},
+		{RequestID: "b", Pages: []PageTransfer{{Hash: keys.PageHashOf(directHash(1)), Group: 0, Page: 11}}},
 	}})
 	if err := w.StartLoad(context.Background()); err != nil {
 		t.Fatal(err)
@@ -213,7 +213,7 @@ func TestGPUCheckedLoadRecordsGPUTime(t *testing.T) {
 	w := registeredWorkerWith(t, o, pl, m, l)
 	var reqs []RequestTransfers
 	for i := range 10 {
-		reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%02d", i), Pages: []PageTransfer{{Hash: directHash(i), Group: 0, Page: 16 + i}}})
+		reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%02d", i), Pages: []PageTransfer{{Hash: keys.PageHashOf(directHash(i)), Group: 0, Page: 16 + i}}})
 	}
 	w.BindMeta(Metadata{Loads: reqs})
 	if err := w.StartLoad(context.Background()); err != nil {
@@ -357,7 +357,7 @@ func loadSavedPairs(t *testing.T, w *Worker, n int) {
 	var reqs []RequestTransfers
 	for i := range n {
 		reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%02d", i), Pages: []PageTransfer{
-			{Hash: directHash(i), Group: 0, Page: 16 + i}, {Hash: directHash(i), Group: 1, Page: 16 + i}}})
+			{Hash: keys.PageHashOf(directHash(i)), Group: 0, Page: 16 + i}, {Hash: keys.PageHashOf(directHash(i)), Group: 1, Page: 16 + i}}})
 	}
 	w.BindMeta(Metadata{Loads: reqs})
 	if err := w.StartLoad(context.Background()); err != nil {

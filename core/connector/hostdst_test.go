@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/kvctl/kvctl/core/hostmem"
+	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
 )
 
@@ -112,11 +113,11 @@ func TestLoadsReadStraightIntoHostEngineMemory(t *testing.T) {
 				}
 			}
 			for i := range 3 {
-				pages = append(pages, PageTransfer{Hash: directHash(i), Group: 0, Page: 10 - i}, PageTransfer{Hash: directHash(i), Group: 1, Page: 10 - i})
+				pages = append(pages, PageTransfer{Hash: keys.PageHashOf(directHash(i)), Group: 0, Page: 10 - i}, PageTransfer{Hash: keys.PageHashOf(directHash(i)), Group: 1, Page: 10 - i})
 			}
 			var missing []PageTransfer
 			for i := 3; i < n; i++ {
-				missing = append(missing, PageTransfer{Hash: directHash(i), Group: 0, Page: 10 - i})
+				missing = append(missing, PageTransfer{Hash: keys.PageHashOf(directHash(i)), Group: 0, Page: 10 - i})
 			}
 
 			shm, err := hostmem.NewSharedMemory(layoutBytes(l))

@@ -124,7 +124,7 @@ func savedBlocksOf(e *engine, r *simReq, s RequestTransfers) int {
 	last := 0
 	for _, p := range s.Pages {
 		for b, h := range hs {
-			if h == p.Hash {
+			if keys.PageHashOf(h) == p.Hash {
 				last = max(last, b+1)
 			}
 		}

@@ -43,22 +43,22 @@ func (w *Worker) resolveLoads(l *loadLists, ts []RequestTransfers) error {
 				return fmt.Errorf("request %s: %w", t.RequestID, err)
 			}
 			pre := &g.prefixes[p.Group]
-			n += len(pre.sharded) + 2*keys.HashSize
+			n += len(pre.sharded) + 2*p.Hash.Len()
 			items++
 			if pre.replicated != "" {
-				n += len(pre.replicated) + 2*keys.HashSize
+				n += len(pre.replicated) + 2*p.Hash.Len()
 				items++
 			}
 		}
 	}
 	out := slices.Grow(l.items[:0], items)
 	buf := slices.Grow(l.keyBuf[:0], n)
-	var hex [2 * keys.HashSize]byte
+	var hex [2 * keys.MaxDigestSize]byte
 	for ri, t := range ts {
 		for _, p := range t.Pages {
 			pre := &g.prefixes[p.Group]
 			lg := &g.groups[p.Group]
-			x := keys.AppendHex(hex[:0], p.Hash)
+			x := p.Hash.AppendHex(hex[:0])
 			at := len(buf)
 			buf = append(append(buf, pre.sharded...), x...)
 			out = append(out, loadItem{req: ri, at: at, end: len(buf), ref: kvmem.PageRef{Group: p.Group, Slot: p.Page}, size: int(lg.BytesPerPage)})

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/pool"
 	"github.com/kvctl/kvctl/pool/embedded"
@@ -74,7 +75,7 @@ func TestLoadListsReusedAcrossLoads(t *testing.T) {
 				var reqs []RequestTransfers
 				for i := first; i < first+n; i++ {
 					reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%02d", i), Pages: []PageTransfer{
-						{Hash: directHash(i), Group: 0, Page: at + i - first}, {Hash: directHash(i), Group: 1, Page: at + i - first}}})
+						{Hash: keys.PageHashOf(directHash(i)), Group: 0, Page: at + i - first}, {Hash: keys.PageHashOf(directHash(i)), Group: 1, Page: at + i - first}}})
 				}
 				w.BindMeta(Metadata{Loads: reqs})
 				if err := w.StartLoad(context.Background()); err != nil {
@@ -171,7 +172,7 @@ func TestLargeLoadListsNotKept(t *testing.T) {
 		t.Helper()
 		var pages []PageTransfer
 		for i := range n {
-			pages = append(pages, PageTransfer{Hash: directHash(i), Group: 0, Page: i})
+			pages = append(pages, PageTransfer{Hash: keys.PageHashOf(directHash(i)), Group: 0, Page: i})
 		}
 		w.BindMeta(Metadata{Loads: []RequestTransfers{{RequestID: "r", Pages: pages}}})
 		if err := w.StartLoad(context.Background()); err != nil {
@@ -208,7 +209,7 @@ func TestFailedLoadListsNotKept(t *testing.T) {
 	l := testLayout(32)
 	saveDirectPages(t, pl, l, 4)
 	w := registeredWorker(t, pl, lostCheckMover{newCheckingMover(l)}, l)
-	w.BindMeta(Metadata{Loads: []RequestTransfers{{RequestID: "r", Pages: []PageTransfer{{Hash: directHash(1), Group: 0, Page: 3}}}}})
+	w.BindMeta(Metadata{Loads: []RequestTransfers{{RequestID: "r", Pages: []PageTransfer{{Hash: keys.PageHashOf(directHash(1)), Group: 0, Page: 3}}}}})
 	if err := w.StartLoad(context.Background()); err == nil {
 		t.Fatal("a load whose check failed succeeded")
 	}

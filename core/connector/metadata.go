@@ -16,7 +16,13 @@ type Request struct {
 	// instead of copying it, and the caller must not use or change it afterwards. Otherwise
 	// the scheduler keeps a copy and Tokens stays the caller's.
 	TokensOwned bool
-	Scope       keys.Scope
+	// Scope is the request's reuse scope: its cache salt under every scheme; its LoRA task id
+	// and multimodal digests under TensorRT-LLM's.
+	Scope keys.Scope
+	// LoRAName and MMFeatures are a vLLM request's LoRA adapter name and multimodal items
+	// (sorted by offset), for a rank with Options.VLLM.
+	LoRAName   *string
+	MMFeatures []keys.MMFeature
 	// HasMultimodal is set when the request has multimodal positions or lengths. Without
 	// digests in Scope such a request is bypassed: never looked up, never saved.
 	HasMultimodal bool
@@ -57,7 +63,7 @@ type SchedulerOutput struct {
 // PageTransfer names one block's page in one layer group: its hash and the engine page index.
 // It carries no key: each worker derives its own keys from its namespace.
 type PageTransfer struct {
-	Hash  keys.Hash
+	Hash  keys.PageHash
 	Group int
 	Page  int
 }

@@ -65,7 +65,12 @@ type Options struct {
 	// under attention DP (Namespace.AttentionDP) shard 0 of 1 on every owner.
 	Namespace keys.Namespace
 	// Format and PromptLookahead select the block hash derivation (see package keys).
-	Format          keys.Format
+	Format keys.Format
+	// VLLM, when set, names this rank's keys as vLLM's MooncakeStoreConnector does instead of
+	// TensorRT-LLM's Format and Namespace (which then only name the rank's shard and
+	// deployment): vLLM's block hashes and key layout. It needs PromptLookahead 0, no
+	// GroupBlocks, no SpeculativePrefill and layer groups without replicated regions.
+	VLLM            *keys.VLLMRank
 	PromptLookahead int
 	TokensPerBlock  int
 	// TransferBatchSize is the most pages one pool call moves; staging may lower it.
@@ -165,9 +170,18 @@ func (o Options) Validate() error {
 		if err := o.Namespace.Validate(); err != nil {
 			bad("namespace: %w", err)
 		}
-		cc := keys.ChainConfig{Format: o.Format, TokensPerBlock: o.TokensPerBlock, PromptLookahead: o.PromptLookahead}
-		if err := cc.Validate(); err != nil {
-			bad("key chain: %w", err)
+		if o.VLLM == nil {
+			cc := keys.ChainConfig{Format: o.Format, TokensPerBlock: o.TokensPerBlock, PromptLookahead: o.PromptLookahead}
+			if err := cc.Validate(); err != nil {
+				bad("key chain: %w", err)
+			}
+		} else {
+			if o.TokensPerBlock != o.VLLM.BlockSize() {
+				bad("tokens per block %d: the vLLM keys were made for blocks of %d", o.TokensPerBlock, o.VLLM.BlockSize())
+			}
+			if o.PromptLookahead != 0 || o.GroupBlocks || o.SpeculativePrefill {
+				bad("format %s has no prompt lookahead, block groups or speculative prefill", o.VLLM.Scheme())
+			}
 		}
 	}
 	if o.TransferBatchSize < 1 {

@@ -96,7 +96,7 @@ func TestLoadsAndSavesPassTheEngineFence(t *testing.T) {
 	load := RequestTransfers{RequestID: "a"}
 	for i, h := range hashes {
 		for g := range 2 {
-			load.Pages = append(load.Pages, PageTransfer{Hash: h, Group: g, Page: 30 + i})
+			load.Pages = append(load.Pages, PageTransfer{Hash: keys.PageHashOf(h), Group: g, Page: 30 + i})
 		}
 	}
 	meta := Metadata{Loads: []RequestTransfers{load}}
@@ -115,7 +115,7 @@ func TestLoadsAndSavesPassTheEngineFence(t *testing.T) {
 	}
 	for ci, c := range cases {
 		// Each case saves a page of its own, so none finds its key already in the pool.
-		saves := Metadata{Saves: []RequestTransfers{{RequestID: "s", Pages: []PageTransfer{{Hash: keys.Hash{byte(ci + 1)}, Group: 0, Page: 20}}}}}
+		saves := Metadata{Saves: []RequestTransfers{{RequestID: "s", Pages: []PageTransfer{{Hash: keys.PageHashOf(keys.Hash{byte(ci + 1)}), Group: 0, Page: 20}}}}}
 		t.Run(c.name, func(t *testing.T) {
 			log := &orderLog{}
 			released := false

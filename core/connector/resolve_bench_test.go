@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
 )
 
@@ -73,7 +74,7 @@ func startLoadBench(b *testing.B, pool *embPool, m kvmem.Mover, l kvmem.Layout) 
 			reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%03d", i)})
 		}
 		r := &reqs[len(reqs)-1]
-		r.Pages = append(r.Pages, PageTransfer{Hash: directHash(i), Group: 0, Page: i})
+		r.Pages = append(r.Pages, PageTransfer{Hash: keys.PageHashOf(directHash(i)), Group: 0, Page: i})
 	}
 	return w, reqs
 }

@@ -29,8 +29,8 @@ func TestResolveLoadsKeys(t *testing.T) {
 				var ts []RequestTransfers
 				for r := range n {
 					ts = append(ts, RequestTransfers{RequestID: fmt.Sprintf("r%d", r), Pages: []PageTransfer{
-						{Hash: directHash(10*round + r), Group: 1, Page: r},
-						{Hash: directHash(10*round + r + 100), Group: 0, Page: 15 - r},
+						{Hash: keys.PageHashOf(directHash(10*round + r)), Group: 1, Page: r},
+						{Hash: keys.PageHashOf(directHash(10*round + r + 100)), Group: 0, Page: 15 - r},
 					}})
 				}
 				before := lists.items
@@ -47,10 +47,10 @@ func TestResolveLoadsKeys(t *testing.T) {
 				for ri, tr := range ts {
 					for _, p := range tr.Pages {
 						lg := l.Groups[p.Group]
-						want = append(want, value{ri, ns.PageKey(p.Group, testT, lg.BytesPerPage(), p.Hash),
+						want = append(want, value{ri, ns.PageKey(p.Group, testT, lg.BytesPerPage(), trtHash(t, p.Hash)),
 							kvmem.PageRef{Group: p.Group, Slot: p.Page}, int(lg.BytesPerPage())})
 						if lg.ReplicatedBytesPerPage() > 0 {
-							want = append(want, value{ri, ns.ReplicatedPageKey(p.Group, testT, lg.ReplicatedBytesPerPage(), p.Hash),
+							want = append(want, value{ri, ns.ReplicatedPageKey(p.Group, testT, lg.ReplicatedBytesPerPage(), trtHash(t, p.Hash)),
 								kvmem.PageRef{Group: p.Group, Slot: p.Page, Replicated: true}, int(lg.ReplicatedBytesPerPage())})
 						}
 					}
@@ -89,4 +89,14 @@ func TestResolveLoadsRejectsBadPages(t *testing.T) {
 			t.Fatalf("page %+v: error %q does not name the request", p, err)
 		}
 	}
+}
+
+// trtHash returns a TensorRT-LLM block hash carried as a PageHash.
+func trtHash(t testing.TB, p keys.PageHash) keys.Hash {
+	t.Helper()
+	h, ok := p.Hash()
+	if !ok {
+		t.Fatalf("block hash of %d bytes: want TensorRT-LLM's %d", p.Len(), keys.HashSize)
+	}
+	return h
 }

@@ -36,7 +36,7 @@ type Scheduler struct {
 
 // reqState is what the adapter keeps per request.
 type reqState struct {
-	chain  *keys.Chain
+	chain  hashChain
 	tokens []int64
 	pages  [][]int // per layer group, page index by block ordinal (-1: none)
 
@@ -150,7 +150,7 @@ func (s *Scheduler) lookup(ctx context.Context, req Request, numComputed int) (i
 	if s.opts.SpeculativePrefill {
 		s.contextOnly[req.ID] = true
 	}
-	if keys.Bypassed(req.HasMultimodal, req.Scope) {
+	if s.opts.bypassed(req) {
 		if !s.warnedMM {
 			s.warnedMM = true
 			s.log.Warn("mooncake-store bypasses multimodal requests without multimodal hashes: they are neither looked up nor saved", "request", req.ID)
@@ -160,7 +160,7 @@ func (s *Scheduler) lookup(ctx context.Context, req Request, numComputed int) (i
 	}
 	st := s.reqs[req.ID]
 	if st == nil {
-		chain, err := s.recipe(nil).NewChain(req.Scope)
+		chain, err := s.opts.newChain(req)
 		if err != nil {
 			return 0, false, fmt.Errorf("request %s: %w", req.ID, err)
 		}
@@ -175,7 +175,7 @@ func (s *Scheduler) lookup(ctx context.Context, req Request, numComputed int) (i
 	} else {
 		st.tokens = append(st.tokens[:0:0], req.Tokens...)
 	}
-	if _, err := st.chain.Extend(st.tokens); err != nil {
+	if err := st.chain.Extend(st.tokens); err != nil {
 		return 0, false, fmt.Errorf("request %s: %w", req.ID, err)
 	}
 	st.offerFirst, st.offerBlocks, st.offerAsync = 0, 0, false
@@ -194,7 +194,7 @@ func (s *Scheduler) lookup(ctx context.Context, req Request, numComputed int) (i
 	}
 	st.lookupGen++
 	gen := st.lookupGen
-	probeKeys := s.blockKeys(st.chain.Hashes()[first:last])
+	probeKeys := s.blockKeys(st.chain, first, last)
 	// The pool may be a network round trip away: other requests' lookups, allocations and
 	// metadata of this engine go on meanwhile.
 	s.mu.Unlock()
@@ -216,20 +216,16 @@ func (s *Scheduler) lookup(ctx context.Context, req Request, numComputed int) (i
 	return hit * T, s.opts.AsyncLoad, nil
 }
 
-// recipe is the key recipe of this engine rank over the layer groups groups (nil before a
-// layout is registered, which is enough for hashes).
-func (s *Scheduler) recipe(groups []keys.LayerGroupPages) keys.Recipe {
-	return keys.Recipe{
-		Format: s.opts.Format, TokensPerBlock: s.opts.TokensPerBlock, PromptLookahead: s.opts.PromptLookahead,
-		Namespace: s.opts.Namespace, Groups: groups,
-	}
-}
-
-// blockKeys lists every key of every candidate block, block by block, for one existence probe.
-// It reads only the geometry, which is fixed once the layout is registered.
-func (s *Scheduler) blockKeys(hashes []keys.Hash) []string {
+// blockKeys lists every key of blocks [first, last) of chain, block by block, for one
+// existence probe. It reads only the geometry, which is fixed once the layout is registered.
+func (s *Scheduler) blockKeys(chain hashChain, first, last int) []string {
 	g := s.geom
-	return s.recipe(g.groups).AppendLookupKeys(make([]string, 0, len(hashes)*g.keysPerBlock), hashes...)
+	out := make([]string, 0, (last-first)*g.keysPerBlock)
+	var buf []byte
+	for b := first; b < last; b++ {
+		out, buf = g.appendLookupKeys(out, chain.At(b), buf)
+	}
+	return out
 }
 
 // countPrefixHit folds the pool's answer for the keys of blocks candidate blocks (blockKeys
@@ -316,7 +312,7 @@ func (s *Scheduler) UpdateStateAfterAlloc(reqID string, blockIDsByGroup [][]int,
 	first, end := st.offerFirst, st.offerFirst+st.offerBlocks
 	t := RequestTransfers{RequestID: reqID}
 	for b := first; b < end; b++ {
-		h := st.chain.Hashes()[b]
+		h := st.chain.At(b)
 		for g := range s.geom.groups {
 			if g >= len(blockIDsByGroup) || b >= len(blockIDsByGroup[g]) || blockIDsByGroup[g][b] < 0 {
 				return fmt.Errorf("request %s: honoured block %d has no destination page in layer group %d", reqID, b, g)
@@ -389,7 +385,7 @@ func (s *Scheduler) buildOne(rd *RequestData, meta *Metadata) error {
 	}
 	if len(rd.NewTokens) > 0 {
 		st.tokens = append(st.tokens, rd.NewTokens...)
-		if _, err := st.chain.Extend(st.tokens); err != nil {
+		if err := st.chain.Extend(st.tokens); err != nil {
 			return fmt.Errorf("request %s: %w", rd.ID, err)
 		}
 	}
@@ -414,7 +410,6 @@ func (s *Scheduler) buildOne(rd *RequestData, meta *Metadata) error {
 	for _, p := range st.pages {
 		addressable = min(addressable, len(p))
 	}
-	hashes := st.chain.Hashes()
 	T := s.opts.TokensPerBlock
 
 	restored := 0
@@ -429,7 +424,7 @@ func (s *Scheduler) buildOne(rd *RequestData, meta *Metadata) error {
 				if st.pages[g][b] < 0 {
 					return fmt.Errorf("request %s: honoured block %d has no page in layer group %d, and its tokens are already counted as computed", rd.ID, b, g)
 				}
-				t.Pages = append(t.Pages, PageTransfer{Hash: hashes[b], Group: g, Page: st.pages[g][b]})
+				t.Pages = append(t.Pages, PageTransfer{Hash: st.chain.At(b), Group: g, Page: st.pages[g][b]})
 			}
 		}
 		meta.Loads = append(meta.Loads, t)
@@ -452,7 +447,7 @@ blocks:
 			}
 		}
 		for g := range ng {
-			t.Pages = append(t.Pages, PageTransfer{Hash: hashes[b], Group: g, Page: st.pages[g][b]})
+			t.Pages = append(t.Pages, PageTransfer{Hash: st.chain.At(b), Group: g, Page: st.pages[g][b]})
 		}
 	}
 	if len(t.Pages) > 0 {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
 )
 
@@ -71,7 +72,7 @@ func TestLoadWakesDeviceFirst(t *testing.T) {
 			}
 			var reqs []RequestTransfers
 			for i := range n {
-				reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%d", i), Pages: []PageTransfer{{Hash: directHash(i), Group: 0, Page: 16 + i}}})
+				reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("r%d", i), Pages: []PageTransfer{{Hash: keys.PageHashOf(directHash(i)), Group: 0, Page: 16 + i}}})
 			}
 			w.BindMeta(Metadata{Loads: reqs})
 			if err := w.StartLoad(context.Background()); err != nil {
@@ -107,7 +108,7 @@ func TestWakeForLoads(t *testing.T) {
 	bind := func(tag string) {
 		var reqs []RequestTransfers
 		for i := range n {
-			reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("%s%d", tag, i), Pages: []PageTransfer{{Hash: directHash(i), Group: 0, Page: 16 + i}}})
+			reqs = append(reqs, RequestTransfers{RequestID: fmt.Sprintf("%s%d", tag, i), Pages: []PageTransfer{{Hash: keys.PageHashOf(directHash(i)), Group: 0, Page: 16 + i}}})
 		}
 		w.BindMeta(Metadata{Loads: reqs})
 	}

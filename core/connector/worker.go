@@ -640,27 +640,35 @@ func (w *Worker) save(job saveJob) (err error) {
 		w.stats.RecordSave(sample)
 	}()
 	g := w.geom
-	T := w.opts.TokensPerBlock
 	ns := w.opts.Namespace
 	writeReplicated := ns.AttentionRank() == 0
+	writeSharded := w.opts.writesSharded()
 	var items []pageIO
 	var groups []string
+	var buf []byte
 	for _, t := range job.saves {
 		for _, p := range t.Pages {
 			if err := g.checkPage(p.Group, p.Page); err != nil {
 				return fmt.Errorf("request %s: %w", t.RequestID, err)
 			}
 			lg := g.groups[p.Group]
+			pre := &g.prefixes[p.Group]
 			gk := ""
 			if w.opts.GroupBlocks {
-				gk = ns.GroupKey(p.Hash)
+				h, ok := p.Hash.Hash()
+				if !ok {
+					return fmt.Errorf("request %s: a block group needs TensorRT-LLM's 16-byte hashes, got %d bytes", t.RequestID, p.Hash.Len())
+				}
+				gk = ns.GroupKey(h)
 			}
-			items = append(items, pageIO{key: ns.PageKey(p.Group, T, lg.BytesPerPage, p.Hash),
-				ref: kvmem.PageRef{Group: p.Group, Slot: p.Page}, size: int(lg.BytesPerPage)})
-			groups = append(groups, gk)
+			if writeSharded {
+				buf = p.Hash.AppendHex(append(buf[:0], pre.sharded...))
+				items = append(items, pageIO{key: string(buf), ref: kvmem.PageRef{Group: p.Group, Slot: p.Page}, size: int(lg.BytesPerPage)})
+				groups = append(groups, gk)
+			}
 			if lg.ReplicatedBytesPerPage > 0 && writeReplicated {
-				items = append(items, pageIO{key: ns.ReplicatedPageKey(p.Group, T, lg.ReplicatedBytesPerPage, p.Hash),
-					ref: kvmem.PageRef{Group: p.Group, Slot: p.Page, Replicated: true}, size: int(lg.ReplicatedBytesPerPage)})
+				buf = p.Hash.AppendHex(append(buf[:0], pre.replicated...))
+				items = append(items, pageIO{key: string(buf), ref: kvmem.PageRef{Group: p.Group, Slot: p.Page, Replicated: true}, size: int(lg.ReplicatedBytesPerPage)})
 				groups = append(groups, gk)
 			}
 		}

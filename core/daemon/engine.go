@@ -147,7 +147,7 @@ func statusOf(err error) error {
 		code = codes.DataLoss
 	case errors.Is(err, connector.ErrClosed):
 		code = codes.Unavailable
-	case errors.Is(err, kvmem.ErrBadPage), errors.Is(err, keys.ErrTokensShrank):
+	case errors.Is(err, kvmem.ErrBadPage), errors.Is(err, keys.ErrTokensShrank), errors.Is(err, connector.ErrBadKeyInputs):
 		code = codes.InvalidArgument
 	}
 	return status.Error(code, err.Error())
@@ -417,23 +417,58 @@ func (d *Daemon) openMover(h kvmem.EngineHandle, layout kvmem.Layout) (kvmem.Mov
 }
 
 // registeredRecipe is the key recipe an engine's registration states, with the registration's
-// defaults for what it leaves out (format trtllm, world size 1). Its layer groups come with the
-// layout the connector registers.
-func registeredRecipe(req *enginepb.RegisterRequest, tokensPerBlock int) (keys.Recipe, error) {
+// defaults for what it leaves out (format trtllm, world size 1), and, for a vLLM format, the
+// rank's vLLM keys (its recipe then names only the rank's shard and deployment). Its layer
+// groups come with the layout the connector registers.
+func registeredRecipe(req *enginepb.RegisterRequest, tokensPerBlock int) (keys.Recipe, *keys.VLLMRank, error) {
 	rec := keys.Recipe{Format: keys.FormatTRTLLM, TokensPerBlock: tokensPerBlock, PromptLookahead: int(req.GetPromptLookahead())}
-	if req.GetFormat() != "" {
-		f, err := keys.ParseFormat(req.GetFormat())
-		if err != nil {
-			return rec, err
-		}
-		rec.Format = f
-	}
 	world := int(req.GetWorldSize())
 	if world == 0 {
 		world = 1
 	}
 	rec.Namespace = keys.Namespace{Namespace: req.GetNamespace(), ModelKey: req.GetModelKey(), WorldSize: world, Rank: int(req.GetRank()), AttentionDP: req.GetAttentionDp()}
-	return rec, rec.Namespace.Validate()
+	if err := rec.Namespace.Validate(); err != nil {
+		return rec, nil, err
+	}
+	if keys.IsVLLMScheme(req.GetFormat()) {
+		v, err := vllmRank(req, tokensPerBlock, world)
+		return rec, v, err
+	}
+	if req.GetKeyParams() != nil {
+		return rec, nil, fmt.Errorf("key_params are the inputs of vLLM's formats (%s), not of format %q", strings.Join(keys.VLLMRankSchemes, ", "), req.GetFormat())
+	}
+	if req.GetFormat() != "" {
+		f, err := keys.ParseFormat(req.GetFormat())
+		if err != nil {
+			return rec, nil, fmt.Errorf("%w (or one of vLLM's: %s)", err, strings.Join(keys.VLLMRankSchemes, ", "))
+		}
+		rec.Format = f
+	}
+	return rec, nil, nil
+}
+
+// vllmRank is the vLLM keys of a registration with a vLLM format: its key_params, with the
+// rank and world size as vLLM's tensor-parallel rank and size.
+func vllmRank(req *enginepb.RegisterRequest, tokensPerBlock, world int) (*keys.VLLMRank, error) {
+	kp := req.GetKeyParams()
+	if kp == nil {
+		kp = &enginepb.KeyParams{}
+	}
+	if req.GetAttentionDp() {
+		return nil, fmt.Errorf("format %s: attention DP is TensorRT-LLM's; a vLLM rank registers its tensor-parallel rank", req.GetFormat())
+	}
+	p := keys.Params{
+		TokensPerBlock: tokensPerBlock, HashBlockSize: int(kp.GetHashBlockSize()),
+		Model: kp.GetModel(), CachePrefix: kp.GetCachePrefix(), StoreNamespace: kp.GetStoreNamespace(),
+		TPRank: int(req.GetRank()), TPSize: world, NumKVHeads: int(kp.GetNumKvHeads()), MLA: kp.GetMla(),
+		PPRank: int(kp.GetPpRank()), PPSize: int(kp.GetPpSize()), PCPRank: int(kp.GetPcpRank()), PCPSize: int(kp.GetPcpSize()),
+		DCPRank: int(kp.GetDcpRank()), DCPSize: int(kp.GetDcpSize()),
+	}
+	if kp.PythonHashSeed != nil {
+		seed := kp.GetPythonHashSeed()
+		p.PythonHashSeed = &seed
+	}
+	return keys.NewVLLMRank(req.GetFormat(), p)
 }
 
 // optionsFor merges a registration over the daemon's defaults.
@@ -444,11 +479,12 @@ func (d *Daemon) optionsFor(req *enginepb.RegisterRequest, layout kvmem.Layout) 
 		role = connector.RoleBoth
 	}
 	o.Role = role
-	rec, err := registeredRecipe(req, layout.TokensPerBlock)
+	rec, vllm, err := registeredRecipe(req, layout.TokensPerBlock)
 	if err != nil {
 		return o, err
 	}
 	o.Format, o.Namespace, o.PromptLookahead, o.TokensPerBlock = rec.Format, rec.Namespace, rec.PromptLookahead, rec.TokensPerBlock
+	o.VLLM = vllm
 	if v := req.GetTransferBatchSize(); v > 0 {
 		o.TransferBatchSize = int(v)
 	}

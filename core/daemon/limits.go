@@ -205,6 +205,16 @@ func (l Limits) checkRegister(req *enginepb.RegisterRequest) error {
 	if err := checkNamespaceSeparator(req.GetNamespace()); err != nil {
 		return inv(err)
 	}
+	if kp := req.GetKeyParams(); kp != nil {
+		for _, f := range []struct{ name, v string }{
+			{"key_params.model", kp.GetModel()}, {"key_params.cache_prefix", kp.GetCachePrefix()},
+			{"key_params.store_namespace", kp.GetStoreNamespace()}, {"key_params.python_hash_seed", kp.GetPythonHashSeed()},
+		} {
+			if err := checkKeyComponent(f.name, f.v, l.MaxModelKeyBytes); err != nil {
+				return inv(err)
+			}
+		}
+	}
 	if w := req.GetWorldSize(); w < 0 || int(w) > l.MaxWorldSize {
 		if w < 0 {
 			return inv(fmt.Errorf("world_size %d is negative", w))

@@ -27,7 +27,7 @@ const offerGenerations = 8
 // offers are the page hashes a scheduler's recent BuildMeta calls handed out.
 type offers struct {
 	mu   sync.Mutex
-	gens [offerGenerations]map[keys.Hash]struct{}
+	gens [offerGenerations]map[keys.PageHash]struct{}
 	next int
 }
 
@@ -38,7 +38,7 @@ func (o *offers) record(m connector.Metadata) {
 	defer o.mu.Unlock()
 	gen := o.gens[o.next]
 	if gen == nil {
-		gen = make(map[keys.Hash]struct{})
+		gen = make(map[keys.PageHash]struct{})
 		o.gens[o.next] = gen
 	}
 	clear(gen)
@@ -53,7 +53,7 @@ func (o *offers) record(m connector.Metadata) {
 }
 
 // hasLocked looks h up from the newest generation back (a step binds what was just built).
-func (o *offers) hasLocked(h keys.Hash) bool {
+func (o *offers) hasLocked(h keys.PageHash) bool {
 	for i := 1; i <= offerGenerations; i++ {
 		if _, ok := o.gens[(o.next-i+offerGenerations)%offerGenerations][h]; ok {
 			return true
@@ -118,7 +118,7 @@ func (d *Daemon) checkOffered(e *engine, m connector.Metadata) error {
 		for _, t := range set.ts {
 			for _, p := range t.Pages {
 				if !found[i] {
-					return fmt.Errorf("request %.64q: %s of block %x was not offered by a BuildMeta of this deployment; pages move only for blocks the scheduler matched or scheduled under the request's own scope", t.RequestID, set.kind, p.Hash[:])
+					return fmt.Errorf("request %.64q: %s of block %s was not offered by a BuildMeta of this deployment; pages move only for blocks the scheduler matched or scheduled under the request's own scope", t.RequestID, set.kind, p.Hash)
 				}
 				i++
 			}

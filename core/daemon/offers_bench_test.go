@@ -19,7 +19,7 @@ func stepMetadata(step, reqs, pages int) connector.Metadata {
 		for p := range pages {
 			var h keys.Hash
 			binary.LittleEndian.PutUint64(h[:], uint64(step)<<32|uint64(r)<<16|uint64(p))
-			t.Pages = append(t.Pages, connector.PageTransfer{Hash: h, Group: 0, Page: (r*pages + p) % 4096})
+			t.Pages = append(t.Pages, connector.PageTransfer{Hash: keys.PageHashOf(h), Group: 0, Page: (r*pages + p) % 4096})
 		}
 		if r%2 == 0 {
 			m.Loads = append(m.Loads, t)

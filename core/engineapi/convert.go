@@ -96,6 +96,13 @@ func RequestFromPB(r *enginepb.Request) (connector.Request, error) {
 		copy(dd[:], d)
 		out.Scope.Multimodal = append(out.Scope.Multimodal, dd)
 	}
+	if r.LoraName != nil {
+		n := r.GetLoraName()
+		out.LoRAName = &n
+	}
+	for _, f := range r.GetMmFeatures() {
+		out.MMFeatures = append(out.MMFeatures, keys.MMFeature{Identifier: f.GetIdentifier(), Offset: int(f.GetOffset()), Length: int(f.GetLength())})
+	}
 	return out, nil
 }
 
@@ -113,6 +120,10 @@ func RequestToPB(r connector.Request) *enginepb.Request {
 	}
 	for _, d := range r.Scope.Multimodal {
 		out.MultimodalDigests = append(out.MultimodalDigests, d[:])
+	}
+	out.LoraName = r.LoRAName
+	for _, f := range r.MMFeatures {
+		out.MmFeatures = append(out.MmFeatures, &enginepb.MMFeature{Identifier: f.Identifier, Offset: int32(f.Offset), Length: int32(f.Length)})
 	}
 	return out
 }
@@ -197,8 +208,7 @@ func transfersToPB(ts []connector.RequestTransfers) []*enginepb.RequestTransfers
 	for _, t := range ts {
 		pt := &enginepb.RequestTransfers{RequestId: t.RequestID, Pages: make([]*enginepb.PageTransfer, 0, len(t.Pages))}
 		for _, p := range t.Pages {
-			h := p.Hash
-			pt.Pages = append(pt.Pages, &enginepb.PageTransfer{Hash: h[:], Group: int32(p.Group), Page: int32(p.Page)})
+			pt.Pages = append(pt.Pages, &enginepb.PageTransfer{Hash: p.Hash.Bytes(), Group: int32(p.Group), Page: int32(p.Page)})
 		}
 		out = append(out, pt)
 	}
@@ -210,11 +220,10 @@ func transfersFromPB(ts []*enginepb.RequestTransfers) ([]connector.RequestTransf
 	for _, t := range ts {
 		rt := connector.RequestTransfers{RequestID: t.GetRequestId(), Pages: make([]connector.PageTransfer, 0, len(t.GetPages()))}
 		for _, p := range t.GetPages() {
-			if len(p.GetHash()) != keys.HashSize {
-				return nil, fmt.Errorf("request %s: page hash has %d bytes, want %d", t.GetRequestId(), len(p.GetHash()), keys.HashSize)
+			h, err := keys.ParsePageHash(p.GetHash())
+			if err != nil {
+				return nil, fmt.Errorf("request %s: page %w", t.GetRequestId(), err)
 			}
-			var h keys.Hash
-			copy(h[:], p.GetHash())
 			rt.Pages = append(rt.Pages, connector.PageTransfer{Hash: h, Group: int(p.GetGroup()), Page: int(p.GetPage())})
 		}
 		out = append(out, rt)

@@ -178,7 +178,7 @@ func drive(t *testing.T, side rankSide, layout kvmem.Layout) transcript {
 				}
 				// Lose block 3 of c's restore in every group.
 				lost = true
-				h := l.Pages[3*len(layout.Groups)].Hash
+				h, _ := l.Pages[3*len(layout.Groups)].Hash.Hash()
 				for g, gl := range layout.Groups {
 					k := rankNamespace.PageKey(g, rankT, gl.BytesPerPage(), h)
 					if code := side.pool.Remove(ctx, k, true); code != pool.OK {
@@ -249,7 +249,7 @@ func flatten(m connector.Metadata) string {
 		for _, t := range set.ts {
 			out += fmt.Sprintf("[%s %s", set.name, t.RequestID)
 			for _, p := range t.Pages {
-				out += fmt.Sprintf(" %x/g%d/p%d", p.Hash[:4], p.Group, p.Page)
+				out += fmt.Sprintf(" %x/g%d/p%d", p.Hash.Bytes()[:4], p.Group, p.Page)
 			}
 			out += "]"
 		}

@@ -24,6 +24,10 @@ type Config struct {
 	Namespace string
 	// World is the tensor-parallel size; every rank registers, rank 0 runs the scheduler.
 	World int
+	// Format and KeyParams are the registration's key scheme ("" = trtllm) and, for a vLLM
+	// format, its key inputs (RegisterRequest.format and key_params).
+	Format    string
+	KeyParams *enginepb.KeyParams
 	// TokensPerBlock is the block size T.
 	TokensPerBlock int
 	// Slots is the number of page slots per layer group and rank.
@@ -169,6 +173,7 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 			Role: string(connector.RoleBoth), Scheduler: r == 0, Layout: engineapi.LayoutToPB(layout),
 			GroupBlocks: cfg.GroupBlocks, SoftPinTtlMs: cfg.SoftPinTTLms,
 			AsyncLoad: cfg.AsyncLoad, AsyncLoadWorkers: int32(cfg.AsyncLoadWorkers),
+			Format: cfg.Format, KeyParams: cfg.KeyParams,
 		}
 		var resp *enginepb.RegisterResponse
 		if cfg.Memory == MemoryCUDAFD {
