@@ -35,10 +35,15 @@ var (
 	buildErr  error
 )
 
-// kvctl builds the kvctl binary once per test run.
+// kvctl builds the kvctl binary once per test run, or returns $KVCTL_BIN when set (a host
+// without Go runs a binary built elsewhere).
 func kvctl(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
+		if bin := os.Getenv("KVCTL_BIN"); bin != "" {
+			kvctlBin = bin
+			return
+		}
 		dir, err := os.MkdirTemp("", "kvctl-cluster-bin")
 		if err != nil {
 			buildErr = err
