@@ -376,14 +376,8 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 		return nil, m.checks.err
 	}
 	// Regions for `go tool trace`: what the host does before the copies are issued.
-	prepare, prepared := rtrace.StartRegion(ctx, "gpu.prepare"), false
-	endPrepare := func() {
-		if !prepared {
-			prepared = true
-			prepare.End()
-		}
-	}
-	defer endPrepare()
+	cs := &checkedScatter{m: m, ctx: ctx, src: src, pages: pages, sums: sums, waitCopies: waitCopies, prepare: rtrace.StartRegion(ctx, "gpu.prepare")}
+	defer cs.endPrepare()
 	if len(sums) != len(pages) {
 		return nil, fmt.Errorf("%w: %d pages but %d checksums", kvmem.ErrBadPage, len(pages), len(sums))
 	}
@@ -401,179 +395,287 @@ func (m *cudaMover) scatterChecked(ctx context.Context, src [][]byte, pages []kv
 		}
 		return func() ([]bool, error) { return nil, nil }, nil
 	}
-	pinned := true
-	for _, b := range src {
-		if !m.d.isPinned(b) {
-			pinned = false
-			break
-		}
-	}
+	cs.pinned = m.allPinned(src)
 	// The kernels check the units of the pages' checksums (checkUnits) as pages; the copies move
 	// the pages' regions (m.pieces) as they are. A batch of pages under 128 KiB is its own units
 	// (m.unitFirst left empty). Only the fused path needs them before the copies; the other lists
 	// them once its first copies are issued (makeUnits, from describe).
-	units, unitPieces := src, m.pieces
+	cs.units, cs.unitPieces = src, m.pieces
 	m.unitFirst = m.unitFirst[:0]
-	unitsMade := false
-	makeUnits := func() {
-		if unitsMade {
-			return
-		}
-		unitsMade = true
-		for _, b := range src {
-			if keys.ChecksumChunks(len(b)) > 1 {
-				m.units, m.unitFirst, m.unitPieces = checkUnits(m.units[:0], m.unitFirst, m.unitPieces[:0], m.pieces, src)
-				units, unitPieces = m.units, m.unitPieces
-				break
-			}
-		}
-	}
-	unitOf := func(p int) int {
-		if len(m.unitFirst) == 0 {
-			return p
-		}
-		return m.unitFirst[p]
-	}
-	// From pinned memory through the copy kernel, the copies take the check's sums on the way
-	// (kvCopyCheck), where the pieces allow it.
-	fused := false
-	m.fused = m.fused[:0]
-	if pinned && fuseChecks && m.d.sums.copyCheckFn != 0 && m.fusedScatters(uint64(len(m.pieces)), src) {
-		makeUnits()
-		m.fused, fused = checkedCopies(m.fused, unitPieces, units, func(u int) uint64 { return uint64(ptrOf(units[u])) })
-	}
+	fused := cs.fuse()
 	c := &m.checks
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	j := c.next
-	set := &c.sets[j]
-	if set.pending != nil && !set.pending.done {
-		c.syncLocked(m, set.pending)
-	}
-	set.lens = set.lens[:0]
-	for _, b := range src {
-		set.lens = append(set.lens, len(b))
-	}
+	cs.takeSet()
 	if fused {
-		set.first = append(set.first[:0], m.unitFirst...)
-		endPrepare()
-		return m.scatterFused(ctx, j, units, sums, waitCopies)
+		cs.set.first = append(cs.set.first[:0], m.unitFirst...)
+		cs.endPrepare()
+		return m.scatterFused(ctx, cs.j, cs.units, sums, waitCopies)
 	}
 	m.fused = m.fused[:0]
+	if err := cs.plan(); err != nil {
+		return nil, err
+	}
+	return cs.issue()
+}
+
+// checkedScatter is one scatterChecked call: its batch, the check's units (made once, by
+// makeUnits) and the check set it takes (j); for a batch its copies do not check themselves
+// (not fused), also where the check's descriptors and digests lie in the set's buffer, the
+// chunks it is copied and checked in, and whether a check was queued. It runs with the checks'
+// lock held from takeSet on.
+type checkedScatter struct {
+	m          *cudaMover
+	ctx        context.Context
+	src        [][]byte
+	pages      []kvmem.PageRef
+	sums       []uint64
+	waitCopies bool
+	pinned     bool // every source is pinned: copied by scatterPieces, not the bounce buffer
+
+	prepare  *rtrace.Region // what the host does before the copies are issued
+	prepared bool
+
+	units      [][]byte
+	unitPieces []checkPiece
+	unitsMade  bool
+
+	j   int
+	set *checkSet
+	buf []byte // the set's host buffer: descriptors, then the units' digests at outAt
+
+	piecesAt, outAt int
+	host            C.uintptr_t    // buf
+	descs           C.uint64_t     // the set's device copy of the descriptors
+	secret          unsafe.Pointer // the checksum's key
+	ends            []int          // the page after each chunk (checkChunkEnds)
+	launched        bool
+}
+
+// endPrepare ends the call's gpu.prepare region, once.
+func (cs *checkedScatter) endPrepare() {
+	if !cs.prepared {
+		cs.prepared = true
+		cs.prepare.End()
+	}
+}
+
+// allPinned reports whether every buffer of src is pinned memory of the mover's device.
+func (m *cudaMover) allPinned(src [][]byte) bool {
+	for _, b := range src {
+		if !m.d.isPinned(b) {
+			return false
+		}
+	}
+	return true
+}
+
+// makeUnits lists the batch's check units, the first time it is called: each page its own
+// unit, unless a page has more than one checksum chunk (checkUnits).
+func (cs *checkedScatter) makeUnits() {
+	if cs.unitsMade {
+		return
+	}
+	cs.unitsMade = true
+	m := cs.m
+	for _, b := range cs.src {
+		if keys.ChecksumChunks(len(b)) > 1 {
+			m.units, m.unitFirst, m.unitPieces = checkUnits(m.units[:0], m.unitFirst, m.unitPieces[:0], m.pieces, cs.src)
+			cs.units, cs.unitPieces = m.units, m.unitPieces
+			break
+		}
+	}
+}
+
+// unitOf returns the first unit of page p.
+func (cs *checkedScatter) unitOf(p int) int {
+	if len(cs.m.unitFirst) == 0 {
+		return p
+	}
+	return cs.m.unitFirst[p]
+}
+
+// fuse reports whether the batch's copies take the check's sums on the way (kvCopyCheck,
+// scatterFused): from pinned memory through the copy kernel, where the pieces allow it. Its
+// copies are then m.fused.
+func (cs *checkedScatter) fuse() bool {
+	m := cs.m
+	m.fused = m.fused[:0]
+	if !cs.pinned || !fuseChecks || m.d.sums.copyCheckFn == 0 || !m.fusedScatters(uint64(len(m.pieces)), cs.src) {
+		return false
+	}
+	cs.makeUnits()
+	units := cs.units
+	var fused bool
+	m.fused, fused = checkedCopies(m.fused, cs.unitPieces, units, func(u int) uint64 { return uint64(ptrOf(units[u])) })
+	return fused
+}
+
+// takeSet takes the checks' next set for the batch, once the check it last held is read, and
+// records the batch's page lengths in it. It runs with the checks' lock held.
+func (cs *checkedScatter) takeSet() {
+	c := &cs.m.checks
+	cs.j = c.next
+	cs.set = &c.sets[cs.j]
+	if cs.set.pending != nil && !cs.set.pending.done {
+		c.syncLocked(cs.m, cs.set.pending)
+	}
+	cs.set.lens = cs.set.lens[:0]
+	for _, b := range cs.src {
+		cs.set.lens = append(cs.set.lens, len(b))
+	}
+}
+
+// plan grows the set's buffers for the check's descriptors and digests and chooses the chunks
+// the batch is copied and checked in.
+func (cs *checkedScatter) plan() error {
+	m, c := cs.m, &cs.m.checks
 	// The descriptors: kvPage per unit, then kvPiece per region of a unit, then room for the
 	// units' digests. The set's buffer grows before the copies (growing allocates through the
 	// mover's CUDA call, which issuing the copies holds), for as many units and unit regions as
 	// the batch can have (unitBounds); describe lays them out.
-	maxUnits, maxPieces := unitBounds(src, len(m.pieces))
-	buf, err := m.growSet(set, maxUnits*pageDescBytes+maxPieces*pieceDescBytes+8*maxUnits)
+	maxUnits, maxPieces := unitBounds(cs.src, len(m.pieces))
+	buf, err := m.growSet(cs.set, maxUnits*pageDescBytes+maxPieces*pieceDescBytes+8*maxUnits)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	var piecesAt, outAt int
-	// describe lists the units and writes the descriptors into the set's host buffer. It runs
-	// once the first copies are issued, so the copy engines do not wait for it.
-	describe := func() {
-		makeUnits()
-		set.first = append(set.first[:0], m.unitFirst...)
-		piecesAt = len(units) * pageDescBytes
-		outAt = piecesAt + len(unitPieces)*pieceDescBytes
-		describeUnits(buf[:outAt], unitPieces, units)
-	}
+	cs.buf = buf
 	// Each chunk's check is queued on the checks' stream right after the chunk's copies are
 	// issued, behind them (an event per copy stream), so it runs while the next chunk is copied
 	// and only the last chunk's check is left when the copies are done.
-	ends := checkChunkEnds(src)
-	launched := false
+	cs.ends = checkChunkEnds(cs.src)
 	// The descriptors go to device memory once, while the first chunk is copied: kernels that
 	// read them in mapped host memory instead slowed a 180 MiB batch's copies by 6 %
 	// (BenchmarkCUDACheckSteps), for every stripe looks its piece up. The digests, 8 bytes a
 	// page written once, go straight into the set's host buffer through the device's mapping of
 	// it (the same address under unified addressing), which saves a copy after the last kernel.
-	host := C.uintptr_t(ptrOf(buf))
-	descs := C.uint64_t(set.dev)
-	secret := unsafe.Pointer(&c.secret[0])
-	queued := func(k, ns int) error {
-		s := C.uintptr_t(c.stream)
-		if k == 0 {
-			// Before the waits below, so the descriptors travel while the copies run.
-			describe()
-			if err := cuErr("cuMemcpyHtoDAsync", C.kvCopyHtoDAsync(descs, host, C.size_t(outAt), s)); err != nil {
-				return err
-			}
-		}
-		for i := range ns {
-			ev := C.uintptr_t(c.copied[i])
-			if err := cuErr("cuEventRecord", C.kvEventRecord(ev, C.uintptr_t(m.streams[i]))); err != nil {
-				return err
-			}
-			if err := cuErr("cuStreamWaitEvent", C.kvStreamWaitEvent(s, ev)); err != nil {
-				return err
-			}
-		}
-		last := k == len(ends)-1
-		if last {
-			_ = C.kvEventRecord(C.uintptr_t(set.copied), s)
-			trace(checkWaited, s)
-		}
-		launched = true
-		if last {
-			trace(checkDescriptors, s)
-		}
-		// The chunk's pages' units.
-		lo := 0
-		if k > 0 {
-			lo = unitOf(ends[k-1])
-		}
-		hi := unitOf(ends[k])
-		// The chunk's units, a thread block each.
-		if hi > lo {
-			if err := cuErr("cuLaunchKernel", C.kvLaunchUnitCheck(C.uintptr_t(m.d.sums.unitFn), C.uint(hi-lo), unitThreads, s,
-				descs+C.uint64_t(lo*pageDescBytes), descs+C.uint64_t(piecesAt), secret, host+C.uint64_t(outAt+8*lo))); err != nil {
-				return err
-			}
-		}
-		if !last {
-			return nil
-		}
-		trace(checkKernel, s)
-		trace(checkDigests, s) // written by kvUnitCheck into the host buffer
-		_ = C.kvEventRecord(C.uintptr_t(set.checked), s)
-		return cuErr("cuEventRecord", C.kvEventRecord(C.uintptr_t(set.done), s))
-	}
+	cs.host = C.uintptr_t(ptrOf(buf))
+	cs.descs = C.uint64_t(cs.set.dev)
+	cs.secret = unsafe.Pointer(&c.secret[0])
 	// Chunks pay where the copy engines copy. The copy kernel's copies slow down when split (16
 	// MiB of 64 KiB pages: 0.43 ms in one launch, 0.47 in chunks; 64 MiB: 1.60 against 1.66),
 	// so its batches are chunked only from kernelChunkMin on, where the check left after the
 	// copies weighs more (256 MiB: 6.06 ms in chunks, 6.26 in one).
-	if len(ends) > 1 && m.kernelScatters(uint64(len(m.pieces)), src) {
+	if len(cs.ends) > 1 && m.kernelScatters(uint64(len(m.pieces)), cs.src) {
 		var total int
-		for _, b := range src {
+		for _, b := range cs.src {
 			total += len(b)
 		}
 		if total < kernelChunkMin {
-			ends = ends[len(ends)-1:]
+			cs.ends = cs.ends[len(cs.ends)-1:]
 		}
 	}
-	m.startEvent = set.started
+	return nil
+}
+
+// describe lists the units and writes the descriptors into the set's host buffer. It runs
+// once the first copies are issued, so the copy engines do not wait for it.
+func (cs *checkedScatter) describe() {
+	cs.makeUnits()
+	cs.set.first = append(cs.set.first[:0], cs.m.unitFirst...)
+	cs.piecesAt = len(cs.units) * pageDescBytes
+	cs.outAt = cs.piecesAt + len(cs.unitPieces)*pieceDescBytes
+	describeUnits(cs.buf[:cs.outAt], cs.unitPieces, cs.units)
+}
+
+// issue issues the batch's copies, from pinned memory in chunks (scatterPieces) or through the
+// bounce buffer in one, each chunk's check queued behind its copies (queued), and returns the
+// check's wait. An error waits for the checks' stream, so nothing reads or writes the buffers
+// on return.
+func (cs *checkedScatter) issue() (func() ([]bool, error), error) {
+	m, c := cs.m, &cs.m.checks
+	m.startEvent = cs.set.started
 	defer func() { m.startEvent = 0 }()
-	endPrepare()
-	if pinned {
-		err = m.scatterPieces(ctx, src, ends, queued, waitCopies)
+	cs.endPrepare()
+	var err error
+	if cs.pinned {
+		err = m.scatterPieces(cs.ctx, cs.src, cs.ends, cs.queued, cs.waitCopies)
 	} else {
 		// Through the bounce buffer, in one chunk.
-		ends = ends[len(ends)-1:]
-		m.afterIssue = func(_, ns int) error { return queued(0, ns) }
-		err = m.transfer(ctx, true, pages, src)
+		cs.ends = cs.ends[len(cs.ends)-1:]
+		m.afterIssue = func(_, ns int) error { return cs.queued(0, ns) }
+		err = m.transfer(cs.ctx, true, cs.pages, cs.src)
 		m.afterIssue = nil
 	}
 	if err != nil {
-		if launched {
+		if cs.launched {
 			// Nothing may still read or write the buffers once this returns.
 			s := C.uintptr_t(c.stream)
 			m.t.do(func() { _ = C.kvStreamSync(s) })
 		}
 		return nil, fmt.Errorf("cuda mover: page check: %w", err)
 	}
-	return c.pendLocked(m, j, outAt, sums, c.stream, set.done, false), nil
+	return c.pendLocked(m, cs.j, cs.outAt, cs.sums, c.stream, cs.set.done, false), nil
+}
+
+// queued queues chunk k's check on the checks' stream once the chunk's copies are issued on
+// the first ns copy streams (scatterPieces' queued, inside the mover's CUDA call): the first
+// chunk sends the descriptors, the stream waits for the copies, and the chunk's units are
+// checked; the last chunk records the set's events.
+func (cs *checkedScatter) queued(k, ns int) error {
+	c := &cs.m.checks
+	s := C.uintptr_t(c.stream)
+	if k == 0 {
+		// Before the waits below, so the descriptors travel while the copies run.
+		cs.describe()
+		if err := cuErr("cuMemcpyHtoDAsync", C.kvCopyHtoDAsync(cs.descs, cs.host, C.size_t(cs.outAt), s)); err != nil {
+			return err
+		}
+	}
+	if err := cs.waitForCopies(s, ns); err != nil {
+		return err
+	}
+	last := k == len(cs.ends)-1
+	if last {
+		_ = C.kvEventRecord(C.uintptr_t(cs.set.copied), s)
+		trace(checkWaited, s)
+	}
+	cs.launched = true
+	if last {
+		trace(checkDescriptors, s)
+	}
+	if err := cs.launchUnits(k, s); err != nil {
+		return err
+	}
+	if !last {
+		return nil
+	}
+	trace(checkKernel, s)
+	trace(checkDigests, s) // written by kvUnitCheck into the host buffer
+	_ = C.kvEventRecord(C.uintptr_t(cs.set.checked), s)
+	return cuErr("cuEventRecord", C.kvEventRecord(C.uintptr_t(cs.set.done), s))
+}
+
+// waitForCopies makes the checks' stream s wait for the copies issued so far on the first ns
+// copy streams.
+func (cs *checkedScatter) waitForCopies(s C.uintptr_t, ns int) error {
+	m, c := cs.m, &cs.m.checks
+	for i := range ns {
+		ev := C.uintptr_t(c.copied[i])
+		if err := cuErr("cuEventRecord", C.kvEventRecord(ev, C.uintptr_t(m.streams[i]))); err != nil {
+			return err
+		}
+		if err := cuErr("cuStreamWaitEvent", C.kvStreamWaitEvent(s, ev)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// launchUnits launches the check of chunk k's units on the checks' stream s.
+func (cs *checkedScatter) launchUnits(k int, s C.uintptr_t) error {
+	// The chunk's pages' units.
+	lo := 0
+	if k > 0 {
+		lo = cs.unitOf(cs.ends[k-1])
+	}
+	hi := cs.unitOf(cs.ends[k])
+	// The chunk's units, a thread block each.
+	if hi <= lo {
+		return nil
+	}
+	return cuErr("cuLaunchKernel", C.kvLaunchUnitCheck(C.uintptr_t(cs.m.d.sums.unitFn), C.uint(hi-lo), unitThreads, s,
+		cs.descs+C.uint64_t(lo*pageDescBytes), cs.descs+C.uint64_t(cs.piecesAt), cs.secret, cs.host+C.uint64_t(cs.outAt+8*lo)))
 }
 
 // pendLocked records the check just queued on set j (its digests at outAt of the set's host

@@ -219,83 +219,129 @@ func (s ServeConfig) ResolveCluster(read func(string) ([]byte, error)) (Cluster,
 	if read == nil {
 		read = os.ReadFile
 	}
-	d := newDec("")
-	c := Cluster{Sources: map[string]string{}}
-	var client *ClientConfig
-	if p := s.MooncakeConfig; p != "" {
-		data, err := read(p)
-		if err != nil {
-			d.at(SeverityError, ServeKeyMooncakeConfig, fmt.Sprintf("cannot read %s: %v", p, err), "")
-		} else {
-			f, fd := Load(p, data, LoadOptions{Kind: KindClient})
-			// The engines' keys (model_key, role, ...) are for the engines to check; serve
-			// reports what it reads, and anything that kept the file from parsing.
-			for _, x := range fd {
-				if x.Path == "" || clusterClientKeys[x.Path] {
-					d.diags = append(d.diags, x)
-				}
-			}
-			if f != nil {
-				client = f.Client
-			}
+	r := clusterResolver{s: s, read: read, d: newDec(""), c: Cluster{Sources: map[string]string{}}}
+	r.readClient()
+	r.readManifest()
+	r.pickAddresses()
+	r.pickSizes()
+	r.pickAdmin()
+	r.check()
+	return r.c, r.d.diags
+}
+
+// clusterResolver is one ResolveCluster call: the serve keys, the files they name as read, the
+// settings merged so far (c, with where each came from) and the problems found (d).
+type clusterResolver struct {
+	s    ServeConfig
+	read func(string) ([]byte, error)
+	d    *dec
+	c    Cluster
+
+	client       *ClientConfig // the mooncake.json named by mooncake-config, when it was read
+	manifest     *PoolManifest // the pool manifest named by pool, when it was read
+	manifestPath string
+	poolMaster   string // pool's master, when pool is host:port
+}
+
+// readClient reads the mooncake.json named by mooncake-config, if any.
+func (r *clusterResolver) readClient() {
+	p := r.s.MooncakeConfig
+	if p == "" {
+		return
+	}
+	data, err := r.read(p)
+	if err != nil {
+		r.d.at(SeverityError, ServeKeyMooncakeConfig, fmt.Sprintf("cannot read %s: %v", p, err), "")
+		return
+	}
+	f, fd := Load(p, data, LoadOptions{Kind: KindClient})
+	// The engines' keys (model_key, role, ...) are for the engines to check; serve
+	// reports what it reads, and anything that kept the file from parsing.
+	for _, x := range fd {
+		if x.Path == "" || clusterClientKeys[x.Path] {
+			r.d.diags = append(r.d.diags, x)
 		}
 	}
-	var manifest *PoolManifest
-	manifestPath, poolMaster := "", ""
-	if s.Pool != "" {
-		mp, pm, err := ParsePoolRef(s.Pool)
-		if err != nil {
-			d.at(SeverityError, ServeKeyPool, err.Error(), "")
-		}
-		manifestPath, poolMaster = mp, pm
-		if mp != "" {
-			if data, err := read(mp); err != nil {
-				d.at(SeverityError, ServeKeyPool, fmt.Sprintf("cannot read the pool manifest %s: %v", mp, err), "")
-			} else if f, fd := Load(mp, data, LoadOptions{Kind: KindManifest}); f != nil {
-				d.diags = append(d.diags, fd...)
-				manifest = f.Manifest
-			} else {
-				d.diags = append(d.diags, fd...)
-			}
-		}
+	if f != nil {
+		r.client = f.Client
 	}
-	pick := func(key, flag string, fromClient func(*ClientConfig) string, fromManifest func(*PoolManifest) string, def string) string {
-		switch {
-		case flag != "":
-			c.Sources[key] = "flag or config"
-			return flag
-		case client != nil && fromClient != nil && fromClient(client) != "":
-			c.Sources[key] = s.MooncakeConfig
-			return fromClient(client)
-		case manifest != nil && fromManifest != nil && fromManifest(manifest) != "":
-			c.Sources[key] = manifestPath
-			return fromManifest(manifest)
-		}
-		c.Sources[key] = "default"
-		return def
+}
+
+// readManifest reads the pool manifest named by pool, if any, or takes pool's host:port as
+// the master.
+func (r *clusterResolver) readManifest() {
+	if r.s.Pool == "" {
+		return
 	}
+	mp, pm, err := ParsePoolRef(r.s.Pool)
+	if err != nil {
+		r.d.at(SeverityError, ServeKeyPool, err.Error(), "")
+	}
+	r.manifestPath, r.poolMaster = mp, pm
+	if mp == "" {
+		return
+	}
+	data, err := r.read(mp)
+	if err != nil {
+		r.d.at(SeverityError, ServeKeyPool, fmt.Sprintf("cannot read the pool manifest %s: %v", mp, err), "")
+		return
+	}
+	f, fd := Load(mp, data, LoadOptions{Kind: KindManifest})
+	r.d.diags = append(r.d.diags, fd...)
+	if f != nil {
+		r.manifest = f.Manifest
+	}
+}
+
+// pick returns the setting of key: flag when set, else the mooncake.json's value (fromClient),
+// else the manifest's (fromManifest), else def; a nil fromClient or fromManifest means the
+// file has no such setting. It records where the setting came from.
+func (r *clusterResolver) pick(key, flag string, fromClient func(*ClientConfig) string, fromManifest func(*PoolManifest) string, def string) string {
+	switch {
+	case flag != "":
+		r.c.Sources[key] = "flag or config"
+		return flag
+	case r.client != nil && fromClient != nil && fromClient(r.client) != "":
+		r.c.Sources[key] = r.s.MooncakeConfig
+		return fromClient(r.client)
+	case r.manifest != nil && fromManifest != nil && fromManifest(r.manifest) != "":
+		r.c.Sources[key] = r.manifestPath
+		return fromManifest(r.manifest)
+	}
+	r.c.Sources[key] = "default"
+	return def
+}
+
+// pickAddresses merges the master, the metadata server, the host address, the protocol and the
+// device list.
+func (r *clusterResolver) pickAddresses() {
+	s, c := r.s, &r.c
 	master := s.Master
-	if master == "" && poolMaster != "" {
-		master = poolMaster
+	if master == "" && r.poolMaster != "" {
+		master = r.poolMaster
 	}
-	c.Master = pick(ServeKeyMaster, master, func(cc *ClientConfig) string { return cc.MasterServerAddress },
+	c.Master = r.pick(ServeKeyMaster, master, func(cc *ClientConfig) string { return cc.MasterServerAddress },
 		func(m *PoolManifest) string { return m.MasterServerAddress }, "")
-	c.Metadata = pick(ServeKeyMetadata, s.Metadata, func(cc *ClientConfig) string { return cc.MetadataServer },
+	c.Metadata = r.pick(ServeKeyMetadata, s.Metadata, func(cc *ClientConfig) string { return cc.MetadataServer },
 		func(m *PoolManifest) string { return m.MetadataServer }, "")
-	c.HostAddress = pick(ServeKeyHostAddress, s.HostAddress, func(cc *ClientConfig) string {
+	c.HostAddress = r.pick(ServeKeyHostAddress, s.HostAddress, func(cc *ClientConfig) string {
 		if cc.LocalHostname != nil {
 			return *cc.LocalHostname
 		}
 		return ""
 	}, nil, "")
-	c.Protocol = pick(ServeKeyProtocol, s.Protocol, func(cc *ClientConfig) string { return cc.Protocol },
+	c.Protocol = r.pick(ServeKeyProtocol, s.Protocol, func(cc *ClientConfig) string { return cc.Protocol },
 		func(m *PoolManifest) string { return m.Protocol }, ProtocolTCP)
-	c.DeviceName = pick(ServeKeyDeviceName, s.DeviceName, func(cc *ClientConfig) string { return cc.DeviceName }, nil, "")
+	c.DeviceName = r.pick(ServeKeyDeviceName, s.DeviceName, func(cc *ClientConfig) string { return cc.DeviceName }, nil, "")
+}
 
+// pickSizes merges the segment's size and the transfer buffer's.
+func (r *clusterResolver) pickSizes() {
+	s, c := r.s, &r.c
 	if n, ok, err := s.PoolSizeBytes(); err == nil && ok {
 		c.SegmentBytes, c.Sources[ServeKeyPoolSize] = n, "flag or config"
-	} else if client != nil {
-		c.SegmentBytes, c.Sources[ServeKeyPoolSize] = client.GlobalSegmentSize, s.MooncakeConfig
+	} else if r.client != nil {
+		c.SegmentBytes, c.Sources[ServeKeyPoolSize] = r.client.GlobalSegmentSize, s.MooncakeConfig
 	} else {
 		c.Sources[ServeKeyPoolSize] = "default"
 	}
@@ -303,52 +349,63 @@ func (s ServeConfig) ResolveCluster(read func(string) ([]byte, error)) (Cluster,
 		if n, err := ParseSize(s.LocalBufferSize, true); err == nil {
 			c.LocalBufferBytes, c.Sources[ServeKeyLocalBufferSize] = n, "flag or config"
 		}
-	} else if client != nil {
-		c.LocalBufferBytes, c.Sources[ServeKeyLocalBufferSize] = client.LocalBufferSize, s.MooncakeConfig
+	} else if r.client != nil {
+		c.LocalBufferBytes, c.Sources[ServeKeyLocalBufferSize] = r.client.LocalBufferSize, s.MooncakeConfig
 	} else {
 		c.LocalBufferBytes, c.Sources[ServeKeyLocalBufferSize] = DefaultClusterLocalBufferSize, "default"
 	}
+}
 
-	c.TransferPort = s.TransferPort
-	c.MasterAdmin = s.MasterAdmin
+// pickAdmin takes the transfer port and the master's admin server, derived from the master's
+// host when not given.
+func (r *clusterResolver) pickAdmin() {
+	c := &r.c
+	c.TransferPort = r.s.TransferPort
+	c.MasterAdmin = r.s.MasterAdmin
 	if c.MasterAdmin == "" {
 		if host, _, err := net.SplitHostPort(c.Master); err == nil && host != "" {
 			c.MasterAdmin = "http://" + net.JoinHostPort(host, DefaultMasterAdminPort)
 			c.MasterAdminDerived = true
 		}
 	}
+}
 
-	where := func(key string) string {
-		if src := c.Sources[key]; src != "flag or config" && src != "default" {
-			return " (from " + src + ")"
-		}
-		return ""
+// where names the file a setting came from, for a problem found in it: "" when it was a key
+// or a default.
+func (r *clusterResolver) where(key string) string {
+	if src := r.c.Sources[key]; src != "flag or config" && src != "default" {
+		return " (from " + src + ")"
 	}
+	return ""
+}
+
+// check reports the merged settings' problems.
+func (r *clusterResolver) check() {
+	c, d := &r.c, r.d
 	if c.Master == "" {
 		d.at(SeverityError, ServeKeyMaster, "the mooncake backend needs the master's address", "give master: HOST:PORT, or a mooncake.json with master_server_address")
 	} else if err := checkHostPort(c.Master); err != nil {
-		d.at(SeverityError, ServeKeyMaster, err.Error()+where(ServeKeyMaster), "")
+		d.at(SeverityError, ServeKeyMaster, err.Error()+r.where(ServeKeyMaster), "")
 	}
 	if c.Metadata == "" {
 		d.at(SeverityError, ServeKeyMetadata, "the mooncake backend needs the metadata server", metadataHint)
 	} else if err := checkMetadataURL(c.Metadata); err != nil {
-		d.at(SeverityError, ServeKeyMetadata, err.Error()+where(ServeKeyMetadata), metadataHint)
+		d.at(SeverityError, ServeKeyMetadata, err.Error()+r.where(ServeKeyMetadata), metadataHint)
 	}
 	if err := checkClusterProtocol(c.Protocol); err != nil {
-		d.at(SeverityError, ServeKeyProtocol, err.Error()+where(ServeKeyProtocol), "set protocol to tcp here and on every host")
+		d.at(SeverityError, ServeKeyProtocol, err.Error()+r.where(ServeKeyProtocol), "set protocol to tcp here and on every host")
 	}
 	if c.HostAddress != "" {
 		if err := checkHost(c.HostAddress); err != nil {
-			d.at(SeverityError, ServeKeyHostAddress, err.Error()+where(ServeKeyHostAddress), "")
+			d.at(SeverityError, ServeKeyHostAddress, err.Error()+r.where(ServeKeyHostAddress), "")
 		}
 	}
 	if c.SegmentBytes < 0 {
-		d.at(SeverityError, ServeKeyPoolSize, fmt.Sprintf("segment size %d is negative%s", c.SegmentBytes, where(ServeKeyPoolSize)), "")
+		d.at(SeverityError, ServeKeyPoolSize, fmt.Sprintf("segment size %d is negative%s", c.SegmentBytes, r.where(ServeKeyPoolSize)), "")
 	}
 	if c.LocalBufferBytes <= 0 {
-		d.at(SeverityError, ServeKeyLocalBufferSize, fmt.Sprintf("must be greater than 0, found %d%s", c.LocalBufferBytes, where(ServeKeyLocalBufferSize)), "")
+		d.at(SeverityError, ServeKeyLocalBufferSize, fmt.Sprintf("must be greater than 0, found %d%s", c.LocalBufferBytes, r.where(ServeKeyLocalBufferSize)), "")
 	}
-	return c, d.diags
 }
 
 // RouteAddress returns the local address of the route to master (host:port): the address a

@@ -204,306 +204,442 @@ const directBatchMaxPages = 8192
 // (pool.ReusingViewer) gets the keys' bytes, and views kept in lists; any other call gets
 // the keys as slices of one string made for the load.
 func loadPages(ctx context.Context, pl pool.Pool, view pool.Viewer, mover kvmem.Mover, stage kvmem.Staging, batch int, lists *loadLists, sample *stats.LoadSample) (res loadResult, err error) {
-	items := lists.items
-	lists.fit(len(items))
-	n := len(items) // a batch's lists run from its first value's index to at most here
-	deferred, checker := gpuPageChecks(view, mover)
-	into, _ := deferred.(pool.ReusingViewer)
-	var keyString string
-	if into == nil {
-		keyString = string(lists.keyBuf)
-	}
-	// missing records the key of the load's first value that failed.
-	missing := func(it *loadItem) {
-		if res.firstMissing == "" {
-			res.firstMissing = string(lists.key(it))
-		}
-	}
+	l := pageLoader{ctx: ctx, pl: pl, view: view, mover: mover, stage: stage, lists: lists, sample: sample}
+	l.plan(batch)
+	// Deferred: however the load ends, no scatter is left in flight and every check is read.
+	defer func() {
+		err = l.finish(err)
+		res = l.res
+	}()
+	err = l.run()
+	return l.res, err
+}
+
+// pageLoader is one loadPages call: what it was handed, how it moves the pages (planned once by
+// plan), the scatter in flight and the GPU checks not read yet, and what the load did so far
+// (res). It lives on loadPages' stack; each phase of a batch is a method of it.
+type pageLoader struct {
+	ctx    context.Context
+	pl     pool.Pool
+	view   pool.Viewer
+	mover  kvmem.Mover
+	stage  kvmem.Staging
+	lists  *loadLists
+	sample *stats.LoadSample
+	items  []loadItem // lists.items
+	n      int        // a batch's lists run from its first value's index to at most here
+
+	deferred  pool.DeferredViewer    // the pool's deferred views, when the mover checks pages
+	checker   kvmem.PageChecker      // the mover's GPU page checks, when it checks pages
+	into      pool.ReusingViewer     // deferred, when it takes keys as bytes into a reused View
+	issuer    kvmem.AsyncPageChecker // checker, when it queues checked scatters (IssueChecked)
+	keyString string                 // every key end to end, for a pool that takes keys as strings
+	dst       [][]byte               // every value's engine memory, when the load reads straight into it
+
+	batch         int // values per batch when the pool copies them (no view)
+	sets, set     int // staging slot sets, and the one the next batch uses
+	target, later int // bytes the first batch read in place holds, and those after it
+
 	// The device's own time on this load's checked scatters: what the mover's totals grew by
 	// once every check is read (the mover is this load's alone until it returns).
-	var timer kvmem.GPUTimer
-	var gpuBefore kvmem.GPUTime
-	if checker != nil && sample != nil {
-		if timer, _ = mover.(kvmem.GPUTimer); timer != nil {
-			gpuBefore = timer.GPUTime()
-		}
-	}
-	// Straight into engine memory: a pool that reads into the caller's buffers, a mover whose
-	// engine memory is host memory, and every value one contiguous piece of it.
-	dst := hostDestinations(view, mover, items, lists.dsts[:len(items)])
-	sets := 1
-	if view != nil {
-		sets = 2 // no slots to share: one batch is verified while the previous one is scattered
-	} else if dst == nil {
-		if stage.Slots() >= 2 {
-			sets = 2
-		}
-		batch = max(1, min(batch, stage.Slots()/sets))
-	}
-	batch = max(1, batch)
+	timer     kvmem.GPUTimer
+	gpuBefore kvmem.GPUTime
 
 	// The scatter in flight, if any, and what its pages are.
-	type scattered struct {
-		err   error
-		check func() ([]bool, error) // the GPU check of the batch, when the mover checks
-	}
-	var inflight chan scattered
-	var inflightOwners []*loadItem
-	var inflightView *pool.View // released once its scatter is done
-	var inflightIdx []int
+	inflight       chan scattered
+	inflightOwners []*loadItem
+	inflightView   *pool.View // released once its scatter is done
+	inflightIdx    []int
 	// GPU checks launched and not read yet, oldest first: a batch's check runs while the next
 	// batch is copied, and is read once that copy is done.
-	type pendingCheck struct {
-		wait    func() ([]bool, error)
-		owners  []*loadItem
-		view    *pool.View
-		idx     []int // index in view of each checked page
-		release bool  // release the view once read: a batch issued without waiting for its copies
+	checks []pendingCheck
+
+	res loadResult
+}
+
+// scattered is what came of a scatter in flight.
+type scattered struct {
+	err   error
+	check func() ([]bool, error) // the GPU check of the batch, when the mover checks
+}
+
+// pendingCheck is a GPU check of a batch's pages, launched and not read yet.
+type pendingCheck struct {
+	wait    func() ([]bool, error)
+	owners  []*loadItem
+	view    *pool.View
+	idx     []int // index in view of each checked page
+	release bool  // release the view once read: a batch issued without waiting for its copies
+}
+
+// loadBatch is one batch of a load: its values (owners) with their keys and buffers, the pool's
+// answer (got, and the view v when read in place), and the landed values the batch scatters
+// (srcs into refs; with their checksums, their index in v and their values when checked on the
+// GPU). Its lists are the load's lists from the index of its first value (start).
+type loadBatch struct {
+	start         int
+	keys          []string
+	keyBytes      [][]byte
+	bufs          [][]byte
+	owners        []*loadItem
+	got           []int64
+	v             *pool.View
+	srcs          [][]byte
+	refs          []kvmem.PageRef
+	checked       bool // a deferred view: the GPU checks what it copies
+	sums          []uint64
+	idx           []int
+	checkedOwners []*loadItem
+}
+
+// plan decides how the load moves its pages: whether the mover checks them on the GPU, how the
+// pool is handed their keys, whether they are read straight into engine memory, how many
+// staging slot sets there are, and how large a batch is (batch values when the pool copies
+// them, target and then later bytes when read in place).
+func (l *pageLoader) plan(batch int) {
+	l.items = l.lists.items
+	l.lists.fit(len(l.items))
+	l.n = len(l.items)
+	l.deferred, l.checker = gpuPageChecks(l.view, l.mover)
+	l.into, _ = l.deferred.(pool.ReusingViewer)
+	if l.into == nil {
+		l.keyString = string(l.lists.keyBuf)
 	}
-	var checks []pendingCheck
-	collect := func(keep int) error {
-		for len(checks) > keep {
-			c := checks[0]
-			checks = checks[1:]
-			m := sample.Start()
-			r := trace.StartRegion(ctx, "load.check")
-			bad, err := c.wait()
-			r.End()
-			sample.End(stats.PhaseSync, m)
-			if c.release {
-				r := trace.StartRegion(ctx, "load.release")
-				c.view.Release() // issued without waiting: the copies are done only now
-				r.End()
-			}
-			if err != nil {
-				return fmt.Errorf("check loaded pages: %w", err)
-			}
-			for i, b := range bad {
-				if !b {
-					continue
-				}
-				it := c.owners[i]
-				res.failedPages++
-				res.landedBytes -= int64(it.size)
-				res.fail(it.req)
-				missing(it)
-				c.view.Corrupt(c.idx[i])
-			}
+	l.startGPUTimer()
+	// Straight into engine memory: a pool that reads into the caller's buffers, a mover whose
+	// engine memory is host memory, and every value one contiguous piece of it.
+	l.dst = hostDestinations(l.view, l.mover, l.items, l.lists.dsts[:len(l.items)])
+	l.sets = 1
+	if l.view != nil {
+		l.sets = 2 // no slots to share: one batch is verified while the previous one is scattered
+	} else if l.dst == nil {
+		if l.stage.Slots() >= 2 {
+			l.sets = 2
 		}
-		return nil
+		batch = max(1, min(batch, l.stage.Slots()/l.sets))
 	}
-	wait := func() error {
-		if inflight == nil {
-			return nil
-		}
-		m := sample.Start()
-		out := <-inflight
-		sample.End(stats.PhaseSync, m)
-		inflight = nil
-		if inflightView != nil {
-			inflightView.Release()
-		}
-		if out.err != nil {
-			return fmt.Errorf("scatter loaded pages: %w", out.err)
-		}
-		if out.check != nil {
-			checks = append(checks, pendingCheck{wait: out.check, owners: inflightOwners, view: inflightView, idx: inflightIdx})
-			return collect(1)
-		}
-		return nil
-	}
-	defer func() {
-		if werr := wait(); err == nil {
-			err = werr
-		}
-		if cerr := collect(0); err == nil {
-			err = cerr
-		}
-		if sample != nil {
-			sample.LandedBytes += res.landedBytes
-			sample.FailedPages += int64(res.failedPages)
-			if timer != nil {
-				g := timer.GPUTime()
-				sample.GPUCopy += g.Copy - gpuBefore.Copy
-				sample.GPUCheck += g.Check - gpuBefore.Check
-			}
-		}
-	}()
+	l.batch = max(1, batch)
 	// In place, the first batch holds a quarter of directBatchBytes: its check on the host is
 	// the one that no scatter overlaps, so the copy engines start sooner. Checked on the GPU,
 	// a batch costs the host nothing before its copy, and fewer batches leave the copy engines
 	// idle between them less often.
-	target, later := directBatchBytes/4, directBatchBytes
-	if deferred != nil {
-		target, later = directCheckedBatchBytes, directCheckedBatchBytes
+	l.target, l.later = directBatchBytes/4, directBatchBytes
+	if l.deferred != nil {
+		l.target, l.later = directCheckedBatchBytes, directCheckedBatchBytes
 	}
 	// A mover that queues checked scatters without waiting for their copies (IssueChecked)
 	// starts copying a first batch while the host prepares the rest (firstIssuedBatch). Such a
 	// mover queues every checked batch, a single one too: waiting for its check, which runs
 	// behind its copies, is then the load's only wait on the device.
-	issuer, _ := checker.(kvmem.AsyncPageChecker)
-	if deferred == nil {
-		issuer = nil
+	l.issuer, _ = l.checker.(kvmem.AsyncPageChecker)
+	if l.deferred == nil {
+		l.issuer = nil
 	}
-	if issuer != nil && !issuedFirstBatchOff {
-		if first := firstIssuedBatch(items); first > 0 {
-			target = min(later, first)
+	if l.issuer != nil && !issuedFirstBatchOff {
+		if first := firstIssuedBatch(l.items); first > 0 {
+			l.target = min(l.later, first)
 		}
 	}
-	full := func(pages, bytes int) bool {
-		if view == nil {
-			return pages >= batch
-		}
-		return pages >= directBatchMaxPages || bytes >= target
+}
+
+// startGPUTimer reads the mover's device time before the load, when the load is sampled and
+// checked on the GPU by a mover that keeps it (kvmem.GPUTimer).
+func (l *pageLoader) startGPUTimer() {
+	if l.checker == nil || l.sample == nil {
+		return
 	}
-	set := 0
-	for b, next := 0, 0; next < len(items); b++ {
-		if err := ctx.Err(); err != nil {
-			return res, err
+	if l.timer, _ = l.mover.(kvmem.GPUTimer); l.timer != nil {
+		l.gpuBefore = l.timer.GPUTime()
+	}
+}
+
+// run loads the values batch by batch; finish waits for what it leaves in flight.
+func (l *pageLoader) run() error {
+	for b, next := 0, 0; next < len(l.items); b++ {
+		if err := l.ctx.Err(); err != nil {
+			return err
 		}
-		m := sample.Start()
-		start := next
-		keys, keyBytes := lists.keys[start:start:n], lists.keyBytes[start:start:n]
-		var bufs [][]byte
-		if view == nil {
-			bufs = lists.bufs[start:start:n]
-		}
-		owners := lists.owners[start:start:n]
-		for bytes := 0; next < len(items) && !full(len(owners), bytes); next++ {
-			it := &items[next]
-			if res.failed[it.req] {
-				continue
-			}
-			if into != nil {
-				keyBytes = append(keyBytes, lists.key(it))
-			} else {
-				keys = append(keys, keyString[it.at:it.end])
-			}
-			switch {
-			case dst != nil:
-				bufs = append(bufs, dst[next])
-			case view == nil:
-				bufs = append(bufs, stage.Slot(set*batch + len(bufs))[:it.size])
-			}
-			owners = append(owners, it)
-			bytes += it.size
-		}
-		sample.End(stats.PhaseDescribe, m)
-		target = later
-		if len(owners) == 0 {
+		lb := loadBatch{start: next}
+		next = l.describe(&lb)
+		if len(lb.owners) == 0 {
 			continue
 		}
-
-		m = sample.Start()
-		getRegion := trace.StartRegion(ctx, "load.get")
-		var got []int64
-		var v *pool.View
-		switch {
-		case into != nil:
-			v = lists.view(b)
-			into.BatchViewDeferredInto(ctx, keyBytes, v)
-		case deferred != nil:
-			v = deferred.BatchViewDeferred(ctx, keys)
-		case view != nil:
-			v = view.BatchView(ctx, keys)
-		default:
-			got = pl.BatchGet(ctx, keys, bufs)
-		}
-		if v != nil {
-			got, bufs = v.Codes, v.Bufs
-		}
-		sample.End(stats.PhaseGet, m)
-		getRegion.End()
-		res.storeCalls++
-		if sample != nil {
-			sample.Pages += int64(len(owners))
-			sample.StoreCalls++
-		}
-
-		srcs := lists.srcs[start:start:n]
-		refs := lists.refs[start:start:n]
-		checked := v != nil && v.Sums != nil // a deferred view: the GPU checks what it copies
-		var sums []uint64
-		var idx []int
-		var scatteredOwners []*loadItem
-		if checked {
-			sums, idx, scatteredOwners = lists.sums[start:start:n], lists.idx[start:start:n], lists.checked[start:start:n]
-		}
-		for i, it := range owners {
-			if len(got) == len(owners) && got[i] == int64(it.size) && len(bufs) == len(owners) && len(bufs[i]) == it.size {
-				if dst != nil { // landed where it belongs: nothing to scatter
-					res.landedBytes += int64(it.size)
-					continue
-				}
-				srcs = append(srcs, bufs[i])
-				refs = append(refs, it.ref)
-				res.landedBytes += int64(it.size)
-				if checked {
-					sums = append(sums, v.Sums[i])
-					idx = append(idx, i)
-					scatteredOwners = append(scatteredOwners, it)
-				}
-				continue
+		l.get(&lb, b)
+		l.land(&lb)
+		if err := l.wait(); err != nil {
+			if lb.v != nil {
+				lb.v.Release()
 			}
-			res.failedPages++
-			missing(it)
-			res.fail(it.req)
+			return err
 		}
-		if err := wait(); err != nil {
-			if v != nil {
-				v.Release()
-			}
-			return res, err
+		if err := l.scatter(&lb, next < len(l.items)); err != nil {
+			return err
 		}
-		if len(srcs) > 0 && checked && issuer != nil {
-			m = sample.Start()
-			r := trace.StartRegion(ctx, "load.issue")
-			check, err := issuer.IssueChecked(ctx, srcs, refs, sums)
-			r.End()
-			sample.End(stats.PhaseUnstage, m)
-			if err != nil {
-				v.Release()
-				return res, fmt.Errorf("scatter loaded pages: %w", err)
-			}
-			checks = append(checks, pendingCheck{wait: check, owners: scatteredOwners, view: v, idx: idx, release: true})
-			// The mover keeps two checks in flight; reading the older ones here keeps their
-			// views no longer than needed.
-			if err := collect(2); err != nil {
-				return res, err
-			}
-		} else if len(srcs) > 0 {
-			m = sample.Start()
-			done := make(chan scattered, 1)
-			scatter := func() {
-				defer trace.StartRegion(ctx, "load.scatter").End()
-				if checked {
-					check, err := checker.ScatterChecked(ctx, srcs, refs, sums)
-					done <- scattered{err: err, check: check}
-				} else {
-					done <- scattered{err: mover.Scatter(ctx, srcs, refs)}
-				}
-			}
-			if next < len(items) {
-				go scatter() // overlaps the next batch's pool call
-			} else {
-				scatter() // the last batch: nothing to overlap, and no hand-off to another thread
-			}
-			inflight = done
-			inflightOwners, inflightView, inflightIdx = scatteredOwners, v, idx
-			sample.End(stats.PhaseUnstage, m)
-		} else if v != nil {
-			v.Release()
-		}
-		if sets == 2 {
-			set ^= 1
-		}
-		if sets == 1 {
-			if err := wait(); err != nil {
-				return res, err
-			}
+		if l.sets == 2 {
+			l.set ^= 1
+		} else if err := l.wait(); err != nil {
+			return err
 		}
 	}
-	return res, nil
+	return nil
+}
+
+// full reports whether a batch of pages values and bytes bytes takes no more.
+func (l *pageLoader) full(pages, bytes int) bool {
+	if l.view == nil {
+		return pages >= l.batch
+	}
+	return pages >= directBatchMaxPages || bytes >= l.target
+}
+
+// describe fills lb with the values from lb.start on until it is full: their keys, their
+// buffers (engine memory, staging slots of the current set, or none when read in place) and the
+// values themselves, skipping those of a request that already lost a page. It returns the index
+// of the first value it did not take.
+func (l *pageLoader) describe(lb *loadBatch) int {
+	m := l.sample.Start()
+	lists, items, start, n := l.lists, l.items, lb.start, l.n
+	lb.keys, lb.keyBytes = lists.keys[start:start:n], lists.keyBytes[start:start:n]
+	if l.view == nil {
+		lb.bufs = lists.bufs[start:start:n]
+	}
+	lb.owners = lists.owners[start:start:n]
+	next := start
+	for bytes := 0; next < len(items) && !l.full(len(lb.owners), bytes); next++ {
+		it := &items[next]
+		if l.res.failed[it.req] {
+			continue
+		}
+		if l.into != nil {
+			lb.keyBytes = append(lb.keyBytes, lists.key(it))
+		} else {
+			lb.keys = append(lb.keys, l.keyString[it.at:it.end])
+		}
+		switch {
+		case l.dst != nil:
+			lb.bufs = append(lb.bufs, l.dst[next])
+		case l.view == nil:
+			lb.bufs = append(lb.bufs, l.stage.Slot(l.set*l.batch + len(lb.bufs))[:it.size])
+		}
+		lb.owners = append(lb.owners, it)
+		bytes += it.size
+	}
+	l.sample.End(stats.PhaseDescribe, m)
+	l.target = l.later
+	return next
+}
+
+// get asks the pool for batch b's values (lb): leased in place, unchecked when the mover checks
+// them (into the batch's kept view for a pool.ReusingViewer), or copied into the batch's buffers.
+func (l *pageLoader) get(lb *loadBatch, b int) {
+	m := l.sample.Start()
+	getRegion := trace.StartRegion(l.ctx, "load.get")
+	switch {
+	case l.into != nil:
+		lb.v = l.lists.view(b)
+		l.into.BatchViewDeferredInto(l.ctx, lb.keyBytes, lb.v)
+	case l.deferred != nil:
+		lb.v = l.deferred.BatchViewDeferred(l.ctx, lb.keys)
+	case l.view != nil:
+		lb.v = l.view.BatchView(l.ctx, lb.keys)
+	default:
+		lb.got = l.pl.BatchGet(l.ctx, lb.keys, lb.bufs)
+	}
+	if lb.v != nil {
+		lb.got, lb.bufs = lb.v.Codes, lb.v.Bufs
+	}
+	l.sample.End(stats.PhaseGet, m)
+	getRegion.End()
+	l.res.storeCalls++
+	if l.sample != nil {
+		l.sample.Pages += int64(len(lb.owners))
+		l.sample.StoreCalls++
+	}
+}
+
+// land sorts lb's values by the pool's answer. One that came back whole has landed: read
+// straight into engine memory it is done, otherwise it is listed for the batch's scatter (with
+// its checksum, its index in the view and itself, when the GPU checks it). Any other fails its
+// request.
+func (l *pageLoader) land(lb *loadBatch) {
+	lists, start, n := l.lists, lb.start, l.n
+	lb.srcs = lists.srcs[start:start:n]
+	lb.refs = lists.refs[start:start:n]
+	lb.checked = lb.v != nil && lb.v.Sums != nil // a deferred view: the GPU checks what it copies
+	if lb.checked {
+		lb.sums, lb.idx, lb.checkedOwners = lists.sums[start:start:n], lists.idx[start:start:n], lists.checked[start:start:n]
+	}
+	got, bufs, owners := lb.got, lb.bufs, lb.owners
+	for i, it := range owners {
+		if len(got) != len(owners) || got[i] != int64(it.size) || len(bufs) != len(owners) || len(bufs[i]) != it.size {
+			l.lost(it)
+			continue
+		}
+		l.res.landedBytes += int64(it.size)
+		if l.dst != nil { // landed where it belongs: nothing to scatter
+			continue
+		}
+		lb.srcs = append(lb.srcs, bufs[i])
+		lb.refs = append(lb.refs, it.ref)
+		if lb.checked {
+			lb.sums = append(lb.sums, lb.v.Sums[i])
+			lb.idx = append(lb.idx, i)
+			lb.checkedOwners = append(lb.checkedOwners, it)
+		}
+	}
+}
+
+// lost records that value it failed: its page is missing and its request failed.
+func (l *pageLoader) lost(it *loadItem) {
+	l.res.failedPages++
+	l.missing(it)
+	l.res.fail(it.req)
+}
+
+// missing records the key of the load's first value that failed.
+func (l *pageLoader) missing(it *loadItem) {
+	if l.res.firstMissing == "" {
+		l.res.firstMissing = string(l.lists.key(it))
+	}
+}
+
+// scatter moves lb's landed values into engine memory once the previous scatter is done:
+// queued without waiting when the mover issues checked scatters (issue), otherwise in flight
+// on another goroutine while the next batch is got, when there is one (more). A batch with
+// nothing to scatter releases its view.
+func (l *pageLoader) scatter(lb *loadBatch, more bool) error {
+	switch {
+	case len(lb.srcs) == 0:
+		if lb.v != nil {
+			lb.v.Release()
+		}
+		return nil
+	case lb.checked && l.issuer != nil:
+		return l.issue(lb)
+	}
+	m := l.sample.Start()
+	done := make(chan scattered, 1)
+	var checker kvmem.PageChecker
+	if lb.checked {
+		checker = l.checker
+	}
+	if more {
+		go scatterBatch(l.ctx, l.mover, checker, lb.srcs, lb.refs, lb.sums, done) // overlaps the next batch's pool call
+	} else {
+		scatterBatch(l.ctx, l.mover, checker, lb.srcs, lb.refs, lb.sums, done) // the last batch: nothing to overlap, and no hand-off to another thread
+	}
+	l.inflight = done
+	l.inflightOwners, l.inflightView, l.inflightIdx = lb.checkedOwners, lb.v, lb.idx
+	l.sample.End(stats.PhaseUnstage, m)
+	return nil
+}
+
+// scatterBatch scatters srcs into refs and sends what came of it on done: through checker's
+// ScatterChecked against sums when checker is set, otherwise through mover's Scatter.
+func scatterBatch(ctx context.Context, mover kvmem.Mover, checker kvmem.PageChecker, srcs [][]byte, refs []kvmem.PageRef, sums []uint64, done chan<- scattered) {
+	defer trace.StartRegion(ctx, "load.scatter").End()
+	if checker != nil {
+		check, err := checker.ScatterChecked(ctx, srcs, refs, sums)
+		done <- scattered{err: err, check: check}
+	} else {
+		done <- scattered{err: mover.Scatter(ctx, srcs, refs)}
+	}
+}
+
+// issue queues lb's checked scatter through the mover without waiting for its copies
+// (IssueChecked); the check is read, and the batch's view released, by collect.
+func (l *pageLoader) issue(lb *loadBatch) error {
+	m := l.sample.Start()
+	r := trace.StartRegion(l.ctx, "load.issue")
+	check, err := l.issuer.IssueChecked(l.ctx, lb.srcs, lb.refs, lb.sums)
+	r.End()
+	l.sample.End(stats.PhaseUnstage, m)
+	if err != nil {
+		lb.v.Release()
+		return fmt.Errorf("scatter loaded pages: %w", err)
+	}
+	l.checks = append(l.checks, pendingCheck{wait: check, owners: lb.checkedOwners, view: lb.v, idx: lb.idx, release: true})
+	// The mover keeps two checks in flight; reading the older ones here keeps their
+	// views no longer than needed.
+	return l.collect(2)
+}
+
+// wait waits for the scatter in flight, if any, and releases its view. A scatter checked on the
+// GPU leaves its check pending; every check but the newest is then read (collect).
+func (l *pageLoader) wait() error {
+	if l.inflight == nil {
+		return nil
+	}
+	m := l.sample.Start()
+	out := <-l.inflight
+	l.sample.End(stats.PhaseSync, m)
+	l.inflight = nil
+	if l.inflightView != nil {
+		l.inflightView.Release()
+	}
+	if out.err != nil {
+		return fmt.Errorf("scatter loaded pages: %w", out.err)
+	}
+	if out.check != nil {
+		l.checks = append(l.checks, pendingCheck{wait: out.check, owners: l.inflightOwners, view: l.inflightView, idx: l.inflightIdx})
+		return l.collect(1)
+	}
+	return nil
+}
+
+// collect reads the oldest pending checks until keep are left. A page that failed its check
+// fails its request as a missing page does, takes its bytes off what landed, and is reported
+// corrupt to the view it came from.
+func (l *pageLoader) collect(keep int) error {
+	for len(l.checks) > keep {
+		c := l.checks[0]
+		l.checks = l.checks[1:]
+		m := l.sample.Start()
+		checkRegion := trace.StartRegion(l.ctx, "load.check")
+		bad, err := c.wait()
+		checkRegion.End()
+		l.sample.End(stats.PhaseSync, m)
+		if c.release {
+			releaseRegion := trace.StartRegion(l.ctx, "load.release")
+			c.view.Release() // issued without waiting: the copies are done only now
+			releaseRegion.End()
+		}
+		if err != nil {
+			return fmt.Errorf("check loaded pages: %w", err)
+		}
+		for i, b := range bad {
+			if !b {
+				continue
+			}
+			it := c.owners[i]
+			l.res.landedBytes -= int64(it.size)
+			l.lost(it)
+			c.view.Corrupt(c.idx[i])
+		}
+	}
+	return nil
+}
+
+// finish ends a load that run left with err: it waits for the scatter in flight, reads every
+// check left and adds what the load did to its sample. It returns err, or when err is nil the
+// first error of those.
+func (l *pageLoader) finish(err error) error {
+	if werr := l.wait(); err == nil {
+		err = werr
+	}
+	if cerr := l.collect(0); err == nil {
+		err = cerr
+	}
+	if s := l.sample; s != nil {
+		s.LandedBytes += l.res.landedBytes
+		s.FailedPages += int64(l.res.failedPages)
+		if l.timer != nil {
+			g := l.timer.GPUTime()
+			s.GPUCopy += g.Copy - l.gpuBefore.Copy
+			s.GPUCheck += g.Check - l.gpuBefore.Check
+		}
+	}
+	return err
 }
 
 // hostDestinationsOff makes loads stage every page even where they could read it straight into

@@ -628,25 +628,65 @@ func (w *Worker) saveLoop() {
 func (w *Worker) save(job saveJob) (err error) {
 	ctx := w.ctx
 	if job.fence != nil {
-		if err := passFence(ctx, job.fence, w.saveMover); err != nil {
+		if err = passFence(ctx, job.fence, w.saveMover); err != nil {
 			return fmt.Errorf("save fence: %w", err)
 		}
 	}
-	var sample stats.SaveSample
+	s := pageSaver{w: w, ctx: ctx}
 	began := time.Now()
 	defer func() {
-		sample.Duration = time.Since(began)
-		sample.Err = err != nil
-		w.stats.RecordSave(sample)
+		s.sample.Duration = time.Since(began)
+		s.sample.Err = err != nil
+		w.stats.RecordSave(s.sample)
 	}()
+	if err = s.list(job.saves); err != nil {
+		return err
+	}
+	s.plan()
+	defer s.settle()
+	s.sample.Pages = int64(len(s.items))
+	for start := 0; start < len(s.items); start += s.batch {
+		if err = s.saveBatch(start); err != nil {
+			return err
+		}
+	}
+	s.settle()
+	s.warn()
+	return nil
+}
+
+// pageSaver is one save job: its values and their group keys, how they are batched, the put in
+// flight and what the job did so far (sample, and the counts it warns about).
+type pageSaver struct {
+	w      *Worker
+	ctx    context.Context
+	items  []pageIO
+	groups []string // each value's group key (GroupBlocks), "" without
+
+	sets, set int // staging slot sets, and the one the next batch gathers into
+	batch     int // values per batch
+
+	sample                        stats.SaveSample
+	failed, attempted, refusedTTL int
+
+	// The put in flight, if any: its codes come on inflight, for inflightN values of
+	// inflightSizes bytes.
+	inflight      chan []pool.Code
+	inflightN     int
+	inflightSizes []int
+}
+
+// list makes the job's values: every page's sharded value where this rank writes them
+// (writesSharded) and, on attention rank 0 of a group with replicated regions, its replicated
+// value, each with its group key.
+func (s *pageSaver) list(saves []RequestTransfers) error {
+	w := s.w
 	g := w.geom
 	ns := w.opts.Namespace
 	writeReplicated := ns.AttentionRank() == 0
 	writeSharded := w.opts.writesSharded()
-	var items []pageIO
-	var groups []string
 	var buf []byte
-	for _, t := range job.saves {
+	for _, t := range saves {
 		for _, p := range t.Pages {
 			if err := g.checkPage(p.Group, p.Page); err != nil {
 				return fmt.Errorf("request %s: %w", t.RequestID, err)
@@ -663,155 +703,193 @@ func (w *Worker) save(job saveJob) (err error) {
 			}
 			if writeSharded {
 				buf = p.Hash.AppendHex(append(buf[:0], pre.sharded...))
-				items = append(items, pageIO{key: string(buf), ref: kvmem.PageRef{Group: p.Group, Slot: p.Page}, size: int(lg.BytesPerPage)})
-				groups = append(groups, gk)
+				s.items = append(s.items, pageIO{key: string(buf), ref: kvmem.PageRef{Group: p.Group, Slot: p.Page}, size: int(lg.BytesPerPage)})
+				s.groups = append(s.groups, gk)
 			}
 			if lg.ReplicatedBytesPerPage > 0 && writeReplicated {
 				buf = p.Hash.AppendHex(append(buf[:0], pre.replicated...))
-				items = append(items, pageIO{key: string(buf), ref: kvmem.PageRef{Group: p.Group, Slot: p.Page, Replicated: true}, size: int(lg.ReplicatedBytesPerPage)})
-				groups = append(groups, gk)
+				s.items = append(s.items, pageIO{key: string(buf), ref: kvmem.PageRef{Group: p.Group, Slot: p.Page, Replicated: true}, size: int(lg.ReplicatedBytesPerPage)})
+				s.groups = append(s.groups, gk)
 			}
 		}
 	}
+	return nil
+}
+
+// plan sizes the job's batches and its staging slot sets.
+func (s *pageSaver) plan() {
+	w := s.w
 	// Two slot sets let the put of one batch overlap the existence check and gather of the
 	// next; one put is in flight at most, and a set is gathered into again only after its put.
-	sets := 1
+	s.sets = 1
 	if w.saveStage.Slots() >= 2 {
-		sets = 2
+		s.sets = 2
 	}
-	batch := max(1, min(w.opts.TransferBatchSize, w.saveStage.Slots()/sets))
+	s.batch = max(1, min(w.opts.TransferBatchSize, w.saveStage.Slots()/s.sets))
 	if w.directPut != nil {
 		// Written in place: no slots bound the batch, which holds directSaveBatchBytes, and
 		// the next gather always overlaps the last End.
-		sets = 2
+		s.sets = 2
 		largest := 1
-		for _, it := range items {
+		for _, it := range s.items {
 			largest = max(largest, it.size)
 		}
-		batch = min(directBatchMaxPages, max(1, directSaveBatchBytes/largest))
+		s.batch = min(directBatchMaxPages, max(1, directSaveBatchBytes/largest))
 	}
-	var failed, attempted, refusedTTL int
-	var inflight chan []pool.Code
-	var inflightN int
-	var inflightSizes []int
-	settle := func() {
-		if inflight == nil {
-			return
-		}
-		codes := <-inflight
-		inflight = nil
-		attempted += inflightN
-		for j := range inflightN {
-			if len(codes) != inflightN {
-				failed++
-				sample.FailedPages++
-				continue
-			}
-			switch c := codes[j]; {
-			case c == pool.ErrObjectAlreadyExists:
-				sample.SkippedPages++
-			case c == pool.ErrNotJoined:
-				sample.NotJoinedPages++
-			case c == pool.ErrInvalidParams:
-				failed++
-				refusedTTL++
-				sample.RefusedPages++
-			case c < 0:
-				failed++
-				sample.FailedPages++
-			default:
-				sample.PutPages++
-				sample.PutBytes += int64(inflightSizes[j])
-			}
-		}
+}
+
+// settle waits for the put in flight, if any, and counts its values by the pool's answer.
+func (s *pageSaver) settle() {
+	if s.inflight == nil {
+		return
 	}
-	defer settle()
-	sample.Pages = int64(len(items))
-	set := 0
-	for start := 0; start < len(items); start += batch {
-		chunk := items[start:min(start+batch, len(items))]
-		chunkGroups := groups[start : start+len(chunk)]
-		keys := make([]string, 0, len(chunk))
-		for _, it := range chunk {
-			keys = append(keys, it.key)
-		}
-		exist := w.pool.BatchIsExist(ctx, keys)
-		var todo []int
-		for i := range chunk {
-			if len(exist) != len(chunk) || exist[i] != 1 {
-				todo = append(todo, i)
-			}
-		}
-		sample.SkippedPages += int64(len(chunk) - len(todo))
-		if len(todo) == 0 {
+	codes := <-s.inflight
+	s.inflight = nil
+	s.attempted += s.inflightN
+	for j := range s.inflightN {
+		if len(codes) != s.inflightN {
+			s.failed++
+			s.sample.FailedPages++
 			continue
 		}
-		putKeys := make([]string, len(todo))
-		bufs := make([][]byte, len(todo))
-		refs := make([]kvmem.PageRef, len(todo))
-		var gids []string
-		if w.opts.GroupBlocks {
-			gids = make([]string, len(todo))
-		}
-		for j, i := range todo {
-			putKeys[j] = chunk[i].key
-			if w.directPut == nil { // in place, the pool's reservation is the buffer
-				bufs[j] = w.saveStage.Slot(set*batch + j)[:chunk[i].size]
-			}
-			refs[j] = chunk[i].ref
-			if gids != nil {
-				gids[j] = chunkGroups[i]
-			}
-		}
-		cfg := w.replicateConfig()
-		cfg.GroupIDs = gids
-		done := make(chan []pool.Code, 1)
-		if w.directPut != nil {
-			// Gather straight into the pool memory reserved for the keys; End takes the
-			// checksums there and makes the values readable.
-			sizes := make([]int64, len(todo))
-			for j, i := range todo {
-				sizes[j] = int64(chunk[i].size)
-			}
-			r := w.directPut.BatchPutStart(ctx, putKeys, sizes, cfg)
-			var gRefs []kvmem.PageRef
-			var gBufs [][]byte
-			for j := range todo {
-				if r.Bufs[j] != nil {
-					gRefs, gBufs = append(gRefs, refs[j]), append(gBufs, r.Bufs[j])
-				}
-			}
-			if len(gRefs) > 0 {
-				if err := w.saveMover.Gather(ctx, gRefs, gBufs); err != nil {
-					r.Revoke()
-					return fmt.Errorf("gather pages: %w", err)
-				}
-			}
-			settle()
-			go func() { done <- r.End() }()
-		} else {
-			if err := w.saveMover.Gather(ctx, refs, bufs); err != nil {
-				return fmt.Errorf("gather pages: %w", err)
-			}
-			settle()
-			go func() { done <- w.pool.BatchPut(ctx, putKeys, bufs, cfg) }()
-		}
-		sizes := make([]int, len(todo))
-		for j, i := range todo {
-			sizes[j] = chunk[i].size
-		}
-		inflight, inflightN, inflightSizes = done, len(todo), sizes
-		if sets == 2 {
-			set ^= 1
-		} else {
-			settle()
+		switch c := codes[j]; {
+		case c == pool.ErrObjectAlreadyExists:
+			s.sample.SkippedPages++
+		case c == pool.ErrNotJoined:
+			s.sample.NotJoinedPages++
+		case c == pool.ErrInvalidParams:
+			s.failed++
+			s.refusedTTL++
+			s.sample.RefusedPages++
+		case c < 0:
+			s.failed++
+			s.sample.FailedPages++
+		default:
+			s.sample.PutPages++
+			s.sample.PutBytes += int64(s.inflightSizes[j])
 		}
 	}
-	settle()
-	if failed > 0 {
-		w.log.Warn("mooncake-store failed to save pages", "rank", ns.Rank, "failed_pages", failed, "attempted_pages", attempted)
+}
+
+// saveBatch saves the batch of values from start on: those not in the pool yet are gathered
+// and put, and the put is left in flight (waited for at once with a single slot set).
+func (s *pageSaver) saveBatch(start int) error {
+	w := s.w
+	chunk := s.items[start:min(start+s.batch, len(s.items))]
+	chunkGroups := s.groups[start : start+len(chunk)]
+	todo := s.absent(chunk)
+	if len(todo) == 0 {
+		return nil
 	}
-	if w.opts.SoftPinTTL > 0 && attempted > 0 && refusedTTL == attempted {
+	putKeys := make([]string, len(todo))
+	bufs := make([][]byte, len(todo))
+	refs := make([]kvmem.PageRef, len(todo))
+	var gids []string
+	if w.opts.GroupBlocks {
+		gids = make([]string, len(todo))
+	}
+	for j, i := range todo {
+		putKeys[j] = chunk[i].key
+		if w.directPut == nil { // in place, the pool's reservation is the buffer
+			bufs[j] = w.saveStage.Slot(s.set*s.batch + j)[:chunk[i].size]
+		}
+		refs[j] = chunk[i].ref
+		if gids != nil {
+			gids[j] = chunkGroups[i]
+		}
+	}
+	cfg := w.replicateConfig()
+	cfg.GroupIDs = gids
+	done := make(chan []pool.Code, 1)
+	var err error
+	if w.directPut != nil {
+		err = s.putInPlace(chunk, todo, putKeys, refs, cfg, done)
+	} else {
+		err = s.putStaged(putKeys, refs, bufs, cfg, done)
+	}
+	if err != nil {
+		return err
+	}
+	sizes := make([]int, len(todo))
+	for j, i := range todo {
+		sizes[j] = chunk[i].size
+	}
+	s.inflight, s.inflightN, s.inflightSizes = done, len(todo), sizes
+	if s.sets == 2 {
+		s.set ^= 1
+	} else {
+		s.settle()
+	}
+	return nil
+}
+
+// absent returns the indices in chunk of the values the pool does not hold yet (all of them
+// when its answer is not one per value), and counts the others as skipped.
+func (s *pageSaver) absent(chunk []pageIO) []int {
+	keys := make([]string, 0, len(chunk))
+	for _, it := range chunk {
+		keys = append(keys, it.key)
+	}
+	exist := s.w.pool.BatchIsExist(s.ctx, keys)
+	var todo []int
+	for i := range chunk {
+		if len(exist) != len(chunk) || exist[i] != 1 {
+			todo = append(todo, i)
+		}
+	}
+	s.sample.SkippedPages += int64(len(chunk) - len(todo))
+	return todo
+}
+
+// putInPlace reserves pool memory for the values todo of chunk (keys, from engine pages refs),
+// gathers them straight into it once the previous put is settled, and leaves the commit
+// (End) in flight on done.
+func (s *pageSaver) putInPlace(chunk []pageIO, todo []int, keys []string, refs []kvmem.PageRef, cfg pool.ReplicateConfig, done chan<- []pool.Code) error {
+	// Gather straight into the pool memory reserved for the keys; End takes the
+	// checksums there and makes the values readable.
+	sizes := make([]int64, len(todo))
+	for j, i := range todo {
+		sizes[j] = int64(chunk[i].size)
+	}
+	r := s.w.directPut.BatchPutStart(s.ctx, keys, sizes, cfg)
+	var gRefs []kvmem.PageRef
+	var gBufs [][]byte
+	for j := range todo {
+		if r.Bufs[j] != nil {
+			gRefs, gBufs = append(gRefs, refs[j]), append(gBufs, r.Bufs[j])
+		}
+	}
+	if len(gRefs) > 0 {
+		if err := s.w.saveMover.Gather(s.ctx, gRefs, gBufs); err != nil {
+			r.Revoke()
+			return fmt.Errorf("gather pages: %w", err)
+		}
+	}
+	s.settle()
+	go func() { done <- r.End() }()
+	return nil
+}
+
+// putStaged gathers engine pages refs into the staging slots bufs and, once the previous put is
+// settled, leaves their put under keys in flight on done.
+func (s *pageSaver) putStaged(keys []string, refs []kvmem.PageRef, bufs [][]byte, cfg pool.ReplicateConfig, done chan<- []pool.Code) error {
+	if err := s.w.saveMover.Gather(s.ctx, refs, bufs); err != nil {
+		return fmt.Errorf("gather pages: %w", err)
+	}
+	s.settle()
+	ctx, pl := s.ctx, s.w.pool
+	go func() { done <- pl.BatchPut(ctx, keys, bufs, cfg) }()
+	return nil
+}
+
+// warn logs a job that lost pages, and, once per worker, one whose every page the pool refused
+// under a soft-pin TTL.
+func (s *pageSaver) warn() {
+	w := s.w
+	if s.failed > 0 {
+		w.log.Warn("mooncake-store failed to save pages", "rank", w.opts.Namespace.Rank, "failed_pages", s.failed, "attempted_pages", s.attempted)
+	}
+	if w.opts.SoftPinTTL > 0 && s.attempted > 0 && s.refusedTTL == s.attempted {
 		w.mu.Lock()
 		warn := !w.warnedTTL
 		w.warnedTTL = true
@@ -821,7 +899,6 @@ func (w *Worker) save(job saveJob) (err error) {
 				"soft_pin_ttl", w.opts.SoftPinTTL)
 		}
 	}
-	return nil
 }
 
 // replicateConfig is the per-put configuration: a soft pin for SoftPinTTL when set.
