@@ -8,6 +8,7 @@ refused with the SDK's error classes."""
 from __future__ import annotations
 
 import random
+import shutil
 import uuid
 
 import pytest
@@ -160,3 +161,4 @@ def test_attach_to_a_daemon_that_went_away(kvctl_bin) -> None:
         shm.close()
     finally:
         d.kill()
+        shutil.rmtree(d.dir, ignore_errors=True)
