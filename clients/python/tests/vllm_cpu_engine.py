@@ -38,18 +38,24 @@ from vllm.v1.structured_output import StructuredOutputManager
 from kvctl_engine.hf import model as M
 from kvctl_engine.vllm import memory as kvmemory
 
-#: The key scheme the tests register with: the daemon's default (trtllm) until kvctl serve
-#: takes vLLM's schemes; then "vllm" (the scheme of --prefix-caching-hash-algo sha256).
-FORMAT = os.environ.get("KVCTL_VLLM_TEST_FORMAT", "trtllm")
+#: The key scheme the tests register with: "vllm", the scheme of vLLM's default
+#: --prefix-caching-hash-algo (sha256). KVCTL_VLLM_TEST_FORMAT=trtllm runs them under
+#: TensorRT-LLM's keys instead (the connector's format setting).
+FORMAT = os.environ.get("KVCTL_VLLM_TEST_FORMAT", "vllm")
 
 T = 16  # vLLM's block size
 
 _hash_ready = False
 
 
-def model_dir(spec: M.ModelSpec) -> str:
-    """A local model directory holding only spec's config.json (no weights, no tokenizer)."""
-    d = tempfile.mkdtemp(prefix="kvvllm-model-")
+_models = tempfile.mkdtemp(prefix="kvvllm-models-")
+
+
+def model_dir(spec: M.ModelSpec, name: str) -> str:
+    """A local model directory named name, holding only spec's config.json (no weights, no
+    tokenizer). vLLM's keys hold the model's last path element: engines of one name share pages."""
+    d = os.path.join(_models, name)
+    os.makedirs(d, exist_ok=True)
     cfg = spec.config().to_dict()
     cfg["architectures"] = ["LlamaForCausalLM"]
     cfg["torch_dtype"] = spec.dtype
@@ -60,6 +66,7 @@ def model_dir(spec: M.ModelSpec) -> str:
 
 def vllm_config(
     spec: M.ModelSpec,
+    name: str,
     extra: dict[str, Any],
     *,
     policy: str = "fail",
@@ -69,7 +76,11 @@ def vllm_config(
     hash_algo: str = "sha256",
 ) -> VllmConfig:
     mc = ModelConfig(
-        model=model_dir(spec), dtype=spec.dtype, seed=0, skip_tokenizer_init=True, max_model_len=spec.max_positions
+        model=model_dir(spec, name),
+        dtype=spec.dtype,
+        seed=0,
+        skip_tokenizer_init=True,
+        max_model_len=spec.max_positions,
     )
     sc = SchedulerConfig(
         max_num_seqs=16,
@@ -153,7 +164,7 @@ class CPUEngine:
         self.spec = spec
         cfg = {"socket": socket, "format": FORMAT, "model_key": spec.model_key()}
         cfg.update(extra or {})
-        self.vc = vllm_config(spec, cfg, policy=policy, layout=layout, budget=budget)
+        self.vc = vllm_config(spec, cfg["model_key"], cfg, policy=policy, layout=layout, budget=budget)
         self.kvc, self.shm, self.views = allocate(self.vc, spec, num_blocks)
         self.vc.cache_config.num_gpu_blocks = self.kvc.num_blocks
         self.worker = KvctlConnector(self.vc, KVConnectorRole.WORKER, self.kvc)

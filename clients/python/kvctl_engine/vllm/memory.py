@@ -14,7 +14,10 @@ layer's block when ``cache[b]`` is one dense range of bytes (its start every ``s
 bytes; the whole buffer's share of a block when a block holds every layer), else one region
 per KV head; a region whose address an earlier layer already gave is not repeated. A region's
 stride and size are both that block length, as in vLLM's value. So the bytes kvctl serve stores
-for a block are the bytes vLLM's Mooncake store connector stores for the same chunk.
+for a block are the bytes vLLM's Mooncake store connector stores for the same chunk. One
+exception: in BHLNC (heads outside layers inside a block) vLLM's value takes a whole block's
+length from each head, reading into the other heads and, at the last block, past the buffer;
+kvctl's page takes each head's own bytes there.
 
 Memory: on a CUDA device the buffer's storage goes to the daemon as a CUDA IPC handle
 (``kvctl_engine.ipc_handle_from_tensor``). On the host (tests, CI, machines without a GPU) the
@@ -103,10 +106,12 @@ def _by_block(cache: torch.Tensor, num_blocks: int) -> torch.Tensor:
 
 def block_regions(
     kv_caches: Mapping[str, torch.Tensor], layer_names: Sequence[str], num_blocks: int
-) -> list[tuple[int, int]]:
-    """The (address, block length) of each region of a block's value, in order, as vLLM's
-    RankLocalStoreLayout computes them for the layers of layer_names; block b of region i starts
-    at address + b * length."""
+) -> list[tuple[int, int, int]]:
+    """The (address, stride, size) of each region of a block's value, in order, as vLLM's
+    RankLocalStoreLayout computes them for the layers of layer_names: block b's bytes of region i
+    are [address + b * stride, + size). stride and size are vLLM's block length, except for a
+    head's region in a layout whose heads are outside its layers (BHLNC), where size is the
+    head's own bytes."""
     wanted = set(layer_names)
     seen: set[int] = set()
     out: list[tuple[int, int]] = []
@@ -128,16 +133,21 @@ def block_regions(
                         f"layer {name}: neither a block nor a head's block of its KV cache (strides "
                         f"{tuple(cache.stride())}) is one range of bytes"
                     )
-                cand.append((head.data_ptr(), head.stride(0) * el))
+                # vLLM's value takes stride(0) bytes from each head; where heads are not
+                # outside the blocks (BHLNC) that runs into the other heads and layers, and past
+                # the buffer at the last block: kvctl takes the head's own bytes there.
+                cand.append((head.data_ptr(), head.stride(0) * el, head[0].numel() * el))
         elif cache.stride(0) * el * num_blocks == storage.nbytes():
-            cand = [(storage.data_ptr(), storage.nbytes() // num_blocks)]
+            n = storage.nbytes() // num_blocks
+            cand = [(storage.data_ptr(), n, n)]
         else:
-            cand = [(cache.data_ptr(), cache.stride(0) * el)]
-        for addr, length in cand:
+            n = cache.stride(0) * el
+            cand = [(cache.data_ptr(), n, n)]
+        for addr, stride, size in cand:
             if addr in seen:
                 continue
             seen.add(addr)
-            out.append((addr, length))
+            out.append((addr, stride, size))
     missing = [n for n in layer_names if n not in kv_caches]
     if missing:
         raise KVMemoryError(f"no KV cache for the layers {missing[:4]} of the KV cache group")
@@ -167,8 +177,8 @@ def registration(
     regions = block_regions(kv_caches, layer_names, num_blocks)
     first = next(v for n, v in kv_caches.items() if n in set(layer_names))
     t = first if isinstance(first, torch.Tensor) else first[0]
-    lo = min(a for a, _ in regions)
-    hi = max(a + (num_blocks - 1) * n + n for a, n in regions)
+    lo = min(a for a, _, _ in regions)
+    hi = max(a + (num_blocks - 1) * st + n for a, st, n in regions)
     if t.is_cuda:
         storage = t.untyped_storage()
         base, size = storage.data_ptr(), storage.nbytes()
@@ -193,11 +203,11 @@ def registration(
         raise KVMemoryError(f"the KV cache is on {t.device}; kvctl serve takes CUDA devices and host shared memory")
     layout = kv.Layout(
         tokens_per_block,
-        [kv.LayerGroup(0, num_blocks, [kv.Region(a - base, n, n) for a, n in regions])],
+        [kv.LayerGroup(0, num_blocks, [kv.Region(a - base, st, n) for a, st, n in regions])],
     )
     return Registration(layout, memory, base, size, kind, device)
 
 
-def block_bytes(regions: Sequence[tuple[int, int]], block: int) -> bytes:
+def block_bytes(regions: Sequence[tuple[int, int, int]], block: int) -> bytes:
     """Block's value as the regions give it (host memory only): what kvctl serve moves for it."""
-    return b"".join(ctypes.string_at(a + block * n, n) for a, n in regions)
+    return b"".join(ctypes.string_at(a + block * st, n) for a, st, n in regions)
