@@ -315,13 +315,19 @@ def test_chunked_prefill_and_preemption_save_every_block(own_pool, spec, model_k
     assert e.preempted, "the test needs vLLM to preempt a request"
     for rid in prompts:
         assert_token_exact(outs[rid], want[rid], rid, tol=1e-4)
-    f = CPUEngine(own_pool.socket, spec, extra={"model_key": model_key})
+    # Again, in an engine as small that loads in the background: loads, saves and preemptions
+    # interleave.
+    f = CPUEngine(
+        own_pool.socket, spec, extra={"model_key": model_key, "async_load": True}, budget=3 * T, num_blocks=14
+    )
     try:
         for rid, t in prompts.items():
             f.add(rid + "-again", t, n)
         outs = f.run()
     finally:
         f.close()
+    assert f.preempted, "the second engine should preempt too"
     for rid in prompts:
-        assert f.loaded[rid + "-again"] == 4 * T, rid
+        assert f.loaded[rid + "-again"] >= 4 * T, rid
+        assert rid + "-again" in f.async_requests
         assert_token_exact(outs[rid + "-again"], want[rid], rid + " again", tol=1e-4)

@@ -484,6 +484,8 @@ class _WorkerSide:
         self.loads: dict[str, list[int]] = {}  # request -> blocks its synchronous load fills
         self.async_blocks: dict[str, list[int]] = {}  # parked request -> blocks of its async load
         self.announce: list[str] = []  # parked requests not yet reported to GetFinished
+        self.loaded: set[str] = set()  # async loads GetFinished reported, not yet told to vLLM
+        self.saved: set[str] = set()  # awaited saves GetFinished reported, not yet told to vLLM
         self.awaiting: set[str] = set()  # requests whose saves vLLM waits for (finished_sending)
         self.error_blocks: set[int] = set()
         self.failed: set[str] = set()
@@ -599,17 +601,22 @@ class _WorkerSide:
         self.failed.update(failed)
         for rid in fin.finished_loading:
             self.async_blocks.pop(rid, None)
+        # A GetFinished made to drain a preempted request's saves may report loads done, and
+        # saves vLLM waits for, too: both are kept for the next get_finished.
+        self.loaded.update(fin.finished_loading)
+        done = {rid for rid in fin.finished_saving if rid in self.awaiting}
+        self.awaiting -= done
+        self.saved |= done
 
     def finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        if not finished_req_ids and not self.awaiting and not self.async_blocks:
+        if not (finished_req_ids or self.awaiting or self.async_blocks or self.loaded or self.saved):
             return None, None
         r = self._r()
         started, self.announce = self.announce, []
         fin = r.get_finished(finished_gen=sorted(finished_req_ids), started_loading=started)
         self._take_async(r, fin)
-        sending = {rid for rid in fin.finished_saving if rid in self.awaiting}
-        self.awaiting -= sending
-        recving = set(fin.finished_loading)
+        sending, self.saved = self.saved, set()
+        recving, self.loaded = self.loaded, set()
         return sending or None, recving or None
 
     def take_error_blocks(self) -> set[int]:
