@@ -14,8 +14,10 @@ same model computing everything.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import tempfile
 import uuid
 from dataclasses import dataclass, field
@@ -49,6 +51,7 @@ _hash_ready = False
 
 
 _models = tempfile.mkdtemp(prefix="kvvllm-models-")
+atexit.register(shutil.rmtree, _models, True)
 
 
 def model_dir(spec: M.ModelSpec, name: str) -> str:
