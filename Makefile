@@ -18,7 +18,7 @@ COUNT     ?= 5
 # go-nvml's cgo build warns about deprecated declarations it cannot avoid.
 export CGO_CFLAGS := -Wno-deprecated-declarations
 
-.PHONY: all build install test test-norace bench lint fmt golden docs verify proto tools clean pyenv ptx pytools engineenv vllmenv pytest-sdk proto-python ruff image
+.PHONY: all build install test test-norace bench lint fmt golden docs verify proto tools clean pyenv ptx pytools engineenv vllmenv pytest-sdk pytest-vllm proto-python ruff image
 
 # The Python environment the interoperability tests use: the real mooncake_master and Mooncake's
 # Python store client, pinned in tools/python/requirements.txt. Tests find it through KVCTL_PYENV.
@@ -82,8 +82,13 @@ $(VLLMENV)/.stamp: tools/vllm/requirements.txt | $(ENGINEENV)/.stamp
 		$(VLLMENV)/bin/python -c 'from vllm.v1.core.sched.scheduler import Scheduler' && touch $@
 
 # The SDK's tests run against a real kvctl serve built from this tree (the fixture builds it).
+# Those marked vllm (kvctl_engine.vllm against vLLM's real scheduler) need vLLM and run in the
+# vLLM environment (pytest-vllm), where a missing vLLM fails them instead of skipping them.
 pytest-sdk: engineenv
-	$(ENGINEENV)/bin/python -m pytest -q $(PYSDK)/tests
+	$(ENGINEENV)/bin/python -m pytest -q -m 'not vllm' $(PYSDK)/tests
+
+pytest-vllm: vllmenv
+	KVCTL_NEED_VLLM=1 $(VLLMENV)/bin/python -m pytest -q -m vllm $(PYSDK)/tests
 
 # The Python stubs of the engine API, generated into the SDK with grpcio-tools' protoc. The proto
 # is copied under the package path first so that the generated modules import each other as
@@ -113,10 +118,12 @@ install:
 # The whole suite runs under the race detector: the connector, pool and daemon are concurrent by
 # design and their tests are written to catch races. The SDK's pytest suite runs beside the Go
 # tests: it spends most of its time waiting (model processes starting, read leases running out),
-# so together they take about the time of the Go tests alone. Its output follows theirs.
-test: pyenv engineenv
+# so together they take about the time of the Go tests alone. The vLLM connector's tests follow
+# it in the same background job, in the vLLM environment. Their output follows the Go tests'.
+test: pyenv engineenv vllmenv
 	@mkdir -p .cache; log=.cache/pytest-sdk.log; \
-	$(MAKE) --no-print-directory pytest-sdk >$$log 2>&1 & py=$$!; \
+	{ $(MAKE) --no-print-directory pytest-sdk; sdk=$$?; $(MAKE) --no-print-directory pytest-vllm; vl=$$?; \
+		[ $$sdk -eq 0 ] && [ $$vl -eq 0 ]; } >$$log 2>&1 & py=$$!; \
 	$(GO) test -race -count=1 ./...; go_rc=$$?; \
 	wait $$py; py_rc=$$?; \
 	echo "== pytest $(PYSDK)/tests"; cat $$log; \

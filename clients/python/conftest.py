@@ -8,6 +8,14 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "vllm: needs vLLM (the environment `make vllmenv` builds); `make pytest-vllm` runs these, "
+        "`make pytest-sdk` the others",
+    )
+
+
 def pytest_addoption(parser):
     parser.addoption(
         "--device",

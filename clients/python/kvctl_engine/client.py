@@ -281,6 +281,16 @@ class Client:
         request.cuda_ipc.CopyFrom(pb.CudaIPC(handle=bytes(handle), offset=offset, size=size, device=device))
         return self.register(request, timeout)
 
+    def attach_scheduler(
+        self, engine: str, scheduler_token: str, timeout: float | None = None
+    ) -> pb.AttachSchedulerResponse:
+        """AttachScheduler: this connection may make the scheduler calls of engine, a rank another
+        connection of this uid registered with scheduler = true, whose RegisterResponse returned
+        scheduler_token (rank.SchedulerRank is the handle over it)."""
+        return self.call(
+            "AttachScheduler", pb.AttachSchedulerRequest(engine=engine, scheduler_token=scheduler_token), timeout
+        )
+
     def register_prompt_arena(self, engine: str, arena: PromptArena, timeout: float | None = None) -> None:
         """Hands arena to the daemon as the prompt arena of engine (a scheduler rank of this
         connection). The client closes the arena when it closes."""

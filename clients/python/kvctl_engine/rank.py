@@ -29,9 +29,11 @@ from .tokens import TOKEN_BYTES, pack_tokens
 __all__ = [
     "CudaFdMemory",
     "Finished",
+    "KeyParams",
     "LayerGroup",
     "Layout",
     "LookupResult",
+    "MMFeature",
     "Metadata",
     "PageTransfer",
     "Rank",
@@ -40,6 +42,7 @@ __all__ = [
     "Request",
     "RequestData",
     "RequestTransfers",
+    "SchedulerRank",
     "SharedMemoryFd",
     "connect",
 ]
@@ -116,9 +119,27 @@ Memory = SharedMemory | SharedMemoryFd | CudaIpcMemory | CudaFdMemory | Any
 # -- requests and results --------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class MMFeature:
+    """One multimodal item of a vLLM request (vLLM's ``MultiModalFeatureSpec``): the identifier vLLM
+    hashes and its placeholder range [offset, offset + length) in the prompt. A request's items go
+    sorted by offset, as vLLM keeps them."""
+
+    identifier: str
+    offset: int
+    length: int
+
+    def to_pb(self) -> pb.MMFeature:
+        return pb.MMFeature(identifier=self.identifier, offset=self.offset, length=self.length)
+
+
 @dataclass
 class Request:
-    """A prompt to look up: its id and tokens, and what else names its KV."""
+    """A prompt to look up: its id and tokens, and what else names its KV.
+
+    cache_salt is shared by every key scheme; lora_task_id and multimodal_digests are
+    TensorRT-LLM's (``trtllm…`` formats), lora_name and mm_features vLLM's (``vllm…`` formats,
+    engine API 1.2)."""
 
     id: str
     tokens: Sequence[int]
@@ -128,6 +149,8 @@ class Request:
     has_multimodal: bool = False
     dummy: bool = False
     context_only: bool = False
+    lora_name: str | None = None
+    mm_features: Sequence[MMFeature] = ()
 
     def to_pb(self) -> pb.Request:
         r = pb.Request(
@@ -136,12 +159,61 @@ class Request:
             has_multimodal=self.has_multimodal,
             dummy=self.dummy,
             context_only=self.context_only,
+            mm_features=[f.to_pb() for f in self.mm_features],
         )
         if self.cache_salt is not None:
             r.cache_salt = self.cache_salt
         if self.lora_task_id is not None:
             r.lora_task_id = self.lora_task_id
+        if self.lora_name is not None:
+            r.lora_name = self.lora_name
         return r
+
+
+@dataclass(frozen=True)
+class KeyParams:
+    """The registration-wide key inputs of a vLLM key scheme (RegisterRequest.key_params, engine
+    API 1.2): what vLLM's MooncakeStoreConnector puts in a pool key besides the block hash.
+
+    python_hash_seed is the PYTHONHASHSEED string vLLM seeds its block hashes with (NONE_HASH);
+    model is vLLM's model name (the key holds its last path element); cache_prefix and
+    store_namespace are the connector's; hash_block_size is vLLM's hash block size when it
+    differs from the block size (0: the block size); num_kv_heads and mla decide which TP ranks
+    share a key rank; the pipeline, prefill-context and decode-context ranks and sizes (a size
+    of 0 reads as 1) complete the key. The TP rank and size are the registration's."""
+
+    python_hash_seed: str | None
+    model: str
+    cache_prefix: str = ""
+    store_namespace: str = ""
+    hash_block_size: int = 0
+    num_kv_heads: int = 0
+    mla: bool = False
+    pp_rank: int = 0
+    pp_size: int = 0
+    pcp_rank: int = 0
+    pcp_size: int = 0
+    dcp_rank: int = 0
+    dcp_size: int = 0
+
+    def to_pb(self) -> pb.KeyParams:
+        k = pb.KeyParams(
+            model=self.model,
+            cache_prefix=self.cache_prefix,
+            store_namespace=self.store_namespace,
+            hash_block_size=self.hash_block_size,
+            num_kv_heads=self.num_kv_heads,
+            mla=self.mla,
+            pp_rank=self.pp_rank,
+            pp_size=self.pp_size,
+            pcp_rank=self.pcp_rank,
+            pcp_size=self.pcp_size,
+            dcp_rank=self.dcp_rank,
+            dcp_size=self.dcp_size,
+        )
+        if self.python_hash_seed is not None:
+            k.python_hash_seed = self.python_hash_seed
+        return k
 
 
 @dataclass(frozen=True)
@@ -264,7 +336,130 @@ def connect(
     return Client(socket_path, timeout=timeout, call_channel=call_channel, daemon_uid=daemon_uid)
 
 
-class Rank:
+class _SchedulerCalls:
+    """The calls of a rank's scheduler adapter, shared by :class:`Rank` (the registering
+    connection) and :class:`SchedulerRank` (a connection attached to the rank's scheduler)."""
+
+    client: Client
+    name: str
+    via_arena: int
+    via_packed: int
+
+    def prompt_arena(self, timeout: float | None = None) -> PromptArena | None:
+        raise NotImplementedError
+
+    def _lookup(self, method: str, request: Request, num_computed_tokens: int, timeout: float | None) -> LookupResult:
+        r = request.to_pb()
+        n = len(request.tokens)
+        held: int | None = None
+        arena = self.prompt_arena(timeout) if n else None
+        packed = pack_tokens(request.tokens)
+        if arena is not None:
+            held = arena.alloc(n * TOKEN_BYTES)
+        if held is not None and arena is not None:
+            arena.write(held, packed)
+            r.tokens_arena.offset, r.tokens_arena.count = held, n
+            self.via_arena += 1
+        else:
+            r.tokens_packed = packed
+            self.via_packed += 1
+        lr = pb.LookupRequest(engine=self.name, request=r, num_computed_tokens=num_computed_tokens)
+        try:
+            resp = self.client.call(method, lr, timeout)
+        except (CallTimeout, Cancelled):
+            # The daemon may still read the range: it stays reserved.
+            raise
+        except BaseException:
+            if held is not None and arena is not None:
+                arena.free(held)
+            raise
+        if held is not None and arena is not None:
+            arena.free(held)
+        return LookupResult(resp.matched_tokens, getattr(resp, "async"))
+
+    def lookup(self, request: Request, num_computed_tokens: int = 0, timeout: float | None = None) -> LookupResult:
+        """The prefix of request the pool can restore, past num_computed_tokens (the engine's own
+        prefix-cache hit). Registers the request with the scheduler adapter."""
+        return self._lookup("Lookup", request, num_computed_tokens, timeout)
+
+    def admission_query(
+        self, request: Request, num_computed_tokens: int = 0, timeout: float | None = None
+    ) -> LookupResult:
+        """Lookup without side effects: what Lookup would answer, for admission control."""
+        return self._lookup("AdmissionQuery", request, num_computed_tokens, timeout)
+
+    def cancel_load(self, request_id: str, start: int, end: int, timeout: float | None = None) -> None:
+        """Gives up the load of tokens [start, end) of a looked-up request (the engine will
+        compute them)."""
+        self.client.call(
+            "CancelLoad", pb.CancelLoadRequest(engine=self.name, request_id=request_id, start=start, end=end), timeout
+        )
+
+    def update_state_after_alloc(
+        self,
+        request_id: str,
+        block_ids_by_group: Sequence[Sequence[int]],
+        honoured_tokens: int,
+        timeout: float | None = None,
+        *,
+        dummy: bool = False,
+    ) -> None:
+        """Reports the pages allocated to a request (per layer group) and how many of the
+        matched tokens the engine honours (0 turns the load down). dummy marks a padding
+        request: the daemon skips the report whatever request_id names."""
+        self.client.call(
+            "UpdateStateAfterAlloc",
+            pb.AllocRequest(
+                engine=self.name,
+                request_id=request_id,
+                block_ids_by_group=[pb.BlockIDs(ids=list(g)) for g in block_ids_by_group],
+                honoured_tokens=honoured_tokens,
+                dummy=dummy,
+            ),
+            timeout,
+        )
+
+    def build_meta(
+        self,
+        new_requests: Sequence[RequestData] = (),
+        cached_requests: Sequence[RequestData] = (),
+        submitted_saves: Sequence[str] = (),
+        timeout: float | None = None,
+    ) -> Metadata:
+        """The step's metadata from the scheduler output: the loads and saves to make. Hand it
+        to bind_meta on every rank."""
+        m = self.client.call(
+            "BuildMeta",
+            pb.BuildMetaRequest(
+                engine=self.name,
+                new_requests=[r.to_pb() for r in new_requests],
+                cached_requests=[r.to_pb() for r in cached_requests],
+                submitted_saves=list(submitted_saves),
+            ),
+            timeout,
+        )
+        return Metadata(m)
+
+    def request_finished(self, request_id: str, timeout: float | None = None, *, dummy: bool = False) -> bool:
+        """The request's prompt is done; True when its saves are still in flight (keep its pages
+        until get_finished reports it in finished_saving). dummy: a padding request, skipped."""
+        ref = pb.RequestRef(engine=self.name, request_id=request_id, dummy=dummy)
+        r = self.client.call("RequestFinished", ref, timeout)
+        return bool(r.async_saving)
+
+    def request_reset(self, request_id: str, timeout: float | None = None, *, dummy: bool = False) -> None:
+        """Forgets a request the engine restarts (a failed load, a preemption); look it up again
+        afterwards. dummy: a padding request, skipped."""
+        ref = pb.RequestRef(engine=self.name, request_id=request_id, dummy=dummy)
+        self.client.call("RequestReset", ref, timeout)
+
+    def take_submitted_saves(self, timeout: float | None = None) -> list[str]:
+        """Requests whose saves the worker submitted since the last call; hand them to the next
+        build_meta (submitted_saves)."""
+        return list(self.client.call("TakeSubmittedSaves", pb.EngineRef(engine=self.name), timeout).ids)
+
+
+class Rank(_SchedulerCalls):
     """A registered engine rank: the methods of connector.Rank over the engine API.
 
     Make one with :meth:`Rank.register`. Every method takes an optional ``timeout`` (seconds;
@@ -286,6 +481,9 @@ class Rank:
         self.name: str = response.engine
         self.shard: str = response.shard
         self.declarations: dict[str, bool] = dict(response.declarations)
+        # The secret a scheduler in another process of this uid presents to attach to this
+        # rank's scheduler adapter (SchedulerRank.attach); "" unless registered with scheduler.
+        self.scheduler_token: str = response.scheduler_token
         v = response.api_version if response.HasField("api_version") else None
         # The daemon's engine API version; (1, 0) from a daemon older than the field.
         self.daemon_api_version: tuple[int, int] = (v.major, v.minor) if v is not None else (1, 0)
@@ -321,6 +519,7 @@ class Rank:
         options: RankOptions | None = None,
         api_version: tuple[int, int] = API_VERSION,
         stream_order: Any = None,
+        key_params: KeyParams | None = None,
         timeout: float | None = None,
     ) -> Rank:
         """Registers the engine rank engine with layout over client and returns it.
@@ -330,6 +529,12 @@ class Rank:
         cuda.VmmAllocation's fd), or None for a role that moves no KV (capacity). scheduler: this
         rank runs the scheduler adapter (rank 0 under tensor parallelism, every owner under
         attention DP). api_version is declared in Register (the SDK's own by default).
+
+        format is the key scheme (``kvctl hash --help`` lists them; empty: the daemon's default,
+        trtllm); a vLLM scheme (``vllm``, ``vllm-sha256-cbor``, ``vllm-xxhash``,
+        ``vllm-xxhash-cbor``) takes its further inputs from key_params. A rank registered with
+        scheduler=True gets a ``scheduler_token`` that a scheduler in another process of the same
+        uid presents to :meth:`SchedulerRank.attach`.
 
         stream_order (a kvctl_engine.cuda_events StreamOrder, CUDA memory only) registers the
         engine's interprocess event and opens the daemon's: bind_meta, start_load and
@@ -360,6 +565,8 @@ class Rank:
             staging_buffer_bytes=o.staging_buffer_bytes,
             api_version=api_version_message(api_version),
         )
+        if key_params is not None:
+            req.key_params.CopyFrom(key_params.to_pb())
         if stream_order is not None:
             from .cuda_events import engine_event_message
 
@@ -449,113 +656,6 @@ class Rank:
         with self._arena_mu:
             self._arena, self._arena_off = arena, None
 
-    def _lookup(self, method: str, request: Request, num_computed_tokens: int, timeout: float | None) -> LookupResult:
-        r = request.to_pb()
-        n = len(request.tokens)
-        held: int | None = None
-        arena = self.prompt_arena(timeout) if n else None
-        packed = pack_tokens(request.tokens)
-        if arena is not None:
-            held = arena.alloc(n * TOKEN_BYTES)
-        if held is not None and arena is not None:
-            arena.write(held, packed)
-            r.tokens_arena.offset, r.tokens_arena.count = held, n
-            self.via_arena += 1
-        else:
-            r.tokens_packed = packed
-            self.via_packed += 1
-        lr = pb.LookupRequest(engine=self.name, request=r, num_computed_tokens=num_computed_tokens)
-        try:
-            resp = self.client.call(method, lr, timeout)
-        except (CallTimeout, Cancelled):
-            # The daemon may still read the range: it stays reserved.
-            raise
-        except BaseException:
-            if held is not None and arena is not None:
-                arena.free(held)
-            raise
-        if held is not None and arena is not None:
-            arena.free(held)
-        return LookupResult(resp.matched_tokens, getattr(resp, "async"))
-
-    # -- scheduler adapter -------------------------------------------------------------------
-
-    def lookup(self, request: Request, num_computed_tokens: int = 0, timeout: float | None = None) -> LookupResult:
-        """The prefix of request the pool can restore, past num_computed_tokens (the engine's own
-        prefix-cache hit). Registers the request with the scheduler adapter."""
-        return self._lookup("Lookup", request, num_computed_tokens, timeout)
-
-    def admission_query(
-        self, request: Request, num_computed_tokens: int = 0, timeout: float | None = None
-    ) -> LookupResult:
-        """Lookup without side effects: what Lookup would answer, for admission control."""
-        return self._lookup("AdmissionQuery", request, num_computed_tokens, timeout)
-
-    def cancel_load(self, request_id: str, start: int, end: int, timeout: float | None = None) -> None:
-        """Gives up the load of tokens [start, end) of a looked-up request (the engine will
-        compute them)."""
-        self.client.call(
-            "CancelLoad", pb.CancelLoadRequest(engine=self.name, request_id=request_id, start=start, end=end), timeout
-        )
-
-    def update_state_after_alloc(
-        self,
-        request_id: str,
-        block_ids_by_group: Sequence[Sequence[int]],
-        honoured_tokens: int,
-        timeout: float | None = None,
-        *,
-        dummy: bool = False,
-    ) -> None:
-        """Reports the pages allocated to a request (per layer group) and how many of the
-        matched tokens the engine honours (0 turns the load down). dummy marks a padding
-        request: the daemon skips the report whatever request_id names."""
-        self.client.call(
-            "UpdateStateAfterAlloc",
-            pb.AllocRequest(
-                engine=self.name,
-                request_id=request_id,
-                block_ids_by_group=[pb.BlockIDs(ids=list(g)) for g in block_ids_by_group],
-                honoured_tokens=honoured_tokens,
-                dummy=dummy,
-            ),
-            timeout,
-        )
-
-    def build_meta(
-        self,
-        new_requests: Sequence[RequestData] = (),
-        cached_requests: Sequence[RequestData] = (),
-        submitted_saves: Sequence[str] = (),
-        timeout: float | None = None,
-    ) -> Metadata:
-        """The step's metadata from the scheduler output: the loads and saves to make. Hand it
-        to bind_meta on every rank."""
-        m = self.client.call(
-            "BuildMeta",
-            pb.BuildMetaRequest(
-                engine=self.name,
-                new_requests=[r.to_pb() for r in new_requests],
-                cached_requests=[r.to_pb() for r in cached_requests],
-                submitted_saves=list(submitted_saves),
-            ),
-            timeout,
-        )
-        return Metadata(m)
-
-    def request_finished(self, request_id: str, timeout: float | None = None, *, dummy: bool = False) -> bool:
-        """The request's prompt is done; True when its saves are still in flight (keep its pages
-        until get_finished reports it in finished_saving). dummy: a padding request, skipped."""
-        ref = pb.RequestRef(engine=self.name, request_id=request_id, dummy=dummy)
-        r = self.client.call("RequestFinished", ref, timeout)
-        return bool(r.async_saving)
-
-    def request_reset(self, request_id: str, timeout: float | None = None, *, dummy: bool = False) -> None:
-        """Forgets a request the engine restarts (a failed load, a preemption); look it up again
-        afterwards. dummy: a padding request, skipped."""
-        ref = pb.RequestRef(engine=self.name, request_id=request_id, dummy=dummy)
-        self.client.call("RequestReset", ref, timeout)
-
     # -- worker ------------------------------------------------------------------------------
 
     def bind_meta(self, metadata: Metadata, timeout: float | None = None, *, stream: Any = None) -> None:
@@ -614,11 +714,52 @@ class Rank:
         get_finished on a rank that reports failed loads."""
         return list(self.client.call("TakeFailedAsyncLoads", self._ref, timeout).ids)
 
-    def take_submitted_saves(self, timeout: float | None = None) -> list[str]:
-        """Requests whose saves the worker submitted since the last call; hand them to the next
-        build_meta (submitted_saves)."""
-        return list(self.client.call("TakeSubmittedSaves", self._ref, timeout).ids)
-
     def drop_bound_saves(self, request_ids: Sequence[str], timeout: float | None = None) -> None:
         """Drops the bound step's saves of requests the engine aborted before its forward pass."""
         self.client.call("DropBoundSaves", pb.DropRequest(engine=self.name, request_ids=list(request_ids)), timeout)
+
+
+class SchedulerRank(_SchedulerCalls):
+    """The scheduler adapter of a rank another connection registered, driven from this one.
+
+    An engine whose scheduler runs in another process than its workers (vLLM: the engine core
+    schedules, the tensor-parallel workers register their KV memory) registers the rank in the
+    worker with ``scheduler=True`` and hands the :attr:`Rank.scheduler_token` to its scheduler
+    process, which attaches with :meth:`attach` (AttachScheduler: the same uid and the token).
+    The handle then makes the scheduler calls of that rank: lookup, admission_query,
+    cancel_load, update_state_after_alloc, build_meta, request_finished, request_reset and
+    take_submitted_saves. Worker calls and Unregister stay with the registering connection
+    (NotOwner from here).
+
+    The attachment ends with either connection: closing the client, the daemon closing the
+    registering connection, or the rank unregistering (NotRegistered afterwards). Prompts go
+    packed in the request (the prompt arena belongs to the registering connection)."""
+
+    def __init__(self, client: Client, response: pb.AttachSchedulerResponse) -> None:
+        self.client = client
+        self.name: str = response.engine
+        self.shard: str = response.shard
+        self.declarations: dict[str, bool] = dict(response.declarations)
+        self.via_arena = 0
+        self.via_packed = 0
+
+    @classmethod
+    def attach(cls, client: Client, engine: str, scheduler_token: str, timeout: float | None = None) -> SchedulerRank:
+        """Attaches client's connection to the scheduler adapter of the registered rank engine.
+
+        Raises NotOwner for a wrong token or a caller of another uid, NotRegistered when no rank
+        engine is registered, FailedPrecondition for a rank registered without the scheduler
+        adapter or when client is the registering connection, ResourceExhausted past the
+        daemon's limit of attached schedulers per rank."""
+        if not engine:
+            raise InvalidArgument("attach scheduler: no engine named")
+        if not scheduler_token:
+            raise InvalidArgument(
+                "attach scheduler: engine %r: no scheduler token (the RegisterResponse of its scheduler rank "
+                "carries it)" % engine
+            )
+        return cls(client, client.attach_scheduler(engine, scheduler_token, timeout))
+
+    def prompt_arena(self, timeout: float | None = None) -> PromptArena | None:
+        """None: an attached scheduler sends its prompts packed in the request."""
+        return None

@@ -52,6 +52,19 @@ def unavailable(why: str) -> None:
     pytest.skip(why)
 
 
+def require_vllm() -> Any:
+    """vLLM, imported: a module of vLLM tests calls it first. Without vLLM the module is skipped,
+    or fails where vLLM must be there (make pytest-vllm sets KVCTL_NEED_VLLM)."""
+    try:
+        import vllm
+    except ImportError as e:
+        why = "vLLM does not import (%s): run these tests in the environment `make vllmenv` builds" % e
+        if os.environ.get("KVCTL_NEED_VLLM"):
+            pytest.fail(why, pytrace=False)
+        pytest.skip(why, allow_module_level=True)
+    return vllm
+
+
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
