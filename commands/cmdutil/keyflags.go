@@ -53,6 +53,8 @@ type KeyFlags struct {
 	HashBlockSize  int
 	PythonHashSeed string
 	LoRAName       string
+	LoRAPath       string
+	VLLMExtraKeys  string
 	MMFeatures     []string
 	PromptEmbeds   []string
 	ExtraKey       string
@@ -104,6 +106,8 @@ func AddKeyFlags(cmd *cobra.Command, k *KeyFlags) {
 	fl.IntVar(&k.HashBlockSize, "hash-block-size", 0, "vLLM: tokens per prefix-cache hash block when smaller than the block size (0: the block size)")
 	fl.StringVar(&k.PythonHashSeed, "python-hash-seed", "", "vLLM: the PYTHONHASHSEED the engine ran with, exactly as set (\"0\" and \"00\" differ); required, since without it vLLM's keys are random per process")
 	fl.StringVar(&k.LoRAName, "lora-name", "", "vLLM: the request's LoRA adapter name")
+	fl.StringVar(&k.LoRAPath, "lora-path", "", "vLLM with --vllm-extra-keys tagged: the LoRA adapter's path, hashed with its name")
+	fl.StringVar(&k.VLLMExtraKeys, "vllm-extra-keys", keys.VLLMExtraKeysUntagged, "vLLM: how the engine writes a block's extra keys: untagged (bare values) or tagged (vLLM 0.33: (\"cache_salt\", salt), (\"lora\", name, path), (\"mm\", id, offset))")
 	fl.StringArrayVar(&k.MMFeatures, "mm-feature", nil, "vLLM: a multimodal item, `ID:OFFSET:LENGTH` (its identifier and placeholder range; repeatable, in prompt order)")
 	fl.StringArrayVar(&k.PromptEmbeds, "prompt-embeds-digest", nil, "vLLM: the SHA-256 of one hash block's prompt embeddings, 64 hex characters (repeatable, one per block)")
 	fl.StringVar(&k.ExtraKey, "extra-key", "", "SGLang: the request's extra_key (namespace seed)")
@@ -352,7 +356,7 @@ func (k *KeyFlags) givenInputs() []keys.Input {
 // allInputs are the key inputs with a flag of their own.
 var allInputs = []keys.Input{
 	keys.InputTokensPerBlock, keys.InputHashBlockSize, keys.InputPromptLookahead, keys.InputPythonHashSeed,
-	keys.InputCacheSalt, keys.InputLoRAID, keys.InputLoRAName, keys.InputMMHash, keys.InputHasMultimodal,
+	keys.InputCacheSalt, keys.InputLoRAID, keys.InputLoRAName, keys.InputLoRAPath, keys.InputVLLMExtraKeys, keys.InputMMHash, keys.InputHasMultimodal,
 	keys.InputMMFeature, keys.InputPromptEmbeds, keys.InputExtraKey, keys.InputBigram, keys.InputPriorHash,
 	keys.InputNamespace, keys.InputModelKey, keys.InputModel, keys.InputCachePrefix, keys.InputStoreNamespace,
 	keys.InputBackendTag, keys.InputWorldSize, keys.InputRank, keys.InputAttentionDP, keys.InputLayerGroup,
@@ -389,6 +393,8 @@ func (k *KeyFlags) Params(s *keys.Scheme) (*keys.Params, error) {
 	}
 	p.PythonHashSeed = str("python-hash-seed", k.PythonHashSeed)
 	p.LoRAName = str("lora-name", k.LoRAName)
+	p.LoRAPath = str("lora-path", k.LoRAPath)
+	p.VLLMExtraKeys = k.VLLMExtraKeys
 	p.ExtraKey = str("extra-key", k.ExtraKey)
 	p.Scope.CacheSalt = str("cache-salt", k.CacheSalt)
 	for i, m := range k.MMFeatures {

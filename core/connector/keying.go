@@ -66,13 +66,13 @@ func (o Options) chainFor(req Request) (hashChain, error) {
 		if req.Scope.LoRATaskID != nil || len(req.Scope.Multimodal) > 0 {
 			return nil, fmt.Errorf("%w: format %s takes a LoRA name and multimodal features, not TensorRT-LLM's LoRA task id or multimodal digests", errScopeForOtherScheme, v.Scheme())
 		}
-		c, err := v.NewChain(keys.VLLMScope{CacheSalt: req.Scope.CacheSalt, LoRAName: req.LoRAName, MMFeatures: req.MMFeatures})
+		c, err := v.NewChain(keys.VLLMScope{CacheSalt: req.Scope.CacheSalt, LoRAName: req.LoRAName, LoRAPath: req.LoRAPath, MMFeatures: req.MMFeatures})
 		if err != nil {
 			return nil, err
 		}
 		return vllmChain{c}, nil
 	}
-	if req.LoRAName != nil || len(req.MMFeatures) > 0 {
+	if req.LoRAName != nil || req.LoRAPath != nil || len(req.MMFeatures) > 0 {
 		return nil, fmt.Errorf("%w: format %s takes a LoRA task id and multimodal digests, not vLLM's LoRA name or multimodal features", errScopeForOtherScheme, o.Format)
 	}
 	c, err := keys.NewChain(keys.ChainConfig{Format: o.Format, TokensPerBlock: o.TokensPerBlock, PromptLookahead: o.PromptLookahead, Scope: req.Scope})

@@ -19,9 +19,10 @@ type Request struct {
 	// Scope is the request's reuse scope: its cache salt under every scheme; its LoRA task id
 	// and multimodal digests under TensorRT-LLM's.
 	Scope keys.Scope
-	// LoRAName and MMFeatures are a vLLM request's LoRA adapter name and multimodal items
-	// (sorted by offset), for a rank with Options.VLLM.
+	// LoRAName, LoRAPath and MMFeatures are a vLLM request's LoRA adapter name and path and
+	// its multimodal items (sorted by offset), for a rank with Options.VLLM.
 	LoRAName   *string
+	LoRAPath   *string
 	MMFeatures []keys.MMFeature
 	// HasMultimodal is set when the request has multimodal positions or lengths. Without
 	// digests in Scope such a request is bypassed: never looked up, never saved.

@@ -462,7 +462,7 @@ func vllmRank(req *enginepb.RegisterRequest, tokensPerBlock, world int) (*keys.V
 		Model: kp.GetModel(), CachePrefix: kp.GetCachePrefix(), StoreNamespace: kp.GetStoreNamespace(),
 		TPRank: int(req.GetRank()), TPSize: world, NumKVHeads: int(kp.GetNumKvHeads()), MLA: kp.GetMla(),
 		PPRank: int(kp.GetPpRank()), PPSize: int(kp.GetPpSize()), PCPRank: int(kp.GetPcpRank()), PCPSize: int(kp.GetPcpSize()),
-		DCPRank: int(kp.GetDcpRank()), DCPSize: int(kp.GetDcpSize()),
+		DCPRank: int(kp.GetDcpRank()), DCPSize: int(kp.GetDcpSize()), VLLMExtraKeys: kp.GetExtraKeys(),
 	}
 	if kp.PythonHashSeed != nil {
 		seed := kp.GetPythonHashSeed()

@@ -151,6 +151,7 @@ func TestVLLMRegistrationRefusals(t *testing.T) {
 		{"lineage A", "vllm-lineage-a", &enginepb.KeyParams{PythonHashSeed: proto.String("0"), Model: "m"}, "vllm-lineage-a"},
 		{"model with a space", "vllm", &enginepb.KeyParams{PythonHashSeed: proto.String("0"), Model: "a b"}, "key_params.model"},
 		{"unknown format", "vllm2", nil, "vllm-xxhash"},
+		{"extra keys", "vllm", &enginepb.KeyParams{PythonHashSeed: proto.String("0"), Model: "m", ExtraKeys: "bare"}, "want untagged"},
 	} {
 		_, err := enginesim.Start(ctx, enginesim.Config{Socket: r.Info.Socket, ModelKey: "m", Name: "bad", Slots: 8, TokensPerBlock: 16, Format: tc.format, KeyParams: tc.kp})
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.msg) {

@@ -100,6 +100,10 @@ func RequestFromPB(r *enginepb.Request) (connector.Request, error) {
 		n := r.GetLoraName()
 		out.LoRAName = &n
 	}
+	if r.LoraPath != nil {
+		n := r.GetLoraPath()
+		out.LoRAPath = &n
+	}
 	for _, f := range r.GetMmFeatures() {
 		out.MMFeatures = append(out.MMFeatures, keys.MMFeature{Identifier: f.GetIdentifier(), Offset: int(f.GetOffset()), Length: int(f.GetLength())})
 	}
@@ -121,7 +125,7 @@ func RequestToPB(r connector.Request) *enginepb.Request {
 	for _, d := range r.Scope.Multimodal {
 		out.MultimodalDigests = append(out.MultimodalDigests, d[:])
 	}
-	out.LoraName = r.LoRAName
+	out.LoraName, out.LoraPath = r.LoRAName, r.LoRAPath
 	for _, f := range r.MMFeatures {
 		out.MmFeatures = append(out.MmFeatures, &enginepb.MMFeature{Identifier: f.Identifier, Offset: int32(f.Offset), Length: int32(f.Length)})
 	}

@@ -33,6 +33,8 @@ const (
 	InputCacheSalt       Input = "cache-salt"
 	InputLoRAID          Input = "lora-id"
 	InputLoRAName        Input = "lora-name"
+	InputLoRAPath        Input = "lora-path"
+	InputVLLMExtraKeys   Input = "vllm-extra-keys"
 	InputMMHash          Input = "mm-hash"
 	InputHasMultimodal   Input = "has-multimodal"
 	InputMMFeature       Input = "mm-feature"
@@ -249,8 +251,13 @@ type Params struct {
 	Scope Scope
 	// HasMultimodal marks a TensorRT-LLM prompt with multimodal positions.
 	HasMultimodal bool
-	// LoRAName is vLLM's LoRA adapter name.
+	// LoRAName is vLLM's LoRA adapter name; LoRAPath its path, which tagged extra keys hash too.
 	LoRAName *string
+	LoRAPath *string
+	// VLLMExtraKeys is how vLLM writes a block's extra keys: VLLMExtraKeysUntagged ("", the
+	// bare values, as in the engine-keys vectors) or VLLMExtraKeysTagged (vLLM 0.33: each value
+	// in a tuple led by its kind, the LoRA path hashed too).
+	VLLMExtraKeys string
 	// MMFeatures are vLLM's multimodal items, sorted by offset.
 	MMFeatures []MMFeature
 	// PromptEmbeds are vLLM's per-block SHA-256 digests of the prompt embeddings, one per hash
@@ -340,7 +347,7 @@ func (r *Result) KeyedBlocks() []Block {
 }
 
 // ErrNoPythonHashSeed is returned (wrapped) for a vLLM scheme without a PYTHONHASHSEED.
-var ErrNoPythonHashSeed = errors.New("vLLM's keys are random per process when PYTHONHASHSEED is unset: its NONE_HASH seed is os.urandom(32), so the pool's keys cannot be derived; give the PYTHONHASHSEED the engine ran with (--python-hash-seed)")
+var ErrNoPythonHashSeed = errors.New("vLLM's keys are random per process when PYTHONHASHSEED is unset: its NONE_HASH seed is os.urandom(32), so the pool's keys cannot be derived; give the PYTHONHASHSEED the engine ran with (--python-hash-seed; vLLM 0.33 with sha256 or sha256_cbor and PYTHONHASHSEED unset seeds from the fixed string \"vllm-none-hash\": --python-hash-seed vllm-none-hash)")
 
 // ErrTokenOutOfRange is returned (wrapped) for a token id a scheme cannot encode.
 var ErrTokenOutOfRange = errors.New("token id out of range")

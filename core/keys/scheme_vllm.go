@@ -65,7 +65,41 @@ const (
 
 var vllmHashInputs = []Input{
 	InputTokensPerBlock, InputHashBlockSize, InputPythonHashSeed, InputCacheSalt, InputLoRAName,
-	InputMMFeature, InputPromptEmbeds,
+	InputMMFeature, InputPromptEmbeds, InputVLLMExtraKeys, InputLoRAPath,
+}
+
+// How vLLM writes a block's extra keys (Params.VLLMExtraKeys).
+const (
+	// VLLMExtraKeysUntagged: the LoRA name, (identifier, offset) per multimodal item, the
+	// cache salt and the prompt-embeddings digest as bare values (the engine-keys vectors).
+	VLLMExtraKeysUntagged = "untagged"
+	// VLLMExtraKeysTagged: ("lora", name, path), ("mm", identifier, offset), ("cache_salt",
+	// salt) and ("prompt_embeds", digest), with an item passed once a block starts at its end
+	// (vLLM 0.33).
+	VLLMExtraKeysTagged = "tagged"
+)
+
+// VLLMDefaultSeedSHA256 is the seed vLLM 0.33 hashes into NONE_HASH when PYTHONHASHSEED is
+// unset and its hash function is SHA-256 (sha256, sha256_cbor); xxhash's stays random.
+const VLLMDefaultSeedSHA256 = "vllm-none-hash"
+
+func checkVLLMExtraKeys(p *Params) error {
+	switch p.VLLMExtraKeys {
+	case "", VLLMExtraKeysUntagged:
+		if p.LoRAPath != nil {
+			return fmt.Errorf("--lora-path enters the hashes only with --vllm-extra-keys %s", VLLMExtraKeysTagged)
+		}
+	case VLLMExtraKeysTagged:
+		if p.LoRAName != nil && p.LoRAPath == nil {
+			return fmt.Errorf("--vllm-extra-keys %s hashes the LoRA adapter's path with its name: give --lora-path", VLLMExtraKeysTagged)
+		}
+		if p.LoRAPath != nil && p.LoRAName == nil {
+			return errors.New("--lora-path without --lora-name")
+		}
+	default:
+		return fmt.Errorf("vLLM extra keys %q: want %s (the engine-keys vectors' vLLM) or %s (vLLM 0.33)", p.VLLMExtraKeys, VLLMExtraKeysUntagged, VLLMExtraKeysTagged)
+	}
+	return nil
 }
 
 func init() {
@@ -121,6 +155,14 @@ func checkVLLMScope(p *Params, tokens int, hb int) error {
 		if err := checkStr("LoRA name", *p.LoRAName); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if p.LoRAPath != nil {
+		if err := checkStr("LoRA path", *p.LoRAPath); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := checkVLLMExtraKeys(p); err != nil {
+		errs = append(errs, err)
 	}
 	if p.Scope.CacheSalt != nil {
 		if err := checkStr("cache salt", *p.Scope.CacheSalt); err != nil {
@@ -213,6 +255,9 @@ func hashVLLM(hf vllmHashFn, p *Params, tokens []int64, keepPreimages bool) (*vl
 // vllmExtraKeys appends the extra keys of the hash block [start, end) (vLLM's
 // generate_block_hash_extra_keys) and returns them with the multimodal cursor for the next block.
 func vllmExtraKeys(dst []pyObj, p *Params, start, end, block, mmIdx int) ([]pyObj, int) {
+	if p.VLLMExtraKeys == VLLMExtraKeysTagged {
+		return vllmTaggedExtraKeys(dst, p, start, end, block, mmIdx)
+	}
 	if p.LoRAName != nil {
 		dst = append(dst, pyStrOf(*p.LoRAName))
 	}
@@ -224,6 +269,50 @@ func vllmExtraKeys(dst []pyObj, p *Params, start, end, block, mmIdx int) ([]pyOb
 		dst = append(dst, pyBytesOf(p.PromptEmbeds[block]))
 	}
 	return dst, mmIdx
+}
+
+// vllmTaggedExtraKeys is vLLM 0.33's generate_block_hash_extra_keys: the LoRA adapter, the
+// multimodal items, the cache salt and the prompt-embeddings digest, each a tuple led by its
+// kind, in that order.
+func vllmTaggedExtraKeys(dst []pyObj, p *Params, start, end, block, mmIdx int) ([]pyObj, int) {
+	if p.LoRAName != nil && p.LoRAPath != nil {
+		dst = append(dst, pyTupleOf(pyStrOf("lora"), pyStrOf(*p.LoRAName), pyStrOf(*p.LoRAPath)))
+	}
+	dst, mmIdx = vllmTaggedMMKeys(dst, p.MMFeatures, start, end, mmIdx)
+	if start == 0 && p.Scope.CacheSalt != nil && *p.Scope.CacheSalt != "" {
+		dst = append(dst, pyTupleOf(pyStrOf("cache_salt"), pyStrOf(*p.Scope.CacheSalt)))
+	}
+	if p.PromptEmbeds != nil {
+		dst = append(dst, pyTupleOf(pyStrOf("prompt_embeds"), pyBytesOf(p.PromptEmbeds[block])))
+	}
+	return dst, mmIdx
+}
+
+// vllmTaggedMMKeys is vLLM 0.33's _gen_mm_extra_hash_keys: ("mm", identifier, offset − start)
+// per item overlapping [start, end); an item is passed once a block starts at or after its end.
+func vllmTaggedMMKeys(dst []pyObj, feats []MMFeature, start, end, idx int) ([]pyObj, int) {
+	if len(feats) == 0 {
+		return dst, idx
+	}
+	if last := feats[len(feats)-1]; last.Offset+last.Length <= start {
+		return dst, idx
+	}
+	for idx < len(feats) {
+		f := feats[idx]
+		if end <= f.Offset {
+			break
+		}
+		if start >= f.Offset+f.Length {
+			idx++
+			continue
+		}
+		dst = append(dst, pyTupleOf(pyStrOf("mm"), pyStrOf(f.Identifier), pyIntOf(int64(f.Offset-start))))
+		if end < f.Offset+f.Length {
+			break
+		}
+		idx++
+	}
+	return dst, idx
 }
 
 // vllmMMKeys is vLLM's _gen_mm_extra_hash_keys: the items overlapping [start, end) from the

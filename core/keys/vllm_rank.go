@@ -44,7 +44,7 @@ func NewVLLMRank(scheme string, p Params) (*VLLMRank, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w %q", ErrUnknownFormat, scheme)
 	}
-	if p.Scope.CacheSalt != nil || p.LoRAName != nil || p.MMFeatures != nil || p.PromptEmbeds != nil {
+	if p.Scope.CacheSalt != nil || p.LoRAName != nil || p.LoRAPath != nil || p.MMFeatures != nil || p.PromptEmbeds != nil {
 		return nil, errors.New("a vLLM rank's inputs carry no request scope: give it to each request")
 	}
 	var errs []error
@@ -68,6 +68,9 @@ func NewVLLMRank(scheme string, p Params) (*VLLMRank, error) {
 		errs = append(errs, err)
 	}
 	if err := checkVLLMLayout(vllmLineageB, &p); err != nil {
+		errs = append(errs, err)
+	}
+	if err := checkVLLMExtraKeys(&p); err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -132,18 +135,20 @@ func (v *VLLMRank) WritesPages() bool {
 	return r == 0 || v.keyRank(r-1) != v.keyRank(r)
 }
 
-// VLLMScope is one request's key scope under vLLM: its cache salt, LoRA adapter name and
-// multimodal items (sorted by offset). Prompt embeddings are not supported.
+// VLLMScope is one request's key scope under vLLM: its cache salt, LoRA adapter name (and path,
+// which tagged extra keys hash too) and multimodal items (sorted by offset). Prompt embeddings
+// are not supported.
 type VLLMScope struct {
 	CacheSalt  *string
 	LoRAName   *string
+	LoRAPath   *string
 	MMFeatures []MMFeature
 }
 
 // NewChain validates a request's scope and returns its empty chain.
 func (v *VLLMRank) NewChain(s VLLMScope) (*VLLMChain, error) {
 	p := v.p
-	p.Scope.CacheSalt, p.LoRAName, p.MMFeatures = s.CacheSalt, s.LoRAName, slices.Clone(s.MMFeatures)
+	p.Scope.CacheSalt, p.LoRAName, p.LoRAPath, p.MMFeatures = s.CacheSalt, s.LoRAName, s.LoRAPath, slices.Clone(s.MMFeatures)
 	if err := checkVLLMScope(&p, 0, v.hb); err != nil {
 		return nil, err
 	}

@@ -13,7 +13,7 @@ import (
 // random prompts, scopes, block geometries and ranks, extended in random pieces.
 func TestVLLMRankMatchesDerive(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 9))
-	seed, salt, lora := "0", "salt-1", "adapter"
+	seed, salt, lora, loraPath := "0", "salt-1", "adapter", "/adapters/a"
 	for iter := range 200 {
 		scheme := VLLMRankSchemes[iter%len(VLLMRankSchemes)]
 		hb := []int{1, 4, 16}[rng.IntN(3)]
@@ -23,6 +23,10 @@ func TestVLLMRankMatchesDerive(t *testing.T) {
 			TPRank: rng.IntN(tp), NumKVHeads: []int{1, 2, 8}[rng.IntN(3)], CachePrefix: "pfx", StoreNamespace: "-ns"}
 		if hb != block {
 			p.HashBlockSize = hb
+		}
+		tagged := iter%3 == 0
+		if tagged {
+			p.VLLMExtraKeys = VLLMExtraKeysTagged
 		}
 		r, err := NewVLLMRank(scheme, p)
 		if err != nil {
@@ -34,6 +38,9 @@ func TestVLLMRankMatchesDerive(t *testing.T) {
 		}
 		if rng.IntN(2) == 0 {
 			scope.LoRAName = &lora
+			if tagged {
+				scope.LoRAPath = &loraPath
+			}
 		}
 		n := rng.IntN(6 * block)
 		if rng.IntN(2) == 0 && n > 3 {
@@ -57,7 +64,7 @@ func TestVLLMRankMatchesDerive(t *testing.T) {
 			t.Fatal(err)
 		}
 		dp := p
-		dp.Scope.CacheSalt, dp.LoRAName, dp.MMFeatures = scope.CacheSalt, scope.LoRAName, scope.MMFeatures
+		dp.Scope.CacheSalt, dp.LoRAName, dp.LoRAPath, dp.MMFeatures = scope.CacheSalt, scope.LoRAName, scope.LoRAPath, scope.MMFeatures
 		s, _ := LookupScheme(scheme)
 		for _, set := range []KeySet{KeySetSave, KeySetLookup} {
 			res, err := s.Derive(&dp, tokens, set)
@@ -124,6 +131,7 @@ func TestVLLMRankRefuses(t *testing.T) {
 		{"pp", "vllm", Params{TokensPerBlock: 16, PythonHashSeed: &seed, Model: "m", PPSize: 2}, "tensor-parallel"},
 		{"scope", "vllm", Params{TokensPerBlock: 16, PythonHashSeed: &seed, Model: "m", Scope: Scope{CacheSalt: &salt}}, "request scope"},
 		{"tp heads", "vllm", Params{TokensPerBlock: 16, PythonHashSeed: &seed, Model: "m", TPSize: 2}, "KV head count"},
+		{"extra keys", "vllm", Params{TokensPerBlock: 16, PythonHashSeed: &seed, Model: "m", VLLMExtraKeys: "bare"}, "want untagged"},
 	} {
 		_, err := NewVLLMRank(tc.scheme, tc.p)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -146,6 +154,17 @@ func TestVLLMRankRefuses(t *testing.T) {
 	}
 	if _, err := r.NewChain(VLLMScope{MMFeatures: []MMFeature{{Identifier: "a", Offset: 5}, {Identifier: "b", Offset: 1}}}); err == nil {
 		t.Fatal("unsorted multimodal items accepted")
+	}
+	name := "a"
+	if _, err := r.NewChain(VLLMScope{LoRAName: &name, LoRAPath: &name}); err == nil || !strings.Contains(err.Error(), "--lora-path") {
+		t.Fatalf("a LoRA path with untagged extra keys: %v", err)
+	}
+	tr, err := NewVLLMRank("vllm", Params{TokensPerBlock: 4, PythonHashSeed: &seed, Model: "m", VLLMExtraKeys: VLLMExtraKeysTagged})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.NewChain(VLLMScope{LoRAName: &name}); err == nil || !strings.Contains(err.Error(), "--lora-path") {
+		t.Fatalf("a LoRA name without its path under tagged extra keys: %v", err)
 	}
 }
 

@@ -138,8 +138,8 @@ class Request:
     """A prompt to look up: its id and tokens, and what else names its KV.
 
     cache_salt is shared by every key scheme; lora_task_id and multimodal_digests are
-    TensorRT-LLM's (``trtllm…`` formats), lora_name and mm_features vLLM's (``vllm…`` formats,
-    engine API 1.2)."""
+    TensorRT-LLM's (``trtllm…`` formats), lora_name, lora_path and mm_features vLLM's (``vllm…``
+    formats, engine API 1.2; lora_path only with tagged extra keys, see KeyParams)."""
 
     id: str
     tokens: Sequence[int]
@@ -151,6 +151,7 @@ class Request:
     context_only: bool = False
     lora_name: str | None = None
     mm_features: Sequence[MMFeature] = ()
+    lora_path: str | None = None
 
     def to_pb(self) -> pb.Request:
         r = pb.Request(
@@ -167,6 +168,8 @@ class Request:
             r.lora_task_id = self.lora_task_id
         if self.lora_name is not None:
             r.lora_name = self.lora_name
+        if self.lora_path is not None:
+            r.lora_path = self.lora_path
         return r
 
 
@@ -180,7 +183,9 @@ class KeyParams:
     store_namespace are the connector's; hash_block_size is vLLM's hash block size when it
     differs from the block size (0: the block size); num_kv_heads and mla decide which TP ranks
     share a key rank; the pipeline, prefill-context and decode-context ranks and sizes (a size
-    of 0 reads as 1) complete the key. The TP rank and size are the registration's."""
+    of 0 reads as 1) complete the key. The TP rank and size are the registration's. extra_keys
+    is how the engine's vLLM writes a block's extra keys: "untagged" (bare values; "" reads so)
+    or "tagged" (vLLM 0.33: ("cache_salt", salt), ("lora", name, path), ("mm", id, offset))."""
 
     python_hash_seed: str | None
     model: str
@@ -195,6 +200,7 @@ class KeyParams:
     pcp_size: int = 0
     dcp_rank: int = 0
     dcp_size: int = 0
+    extra_keys: str = ""
 
     def to_pb(self) -> pb.KeyParams:
         k = pb.KeyParams(
@@ -210,6 +216,7 @@ class KeyParams:
             pcp_size=self.pcp_size,
             dcp_rank=self.dcp_rank,
             dcp_size=self.dcp_size,
+            extra_keys=self.extra_keys,
         )
         if self.python_hash_seed is not None:
             k.python_hash_seed = self.python_hash_seed

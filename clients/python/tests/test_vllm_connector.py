@@ -252,11 +252,6 @@ def test_cache_salt_and_lora_separate_pages(own_pool, spec, model_key) -> None:
 
 
 @pytest.mark.skipif(FORMAT != "vllm", reason="vLLM's keys")
-@pytest.mark.xfail(
-    strict=True,
-    reason="vLLM 0.33.0 tags its extra hash keys (('cache_salt', salt), ('lora', name, path)); kvctl's "
-    "vllm scheme hashes the bare salt and LoRA name, and the engine API carries no LoRA path",
-)
 @pytest.mark.parametrize("kind", ["cache_salt", "lora"])
 def test_salted_and_lora_keys_are_vllms(own_pool, spec, model_key, kind: str) -> None:
     toks = prompt(6)

@@ -987,7 +987,8 @@ func (*RegisterRequest_CudaFd) isRegisterRequest_Memory() {}
 type KeyParams struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// python_hash_seed is the PYTHONHASHSEED string the engine runs with (vLLM's NONE_HASH is
-	// hash_fn of it). Required: without it vLLM's hashes are random per process.
+	// hash_fn of it). Required: without PYTHONHASHSEED vLLM's xxhash hashes are random per
+	// process, and vLLM 0.33's SHA-256 ones seed from the fixed string "vllm-none-hash".
 	PythonHashSeed *string `protobuf:"bytes,1,opt,name=python_hash_seed,json=pythonHashSeed,proto3,oneof" json:"python_hash_seed,omitempty"`
 	// model is vLLM's --model; keys hold its last path element, as vLLM's connector does.
 	Model string `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
@@ -1002,12 +1003,16 @@ type KeyParams struct {
 	NumKvHeads int32 `protobuf:"varint,6,opt,name=num_kv_heads,json=numKvHeads,proto3" json:"num_kv_heads,omitempty"`
 	Mla        bool  `protobuf:"varint,7,opt,name=mla,proto3" json:"mla,omitempty"`
 	// Pipeline, prefill-context and decode-context parallel rank and size; a size of 0 means 1.
-	PpRank        int32 `protobuf:"varint,8,opt,name=pp_rank,json=ppRank,proto3" json:"pp_rank,omitempty"`
-	PpSize        int32 `protobuf:"varint,9,opt,name=pp_size,json=ppSize,proto3" json:"pp_size,omitempty"`
-	PcpRank       int32 `protobuf:"varint,10,opt,name=pcp_rank,json=pcpRank,proto3" json:"pcp_rank,omitempty"`
-	PcpSize       int32 `protobuf:"varint,11,opt,name=pcp_size,json=pcpSize,proto3" json:"pcp_size,omitempty"`
-	DcpRank       int32 `protobuf:"varint,12,opt,name=dcp_rank,json=dcpRank,proto3" json:"dcp_rank,omitempty"`
-	DcpSize       int32 `protobuf:"varint,13,opt,name=dcp_size,json=dcpSize,proto3" json:"dcp_size,omitempty"`
+	PpRank  int32 `protobuf:"varint,8,opt,name=pp_rank,json=ppRank,proto3" json:"pp_rank,omitempty"`
+	PpSize  int32 `protobuf:"varint,9,opt,name=pp_size,json=ppSize,proto3" json:"pp_size,omitempty"`
+	PcpRank int32 `protobuf:"varint,10,opt,name=pcp_rank,json=pcpRank,proto3" json:"pcp_rank,omitempty"`
+	PcpSize int32 `protobuf:"varint,11,opt,name=pcp_size,json=pcpSize,proto3" json:"pcp_size,omitempty"`
+	DcpRank int32 `protobuf:"varint,12,opt,name=dcp_rank,json=dcpRank,proto3" json:"dcp_rank,omitempty"`
+	DcpSize int32 `protobuf:"varint,13,opt,name=dcp_size,json=dcpSize,proto3" json:"dcp_size,omitempty"`
+	// extra_keys is how the engine's vLLM writes a block's extra keys: "untagged" (the default,
+	// the bare values) or "tagged" (vLLM 0.33: each value in a tuple led by its kind, with the
+	// LoRA adapter's path; see Request.lora_path).
+	ExtraKeys     string `protobuf:"bytes,14,opt,name=extra_keys,json=extraKeys,proto3" json:"extra_keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1131,6 +1136,13 @@ func (x *KeyParams) GetDcpSize() int32 {
 		return x.DcpSize
 	}
 	return 0
+}
+
+func (x *KeyParams) GetExtraKeys() string {
+	if x != nil {
+		return x.ExtraKeys
+	}
+	return ""
 }
 
 // ApiVersion is a version of this API: major changes break engines written for another major
@@ -1475,8 +1487,10 @@ type Request struct {
 	// lora_name and mm_features are a vLLM request's key inputs (API 1.2, vLLM schemes only): its
 	// LoRA adapter name, and its multimodal items sorted by offset. cache_salt is shared with
 	// TensorRT-LLM's schemes.
-	LoraName      *string      `protobuf:"bytes,11,opt,name=lora_name,json=loraName,proto3,oneof" json:"lora_name,omitempty"`
-	MmFeatures    []*MMFeature `protobuf:"bytes,12,rep,name=mm_features,json=mmFeatures,proto3" json:"mm_features,omitempty"`
+	LoraName   *string      `protobuf:"bytes,11,opt,name=lora_name,json=loraName,proto3,oneof" json:"lora_name,omitempty"`
+	MmFeatures []*MMFeature `protobuf:"bytes,12,rep,name=mm_features,json=mmFeatures,proto3" json:"mm_features,omitempty"`
+	// lora_path is the LoRA adapter's path, which vLLM's tagged extra keys hash with its name.
+	LoraPath      *string `protobuf:"bytes,13,opt,name=lora_path,json=loraPath,proto3,oneof" json:"lora_path,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1593,6 +1607,13 @@ func (x *Request) GetMmFeatures() []*MMFeature {
 		return x.MmFeatures
 	}
 	return nil
+}
+
+func (x *Request) GetLoraPath() string {
+	if x != nil && x.LoraPath != nil {
+		return *x.LoraPath
+	}
+	return ""
 }
 
 // MMFeature is one multimodal item of a vLLM request: vLLM's identifier of the processed input
@@ -2838,7 +2859,7 @@ const file_engine_proto_rawDesc = "" +
 	"\vapi_version\x18\x17 \x01(\v2\x1b.kvctl.engine.v1.ApiVersionR\n" +
 	"apiVersion\x12=\n" +
 	"\fengine_event\x18\x1e \x01(\v2\x1a.kvctl.engine.v1.CudaEventR\vengineEventB\b\n" +
-	"\x06memory\"\xab\x03\n" +
+	"\x06memory\"\xca\x03\n" +
 	"\tKeyParams\x12-\n" +
 	"\x10python_hash_seed\x18\x01 \x01(\tH\x00R\x0epythonHashSeed\x88\x01\x01\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12!\n" +
@@ -2854,7 +2875,9 @@ const file_engine_proto_rawDesc = "" +
 	" \x01(\x05R\apcpRank\x12\x19\n" +
 	"\bpcp_size\x18\v \x01(\x05R\apcpSize\x12\x19\n" +
 	"\bdcp_rank\x18\f \x01(\x05R\adcpRank\x12\x19\n" +
-	"\bdcp_size\x18\r \x01(\x05R\adcpSizeB\x13\n" +
+	"\bdcp_size\x18\r \x01(\x05R\adcpSize\x12\x1d\n" +
+	"\n" +
+	"extra_keys\x18\x0e \x01(\tR\textraKeysB\x13\n" +
 	"\x11_python_hash_seed\"8\n" +
 	"\n" +
 	"ApiVersion\x12\x14\n" +
@@ -2883,7 +2906,7 @@ const file_engine_proto_rawDesc = "" +
 	"\fdeclarations\x184 \x03(\v2:.kvctl.engine.v1.AttachSchedulerResponse.DeclarationsEntryR\fdeclarations\x1a?\n" +
 	"\x11DeclarationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01\"\xfd\x03\n" +
+	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01\"\xad\x04\n" +
 	"\aRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06tokens\x18\x02 \x03(\x03R\x06tokens\x12\"\n" +
@@ -2900,11 +2923,14 @@ const file_engine_proto_rawDesc = "" +
 	" \x01(\v2\x1b.kvctl.engine.v1.ArenaRangeR\vtokensArena\x12 \n" +
 	"\tlora_name\x18\v \x01(\tH\x02R\bloraName\x88\x01\x01\x12;\n" +
 	"\vmm_features\x18\f \x03(\v2\x1a.kvctl.engine.v1.MMFeatureR\n" +
-	"mmFeaturesB\r\n" +
+	"mmFeatures\x12 \n" +
+	"\tlora_path\x18\r \x01(\tH\x03R\bloraPath\x88\x01\x01B\r\n" +
 	"\v_cache_saltB\x0f\n" +
 	"\r_lora_task_idB\f\n" +
 	"\n" +
-	"_lora_name\"[\n" +
+	"_lora_nameB\f\n" +
+	"\n" +
+	"_lora_path\"[\n" +
 	"\tMMFeature\x12\x1e\n" +
 	"\n" +
 	"identifier\x18\x01 \x01(\tR\n" +

@@ -191,7 +191,7 @@ class RegisterRequest(_message.Message):
     def __init__(self, engine: _Optional[str] = ..., model_key: _Optional[str] = ..., namespace: _Optional[str] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., attention_dp: _Optional[bool] = ..., role: _Optional[str] = ..., format: _Optional[str] = ..., prompt_lookahead: _Optional[int] = ..., scheduler: _Optional[bool] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ..., cuda_ipc: _Optional[_Union[CudaIPC, _Mapping]] = ..., cuda_fd: _Optional[_Union[CudaFD, _Mapping]] = ..., transfer_batch_size: _Optional[int] = ..., async_load: _Optional[bool] = ..., async_load_workers: _Optional[int] = ..., soft_pin_ttl_ms: _Optional[int] = ..., group_blocks: _Optional[bool] = ..., local_reuse_backoff: _Optional[str] = ..., speculative_prefill: _Optional[bool] = ..., drafter: _Optional[str] = ..., key_params: _Optional[_Union[KeyParams, _Mapping]] = ..., staging_buffer_bytes: _Optional[int] = ..., api_version: _Optional[_Union[ApiVersion, _Mapping]] = ..., engine_event: _Optional[_Union[CudaEvent, _Mapping]] = ...) -> None: ...
 
 class KeyParams(_message.Message):
-    __slots__ = ("python_hash_seed", "model", "cache_prefix", "store_namespace", "hash_block_size", "num_kv_heads", "mla", "pp_rank", "pp_size", "pcp_rank", "pcp_size", "dcp_rank", "dcp_size")
+    __slots__ = ("python_hash_seed", "model", "cache_prefix", "store_namespace", "hash_block_size", "num_kv_heads", "mla", "pp_rank", "pp_size", "pcp_rank", "pcp_size", "dcp_rank", "dcp_size", "extra_keys")
     PYTHON_HASH_SEED_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CACHE_PREFIX_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +205,7 @@ class KeyParams(_message.Message):
     PCP_SIZE_FIELD_NUMBER: _ClassVar[int]
     DCP_RANK_FIELD_NUMBER: _ClassVar[int]
     DCP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_KEYS_FIELD_NUMBER: _ClassVar[int]
     python_hash_seed: str
     model: str
     cache_prefix: str
@@ -218,7 +219,8 @@ class KeyParams(_message.Message):
     pcp_size: int
     dcp_rank: int
     dcp_size: int
-    def __init__(self, python_hash_seed: _Optional[str] = ..., model: _Optional[str] = ..., cache_prefix: _Optional[str] = ..., store_namespace: _Optional[str] = ..., hash_block_size: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., mla: _Optional[bool] = ..., pp_rank: _Optional[int] = ..., pp_size: _Optional[int] = ..., pcp_rank: _Optional[int] = ..., pcp_size: _Optional[int] = ..., dcp_rank: _Optional[int] = ..., dcp_size: _Optional[int] = ...) -> None: ...
+    extra_keys: str
+    def __init__(self, python_hash_seed: _Optional[str] = ..., model: _Optional[str] = ..., cache_prefix: _Optional[str] = ..., store_namespace: _Optional[str] = ..., hash_block_size: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., mla: _Optional[bool] = ..., pp_rank: _Optional[int] = ..., pp_size: _Optional[int] = ..., pcp_rank: _Optional[int] = ..., pcp_size: _Optional[int] = ..., dcp_rank: _Optional[int] = ..., dcp_size: _Optional[int] = ..., extra_keys: _Optional[str] = ...) -> None: ...
 
 class ApiVersion(_message.Message):
     __slots__ = ("major", "minor")
@@ -285,7 +287,7 @@ class AttachSchedulerResponse(_message.Message):
     def __init__(self, engine: _Optional[str] = ..., shard: _Optional[str] = ..., declarations: _Optional[_Mapping[str, bool]] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("id", "tokens", "cache_salt", "lora_task_id", "multimodal_digests", "has_multimodal", "dummy", "context_only", "tokens_packed", "tokens_arena", "lora_name", "mm_features")
+    __slots__ = ("id", "tokens", "cache_salt", "lora_task_id", "multimodal_digests", "has_multimodal", "dummy", "context_only", "tokens_packed", "tokens_arena", "lora_name", "mm_features", "lora_path")
     ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
@@ -298,6 +300,7 @@ class Request(_message.Message):
     TOKENS_ARENA_FIELD_NUMBER: _ClassVar[int]
     LORA_NAME_FIELD_NUMBER: _ClassVar[int]
     MM_FEATURES_FIELD_NUMBER: _ClassVar[int]
+    LORA_PATH_FIELD_NUMBER: _ClassVar[int]
     id: str
     tokens: _containers.RepeatedScalarFieldContainer[int]
     cache_salt: str
@@ -310,7 +313,8 @@ class Request(_message.Message):
     tokens_arena: ArenaRange
     lora_name: str
     mm_features: _containers.RepeatedCompositeFieldContainer[MMFeature]
-    def __init__(self, id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[str] = ..., lora_task_id: _Optional[int] = ..., multimodal_digests: _Optional[_Iterable[bytes]] = ..., has_multimodal: _Optional[bool] = ..., dummy: _Optional[bool] = ..., context_only: _Optional[bool] = ..., tokens_packed: _Optional[bytes] = ..., tokens_arena: _Optional[_Union[ArenaRange, _Mapping]] = ..., lora_name: _Optional[str] = ..., mm_features: _Optional[_Iterable[_Union[MMFeature, _Mapping]]] = ...) -> None: ...
+    lora_path: str
+    def __init__(self, id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[str] = ..., lora_task_id: _Optional[int] = ..., multimodal_digests: _Optional[_Iterable[bytes]] = ..., has_multimodal: _Optional[bool] = ..., dummy: _Optional[bool] = ..., context_only: _Optional[bool] = ..., tokens_packed: _Optional[bytes] = ..., tokens_arena: _Optional[_Union[ArenaRange, _Mapping]] = ..., lora_name: _Optional[str] = ..., mm_features: _Optional[_Iterable[_Union[MMFeature, _Mapping]]] = ..., lora_path: _Optional[str] = ...) -> None: ...
 
 class MMFeature(_message.Message):
     __slots__ = ("identifier", "offset", "length")

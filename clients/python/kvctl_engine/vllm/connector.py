@@ -129,6 +129,26 @@ def _none_hash_default() -> str | None:
     return getattr(kv_cache_utils, "DEFAULT_NONE_HASH_SEED", None)
 
 
+def _extra_keys_style() -> str:
+    """How the installed vLLM writes a block's extra keys: "tagged" when its
+    generate_block_hash_extra_keys puts a cache salt in a tuple led by its kind (vLLM 0.33),
+    "untagged" when it puts the bare salt. Asked of vLLM's own function, so a vLLM that changes
+    the form again is caught, not guessed."""
+    from types import SimpleNamespace
+
+    from vllm.v1.core import kv_cache_utils
+
+    probe = SimpleNamespace(mm_features=None, lora_request=None, cache_salt="s", prompt_embeds=None)
+    extra, _ = kv_cache_utils.generate_block_hash_extra_keys(probe, 0, 1, 0)
+    if extra == (("cache_salt", "s"),):
+        return "tagged"
+    if extra == ("s",):
+        return "untagged"
+    raise ValueError(
+        f"vLLM writes a cache salt's extra key as {extra!r}: kvctl knows ('s',) and (('cache_salt', 's'),)"
+    )
+
+
 class KvctlConnector(KVConnectorBase_V1):
     """kvctl serve as vLLM's KV cache connector (docs/vllm.md). Load it with
     ``--kv-transfer-config '{"kv_connector": "KvctlConnector", "kv_connector_module_path":
@@ -176,6 +196,7 @@ class KvctlConnector(KVConnectorBase_V1):
                 cache_prefix=self.settings.cache_prefix,
                 num_kv_heads=int(mc.get_total_num_kv_heads()),
                 mla=bool(getattr(mc, "use_mla", False)),
+                extra_keys=_extra_keys_style(),
             )
         self.block_size = int(vllm_config.cache_config.block_size)
         self._scheduler: _SchedulerSide | None = None
@@ -287,6 +308,8 @@ class _SchedulerSide:
     def __init__(self, c: KvctlConnector) -> None:
         self.c = c
         self.s = c.settings
+        # Tagged extra keys hash the LoRA adapter's path with its name.
+        self.tagged = c.key_params is not None and c.key_params.extra_keys == "tagged"
         self.client: kv.Client | None = None
         self.rank: kv.SchedulerRank | None = None
         self.reqs: dict[str, _Tracked] = {}
@@ -332,6 +355,7 @@ class _SchedulerSide:
                 tokens=tokens,
                 cache_salt=salt or None,
                 lora_name=None if lora is None else str(lora.lora_name),
+                lora_path=None if lora is None or not self.tagged else str(lora.lora_path),
                 mm_features=[
                     kv.MMFeature(str(f.identifier), int(f.mm_position.offset), int(f.mm_position.length)) for f in mm
                 ],
