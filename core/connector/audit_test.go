@@ -15,23 +15,43 @@ import (
 )
 
 // Seed commit 11: a failed request's saves leave the pass for a batch it was all of, too. The
-// only request of the pass loses a page at load time: its bound saves are dropped (nothing is
-// left bound), nothing it did not compute is written, and its restart saves the page again.
+// pass's only request restores an 8-block cached prefix and computes four more blocks in the
+// same pass, so the pass binds saves of blocks 8-11 for it; one page of the prefix is gone at
+// load time. Its bound saves are dropped: nothing is bound at the pass's save step and none of
+// the blocks it would have computed over the missing prefix reaches the pool (the put never
+// overwrites, so a page written then would stay wrong for every later reader). The restart
+// recomputes and saves them, and a later engine loads every block byte for byte.
 func TestFailedLoadDropsTheSavesOfAWholeBatch(t *testing.T) {
-	pool := newMemPool()
+	pl := newEmbPool(t, embTestCapacity)
 	opts := baseOptions()
-	ta := prompt(60, 0, 33)
-	cold := newEngine(t, pool, opts, 1, 128)
-	cold.add("a", ta)
+	full := prompt(60, 0, 49) // 12 full blocks and a token
+	cached := full[:33]       // its first 8 offerable blocks
+	cold := newEngine(t, pl, opts, 1, 128)
+	cold.add("c", cached)
 	cold.mustRun()
 
 	c, _ := keys.NewChain(keys.ChainConfig{TokensPerBlock: testT})
-	ha, _ := c.Extend(ta)
-	evicted := opts.Namespace.PageKey(1, testT, 20, ha[5])
-	warm := newEngine(t, pool, opts, 1, 128)
+	h, _ := c.Extend(full)
+	evicted := opts.Namespace.PageKey(1, testT, 20, h[5])
+	all := saveKeysOf(t, opts, testLayout(128), full)
+	fresh := all[8*3:] // blocks 8-11: three values per block, which only the warm pass computes
+	for _, k := range fresh {
+		if pl.has(k) {
+			t.Fatalf("%s is in the pool before the warm run", k)
+		}
+	}
+
+	warm := newEngine(t, pl, opts, 1, 128)
 	warm.chunk = 64
 	warm.beforeLoad = func(e *engine, meta Metadata) {
-		if e.pass == 0 && !pool.evict(evicted) {
+		if e.pass != 0 {
+			return
+		}
+		// The pass binds a's saves of the four blocks it computes after its restore.
+		if len(meta.Saves) != 1 || meta.Saves[0].RequestID != "a" || len(meta.Saves[0].Pages) != 4*2 {
+			t.Fatalf("pass 0 saves %+v, want a's pages of blocks 8-11", meta.Saves)
+		}
+		if !pl.evict(evicted) {
 			t.Fatalf("key %s was not in the pool", evicted)
 		}
 	}
@@ -49,19 +69,34 @@ func TestFailedLoadDropsTheSavesOfAWholeBatch(t *testing.T) {
 		}
 		return false
 	}
-	warm.add("a", ta)
+	warm.add("a", full)
 	if err := warm.step(); err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.ranks[0].w.WaitSaves(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if a := warm.byID["a"]; a.Restarts != 1 || !checked {
 		t.Fatalf("restarts %d, save step reached %v", a.Restarts, checked)
 	}
-	if pool.has(evicted) {
-		t.Fatal("the failing pass wrote the lost page back")
+	for _, k := range append([]string{evicted}, fresh...) {
+		if pl.has(k) {
+			t.Fatalf("the failing pass wrote %s", k)
+		}
 	}
 	warm.mustRun()
-	if !pool.has(evicted) {
-		t.Fatal("the restart did not save the recomputed page")
+	for _, k := range all {
+		if !pl.has(k) {
+			t.Fatalf("the restart did not save %s", k)
+		}
+	}
+	// Every block holds the KV a cold computation writes: a later engine restores all 12
+	// offerable blocks, each checked byte for byte, and computes only the last token's block.
+	check := newEngine(t, pl, opts, 1, 128)
+	r := check.add("r", full)
+	check.mustRun()
+	if r.loaded != 12 || check.computedBlocks != 0 {
+		t.Fatalf("a later engine loaded %d blocks and computed %d, want 12 and 0", r.loaded, check.computedBlocks)
 	}
 }
 

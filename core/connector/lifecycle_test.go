@@ -252,16 +252,19 @@ func TestEvictedPageRestartsOnlyThatRequest(t *testing.T) {
 func testEvictedPageRestartsOnlyThatRequest(t *testing.T, newPool func() testPool) {
 	pool := newPool()
 	opts := baseOptions()
-	ta, tb := prompt(8, 0, 33), prompt(9, 0, 33)
+	// Each warm prompt restores its 8 cached blocks and computes blocks 8-11 in one pass, so
+	// pass 0 binds saves for both requests.
+	ta, tb := prompt(8, 0, 49), prompt(9, 0, 49)
 	cold := newEngine(t, pool, opts, 1, 128)
-	cold.add("a", ta)
-	cold.add("b", tb)
+	cold.add("a", ta[:33])
+	cold.add("b", tb[:33])
 	cold.mustRun()
 
 	// Evict a's block 5 group-1 page between the lookup and the load.
 	c, _ := keys.NewChain(keys.ChainConfig{TokensPerBlock: testT})
 	ha, _ := c.Extend(ta)
 	evicted := opts.Namespace.PageKey(1, testT, 20, ha[5])
+	aKeys, bKeys := saveKeysOf(t, opts, testLayout(128), ta), saveKeysOf(t, opts, testLayout(128), tb)
 	warm := newEngine(t, pool, opts, 1, 128)
 	warm.chunk = 64
 	var droppedChecked bool
@@ -269,21 +272,26 @@ func testEvictedPageRestartsOnlyThatRequest(t *testing.T, newPool func() testPoo
 		if e.pass != 0 {
 			return
 		}
+		if len(meta.Saves) != 2 {
+			t.Fatalf("pass 0 binds saves for %d requests, want a and b", len(meta.Saves))
+		}
 		if !pool.evict(evicted) {
 			t.Fatalf("key %s was not in the pool", evicted)
 		}
 	}
 	warm.skipSave = func(pass int) bool {
 		if pass == 0 {
-			// The failed request's saves left the pass: nothing bound for a.
+			// The failed request's saves left the pass; the other request's stay.
 			w := warm.ranks[0].w
 			w.mu.Lock()
+			var bound []string
 			for _, s := range w.bound.Saves {
-				if s.RequestID == "a" {
-					t.Errorf("a's saves are still bound after its load failed")
-				}
+				bound = append(bound, s.RequestID)
 			}
 			w.mu.Unlock()
+			if len(bound) != 1 || bound[0] != "b" {
+				t.Errorf("saves bound for %v after a's load failed, want b's only", bound)
+			}
 			droppedChecked = true
 		}
 		return false
@@ -292,6 +300,9 @@ func testEvictedPageRestartsOnlyThatRequest(t *testing.T, newPool func() testPoo
 	warm.add("b", tb)
 	// Pass 0: lookup offers a and b 8 blocks each; a loses a page.
 	if err := warm.step(); err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.ranks[0].w.WaitSaves(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	a, b := warm.byID["a"], warm.byID["b"]
@@ -304,6 +315,16 @@ func testEvictedPageRestartsOnlyThatRequest(t *testing.T, newPool func() testPoo
 	if pool.has(evicted) {
 		t.Fatal("the evicted page was written back in the failing pass")
 	}
+	for _, k := range aKeys[8*3:] {
+		if pool.has(k) {
+			t.Fatalf("the failing pass wrote a's %s, computed over a prefix that never landed", k)
+		}
+	}
+	for _, k := range bKeys[8*3:] {
+		if !pool.has(k) {
+			t.Fatalf("the failing pass did not write b's %s", k)
+		}
+	}
 	warm.mustRun()
 	// The restart looks up again: blocks 0..4 hit, 5 is recomputed and saved again.
 	if a.loaded != 5 || b.loaded != 8 {
@@ -312,6 +333,13 @@ func testEvictedPageRestartsOnlyThatRequest(t *testing.T, newPool func() testPoo
 	v, ok := pool.get(evicted)
 	if !ok || !bytes.Equal(v, simkv.KVBytes(ta, 5, testT, 0, 0, 1, false, 20)) {
 		t.Fatal("the recomputed page was not saved with its KV")
+	}
+	// Every block of both prompts holds its KV: a later engine restores all 12 of each.
+	check := newEngine(t, pool, opts, 1, 128)
+	ca, cb := check.add("a", ta), check.add("b", tb)
+	check.mustRun()
+	if ca.loaded != 12 || cb.loaded != 12 {
+		t.Fatalf("a later engine loaded a=%d b=%d blocks, want 12 each", ca.loaded, cb.loaded)
 	}
 }
 
