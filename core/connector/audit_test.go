@@ -103,7 +103,7 @@ func TestFailedLoadDropsTheSavesOfAWholeBatch(t *testing.T) {
 // asyncScheduler is a scheduler with asynchronous loads whose pool holds tokens' first 7 blocks.
 func asyncScheduler(t *testing.T, tokens []int64) *Scheduler {
 	t.Helper()
-	pool := newMemPool()
+	pool := newEmbPool(t, embTestCapacity)
 	opts := baseOptions()
 	fillBlocks(t, pool, opts, tokens, 64)
 	ao := opts
@@ -216,7 +216,7 @@ func TestResetDropsAPendingAsyncTransfer(t *testing.T) {
 // cannot be queued, an asynchronous load on a worker without load workers, is kept and
 // returned by the next StartLoad and GetFinished, naming the request.
 func TestBindMetaNeverFails(t *testing.T) {
-	w, err := NewWorker(baseOptions(), newMemPool(), newHostMover(testLayout(16)))
+	w, err := NewWorker(baseOptions(), newEmbPool(t, embTestCapacity), newHostMover(testLayout(16)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +242,7 @@ func TestBindMetaNeverFails(t *testing.T) {
 // Seed commit 17: StartLoad consumes the bound synchronous loads, so a second call on the same
 // metadata starts nothing: no fence is taken and no page is copied.
 func TestSecondStartLoadStartsNothing(t *testing.T) {
-	pool := newMemPool()
+	pool := newEmbPool(t, embTestCapacity)
 	opts := baseOptions()
 	tokens := prompt(64, 0, 29)
 	hashes := fillBlocks(t, pool, opts, tokens, 64)
@@ -282,7 +282,7 @@ func TestSecondStartLoadStartsNothing(t *testing.T) {
 // Seed commit 16: the prefix-hole line is flushed at shutdown. With an interval longer than
 // the run, no line is logged by lookups; Close logs the one line with the totals.
 func TestPrefixHoleLineFlushedAtShutdown(t *testing.T) {
-	pool := newMemPool()
+	pool := newEmbPool(t, embTestCapacity)
 	opts := baseOptions()
 	tokens := prompt(65, 0, 29)
 	hashes := fillBlocks(t, pool, opts, tokens, 64)
@@ -329,7 +329,7 @@ func TestPrefixHoleLineFlushedAtShutdown(t *testing.T) {
 // Seed commit 17: an error on a load worker is kept and returned by every later StartLoad and
 // GetFinished until shutdown, and the request it hit is not reported finished.
 func TestLoadWorkerErrorIsKeptUntilShutdown(t *testing.T) {
-	pool := newMemPool()
+	pool := newEmbPool(t, embTestCapacity)
 	opts := baseOptions()
 	tokens := prompt(66, 0, 29)
 	hashes := fillBlocks(t, pool, opts, tokens, 64)
