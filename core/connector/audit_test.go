@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/core/kvmem"
 )
 
 // Seed commit 11: a failed request's saves leave the pass for a batch it was all of, too. The
@@ -372,5 +373,68 @@ func TestLoadWorkerErrorIsKeptUntilShutdown(t *testing.T) {
 	}
 	if err := w.Close(context.Background()); err != nil {
 		t.Fatalf("close after a kept error: %v", err)
+	}
+}
+
+// Seed commit 17: GetFinished reports a parked request only once the engine announced it as
+// loading and its pages landed. A load that landed but was never announced is not reported,
+// however often GetFinished is called; once announced, it is reported, with its pages in place.
+func TestAsyncLoadReportedOnlyOnceAnnounced(t *testing.T) {
+	pl := newEmbPool(t, embTestCapacity)
+	opts := baseOptions()
+	tokens := prompt(67, 0, 29)
+	hashes := fillBlocks(t, pl, opts, tokens, 64)
+	o := opts
+	o.AsyncLoad, o.AsyncLoadWorkers = true, 1
+	mover := newHostMover(testLayout(64))
+	w, err := NewWorker(o, pl, mover)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(context.Background())
+	if err := w.RegisterLayout(testLayout(64)); err != nil {
+		t.Fatal(err)
+	}
+	var pages []PageTransfer
+	for i, h := range hashes[:7] {
+		pages = append(pages, PageTransfer{Hash: h, Group: 0, Page: 30 + i}, PageTransfer{Hash: h, Group: 1, Page: 30 + i})
+	}
+	w.BindMeta(Metadata{AsyncLoads: []RequestTransfers{{RequestID: "p", Pages: pages}}})
+	// The load worker's own record says the load is done.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		w.mu.Lock()
+		done := w.async["p"] != nil && w.async["p"].done
+		w.mu.Unlock()
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the asynchronous load never finished")
+		}
+	}
+	for range 3 {
+		if _, loaded, err := w.GetFinished(nil, nil); err != nil || len(loaded) != 0 {
+			t.Fatalf("GetFinished before the announcement = %v, %v; want nothing reported", loaded, err)
+		}
+	}
+	if _, loaded, err := w.GetFinished(nil, []string{"p"}); err != nil || !slices.Equal(loaded, []string{"p"}) {
+		t.Fatalf("GetFinished announcing p = %v, %v; want p", loaded, err)
+	}
+	if failed := w.TakeFailedAsyncLoadRequests(); len(failed) != 0 {
+		t.Fatalf("failed loads %v", failed)
+	}
+	if _, loaded, err := w.GetFinished(nil, nil); err != nil || len(loaded) != 0 {
+		t.Fatalf("p was reported again: %v, %v", loaded, err)
+	}
+	want, ok := pl.get(opts.Namespace.PageKey(0, testT, 48, hashes[6]))
+	if !ok {
+		t.Fatal("block 6 is not in the pool")
+	}
+	got := make([]byte, len(want))
+	if err := mover.Gather(context.Background(), []kvmem.PageRef{{Group: 0, Slot: 36}}, [][]byte{got}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("block 6's page did not land in slot 36")
 	}
 }
