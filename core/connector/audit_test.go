@@ -227,7 +227,7 @@ func TestBindMetaNeverFails(t *testing.T) {
 	}
 	w.BindMeta(Metadata{AsyncLoads: []RequestTransfers{{RequestID: "p", Pages: []PageTransfer{{Hash: keys.Hash{1}, Page: 2}}}}})
 	err = w.StartLoad(context.Background())
-	if err == nil || !strings.Contains(err.Error(), "request p: asynchronous load queued but this worker has no load workers") {
+	if !errors.Is(err, ErrCannotTransfer) || !strings.Contains(err.Error(), "request p: asynchronous load queued but this worker has no load workers") {
 		t.Fatalf("StartLoad after the bind = %v, want the kept error", err)
 	}
 	if _, _, err2 := w.GetFinished(nil, nil); err2 == nil || err2.Error() != err.Error() {
