@@ -565,7 +565,7 @@ func (w *Worker) WaitForSave(ctx context.Context) error {
 		return nil
 	}
 	if w.saveQ == nil {
-		return w.keepLocked(fmt.Errorf("%d saves bound but this worker saves nothing (role %s)", len(saves), w.opts.Role))
+		return w.keepLocked(fmt.Errorf("%d saves bound but this worker saves nothing (role %s): %w", len(saves), w.opts.Role, ErrCannotTransfer))
 	}
 	var fence Fence
 	if w.opts.Fence != nil {
