@@ -82,15 +82,10 @@ func (r *rank) releaseLoads() {
 	}
 }
 
-// loading reports whether q's transfer has not started yet.
-func (r *rank) loading(q *schedReq) bool {
-	return slices.ContainsFunc(r.queued, func(l *queuedLoad) bool { return l.q == q })
-}
-
 // parkLoad binds meta, whose asynchronous transfer is q's (pages pages), behind a gate, and
-// queues it on the rank's load worker from now: it returns when the transfer starts and ends
-// in virtual time. An empty transfer is done at once and queues nothing.
-func (o *offline) parkLoad(r *rank, q *schedReq, meta connector.Metadata, pages int) (start, end time.Duration, err error) {
+// queues it on the rank's load worker from now: it returns when the transfer ends in virtual
+// time. An empty transfer is done at once and queues nothing.
+func (o *offline) parkLoad(r *rank, q *schedReq, meta connector.Metadata, pages int) (end time.Duration, err error) {
 	id := q.q.ID
 	var gate *loadGate
 	if pages > 0 {
@@ -103,27 +98,27 @@ func (o *offline) parkLoad(r *rank, q *schedReq, meta connector.Metadata, pages 
 		gate = nil
 	}
 	if err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	// The engine announces the parked request; its load finishes only once the gate opens.
 	_, done, err := r.local.GetFinished(o.ctx, nil, []string{id})
 	if err != nil {
-		return 0, 0, fmt.Errorf("request %s: asynchronous load: %w", id, err)
+		return 0, fmt.Errorf("request %s: asynchronous load: %w", id, err)
 	}
 	if failed, err := r.local.TakeFailedAsyncLoadRequests(o.ctx); err != nil || len(failed) > 0 {
-		return 0, 0, fmt.Errorf("request %s: a load failed before its start: %v, %v", id, failed, err)
+		return 0, fmt.Errorf("request %s: a load failed before its start: %v, %v", id, failed, err)
 	}
-	start = max(r.sch.clock, r.loadFree)
-	end = start + seconds(q.loadSec)
 	if gate == nil {
 		if !slices.Contains(done, id) {
-			return 0, 0, fmt.Errorf("request %s: an asynchronous load without pages was not reported done", id)
+			return 0, fmt.Errorf("request %s: an asynchronous load without pages was not reported done", id)
 		}
-		return r.sch.clock, r.sch.clock + seconds(q.loadSec), nil
+		return r.sch.clock, nil
 	}
+	start := max(r.sch.clock, r.loadFree)
+	end = start + seconds(q.loadSec)
 	r.loadFree = end
 	r.queued = append(r.queued, &queuedLoad{q: q, start: start, gate: gate})
-	return start, end, nil
+	return end, nil
 }
 
 // nextLoad returns the rank and the queued transfer that starts first, earliest rank first on a

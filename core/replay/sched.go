@@ -727,7 +727,7 @@ func (o *offline) startRequest(r *rank, q *schedReq) (float64, error) {
 	if q.async {
 		// The transfer queues behind the rank's load worker and reads the pool when it starts
 		// (asyncload.go); one that starts now runs now.
-		start, end, err := o.parkLoad(r, q, meta, q.loadedPages)
+		end, err := o.parkLoad(r, q, meta, q.loadedPages)
 		if err != nil {
 			return 0, err
 		}
@@ -735,7 +735,7 @@ func (o *offline) startRequest(r *rank, q *schedReq) (float64, error) {
 		q.parkedUntil = end
 		sc.Parked++
 		r.sch.running = append(r.sch.running, q)
-		if start <= o.now && r.loading(q) {
+		for len(r.queued) > 0 && r.queued[0].start <= o.now {
 			if _, err := o.runLoad(r); err != nil {
 				return 0, err
 			}
