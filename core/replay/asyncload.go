@@ -16,7 +16,7 @@ import (
 // modelled load time. Its pages are read at that start, not when the request parked: the
 // lookup that offered them only found them, and until the transfer starts the pool goes on
 // with other ranks' saves, eviction ticks and lease expiries, as Mooncake's does (an existence
-// probe grants a read lease only with exist_renews_lease). A page gone by then fails the load:
+// probe grants a read lease only with exist_key_grant_lease, the master's default). A page gone by then fails the load:
 // the worker hands the request back (TakeFailedAsyncLoadRequests), the replay counts a failed
 // load (FailedLoads) and the request waits again at the head of its rank's line, looked up
 // afresh, as the seed's restart does (commit 4).
@@ -105,8 +105,12 @@ func (o *offline) parkLoad(r *rank, q *schedReq, meta connector.Metadata, pages 
 	if err != nil {
 		return 0, fmt.Errorf("request %s: asynchronous load: %w", id, err)
 	}
-	if failed, err := r.local.TakeFailedAsyncLoadRequests(o.ctx); err != nil || len(failed) > 0 {
-		return 0, fmt.Errorf("request %s: a load failed before its start: %v, %v", id, failed, err)
+	failed, err := r.local.TakeFailedAsyncLoadRequests(o.ctx)
+	if err != nil {
+		return 0, err
+	}
+	if len(failed) > 0 {
+		return 0, fmt.Errorf("request %s: loads %v failed before their start", id, failed)
 	}
 	if gate == nil {
 		if !slices.Contains(done, id) {
