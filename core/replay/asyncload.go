@@ -16,10 +16,10 @@ import (
 // modelled load time. Its pages are read at that start, not when the request parked: the
 // lookup that offered them only found them, and until the transfer starts the pool goes on
 // with other ranks' saves, eviction ticks and lease expiries, as Mooncake's does (an existence
-// probe grants a read lease only with exist_key_grant_lease, the master's default). A page gone by then fails the load:
-// the worker hands the request back (TakeFailedAsyncLoadRequests), the replay counts a failed
-// load (FailedLoads) and the request waits again at the head of its rank's line, looked up
-// afresh, as the seed's restart does (commit 4).
+// probe grants a read lease only with exist_key_grant_lease, the master's default). A page gone
+// by then fails the load: the worker hands the request back (TakeFailedAsyncLoadRequests), the
+// replay counts a failed load (FailedLoads) and the request waits again at the head of its
+// rank's line, looked up afresh, as the seed's restart does (commit 4).
 //
 // The replay holds the worker to that start through the load's allocation fence, which the
 // worker passes before its first read (connector.Options.Fence): every fence the worker takes
