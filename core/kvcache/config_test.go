@@ -78,6 +78,13 @@ func TestDeclarationRules(t *testing.T) {
 	if !AdmissionQueryApplies(cfg, q, false) || AdmissionQueryApplies(cfg, q, true) || AdmissionQueryApplies(Config{}, q, false) {
 		t.Fatal("admission query rule wrong")
 	}
+	// Seed commit 7: admission_query is ignored for a connector without the capability (none,
+	// undeclared, declared false) and for a capacity-only one.
+	for _, d := range []*Declarations{nil, {}, {SupportsAdmissionQuery: ptr(false)}, {SupportsAdmissionQuery: ptr(true), CapacityOnly: true}} {
+		if AdmissionQueryApplies(cfg, d, false) {
+			t.Fatalf("admission queries applied for a connector declaring %+v", d)
+		}
+	}
 	// Seed commit 6: beyond either opt-in, only a disaggregated target manager with no tier
 	// below GPU, beam width 1, one pipeline stage and full attention reserves.
 	for _, c := range []struct {
