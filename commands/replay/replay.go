@@ -104,8 +104,12 @@ with completion reservations (completion_reservation; only on a disaggregated se
 server=context or server=generation, as in TensorRT-LLM), connector queries at admission
 (admission_query) with deferrals (max_offer_deferrals), asynchronous loads (async_load) and
 uncharged parks (max_uncharged_parks). A request that finds no page preempts the most recently
-admitted one. The table gains ADMITTED, DEFERRED, WAITED, RESERVED_PEAK and PREEMPTED; the JSON
-report a "scheduler" object per run.
+admitted one that is not parked. The table gains ADMITTED, DEFERRED, WAITED, RESERVED_PEAK and
+PREEMPTED; the JSON report a "scheduler" object per run. With async_load a parked request's
+transfer queues behind its rank's load worker and reads the pool when it starts; a page evicted
+while it waited (a lookup grants no read lease with exist_key_grant_lease=false, or its lease ran
+out) fails the load, and the request restarts without the offer, as TensorRT-LLM restarts it:
+failed_loads in the JSON report.
 
 Live (--target SOCKET, or --live for kvctl serve's default socket) drives a running kvctl serve's engine API with --engines simulated
 engines, at the trace's pace (--pace trace, scaled by --speed) or as fast as possible

@@ -12,26 +12,47 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/core/kvmem"
 )
 
 // Seed commit 11: a failed request's saves leave the pass for a batch it was all of, too. The
-// only request of the pass loses a page at load time: its bound saves are dropped (nothing is
-// left bound), nothing it did not compute is written, and its restart saves the page again.
+// pass's only request restores an 8-block cached prefix and computes four more blocks in the
+// same pass, so the pass binds saves of blocks 8-11 for it; one page of the prefix is gone at
+// load time. Its bound saves are dropped: nothing is bound at the pass's save step and none of
+// the blocks it would have computed over the missing prefix reaches the pool (the put never
+// overwrites, so a page written then would stay wrong for every later reader). The restart
+// recomputes and saves them, and a later engine loads every block byte for byte.
 func TestFailedLoadDropsTheSavesOfAWholeBatch(t *testing.T) {
-	pool := newMemPool()
+	pl := newEmbPool(t, embTestCapacity)
 	opts := baseOptions()
-	ta := prompt(60, 0, 33)
-	cold := newEngine(t, pool, opts, 1, 128)
-	cold.add("a", ta)
+	full := prompt(60, 0, 49) // 12 full blocks and a token
+	cached := full[:33]       // its first 8 offerable blocks
+	cold := newEngine(t, pl, opts, 1, 128)
+	cold.add("c", cached)
 	cold.mustRun()
 
 	c, _ := keys.NewChain(keys.ChainConfig{TokensPerBlock: testT})
-	ha, _ := c.Extend(ta)
-	evicted := opts.Namespace.PageKey(1, testT, 20, ha[5])
-	warm := newEngine(t, pool, opts, 1, 128)
+	h, _ := c.Extend(full)
+	evicted := opts.Namespace.PageKey(1, testT, 20, h[5])
+	all := saveKeysOf(t, opts, testLayout(128), full)
+	fresh := all[8*3:] // blocks 8-11: three values per block, which only the warm pass computes
+	for _, k := range fresh {
+		if pl.has(k) {
+			t.Fatalf("%s is in the pool before the warm run", k)
+		}
+	}
+
+	warm := newEngine(t, pl, opts, 1, 128)
 	warm.chunk = 64
 	warm.beforeLoad = func(e *engine, meta Metadata) {
-		if e.pass == 0 && !pool.evict(evicted) {
+		if e.pass != 0 {
+			return
+		}
+		// The pass binds a's saves of the four blocks it computes after its restore.
+		if len(meta.Saves) != 1 || meta.Saves[0].RequestID != "a" || len(meta.Saves[0].Pages) != 4*2 {
+			t.Fatalf("pass 0 saves %+v, want a's pages of blocks 8-11", meta.Saves)
+		}
+		if !pl.evict(evicted) {
 			t.Fatalf("key %s was not in the pool", evicted)
 		}
 	}
@@ -49,26 +70,41 @@ func TestFailedLoadDropsTheSavesOfAWholeBatch(t *testing.T) {
 		}
 		return false
 	}
-	warm.add("a", ta)
+	warm.add("a", full)
 	if err := warm.step(); err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.ranks[0].w.WaitSaves(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if a := warm.byID["a"]; a.Restarts != 1 || !checked {
 		t.Fatalf("restarts %d, save step reached %v", a.Restarts, checked)
 	}
-	if pool.has(evicted) {
-		t.Fatal("the failing pass wrote the lost page back")
+	for _, k := range append([]string{evicted}, fresh...) {
+		if pl.has(k) {
+			t.Fatalf("the failing pass wrote %s", k)
+		}
 	}
 	warm.mustRun()
-	if !pool.has(evicted) {
-		t.Fatal("the restart did not save the recomputed page")
+	for _, k := range all {
+		if !pl.has(k) {
+			t.Fatalf("the restart did not save %s", k)
+		}
+	}
+	// Every block holds the KV a cold computation writes: a later engine restores all 12
+	// offerable blocks, each checked byte for byte, and computes only the last token's block.
+	check := newEngine(t, pl, opts, 1, 128)
+	r := check.add("r", full)
+	check.mustRun()
+	if r.loaded != 12 || check.computedBlocks != 0 {
+		t.Fatalf("a later engine loaded %d blocks and computed %d, want 12 and 0", r.loaded, check.computedBlocks)
 	}
 }
 
 // asyncScheduler is a scheduler with asynchronous loads whose pool holds tokens' first 7 blocks.
 func asyncScheduler(t *testing.T, tokens []int64) *Scheduler {
 	t.Helper()
-	pool := newMemPool()
+	pool := newEmbPool(t, embTestCapacity)
 	opts := baseOptions()
 	fillBlocks(t, pool, opts, tokens, 64)
 	ao := opts
@@ -181,7 +217,7 @@ func TestResetDropsAPendingAsyncTransfer(t *testing.T) {
 // cannot be queued, an asynchronous load on a worker without load workers, is kept and
 // returned by the next StartLoad and GetFinished, naming the request.
 func TestBindMetaNeverFails(t *testing.T) {
-	w, err := NewWorker(baseOptions(), newMemPool(), newHostMover(testLayout(16)))
+	w, err := NewWorker(baseOptions(), newEmbPool(t, embTestCapacity), newHostMover(testLayout(16)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +227,7 @@ func TestBindMetaNeverFails(t *testing.T) {
 	}
 	w.BindMeta(Metadata{AsyncLoads: []RequestTransfers{{RequestID: "p", Pages: []PageTransfer{{Hash: keys.PageHashOf(keys.Hash{1}), Page: 2}}}}})
 	err = w.StartLoad(context.Background())
-	if err == nil || !strings.Contains(err.Error(), "request p: asynchronous load queued but this worker has no load workers") {
+	if !errors.Is(err, ErrCannotTransfer) || !strings.Contains(err.Error(), "request p: asynchronous load queued but this worker has no load workers") {
 		t.Fatalf("StartLoad after the bind = %v, want the kept error", err)
 	}
 	if _, _, err2 := w.GetFinished(nil, nil); err2 == nil || err2.Error() != err.Error() {
@@ -207,7 +243,7 @@ func TestBindMetaNeverFails(t *testing.T) {
 // Seed commit 17: StartLoad consumes the bound synchronous loads, so a second call on the same
 // metadata starts nothing: no fence is taken and no page is copied.
 func TestSecondStartLoadStartsNothing(t *testing.T) {
-	pool := newMemPool()
+	pool := newEmbPool(t, embTestCapacity)
 	opts := baseOptions()
 	tokens := prompt(64, 0, 29)
 	hashes := fillBlocks(t, pool, opts, tokens, 64)
@@ -247,7 +283,7 @@ func TestSecondStartLoadStartsNothing(t *testing.T) {
 // Seed commit 16: the prefix-hole line is flushed at shutdown. With an interval longer than
 // the run, no line is logged by lookups; Close logs the one line with the totals.
 func TestPrefixHoleLineFlushedAtShutdown(t *testing.T) {
-	pool := newMemPool()
+	pool := newEmbPool(t, embTestCapacity)
 	opts := baseOptions()
 	tokens := prompt(65, 0, 29)
 	hashes := fillBlocks(t, pool, opts, tokens, 64)
@@ -294,7 +330,7 @@ func TestPrefixHoleLineFlushedAtShutdown(t *testing.T) {
 // Seed commit 17: an error on a load worker is kept and returned by every later StartLoad and
 // GetFinished until shutdown, and the request it hit is not reported finished.
 func TestLoadWorkerErrorIsKeptUntilShutdown(t *testing.T) {
-	pool := newMemPool()
+	pool := newEmbPool(t, embTestCapacity)
 	opts := baseOptions()
 	tokens := prompt(66, 0, 29)
 	hashes := fillBlocks(t, pool, opts, tokens, 64)
@@ -337,5 +373,68 @@ func TestLoadWorkerErrorIsKeptUntilShutdown(t *testing.T) {
 	}
 	if err := w.Close(context.Background()); err != nil {
 		t.Fatalf("close after a kept error: %v", err)
+	}
+}
+
+// Seed commit 17: GetFinished reports a parked request only once the engine announced it as
+// loading and its pages landed. A load that landed but was never announced is not reported,
+// however often GetFinished is called; once announced, it is reported, with its pages in place.
+func TestAsyncLoadReportedOnlyOnceAnnounced(t *testing.T) {
+	pl := newEmbPool(t, embTestCapacity)
+	opts := baseOptions()
+	tokens := prompt(67, 0, 29)
+	hashes := fillBlocks(t, pl, opts, tokens, 64)
+	o := opts
+	o.AsyncLoad, o.AsyncLoadWorkers = true, 1
+	mover := newHostMover(testLayout(64))
+	w, err := NewWorker(o, pl, mover)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(context.Background())
+	if err := w.RegisterLayout(testLayout(64)); err != nil {
+		t.Fatal(err)
+	}
+	var pages []PageTransfer
+	for i, h := range hashes[:7] {
+		pages = append(pages, PageTransfer{Hash: h, Group: 0, Page: 30 + i}, PageTransfer{Hash: h, Group: 1, Page: 30 + i})
+	}
+	w.BindMeta(Metadata{AsyncLoads: []RequestTransfers{{RequestID: "p", Pages: pages}}})
+	// The load worker's own record says the load is done.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		w.mu.Lock()
+		done := w.async["p"] != nil && w.async["p"].done
+		w.mu.Unlock()
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the asynchronous load never finished")
+		}
+	}
+	for range 3 {
+		if _, loaded, err := w.GetFinished(nil, nil); err != nil || len(loaded) != 0 {
+			t.Fatalf("GetFinished before the announcement = %v, %v; want nothing reported", loaded, err)
+		}
+	}
+	if _, loaded, err := w.GetFinished(nil, []string{"p"}); err != nil || !slices.Equal(loaded, []string{"p"}) {
+		t.Fatalf("GetFinished announcing p = %v, %v; want p", loaded, err)
+	}
+	if failed := w.TakeFailedAsyncLoadRequests(); len(failed) != 0 {
+		t.Fatalf("failed loads %v", failed)
+	}
+	if _, loaded, err := w.GetFinished(nil, nil); err != nil || len(loaded) != 0 {
+		t.Fatalf("p was reported again: %v, %v", loaded, err)
+	}
+	want, ok := pl.get(opts.Namespace.PageKey(0, testT, 48, hashes[6]))
+	if !ok {
+		t.Fatal("block 6 is not in the pool")
+	}
+	got := make([]byte, len(want))
+	if err := mover.Gather(context.Background(), []kvmem.PageRef{{Group: 0, Slot: 36}}, [][]byte{got}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("block 6's page did not land in slot 36")
 	}
 }

@@ -470,6 +470,19 @@ func TestDeclarations(t *testing.T) {
 			t.Fatal(err)
 		}
 		d := ReadDeclarations(s.Declarations().Map(), tt.role)
+		// Both halves declare the same (seed commit 12: supports_attention_dp on the scheduler
+		// and the worker); the worker's are what Register answers and LocalRank reads.
+		w, err := NewWorker(o, newMemPool(), newHostMover(testLayout(16)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if wd := w.Declarations(); wd != s.Declarations() {
+			t.Errorf("%s/%s: the worker declares %+v, the scheduler %+v", tt.role, tt.backoff, wd, s.Declarations())
+		}
+		if rd := NewLocalRank("r", s, w).Declarations(); rd != d {
+			t.Errorf("%s/%s: the rank reads %+v, want %+v", tt.role, tt.backoff, rd, d)
+		}
+		_ = w.Close(context.Background())
 		if d.RequiresBlockAlignedReuse != tt.aligned || d.DropsReuseMatchBackoff != tt.drops {
 			t.Errorf("%s/%s: aligned=%t drops=%t", tt.role, tt.backoff, d.RequiresBlockAlignedReuse, d.DropsReuseMatchBackoff)
 		}

@@ -94,26 +94,50 @@ func TestChunkedPrefillSavesOnlyComputedBlocks(t *testing.T) {
 
 func testChunkedPrefillSavesOnlyComputedBlocks(t *testing.T, newPool func() testPool) {
 	pool := newPool()
+	tokens := prompt(7, 0, 57) // 14 full blocks and a token
+	// Cold: the first 33 tokens in chunks that end inside blocks.
 	e := newEngine(t, pool, baseOptions(), 1, 64)
-	e.chunk = 5 // chunks end inside blocks
-	r := e.add("r", prompt(7, 0, 33))
-	for e.byID["r"].Phase != PhaseDone {
+	e.chunk = 5
+	savesFollowComputation(t, e, e.add("r", tokens[:33]), 0)
+	if got, want := len(pool.keys()), 8*3; got != want {
+		t.Fatalf("pool holds %d keys, want %d", got, want)
+	}
+	// Warm: the same 8 blocks and 6 more. The pass that restores the 8 cached blocks computes
+	// a chunk too; its saves reach the block that chunk completes, since the bound counts the
+	// honoured restore, which the runtime leaves out of the computed position.
+	w := newEngine(t, pool, baseOptions(), 1, 64)
+	w.chunk = 5
+	r := w.add("r", tokens)
+	savesFollowComputation(t, w, r, 8)
+	if r.loaded != 8 {
+		t.Fatalf("warm run restored %d blocks, want 8", r.loaded)
+	}
+	if got, want := len(pool.keys()), 14*3; got != want {
+		t.Fatalf("pool holds %d keys, want %d", got, want)
+	}
+}
+
+// savesFollowComputation steps e until r is done and checks every pass's saves: they never
+// reach past the blocks computed by the pass's end, and with the earlier passes' saves they
+// cover every block computed past the first restored ones.
+func savesFollowComputation(t *testing.T, e *engine, r *simReq, restored int) {
+	t.Helper()
+	saved := restored
+	for r.Phase != PhaseDone {
 		if err := e.step(); err != nil {
 			t.Fatal(err)
 		}
-		// Saves of the pass just built never reach past the blocks computed by its end.
 		meta := e.metas[len(e.metas)-1]
 		for _, s := range meta.Saves {
-			for _, p := range s.Pages {
-				_ = p
-			}
-			if last := savedBlocksOf(e, r, s); last > r.Computed/testT {
+			last := savedBlocksOf(e, r, s)
+			if last > r.Computed/testT {
 				t.Fatalf("pass %d saved up to block %d with %d tokens computed", e.pass-1, last, r.Computed)
 			}
+			saved = max(saved, last)
 		}
-	}
-	if got, want := len(pool.keys()), 8*3; got != want {
-		t.Fatalf("pool holds %d keys, want %d", got, want)
+		if saved != r.Computed/testT {
+			t.Fatalf("pass %d: %d tokens computed (%d blocks), but the saves so far reach block %d", e.pass-1, r.Computed, r.Computed/testT, saved)
+		}
 	}
 }
 
@@ -252,16 +276,19 @@ func TestEvictedPageRestartsOnlyThatRequest(t *testing.T) {
 func testEvictedPageRestartsOnlyThatRequest(t *testing.T, newPool func() testPool) {
 	pool := newPool()
 	opts := baseOptions()
-	ta, tb := prompt(8, 0, 33), prompt(9, 0, 33)
+	// Each warm prompt restores its 8 cached blocks and computes blocks 8-11 in one pass, so
+	// pass 0 binds saves for both requests.
+	ta, tb := prompt(8, 0, 49), prompt(9, 0, 49)
 	cold := newEngine(t, pool, opts, 1, 128)
-	cold.add("a", ta)
-	cold.add("b", tb)
+	cold.add("a", ta[:33])
+	cold.add("b", tb[:33])
 	cold.mustRun()
 
 	// Evict a's block 5 group-1 page between the lookup and the load.
 	c, _ := keys.NewChain(keys.ChainConfig{TokensPerBlock: testT})
 	ha, _ := c.Extend(ta)
 	evicted := opts.Namespace.PageKey(1, testT, 20, ha[5])
+	aKeys, bKeys := saveKeysOf(t, opts, testLayout(128), ta), saveKeysOf(t, opts, testLayout(128), tb)
 	warm := newEngine(t, pool, opts, 1, 128)
 	warm.chunk = 64
 	var droppedChecked bool
@@ -269,21 +296,26 @@ func testEvictedPageRestartsOnlyThatRequest(t *testing.T, newPool func() testPoo
 		if e.pass != 0 {
 			return
 		}
+		if len(meta.Saves) != 2 {
+			t.Fatalf("pass 0 binds saves for %d requests, want a and b", len(meta.Saves))
+		}
 		if !pool.evict(evicted) {
 			t.Fatalf("key %s was not in the pool", evicted)
 		}
 	}
 	warm.skipSave = func(pass int) bool {
 		if pass == 0 {
-			// The failed request's saves left the pass: nothing bound for a.
+			// The failed request's saves left the pass; the other request's stay.
 			w := warm.ranks[0].w
 			w.mu.Lock()
+			var bound []string
 			for _, s := range w.bound.Saves {
-				if s.RequestID == "a" {
-					t.Errorf("a's saves are still bound after its load failed")
-				}
+				bound = append(bound, s.RequestID)
 			}
 			w.mu.Unlock()
+			if len(bound) != 1 || bound[0] != "b" {
+				t.Errorf("saves bound for %v after a's load failed, want b's only", bound)
+			}
 			droppedChecked = true
 		}
 		return false
@@ -292,6 +324,9 @@ func testEvictedPageRestartsOnlyThatRequest(t *testing.T, newPool func() testPoo
 	warm.add("b", tb)
 	// Pass 0: lookup offers a and b 8 blocks each; a loses a page.
 	if err := warm.step(); err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.ranks[0].w.WaitSaves(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	a, b := warm.byID["a"], warm.byID["b"]
@@ -304,6 +339,16 @@ func testEvictedPageRestartsOnlyThatRequest(t *testing.T, newPool func() testPoo
 	if pool.has(evicted) {
 		t.Fatal("the evicted page was written back in the failing pass")
 	}
+	for _, k := range aKeys[8*3:] {
+		if pool.has(k) {
+			t.Fatalf("the failing pass wrote a's %s, computed over a prefix that never landed", k)
+		}
+	}
+	for _, k := range bKeys[8*3:] {
+		if !pool.has(k) {
+			t.Fatalf("the failing pass did not write b's %s", k)
+		}
+	}
 	warm.mustRun()
 	// The restart looks up again: blocks 0..4 hit, 5 is recomputed and saved again.
 	if a.loaded != 5 || b.loaded != 8 {
@@ -312,6 +357,13 @@ func testEvictedPageRestartsOnlyThatRequest(t *testing.T, newPool func() testPoo
 	v, ok := pool.get(evicted)
 	if !ok || !bytes.Equal(v, simkv.KVBytes(ta, 5, testT, 0, 0, 1, false, 20)) {
 		t.Fatal("the recomputed page was not saved with its KV")
+	}
+	// Every block of both prompts holds its KV: a later engine restores all 12 of each.
+	check := newEngine(t, pool, opts, 1, 128)
+	ca, cb := check.add("a", ta), check.add("b", tb)
+	check.mustRun()
+	if ca.loaded != 12 || cb.loaded != 12 {
+		t.Fatalf("a later engine loaded a=%d b=%d blocks, want 12 each", ca.loaded, cb.loaded)
 	}
 }
 

@@ -105,4 +105,10 @@ var (
 	// reports_failed_loads must call TakeFailedLoadRequests after every StartLoad and
 	// TakeFailedAsyncLoadRequests after every GetFinished.
 	ErrFailedLoadsNotTaken = errors.New("failed loads not taken")
+	// ErrCannotTransfer is wrapped by the error a worker keeps when bound metadata asks it for
+	// a transfer its settings do not make: an asynchronous load on a worker without load
+	// workers (registered without async_load while its scheduler rank offers asynchronously),
+	// synchronous loads on a worker that makes none. Binding never fails; the next StartLoad
+	// and GetFinished return the error.
+	ErrCannotTransfer = errors.New("this rank's settings do not make the transfer")
 )

@@ -427,7 +427,7 @@ func (w *Worker) StartLoad(ctx context.Context) error {
 		return ErrNoLayout
 	}
 	if stage == nil {
-		return w.keep(fmt.Errorf("%d synchronous loads bound but this worker makes no synchronous loads (role %s, async_load %t)", len(loads), w.opts.Role, w.opts.AsyncLoad))
+		return w.keep(fmt.Errorf("%d synchronous loads bound but this worker makes no synchronous loads (role %s, async_load %t): %w", len(loads), w.opts.Role, w.opts.AsyncLoad, ErrCannotTransfer))
 	}
 
 	var sample *stats.LoadSample
@@ -565,7 +565,7 @@ func (w *Worker) WaitForSave(ctx context.Context) error {
 		return nil
 	}
 	if w.saveQ == nil {
-		return w.keepLocked(fmt.Errorf("%d saves bound but this worker saves nothing (role %s)", len(saves), w.opts.Role))
+		return w.keepLocked(fmt.Errorf("%d saves bound but this worker saves nothing (role %s): %w", len(saves), w.opts.Role, ErrCannotTransfer))
 	}
 	var fence Fence
 	if w.opts.Fence != nil {
@@ -919,7 +919,7 @@ func (w *Worker) StartAsyncLoad(reqID string, pages []PageTransfer) error {
 		return err
 	}
 	if w.asyncQ == nil {
-		return w.keepLocked(fmt.Errorf("request %s: asynchronous load queued but this worker has no load workers (role %s, async_load %t)", reqID, w.opts.Role, w.opts.AsyncLoad))
+		return w.keepLocked(fmt.Errorf("request %s: asynchronous load queued but this worker has no load workers (role %s, async_load %t): %w", reqID, w.opts.Role, w.opts.AsyncLoad, ErrCannotTransfer))
 	}
 	a := &asyncLoad{id: reqID, pages: pages, enqueued: w.opts.Clock()}
 	w.async[reqID] = a

@@ -141,7 +141,8 @@ func statusOf(err error) error {
 	case errors.Is(err, context.DeadlineExceeded):
 		code = codes.DeadlineExceeded
 	case errors.Is(err, connector.ErrNotContextOnly), errors.Is(err, connector.ErrNoLayout),
-		errors.Is(err, connector.ErrMisreportedRequest), errors.Is(err, connector.ErrFailedLoadsNotTaken):
+		errors.Is(err, connector.ErrMisreportedRequest), errors.Is(err, connector.ErrFailedLoadsNotTaken),
+		errors.Is(err, connector.ErrCannotTransfer):
 		code = codes.FailedPrecondition
 	case errors.Is(err, connector.ErrLoadFailed):
 		code = codes.DataLoss

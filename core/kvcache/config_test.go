@@ -78,6 +78,13 @@ func TestDeclarationRules(t *testing.T) {
 	if !AdmissionQueryApplies(cfg, q, false) || AdmissionQueryApplies(cfg, q, true) || AdmissionQueryApplies(Config{}, q, false) {
 		t.Fatal("admission query rule wrong")
 	}
+	// Seed commit 7: admission_query is ignored for a connector without the capability (none,
+	// undeclared, declared false) and for a capacity-only one.
+	for _, d := range []*Declarations{nil, {}, {SupportsAdmissionQuery: ptr(false)}, {SupportsAdmissionQuery: ptr(true), CapacityOnly: true}} {
+		if AdmissionQueryApplies(cfg, d, false) {
+			t.Fatalf("admission queries applied for a connector declaring %+v", d)
+		}
+	}
 	// Seed commit 6: beyond either opt-in, only a disaggregated target manager with no tier
 	// below GPU, beam width 1, one pipeline stage and full attention reserves.
 	for _, c := range []struct {
@@ -110,16 +117,21 @@ func TestConfigValidateReportsEverything(t *testing.T) {
 	cfg := Config{
 		TokensPerBlock: 16, ReuseMatchAlignment: 3, ReuseMatchBackoff: -1, HostSlots: -2,
 		Pools:          []PoolConfig{{Group: "a", GPUSlots: 0}, {Group: "a", GPUSlots: 4}},
-		AdmissionQuery: &AdmissionQueryConfig{MaxOfferDeferrals: -1},
+		AdmissionQuery: &AdmissionQueryConfig{MaxOfferDeferrals: -1, MaxUnchargedParks: -1},
 	}
 	err := cfg.Validate()
 	if !errors.Is(err, ErrConfig) {
 		t.Fatalf("err = %v", err)
 	}
-	for _, key := range []string{"reuse_match_alignment", "reuse_match_backoff", "host_slots", "pools[0].gpu_slots", "pools[1].group", "admission_query.max_offer_deferrals"} {
+	for _, key := range []string{"reuse_match_alignment", "reuse_match_backoff", "host_slots", "pools[0].gpu_slots", "pools[1].group", "admission_query.max_offer_deferrals", "admission_query.max_uncharged_parks"} {
 		if !strings.Contains(err.Error(), key) {
 			t.Errorf("error does not name %s: %v", key, err)
 		}
+	}
+	// Both admission limits are counts: 0 is allowed.
+	zero := Config{TokensPerBlock: 16, Pools: []PoolConfig{{Group: "g", GPUSlots: 1}}, AdmissionQuery: &AdmissionQueryConfig{}}
+	if err := zero.Validate(); err != nil {
+		t.Errorf("admission limits of 0 refused: %v", err)
 	}
 	for _, a := range []int{0, 1, 2, 4, 8, 16} {
 		ok := Config{TokensPerBlock: 16, ReuseMatchAlignment: a, Pools: []PoolConfig{{Group: "g", GPUSlots: 1}}}

@@ -294,6 +294,8 @@ func TestAdmissionOffers(t *testing.T) {
 	if err := m.SetOffer(1, Offer{Epoch: res.Epoch, Tokens: 3}); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("offer off a block: %v", err)
 	}
+	// A repeated answer for the same allocation replaces the earlier one.
+	must(t, m.SetOffer(1, Offer{Epoch: res.Epoch, Tokens: 4 * T, Async: true}))
 	must(t, m.SetOffer(1, Offer{Epoch: res.Epoch, Tokens: 2 * T}))
 	cr, err := m.CoverAdmissionOffer(1, 2*T, false)
 	must(t, err)
@@ -302,6 +304,12 @@ func TestAdmissionOffers(t *testing.T) {
 	}
 	if h, _ := m.Held(1); h != 4 {
 		t.Fatalf("held %d blocks, want 4 (offer plus chunk)", h)
+	}
+	if o, ok := m.TakeOffer(1); !ok || o != (Offer{Epoch: res.Epoch, Tokens: 2 * T}) {
+		t.Fatalf("TakeOffer = %+v, %v; want the second answer", o, ok)
+	}
+	if _, ok := m.TakeOffer(1); ok {
+		t.Fatal("an offer was taken twice")
 	}
 	// A second request cannot cover 2 offered blocks plus a 2-block chunk in 2 free pages.
 	for d := 1; d <= 2; d++ {

@@ -34,8 +34,11 @@
 // seed's KVCacheV2Scheduler does: a token budget and request slots per pass, chunked prefill,
 // one token per generation request per pass, admission in arrival order against completion
 // reservations, connector queries at admission with deferrals, asynchronous parks admitted
-// without a charge, and preemption of the most recently admitted request when a request finds
-// no page. SchedulerCounts reports what it did; sched.go describes each rule.
+// without a charge, and preemption of the most recently admitted request that is not parked
+// when a request finds no page. SchedulerCounts reports what it did; sched.go describes each
+// rule. An asynchronous transfer queues behind its rank's load worker and reads the pool when it
+// starts in virtual time, so a page evicted while it waited fails the load and restarts the
+// request (RunReport.FailedLoads); asyncload.go describes how.
 //
 // Page payloads: offline, a page holds SimPageBytes bytes (64 by default) in engine memory and
 // the pool; bytes moved and transfer times are scaled to PageBytes, the real page size.

@@ -198,7 +198,9 @@ func (o *offline) replay(progress func(int)) error {
 		if err := o.drain(); err != nil {
 			return err
 		}
-		o.advance(at)
+		if err := o.advance(at); err != nil {
+			return err
+		}
 		if err := o.popEvents(at); err != nil {
 			return err
 		}

@@ -65,25 +65,44 @@ func (c *countingPool) BatchGet(ctx context.Context, ks []string, bufs [][]byte)
 	return out
 }
 
-// advance moves the pool clock to at, running the eviction thread's ticks on the way. A tick
-// that does not fire means none will until the next put, so the clock jumps to at.
-func (o *offline) advance(at time.Duration) {
-	if at <= o.now {
-		return
-	}
+// advance moves the pool clock to at, running on the way, in virtual-time order, the eviction
+// thread's ticks and the starts of the asynchronous transfers queued on the ranks' load workers
+// (asyncload.go). A tick that does not fire means none will until the next put, so the later
+// ticks are skipped (a transfer only reads).
+func (o *offline) advance(at time.Duration) error {
 	began := time.Now()
-	for o.tick <= at {
-		o.clock.Advance(o.tick - o.now)
-		o.now = o.tick
-		o.tick += o.p.TickInterval
-		if _, ran := o.emb.EvictNow(); !ran {
-			o.tick = (at/o.p.TickInterval + 1) * o.p.TickInterval
+	defer func() { o.wall.evict += time.Since(began) }()
+	ticking := true
+	for {
+		r, l := o.nextLoad()
+		due := l != nil && l.start <= at
+		if due && (!ticking || o.tick > at || l.start <= o.tick) {
+			o.moveClock(l.start)
+			if _, err := o.runLoad(r); err != nil {
+				return err
+			}
+			continue
+		}
+		if !ticking || o.tick > at {
 			break
 		}
+		o.moveClock(o.tick)
+		o.tick += o.p.TickInterval
+		if _, ran := o.emb.EvictNow(); !ran {
+			ticking = false
+			o.tick = (at/o.p.TickInterval + 1) * o.p.TickInterval
+		}
 	}
-	o.clock.Advance(at - o.now)
-	o.now = at
-	o.wall.evict += time.Since(began)
+	o.moveClock(at)
+	return nil
+}
+
+// moveClock moves the pool clock forward to at.
+func (o *offline) moveClock(at time.Duration) {
+	if at > o.now {
+		o.clock.Advance(at - o.now)
+		o.now = at
+	}
 }
 
 func (o *offline) usedBytes() int64 {

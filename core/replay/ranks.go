@@ -35,9 +35,17 @@ type rank struct {
 	sch *rankSched
 	// queries reports admission-time connector queries in force on this rank.
 	queries bool
+
+	// The rank's asynchronous transfers in virtual time (asyncload.go): the gates armed for the
+	// load being bound, the transfers queued on its load worker in start order, and when that
+	// worker is next free.
+	armed    []*loadGate
+	queued   []*queuedLoad
+	loadFree time.Duration
 }
 
 func (r *rank) close() {
+	r.releaseLoads()
 	if r.w != nil {
 		_ = r.w.Close(context.Background())
 	}
@@ -136,7 +144,9 @@ func newRank(o *offline, idx int, pl pool.Pool, slots int, logger *slog.Logger) 
 		Clock:             clock.Now,
 	}
 	if c.Scheduler && c.AsyncLoad {
+		// One load worker, held to each transfer's start in virtual time by its fence.
 		opts.AsyncLoad, opts.AsyncLoadWorkers = true, 1
+		opts.Fence = r.loadFence
 	}
 	if r.sched, err = connector.NewScheduler(opts, pl); err != nil {
 		return nil, err

@@ -52,7 +52,11 @@ type RunReport struct {
 
 	Requests       int `json:"requests"`
 	FailedRequests int `json:"failed_requests"`
-	FailedLoads    int `json:"failed_loads"`
+	// FailedLoads counts loads that lost a page the lookup had offered (evicted meanwhile):
+	// each restarted its request without the offer, and the request was looked up again.
+	// Offline only an asynchronous transfer can lose one, since a synchronous load follows its
+	// lookup at the same virtual time.
+	FailedLoads int `json:"failed_loads"`
 
 	Tokens   TokenCounts     `json:"tokens"`
 	Blocks   BlockCounts     `json:"blocks"`

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"runtime"
 	"slices"
 	"time"
 
@@ -34,8 +33,14 @@ import (
 //     to max_uncharged_parks such chunks per pass are admitted without a token charge.
 //
 // A request whose next token or chunk finds no page preempts the most recently admitted
-// running request (it may be itself): its cache is reverted and it waits to be admitted again.
-// That is what completion reservations exist to prevent.
+// running request that is not parked (it may be itself): its cache is reverted and it waits to
+// be admitted again. That is what completion reservations exist to prevent. A parked request
+// keeps its pages, the destination of its transfer.
+//
+// An asynchronous transfer starts when its rank's load worker is free and reads the pool then
+// (asyncload.go): a page evicted since the lookup fails the load, and the request restarts
+// without the offer at the head of its rank's line (RunReport.FailedLoads), as a synchronous
+// load that lost a page does.
 
 // SchedulerCounts is what the scheduler model did over a run.
 type SchedulerCounts struct {
@@ -228,7 +233,9 @@ func (o *offline) pass(r *rank) error {
 	if err := o.settleSaves(); err != nil {
 		return err
 	}
-	o.advance(s.clock)
+	if err := o.advance(s.clock); err != nil {
+		return err
+	}
 	sc.Passes++
 	p := r.mgr.BeginPass(c.MaxNumTokens, c.MaxBatchSize, false)
 	var prefill int
@@ -323,13 +330,8 @@ func (o *offline) pass(r *rank) error {
 		if err != nil {
 			return err
 		}
-		if q.phase == phaseWaiting {
-			continue // a failed load: restarted without the offer
-		}
-		s.running = append(s.running, q)
-		if q.phase == phaseParked {
-			q.parkedUntil = s.clock + seconds(q.loadSec)
-			continue
+		if q.phase != phaseContext {
+			continue // parked for an asynchronous load, or a failed load restarted without the offer
 		}
 		syncLoadSec += sec
 		// The first chunk computes in this pass, after the restored tokens.
@@ -430,7 +432,7 @@ func (o *offline) growOrPreempt(r *rank, q *schedReq, numTokens int) error {
 			}
 			return errPreemptedSelf
 		}
-		victim := r.sch.running[len(r.sch.running)-1]
+		victim := o.victim(r)
 		if err := o.preempt(r, victim); err != nil {
 			return err
 		}
@@ -438,6 +440,19 @@ func (o *offline) growOrPreempt(r *rank, q *schedReq, numTokens int) error {
 			return errPreemptedSelf
 		}
 	}
+}
+
+// victim is the request a request short of pages preempts: the most recently admitted running
+// request that is not parked. A parked request's pages are the destination of its transfer,
+// queued or under way, so they are not taken from it; the request growing is never parked, so
+// there is always a victim.
+func (o *offline) victim(r *rank) *schedReq {
+	for _, q := range slices.Backward(r.sch.running) {
+		if q.phase != phaseParked {
+			return q
+		}
+	}
+	return nil
 }
 
 // dropRequest fails a running request that cannot fit the rank's cache even alone.
@@ -519,7 +534,7 @@ func (q *schedReq) prompt() kvcache.Prompt { return kvcache.Prompt{Tokens: q.t64
 func (q *schedReq) reset() {
 	q.phase, q.allocated = phaseWaiting, false
 	q.reused, q.honoured, q.computed, q.generated = 0, 0, 0, 0
-	q.loadedPages, q.loadSec, q.lookedUp, q.firstChunk = 0, 0, false, 0
+	q.loadedPages, q.loadSec, q.lookedUp, q.async, q.firstChunk = 0, 0, false, false, 0
 }
 
 // admit tries to admit waiting request q's first chunk in pass p. deferred reports an offer
@@ -702,34 +717,41 @@ func (o *offline) startRequest(r *rank, q *schedReq) (float64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("request %s: build metadata: %w", id, err)
 	}
+	for _, set := range [][]connector.RequestTransfers{meta.Loads, meta.AsyncLoads} {
+		for _, l := range set {
+			q.loadedPages += len(l.Pages)
+		}
+	}
+	q.loadSec = float64(q.loadedPages) * float64(o.p.PageBytes) / o.p.LoadBandwidth
+	q.computed = q.reused + q.honoured
+	if q.async {
+		// The transfer queues behind the rank's load worker and reads the pool when it starts
+		// (asyncload.go); one that starts now runs now.
+		end, err := o.parkLoad(r, q, meta, q.loadedPages)
+		if err != nil {
+			return 0, err
+		}
+		q.phase = phaseParked
+		q.parkedUntil = end
+		sc.Parked++
+		r.sch.running = append(r.sch.running, q)
+		for len(r.queued) > 0 && r.queued[0].start <= o.now {
+			if _, err := o.runLoad(r); err != nil {
+				return 0, err
+			}
+		}
+		return 0, nil
+	}
 	began := time.Now()
 	if err := r.local.BindMeta(o.ctx, meta); err != nil {
 		return 0, err
 	}
-	var failed []string
-	if q.async {
-		announce := []string{id}
-		for done := false; !done; {
-			_, fl, err := r.local.GetFinished(o.ctx, nil, announce)
-			if err != nil {
-				return 0, fmt.Errorf("request %s: asynchronous load: %w", id, err)
-			}
-			announce = nil
-			done = slices.Contains(fl, id)
-			if !done {
-				runtime.Gosched()
-			}
-		}
-		if failed, err = r.local.TakeFailedAsyncLoadRequests(o.ctx); err != nil {
-			return 0, err
-		}
-	} else {
-		if err := r.local.StartLoad(o.ctx); err != nil {
-			return 0, fmt.Errorf("request %s: load: %w", id, err)
-		}
-		if failed, err = r.local.TakeFailedLoadRequests(o.ctx); err != nil {
-			return 0, err
-		}
+	if err := r.local.StartLoad(o.ctx); err != nil {
+		return 0, fmt.Errorf("request %s: load: %w", id, err)
+	}
+	failed, err := r.local.TakeFailedLoadRequests(o.ctx)
+	if err != nil {
+		return 0, err
 	}
 	o.wall.load += time.Since(began)
 	if slices.Contains(failed, id) {
@@ -744,19 +766,8 @@ func (o *offline) startRequest(r *rank, q *schedReq) (float64, error) {
 		r.sch.waiting = slices.Insert(r.sch.waiting, 0, q)
 		return 0, nil
 	}
-	for _, set := range [][]connector.RequestTransfers{meta.Loads, meta.AsyncLoads} {
-		for _, l := range set {
-			q.loadedPages += len(l.Pages)
-		}
-	}
-	q.loadSec = float64(q.loadedPages) * float64(o.p.PageBytes) / o.p.LoadBandwidth
-	q.computed = q.reused + q.honoured
-	if q.async {
-		q.phase = phaseParked
-		sc.Parked++
-		return 0, nil
-	}
 	q.phase = phaseContext
+	r.sch.running = append(r.sch.running, q)
 	return q.loadSec, nil
 }
 
