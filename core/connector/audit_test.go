@@ -397,7 +397,7 @@ func TestAsyncLoadReportedOnlyOnceAnnounced(t *testing.T) {
 	}
 	var pages []PageTransfer
 	for i, h := range hashes[:7] {
-		pages = append(pages, PageTransfer{Hash: h, Group: 0, Page: 30 + i}, PageTransfer{Hash: h, Group: 1, Page: 30 + i})
+		pages = append(pages, PageTransfer{Hash: keys.PageHashOf(h), Group: 0, Page: 30 + i}, PageTransfer{Hash: keys.PageHashOf(h), Group: 1, Page: 30 + i})
 	}
 	w.BindMeta(Metadata{AsyncLoads: []RequestTransfers{{RequestID: "p", Pages: pages}}})
 	// The load worker's own record says the load is done.
