@@ -32,7 +32,7 @@ const (
 
 // procStatus holds the memory lines of /proc/<pid>/status, in bytes.
 type procStatus struct {
-	VmRSS, VmHWM, RssAnon, RssFile, RssShmem int64
+	VmRSS, VmHWM, RssAnon, RssFile, RssShmem int64 //nolint:revive // var-naming: the kernel's names for these lines
 }
 
 func readStatus(pid string) (procStatus, error) {

@@ -703,15 +703,15 @@ func (o *offline) startRequest(r *rank, q *schedReq) (float64, error) {
 		return 0, fmt.Errorf("request %s: build metadata: %w", id, err)
 	}
 	began := time.Now()
-	if err := r.local.BindMeta(o.ctx, meta); err != nil {
+	if err = r.local.BindMeta(o.ctx, meta); err != nil {
 		return 0, err
 	}
 	var failed []string
 	if q.async {
 		announce := []string{id}
 		for done := false; !done; {
-			_, fl, err := r.local.GetFinished(o.ctx, nil, announce)
-			if err != nil {
+			var fl []string
+			if _, fl, err = r.local.GetFinished(o.ctx, nil, announce); err != nil {
 				return 0, fmt.Errorf("request %s: asynchronous load: %w", id, err)
 			}
 			announce = nil
@@ -724,7 +724,7 @@ func (o *offline) startRequest(r *rank, q *schedReq) (float64, error) {
 			return 0, err
 		}
 	} else {
-		if err := r.local.StartLoad(o.ctx); err != nil {
+		if err = r.local.StartLoad(o.ctx); err != nil {
 			return 0, fmt.Errorf("request %s: load: %w", id, err)
 		}
 		if failed, err = r.local.TakeFailedLoadRequests(o.ctx); err != nil {
@@ -779,10 +779,10 @@ func (o *offline) contextDone(r *rank, q *schedReq, end time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("request %s: build metadata: %w", id, err)
 	}
-	if err := r.local.BindMeta(o.ctx, meta); err != nil {
+	if err = r.local.BindMeta(o.ctx, meta); err != nil {
 		return err
 	}
-	if err := r.local.WaitForSave(o.ctx); err != nil {
+	if err = r.local.WaitForSave(o.ctx); err != nil {
 		return fmt.Errorf("request %s: save: %w", id, err)
 	}
 	// The connector is done with the request: generated tokens are not saved. Its saves join

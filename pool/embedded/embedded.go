@@ -397,7 +397,7 @@ func (e *Embedded) reserve(ctx context.Context, ks []string, size func(i int) in
 					e.mu.Lock()
 				}
 			}
-			if _, ok := e.objs[k]; ok { // another put stored it while the lock was free
+			if _, stored := e.objs[k]; stored { // another put stored it while the lock was free
 				out[i] = pool.OK
 				e.c.skipped.Add(1)
 				continue
@@ -668,12 +668,12 @@ func (e *Embedded) BatchGet(ctx context.Context, ks []string, bufs [][]byte) []i
 func (e *Embedded) acquire(ctx context.Context, ks []string, room func(i int) int64) (out []int64, held []*object, misses int64) {
 	out = make([]int64, len(ks))
 	held = make([]*object, len(ks))
-	return out, held, acquireInto(e, ctx, ks, room, out, held)
+	return out, held, acquireInto(ctx, e, ks, room, out, held)
 }
 
 // acquireInto is acquire into out and held, len(ks) long and zero, for keys given as strings or
 // as bytes (a key's bytes are only read).
-func acquireInto[K string | []byte](e *Embedded, ctx context.Context, ks []K, room func(i int) int64, out []int64, held []*object) (misses int64) {
+func acquireInto[K string | []byte](ctx context.Context, e *Embedded, ks []K, room func(i int) int64, out []int64, held []*object) (misses int64) {
 	e.c.getCalls.Add(1)
 	e.c.getItems.Add(int64(len(ks)))
 	if ctx.Err() != nil {

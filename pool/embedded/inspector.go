@@ -64,7 +64,7 @@ func (e *Embedded) QueryKey(ctx context.Context, key string) ([]mooncake.Replica
 }
 
 // BatchQuery implements Inspector. It grants no lease and changes no counter.
-func (e *Embedded) BatchQuery(ctx context.Context, ks []string) map[string]mooncake.KeyQuery {
+func (e *Embedded) BatchQuery(_ context.Context, ks []string) map[string]mooncake.KeyQuery {
 	out := make(map[string]mooncake.KeyQuery, len(ks))
 	e.mu.Lock()
 	defer e.mu.Unlock()
