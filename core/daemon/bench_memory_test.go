@@ -179,7 +179,7 @@ func BenchmarkServeMemory(b *testing.B) {
 	}
 	peak := p.end()
 	after := sampleSelf(b, true)
-	ps, err := r.Daemon.Pool().Snapshot(context.Background())
+	ps, err := r.Daemon.Pool().Stats(context.Background())
 	if err != nil {
 		b.Fatal(err)
 	}
