@@ -106,7 +106,7 @@ func OpenCUDA(ordinal int) (*CUDADevice, error) {
 		return nil, fmt.Errorf("%w: device %d of %d", ErrNoCUDA, ordinal, n)
 	}
 	d := &CUDADevice{ordinal: ordinal, numa: -1}
-	if err := cuErr("cuDeviceGet", C.kvDeviceGet(&d.dev, C.int(ordinal))); err != nil {
+	if err = cuErr("cuDeviceGet", C.kvDeviceGet(&d.dev, C.int(ordinal))); err != nil {
 		return nil, err
 	}
 	var name [256]C.char
@@ -115,7 +115,7 @@ func OpenCUDA(ordinal int) (*CUDADevice, error) {
 	}
 	d.numa = d.numaFromPCI()
 	var ctx C.uintptr_t
-	if err := cuErr("cuDevicePrimaryCtxRetain", C.kvPrimaryRetain(&ctx, d.dev)); err != nil {
+	if err = cuErr("cuDevicePrimaryCtxRetain", C.kvPrimaryRetain(&ctx, d.dev)); err != nil {
 		return nil, err
 	}
 	d.ctx = uintptr(ctx)
@@ -136,9 +136,13 @@ func (d *CUDADevice) numaFromPCI() int {
 	return numaNodeOf(fmt.Sprintf("%04x:%02x:%02x.0", int(dom), int(bus), int(dev)))
 }
 
-// Ordinal, Name and NUMANode describe the device; NUMANode is -1 when unknown.
-func (d *CUDADevice) Ordinal() int  { return d.ordinal }
-func (d *CUDADevice) Name() string  { return d.name }
+// Ordinal is the device's CUDA ordinal.
+func (d *CUDADevice) Ordinal() int { return d.ordinal }
+
+// Name is the device's product name.
+func (d *CUDADevice) Name() string { return d.name }
+
+// NUMANode is the NUMA node the device is attached to, -1 when unknown.
 func (d *CUDADevice) NUMANode() int { return d.numa }
 
 // Close releases the primary context. Engine memory, movers and staging made from the device
@@ -306,10 +310,13 @@ func (d *CUDADevice) newEngineMemory(ptr, size uint64, kind string, release func
 	return m
 }
 
-// Size is the number of bytes registered; Kind says where they came from ("device", "ipc",
-// "fd"); Pointer is the device address.
-func (m *EngineMemory) Size() uint64    { return m.size }
-func (m *EngineMemory) Kind() string    { return m.kind }
+// Size is the number of bytes registered.
+func (m *EngineMemory) Size() uint64 { return m.size }
+
+// Kind says where the memory came from: "device", "ipc" or "fd".
+func (m *EngineMemory) Kind() string { return m.kind }
+
+// Pointer is the memory's device address.
 func (m *EngineMemory) Pointer() uint64 { return m.ptr }
 
 func (m *EngineMemory) check(off uint64, n int) error {

@@ -1104,7 +1104,7 @@ func (m *cudaMover) growCopies(n int) error {
 	if err != nil {
 		return fmt.Errorf("copy kernel buffers: %w", err)
 	}
-	if err := m.freeCopies(); err != nil {
+	if err = m.freeCopies(); err != nil {
 		return err
 	}
 	c := max(need, 2*m.copyCap, 64<<10)
@@ -1246,7 +1246,7 @@ func (m *cudaMover) scatterFused(ctx context.Context, j int, units [][]byte, sum
 		words += fusedSums(uint64(len(b)))
 	}
 	countsAt := words * 64
-	if err := m.growDeltas(set, countsAt+4*uint64(len(units))); err != nil {
+	if err = m.growDeltas(set, countsAt+4*uint64(len(units))); err != nil {
 		return nil, err
 	}
 	le := binary.LittleEndian

@@ -93,31 +93,32 @@ func NewAdminClient(baseURL string, httpClient *http.Client) (*AdminClient, erro
 // BaseURL returns the server address the client talks to.
 func (c *AdminClient) BaseURL() string { return c.base }
 
-// get fetches path and returns the body when the status is one of ok.
-func (c *AdminClient) get(ctx context.Context, path string, ok ...int) ([]byte, int, error) {
+// get fetches path and returns the body when the status is one of ok; any other status is a
+// *StatusError.
+func (c *AdminClient) get(ctx context.Context, path string, ok ...int) ([]byte, error) {
 	u := c.base + path
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return nil, 0, fmt.Errorf("mooncake admin %s: %w", u, err)
+		return nil, fmt.Errorf("mooncake admin %s: %w", u, err)
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, 0, fmt.Errorf("mooncake admin %s: %w", u, ctx.Err())
+			return nil, fmt.Errorf("mooncake admin %s: %w", u, ctx.Err())
 		}
-		return nil, 0, fmt.Errorf("mooncake admin %s: %w: %w", u, ErrUnreachable, err)
+		return nil, fmt.Errorf("mooncake admin %s: %w: %w", u, ErrUnreachable, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAdminBody+1))
 	if err != nil {
-		return nil, resp.StatusCode, fmt.Errorf("mooncake admin %s: reading body: %w: %w", u, ErrUnreachable, err)
+		return nil, fmt.Errorf("mooncake admin %s: reading body: %w: %w", u, ErrUnreachable, err)
 	}
 	if len(body) > maxAdminBody {
-		return nil, resp.StatusCode, fmt.Errorf("mooncake admin %s: %w: body larger than %d bytes", u, ErrMalformedResponse, maxAdminBody)
+		return nil, fmt.Errorf("mooncake admin %s: %w: body larger than %d bytes", u, ErrMalformedResponse, maxAdminBody)
 	}
 	for _, s := range ok {
 		if resp.StatusCode == s {
-			return body, resp.StatusCode, nil
+			return body, nil
 		}
 	}
 	se := &StatusError{URL: u, StatusCode: resp.StatusCode}
@@ -137,7 +138,7 @@ func (c *AdminClient) get(ctx context.Context, path string, ok ...int) ([]byte, 
 	} else {
 		se.Message = strings.TrimSpace(string(body[:min(len(body), 200)]))
 	}
-	return nil, resp.StatusCode, se
+	return nil, se
 }
 
 func malformed(c *AdminClient, path, format string, a ...any) error {
@@ -156,7 +157,7 @@ type Health struct {
 
 // Health calls /health.
 func (c *AdminClient) Health(ctx context.Context) (Health, error) {
-	body, _, err := c.get(ctx, "/health", http.StatusOK)
+	body, err := c.get(ctx, "/health", http.StatusOK)
 	if err != nil {
 		return Health{}, err
 	}
@@ -175,7 +176,7 @@ func (c *AdminClient) Health(ctx context.Context) (Health, error) {
 // key gives an error that wraps ErrKeyNotFound.
 func (c *AdminClient) QueryKey(ctx context.Context, key string) ([]ReplicaDesc, error) {
 	path := "/query_key?key=" + masterQueryEscape(key)
-	body, _, err := c.get(ctx, path, http.StatusOK)
+	body, err := c.get(ctx, path, http.StatusOK)
 	if err != nil {
 		return nil, err
 	}
@@ -219,7 +220,7 @@ func (c *AdminClient) BatchQueryKeys(ctx context.Context, keys []string) (map[st
 		esc[i] = masterQueryEscape(k)
 	}
 	path := "/batch_query_keys?keys=" + strings.Join(esc, ",")
-	body, _, err := c.get(ctx, path, http.StatusOK)
+	body, err := c.get(ctx, path, http.StatusOK)
 	if err != nil {
 		return nil, err
 	}
@@ -248,7 +249,7 @@ func splitLines(body []byte) []string {
 
 // AllKeys calls /get_all_keys (the default tenant's readable keys, in the server's order).
 func (c *AdminClient) AllKeys(ctx context.Context) ([]string, error) {
-	body, _, err := c.get(ctx, "/get_all_keys", http.StatusOK)
+	body, err := c.get(ctx, "/get_all_keys", http.StatusOK)
 	if err != nil {
 		return nil, err
 	}
@@ -257,7 +258,7 @@ func (c *AdminClient) AllKeys(ctx context.Context) ([]string, error) {
 
 // AllSegments calls /get_all_segments.
 func (c *AdminClient) AllSegments(ctx context.Context) ([]string, error) {
-	body, _, err := c.get(ctx, "/get_all_segments", http.StatusOK)
+	body, err := c.get(ctx, "/get_all_segments", http.StatusOK)
 	if err != nil {
 		return nil, err
 	}
@@ -268,7 +269,7 @@ func (c *AdminClient) AllSegments(ctx context.Context) ([]string, error) {
 // ErrSegmentNotFound (the master answers 500 "Failed to query segment").
 func (c *AdminClient) QuerySegment(ctx context.Context, name string) (pool.Segment, error) {
 	path := "/query_segment?segment=" + masterQueryEscape(name)
-	body, _, err := c.get(ctx, path, http.StatusOK)
+	body, err := c.get(ctx, path, http.StatusOK)
 	if err != nil {
 		return pool.Segment{}, err
 	}
@@ -327,7 +328,7 @@ func (m MasterMetrics) Value(name string) (float64, bool) {
 
 // Metrics calls /metrics and parses the Prometheus text.
 func (c *AdminClient) Metrics(ctx context.Context) (MasterMetrics, error) {
-	body, _, err := c.get(ctx, "/metrics", http.StatusOK)
+	body, err := c.get(ctx, "/metrics", http.StatusOK)
 	if err != nil {
 		return MasterMetrics{}, err
 	}
@@ -425,7 +426,7 @@ var (
 
 // MetricsSummary calls /metrics/summary.
 func (c *AdminClient) MetricsSummary(ctx context.Context) (Summary, error) {
-	body, _, err := c.get(ctx, "/metrics/summary", http.StatusOK)
+	body, err := c.get(ctx, "/metrics/summary", http.StatusOK)
 	if err != nil {
 		return Summary{}, err
 	}
@@ -462,7 +463,7 @@ func ParseSummary(line string) (Summary, error) {
 }
 
 func (c *AdminClient) text(ctx context.Context, path string) (string, error) {
-	body, _, err := c.get(ctx, path, http.StatusOK)
+	body, err := c.get(ctx, path, http.StatusOK)
 	if err != nil {
 		return "", err
 	}
@@ -485,7 +486,7 @@ type Leader struct {
 }
 
 func (c *AdminClient) getJSON(ctx context.Context, path string, v any) error {
-	body, _, err := c.get(ctx, path, http.StatusOK)
+	body, err := c.get(ctx, path, http.StatusOK)
 	if err != nil {
 		return err
 	}

@@ -139,7 +139,7 @@ func errorCodeBody(c Code) []byte {
 	}{false, int(c), codeName(c)})
 }
 
-func (h *adminHandler) health(w http.ResponseWriter, r *http.Request) {
+func (h *adminHandler) health(w http.ResponseWriter, _ *http.Request) {
 	writeBody(w, http.StatusOK, contentTypeJSON, mustJSON(struct {
 		Status        string  `json:"status"`
 		Role          string  `json:"role"`
@@ -150,28 +150,28 @@ func (h *adminHandler) health(w http.ResponseWriter, r *http.Request) {
 	}{"ok", h.opts.Role, h.opts.HAState, true, nil, nil}))
 }
 
-func (h *adminHandler) role(w http.ResponseWriter, r *http.Request) {
+func (h *adminHandler) role(w http.ResponseWriter, _ *http.Request) {
 	writeBody(w, http.StatusOK, contentTypeText, []byte(h.opts.Role))
 }
 
-func (h *adminHandler) haStatus(w http.ResponseWriter, r *http.Request) {
+func (h *adminHandler) haStatus(w http.ResponseWriter, _ *http.Request) {
 	writeBody(w, http.StatusOK, contentTypeText, []byte(h.opts.HAState))
 }
 
-func (h *adminHandler) leader(w http.ResponseWriter, r *http.Request) {
+func (h *adminHandler) leader(w http.ResponseWriter, _ *http.Request) {
 	writeBody(w, http.StatusOK, contentTypeJSON, []byte(`{"present":false,"leader_address":null,"view_version":null}`))
 }
 
-func (h *adminHandler) kvEvents(w http.ResponseWriter, r *http.Request) {
+func (h *adminHandler) kvEvents(w http.ResponseWriter, _ *http.Request) {
 	writeBody(w, http.StatusOK, contentTypeJSON,
 		[]byte(`{"enabled":false,"published_batches":0,"published_events":0,"dropped_events":0,"skipped_unparsed_keys":0}`))
 }
 
-func (h *adminHandler) tenantQuotas(w http.ResponseWriter, r *http.Request) {
+func (h *adminHandler) tenantQuotas(w http.ResponseWriter, _ *http.Request) {
 	writeBody(w, http.StatusConflict, contentTypeJSON, errorCodeBody(ErrUnavailableInThisMode))
 }
 
-func (h *adminHandler) drainQuery(w http.ResponseWriter, r *http.Request) {
+func (h *adminHandler) drainQuery(w http.ResponseWriter, _ *http.Request) {
 	writeBody(w, http.StatusBadRequest, contentTypeJSON,
 		[]byte(`{"success":false,"error_code":-600,"error_message":"Missing or invalid job_id"}`))
 }

@@ -441,18 +441,18 @@ func diffStep(t *testing.T, d *diffMaster, hist *[]diffOp, refills *int, before 
 	// The master's thread evicts within a tick or two; poll until it matches, then check that
 	// it stays so.
 	deadline := time.Now().Add(3 * time.Second)
-	var real []string
+	var held []string
 	for {
-		real = d.keys(t)
+		held = d.keys(t)
 		for _, w := range wants {
-			if !slices.Equal(real, w.keys) {
+			if !slices.Equal(held, w.keys) {
 				continue
 			}
 			if len(w.m.frontier) > 0 || w.m.refilled || w.m.usedSlots() > int(diffHW*diffSlots) {
 				// The master's thread ran rounds: check that it has stopped.
 				time.Sleep(25 * time.Millisecond)
-				if again := d.keys(t); !slices.Equal(again, real) {
-					return nil, fail("after %s the master's keys moved on from %v to %v", op, real, again)
+				if again := d.keys(t); !slices.Equal(again, held) {
+					return nil, fail("after %s the master's keys moved on from %v to %v", op, held, again)
 				}
 			}
 			if wc := w.m.codes[len(w.m.codes)-1]; wc != got {
@@ -460,7 +460,7 @@ func diffStep(t *testing.T, d *diffMaster, hist *[]diffOp, refills *int, before 
 			}
 			*hist = append(*hist, w.op)
 			if w.m.refilled {
-				t.Logf("after %s pass 1 made up a shortfall; the master took the same keys: %v", op, real)
+				t.Logf("after %s pass 1 made up a shortfall; the master took the same keys: %v", op, held)
 				*refills++
 			}
 			return w.m, nil
@@ -478,12 +478,12 @@ func diffStep(t *testing.T, d *diffMaster, hist *[]diffOp, refills *int, before 
 		}
 		// The master made up pass 1's shortfall in the order of its shards: check what does
 		// not depend on that order, then end the sequence.
-		if bad := refillInvariants(op, pre, real, w.keys, w.m.frontier); bad != "" {
+		if bad := refillInvariants(op, pre, held, w.keys, w.m.frontier); bad != "" {
 			why = append(why, fmt.Sprintf("%s: %s", w.op, bad))
 			continue
 		}
 		h := append(slices.Clone(*hist), w.op)
-		t.Logf("after %s pass 1 made up a shortfall: master %v, embedded %v", op, real, w.keys)
+		t.Logf("after %s pass 1 made up a shortfall: master %v, embedded %v", op, held, w.keys)
 		return nil, &diffResult{steps: len(h), hist: h, shardOrder: true, refills: *refills + 1}
 	}
 	if len(why) > 0 {
@@ -493,31 +493,31 @@ func diffStep(t *testing.T, d *diffMaster, hist *[]diffOp, refills *int, before 
 	for _, w := range wants {
 		exp = append(exp, fmt.Sprintf("%s → %v (code %d)", w.op, w.keys, w.m.codes[len(w.m.codes)-1]))
 	}
-	return nil, fail("after %s (master code %d) the master holds %v; the embedded pool predicts %s", op, got, real, strings.Join(exp, " or "))
+	return nil, fail("after %s (master code %d) the master holds %v; the embedded pool predicts %s", op, got, held, strings.Join(exp, " or "))
 }
 
 // refillInvariants checks a master's key set after a step whose pass 1 made up a shortfall:
 // every key the embedded pool evicted from the frontier is gone, nothing appeared but the key
 // put, and the master took at least as many objects as the frontier gave plus one.
-func refillInvariants(op diffOp, pre, real, model, frontier []string) string {
+func refillInvariants(op diffOp, pre, held, model, frontier []string) string {
 	for _, k := range frontier {
-		if slices.Contains(real, k) {
-			return fmt.Sprintf("kept %s from the oldest frontier (master %v, embedded %v)", k, real, model)
+		if slices.Contains(held, k) {
+			return fmt.Sprintf("kept %s from the oldest frontier (master %v, embedded %v)", k, held, model)
 		}
 	}
 	gone := 0
 	for _, k := range pre {
-		if !slices.Contains(real, k) {
+		if !slices.Contains(held, k) {
 			gone++
 		}
 	}
-	for _, k := range real {
+	for _, k := range held {
 		if !slices.Contains(pre, k) && k != op.Key {
 			return fmt.Sprintf("holds %s, which was not stored", k)
 		}
 	}
 	if gone < len(frontier)+1 {
-		return fmt.Sprintf("evicted %d objects, no more than the frontier's %d: no shortfall was made up (master %v, embedded %v)", gone, len(frontier), real, model)
+		return fmt.Sprintf("evicted %d objects, no more than the frontier's %d: no shortfall was made up (master %v, embedded %v)", gone, len(frontier), held, model)
 	}
 	return ""
 }

@@ -181,9 +181,9 @@ func NewNative(ctx context.Context, opts NativeOptions) (*Native, error) {
 		health:    newSegmentHealth(opts.HealthMinBackoff, opts.HealthMaxBackoff),
 	}
 	if opts.AdminURL != "" {
-		a, err := NewAdminClient(opts.AdminURL, nil)
-		if err != nil {
-			return nil, err
+		a, aerr := NewAdminClient(opts.AdminURL, nil)
+		if aerr != nil {
+			return nil, aerr
 		}
 		n.admin.Store(a)
 	}
@@ -515,8 +515,8 @@ func (n *Native) putUnique(ctx context.Context, keys []string, bufs [][]byte, cf
 			sums[j] = ObjectChecksum(buf)
 		}
 		for _, rep := range started[j].Replicas {
-			if err := n.transfer(ctx, rep, buf, true); err != nil {
-				writeErr[j] = err
+			if terr := n.transfer(ctx, rep, buf, true); terr != nil {
+				writeErr[j] = terr
 				return
 			}
 		}
@@ -539,10 +539,10 @@ func (n *Native) putUnique(ctx context.Context, keys []string, bufs [][]byte, cf
 		}
 	}
 	if len(revokeKeys) > 0 {
-		if _, err := n.rpc.BatchPutRevoke(ctx, n.client, revokeKeys, n.opts.Tenant); err != nil {
+		if _, rerr := n.rpc.BatchPutRevoke(ctx, n.client, revokeKeys, n.opts.Tenant); rerr != nil {
 			// The master discards unfinished puts by itself (put_start_discard_timeout_sec);
 			// the keys never became readable.
-			n.log.Warn("mooncake BatchPutRevoke failed", "err", err)
+			n.log.Warn("mooncake BatchPutRevoke failed", "err", rerr)
 		}
 		for _, i := range revokeIdx {
 			out[i] = ErrRPCFail

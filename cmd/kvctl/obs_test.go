@@ -176,7 +176,7 @@ func TestServeJSONLogs(t *testing.T) {
 	}
 	_ = e.Close(ctx)
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	if err, exited := p.wait(40 * time.Second); !exited || err != nil {
+	if exited, err := p.wait(40 * time.Second); !exited || err != nil {
 		t.Fatalf("exit after SIGTERM: %v (exited %v)\n%s", err, exited, p.stderr)
 	}
 

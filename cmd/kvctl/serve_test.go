@@ -33,12 +33,13 @@ type serveProc struct {
 	err  error
 }
 
-func (p *serveProc) wait(d time.Duration) (error, bool) {
+// wait waits up to d for the process to exit and returns its exit error when it did.
+func (p *serveProc) wait(d time.Duration) (exited bool, err error) {
 	select {
 	case <-p.done:
-		return p.err, true
+		return true, p.err
 	case <-time.After(d):
-		return nil, false
+		return false, nil
 	}
 }
 
@@ -122,7 +123,7 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	err, exited := p.wait(40 * time.Second)
+	exited, err := p.wait(40 * time.Second)
 	if !exited {
 		t.Fatal("no exit after SIGTERM")
 	}

@@ -320,7 +320,7 @@ func (k *KeyFlags) Recipe() (keys.Recipe, keys.Scope, error) {
 		Format: format, TokensPerBlock: k.TokensPerBlock, PromptLookahead: k.PromptLookahead,
 		Namespace: keys.Namespace{Namespace: k.Namespace, ModelKey: k.ModelKey, WorldSize: k.WorldSize, Rank: k.Rank, AttentionDP: k.AttentionDP},
 	}
-	if err := rec.ChainConfig(scope).Validate(); err != nil {
+	if err = rec.ChainConfig(scope).Validate(); err != nil {
 		return keys.Recipe{}, keys.Scope{}, FlagErrorf("%v", err)
 	}
 	if rec.Groups, err = parseGroups(k.LayerGroups, k.Replicated); err != nil {

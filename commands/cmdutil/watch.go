@@ -22,17 +22,17 @@ type Watch struct {
 	Seams
 }
 
-// Run calls report once per interval and writes what it returns with print. On a terminal each
+// Run calls report once per interval and writes what it returns with render. On a terminal each
 // report replaces the previous one under a header; otherwise reports follow one another,
 // separated as the output format needs (JSON needs nothing, YAML a document marker). A report
 // that fails with ExitUnreachable is said on standard error and asked again at the next
 // interval (a watch outlives a pool restart); any other failure ends the loop.
-func (w Watch) Run(ctx context.Context, report func(context.Context) (print func() error, err error)) error {
+func (w Watch) Run(ctx context.Context, report func(context.Context) (render func() error, err error)) error {
 	sleep, now := w.Sleeper(), w.Clock()
 	tty := w.IO.IsStdoutTTY()
 	printed := 0
 	for n := 1; ; n++ {
-		print, err := report(ctx)
+		render, err := report(ctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -45,7 +45,7 @@ func (w Watch) Run(ctx context.Context, report func(context.Context) (print func
 		}
 		// A report that failed for some of its targets still prints what the others said
 		// (and an error row for each failed one).
-		if print != nil {
+		if render != nil {
 			if tty {
 				fmt.Fprint(w.IO.Out, "\x1b[H\x1b[2J")
 				if w.Target != "" {
@@ -62,7 +62,7 @@ func (w Watch) Run(ctx context.Context, report func(context.Context) (print func
 					fmt.Fprint(w.IO.Out, "\n")
 				}
 			}
-			if err := print(); err != nil {
+			if err := render(); err != nil {
 				return err
 			}
 			printed++

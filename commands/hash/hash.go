@@ -177,7 +177,7 @@ func compute(opts *Options, tokens []int64) (*Result, error) {
 	if s.Chain == nil {
 		return computeScheme(opts, s, tokens)
 	}
-	if _, err := opts.Params(s); err != nil {
+	if _, err = opts.Params(s); err != nil {
 		return nil, err
 	}
 	rec, scope, err := opts.Recipe()
@@ -190,7 +190,7 @@ func compute(opts *Options, tokens []int64) (*Result, error) {
 		if opts.KeySet == KeySetLookup {
 			set = KeySetLookup
 		}
-		if err := cmdutil.CheckKeys(rec); err != nil {
+		if err = cmdutil.CheckKeys(rec); err != nil {
 			return nil, err
 		}
 	}

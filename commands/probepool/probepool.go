@@ -205,7 +205,7 @@ func runProbePool(ctx context.Context, opts *Options) error {
 		}
 	}
 	return report(ctx, opts, target.Addr(), func(ctx context.Context) (*probe.Report, error) {
-		return probe.ProbeAdmin(ctx, target, prompt, opts.RenewLeases)
+		return probe.Admin(ctx, target, prompt, opts.RenewLeases)
 	})
 }
 
@@ -216,19 +216,7 @@ func derivePrompt(opts *Options, s *keys.Scheme) (*probe.PromptKeys, error) {
 		return nil, err
 	}
 	if s.Chain == nil {
-		// vLLM's or SGLang's keys, through their scheme.
-		if s.Takes(keys.InputModel) && opts.Keys.Model == "" {
-			return nil, cmdutil.FlagErrorf("--model is required: %s's pool keys name the model", s.Engine)
-		}
-		p, err := opts.Keys.Params(s)
-		if err != nil {
-			return nil, err
-		}
-		pk, err := probe.DeriveSchemeKeys(s, p, tokens)
-		if err != nil {
-			return nil, cmdutil.SchemeError(err)
-		}
-		return pk, nil
+		return deriveSchemePrompt(opts, s, tokens)
 	}
 	rec, scope, err := opts.Keys.Recipe()
 	if err != nil {
@@ -238,6 +226,23 @@ func derivePrompt(opts *Options, s *keys.Scheme) (*probe.PromptKeys, error) {
 		return nil, err
 	}
 	return probe.DerivePromptKeys(rec, keys.Prompt{Tokens: tokens, Scope: scope, HasMultimodal: opts.Keys.HasMultimodal})
+}
+
+// deriveSchemePrompt derives a prompt's lookup keys by vLLM's or SGLang's rules, through their
+// scheme.
+func deriveSchemePrompt(opts *Options, s *keys.Scheme, tokens []int64) (*probe.PromptKeys, error) {
+	if s.Takes(keys.InputModel) && opts.Keys.Model == "" {
+		return nil, cmdutil.FlagErrorf("--model is required: %s's pool keys name the model", s.Engine)
+	}
+	p, err := opts.Keys.Params(s)
+	if err != nil {
+		return nil, err
+	}
+	pk, err := probe.DeriveSchemeKeys(s, p, tokens)
+	if err != nil {
+		return nil, cmdutil.SchemeError(err)
+	}
+	return pk, nil
 }
 
 // report probes pool once, checking --expect-hit, or every --watch seconds.

@@ -52,7 +52,7 @@ func runRPC(ctx context.Context, opts *Options, addr string, prompt *probe.Promp
 	}
 	defer func() { _ = c.Close() }()
 	return report(ctx, opts, probe.RPCScheme+addr, func(ctx context.Context) (*probe.Report, error) {
-		return probe.ProbeRPC(ctx, c, addr, prompt)
+		return probe.RPC(ctx, c, addr, prompt)
 	})
 }
 

@@ -293,7 +293,7 @@ func params(o *Options) (replay.Params, replay.Config, error) {
 	p.DecodeTokensPerSecond = o.DecodeRate
 	p.MaxActiveRequests = o.MaxActiveRequests
 	p.Seed = o.Seed
-	if err := p.Validate(); err != nil {
+	if err = p.Validate(); err != nil {
 		return p, c, cmdutil.FlagErrorf("%v", err)
 	}
 	if c.PoolBytes, err = replay.ParsePoolSize(o.PoolSize); err != nil {

@@ -31,7 +31,7 @@ func runDisagg(ctx context.Context, opts *Options) error {
 		return cmdutil.ValidationErrorf("--%s: %v", FlagDisaggConfig, err)
 	}
 	f, diags := config.Load(opts.DisaggConfig, data, config.LoadOptions{Kind: config.KindDisagg})
-	if err := report(opts, diags); err != nil {
+	if err = report(opts, diags); err != nil {
 		return err
 	}
 	c := f.Disagg

@@ -210,11 +210,11 @@ func TestServe(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
 		t.Fatal(err)
 	}
-	st, _ := d.Pool().Snapshot(context.Background())
+	st, _ := d.Pool().Stats(context.Background())
 	s := r.Sources[0]
 	if s.Kind != "kvctl-serve" || s.Version != "test" || s.Gets.Hits != 2 || s.Gets.Misses != 1 || s.Usage.Objects != st.Objects ||
-		*s.Usage.GroupedObjects != st.Grouped || s.Usage.SoftPinnedObjects != st.SoftPinned || s.Evictions.EvictedKeys == 0 ||
-		s.Evictions.ByPass.Pass1+s.Evictions.ByPass.Pass2 != st.EvictedPass1+st.EvictedPass2 || s.PrefixHoles == nil || s.Loads == nil {
+		*s.Usage.GroupedObjects != st.Detail[embedded.DetailGrouped] || s.Usage.SoftPinnedObjects != st.Detail[embedded.DetailSoftPinned] || s.Evictions.EvictedKeys == 0 ||
+		s.Evictions.ByPass.Pass1+s.Evictions.ByPass.Pass2 != st.Detail[embedded.DetailEvictedPass1]+st.Detail[embedded.DetailEvictedPass2] || s.PrefixHoles == nil || s.Loads == nil {
 		t.Errorf("%+v\nusage %+v\nevictions %+v\npool %+v", s, s.Usage, s.Evictions, st)
 	}
 }

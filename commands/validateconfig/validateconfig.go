@@ -213,7 +213,7 @@ func runValidateConfig(ctx context.Context, opts *Options) error {
 	if opts.Render {
 		return render(opts, files, res)
 	}
-	if err := print(opts, res); err != nil {
+	if err := printResult(opts, res); err != nil {
 		return err
 	}
 	if !res.Valid {
@@ -246,7 +246,7 @@ func read(opts *Options, readFile func(string) ([]byte, error), name string) ([]
 // maxFileBytes bounds what is read as one config file.
 const maxFileBytes = 16 << 20
 
-func print(opts *Options, res Result) error {
+func printResult(opts *Options, res Result) error {
 	if opts.OutputFormat == cmdutil.FormatJSON || opts.OutputFormat == cmdutil.FormatYAML {
 		return cmdutil.Print(opts.IO, opts.OutputFormat, res, nil)
 	}

@@ -169,3 +169,17 @@ func TestUnreadableFile(t *testing.T) {
 		t.Errorf("exit %d: %s", code, errOut)
 	}
 }
+
+// TestMisspeltServeKey: a serve config holding only a misspelt key is reported as a serve
+// config with an unknown key and the key it likely means, and fails the check.
+func TestMisspeltServeKey(t *testing.T) {
+	out, _, code := run(t, &Options{Files: []string{fixtures + "/invalid/serve-misspelt-key.yaml"}, OutputFormat: "table"})
+	if code != cmdutil.ExitValidation {
+		t.Errorf("exit %d, want %d", code, cmdutil.ExitValidation)
+	}
+	for _, want := range []string{`unknown key "pool-sise" (hint: did you mean pool-size?)`, "INVALID (kvctl-serve)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -8,9 +8,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/masterrpc"
-	"github.com/kvctl/kvctl/mooncake/transfer"
 	"github.com/kvctl/kvctl/pool"
 )
 
@@ -272,12 +272,15 @@ func (p *Pool) Remounts() int64 {
 	return 0
 }
 
-// SegmentServerStats counts what peers read from and wrote to this host's segment.
-func (p *Pool) SegmentServerStats() transfer.ServerStats {
-	if n := p.client(); n != nil {
-		return n.SegmentServerStats()
+// SegmentServed counts what peers read from and wrote to this host's segment: the "backend"
+// object's segment_served of /v1/stats.
+func (p *Pool) SegmentServed() statsapi.SegmentServedJSON {
+	n := p.client()
+	if n == nil {
+		return statsapi.SegmentServedJSON{}
 	}
-	return transfer.ServerStats{}
+	st := n.SegmentServerStats()
+	return statsapi.SegmentServedJSON{PeerReads: st.Reads, PeerWrites: st.Writes, BytesRead: st.BytesRead, BytesWritten: st.BytesWritten}
 }
 
 func failAll[T any](n int, v T) []T {

@@ -40,7 +40,7 @@ func newServePool(ctx context.Context, s pool.Spec) (pool.Pool, statsapi.Backend
 	c := *s.Plan.Cluster
 	c.SegmentBytes = s.Plan.PoolBytes
 	if c.HostAddress == "" {
-		host, err := config.RouteAddress(c.Master)
+		host, err := config.RouteAddress(ctx, c.Master)
 		if err != nil {
 			return nil, statsapi.BackendInfo{}, fmt.Errorf("host-address: %w; give --host-address", err)
 		}

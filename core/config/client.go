@@ -128,7 +128,7 @@ func decodeClient(d *dec, root *node) *ClientConfig {
 	if b, ok := o.boolv("stage_through_host", boolTruthy); ok {
 		c.StageThroughHost = b
 	}
-	o.intPtr("soft_pin_ttl_ms", &c.SoftPinTTLMs, intExact, -1<<63)
+	o.intPtr("soft_pin_ttl_ms", &c.SoftPinTTLMs, -1<<63)
 	o.boolPtr("group_blocks", &c.GroupBlocks, boolStrict)
 	o.floatPtr("stats_interval", &c.StatsInterval, false)
 	var staging *Size
@@ -137,7 +137,7 @@ func decodeClient(d *dec, root *node) *ClientConfig {
 		c.StagingBufferBytes = &staging.Bytes
 	}
 	o.boolPtr("async_load", &c.AsyncLoad, boolStrict)
-	o.intPtr("async_load_workers", &c.AsyncLoadWorkers, intExact, -1<<63)
+	o.intPtr("async_load_workers", &c.AsyncLoadWorkers, -1<<63)
 
 	for k := range mooncakeOnlyClientKeys {
 		o.used[k] = true

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -409,9 +410,10 @@ func (r *clusterResolver) check() {
 }
 
 // RouteAddress returns the local address of the route to master (host:port): the address a
-// peer on that network reaches this host at. It sends nothing.
-func RouteAddress(master string) (string, error) {
-	conn, err := net.Dial("udp", master)
+// peer on that network reaches this host at. It sends nothing; ctx bounds the name lookup.
+func RouteAddress(ctx context.Context, master string) (string, error) {
+	var dialer net.Dialer
+	conn, err := dialer.DialContext(ctx, "udp", master)
 	if err != nil {
 		return "", fmt.Errorf("find the local address of the route to %s: %w", master, err)
 	}

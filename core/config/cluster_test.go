@@ -1,6 +1,7 @@
 package config
 
 import (
+	"context"
 	"errors"
 	"os"
 	"strings"
@@ -169,11 +170,11 @@ func TestResolveClusterFromManifestAndErrors(t *testing.T) {
 }
 
 func TestRouteAddress(t *testing.T) {
-	got, err := RouteAddress("127.0.0.1:50051")
+	got, err := RouteAddress(context.Background(), "127.0.0.1:50051")
 	if err != nil || got != "127.0.0.1" {
 		t.Fatalf("RouteAddress: %q %v", got, err)
 	}
-	if _, err := RouteAddress("not-an-address"); err == nil {
+	if _, err := RouteAddress(context.Background(), "not-an-address"); err == nil {
 		t.Fatal("want an error for an address without a port")
 	}
 }

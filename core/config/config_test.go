@@ -305,6 +305,16 @@ func TestDetectKind(t *testing.T) {
 		{"pool.json", "{}", KindManifest},
 		{"dir/mooncake.json", "{}", KindClient},
 		{"server.yml", "foo: 1", KindTRTLLM},
+		// Serve keys no marker names, and near misses of serve keys, make a serve config;
+		// short keys of other kinds two edits from a serve key do not.
+		{"x.yaml", "drain-timeout: 10s", KindServe},
+		{"x.yaml", "pool-sise: 1GiB", KindServe},
+		{"x", "pool_size: 1GiB", KindServe},
+		{"x.yaml", "sockte: /run/kvctl.sock", KindServe},
+		{"x.yaml", "port: 8000", KindTRTLLM},
+		{"x.yaml", "model: m", KindTRTLLM},
+		{"x", `{"stats_interval": 10}`, KindClient},
+		{"mooncake.json", `{"protocol": "tcp"}`, KindClient},
 	}
 	for _, tt := range tests {
 		if got, err := DetectKind(tt.name, []byte(tt.data)); err != nil || got != tt.want {
@@ -318,6 +328,23 @@ func TestDetectKind(t *testing.T) {
 	}
 	if _, ds := Load("x.json", []byte("{}"), LoadOptions{}); !ds.HasErrors() || ds[0].Line != 1 {
 		t.Errorf("undetectable file: %v", ds)
+	}
+}
+
+// TestMisspeltServeKey: a file that holds only a misspelt serve key is a serve config with an
+// unknown key, named with the key it likely means, not an LLM API YAML that takes it silently.
+func TestMisspeltServeKey(t *testing.T) {
+	f, ds := Load("serve.yaml", []byte("pool-sise: 1GiB\n"), LoadOptions{})
+	if f == nil || f.Kind != KindServe {
+		t.Fatalf("kind %v, want %s (diagnostics %v)", f, KindServe, ds)
+	}
+	if len(ds) != 1 {
+		t.Fatalf("diagnostics %v, want one", ds)
+	}
+	d := ds[0]
+	if d.Severity != SeverityError || d.Path != "pool-sise" || d.Message != `unknown key "pool-sise"` ||
+		d.Hint != "did you mean pool-size?" || d.Line != 1 || d.Column != 1 {
+		t.Errorf("diagnostic %#v", d)
 	}
 }
 

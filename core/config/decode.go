@@ -197,14 +197,14 @@ func (o *obj) intv(key string, mode intMode) (int64, *node, bool) {
 	return 0, n, false
 }
 
-// intPtr reads an optional integer that must be at least min.
-func (o *obj) intPtr(key string, dst **int64, mode intMode, min int64) {
-	v, n, ok := o.intv(key, mode)
+// intPtr reads an optional integer (intExact) that must be at least floor.
+func (o *obj) intPtr(key string, dst **int64, floor int64) {
+	v, n, ok := o.intv(key, intExact)
 	if !ok {
 		return
 	}
-	if v < min {
-		o.errAt(n, key, fmt.Sprintf("must be at least %d, found %d", min, v), "")
+	if v < floor {
+		o.errAt(n, key, fmt.Sprintf("must be at least %d, found %d", floor, v), "")
 		return
 	}
 	*dst = &v
@@ -320,8 +320,8 @@ type Size struct {
 	Text  string `json:"text,omitempty"` // the string form as written; empty for a plain integer
 }
 
-// sizePtr reads a size with ParseSize, requiring at least min bytes.
-func (o *obj) sizePtr(key string, dst **Size, strict bool, min int64) {
+// sizePtr reads a size with ParseSize, requiring at least floor bytes.
+func (o *obj) sizePtr(key string, dst **Size, strict bool, floor int64) {
 	n := o.field(key)
 	if n == nil || isNull(n) {
 		return
@@ -343,8 +343,8 @@ func (o *obj) sizePtr(key string, dst **Size, strict bool, min int64) {
 		o.errAt(n, key, msg, hint)
 		return
 	}
-	if v < min {
-		o.errAt(n, key, fmt.Sprintf("must be at least %d bytes, found %d", min, v), "")
+	if v < floor {
+		o.errAt(n, key, fmt.Sprintf("must be at least %d bytes, found %d", floor, v), "")
 		return
 	}
 	s := &Size{Bytes: v}

@@ -303,10 +303,10 @@ func decodeDisaggServers(d *dec, top *obj, key string) DisaggServers {
 		}
 	}
 	var maxBatch *int64
-	o.intPtr("max_batch_size", &maxBatch, intExact, 1)
+	o.intPtr("max_batch_size", &maxBatch, 1)
 	kv := o.child("kv_cache_config")
 	var tpb *int64
-	kv.intPtr("tokens_per_block", &tpb, intExact, 1)
+	kv.intPtr("tokens_per_block", &tpb, 1)
 	if rn := o.field("router"); rn != nil && !isNull(rn) {
 		s.Router = decodeDisaggRouter(d, o.child("router"))
 	}
@@ -343,18 +343,18 @@ func decodeDisaggRouter(d *dec, o *obj) DisaggRouter {
 		r.UseTokens = b
 	}
 	var p *int64
-	o.intPtr("max_num_active_requests", &p, intExact, 1)
+	o.intPtr("max_num_active_requests", &p, 1)
 	if p != nil {
 		r.MaxActiveRequests = *p
 	}
 	o.str("pool", &r.Pool, true)
 	p = nil
-	o.intPtr("lookup_timeout_ms", &p, intExact, 1)
+	o.intPtr("lookup_timeout_ms", &p, 1)
 	if p != nil {
 		r.LookupTimeoutMs = *p
 	}
 	p = nil
-	o.intPtr("tokens_per_block", &p, intExact, 1)
+	o.intPtr("tokens_per_block", &p, 1)
 	if p != nil {
 		r.TokensPerBlock = *p
 	}
@@ -362,7 +362,7 @@ func decodeDisaggRouter(d *dec, o *obj) DisaggRouter {
 	o.str("namespace", &r.Namespace, true)
 	o.str("model_key", &r.ModelKey, true)
 	p = nil
-	o.intPtr("world_size", &p, intExact, 1)
+	o.intPtr("world_size", &p, 1)
 	if p != nil {
 		r.WorldSize = *p
 	}

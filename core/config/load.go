@@ -196,9 +196,28 @@ var (
 		"log-level", "log-format", "stats-interval", "master", "host-address", "local-buffer-size", "mooncake-config", "pool-timeout"}
 )
 
+// servesNearly reports whether a top-level key of root is a serve key no marker names
+// (drain-timeout) or a near miss of one (pool-sise, pool_size): at most two edits from it, and
+// no more than a third of its length, so that a short key of another kind (port, against pool)
+// is not taken for one. It runs after every kind's markers and the names pool.json and
+// mooncake.json, so a key of another kind that is close to a serve key (stats_interval, a
+// client key) has decided already.
+func servesNearly(root *node) bool {
+	serve := ServeKeys()
+	for _, k := range root.keys {
+		for _, c := range serve {
+			if d := editDistance(k.text, c); d <= 2 && 3*d <= len(c) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // DetectKind tells what a config file is: by the keys at its top level first, by its name
-// second (pool.json, mooncake.json, *.yaml, *.yml). It returns an error wrapping
-// ErrUnknownKind when neither decides, or when the text does not parse.
+// second (pool.json, mooncake.json), then by a serve key or a near miss of one among its
+// top-level keys (servesNearly), and last by its name again (*.yaml, *.yml). It returns an
+// error wrapping ErrUnknownKind when none decides, or when the text does not parse.
 func DetectKind(name string, data []byte) (Kind, error) {
 	d := newDec(name)
 	var root *node
@@ -246,6 +265,10 @@ func detectKind(name string, root *node) (Kind, error) {
 		return KindManifest, nil
 	case base == "mooncake.json":
 		return KindClient, nil
+	case root.kind == nodeMap && servesNearly(root):
+		// Decoding it as a serve config names the unknown key and the key it likely means,
+		// where an LLM API YAML would take it silently.
+		return KindServe, nil
 	case strings.HasSuffix(base, ".yaml") || strings.HasSuffix(base, ".yml"):
 		return KindTRTLLM, nil
 	}

@@ -68,7 +68,7 @@ func decodeManifest(d *dec, root *node) *PoolManifest {
 	}
 	o.str("protocol", &m.Protocol, false)
 	o.str("namespace", &m.Namespace, false)
-	o.intPtr("metrics_port", &m.MetricsPort, intExact, -1<<63)
+	o.intPtr("metrics_port", &m.MetricsPort, -1<<63)
 	o.floatPtr("eviction_ratio", &m.EvictionRatio, false)
 	if o.n != nil {
 		for i, k := range o.n.keys {

@@ -110,7 +110,7 @@ func (t *TRTLLMConfig) ruleSpeculative(d *dec, env ruleEnv, mooncake bool) {
 		return
 	}
 	if mooncake && !env.role.Transfers() {
-		t.ruleSpeculativeCapacity(d, env)
+		t.ruleSpeculativeCapacity(d)
 		return
 	}
 	if !mooncake {
@@ -285,7 +285,7 @@ func (t *TRTLLMConfig) ruleStoreBlock(d *dec, env ruleEnv, b *MooncakeStoreBlock
 // Seed commit 5 with 14: a capacity role addresses no page and skips the drafter allow-list of
 // the store, but the executor still lets speculative decoding run next to the connector only in
 // its one-model form, so a capacity server runs one-model MTP or EAGLE3 and nothing else.
-func (t *TRTLLMConfig) ruleSpeculativeCapacity(d *dec, env ruleEnv) {
+func (t *TRTLLMConfig) ruleSpeculativeCapacity(d *dec) {
 	s := t.Speculative
 	const why = "a capacity-role server runs speculative decoding next to its connector only as one-model MTP or EAGLE3: "
 	if CheckSpeculativePrefillDrafter(s.DrafterKind()) != nil {

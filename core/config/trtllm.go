@@ -243,9 +243,9 @@ var connectorPresets = map[string]bool{"lmcache": true, "lmcache-mp": true, "kvb
 func decodeTRTLLM(d *dec, root *node) *TRTLLMConfig {
 	t := &TRTLLMConfig{TensorParallelSize: 1, PipelineParallelSize: 1, ContextParallelSize: 1, MaxBeamWidth: 1}
 	o := d.object(root, "")
-	posInt := func(o *obj, key string, dst *int64, min int64) {
+	posInt := func(o *obj, key string, dst *int64, floor int64) {
 		var p *int64
-		o.intPtr(key, &p, intExact, min)
+		o.intPtr(key, &p, floor)
 		if p != nil {
 			*dst = *p
 		}
@@ -254,7 +254,7 @@ func decodeTRTLLM(d *dec, root *node) *TRTLLMConfig {
 	posInt(o, "pipeline_parallel_size", &t.PipelineParallelSize, 1)
 	posInt(o, "context_parallel_size", &t.ContextParallelSize, 1)
 	posInt(o, "max_beam_width", &t.MaxBeamWidth, 1)
-	o.intPtr("max_seq_len", &t.MaxSeqLen, intExact, 1)
+	o.intPtr("max_seq_len", &t.MaxSeqLen, 1)
 	if b, ok := o.boolv("enable_attention_dp", boolPydantic); ok {
 		t.EnableAttentionDP = b
 	}
@@ -352,12 +352,12 @@ func decodeConnector(d *dec, o *obj) *KVConnectorConfig {
 		a := o.child("admission_query")
 		c.AdmissionQuery = &AdmissionQueryConfig{}
 		var p *int64
-		a.intPtr("max_uncharged_parks", &p, intExact, 0)
+		a.intPtr("max_uncharged_parks", &p, 0)
 		if p != nil {
 			c.AdmissionQuery.MaxUnchargedParks = *p
 		}
 		p = nil
-		a.intPtr("max_offer_deferrals", &p, intExact, 0)
+		a.intPtr("max_offer_deferrals", &p, 0)
 		if p != nil {
 			c.AdmissionQuery.MaxOfferDeferrals = *p
 		}
@@ -377,7 +377,7 @@ func decodeStore(o *obj) *MooncakeStoreBlock {
 	o.sizePtr("segment_size", &b.SegmentSize, true, 0)
 	o.strPtr("model_key", &b.ModelKey)
 	o.strPtr("namespace", &b.Namespace)
-	o.intPtr("transfer_batch_size", &b.TransferBatchSize, intExact, 1)
+	o.intPtr("transfer_batch_size", &b.TransferBatchSize, 1)
 	o.boolPtr("stage_through_host", &b.StageThroughHost, boolPydantic)
 	o.strPtr("local_hostname", &b.LocalHostname)
 	o.strPtr("run_dir", &b.RunDir)
@@ -394,12 +394,12 @@ func decodeStore(o *obj) *MooncakeStoreBlock {
 			b.LocalReuseBackoff = &lrb
 		}
 	}
-	o.intPtr("soft_pin_ttl_ms", &b.SoftPinTTLMs, intExact, -1<<63)
+	o.intPtr("soft_pin_ttl_ms", &b.SoftPinTTLMs, -1<<63)
 	o.boolPtr("group_blocks", &b.GroupBlocks, boolPydantic)
 	o.floatPtr("stats_interval", &b.StatsInterval, false)
 	o.sizePtr("staging_buffer_bytes", &b.StagingBufferBytes, true, 1)
 	o.boolPtr("async_load", &b.AsyncLoad, boolPydantic)
-	o.intPtr("async_load_workers", &b.AsyncLoadWorkers, intExact, 1)
+	o.intPtr("async_load_workers", &b.AsyncLoadWorkers, 1)
 	o.rest(SeverityError, " in mooncake_store")
 	checkSoftPin(o.d, o.sub("soft_pin_ttl_ms"), b.SoftPinTTLMs)
 	checkStatsInterval(o.d, o.sub("stats_interval"), b.StatsInterval)
@@ -417,8 +417,8 @@ func decodeSpeculative(o *obj) *SpeculativeConfig {
 	if s.DecodingType == "" {
 		o.d.at(SeverityError, o.sub("decoding_type"), "decoding_type is required", "for example MTP or Eagle3")
 	}
-	o.intPtr("max_draft_len", &s.MaxDraftLen, intExact, 0)
-	o.intPtr("num_nextn_predict_layers", &s.NumNextNPredictLayers, intExact, 0)
+	o.intPtr("max_draft_len", &s.MaxDraftLen, 0)
+	o.intPtr("num_nextn_predict_layers", &s.NumNextNPredictLayers, 0)
 	if b, ok := o.boolv("use_mtp_vanilla", boolPydantic); ok {
 		s.UseMTPVanilla = b
 	}

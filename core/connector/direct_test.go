@@ -13,6 +13,7 @@ import (
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
 	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // registeringMover is the host mover double with kvmem.HostRegistrar: it counts the live
@@ -275,8 +276,8 @@ func TestSavesWriteIntoPoolMemory(t *testing.T) {
 		if !bytes.Equal(stored[staged][k], pageBytes(src, 0, 3, false)) {
 			t.Fatalf("staged=%v: stored page differs from the engine's", staged)
 		}
-		if st := pl.stats(t); st.PendingObjects != 0 || st.ChecksumErrors != 0 {
-			t.Fatalf("staged=%v: %d pending objects, %d checksum errors", staged, st.PendingObjects, st.ChecksumErrors)
+		if st := pl.stats(t); st.Detail[embedded.DetailPendingObjects] != 0 || st.ChecksumErrors != 0 {
+			t.Fatalf("staged=%v: %d pending objects, %d checksum errors", staged, st.Detail[embedded.DetailPendingObjects], st.ChecksumErrors)
 		}
 	}
 	for k, v := range stored[true] {
@@ -308,7 +309,7 @@ func TestSavesWriteIntoPoolMemory(t *testing.T) {
 		t.Fatal("the gather failure was not kept")
 	}
 	_ = w.Close(context.Background())
-	if st := pl.stats(t); st.PendingObjects != 0 || st.UsedBytes != 0 || st.Objects != 0 {
-		t.Fatalf("after a failed gather: %d pending, %d objects, %d bytes used", st.PendingObjects, st.Objects, st.UsedBytes)
+	if st := pl.stats(t); st.Detail[embedded.DetailPendingObjects] != 0 || st.UsedBytes != 0 || st.Objects != 0 {
+		t.Fatalf("after a failed gather: %d pending, %d objects, %d bytes used", st.Detail[embedded.DetailPendingObjects], st.Objects, st.UsedBytes)
 	}
 }

@@ -108,7 +108,7 @@ func TestEmbeddedEvictionBetweenLookupAndLoad(t *testing.T) {
 			}
 		}
 	}
-	if st := pl.stats(t); st.EvictedGrouped != int64(len(aKeys)) || st.ChecksumErrors != 0 || st.AllocFailures != 0 {
+	if st := pl.stats(t); st.Detail[embedded.DetailEvictedGrouped] != int64(len(aKeys)) || st.ChecksumErrors != 0 || st.AllocFailures != 0 {
 		t.Fatalf("pool stats %+v", st)
 	}
 }

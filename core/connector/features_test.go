@@ -15,6 +15,7 @@ import (
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/stats"
 	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -300,16 +301,16 @@ func TestHoleStatsFromTheLookup(t *testing.T) { poolKinds(t, testHoleStatsFromTh
 func checkEmbeddedGroups(t *testing.T, p *embPool, opts Options, g *geometry, hs []keys.Hash) {
 	t.Helper()
 	want := int64(len(hs) * 3)
-	if st := p.stats(t); st.Objects != want || st.Grouped != want || st.SoftPinned != want {
-		t.Fatalf("embedded pool: %d objects, %d grouped, %d soft-pinned; want %d of each", st.Objects, st.Grouped, st.SoftPinned, want)
+	if st := p.stats(t); st.Objects != want || st.Detail[embedded.DetailGrouped] != want || st.Detail[embedded.DetailSoftPinned] != want {
+		t.Fatalf("embedded pool: %d objects, %d grouped, %d soft-pinned; want %d of each", st.Objects, st.Detail[embedded.DetailGrouped], st.Detail[embedded.DetailSoftPinned], want)
 	}
 	p.clock.Advance(89 * time.Second)
-	if st := p.stats(t); st.SoftPinned != want {
-		t.Fatalf("after 89 s, %d of %d objects are soft-pinned", st.SoftPinned, want)
+	if st := p.stats(t); st.Detail[embedded.DetailSoftPinned] != want {
+		t.Fatalf("after 89 s, %d of %d objects are soft-pinned", st.Detail[embedded.DetailSoftPinned], want)
 	}
 	p.clock.Advance(2 * time.Second)
-	if st := p.stats(t); st.SoftPinned != 0 {
-		t.Fatalf("after 91 s, %d objects are still soft-pinned", st.SoftPinned)
+	if st := p.stats(t); st.Detail[embedded.DetailSoftPinned] != 0 {
+		t.Fatalf("after 91 s, %d objects are still soft-pinned", st.Detail[embedded.DetailSoftPinned])
 	}
 	// Every lease has lapsed by now; a get of one page of block 1 renews its whole group.
 	hit := opts.Namespace.SaveKeys(testT, g.groups, hs[1])

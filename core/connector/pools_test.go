@@ -128,9 +128,9 @@ func (p *embPool) written() int {
 	return int(st.Puts)
 }
 
-func (p *embPool) stats(tb testing.TB) embedded.Stats {
+func (p *embPool) stats(tb testing.TB) pool.Stats {
 	tb.Helper()
-	st, err := p.Snapshot(context.Background())
+	st, err := p.Stats(context.Background())
 	if err != nil {
 		tb.Fatal(err)
 	}

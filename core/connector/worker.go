@@ -239,11 +239,11 @@ func (w *Worker) RegisterLayout(l kvmem.Layout) error {
 		}
 	}
 	if w.opts.Role.Saves() {
-		if saveMover, err = clone(); err != nil {
-			return fail(err)
-		}
 		p, err := plan("save", 1)
 		if err != nil {
+			return fail(err)
+		}
+		if saveMover, err = clone(); err != nil {
 			return fail(err)
 		}
 		if saveStage, err = staging("save", saveMover, p); err != nil {
@@ -280,7 +280,7 @@ func (w *Worker) registerPoolMemory() ([]io.Closer, pool.Viewer) {
 	if !ok {
 		return nil, nil
 	}
-	if _, ok := w.pool.(pool.Reserver); !ok {
+	if _, ok = w.pool.(pool.Reserver); !ok {
 		return nil, nil
 	}
 	r, ok := w.mover.(kvmem.HostRegistrar)
@@ -465,7 +465,7 @@ func (w *Worker) StartLoad(ctx context.Context) error {
 	}
 	if fence != nil {
 		m := sample.Start()
-		err := passFence(ctx, fence, w.mover)
+		err = passFence(ctx, fence, w.mover)
 		sample.End(stats.PhaseFence, m)
 		if err != nil {
 			return w.keep(fmt.Errorf("load: allocation fence: %w", err))
@@ -552,8 +552,9 @@ func (w *Worker) TakeSubmittedSaves() []string {
 
 // WaitForSave queues the bound saves behind a fence on the engine's stream and returns; the
 // save goroutine writes them once the fence is passed. Existing keys are skipped, never
-// overwritten.
-func (w *Worker) WaitForSave(ctx context.Context) error {
+// overwritten. It never blocks, so it has no use for a context; it takes one to match
+// Rank.WaitForSave, whose remote form is a call.
+func (w *Worker) WaitForSave(_ context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err := w.usableLocked(); err != nil {
@@ -981,7 +982,7 @@ func (w *Worker) loadParked(i int, a *asyncLoad, mover kvmem.Mover, stage kvmem.
 	began := time.Now()
 	if a.fence != nil {
 		m := sample.Start()
-		err := passFence(w.ctx, a.fence, mover)
+		err = passFence(w.ctx, a.fence, mover)
 		sample.End(stats.PhaseFence, m)
 		if err != nil {
 			return true, fmt.Errorf("request %s: allocation fence: %w", a.id, err)

@@ -31,13 +31,13 @@ type promptArena struct {
 	data []byte // nil once released
 }
 
-// mapPromptArena checks and maps size bytes of f read-only. max bounds size.
-func mapPromptArena(f *os.File, size, max uint64) (*promptArena, error) {
+// mapPromptArena checks and maps size bytes of f read-only. limit bounds size.
+func mapPromptArena(f *os.File, size, limit uint64) (*promptArena, error) {
 	if size == 0 {
 		return nil, errors.New("size is 0")
 	}
-	if size > max {
-		return nil, fmt.Errorf("size %d is above the limit of %d bytes", size, max)
+	if size > limit {
+		return nil, fmt.Errorf("size %d is above the limit of %d bytes", size, limit)
 	}
 	if err := checkSharedMemory(f, size); err != nil {
 		return nil, err

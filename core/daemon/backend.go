@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/statsapi"
-	"github.com/kvctl/kvctl/mooncake/transfer"
 	"github.com/kvctl/kvctl/pool"
 )
 
@@ -21,6 +20,8 @@ import (
 //     again after the master was unreachable, since a restarted master has forgotten it.
 //   - Pinger: the daemon pings it every HealthInterval and is unready while it fails.
 //   - mooncake.Inspector: the admin API serves the master's read endpoints and metrics for it.
+//   - SegmentServed() statsapi.SegmentServedJSON: what peers read from and wrote to this host's
+//     segment, the "backend" object's segment_served.
 //   - io.Closer-like Close() error: called last on shutdown.
 type Backend struct {
 	Pool pool.Pool
@@ -209,10 +210,10 @@ func (d *Daemon) BackendStatus(ctx context.Context) statsapi.BackendStatusJSON {
 		UnreadyReason: reason, Mounts: mounts, PoolCallFailures: d.guard.failures()}
 	out.Segment = d.segmentName()
 	if s, ok := d.backend.Pool.(interface {
-		SegmentServerStats() transfer.ServerStats
+		SegmentServed() statsapi.SegmentServedJSON
 	}); ok {
-		st := s.SegmentServerStats()
-		out.SegmentServed = &statsapi.SegmentServedJSON{PeerReads: st.Reads, PeerWrites: st.Writes, BytesRead: st.BytesRead, BytesWritten: st.BytesWritten}
+		served := s.SegmentServed()
+		out.SegmentServed = &served
 	}
 	if r, ok := d.backend.Pool.(interface{ Remounts() int64 }); ok {
 		out.SegmentRemounts = r.Remounts()

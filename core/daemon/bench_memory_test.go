@@ -32,7 +32,7 @@ const (
 
 // procStatus holds the memory lines of /proc/<pid>/status, in bytes.
 type procStatus struct {
-	VmRSS, VmHWM, RssAnon, RssFile, RssShmem int64
+	VmRSS, VmHWM, RssAnon, RssFile, RssShmem int64 //nolint:revive // var-naming: the kernel's names for these lines
 }
 
 func readStatus(pid string) (procStatus, error) {
@@ -179,7 +179,7 @@ func BenchmarkServeMemory(b *testing.B) {
 	}
 	peak := p.end()
 	after := sampleSelf(b, true)
-	ps, err := r.Daemon.Pool().Snapshot(context.Background())
+	ps, err := r.Daemon.Pool().Stats(context.Background())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -270,11 +270,11 @@ func benchThroughput(b *testing.B, dir string, page int) {
 			}
 		}
 	}
-	st, err := r.Daemon.Pool().Snapshot(context.Background())
+	st, err := r.Daemon.Pool().Stats(context.Background())
 	if err != nil {
 		b.Fatal(err)
 	}
-	if st.FailedEvictions+st.EvictedPass1+st.EvictedPass2 > 0 || st.PutFailures > 0 {
+	if st.Detail[embedded.DetailFailedEvictions]+st.Detail[embedded.DetailEvictedPass1]+st.Detail[embedded.DetailEvictedPass2] > 0 || st.PutFailures > 0 {
 		b.Logf("pool evicted or refused during the run: %+v", st)
 	}
 }

@@ -310,12 +310,12 @@ func (c *callChannel) polling() bool {
 // poll window it first polls without blocking while polling says so, yielding to other
 // goroutines between tries, then sleeps until the socket is readable.
 func (c *callChannel) recv(buf []byte) (n int, truncated bool, err error) {
+	var flags int
 	if c.poll <= 0 || c.raw == nil {
-		n, _, flags, _, err := c.conn.ReadMsgUnix(buf, nil)
+		n, _, flags, _, err = c.conn.ReadMsgUnix(buf, nil)
 		return n, flags&unix.MSG_TRUNC != 0, err
 	}
 	var rerr error
-	var flags int
 	err = c.raw.Read(func(fd uintptr) bool {
 		for {
 			n, _, flags, _, rerr = unix.Recvmsg(int(fd), buf, nil, unix.MSG_DONTWAIT)
@@ -347,7 +347,7 @@ func (s *service) OpenCallChannel(ctx context.Context, req *enginepb.CallChannel
 	}
 	// net.FileConn takes its own copy of the descriptor.
 	defer f.Close()
-	if err := checkCallSocket(f); err != nil {
+	if err = checkCallSocket(f); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "open call channel: %v", err)
 	}
 	nc, err := net.FileConn(f)
@@ -639,8 +639,8 @@ func (c *callChannel) reply(h engineapi.CallHeader, code codes.Code, body []byte
 	_ = c.conn.SetWriteDeadline(time.Now().Add(timeout))
 	var err error
 	c.out, err = engineapi.AppendCallFrames(c.out[:0], h, body, func(frame []byte) error {
-		_, err := c.conn.Write(frame)
-		return err
+		_, werr := c.conn.Write(frame)
+		return werr
 	})
 	if cap(c.out) > 2*engineapi.MaxCallFrameBytes {
 		c.out = nil

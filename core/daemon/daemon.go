@@ -253,12 +253,12 @@ func (d *Daemon) Run(ctx context.Context, ready func(Info)) error {
 	defer d.sec.stop()
 	b := d.sec.budget
 	d.log.Debug("tracked request budget", "tokens", b.total, "per_connection", b.perConn, "per_uid", b.perUID, "from", b.derived)
-	ln, fdln, adminLn, err := d.listen(socket)
+	ln, fdln, adminLn, err := d.listen(ctx, socket)
 	if err != nil {
 		return err
 	}
 
-	metricsLn, err := d.listenMetrics()
+	metricsLn, err := d.listenMetrics(ctx)
 	if err != nil {
 		_ = ln.Close()
 		_ = fdln.Close()

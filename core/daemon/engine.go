@@ -198,13 +198,13 @@ func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (_
 		}
 	}()
 	conn := connOf(ctx)
-	if err := engineapi.CheckAPIVersion(req); err != nil {
+	if err = engineapi.CheckAPIVersion(req); err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "register: %v", err)
 	}
 	if req.GetEngine() == "" {
 		return nil, status.Error(codes.InvalidArgument, "register: engine name is empty")
 	}
-	if err := d.sec.limits.checkRegister(req); err != nil {
+	if err = d.sec.limits.checkRegister(req); err != nil {
 		return nil, err
 	}
 	if n := d.engineCount(); n >= d.sec.limits.MaxEngines {
@@ -218,7 +218,7 @@ func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (_
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
 	}
-	if err := checkEngineEvent(req); err != nil {
+	if err = checkEngineEvent(req); err != nil {
 		return nil, err
 	}
 
@@ -246,17 +246,17 @@ func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (_
 
 	if !opts.Role.Transfers() {
 		// No memory to fit, but the layout still names the pages later calls may use.
-		if err := layout.Validate(math.MaxUint64); err != nil {
+		if err = layout.Validate(math.MaxUint64); err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
 		}
 	}
 	if opts.Role.Transfers() {
-		if err := layout.Validate(memSize(req)); err != nil {
+		if err = layout.Validate(memSize(req)); err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
 		}
-		h, f, err := d.handleFor(req)
-		if err != nil {
-			return nil, err
+		h, f, herr := d.handleFor(req)
+		if herr != nil {
+			return nil, herr
 		}
 		e.memFile = f
 		if e.mover, err = d.openMover(h, layout); err != nil {
@@ -264,8 +264,8 @@ func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (_
 		}
 	}
 	if ev := req.GetEngineEvent(); ev != nil {
-		eo, ok := d.cfg.Device.(kvmem.EventOpener)
-		if !ok {
+		eo, canOpen := d.cfg.Device.(kvmem.EventOpener)
+		if !canOpen {
 			return nil, status.Error(codes.FailedPrecondition, "register: engine_event: the daemon's device backend cannot open CUDA interprocess events")
 		}
 		if e.order, err = eo.OpenStreamOrder(int(ev.GetDevice()), ev.GetHandle()); err != nil {
@@ -277,9 +277,9 @@ func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (_
 		}
 		order := e.order
 		opts.Fence = func() connector.Fence {
-			f, err := order.Fence()
-			if err != nil {
-				return failedFence{err}
+			f, ferr := order.Fence()
+			if ferr != nil {
+				return failedFence{ferr}
 			}
 			return f
 		}
@@ -287,14 +287,14 @@ func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (_
 	if e.worker, err = connector.NewWorker(opts, d.connectorPool(), e.mover); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
 	}
-	if err := e.worker.RegisterLayout(layout); err != nil {
+	if err = e.worker.RegisterLayout(layout); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
 	}
 	if req.GetScheduler() {
 		if e.scheduler, err = connector.NewScheduler(opts, d.pool); err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
 		}
-		if err := e.scheduler.RegisterLayout(layout); err != nil {
+		if err = e.scheduler.RegisterLayout(layout); err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
 		}
 		if e.attach, err = newSchedulerAttachments(); err != nil {

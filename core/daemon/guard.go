@@ -54,7 +54,7 @@ func (g *guardedPool) failures() statsapi.PoolFailuresJSON {
 		DroppedSavePages: g.droppedPages.Load(), LoadPages: g.loadPages.Load()}
 }
 
-func (g *guardedPool) timedOut(op string, ctx context.Context) {
+func (g *guardedPool) timedOut(ctx context.Context, op string) {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		g.timeouts.Add(1)
 		g.m.timeouts.WithLabelValues(op).Inc()
@@ -83,7 +83,7 @@ func (g *guardedPool) BatchIsExist(ctx context.Context, keys []string) []int {
 			out[i] = int(pool.ErrRPCFail)
 		}
 	}
-	g.timedOut("exist", ctx)
+	g.timedOut(ctx, "exist")
 	bad := 0
 	for _, v := range out {
 		if v < 0 {
@@ -102,7 +102,7 @@ func (g *guardedPool) BatchPut(ctx context.Context, keys []string, bufs [][]byte
 	ctx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
 	out := g.Pool.BatchPut(ctx, keys, bufs, cfg)
-	g.timedOut("put", ctx)
+	g.timedOut(ctx, "put")
 	bad := 0
 	for _, c := range out {
 		if c < 0 && c != pool.ErrObjectAlreadyExists {
@@ -121,7 +121,7 @@ func (g *guardedPool) BatchGet(ctx context.Context, keys []string, bufs [][]byte
 	ctx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
 	out := g.Pool.BatchGet(ctx, keys, bufs)
-	g.timedOut("get", ctx)
+	g.timedOut(ctx, "get")
 	bad := 0
 	for _, n := range out {
 		if n < 0 {
@@ -140,6 +140,6 @@ func (g *guardedPool) Remove(ctx context.Context, key string, force bool) pool.C
 	ctx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
 	c := g.Pool.Remove(ctx, key, force)
-	g.timedOut("remove", ctx)
+	g.timedOut(ctx, "remove")
 	return c
 }

@@ -95,7 +95,7 @@ func (p *inPlacePool) countView(ctx context.Context, began time.Time, v *pool.Vi
 		p.timeouts.Add(1)
 		p.m.timeouts.WithLabelValues("get").Inc()
 	} else {
-		p.timedOut("get", ctx)
+		p.timedOut(ctx, "get")
 	}
 	bad := 0
 	for _, n := range v.Codes {
@@ -115,7 +115,7 @@ func (p *inPlacePool) BatchPutStart(ctx context.Context, keys []string, sizes []
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
 	r := p.r.BatchPutStart(ctx, keys, sizes, cfg)
-	p.timedOut("put", ctx)
+	p.timedOut(ctx, "put")
 	bad := 0
 	for _, c := range r.Codes {
 		if c < 0 && c != pool.ErrObjectAlreadyExists {

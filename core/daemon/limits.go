@@ -171,10 +171,10 @@ func limitError(call, field string, got any, limit any) error {
 }
 
 // checkKeyComponent refuses a key component with characters that are not printable ASCII or that
-// is longer than max bytes.
-func checkKeyComponent(field, s string, max int) error {
-	if len(s) > max {
-		return fmt.Errorf("%s is %d bytes, above the limit of %d", field, len(s), max)
+// is longer than limit bytes.
+func checkKeyComponent(field, s string, limit int) error {
+	if len(s) > limit {
+		return fmt.Errorf("%s is %d bytes, above the limit of %d", field, len(s), limit)
 	}
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; c <= ' ' || c > '~' {

@@ -36,10 +36,10 @@ const (
 const EngineHandshakeTimeout = 10 * time.Second
 
 // Accept backoff: a failing accept (EMFILE, ENFILE, ENOBUFS...) waits and retries, doubling the
-// wait from acceptBackoffMin up to acceptBackoffMax, rather than stopping the listener.
+// wait from acceptBackoffInitial up to acceptBackoffCap, rather than stopping the listener.
 const (
-	acceptBackoffMin = 5 * time.Millisecond
-	acceptBackoffMax = time.Second
+	acceptBackoffInitial = 5 * time.Millisecond
+	acceptBackoffCap     = time.Second
 )
 
 // guardedListener wraps a listener with a connection cap, an optional peer check and an accept
@@ -81,14 +81,14 @@ type listenerCounts struct {
 	evictedIdle atomic.Int64
 }
 
-func newGuardedListener(l net.Listener, name string, max int, check func(net.Conn) error, log *slog.Logger) *guardedListener {
-	return &guardedListener{Listener: l, name: name, max: int64(max), check: check, log: log, counts: &listenerCounts{}, closed: make(chan struct{})}
+func newGuardedListener(l net.Listener, name string, maxConns int, check func(net.Conn) error, log *slog.Logger) *guardedListener {
+	return &guardedListener{Listener: l, name: name, max: int64(maxConns), check: check, log: log, counts: &listenerCounts{}, closed: make(chan struct{})}
 }
 
 // Accept returns the next connection within the cap from an accepted peer. It returns an error
 // only once the listener is closed (or on an error that retrying cannot fix).
 func (g *guardedListener) Accept() (net.Conn, error) {
-	retry := backoff.Backoff{Min: acceptBackoffMin, Max: acceptBackoffMax}
+	retry := backoff.Backoff{Min: acceptBackoffInitial, Max: acceptBackoffCap}
 	for {
 		c, err := g.Listener.Accept()
 		if err != nil {

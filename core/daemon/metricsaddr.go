@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -42,11 +43,12 @@ func (d *Daemon) serveReadyz(w http.ResponseWriter, _ *http.Request) {
 }
 
 // listenMetrics opens the metrics listener when one is configured; nil when not.
-func (d *Daemon) listenMetrics() (net.Listener, error) {
+func (d *Daemon) listenMetrics(ctx context.Context) (net.Listener, error) {
 	if d.cfg.MetricsAddr == "" {
 		return nil, nil
 	}
-	ln, err := net.Listen("tcp", d.cfg.MetricsAddr)
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", d.cfg.MetricsAddr)
 	if err != nil {
 		return nil, fmt.Errorf("metrics listener: %w", err)
 	}

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net"
@@ -75,7 +76,7 @@ func (s *security) stop() { s.agg.stop() }
 
 // listen opens the engine socket, the descriptor channel and the admin listener with their caps
 // and peer checks, after raising the open-file limit.
-func (d *Daemon) listen(socket string) (ln, fdln, adminLn net.Listener, err error) {
+func (d *Daemon) listen(ctx context.Context, socket string) (ln, fdln, adminLn net.Listener, err error) {
 	limit, lerr := raiseFileLimit()
 	if lerr != nil {
 		d.log.Warn("open-file limit", "err", lerr)
@@ -85,18 +86,19 @@ func (d *Daemon) listen(socket string) (ln, fdln, adminLn net.Listener, err erro
 		d.sec.maxConns = c
 	}
 	policy := engineapi.SocketDirPolicy{GroupID: d.sec.groupID}
-	raw, err := engineapi.ListenPolicy(socket, policy)
+	raw, err := engineapi.ListenPolicy(ctx, socket, policy)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	rawFD, err := engineapi.ListenPolicy(engineapi.FDSocketPath(socket), policy)
+	rawFD, err := engineapi.ListenPolicy(ctx, engineapi.FDSocketPath(socket), policy)
 	if err != nil {
 		_ = raw.Close()
 		return nil, nil, nil, err
 	}
 	var rawAdmin net.Listener
 	if d.cfg.AdminAddr != "" {
-		rawAdmin, err = net.Listen("tcp", d.cfg.AdminAddr)
+		var lc net.ListenConfig
+		rawAdmin, err = lc.Listen(ctx, "tcp", d.cfg.AdminAddr)
 		if err != nil {
 			_ = raw.Close()
 			_ = rawFD.Close()

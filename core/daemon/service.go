@@ -63,9 +63,9 @@ func (s *service) lookup(ctx context.Context, req *enginepb.LookupRequest, admis
 	}
 	owned := false
 	if pr := req.GetRequest(); pr.GetTokensArena() != nil {
-		toks, err := s.d.arenaTokens(ctx, req.GetEngine(), pr)
-		if err != nil {
-			return nil, err
+		toks, aerr := s.d.arenaTokens(ctx, req.GetEngine(), pr)
+		if aerr != nil {
+			return nil, aerr
 		}
 		// From here on the request is as if the prompt had come in the repeated field, in a
 		// slice nothing else holds: the scheduler may keep it.
@@ -76,13 +76,13 @@ func (s *service) lookup(ctx context.Context, req *enginepb.LookupRequest, admis
 		return nil, status.Errorf(codes.InvalidArgument, "lookup: %v", err)
 	}
 	r.TokensOwned = owned
-	if err := s.d.checkLookup(scheduling(ctx), req.GetEngine(), r); err != nil {
+	if err = s.d.checkLookup(scheduling(ctx), req.GetEngine(), r); err != nil {
 		return nil, err
 	}
 	if req.GetNumComputedTokens() < 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "lookup: num_computed_tokens %d is negative", req.GetNumComputedTokens())
 	}
-	if err := checkLookupShape(req); err != nil {
+	if err = checkLookupShape(req); err != nil {
 		return nil, err
 	}
 	call := sc.Lookup
@@ -134,10 +134,10 @@ func (s *service) BuildMeta(ctx context.Context, req *enginepb.BuildMetaRequest)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.d.checkBuildMeta(req); err != nil {
+	if err = s.d.checkBuildMeta(req); err != nil {
 		return nil, err
 	}
-	if err := s.d.checkBuildMetaShape(scheduling(ctx), req); err != nil {
+	if err = s.d.checkBuildMetaShape(scheduling(ctx), req); err != nil {
 		return nil, err
 	}
 	out := engineapi.SchedulerOutputFromPB(req)

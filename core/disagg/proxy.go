@@ -228,7 +228,8 @@ func Run(ctx context.Context, opts RunOptions) error {
 	if addr == "" {
 		addr = opts.Config.ListenAddr()
 	}
-	raw, err := net.Listen("tcp", addr)
+	var lc net.ListenConfig
+	raw, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
 		return fmt.Errorf("disagg: listen on %s: %w", addr, err)
 	}

@@ -91,16 +91,16 @@ func (p *Proxy) relayOnce(w http.ResponseWriter, r *http.Request, l leg, up *ups
 	}
 	defer timer.Stop()
 	start := time.Now()
-	failed := func(status int, msg string, cause error) (string, bool) {
+	// failed and timedOut answer the client with the leg's failure; the attempt is then done.
+	failed := func(status int, msg string, cause error) {
 		e := &LegError{Role: l.role, Server: up.addr, Status: status, Message: msg, Err: cause}
 		if l.responses && l.stream {
 			p.failResponsesStream(w, r, l.ep, e)
-			return "", true
+			return
 		}
 		p.fail(w, r, l.ep, l.anthropic, e)
-		return "", true
 	}
-	timedOut := func() (string, bool) {
+	timedOut := func() {
 		if errors.Is(context.Cause(ctx), errKVTimeout) {
 			p.m.timeouts.WithLabelValues(l.role, l.firstChunkKind).Inc()
 			if l.stream {
@@ -110,10 +110,11 @@ func (p *Proxy) relayOnce(w http.ResponseWriter, r *http.Request, l leg, up *ups
 			if l.firstChunkKind == TimeoutRequest {
 				what = "request_timeout_s"
 			}
-			return failed(http.StatusGatewayTimeout, fmt.Sprintf("no first token within %s (%s); the request was cancelled", what, l.firstChunk), ErrTimeout)
+			failed(http.StatusGatewayTimeout, fmt.Sprintf("no first token within %s (%s); the request was cancelled", what, l.firstChunk), ErrTimeout)
+			return
 		}
 		p.m.timeouts.WithLabelValues(l.role, TimeoutRequest).Inc()
-		return failed(http.StatusGatewayTimeout, fmt.Sprintf("no answer within request_timeout_s (%s); the request was cancelled", p.reqTimeout), ErrTimeout)
+		failed(http.StatusGatewayTimeout, fmt.Sprintf("no answer within request_timeout_s (%s); the request was cancelled", p.reqTimeout), ErrTimeout)
 	}
 	timerFired := func() bool {
 		c := context.Cause(ctx)
@@ -124,16 +125,19 @@ func (p *Proxy) relayOnce(w http.ResponseWriter, r *http.Request, l leg, up *ups
 	if err != nil {
 		switch {
 		case timerFired():
-			return timedOut()
+			timedOut()
+			return "", true
 		case r.Context().Err() != nil:
-			return failed(499, "the client went away", errClientGone)
+			failed(499, "the client went away", errClientGone)
+			return "", true
 		case retryCause != "" && mayRetry:
 			return retryCause, false
 		}
 		if l.stream {
 			p.m.firstChunk.WithLabelValues(l.ep).Inc()
 		}
-		return failed(http.StatusBadGateway, err.Error(), ErrUpstream)
+		failed(http.StatusBadGateway, err.Error(), ErrUpstream)
+		return "", true
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 400 {
@@ -145,10 +149,12 @@ func (p *Proxy) relayOnce(w http.ResponseWriter, r *http.Request, l leg, up *ups
 		if l.anthropic && resp.StatusCode == http.StatusNotFound {
 			msg = "the servers behind this proxy do not serve /v1/messages: " + msg
 		}
-		return failed(resp.StatusCode, msg, ErrUpstream)
+		failed(resp.StatusCode, msg, ErrUpstream)
+		return "", true
 	}
 	if !l.stream {
-		return p.relayJSON(w, r, l, resp, start, timerFired, timedOut, failed)
+		p.relayJSON(w, r, l, resp, start, timerFired, timedOut, failed)
+		return "", true
 	}
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	if l.aggregate && mt == "application/json" {
@@ -157,36 +163,44 @@ func (p *Proxy) relayOnce(w http.ResponseWriter, r *http.Request, l leg, up *ups
 		timer.Stop()
 		timer = time.AfterFunc(p.reqTimeout, func() { cancel(errRequestTimeout) })
 		defer timer.Stop()
-		return p.relayJSON(w, r, l, resp, start, timerFired, timedOut, failed)
+		p.relayJSON(w, r, l, resp, start, timerFired, timedOut, failed)
+		return "", true
 	}
 	if mt != "text/event-stream" {
 		p.m.firstChunk.WithLabelValues(l.ep).Inc()
-		return failed(http.StatusBadGateway, fmt.Sprintf("answered a stream request with %q instead of text/event-stream", resp.Header.Get("Content-Type")), ErrUpstream)
+		failed(http.StatusBadGateway, fmt.Sprintf("answered a stream request with %q instead of text/event-stream", resp.Header.Get("Content-Type")), ErrUpstream)
+		return "", true
 	}
 	sr := newSSEReader(resp.Body)
 	raw, data, err := sr.next()
 	if err == nil {
 		if status, msg, isErr := inStreamError(data); isErr {
 			p.m.firstChunk.WithLabelValues(l.ep).Inc()
-			return failed(status, msg, ErrUpstream)
+			failed(status, msg, ErrUpstream)
+			return "", true
 		}
 	}
 	if err != nil || !timer.Stop() && timerFired() {
 		switch {
 		case timerFired():
-			return timedOut()
+			timedOut()
+			return "", true
 		case r.Context().Err() != nil:
-			return failed(499, "the client went away", errClientGone)
+			failed(499, "the client went away", errClientGone)
+			return "", true
 		}
 		p.m.firstChunk.WithLabelValues(l.ep).Inc()
 		if errors.Is(err, io.EOF) {
-			return failed(http.StatusBadGateway, "the stream ended before its first chunk", ErrUpstream)
+			failed(http.StatusBadGateway, "the stream ended before its first chunk", ErrUpstream)
+			return "", true
 		}
-		return failed(http.StatusBadGateway, "the stream failed before its first chunk: "+err.Error(), ErrUpstream)
+		failed(http.StatusBadGateway, "the stream failed before its first chunk: "+err.Error(), ErrUpstream)
+		return "", true
 	}
 	p.m.legSeconds.WithLabelValues(l.role).Observe(time.Since(start).Seconds())
 	if l.aggregate {
-		return p.aggregateRest(w, r, l, up, ctx, cancel, sr, data)
+		p.aggregateRest(ctx, w, r, l, up, cancel, sr, data)
+		return "", true
 	}
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -237,18 +251,21 @@ func (p *Proxy) relayOnce(w http.ResponseWriter, r *http.Request, l leg, up *ups
 	}
 }
 
-// relayJSON relays a non-streamed answer.
+// relayJSON relays a non-streamed answer; it ends the attempt whatever happens.
 func (p *Proxy) relayJSON(w http.ResponseWriter, r *http.Request, l leg, resp *http.Response, start time.Time,
-	timerFired func() bool, timedOut func() (string, bool), failed func(int, string, error) (string, bool)) (string, bool) {
+	timerFired func() bool, timedOut func(), failed func(int, string, error)) {
 	raw, err := readBounded(resp.Body, maxGenResponse)
 	if err != nil {
 		if timerFired() {
-			return timedOut()
+			timedOut()
+			return
 		}
 		if r.Context().Err() != nil {
-			return failed(499, "the client went away", errClientGone)
+			failed(499, "the client went away", errClientGone)
+			return
 		}
-		return failed(http.StatusBadGateway, "reading the answer: "+err.Error(), ErrUpstream)
+		failed(http.StatusBadGateway, "reading the answer: "+err.Error(), ErrUpstream)
+		return
 	}
 	p.m.legSeconds.WithLabelValues(l.role).Observe(time.Since(start).Seconds())
 	ct := resp.Header.Get("Content-Type")
@@ -260,7 +277,6 @@ func (p *Proxy) relayJSON(w http.ResponseWriter, r *http.Request, l leg, resp *h
 	w.WriteHeader(http.StatusOK)
 	p.m.responses.WithLabelValues(l.ep).Inc()
 	_, _ = w.Write(raw)
-	return "", true
 }
 
 // failResponsesStream answers a /v1/responses stream that failed before its first chunk the way
@@ -314,8 +330,8 @@ func (p *Proxy) serveResponses(w http.ResponseWriter, r *http.Request) {
 // aggregateRest reads the rest of a stream the client asked to get as one answer, within
 // request_timeout_s, and sends that answer. Nothing went to the client yet, so every failure is
 // an HTTP error.
-func (p *Proxy) aggregateRest(w http.ResponseWriter, r *http.Request, l leg, up *upstream, ctx context.Context,
-	cancel context.CancelCauseFunc, sr *sseReader, first []byte) (string, bool) {
+func (p *Proxy) aggregateRest(ctx context.Context, w http.ResponseWriter, r *http.Request, l leg, up *upstream,
+	cancel context.CancelCauseFunc, sr *sseReader, first []byte) {
 	timer := time.AfterFunc(p.reqTimeout, func() { cancel(errRequestTimeout) })
 	defer timer.Stop()
 	a := &streamAnswer{chat: l.ep == EndpointChat, choices: map[int]*choiceAnswer{}}
@@ -327,24 +343,21 @@ func (p *Proxy) aggregateRest(w http.ResponseWriter, r *http.Request, l leg, up 
 		w.WriteHeader(http.StatusOK)
 		p.m.responses.WithLabelValues(l.ep).Inc()
 		_, _ = w.Write(raw)
-		return "", true
+		return
 	}
-	fail := func(e *LegError) (string, bool) {
-		e.Role, e.Server = l.role, up.addr
-		p.fail(w, r, l.ep, l.anthropic, e)
-		return "", true
-	}
+	e := &LegError{Status: http.StatusBadGateway, Message: "reading the answer: " + err.Error(), Err: ErrUpstream}
 	var lerr *LegError
 	switch {
 	case errors.Is(context.Cause(ctx), errRequestTimeout):
 		p.m.timeouts.WithLabelValues(l.role, TimeoutRequest).Inc()
-		return fail(&LegError{Status: http.StatusGatewayTimeout, Message: fmt.Sprintf("no answer within request_timeout_s (%s); the request was cancelled", p.reqTimeout), Err: ErrTimeout})
+		e = &LegError{Status: http.StatusGatewayTimeout, Message: fmt.Sprintf("no answer within request_timeout_s (%s); the request was cancelled", p.reqTimeout), Err: ErrTimeout}
 	case r.Context().Err() != nil:
-		return fail(&LegError{Status: 499, Message: "the client went away", Err: errClientGone})
+		e = &LegError{Status: 499, Message: "the client went away", Err: errClientGone}
 	case errors.As(err, &lerr):
-		return fail(lerr)
+		e = lerr
 	}
-	return fail(&LegError{Status: http.StatusBadGateway, Message: "reading the answer: " + err.Error(), Err: ErrUpstream})
+	e.Role, e.Server = l.role, up.addr
+	p.fail(w, r, l.ep, l.anthropic, e)
 }
 
 // serveMessages relays an Anthropic Messages request to a generation server unchanged, with

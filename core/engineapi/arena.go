@@ -110,11 +110,11 @@ func NewPromptArena(size int64) (*PromptArena, error) {
 	if err != nil {
 		return nil, fmt.Errorf("prompt arena: memfd_create: %w", err)
 	}
-	if err := unix.Ftruncate(fd, size); err != nil {
+	if err = unix.Ftruncate(fd, size); err != nil {
 		_ = unix.Close(fd)
 		return nil, fmt.Errorf("prompt arena: resize to %d bytes: %w", size, err)
 	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
+	if _, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
 		_ = unix.Close(fd)
 		return nil, fmt.Errorf("prompt arena: seal: %w", err)
 	}

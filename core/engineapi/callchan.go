@@ -59,15 +59,15 @@ type CallChannels struct {
 	dialFailures atomic.Int64
 }
 
-// NewCallChannels returns a pool of at most max channels (DefaultCallChannels when max <= 0)
+// NewCallChannels returns a pool of at most n channels (DefaultCallChannels when n <= 0)
 // opened over cc, the engine's connection to the daemon, with descriptors sent to the daemon's
 // side channel at fdPath (FDSocketPath of the engine socket). It opens none until a call needs
 // one (see Open).
-func NewCallChannels(cc grpc.ClientConnInterface, fdPath string, max int) *CallChannels {
-	if max <= 0 {
-		max = DefaultCallChannels
+func NewCallChannels(cc grpc.ClientConnInterface, fdPath string, n int) *CallChannels {
+	if n <= 0 {
+		n = DefaultCallChannels
 	}
-	return &CallChannels{cc: cc, rpc: enginepb.NewEngineClient(cc), fdPath: fdPath, max: max}
+	return &CallChannels{cc: cc, rpc: enginepb.NewEngineClient(cc), fdPath: fdPath, max: n}
 }
 
 // Open opens one channel now and keeps it idle, so that an error (a daemon without call
@@ -235,9 +235,9 @@ func (p *CallChannels) dial(ctx context.Context) (*callConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("call channel: %w", err)
 	}
-	max := int(min(resp.GetMaxMessageBytes(), MaxMessageBytes))
+	maxReq := int(min(resp.GetMaxMessageBytes(), MaxMessageBytes))
 	p.mu.Lock()
-	p.maxReq = max
+	p.maxReq = maxReq
 	p.mu.Unlock()
 	p.opened.Add(1)
 	return &callConn{
@@ -264,7 +264,7 @@ func (c *callConn) close() { _ = c.conn.Close() }
 // reports whether any frame of the request may have reached the daemon.
 func (c *callConn) call(ctx context.Context, m enginepb.CallChannelMethod, id uint64, reply any) (sent bool, err error) {
 	c.usable = false
-	if err := ctx.Err(); err != nil {
+	if err = ctx.Err(); err != nil {
 		c.usable = true
 		return false, status.FromContextError(err).Err()
 	}
@@ -292,11 +292,11 @@ func (c *callConn) call(ctx context.Context, m enginepb.CallChannelMethod, id ui
 		return status.Errorf(codes.Unavailable, "call channel %s: %v", what, err)
 	}
 	c.wbuf, err = AppendCallFrames(c.wbuf[:0], CallHeader{Method: m, CallID: id}, c.msg, func(frame []byte) error {
-		_, err := c.conn.Write(frame)
-		if err == nil {
+		_, werr := c.conn.Write(frame)
+		if werr == nil {
 			sent = true
 		}
-		return err
+		return werr
 	})
 	if cap(c.msg) > 1<<20 {
 		c.msg = nil

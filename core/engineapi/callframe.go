@@ -137,8 +137,8 @@ type CallAssembler struct {
 	skipped int  // bytes of cur dropped for being over max; nonzero while skipping
 }
 
-// NewCallAssembler returns an assembler of messages of at most max bytes.
-func NewCallAssembler(max int) *CallAssembler { return &CallAssembler{max: max} }
+// NewCallAssembler returns an assembler of messages of at most maxBytes bytes.
+func NewCallAssembler(maxBytes int) *CallAssembler { return &CallAssembler{max: maxBytes} }
 
 // CallMessage is one whole message.
 type CallMessage struct {

@@ -78,11 +78,11 @@ func Dial(path string, opts ...grpc.DialOption) (*Client, error) {
 }
 
 // UseCallChannels makes the client's calls go over call channels of its connection (see
-// CallChannels), at most max of them (DefaultCallChannels when max <= 0). It opens the first
+// CallChannels), at most n of them (DefaultCallChannels when n <= 0). It opens the first
 // channel before it returns, so a daemon that cannot open one is an error here and the client
 // keeps calling over gRPC. Call it before the client is shared: it replaces EngineClient.
-func (c *Client) UseCallChannels(ctx context.Context, max int) error {
-	p := NewCallChannels(deadlineConn{c.conn}, FDSocketPath(c.socket), max)
+func (c *Client) UseCallChannels(ctx context.Context, n int) error {
+	p := NewCallChannels(deadlineConn{c.conn}, FDSocketPath(c.socket), n)
 	p.trust = c.trust
 	if err := p.Open(ctx); err != nil {
 		_ = p.Close()

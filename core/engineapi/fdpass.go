@@ -309,7 +309,7 @@ func SendFDTrust(ctx context.Context, path string, fd int, t DaemonTrust) (strin
 	}
 	defer conn.Close()
 	uc := conn.(*net.UnixConn)
-	if err := checkDaemonPeer(uc, path, t); err != nil {
+	if err = checkDaemonPeer(uc, path, t); err != nil {
 		return "", err
 	}
 	dl, _ := ctx.Deadline()
@@ -317,7 +317,7 @@ func SendFDTrust(ctx context.Context, path string, fd int, t DaemonTrust) (strin
 	stop := context.AfterFunc(ctx, func() { _ = uc.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	rights := unix.UnixRights(fd)
-	if _, _, err := uc.WriteMsgUnix([]byte{0}, rights, nil); err != nil {
+	if _, _, err = uc.WriteMsgUnix([]byte{0}, rights, nil); err != nil {
 		return "", fmt.Errorf("send descriptor: %w", err)
 	}
 	reply := make([]byte, 256)

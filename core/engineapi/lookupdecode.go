@@ -56,31 +56,42 @@ func packedOffset(head []byte) (int, bool) {
 		}
 		b, pos = b[n:], pos+n
 		if num == 2 && typ == protowire.BytesType {
-			_, n := protowire.ConsumeVarint(b)
+			// The request: its length, then its fields.
+			_, n = protowire.ConsumeVarint(b)
 			if n < 0 {
 				return 0, false
 			}
-			b, pos = b[n:], pos+n
-			for len(b) > 0 {
-				num, typ, n := protowire.ConsumeTag(b)
-				if n < 0 {
-					return 0, false
-				}
-				b, pos = b[n:], pos+n
-				if num == 9 && typ == protowire.BytesType {
-					_, n := protowire.ConsumeVarint(b)
-					if n < 0 {
-						return 0, false
-					}
-					return pos + n, true
-				}
-				n = protowire.ConsumeFieldValue(num, typ, b)
-				if n < 0 {
-					return 0, false
-				}
-				b, pos = b[n:], pos+n
+			at, ok := packedInRequest(b[n:])
+			if !ok {
+				return 0, false
 			}
+			return pos + n + at, true
+		}
+		n = protowire.ConsumeFieldValue(num, typ, b)
+		if n < 0 {
 			return 0, false
+		}
+		b, pos = b[n:], pos+n
+	}
+	return 0, false
+}
+
+// packedInRequest finds where tokens_packed's bytes start in b, the fields of an encoded
+// Request.
+func packedInRequest(b []byte) (int, bool) {
+	pos := 0
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return 0, false
+		}
+		b, pos = b[n:], pos+n
+		if num == 9 && typ == protowire.BytesType {
+			_, n = protowire.ConsumeVarint(b)
+			if n < 0 {
+				return 0, false
+			}
+			return pos + n, true
 		}
 		n = protowire.ConsumeFieldValue(num, typ, b)
 		if n < 0 {
@@ -139,7 +150,8 @@ func decodeRequestFast(b []byte, r *enginepb.Request) bool {
 		}
 		b = b[n:]
 		if typ == protowire.VarintType {
-			v, n := protowire.ConsumeVarint(b)
+			var v uint64
+			v, n = protowire.ConsumeVarint(b)
 			if n < 0 {
 				return false
 			}

@@ -1,6 +1,7 @@
 package engineapi
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -29,13 +30,14 @@ var ErrSocketInUse = errors.New("socket in use")
 // Listen creates the unix socket at path with mode 0600 in a directory only the owner can enter
 // (created with 0700 when missing). A directory that is a symlink, belongs to another uid or
 // that others can enter is refused with ErrUnsafeSocketDir. A stale socket left by a dead daemon
-// is removed; a live one is refused with ErrSocketInUse.
-func Listen(path string) (*net.UnixListener, error) {
-	return ListenPolicy(path, SocketDirPolicy{GroupID: -1})
+// is removed; a live one is refused with ErrSocketInUse. ctx bounds the probe of an existing
+// socket.
+func Listen(ctx context.Context, path string) (*net.UnixListener, error) {
+	return ListenPolicy(ctx, path, SocketDirPolicy{GroupID: -1})
 }
 
 // ListenPolicy is Listen with the socket directory checked against p.
-func ListenPolicy(path string, p SocketDirPolicy) (*net.UnixListener, error) {
+func ListenPolicy(ctx context.Context, path string, p SocketDirPolicy) (*net.UnixListener, error) {
 	dir := filepath.Dir(path)
 	if err := ensureSocketDir(dir, p); err != nil {
 		return nil, err
@@ -44,7 +46,8 @@ func ListenPolicy(path string, p SocketDirPolicy) (*net.UnixListener, error) {
 		if fi.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("%s exists and is not a socket; refusing to replace it", path)
 		}
-		c, err := net.DialTimeout("unix", path, time.Second)
+		probe := net.Dialer{Timeout: time.Second}
+		c, err := probe.DialContext(ctx, "unix", path)
 		if err == nil {
 			_ = c.Close()
 			return nil, fmt.Errorf("%s: %w: another kvctl serve is listening there", path, ErrSocketInUse)

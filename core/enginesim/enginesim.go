@@ -164,7 +164,7 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 			return nil, err
 		}
 		if !cfg.NoCallChannels {
-			if err := rk.client.UseCallChannels(ctx, 0); err != nil {
+			if err = rk.client.UseCallChannels(ctx, 0); err != nil {
 				return nil, fmt.Errorf("%s: %w", rk.name, err)
 			}
 		}

@@ -38,13 +38,13 @@ func NewSharedMemory(size int64) (*SharedMemory, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shared memory: memfd_create: %w", err)
 	}
-	if err := unix.Ftruncate(fd, size); err != nil {
+	if err = unix.Ftruncate(fd, size); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("shared memory: resize to %d bytes: %w", size, err)
 	}
 	// kvctl serve refuses engine memory that could shrink: a file truncated under a mapping
 	// faults (SIGBUS) in whoever touches the lost pages.
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
+	if _, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("shared memory: seal against shrinking: %w", err)
 	}
@@ -128,7 +128,7 @@ func (h *hostMover) check(ctx context.Context) error {
 }
 
 func (h *hostMover) Gather(ctx context.Context, pages []kvmem.PageRef, dst [][]byte) (err error) {
-	if err := h.check(ctx); err != nil {
+	if err = h.check(ctx); err != nil {
 		return err
 	}
 	defer kvmem.RecoverFault(&err, debug.SetPanicOnFault(true), ErrMemoryFault)
@@ -139,7 +139,7 @@ func (h *hostMover) Gather(ctx context.Context, pages []kvmem.PageRef, dst [][]b
 }
 
 func (h *hostMover) Scatter(ctx context.Context, src [][]byte, pages []kvmem.PageRef) (err error) {
-	if err := h.check(ctx); err != nil {
+	if err = h.check(ctx); err != nil {
 		return err
 	}
 	defer kvmem.RecoverFault(&err, debug.SetPanicOnFault(true), ErrMemoryFault)

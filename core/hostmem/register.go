@@ -13,7 +13,7 @@ func (nopCloser) Close() error { return nil }
 
 // RegisterHost implements kvmem.HostRegistrar. Engine memory of the host backend is ordinary memory
 // that any host buffer is copied to and from directly, so there is nothing to register.
-func (h *hostMover) RegisterHost(mem []byte) (io.Closer, error) {
+func (h *hostMover) RegisterHost(_ []byte) (io.Closer, error) {
 	if h.closed {
 		return nil, kvmem.ErrClosed
 	}

@@ -209,7 +209,7 @@ func readCBOR(b []byte) (pyObj, []byte, error) {
 			v = v<<8 | uint64(c)
 		}
 		b = b[n:]
-		if min := map[int]uint64{1: 24, 2: 1 << 8, 4: 1 << 16, 8: 1 << 32}[n]; v < min {
+		if floor := map[int]uint64{1: 24, 2: 1 << 8, 4: 1 << 16, 8: 1 << 32}[n]; v < floor {
 			return pyObj{}, nil, errStrict
 		}
 	default:
@@ -303,8 +303,8 @@ func readMsgpack(b []byte) (pyObj, []byte, error) {
 		}
 		return pyTupleOf(items...), b, nil
 	}
-	check := func(v, min uint64) error {
-		if v < min {
+	check := func(v, floor uint64) error {
+		if v < floor {
 			return errStrict
 		}
 		return nil

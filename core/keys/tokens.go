@@ -238,7 +238,7 @@ func (s *tokenScanner) parseJSON() ([]int64, error) {
 		case c == ',':
 			s.pos++
 			s.skipSpace()
-			if c, ok := s.peek(); ok && c == ']' {
+			if next, more := s.peek(); more && next == ']' {
 				return nil, fmt.Errorf("token %d: want a value after ',', got ']'", len(s.out))
 			}
 		case c == ']':

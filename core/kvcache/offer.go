@@ -44,12 +44,12 @@ func (m *Manager) TakeOffer(id RequestID) (Offer, bool) {
 type CoverOutcome uint8
 
 const (
-	// Covered: the allocation grew to the shifted chunk window; the whole offer is honoured.
+	// Covered means the allocation grew to the shifted chunk window; the whole offer is honoured.
 	Covered CoverOutcome = iota + 1
-	// Deferred: the pool could not cover the window, so the first chunk was released and the
+	// Deferred means the pool could not cover the window, so the first chunk was released and the
 	// request waits for a later pass.
 	Deferred
-	// Shrunk: the deferrals ran out (or the request just preempted another); only the whole
+	// Shrunk means the deferrals ran out (or the request just preempted another); only the whole
 	// blocks its pages hold are loaded, the rest is recomputed.
 	Shrunk
 )

@@ -1,5 +1,5 @@
 // Package probe answers questions about what a live pool holds for a prompt and about what a
-// connector reported: it does the work of `kvctl probe-pool` (ProbeAdmin, ProbeRPC: a prompt's
+// connector reported: it does the work of `kvctl probe-pool` (Admin, RPC: a prompt's
 // lookup keys, derived by the key recipe of core/keys, asked of a pool and analysed into a
 // Report) and of `kvctl stats` (Gather: pools and connector logs read into a StatsReport). The
 // commands keep their flags and their rendering. A failed request to a pool is a *PoolError,

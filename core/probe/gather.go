@@ -194,8 +194,8 @@ func gatherPool(ctx context.Context, t *Target) (Source, error) {
 	}
 	src := Source{Source: t.Addr(), Kind: kind}
 	if kind == KindServe {
-		if done, err := gatherClusterServe(ctx, t, &src); done || err != nil {
-			return src, err
+		if done, cerr := gatherClusterServe(ctx, t, &src); done || cerr != nil {
+			return src, cerr
 		}
 	}
 	m, err := t.Admin.Metrics(ctx)

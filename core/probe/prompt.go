@@ -162,10 +162,10 @@ type Report struct {
 	Diagnosis *Diagnosis `json:"diagnosis,omitempty"`
 }
 
-// ProbeAdmin looks every key of p up at an admin address and analyses the answer: with the
+// Admin looks every key of p up at an admin address and analyses the answer: with the
 // read-only /batch_query_keys, or with /query_key key by key when renewLeases is set (which
 // grants each present key a read lease). A failed request is a *PoolError.
-func ProbeAdmin(ctx context.Context, t *Target, p *PromptKeys, renewLeases bool) (*Report, error) {
+func Admin(ctx context.Context, t *Target, p *PromptKeys, renewLeases bool) (*Report, error) {
 	res, err := probeAdmin(ctx, t, p, renewLeases)
 	if err != nil {
 		return nil, &PoolError{Addr: t.Addr(), Timeout: t.Timeout, Err: err}
@@ -195,9 +195,9 @@ func probeAdmin(ctx context.Context, t *Target, p *PromptKeys, renewLeases bool)
 // errNoListing is why a probe over a master's RPC address cannot read the pool's keys.
 var errNoListing = errors.New("a master's RPC address lists no keys; probe its HTTP admin address (port 9003) to say more")
 
-// ProbeRPC looks every key of p up with the master's BatchExistKey over its RPC address addr
+// RPC looks every key of p up with the master's BatchExistKey over its RPC address addr
 // (host:port) and analyses the answer. A failed call is a *PoolError.
-func ProbeRPC(ctx context.Context, c *masterrpc.Client, addr string, p *PromptKeys) (*Report, error) {
+func RPC(ctx context.Context, c *masterrpc.Client, addr string, p *PromptKeys) (*Report, error) {
 	pool := RPCScheme + addr
 	res, err := analyzePrompt(ctx, pool, KindMasterRPC, QueryBatchExistKey, p, func(ctx context.Context, keys []string) ([]bool, error) {
 		return RPCExists(ctx, c, keys)

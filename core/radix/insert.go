@@ -27,14 +27,14 @@ type Block struct {
 type Outcome uint8
 
 const (
-	// Inserted: the block was added as a new node.
+	// Inserted means the block was added as a new node.
 	Inserted Outcome = iota + 1
-	// Duplicate: a node with the same key exists under the parent; it is returned.
+	// Duplicate means a node with the same key exists under the parent; it is returned.
 	Duplicate
-	// Useless: the block's tokens are a prefix of a sibling's, so it adds nothing; the
+	// Useless means the block's tokens are a prefix of a sibling's, so it adds nothing; the
 	// sibling is returned and the block is not inserted.
 	Useless
-	// Replaced: the block is longer than a partial sibling that is its prefix. The sibling's
+	// Replaced means the block is longer than a partial sibling that is its prefix. The sibling's
 	// node takes the block's key and tokens in place, so its id, references and pages now
 	// belong to the longer block.
 	Replaced

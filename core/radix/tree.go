@@ -386,12 +386,12 @@ func (t *Tree) Touch(ids ...NodeID) {
 	}
 }
 
-// Evict removes up to max unreferenced leaves, least recently used first. A parent that
+// Evict removes up to n unreferenced leaves, least recently used first. A parent that
 // becomes an unreferenced leaf is a candidate in the same call. onEvict, when not nil, sees
 // each node while it is still readable. It returns the number of blocks removed.
-func (t *Tree) Evict(max int, onEvict func(NodeID)) int {
+func (t *Tree) Evict(n int, onEvict func(NodeID)) int {
 	done := 0
-	for done < max && len(t.heap) > 0 {
+	for done < n && len(t.heap) > 0 {
 		id := t.heap[0]
 		if onEvict != nil {
 			onEvict(NodeID(id))

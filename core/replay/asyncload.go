@@ -142,13 +142,13 @@ func (o *offline) nextLoad() (*rank, *queuedLoad) {
 }
 
 // runLoad starts r's first queued transfer at the current virtual time and waits for the
-// worker to report it. A transfer that lost a page restarts its request, which reports true.
-func (o *offline) runLoad(r *rank) (restarted bool, err error) {
+// worker to report it. A transfer that lost a page restarts its request.
+func (o *offline) runLoad(r *rank) error {
 	l := r.queued[0]
 	r.queued = r.queued[1:]
 	// No finished save is left to report, so GetFinished below reports only the load.
 	if err := o.drain(); err != nil {
-		return false, err
+		return err
 	}
 	began := time.Now()
 	id := l.q.q.ID
@@ -157,35 +157,35 @@ func (o *offline) runLoad(r *rank) (restarted bool, err error) {
 	for {
 		_, done, err := r.local.GetFinished(o.ctx, nil, nil)
 		if err != nil {
-			return false, fmt.Errorf("request %s: asynchronous load: %w", id, err)
+			return fmt.Errorf("request %s: asynchronous load: %w", id, err)
 		}
 		f, err := r.local.TakeFailedAsyncLoadRequests(o.ctx)
 		if err != nil {
-			return false, err
+			return err
 		}
 		failed = append(failed, f...)
 		if slices.Contains(done, id) {
 			break
 		}
 		if err := o.ctx.Err(); err != nil {
-			return false, err
+			return err
 		}
 		runtime.Gosched()
 	}
 	o.wall.load += time.Since(began)
 	if !slices.Contains(failed, id) {
-		return false, nil
+		return nil
 	}
 	o.run.FailedLoads++
 	q := l.q
 	if err := r.local.RequestReset(o.ctx, id); err != nil {
-		return false, err
+		return err
 	}
 	if err := r.mgr.Revert(q.mid); err != nil {
-		return false, err
+		return err
 	}
 	r.sch.running = slices.DeleteFunc(r.sch.running, func(x *schedReq) bool { return x == q })
 	q.reset()
 	r.sch.waiting = slices.Insert(r.sch.waiting, 0, q)
-	return true, nil
+	return nil
 }

@@ -114,7 +114,7 @@ func (e *cacheEngine) allocate(_ context.Context, r *connector.DrivenRequest, ma
 	return matched, nil
 }
 
-func (e *cacheEngine) restarted(_ context.Context, r *connector.DrivenRequest) error {
+func (e *cacheEngine) restarted(_ context.Context, _ *connector.DrivenRequest) error {
 	e.cur.failedLoads++
 	return e.mgr.Revert(e.cur.mid)
 }

@@ -506,8 +506,9 @@ func newLiveEngine(ctx context.Context, i int, p Params, c Config, lo LiveOption
 		return nil, fmt.Errorf("register engine %s: %w", e.name, unreachable(err))
 	}
 	if !lo.NoCallChannels {
-		if err := e.cl.UseCallChannels(ctx, 0); err != nil && status.Code(err) != codes.Unimplemented {
-			return nil, fmt.Errorf("engine %s: %w", e.name, unreachable(err))
+		// A daemon without call channels answers Unimplemented; the calls then go over gRPC.
+		if cerr := e.cl.UseCallChannels(ctx, 0); cerr != nil && status.Code(cerr) != codes.Unimplemented {
+			return nil, fmt.Errorf("engine %s: %w", e.name, unreachable(cerr))
 		}
 	}
 	rank := engineapi.NewRemoteRank(e.cl, resp, connector.RoleBoth)

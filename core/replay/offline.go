@@ -148,9 +148,9 @@ func (o *offline) setup() error {
 	})
 	o.pool = &countingPool{Pool: emb, T: p.TokensPerBlock}
 	for i := range c.Ranks {
-		r, err := newRank(o, i, o.pool, maxBlocks, logger)
-		if err != nil {
-			return fmt.Errorf("rank %d: %w", i, err)
+		r, rerr := newRank(o, i, o.pool, maxBlocks, logger)
+		if rerr != nil {
+			return fmt.Errorf("rank %d: %w", i, rerr)
 		}
 		o.ranks = append(o.ranks, r)
 	}

@@ -78,7 +78,7 @@ func (o *offline) advance(at time.Duration) error {
 		due := l != nil && l.start <= at
 		if due && (!ticking || o.tick > at || l.start <= o.tick) {
 			o.moveClock(l.start)
-			if _, err := o.runLoad(r); err != nil {
+			if err := o.runLoad(r); err != nil {
 				return err
 			}
 			continue

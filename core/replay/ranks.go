@@ -151,13 +151,13 @@ func newRank(o *offline, idx int, pl pool.Pool, slots int, logger *slog.Logger) 
 	if r.sched, err = connector.NewScheduler(opts, pl); err != nil {
 		return nil, err
 	}
-	if err := r.sched.RegisterLayout(layout); err != nil {
+	if err = r.sched.RegisterLayout(layout); err != nil {
 		return nil, err
 	}
 	if r.w, err = connector.NewWorker(opts, pl, r.mover); err != nil {
 		return nil, err
 	}
-	if err := r.w.RegisterLayout(layout); err != nil {
+	if err = r.w.RegisterLayout(layout); err != nil {
 		return nil, err
 	}
 	r.local = connector.NewLocalRank(fmt.Sprintf("replay rank %d", idx), r.sched, r.w)

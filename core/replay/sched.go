@@ -727,26 +727,24 @@ func (o *offline) startRequest(r *rank, q *schedReq) (float64, error) {
 	if q.async {
 		// The transfer queues behind the rank's load worker and reads the pool when it starts
 		// (asyncload.go); one that starts now runs now.
-		end, err := o.parkLoad(r, q, meta, q.loadedPages)
-		if err != nil {
+		if q.parkedUntil, err = o.parkLoad(r, q, meta, q.loadedPages); err != nil {
 			return 0, err
 		}
 		q.phase = phaseParked
-		q.parkedUntil = end
 		sc.Parked++
 		r.sch.running = append(r.sch.running, q)
 		for len(r.queued) > 0 && r.queued[0].start <= o.now {
-			if _, err := o.runLoad(r); err != nil {
+			if err = o.runLoad(r); err != nil {
 				return 0, err
 			}
 		}
 		return 0, nil
 	}
 	began := time.Now()
-	if err := r.local.BindMeta(o.ctx, meta); err != nil {
+	if err = r.local.BindMeta(o.ctx, meta); err != nil {
 		return 0, err
 	}
-	if err := r.local.StartLoad(o.ctx); err != nil {
+	if err = r.local.StartLoad(o.ctx); err != nil {
 		return 0, fmt.Errorf("request %s: load: %w", id, err)
 	}
 	failed, err := r.local.TakeFailedLoadRequests(o.ctx)
@@ -790,10 +788,10 @@ func (o *offline) contextDone(r *rank, q *schedReq, end time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("request %s: build metadata: %w", id, err)
 	}
-	if err := r.local.BindMeta(o.ctx, meta); err != nil {
+	if err = r.local.BindMeta(o.ctx, meta); err != nil {
 		return err
 	}
-	if err := r.local.WaitForSave(o.ctx); err != nil {
+	if err = r.local.WaitForSave(o.ctx); err != nil {
 		return fmt.Errorf("request %s: save: %w", id, err)
 	}
 	// The connector is done with the request: generated tokens are not saved. Its saves join

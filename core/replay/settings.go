@@ -128,10 +128,10 @@ func parseMs(v string) (time.Duration, error) {
 	return time.Duration(n) * time.Millisecond, nil
 }
 
-func parseInt(v string, min int) (int, error) {
+func parseInt(v string, floor int) (int, error) {
 	n, err := strconv.Atoi(v)
-	if err != nil || n < min {
-		return 0, fmt.Errorf("%q is not an integer of at least %d", v, min)
+	if err != nil || n < floor {
+		return 0, fmt.Errorf("%q is not an integer of at least %d", v, floor)
 	}
 	return n, nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"math"
 	"slices"
+
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 // finish assembles the run's report from what the replay counted: rank loads, prefix holes,
@@ -22,7 +24,7 @@ func (o *offline) finish() error {
 	if o.t.Format != FormatMooncake {
 		run.Holes.RecomputedStoredTokens = holes.RecomputedStoredTokens
 	}
-	st, err := o.emb.Snapshot(context.Background())
+	st, err := o.emb.Stats(context.Background())
 	if err != nil {
 		return err
 	}
@@ -37,8 +39,8 @@ func (o *offline) finish() error {
 	run.Pool.PutFailures = o.pool.putFailed.Load()
 	run.Pool.EvictionRounds = o.evictRounds.Load()
 	run.Pool.Evicted = o.evicted.Load()
-	run.Pool.EvictedSoftPinned = st.EvictedSoftPinned
-	run.Pool.EvictedGrouped = st.EvictedGrouped
+	run.Pool.EvictedSoftPinned = st.Detail[embedded.DetailEvictedSoftPinned]
+	run.Pool.EvictedGrouped = st.Detail[embedded.DetailEvictedGrouped]
 	run.Moved.SavedPages = o.pool.putOK.Load()
 	run.Moved.LoadedBytes = run.Moved.LoadedPages * o.p.PageBytes
 	run.Moved.SavedBytes = run.Moved.SavedPages * o.p.PageBytes

@@ -35,15 +35,15 @@ func (pr prepared) realTokens(format string, synth, T int) int64 {
 		return int64((pr.blocks-1)*TraceBlockTokens + pr.tailReal)
 	}
 	full, rem := synth/T, synth%T
-	real := full * TraceBlockTokens
+	n := full * TraceBlockTokens
 	if rem > 0 {
 		if full == pr.blocks-1 {
-			real += rem * pr.tailReal / pr.tailSynth
+			n += rem * pr.tailReal / pr.tailSynth
 		} else {
-			real += rem * TraceBlockTokens / T
+			n += rem * TraceBlockTokens / T
 		}
 	}
-	return int64(real)
+	return int64(n)
 }
 
 // synthToken is token i of the block with Mooncake hash id h.

@@ -1,7 +1,10 @@
 package statsapi
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
+	"io"
 	"slices"
 	"testing"
 
@@ -42,5 +45,37 @@ func TestPrefixHolesFieldNames(t *testing.T) {
 	wantTop := []string{"backend", "engines", "hit_rates", "loads", "pool", "prefix_holes", "ready", "saves", "uptime_seconds", "version"}
 	if !slices.Equal(keys, wantTop) {
 		t.Errorf("top-level fields %q, want %q", keys, wantTop)
+	}
+}
+
+// TestPoolFieldNames pins the JSON names, in order, of /v1/stats's "pool" object: kvctl stats,
+// dashboards and scripts read them, whichever backend fills them.
+func TestPoolFieldNames(t *testing.T) {
+	b, err := json.Marshal(PoolStats{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	var got []string
+	for {
+		tok, err := dec.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Every value of the object is a number, so its strings are its keys.
+		if s, ok := tok.(string); ok {
+			got = append(got, s)
+		}
+	}
+	want := []string{"capacity_bytes", "used_bytes", "objects", "soft_pinned_objects", "hard_pinned_objects",
+		"grouped_objects", "hits", "misses", "puts", "skipped_existing", "put_failures", "bytes_in", "bytes_out",
+		"checksum_errors", "eviction_rounds", "evicted_pass1", "evicted_pass2", "evicted_soft_pinned",
+		"evicted_grouped", "failed_evictions", "exist_probes", "alloc_failures", "pending_objects", "free_extents",
+		"largest_free_bytes", "fragmented_bytes"}
+	if !slices.Equal(got, want) {
+		t.Errorf("pool fields\n%q\nwant\n%q", got, want)
 	}
 }

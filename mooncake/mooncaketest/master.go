@@ -139,7 +139,7 @@ func StartMaster(t testing.TB, opts MasterOptions) *Master {
 	})
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		ports, err := freePorts(3)
+		ports, err := freePorts(t.Context(), 3)
 		if err != nil {
 			t.Fatalf("free ports: %v", err)
 		}
@@ -157,7 +157,7 @@ func StartMaster(t testing.TB, opts MasterOptions) *Master {
 			"--metrics_port=" + strconv.Itoa(ports[2]),
 			"--rpc_thread_num=2",
 		}, opts.flags()...)
-		if lastErr = m.start(); lastErr == nil {
+		if lastErr = m.start(t.Context()); lastErr == nil {
 			return m
 		}
 		m.Kill()
@@ -194,8 +194,11 @@ func (o MasterOptions) flags() []string {
 	return append(f, o.Args...)
 }
 
-func (m *Master) start() error {
-	cmd := exec.Command(m.bin, m.args...)
+// start starts the process and waits, within ctx, until it serves. ctx does not bound the
+// process: Kill ends it, from t.Cleanup, once the cleanups registered after StartMaster (a
+// client unmounting its segment, say) have run, which is after t.Context() is done.
+func (m *Master) start(ctx context.Context) error {
+	cmd := exec.Command(m.bin, m.args...) //nolint:noctx // the process outlives the start's ctx; Kill ends it (see above)
 	fmt.Fprintf(m.log, "=== start %s %s\n", m.bin, strings.Join(m.args, " "))
 	cmd.Stdout = m.log
 	cmd.Stderr = m.log
@@ -208,14 +211,15 @@ func (m *Master) start() error {
 	m.mu.Lock()
 	m.cmd, m.done = cmd, done
 	m.mu.Unlock()
-	return m.waitReady(cmd.Process.Pid, done, 30*time.Second)
+	return m.waitReady(ctx, cmd.Process.Pid, done, 30*time.Second)
 }
 
-func (m *Master) waitReady(pid int, done <-chan struct{}, limit time.Duration) error {
+func (m *Master) waitReady(ctx context.Context, pid int, done <-chan struct{}, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	hc := &http.Client{Timeout: time.Second}
+	dialer := net.Dialer{Timeout: 200 * time.Millisecond}
 	var foreign []int
-	for time.Now().Before(deadline) {
+	for time.Now().Before(deadline) && ctx.Err() == nil {
 		select {
 		case <-done:
 			// The master may fail to bind and exit before any probe round saw the port
@@ -229,9 +233,9 @@ func (m *Master) waitReady(pid int, done <-chan struct{}, limit time.Duration) e
 			return errors.New("mooncake_master exited during start-up")
 		default:
 		}
-		if c, err := net.DialTimeout("tcp", m.RPCAddr, 200*time.Millisecond); err == nil {
+		if c, err := dialer.DialContext(ctx, "tcp", m.RPCAddr); err == nil {
 			_ = c.Close()
-			if httpOK(hc, m.AdminURL+"/health") && httpAnswers(hc, m.MetadataURL+"?key=kvctl-ready-probe") {
+			if httpOK(ctx, hc, m.AdminURL+"/health") && httpAnswers(ctx, hc, m.MetadataURL+"?key=kvctl-ready-probe") {
 				// The probes prove that something answers on the three ports, not that it is
 				// this master: another process may take a port between freePorts and the
 				// master's bind. The master then fails to start that server and exits, which
@@ -247,28 +251,38 @@ func (m *Master) waitReady(pid int, done <-chan struct{}, limit time.Duration) e
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("mooncake_master start: %w", err)
+	}
 	if len(foreign) > 0 {
 		return fmt.Errorf("mooncake_master not ready after %v: another process listens on its port(s) %v", limit, foreign)
 	}
 	return fmt.Errorf("mooncake_master not ready after %v", limit)
 }
 
-func httpOK(hc *http.Client, url string) bool {
-	resp, err := hc.Get(url)
-	if err != nil {
-		return false
-	}
-	_ = resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
+// httpOK says whether a GET of url answers 200.
+func httpOK(ctx context.Context, hc *http.Client, url string) bool {
+	code, ok := httpGet(ctx, hc, url)
+	return ok && code == http.StatusOK
 }
 
-func httpAnswers(hc *http.Client, url string) bool {
-	resp, err := hc.Get(url)
+// httpAnswers says whether a GET of url answers at all.
+func httpAnswers(ctx context.Context, hc *http.Client, url string) bool {
+	_, ok := httpGet(ctx, hc, url)
+	return ok
+}
+
+func httpGet(ctx context.Context, hc *http.Client, url string) (int, bool) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return false
+		return 0, false
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, false
 	}
 	_ = resp.Body.Close()
-	return true
+	return resp.StatusCode, true
 }
 
 // Kill stops the master with SIGKILL and waits for it to exit; it is a no-op when the master
@@ -293,7 +307,7 @@ func (m *Master) Restart() {
 	m.Kill()
 	var err error
 	for attempt := 0; attempt < 20; attempt++ {
-		if err = m.start(); err == nil {
+		if err = m.start(m.t.Context()); err == nil {
 			return
 		}
 		m.Kill()
@@ -332,7 +346,8 @@ func (m *Master) Metric(ctx context.Context, name string) (value float64, ok boo
 }
 
 // freePorts reserves n distinct free loopback TCP ports by binding and releasing them.
-func freePorts(n int) ([]int, error) {
+func freePorts(ctx context.Context, n int) ([]int, error) {
+	var lc net.ListenConfig
 	var ls []net.Listener
 	defer func() {
 		for _, l := range ls {
@@ -341,7 +356,7 @@ func freePorts(n int) ([]int, error) {
 	}()
 	ports := make([]int, 0, n)
 	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		l, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, err
 		}
@@ -354,7 +369,7 @@ func freePorts(n int) ([]int, error) {
 // FreePort returns a loopback TCP port that was free a moment ago.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	p, err := freePorts(1)
+	p, err := freePorts(t.Context(), 1)
 	if err != nil {
 		t.Fatalf("free port: %v", err)
 	}

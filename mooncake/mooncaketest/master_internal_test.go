@@ -80,7 +80,7 @@ func TestStartRefusesATakenPort(t *testing.T) {
 		}
 	}()
 	rpc := taken.Addr().(*net.TCPAddr).Port
-	ports, err := freePorts(2)
+	ports, err := freePorts(t.Context(), 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestStartRefusesATakenPort(t *testing.T) {
 		"--rpc_thread_num=2",
 	}
 	defer m.Kill()
-	err = m.start()
+	err = m.start(t.Context())
 	if err == nil {
 		t.Fatalf("start on a taken RPC port %d succeeded; log:\n%s", rpc, m.Log())
 	}

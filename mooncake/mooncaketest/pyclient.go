@@ -86,7 +86,9 @@ func StartClient(t testing.TB, m *Master, opts ClientOptions) *PyClient {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join(env, "bin", "python3"), script, opts.Hostname, m.MetadataURL, m.RPCAddr,
+	// No context: t.Context() ends before the cleanups registered after this one run, and the
+	// client's segment must stay mounted for them; Kill ends the process from t.Cleanup.
+	cmd := exec.Command(filepath.Join(env, "bin", "python3"), script, opts.Hostname, m.MetadataURL, m.RPCAddr, //nolint:noctx // Kill ends it (see above)
 		strconv.FormatInt(opts.SegmentSize, 10), strconv.FormatInt(opts.LocalBufferSize, 10))
 	cmd.Env = append(append(os.Environ(), "MC_TCP_BIND_ADDRESS=127.0.0.1", "PYTHONUNBUFFERED=1"), opts.Env...)
 	c := &PyClient{t: t, dir: dir, cmd: cmd, log: &lockedBuffer{}, done: make(chan struct{})}

@@ -19,14 +19,14 @@ func TestDescriptorsFromRealEngines(t *testing.T) {
 	}
 	var fx struct {
 		SegmentName string `json:"segment_name"`
-		Ram         string `json:"ram"`
+		RAM         string `json:"ram"`
 		RPCMeta     string `json:"rpc_meta"`
-		RamSource   string `json:"ram_source_3b5a594"`
+		RAMSource   string `json:"ram_source_3b5a594"`
 	}
 	if err := json.Unmarshal(b, &fx); err != nil {
 		t.Fatal(err)
 	}
-	d, err := transfer.DecodeSegmentDesc([]byte(fx.Ram))
+	d, err := transfer.DecodeSegmentDesc([]byte(fx.RAM))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func TestDescriptorsFromRealEngines(t *testing.T) {
 	if err != nil || m.IPOrHostName != "127.0.0.1" || m.RPCPort != 15303 {
 		t.Errorf("wheel rpc_meta decoded as %+v, %v", m, err)
 	}
-	old, err := transfer.DecodeSegmentDesc([]byte(fx.RamSource))
+	old, err := transfer.DecodeSegmentDesc([]byte(fx.RAMSource))
 	if err != nil || old.TCPDataHost != "" || len(old.Buffers) != 0 || old.TCPDataPort != 16041 {
 		t.Errorf("3b5a594 descriptor decoded as %+v, %v", old, err)
 	}
@@ -49,7 +49,7 @@ func TestDescriptorsFromRealEngines(t *testing.T) {
 		t.Fatal(err)
 	}
 	var theirs, ours map[string]any
-	_ = json.Unmarshal([]byte(fx.Ram), &theirs)
+	_ = json.Unmarshal([]byte(fx.RAM), &theirs)
 	_ = json.Unmarshal(enc, &ours)
 	for k := range theirs {
 		if _, ok := ours[k]; !ok {

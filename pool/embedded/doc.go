@@ -1,8 +1,9 @@
 // Package embedded is kvctl's in-process KV page pool with the Mooncake master's semantics:
 // Embedded implements pool.Pool, pool.Viewer and pool.Reserver (in place), and
 // mooncake.Inspector, so the daemon serves the master's admin API for it. `kvctl serve` builds
-// it through the backend registry (pool-backend embedded); Snapshot gives its full figures,
-// Stats the backend-neutral ones with the rest in pool.Stats.Detail.
+// it through the backend registry (pool-backend embedded); Stats gives its figures, the
+// backend-neutral ones as pool.Stats fields and its own in pool.Stats.Detail (DetailSoftPinned
+// and the rest).
 //
 // Vocabulary, after the master (reference/mooncake.md §2):
 //

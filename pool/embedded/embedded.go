@@ -397,7 +397,7 @@ func (e *Embedded) reserve(ctx context.Context, ks []string, size func(i int) in
 					e.mu.Lock()
 				}
 			}
-			if _, ok := e.objs[k]; ok { // another put stored it while the lock was free
+			if _, stored := e.objs[k]; stored { // another put stored it while the lock was free
 				out[i] = pool.OK
 				e.c.skipped.Add(1)
 				continue
@@ -668,12 +668,12 @@ func (e *Embedded) BatchGet(ctx context.Context, ks []string, bufs [][]byte) []i
 func (e *Embedded) acquire(ctx context.Context, ks []string, room func(i int) int64) (out []int64, held []*object, misses int64) {
 	out = make([]int64, len(ks))
 	held = make([]*object, len(ks))
-	return out, held, acquireInto(e, ctx, ks, room, out, held)
+	return out, held, acquireInto(ctx, e, ks, room, out, held)
 }
 
 // acquireInto is acquire into out and held, len(ks) long and zero, for keys given as strings or
 // as bytes (a key's bytes are only read).
-func acquireInto[K string | []byte](e *Embedded, ctx context.Context, ks []K, room func(i int) int64, out []int64, held []*object) (misses int64) {
+func acquireInto[K string | []byte](ctx context.Context, e *Embedded, ks []K, room func(i int) int64, out []int64, held []*object) (misses int64) {
 	e.c.getCalls.Add(1)
 	e.c.getItems.Add(int64(len(ks)))
 	if ctx.Err() != nil {
@@ -807,43 +807,35 @@ func (e *Embedded) Segments(ctx context.Context) ([]pool.Segment, error) {
 	return out, nil
 }
 
-// Stats implements pool.Pool: Snapshot's figures, those that are not every backend's in
-// Detail. It walks the index, so it costs O(objects).
+// Stats implements pool.Pool: the counters and occupancy every backend reports, and the
+// embedded pool's own figures in Detail (keys DetailSoftPinned and the rest, StatsDetail).
+// It walks the index, so it costs O(objects).
 func (e *Embedded) Stats(ctx context.Context) (pool.Stats, error) {
-	st, err := e.Snapshot(ctx)
-	if err != nil {
+	if err := ctx.Err(); err != nil {
 		return pool.Stats{}, err
 	}
-	return st.Pool(), nil
-}
-
-// Snapshot returns the embedded pool's own counters and occupancy. It walks the index, so it
-// costs O(objects).
-func (e *Embedded) Snapshot(ctx context.Context) (Stats, error) {
-	if err := ctx.Err(); err != nil {
-		return Stats{}, err
-	}
+	var softPinned, hardPinned, grouped, pending, freeExtents, largestFree, fragmented int64
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
-		return Stats{}, ErrClosed
+		return pool.Stats{}, ErrClosed
 	}
 	now := e.clock.Now()
-	st := Stats{CapacityBytes: e.capacity, UsedBytes: e.used}
+	st := pool.Stats{CapacityBytes: e.capacity, UsedBytes: e.used}
 	for _, o := range e.objs {
 		if !o.complete {
-			st.PendingObjects++
+			pending++
 			continue
 		}
 		st.Objects++
 		if o.softPin.After(now) {
-			st.SoftPinned++
+			softPinned++
 		}
 		if o.hardPin {
-			st.HardPinned++
+			hardPinned++
 		}
 		if o.group != nil {
-			st.Grouped++
+			grouped++
 		}
 	}
 	for _, s := range e.segs {
@@ -854,11 +846,9 @@ func (e *Embedded) Snapshot(ctx context.Context) (Stats, error) {
 				largest = x.size
 			}
 		}
-		st.FreeExtents += int64(len(s.alloc.free))
-		if largest > st.LargestFreeBytes {
-			st.LargestFreeBytes = largest
-		}
-		st.FragmentedBytes += free - largest
+		freeExtents += int64(len(s.alloc.free))
+		largestFree = max(largestFree, largest)
+		fragmented += free - largest
 	}
 	e.mu.Unlock()
 
@@ -871,14 +861,18 @@ func (e *Embedded) Snapshot(ctx context.Context) (Stats, error) {
 	st.BytesIn = c.bytesIn.Load()
 	st.BytesOut = c.bytesOut.Load()
 	st.ChecksumErrors = c.checksumErrors.Load()
-	st.EvictionRounds = c.rounds.Load()
-	st.EvictedPass1 = c.evictedPass1.Load()
-	st.EvictedPass2 = c.evictedPass2.Load()
-	st.EvictedSoftPinned = c.evictedSoft.Load()
-	st.EvictedGrouped = c.evictedGrouped.Load()
-	st.FailedEvictions = c.rounds.Load() - c.successfulRounds.Load()
-	st.ExistProbes = c.existProbes.Load()
 	st.AllocFailures = c.allocFailures.Load()
+	pass1, pass2 := c.evictedPass1.Load(), c.evictedPass2.Load()
+	st.Evicted = pass1 + pass2
+	rounds := c.rounds.Load()
+	st.Detail = map[string]int64{
+		DetailSoftPinned: softPinned, DetailHardPinned: hardPinned, DetailGrouped: grouped,
+		DetailEvictionRounds: rounds, DetailEvictedPass1: pass1, DetailEvictedPass2: pass2,
+		DetailEvictedSoftPinned: c.evictedSoft.Load(), DetailEvictedGrouped: c.evictedGrouped.Load(),
+		DetailFailedEvictions: rounds - c.successfulRounds.Load(), DetailExistProbes: c.existProbes.Load(),
+		DetailPendingObjects: pending, DetailFreeExtents: freeExtents, DetailLargestFreeBytes: largestFree,
+		DetailFragmentedBytes: fragmented,
+	}
 	return st, nil
 }
 

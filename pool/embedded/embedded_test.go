@@ -219,9 +219,9 @@ func TestSoftPinNotExtendedByReads(t *testing.T) {
 		clk.Advance(20 * time.Second)
 		p.BatchIsExist(bg, []string{"s"})
 	}
-	st, _ := p.Snapshot(bg)
-	if st.SoftPinned != 0 {
-		t.Fatalf("soft pin still active 100 s after a 60 s pin despite reads: %d pinned", st.SoftPinned)
+	st, _ := p.Stats(bg)
+	if st.Detail[embedded.DetailSoftPinned] != 0 {
+		t.Fatalf("soft pin still active 100 s after a 60 s pin despite reads: %d pinned", st.Detail[embedded.DetailSoftPinned])
 	}
 }
 
@@ -253,9 +253,9 @@ func TestPass2TakesSoftPinsWhenAllowed(t *testing.T) {
 			if got := strings.Join(passes, ","); got != want {
 				t.Fatalf("evicted %s, want %s", got, want)
 			}
-			st, _ := p.Snapshot(bg)
-			if allow && (st.EvictedPass2 != 1 || st.EvictedSoftPinned != 1) {
-				t.Fatalf("stats pass2 %d soft %d, want 1 and 1", st.EvictedPass2, st.EvictedSoftPinned)
+			st, _ := p.Stats(bg)
+			if allow && (st.Detail[embedded.DetailEvictedPass2] != 1 || st.Detail[embedded.DetailEvictedSoftPinned] != 1) {
+				t.Fatalf("stats pass2 %d soft %d, want 1 and 1", st.Detail[embedded.DetailEvictedPass2], st.Detail[embedded.DetailEvictedSoftPinned])
 			}
 		})
 	}
@@ -315,9 +315,9 @@ func TestGroupSkipAndRefresh(t *testing.T) {
 	if got := present(p, "k000", "k001", "k002"); got[0]+got[1]+got[2] != 3 {
 		t.Fatalf("gA present %v, want all kept", got)
 	}
-	st, _ := p.Snapshot(bg)
-	if st.EvictedGrouped != 3 {
-		t.Fatalf("evicted_grouped = %d, want 3", st.EvictedGrouped)
+	st, _ := p.Stats(bg)
+	if st.Detail[embedded.DetailEvictedGrouped] != 3 {
+		t.Fatalf("evicted_grouped = %d, want 3", st.Detail[embedded.DetailEvictedGrouped])
 	}
 }
 
@@ -395,7 +395,7 @@ func TestAllocationFailureFlagsEviction(t *testing.T) {
 	if _, ran := p.EvictNow(); ran {
 		t.Fatal("the flag stayed set after a successful round")
 	}
-	st, _ := p.Snapshot(bg)
+	st, _ := p.Stats(bg)
 	if st.AllocFailures != 1 {
 		t.Fatalf("alloc failures %d, want 1", st.AllocFailures)
 	}
@@ -417,22 +417,22 @@ func TestFragmentationAccounted(t *testing.T) {
 			t.Fatal(c)
 		}
 	}
-	st, _ := p.Snapshot(bg)
-	if st.FreeExtents != 4 || st.LargestFreeBytes != 56*unit || st.FragmentedBytes != 3*unit {
-		t.Fatalf("free extents %d largest %d fragmented %d, want 4, 56 units, 3 units", st.FreeExtents, st.LargestFreeBytes, st.FragmentedBytes)
+	st, _ := p.Stats(bg)
+	if st.Detail[embedded.DetailFreeExtents] != 4 || st.Detail[embedded.DetailLargestFreeBytes] != 56*unit || st.Detail[embedded.DetailFragmentedBytes] != 3*unit {
+		t.Fatalf("free extents %d largest %d fragmented %d, want 4, 56 units, 3 units", st.Detail[embedded.DetailFreeExtents], st.Detail[embedded.DetailLargestFreeBytes], st.Detail[embedded.DetailFragmentedBytes])
 	}
 	// Removing the neighbours coalesces the holes.
 	for _, k := range []string{"k000", "k002", "k004", "k006", "k007"} {
 		p.Remove(bg, k, true)
 	}
-	st, _ = p.Snapshot(bg)
-	if st.FreeExtents != 1 || st.FragmentedBytes != 0 || st.UsedBytes != 0 {
-		t.Fatalf("after removing all: extents %d fragmented %d used %d", st.FreeExtents, st.FragmentedBytes, st.UsedBytes)
+	st, _ = p.Stats(bg)
+	if st.Detail[embedded.DetailFreeExtents] != 1 || st.Detail[embedded.DetailFragmentedBytes] != 0 || st.UsedBytes != 0 {
+		t.Fatalf("after removing all: extents %d fragmented %d used %d", st.Detail[embedded.DetailFreeExtents], st.Detail[embedded.DetailFragmentedBytes], st.UsedBytes)
 	}
 	// Mixed page sizes reuse holes first fit.
 	mustPut(t, p, "a", 3*unit, pool.ReplicateConfig{})
 	mustPut(t, p, "b", 64*1024, pool.ReplicateConfig{})
-	st, _ = p.Snapshot(bg)
+	st, _ = p.Stats(bg)
 	if st.UsedBytes != 3*unit+64*1024 {
 		t.Fatalf("used %d, want exactly the value sizes (no padding)", st.UsedBytes)
 	}
@@ -448,7 +448,7 @@ func TestChecksumMismatchIsAnError(t *testing.T) {
 	if got[0] != int64(pool.ErrChecksumMismatch) {
 		t.Fatalf("get of a corrupted page = %d, want %d", got[0], pool.ErrChecksumMismatch)
 	}
-	st, _ := p.Snapshot(bg)
+	st, _ := p.Stats(bg)
 	if st.ChecksumErrors != 1 || st.Hits != 0 {
 		t.Fatalf("checksum errors %d hits %d, want 1 and 0", st.ChecksumErrors, st.Hits)
 	}

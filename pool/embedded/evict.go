@@ -226,9 +226,7 @@ func (e *Embedded) evictLocked(now time.Time) (EvictionRound, bool) {
 	floor := int(math.Ceil(float64(base) * lower))
 	if evicted < floor {
 		need := floor - evicted
-		if cap := len(rest) + len(soft); need > cap {
-			need = cap
-		}
+		need = min(need, len(rest)+len(soft))
 		got := 0
 		restStream := newCandStream(rest, need)
 		for got < need && restStream.left() > 0 {

@@ -64,7 +64,7 @@ func (e *Embedded) QueryKey(ctx context.Context, key string) ([]mooncake.Replica
 }
 
 // BatchQuery implements Inspector. It grants no lease and changes no counter.
-func (e *Embedded) BatchQuery(ctx context.Context, ks []string) map[string]mooncake.KeyQuery {
+func (e *Embedded) BatchQuery(_ context.Context, ks []string) map[string]mooncake.KeyQuery {
 	out := make(map[string]mooncake.KeyQuery, len(ks))
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -97,7 +97,7 @@ func (e *Embedded) Keys(ctx context.Context) ([]string, error) {
 
 // Metrics implements Inspector.
 func (e *Embedded) Metrics(ctx context.Context) (mooncake.MetricsSnapshot, error) {
-	st, err := e.Snapshot(ctx)
+	st, err := e.Stats(ctx)
 	if err != nil {
 		return mooncake.MetricsSnapshot{}, err
 	}
@@ -111,9 +111,9 @@ func (e *Embedded) Metrics(ctx context.Context) (mooncake.MetricsSnapshot, error
 	e.mu.Unlock()
 	c := &e.c
 	return mooncake.MetricsSnapshot{
-		Stats:               st.Pool(),
-		SoftPinned:          st.SoftPinned,
-		ExistProbes:         st.ExistProbes,
+		Stats:               st,
+		SoftPinned:          st.Detail[DetailSoftPinned],
+		ExistProbes:         st.Detail[DetailExistProbes],
 		Segments:            segs,
 		Uptime:              uptime,
 		ActiveClients:       1,

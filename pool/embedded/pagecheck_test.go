@@ -72,7 +72,7 @@ func TestCorruptedLargePagesRefused(t *testing.T) {
 		}
 		dst := make([]byte, n)
 		for _, off := range offs {
-			before, _ := p.Snapshot(bg)
+			before, _ := p.Stats(bg)
 			flip(t, p, key, off)
 			if got := p.BatchGet(bg, []string{key}, [][]byte{dst}); got[0] != int64(pool.ErrChecksumMismatch) {
 				t.Fatalf("%d-byte page corrupted at %d: get = %d, want ErrChecksumMismatch", n, off, got[0])
@@ -82,7 +82,7 @@ func TestCorruptedLargePagesRefused(t *testing.T) {
 				t.Fatalf("%d-byte page corrupted at %d: view = %d", n, off, v.Codes[0])
 			}
 			v.Release()
-			after, _ := p.Snapshot(bg)
+			after, _ := p.Stats(bg)
 			if after.ChecksumErrors != before.ChecksumErrors+2 {
 				t.Fatalf("checksum errors %d -> %d, want two more", before.ChecksumErrors, after.ChecksumErrors)
 			}
@@ -155,7 +155,7 @@ func TestConcurrentPutGetWithCorruptPage(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	st, _ := p.Snapshot(bg)
+	st, _ := p.Stats(bg)
 	if st.ChecksumErrors != callers*rounds {
 		t.Fatalf("checksum errors %d, want %d", st.ChecksumErrors, callers*rounds)
 	}
@@ -311,17 +311,17 @@ func TestLargePagesUnderEviction(t *testing.T) {
 	for _, pr := range problems {
 		t.Error(pr)
 	}
-	st, err := p.Snapshot(bg)
+	st, err := p.Stats(bg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.ChecksumErrors != 0 || hits == 0 || st.EvictionRounds == 0 {
-		t.Fatalf("checksum errors %d, hits %d, eviction rounds %d: want 0 errors, some hits and rounds", st.ChecksumErrors, hits, st.EvictionRounds)
+	if st.ChecksumErrors != 0 || hits == 0 || st.Detail[embedded.DetailEvictionRounds] == 0 {
+		t.Fatalf("checksum errors %d, hits %d, eviction rounds %d: want 0 errors, some hits and rounds", st.ChecksumErrors, hits, st.Detail[embedded.DetailEvictionRounds])
 	}
 	for _, k := range names {
 		p.Remove(bg, k, true)
 	}
-	if st, _ := p.Snapshot(bg); st.UsedBytes != 0 || st.FreeExtents != 2 {
-		t.Fatalf("after removing all: used %d, %d free extents", st.UsedBytes, st.FreeExtents)
+	if st, _ := p.Stats(bg); st.UsedBytes != 0 || st.Detail[embedded.DetailFreeExtents] != 2 {
+		t.Fatalf("after removing all: used %d, %d free extents", st.UsedBytes, st.Detail[embedded.DetailFreeExtents])
 	}
 }

@@ -138,7 +138,7 @@ func TestConcurrentStress(t *testing.T) {
 	for _, pr := range problems {
 		t.Error(pr)
 	}
-	st, err := p.Snapshot(bg)
+	st, err := p.Stats(bg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,15 +154,15 @@ func TestConcurrentStress(t *testing.T) {
 		t.Fatalf("segments use %d, pool says %d", segUsed, st.UsedBytes)
 	}
 	t.Logf("gets %d, hits %d, eviction rounds %d, evicted %d+%d, alloc failures %d",
-		gets, hits, st.EvictionRounds, st.EvictedPass1, st.EvictedPass2, st.AllocFailures)
-	if hits == 0 || st.EvictionRounds == 0 {
+		gets, hits, st.Detail[embedded.DetailEvictionRounds], st.Detail[embedded.DetailEvictedPass1], st.Detail[embedded.DetailEvictedPass2], st.AllocFailures)
+	if hits == 0 || st.Detail[embedded.DetailEvictionRounds] == 0 {
 		t.Fatal("the stress run had no hits or no eviction: it tested nothing")
 	}
 	// With every reader gone, removing everything returns all memory.
 	for _, k := range names {
 		p.Remove(bg, k, true)
 	}
-	if st, _ := p.Snapshot(bg); st.UsedBytes != 0 || st.FreeExtents != 2 {
-		t.Fatalf("after removing all: used %d, %d free extents", st.UsedBytes, st.FreeExtents)
+	if st, _ := p.Stats(bg); st.UsedBytes != 0 || st.Detail[embedded.DetailFreeExtents] != 2 {
+		t.Fatalf("after removing all: used %d, %d free extents", st.UsedBytes, st.Detail[embedded.DetailFreeExtents])
 	}
 }

@@ -71,7 +71,7 @@ func (e *Embedded) BatchViewDeferredInto(ctx context.Context, ks [][]byte, v *po
 	}
 	h.held = pool.Zeroed(h.held, len(ks))
 	v.Reset(len(ks), h)
-	misses := acquireInto(e, ctx, ks, nil, v.Codes, h.held)
+	misses := acquireInto(ctx, e, ks, nil, v.Codes, h.held)
 	e.offerDeferred(v, h.held, misses)
 }
 

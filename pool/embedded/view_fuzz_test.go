@@ -122,8 +122,8 @@ func FuzzInPlaceOps(f *testing.F) {
 				t.Fatalf("remove %s failed", k)
 			}
 		}
-		if st, _ := p.Snapshot(ctx); st.UsedBytes != 0 || st.Objects != 0 || st.PendingObjects != 0 {
-			t.Fatalf("empty pool: %d bytes used, %d objects, %d pending", st.UsedBytes, st.Objects, st.PendingObjects)
+		if st, _ := p.Stats(ctx); st.UsedBytes != 0 || st.Objects != 0 || st.Detail[DetailPendingObjects] != 0 {
+			t.Fatalf("empty pool: %d bytes used, %d objects, %d pending", st.UsedBytes, st.Objects, st.Detail[DetailPendingObjects])
 		}
 	})
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/pool"
+	"github.com/kvctl/kvctl/pool/embedded"
 )
 
 func pattern(n int, seed byte) []byte {
@@ -40,7 +41,7 @@ func TestBatchViewReturnsVerifiedPoolMemory(t *testing.T) {
 	if cap(v.Bufs[0]) != len(a) {
 		t.Fatalf("view capacity %d reaches past the value (%d)", cap(v.Bufs[0]), len(a))
 	}
-	st, _ := p.Snapshot(bg)
+	st, _ := p.Stats(bg)
 	if st.Hits != 2 || st.Misses != 1 || st.BytesOut != int64(len(a)+len(b)) {
 		t.Fatalf("hits %d misses %d bytes out %d", st.Hits, st.Misses, st.BytesOut)
 	}
@@ -61,7 +62,7 @@ func TestBatchViewRefusesCorruptedPages(t *testing.T) {
 	if v.Codes[1] != 4096 || v.Bufs[1] == nil {
 		t.Fatalf("good page: code %d", v.Codes[1])
 	}
-	st, _ := p.Snapshot(bg)
+	st, _ := p.Stats(bg)
 	if st.ChecksumErrors != 1 {
 		t.Fatalf("checksum errors %d, want 1", st.ChecksumErrors)
 	}
@@ -160,7 +161,7 @@ func TestBatchPutStartEnd(t *testing.T) {
 		t.Fatalf("get of a value changed after End = %d", n[0])
 	}
 
-	before, _ := p.Snapshot(bg)
+	before, _ := p.Stats(bg)
 	rv := p.BatchPutStart(bg, []string{"gone"}, []int64{8 * unit}, pool.ReplicateConfig{})
 	if rv.Bufs[0] == nil {
 		t.Fatal("no memory reserved")
@@ -168,9 +169,9 @@ func TestBatchPutStartEnd(t *testing.T) {
 	if c := rv.Revoke(); c[0] != pool.ErrRPCFail {
 		t.Fatalf("revoked key code %v", c[0])
 	}
-	after, _ := p.Snapshot(bg)
-	if after.UsedBytes != before.UsedBytes || after.Objects+after.PendingObjects != before.Objects+before.PendingObjects {
-		t.Fatalf("revoke left %d bytes / %d objects behind", after.UsedBytes-before.UsedBytes, after.Objects+after.PendingObjects-before.Objects-before.PendingObjects)
+	after, _ := p.Stats(bg)
+	if after.UsedBytes != before.UsedBytes || after.Objects+after.Detail[embedded.DetailPendingObjects] != before.Objects+before.Detail[embedded.DetailPendingObjects] {
+		t.Fatalf("revoke left %d bytes / %d objects behind", after.UsedBytes-before.UsedBytes, after.Objects+after.Detail[embedded.DetailPendingObjects]-before.Objects-before.Detail[embedded.DetailPendingObjects])
 	}
 	if n := p.BatchIsExist(bg, []string{"gone"}); n[0] != 0 {
 		t.Fatal("a revoked key exists")
@@ -205,7 +206,7 @@ func TestBatchViewDeferred(t *testing.T) {
 	if v.Sums[2] == uint64(keys.PageChecksum(v.Bufs[2])) {
 		t.Fatal("corrupted value's stored checksum matches its bytes")
 	}
-	st, _ := p.Snapshot(bg)
+	st, _ := p.Stats(bg)
 	if st.Hits != 2 || st.ChecksumErrors != 0 {
 		t.Fatalf("before Corrupt: hits %d checksum errors %d", st.Hits, st.ChecksumErrors)
 	}
@@ -215,7 +216,7 @@ func TestBatchViewDeferred(t *testing.T) {
 	v.Corrupt(2)
 	v.Corrupt(2)
 	v.Corrupt(1) // a miss: nothing to record
-	st, _ = p.Snapshot(bg)
+	st, _ = p.Stats(bg)
 	if st.Hits != 1 || st.ChecksumErrors != 1 || st.BytesOut != int64(len(a)) || hooked != 1 {
 		t.Fatalf("after Corrupt: hits %d checksum errors %d bytes out %d hooks %d", st.Hits, st.ChecksumErrors, st.BytesOut, hooked)
 	}
@@ -267,7 +268,7 @@ func TestBatchViewDeferredInto(t *testing.T) {
 	v.OnCorrupt(func() { hooked++ })
 	v.Corrupt(2)
 	v.Release()
-	st, _ := p.Snapshot(bg)
+	st, _ := p.Stats(bg)
 	// a and bad of both calls are hits, less the one found corrupt; missing misses twice.
 	if st.Hits != 3 || st.ChecksumErrors != 1 || st.Misses != 2 || hooked != 1 {
 		t.Fatalf("hits %d checksum errors %d misses %d hooks %d; want 3, 1, 2, 1", st.Hits, st.ChecksumErrors, st.Misses, hooked)
@@ -300,9 +301,9 @@ func TestBatchViewDeferredInto(t *testing.T) {
 	if p.Remove(bg, "a", true) != pool.OK {
 		t.Fatal("remove a")
 	}
-	used, _ := p.Snapshot(bg)
+	used, _ := p.Stats(bg)
 	v.Release()
-	after, _ := p.Snapshot(bg)
+	after, _ := p.Stats(bg)
 	if after.UsedBytes != used.UsedBytes-int64(len(a)) {
 		t.Fatalf("used bytes %d before the release, %d after; the view's reference on a removed value did not hold its memory until Release", used.UsedBytes, after.UsedBytes)
 	}

@@ -143,7 +143,7 @@ func benchPut(b *testing.B, p pool.Pool, size int) {
 // benchGet reads one stored batch over and over.
 func benchGet(b *testing.B, p pool.Pool, size int) {
 	ks := benchKeys("get", 0, benchBatch)
-	put(b, p, ks, benchBufs(size), pool.ReplicateConfig{})
+	put(b, p, ks, benchBufs(size))
 	dst := make([][]byte, benchBatch)
 	for i := range dst {
 		dst[i] = make([]byte, size)
@@ -162,7 +162,7 @@ func benchGet(b *testing.B, p pool.Pool, size int) {
 // benchExist probes a batch of which the first half is stored.
 func benchExist(b *testing.B, p pool.Pool) {
 	stored := benchKeys("exist", 0, benchBatch/2)
-	put(b, p, stored, benchBufs(4096)[:len(stored)], pool.ReplicateConfig{})
+	put(b, p, stored, benchBufs(4096)[:len(stored)])
 	ks := append(append([]string(nil), stored...), benchKeys("absent", 0, benchBatch/2)...)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -176,9 +176,10 @@ func benchExist(b *testing.B, p pool.Pool) {
 
 var ctx = context.Background()
 
-func put(t testing.TB, p pool.Pool, keys []string, bufs [][]byte, cfg pool.ReplicateConfig) {
+// put stores bufs under keys with the default replication, failing t on any code but OK.
+func put(t testing.TB, p pool.Pool, keys []string, bufs [][]byte) {
 	t.Helper()
-	for i, c := range p.BatchPut(ctx, keys, bufs, cfg) {
+	for i, c := range p.BatchPut(ctx, keys, bufs, pool.ReplicateConfig{}) {
 		if c != pool.OK {
 			t.Fatalf("BatchPut %q = %v (%d), want OK", keys[i], c, c)
 		}
@@ -194,7 +195,7 @@ func testRoundTrip(t *testing.T, p pool.Pool) {
 		ks = append(ks, k)
 		bufs = append(bufs, page(k, n))
 	}
-	put(t, p, ks, bufs, pool.ReplicateConfig{})
+	put(t, p, ks, bufs)
 	dst := make([][]byte, len(ks))
 	for i, n := range sizes {
 		dst[i] = make([]byte, n)
@@ -211,7 +212,7 @@ func testRoundTrip(t *testing.T, p pool.Pool) {
 }
 
 func testExist(t *testing.T, p pool.Pool) {
-	put(t, p, []string{"e/a"}, [][]byte{page("e/a", 100)}, pool.ReplicateConfig{})
+	put(t, p, []string{"e/a"}, [][]byte{page("e/a", 100)})
 	got := p.BatchIsExist(ctx, []string{"e/a", "e/missing", "e/a"})
 	want := []int{1, 0, 1}
 	for i := range want {
@@ -226,8 +227,8 @@ func testExist(t *testing.T, p pool.Pool) {
 
 func testNoOverwrite(t *testing.T, p pool.Pool) {
 	first := page("first", 512)
-	put(t, p, []string{"ow"}, [][]byte{first}, pool.ReplicateConfig{})
-	put(t, p, []string{"ow"}, [][]byte{page("second", 1024)}, pool.ReplicateConfig{})
+	put(t, p, []string{"ow"}, [][]byte{first})
+	put(t, p, []string{"ow"}, [][]byte{page("second", 1024)})
 	dst := make([]byte, 2048)
 	got := p.BatchGet(ctx, []string{"ow"}, [][]byte{dst})
 	if got[0] != 512 || !bytes.Equal(dst[:512], first) {
@@ -237,7 +238,7 @@ func testNoOverwrite(t *testing.T, p pool.Pool) {
 
 func testDuplicateInBatch(t *testing.T, p pool.Pool) {
 	a, b := page("dupA", 256), page("dupB", 256)
-	put(t, p, []string{"dup", "dup"}, [][]byte{a, b}, pool.ReplicateConfig{})
+	put(t, p, []string{"dup", "dup"}, [][]byte{a, b})
 	dst := make([]byte, 256)
 	if got := p.BatchGet(ctx, []string{"dup"}, [][]byte{dst}); got[0] != 256 {
 		t.Fatalf("get = %d, want 256", got[0])
@@ -255,7 +256,7 @@ func testGetMissing(t *testing.T, p pool.Pool) {
 }
 
 func testSmallBuffer(t *testing.T, p pool.Pool) {
-	put(t, p, []string{"small"}, [][]byte{page("small", 1000)}, pool.ReplicateConfig{})
+	put(t, p, []string{"small"}, [][]byte{page("small", 1000)})
 	got := p.BatchGet(ctx, []string{"small"}, [][]byte{make([]byte, 999)})
 	if got[0] != int64(pool.ErrInvalidParams) {
 		t.Fatalf("get into a short buffer = %d, want %d", got[0], pool.ErrInvalidParams)
@@ -264,7 +265,7 @@ func testSmallBuffer(t *testing.T, p pool.Pool) {
 
 func testLargeBuffer(t *testing.T, p pool.Pool) {
 	src := page("large", 300)
-	put(t, p, []string{"large"}, [][]byte{src}, pool.ReplicateConfig{})
+	put(t, p, []string{"large"}, [][]byte{src})
 	dst := bytes.Repeat([]byte{0xAA}, 400)
 	got := p.BatchGet(ctx, []string{"large"}, [][]byte{dst})
 	if got[0] != 300 || !bytes.Equal(dst[:300], src) {
@@ -278,7 +279,7 @@ func testLargeBuffer(t *testing.T, p pool.Pool) {
 func testBufferOwnership(t *testing.T, p pool.Pool) {
 	src := page("own", 4096)
 	keep := append([]byte(nil), src...)
-	put(t, p, []string{"own"}, [][]byte{src}, pool.ReplicateConfig{})
+	put(t, p, []string{"own"}, [][]byte{src})
 	for i := range src {
 		src[i] = 0
 	}
@@ -298,7 +299,7 @@ func testBufferOwnership(t *testing.T, p pool.Pool) {
 }
 
 func testMixedBatch(t *testing.T, p pool.Pool) {
-	put(t, p, []string{"m/1", "m/3"}, [][]byte{page("m/1", 64), page("m/3", 64)}, pool.ReplicateConfig{})
+	put(t, p, []string{"m/1", "m/3"}, [][]byte{page("m/1", 64), page("m/3", 64)})
 	ks := []string{"m/1", "m/2", "m/3"}
 	dst := [][]byte{make([]byte, 64), make([]byte, 64), make([]byte, 64)}
 	got := p.BatchGet(ctx, ks, dst)
@@ -351,7 +352,7 @@ func testRemove(t *testing.T, p pool.Pool) {
 	if c := p.Remove(ctx, "rm/none", false); c != pool.ErrObjectNotFound {
 		t.Fatalf("Remove of a missing key = %v, want OBJECT_NOT_FOUND", c)
 	}
-	put(t, p, []string{"rm/a"}, [][]byte{page("rm/a", 128)}, pool.ReplicateConfig{})
+	put(t, p, []string{"rm/a"}, [][]byte{page("rm/a", 128)})
 	// A get grants a read lease: a plain Remove must keep the object.
 	if got := p.BatchGet(ctx, []string{"rm/a"}, [][]byte{make([]byte, 128)}); got[0] != 128 {
 		t.Fatalf("get = %d", got[0])
@@ -368,7 +369,7 @@ func testRemove(t *testing.T, p pool.Pool) {
 	if got := p.BatchIsExist(ctx, []string{"rm/a"}); got[0] != 0 {
 		t.Fatal("object still present after a forced Remove")
 	}
-	put(t, p, []string{"rm/a"}, [][]byte{page("again", 64)}, pool.ReplicateConfig{})
+	put(t, p, []string{"rm/a"}, [][]byte{page("again", 64)})
 	dst := make([]byte, 64)
 	if got := p.BatchGet(ctx, []string{"rm/a"}, [][]byte{dst}); got[0] != 64 || !bytes.Equal(dst, page("again", 64)) {
 		t.Fatal("a put after Remove did not store the new bytes")
@@ -384,8 +385,8 @@ func testSegmentsStats(t *testing.T, p pool.Pool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	put(t, p, []string{"st/a"}, [][]byte{page("st/a", 1000)}, pool.ReplicateConfig{})
-	put(t, p, []string{"st/a"}, [][]byte{page("st/a", 1000)}, pool.ReplicateConfig{})
+	put(t, p, []string{"st/a"}, [][]byte{page("st/a", 1000)})
+	put(t, p, []string{"st/a"}, [][]byte{page("st/a", 1000)})
 	p.BatchGet(ctx, []string{"st/a", "st/none"}, [][]byte{make([]byte, 1000), make([]byte, 1)})
 	after, err := p.Stats(ctx)
 	if err != nil {
@@ -424,9 +425,9 @@ func testSegmentsStats(t *testing.T, p pool.Pool) {
 func testConcurrent(t *testing.T, p pool.Pool) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
-	for g := 0; g < 8; g++ {
+	for range 8 {
 		wg.Add(1)
-		go func(g int) {
+		go func() {
 			defer wg.Done()
 			for i := 0; i < 50; i++ {
 				k := fmt.Sprintf("cc/%d", i%20) // goroutines share keys on purpose
@@ -446,7 +447,7 @@ func testConcurrent(t *testing.T, p pool.Pool) {
 				}
 				p.BatchIsExist(ctx, []string{k, "cc/none"})
 			}
-		}(g)
+		}()
 	}
 	wg.Wait()
 	close(errs)

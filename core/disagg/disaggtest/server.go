@@ -187,7 +187,8 @@ func (s *Server) Stats() Stats {
 // DeadAddr returns a loopback host:port on which nothing listens: connecting is refused.
 func DeadAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	var lc net.ListenConfig
+	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
