@@ -54,7 +54,10 @@ without it vLLM seeds its hashes with os.urandom, so its keys are random per pro
 cannot be derived (exit 2). --tokens-per-block is its --block-size (default 16); keys need
 --model (the basename is in the key), and --world-size/--rank are the TP size and rank, with
 --num-kv-heads, --mla, --pp-*, --pcp-*, --dcp-*, --kv-group and --cache-prefix. The request's
---lora-name, --cache-salt, --mm-feature and --prompt-embeds-digest enter the hashes. With
+--lora-name, --cache-salt, --mm-feature and --prompt-embeds-digest enter the hashes, as bare
+values (--vllm-extra-keys untagged, the default) or, for vLLM 0.33, tagged with their kind and
+the adapter's --lora-path (--vllm-extra-keys tagged). vLLM 0.33 with PYTHONHASHSEED unset seeds
+SHA-256 hashes from the fixed string "vllm-none-hash" (--python-hash-seed vllm-none-hash). With
 --hash-block-size below the block size, each store chunk is keyed by its last hash block.
 
 SGLang (--format sglang…): --tokens-per-block is its --page-size (default 1); --extra-key and
