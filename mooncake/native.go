@@ -106,6 +106,7 @@ type Native struct {
 	remounts atomic.Int64
 	stats    nativeStats
 	health   *segmentHealth
+	located  locatedLists // replica lists BatchLocate got, for the gets that follow
 }
 
 type nativeStats struct {
@@ -696,7 +697,8 @@ func (n *Native) resolve(ctx context.Context, segment string) (string, error) {
 }
 
 // BatchGet copies each object into bufs[i] over the Transfer Engine (or from this client's
-// own segment) and returns its length or a negative Code.
+// own segment) and returns its length or a negative Code. A key a recent BatchLocate found is
+// read from the replica list that lookup kept; only the others are asked of the master.
 func (n *Native) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []int64 {
 	out := make([]int64, len(keys))
 	if len(keys) == 0 {
@@ -710,14 +712,7 @@ func (n *Native) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []i
 	}
 	ctx, cancel := n.callCtx(ctx)
 	defer cancel()
-	lists, err := n.rpc.BatchGetReplicaList(ctx, keys, n.opts.Tenant)
-	if err != nil {
-		n.log.Warn("mooncake BatchGetReplicaList failed", "err", err)
-		for i := range out {
-			out[i] = int64(rpcCode(err))
-		}
-		return out
-	}
+	lists := n.replicaLists(ctx, keys)
 	poisoned := make([]bool, len(keys))
 	jobs := make([]getJob, 0, len(keys))
 	for i, l := range lists {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 )
 
 // Phase is where a request a Driver runs stands.
@@ -126,6 +127,10 @@ type DriverStats struct {
 	Parked int
 	// Restarts counts requests restarted after a failed load.
 	Restarts int
+	// Admit, Load and Rest are the wall time of the passes' parts: admission (lookups,
+	// allocations and their reports), the metadata and loads (BuildMeta to
+	// TakeFailedLoadRequests), and the compute, saves and completions.
+	Admit, Load, Rest time.Duration
 }
 
 // Driver runs requests through a set of engine ranks in the order the engine's runtime calls
@@ -203,14 +208,20 @@ func (d *Driver) find(id string) *DrivenRequest { return d.byID[id] }
 func (d *Driver) Step(ctx context.Context) error {
 	defer d.forget()
 	d.stats.Passes++
+	t0 := time.Now()
 	started, err := d.admit(ctx)
 	if err != nil {
 		return err
 	}
+	t1 := time.Now()
+	d.stats.Admit += t1.Sub(t0)
 	scheduled, err := d.load(ctx)
 	if err != nil {
 		return err
 	}
+	t2 := time.Now()
+	d.stats.Load += t2.Sub(t1)
+	defer func() { d.stats.Rest += time.Since(t2) }()
 	finishedGen, err := d.compute(ctx, scheduled)
 	if err != nil {
 		return err

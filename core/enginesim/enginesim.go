@@ -104,6 +104,9 @@ type Result struct {
 	ComputedBlocks int `json:"computed_blocks"` // blocks the engine computed
 	Restarts       int `json:"restarts"`        // requests restarted after a failed load
 	Parked         int `json:"parked"`          // requests parked for an asynchronous load
+	// Admit, Load and Rest are the wall time of the run's passes by part
+	// (connector.DriverStats).
+	Admit, Load, Rest time.Duration `json:"-"`
 }
 
 type rank struct {
@@ -287,6 +290,7 @@ func (e *Engine) Run(ctx context.Context, reqs []Request, maxRunning int) (res R
 	defer func() {
 		st := d.Stats()
 		res.Passes, res.MatchedTokens, res.Parked, res.Restarts = st.Passes, st.MatchedTokens, st.Parked, st.Restarts
+		res.Admit, res.Load, res.Rest = st.Admit, st.Load, st.Rest
 	}()
 	deadline := time.Now().Add(10 * time.Minute)
 	for d.Pending() > 0 {
