@@ -18,7 +18,10 @@ import (
 // batches of the connector's effective get batch, in the same run against the same master and
 // segment.
 //
-//	go test -run XXX -bench BenchmarkLoadFromPeer -benchtime 5x ./core/cluster/
+//	go test -run XXX -bench BenchmarkLoadFromPeer -benchtime 40x -v ./core/cluster/
+//
+// Each side runs one untimed pass or round first. It logs B's load phases and its engines' passes
+// by part (admission, metadata and loads, the rest).
 const (
 	benchEngines = 4
 	benchReqs    = 8  // requests per engine
