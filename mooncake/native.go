@@ -45,6 +45,11 @@ type NativeOptions struct {
 	// Heartbeat is how often a segment owner pings the master (1 s when zero, as Mooncake's
 	// client). The master unmounts a segment whose owner is silent for its --client_ttl.
 	Heartbeat time.Duration
+	// MasterConns bounds the TCP connections to the master (masterrpc.DefaultConns when zero,
+	// at most masterrpc.MaxConns). The master runs the calls of one connection one after
+	// another on one of its threads: concurrent calls (the daemon's engines, the heartbeat)
+	// spread over the connections, and BatchIsExist splits a large batch over them.
+	MasterConns int
 	// Transfers bounds the Transfer Engine transfers one batch runs at once (8 when zero).
 	Transfers int
 	// PeerConns bounds the Transfer Engine connections to one peer's segment, across every
@@ -107,6 +112,8 @@ type Native struct {
 	stats    nativeStats
 	health   *segmentHealth
 	located  locatedLists // replica lists BatchLocate got, for the gets that follow
+	// existSplit is the package's existSplit; tests lower it to split small batches.
+	existSplit int
 }
 
 type nativeStats struct {
@@ -180,6 +187,8 @@ func NewNative(ctx context.Context, opts NativeOptions) (*Native, error) {
 		slots:     map[string]chan struct{}{},
 		stop:      make(chan struct{}),
 		health:    newSegmentHealth(opts.HealthMinBackoff, opts.HealthMaxBackoff),
+
+		existSplit: existSplit,
 	}
 	if opts.AdminURL != "" {
 		a, aerr := NewAdminClient(opts.AdminURL, nil)
@@ -188,7 +197,7 @@ func NewNative(ctx context.Context, opts NativeOptions) (*Native, error) {
 		}
 		n.admin.Store(a)
 	}
-	n.rpc, err = masterrpc.Dial(ctx, masterrpc.Options{Addr: opts.MasterAddr, CallTimeout: opts.CallTimeout})
+	n.rpc, err = masterrpc.Dial(ctx, masterrpc.Options{Addr: opts.MasterAddr, CallTimeout: opts.CallTimeout, Conns: opts.MasterConns})
 	if err != nil {
 		return nil, fmt.Errorf("mooncake native: %w", err)
 	}
@@ -340,7 +349,19 @@ func rpcCode(err error) Code {
 	return ErrRPCFail
 }
 
-// BatchIsExist asks the master which keys hold a complete object.
+// existSplit is the fewest keys a sub-batch of BatchIsExist carries. The master answers one
+// BatchExistKey on one of its threads, key after key (about 0.6 µs a key); a batch of at least
+// twice this many is split into sub-batches, at most one per master connection, sent at once,
+// so that several of the master's threads answer it. A smaller sub-batch does not pay for its
+// own round trip and wake-ups: on a two-core host shared with a busy process, 3,000 keys as
+// two or four sub-batches were no faster than as one call, and often slower
+// (docs/perf/mooncake.md).
+const existSplit = 4096
+
+// BatchIsExist asks the master which keys hold a complete object. A large batch goes as
+// sub-batches over several master connections at once: key i goes to sub-batch i mod k, so that
+// each carries a like share of a prefix's present keys, which cost the master more than absent
+// ones. A sub-batch that fails gives its own keys the code the whole batch would have had.
 func (n *Native) BatchIsExist(ctx context.Context, keys []string) []int {
 	out := make([]int, len(keys))
 	if len(keys) == 0 {
@@ -349,15 +370,33 @@ func (n *Native) BatchIsExist(ctx context.Context, keys []string) []int {
 	n.stats.existProbes.Add(int64(len(keys)))
 	ctx, cancel := n.callCtx(ctx)
 	defer cancel()
-	res, err := n.rpc.BatchExistKey(ctx, keys, n.opts.Tenant)
-	if err != nil {
-		n.log.Warn("mooncake BatchExistKey failed", "err", err)
-		for i := range out {
-			out[i] = int(rpcCode(err))
+	parts := max(1, min(n.rpc.Conns(), len(keys)/n.existSplit))
+	exist := func(p int) {
+		sub := keys
+		if parts > 1 {
+			sub = make([]string, 0, (len(keys)-p+parts-1)/parts)
+			for i := p; i < len(keys); i += parts {
+				sub = append(sub, keys[i])
+			}
 		}
-		return out
+		res, err := n.rpc.BatchExistKey(ctx, sub, n.opts.Tenant)
+		if err != nil {
+			n.log.Warn("mooncake BatchExistKey failed", "keys", len(sub), "err", err)
+		}
+		for j := range sub {
+			if err != nil {
+				out[p+j*parts] = int(rpcCode(err))
+			} else {
+				out[p+j*parts] = res[j]
+			}
+		}
 	}
-	copy(out, res)
+	var wg sync.WaitGroup
+	for p := range parts - 1 {
+		wg.Go(func() { exist(p) })
+	}
+	exist(parts - 1)
+	wg.Wait()
 	if n.health.any() {
 		n.hideUnhealthy(ctx, keys, out)
 	}

@@ -74,7 +74,7 @@ func New(opts Options) (*Pool, error) {
 	}
 	p := &Pool{opts: opts, log: log,
 		probe: masterrpc.New(masterrpc.Options{Addr: opts.Native.MasterAddr, CallTimeout: opts.Native.CallTimeout,
-			DialTimeout: opts.Native.CallTimeout, MaxBackoff: 500 * time.Millisecond})}
+			DialTimeout: opts.Native.CallTimeout, MaxBackoff: 500 * time.Millisecond, Conns: 1})}
 	if opts.Native.AdminURL != "" {
 		a, err := mooncake.NewAdminClient(opts.Native.AdminURL, nil)
 		if err != nil {

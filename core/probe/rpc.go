@@ -27,12 +27,12 @@ func ExplicitRPC(addr string) (string, bool) {
 }
 
 // DialMaster connects to a master's RPC address and checks its protocol version, within
-// timeout.
+// timeout. Its callers make one call at a time, so it opens one connection.
 func DialMaster(ctx context.Context, addr string, timeout time.Duration) (*masterrpc.Client, error) {
 	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return nil, fmt.Errorf("master RPC address %q: want host:port", addr)
 	}
-	return masterrpc.Dial(ctx, masterrpc.Options{Addr: addr, CallTimeout: timeout, DialTimeout: timeout})
+	return masterrpc.Dial(ctx, masterrpc.Options{Addr: addr, CallTimeout: timeout, DialTimeout: timeout, Conns: 1})
 }
 
 // LooksLikeRPC reports whether addr may be a master's RPC port that refused an HTTP request:

@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/kvctl/kvctl/core/backoff"
@@ -69,23 +72,40 @@ type Options struct {
 	// once with ErrUnavailable instead of queueing behind a dead master.
 	MinBackoff time.Duration
 	MaxBackoff time.Duration
+	// Conns is the number of TCP connections the client keeps to the master (DefaultConns
+	// when zero, at most MaxConns). The master runs the calls of one connection one after
+	// another, each connection on one of its --rpc_thread_num threads, so a call queues behind
+	// every call sent before it on its connection; each call goes to the connection with the
+	// fewest calls in flight. The client opens them all at its first call (and again after
+	// losing them all); one that breaks alone is opened again when a call finds every other
+	// busy. A client that makes one call at a time (a health probe) wants 1.
+	Conns int
 }
 
-// Client is a coro_rpc client of mooncake_master over one TCP connection. Calls from many
-// goroutines share the connection: each request carries its own sequence number and
-// responses are matched to callers by it, so a slow call does not hold the others. When the
-// connection breaks, calls in flight fail with ErrUnavailable and the next call reconnects
-// (after a backoff) and repeats the version handshake. Client is safe for concurrent use.
+// DefaultConns is the connection bound of a client whose Options name none; MaxConns the
+// largest bound a client takes (a larger Conns is lowered to it).
+const (
+	DefaultConns = 4
+	MaxConns     = 64
+)
+
+// Client is a coro_rpc client of mooncake_master over a small set of TCP connections (at most
+// Options.Conns). Each call goes to the open connection with the fewest calls in flight; calls
+// that share a connection are matched to their responses by sequence number, so a caller that
+// gives up does not hold the others. When a connection breaks, the calls in flight on it fail
+// with ErrUnavailable and a later call dials again (after a backoff while dials fail) and
+// repeats the version handshake. Client is safe for concurrent use.
 type Client struct {
 	opts Options
 
 	mu       sync.Mutex
-	conn     *conn
+	conns    []*conn // open connections, at most opts.Conns
 	dialing  chan struct{}
 	nextDial time.Time
 	backoff  backoff.Backoff // jittered, so a fleet does not redial a restarted master in lockstep
 	lastErr  error
 	gen      uint64
+	lost     bool // a connection broke since the last successful dial
 	closed   bool
 }
 
@@ -98,6 +118,8 @@ type conn struct {
 	nc   net.Conn
 	rd   *bufio.Reader // read only by the holder of rsem (or the handshake before sharing)
 	addr string
+	// inflight counts the calls using the connection; a call goes to the least busy one.
+	inflight atomic.Int32
 	// rsem is held by the one caller that reads responses off the connection; it hands each
 	// other caller's response to that caller's channel and gives the role up once its own
 	// has arrived. A lone caller so reads its own response, with no hand-off between
@@ -114,12 +136,14 @@ type conn struct {
 
 // Dial connects to the master at opts.Addr and checks that it speaks ProtocolVersion. A
 // master of another version is a *VersionError; a peer that is not a Mooncake master is an
-// ErrProtocol error; an unreachable one ErrUnavailable.
+// ErrProtocol error; an unreachable one ErrUnavailable. It opens Options.Conns connections.
 func Dial(ctx context.Context, opts Options) (*Client, error) {
 	c := New(opts)
-	if _, err := c.get(ctx); err != nil {
+	cn, err := c.get(ctx)
+	if err != nil {
 		return nil, err
 	}
+	cn.inflight.Add(-1)
 	return c, nil
 }
 
@@ -137,33 +161,56 @@ func New(opts Options) *Client {
 	if opts.MaxBackoff < opts.MinBackoff {
 		opts.MaxBackoff = max(2*time.Second, opts.MinBackoff)
 	}
+	if opts.Conns <= 0 {
+		opts.Conns = DefaultConns
+	}
+	opts.Conns = min(opts.Conns, MaxConns)
 	return &Client{opts: opts}
 }
 
 // Addr returns the master address the client talks to.
 func (c *Client) Addr() string { return c.opts.Addr }
 
-// Generation counts the connections the client has made; it changes after a reconnect, when
-// a segment owner must check that its segments are still mounted.
+// Conns returns the bound on the client's connections (Options.Conns after defaults).
+func (c *Client) Conns() int { return c.opts.Conns }
+
+// OpenConns returns the number of connections open now.
+func (c *Client) OpenConns() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.conns)
+}
+
+// Generation changes when the client connects after having lost a connection (so after the
+// master restarted), when a segment owner must check that its segments are still mounted. The
+// first connection counts as one; opening another connection beside working ones does not
+// change it.
 func (c *Client) Generation() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.gen
 }
 
-// Close closes the connection; calls in flight fail with ErrClosed.
+// Close closes the connections; calls in flight fail with ErrClosed, and so does every later
+// call.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	c.closed = true
-	cn := c.conn
-	c.conn = nil
+	conns := c.conns
+	c.conns = nil
 	c.mu.Unlock()
-	if cn != nil {
+	for _, cn := range conns {
 		cn.fail(ErrClosed)
 	}
 	return nil
 }
 
+// get returns the connection a call goes to, counted in its inflight until the caller
+// subtracts it: the open connection with the fewest calls in flight. With none open, a call
+// waits for the dial in progress, fails at once during the backoff, or dials Conns
+// connections. When all open ones are busy and fewer than Conns are open (one broke), the
+// caller dials another (one dial at a time; while another caller dials, or while a failed
+// dial's backoff runs, the call shares an open connection).
 func (c *Client) get(ctx context.Context) (*conn, error) {
 	for {
 		c.mu.Lock()
@@ -171,10 +218,17 @@ func (c *Client) get(ctx context.Context) (*conn, error) {
 			c.mu.Unlock()
 			return nil, ErrClosed
 		}
-		if c.conn != nil {
-			cn := c.conn
+		var best *conn
+		var load int32
+		for _, cn := range c.conns {
+			if l := cn.inflight.Load(); best == nil || l < load {
+				best, load = cn, l
+			}
+		}
+		if best != nil && (load == 0 || len(c.conns) >= c.opts.Conns || c.dialing != nil || time.Now().Before(c.nextDial)) {
+			best.inflight.Add(1)
 			c.mu.Unlock()
-			return cn, nil
+			return best, nil
 		}
 		if ch := c.dialing; ch != nil {
 			c.mu.Unlock()
@@ -192,28 +246,61 @@ func (c *Client) get(ctx context.Context) (*conn, error) {
 		}
 		ch := make(chan struct{})
 		c.dialing = ch
+		fill := 1
+		if best == nil {
+			fill = c.opts.Conns
+		}
 		c.mu.Unlock()
 
 		cn, err := c.dial(ctx)
+		// With none open, open them all back to back: the master hands its accepted
+		// connections to its threads in turn, so connections opened together land on
+		// different threads.
+		var more []*conn
+		var moreErr error
+		for err == nil && len(more) < fill-1 {
+			var m *conn
+			if m, moreErr = c.dial(ctx); moreErr != nil {
+				break
+			}
+			more = append(more, m)
+		}
 
 		c.mu.Lock()
 		c.dialing = nil
 		close(ch)
+		c.backoff.Min, c.backoff.Max = c.opts.MinBackoff, c.opts.MaxBackoff
 		if err != nil {
 			c.lastErr = err
-			c.backoff.Min, c.backoff.Max = c.opts.MinBackoff, c.opts.MaxBackoff
 			c.nextDial = time.Now().Add(c.backoff.Next())
 			c.mu.Unlock()
+			if best != nil {
+				continue // an extra connection failed: share an open one (or fail fast if it broke too)
+			}
 			return nil, err
 		}
 		if c.closed {
 			c.mu.Unlock()
 			cn.fail(ErrClosed)
+			for _, m := range more {
+				m.fail(ErrClosed)
+			}
 			return nil, ErrClosed
 		}
-		c.conn = cn
+		c.conns = append(c.conns, cn)
+		c.conns = append(c.conns, more...)
 		c.backoff.Reset()
-		c.gen++
+		if moreErr != nil {
+			// Connected, but not as many times as wanted: more are tried when calls need them,
+			// after the backoff.
+			c.lastErr = moreErr
+			c.nextDial = time.Now().Add(c.backoff.Next())
+		}
+		if c.gen == 0 || c.lost {
+			c.gen++
+			c.lost = false
+		}
+		cn.inflight.Add(1)
 		c.mu.Unlock()
 		return cn, nil
 	}
@@ -308,16 +395,80 @@ func readResponse(r io.Reader) (respHeader, []byte, error) {
 	return h, body[:h.Length], nil
 }
 
-// broken drops cn after a read or write error: every call waiting on it fails and the next
-// call reconnects.
+// broken drops cn after a read or write error: every call waiting on it fails and later calls
+// use the other connections or dial again. The idle others are checked at once (sweep): when
+// one connection broke because the master went away, they are dead too, and a call sent on
+// one would fail.
 func (c *Client) broken(cn *conn, err error) {
+	c.drop(cn, err)
+	c.sweep()
+}
+
+func (c *Client) drop(cn *conn, err error) {
 	cn.fail(err)
 	c.mu.Lock()
-	if c.conn == cn {
-		c.conn = nil
+	if i := slices.Index(c.conns, cn); i >= 0 {
+		c.conns = slices.Delete(c.conns, i, i+1)
 		c.lastErr = err
+		c.lost = true
 	}
 	c.mu.Unlock()
+}
+
+// sweep drops the open connections whose peer has closed them, without waiting on any: a
+// connection another caller is reading is left to that caller.
+func (c *Client) sweep() {
+	c.mu.Lock()
+	conns := slices.Clone(c.conns)
+	c.mu.Unlock()
+	for _, cn := range conns {
+		select {
+		case cn.rsem <- struct{}{}:
+		default:
+			continue
+		}
+		err := cn.peerClosed()
+		<-cn.rsem
+		if err != nil {
+			c.drop(cn, fmt.Errorf("%w: %s: %w", ErrUnavailable, cn.addr, err))
+		}
+	}
+}
+
+// peerClosed reports, without blocking, an error when the peer has closed or reset the
+// connection; nil when it is open (or a response waits in it). The caller holds rsem.
+func (cn *conn) peerClosed() error {
+	if cn.rd.Buffered() > 0 {
+		return nil
+	}
+	sc, ok := cn.nc.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	// A deadline a reader left behind would fail the check before it looks.
+	_ = cn.nc.SetReadDeadline(time.Time{})
+	var n int
+	var rerr error
+	var b [1]byte
+	if err := rc.Read(func(fd uintptr) bool {
+		n, _, rerr = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		return true // look once, never wait
+	}); err != nil {
+		return err
+	}
+	switch {
+	case errors.Is(rerr, syscall.EAGAIN) || errors.Is(rerr, syscall.EINTR):
+		return nil
+	case rerr != nil:
+		return rerr
+	case n == 0:
+		return io.EOF
+	}
+	return nil
 }
 
 // readFor reads responses as the connection's reader until the one for ch arrives or ctx ends,
@@ -397,6 +548,7 @@ func (c *Client) call(ctx context.Context, method string, body []byte) ([]byte, 
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", method, err)
 	}
+	defer cn.inflight.Add(-1)
 	ch := make(chan result, 1)
 	cn.mu.Lock()
 	if cn.err != nil {

@@ -1,5 +1,5 @@
-// Package masterrpc is a client of mooncake_master's RPC service: coro_rpc framing over one TCP
-// connection and struct_pack message bodies, as Mooncake's own store client speaks them.
+// Package masterrpc is a client of mooncake_master's RPC service: coro_rpc framing over TCP and
+// struct_pack message bodies, as Mooncake's own store client speaks them.
 //
 // Vocabulary, after Mooncake (see docs/mooncake.md for the wire facts and how they were
 // verified):
@@ -21,9 +21,10 @@
 //     into them over the Transfer Engine, then BatchPutEnd makes the object readable or
 //     BatchPutRevoke frees it. Until the end, readers see nothing.
 //
-// The Client multiplexes calls from many goroutines over its connection by sequence number,
-// bounds every call by a timeout, reconnects with backoff after the connection breaks, and
-// checks the master's store protocol version (ServiceReady) on every connection. Every
+// The Client spreads calls from many goroutines over a few connections (the master runs the
+// calls of one connection one after another), multiplexes the calls that share one by sequence
+// number, bounds every call by a timeout, reconnects with backoff after a connection breaks,
+// and checks the master's store protocol version (ServiceReady) on every connection. Every
 // length a response announces is bounded by the bytes that follow it and by MaxItems, and a
 // response body by MaxResponseBody.
 package masterrpc

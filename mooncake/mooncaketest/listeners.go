@@ -3,6 +3,7 @@ package mooncaketest
 import (
 	"bufio"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -109,4 +110,58 @@ func listeners(f *os.File, byPort map[int]map[string]bool) error {
 		byPort[int(port)][fields[9]] = true
 	}
 	return sc.Err()
+}
+
+// RPCConns counts the TCP connections process pid holds open to the master's RPC port: its
+// established sockets whose remote end is that port (read from /proc/net/tcp{,6} and
+// /proc/PID/fd). Tests use it to check how many connections a client keeps.
+func (m *Master) RPCConns(pid int) (int, error) {
+	_, p, err := net.SplitHostPort(m.RPCAddr)
+	if err != nil {
+		return 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil {
+		return 0, err
+	}
+	toPort := map[string]bool{} // inodes of established sockets to the port
+	for _, name := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(name)
+		if os.IsNotExist(err) {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			// sl local_address rem_address st ... inode
+			fields := strings.Fields(line)
+			if i == 0 || len(fields) < 10 || fields[3] != "01" { // 01: TCP_ESTABLISHED
+				continue
+			}
+			_, hexPort, ok := strings.Cut(fields[2], ":")
+			if !ok {
+				return 0, fmt.Errorf("%s: remote address %q has no port", name, fields[2])
+			}
+			if rp, err := strconv.ParseUint(hexPort, 16, 16); err == nil && int(rp) == port {
+				toPort[fields[9]] = true
+			}
+		}
+	}
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	fds, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, fd := range fds {
+		link, err := os.Readlink(filepath.Join(dir, fd.Name()))
+		if err != nil {
+			continue // closed since the listing
+		}
+		if ino, ok := strings.CutPrefix(link, "socket:["); ok && toPort[strings.TrimSuffix(ino, "]")] {
+			n++
+		}
+	}
+	return n, nil
 }
