@@ -156,12 +156,12 @@ func TestReconnectAfterMasterRestart(t *testing.T) {
 	}
 }
 
-// TestConcurrentCallsShareOneConnection: many goroutines call at once over the one connection
-// and each gets its own answer, also while some give up on short deadlines.
+// TestConcurrentCallsShareOneConnection: many goroutines call at once over one connection
+// (Conns 1) and each gets its own answer, also while some give up on short deadlines.
 func TestConcurrentCallsShareOneConnection(t *testing.T) {
 	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
 	ctx := context.Background()
-	c, err := masterrpc.Dial(ctx, masterrpc.Options{Addr: m.RPCAddr})
+	c, err := masterrpc.Dial(ctx, masterrpc.Options{Addr: m.RPCAddr, Conns: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
