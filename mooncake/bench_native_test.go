@@ -258,3 +258,51 @@ func TestHelperBusyProcess(t *testing.T) {
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	close(stop)
 }
+
+// BenchmarkExistAlternating measures the existence row of BenchmarkInterop (BatchIsExist /
+// batch_is_exist of 3,000 keys, 1,500 present, one client without a segment each) with the two
+// clients taking turns in chunks of ten calls, so that both see the same load: in
+// BenchmarkInterop each client's 200 calls run in a window of their own, and on a shared host
+// the load that comes and goes between two windows moves a row by more than the clients differ.
+// Each iteration is one chunk of each; it reports both clients' mean time per call and the
+// ratio (python-ns/call over kvctl-ns/call, above 1 when kvctl is faster).
+//
+//	go test -run '^$' -bench BenchmarkExistAlternating -benchtime 20x ./mooncake/
+//
+// KVCTL_INTEROP_BUSY=N adds the busy sibling process, as for BenchmarkInterop.
+func BenchmarkExistAlternating(b *testing.B) {
+	if v := os.Getenv(busyEnv); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1024 {
+			b.Fatalf("%s=%q: want a number of threads, 1..1024", busyEnv, v)
+		}
+		busySibling(b, n)
+	}
+	m := mooncaketest.StartMaster(b, mooncaketest.MasterOptions{})
+	kv := newNative(b, m, 0)
+	_ = mooncaketest.StartClient(b, m, mooncaketest.ClientOptions{SegmentSize: 64 << 20}) // holds the values
+	py := mooncaketest.StartClient(b, m, mooncaketest.ClientOptions{LocalBufferSize: 16 << 20})
+	keys := make([]string, 3000)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("exist/%d", i)
+	}
+	py.BenchPut("exist", 64, 1500)
+	ctx := context.Background()
+	const chunk = 10
+	var kvTime, pyTime time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		for range chunk {
+			if res := kv.BatchIsExist(ctx, keys); res[0] != 1 || res[2999] != 0 {
+				b.Fatalf("BatchIsExist = %d .. %d", res[0], res[2999])
+			}
+		}
+		kvTime += time.Since(start)
+		pyTime += py.BenchExist(keys, chunk)
+	}
+	calls := float64(b.N * chunk)
+	b.ReportMetric(float64(kvTime.Nanoseconds())/calls, "kvctl-ns/call")
+	b.ReportMetric(float64(pyTime.Nanoseconds())/calls, "python-ns/call")
+	b.ReportMetric(float64(pyTime)/float64(kvTime), "python/kvctl")
+}

@@ -363,42 +363,50 @@ const existSplit = 4096
 // each carries a like share of a prefix's present keys, which cost the master more than absent
 // ones. A sub-batch that fails gives its own keys the code the whole batch would have had.
 func (n *Native) BatchIsExist(ctx context.Context, keys []string) []int {
-	out := make([]int, len(keys))
 	if len(keys) == 0 {
-		return out
+		return []int{}
 	}
 	n.stats.existProbes.Add(int64(len(keys)))
 	ctx, cancel := n.callCtx(ctx)
 	defer cancel()
-	parts := max(1, min(n.rpc.Conns(), len(keys)/n.existSplit))
-	exist := func(p int) {
-		sub := keys
-		if parts > 1 {
-			sub = make([]string, 0, (len(keys)-p+parts-1)/parts)
+	var out []int
+	if parts := max(1, min(n.rpc.Conns(), len(keys)/n.existSplit)); parts == 1 {
+		out = n.exist(ctx, keys)
+	} else {
+		out = make([]int, len(keys))
+		part := func(p int) {
+			sub := make([]string, 0, (len(keys)-p+parts-1)/parts)
 			for i := p; i < len(keys); i += parts {
 				sub = append(sub, keys[i])
 			}
-		}
-		res, err := n.rpc.BatchExistKey(ctx, sub, n.opts.Tenant)
-		if err != nil {
-			n.log.Warn("mooncake BatchExistKey failed", "keys", len(sub), "err", err)
-		}
-		for j := range sub {
-			if err != nil {
-				out[p+j*parts] = int(rpcCode(err))
-			} else {
-				out[p+j*parts] = res[j]
+			for j, v := range n.exist(ctx, sub) {
+				out[p+j*parts] = v
 			}
 		}
+		var wg sync.WaitGroup
+		for p := range parts - 1 {
+			wg.Go(func() { part(p) })
+		}
+		part(parts - 1)
+		wg.Wait()
 	}
-	var wg sync.WaitGroup
-	for p := range parts - 1 {
-		wg.Go(func() { exist(p) })
-	}
-	exist(parts - 1)
-	wg.Wait()
 	if n.health.any() {
 		n.hideUnhealthy(ctx, keys, out)
+	}
+	return out
+}
+
+// exist is one BatchExistKey call: the master's answer for each key, or for each the code of
+// the call's failure.
+func (n *Native) exist(ctx context.Context, keys []string) []int {
+	res, err := n.rpc.BatchExistKey(ctx, keys, n.opts.Tenant)
+	if err == nil {
+		return res
+	}
+	n.log.Warn("mooncake BatchExistKey failed", "keys", len(keys), "err", err)
+	out := make([]int, len(keys))
+	for i := range out {
+		out[i] = int(rpcCode(err))
 	}
 	return out
 }

@@ -561,8 +561,8 @@ func (c *Client) call(ctx context.Context, method string, body []byte) ([]byte, 
 	cn.pending[seq] = ch
 	cn.mu.Unlock()
 
-	msg := appendRequestHeader(make([]byte, 0, reqHeaderLen+len(body)), seq, functionID(method), len(body))
-	msg = append(msg, body...)
+	// The header and the body go out in one writev, the body not copied behind the header.
+	msg := net.Buffers{appendRequestHeader(make([]byte, 0, reqHeaderLen), seq, functionID(method), len(body)), body}
 	cn.wmu.Lock()
 	if err := ctx.Err(); err != nil {
 		cn.wmu.Unlock()
@@ -574,8 +574,9 @@ func (c *Client) call(ctx context.Context, method string, body []byte) ([]byte, 
 	// A write cut short would leave the stream unusable for every caller, so it is bounded
 	// by the call timeout, not by this caller's deadline.
 	_ = cn.nc.SetWriteDeadline(time.Now().Add(c.opts.CallTimeout))
-	_, werr := cn.nc.Write(msg)
+	_, werr := msg.WriteTo(cn.nc)
 	cn.wmu.Unlock()
+	putBuf(body) // written (or failed): no one reads it again
 	if werr != nil {
 		// A partial write leaves the stream unusable for everyone.
 		err := fmt.Errorf("%w: %s: %w", ErrUnavailable, cn.addr, werr)

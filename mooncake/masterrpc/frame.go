@@ -4,6 +4,7 @@ import (
 	"crypto/md5" //nolint:gosec // coro_rpc derives function ids from MD5; an identifier, not security
 	"encoding/binary"
 	"fmt"
+	"sync"
 )
 
 // coro_rpc framing constants.
@@ -18,11 +19,26 @@ const (
 )
 
 // functionID is coro_rpc's id of a registered handler: the first four bytes of the MD5 of its
-// qualified name, read big-endian.
+// qualified name, read big-endian. Each method's id is computed once.
 func functionID(method string) uint32 {
+	fidMu.RLock()
+	id, ok := fids[method]
+	fidMu.RUnlock()
+	if ok {
+		return id
+	}
 	sum := md5.Sum([]byte("mooncake::WrappedMasterService::" + method)) //nolint:gosec // see import
-	return binary.BigEndian.Uint32(sum[:4])
+	id = binary.BigEndian.Uint32(sum[:4])
+	fidMu.Lock()
+	fids[method] = id
+	fidMu.Unlock()
+	return id
 }
+
+var (
+	fidMu sync.RWMutex
+	fids  = map[string]uint32{}
+)
 
 func appendRequestHeader(b []byte, seq, fid uint32, bodyLen int) []byte {
 	b = append(b, rpcMagic, 0, 0, 0)
