@@ -126,14 +126,14 @@ func (m *Master) RPCConns(pid int) (int, error) {
 	}
 	toPort := map[string]bool{} // inodes of established sockets to the port
 	for _, name := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		b, err := os.ReadFile(name)
-		if os.IsNotExist(err) {
+		table, rerr := os.ReadFile(name)
+		if os.IsNotExist(rerr) {
 			continue
 		}
-		if err != nil {
-			return 0, err
+		if rerr != nil {
+			return 0, rerr
 		}
-		for i, line := range strings.Split(string(b), "\n") {
+		for i, line := range strings.Split(string(table), "\n") {
 			// sl local_address rem_address st ... inode
 			fields := strings.Fields(line)
 			if i == 0 || len(fields) < 10 || fields[3] != "01" { // 01: TCP_ESTABLISHED
@@ -143,7 +143,7 @@ func (m *Master) RPCConns(pid int) (int, error) {
 			if !ok {
 				return 0, fmt.Errorf("%s: remote address %q has no port", name, fields[2])
 			}
-			if rp, err := strconv.ParseUint(hexPort, 16, 16); err == nil && int(rp) == port {
+			if rp, perr := strconv.ParseUint(hexPort, 16, 16); perr == nil && int(rp) == port {
 				toPort[fields[9]] = true
 			}
 		}
