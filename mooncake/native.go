@@ -178,16 +178,15 @@ func NewNative(ctx context.Context, opts NativeOptions) (*Native, error) {
 		return nil, err
 	}
 	n := &Native{
-		opts:      opts,
-		meta:      meta,
-		te:        transfer.NewClient(transfer.ClientOptions{Timeout: opts.CallTimeout, MaxIdlePerPeer: opts.PeerConns}),
-		log:       log,
-		client:    newUUID(),
-		endpoints: map[string]string{},
-		slots:     map[string]chan struct{}{},
-		stop:      make(chan struct{}),
-		health:    newSegmentHealth(opts.HealthMinBackoff, opts.HealthMaxBackoff),
-
+		opts:       opts,
+		meta:       meta,
+		te:         transfer.NewClient(transfer.ClientOptions{Timeout: opts.CallTimeout, MaxIdlePerPeer: opts.PeerConns}),
+		log:        log,
+		client:     newUUID(),
+		endpoints:  map[string]string{},
+		slots:      map[string]chan struct{}{},
+		stop:       make(chan struct{}),
+		health:     newSegmentHealth(opts.HealthMinBackoff, opts.HealthMaxBackoff),
 		existSplit: existSplit,
 	}
 	if opts.AdminURL != "" {
@@ -350,11 +349,11 @@ func rpcCode(err error) Code {
 }
 
 // existSplit is the fewest keys a sub-batch of BatchIsExist carries. The master answers one
-// BatchExistKey on one of its threads, key after key (about 0.6 µs a key); a batch of at least
-// twice this many is split into sub-batches, at most one per master connection, sent at once,
-// so that several of the master's threads answer it. A smaller sub-batch does not pay for its
-// own round trip and wake-ups: on a two-core host shared with a busy process, 3,000 keys as
-// two or four sub-batches were no faster than as one call, and often slower
+// BatchExistKey on one of its threads, key after key (about half a microsecond a key); a batch
+// of at least twice this many is split into sub-batches, at most one per master connection,
+// sent at once, so that several of the master's threads answer it. A smaller sub-batch does not
+// pay for its own round trip and wake-ups: on a two-core host shared with a busy process, 3,000
+// keys as two or four sub-batches were no faster than as one call, and often slower
 // (docs/perf/mooncake.md).
 const existSplit = 4096
 

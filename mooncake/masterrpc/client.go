@@ -534,7 +534,8 @@ func (cn *conn) fail(err error) {
 	}
 }
 
-// call sends one request and waits for its response body.
+// call sends one request and waits for its response body. It takes body over: once written,
+// the buffer goes back to the encoders' pool (putBuf), so body must come from pack (or nil).
 func (c *Client) call(ctx context.Context, method string, body []byte) ([]byte, error) {
 	if len(body) > maxRequestBody {
 		return nil, fmt.Errorf("%s: request of %d bytes, above the %d-byte bound", method, len(body), maxRequestBody)
