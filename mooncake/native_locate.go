@@ -22,37 +22,56 @@ type located struct {
 // locatedLists holds the replica lists BatchLocate learned, each for the BatchGets of its key
 // within half the read lease the master granted with it.
 type locatedLists struct {
-	mu sync.Mutex
-	m  map[string]located
+	mu    sync.Mutex
+	m     map[string]located
+	swept time.Time        // the last drop of expired lists at the bound
+	clock func() time.Time // time.Now when nil (tests set it)
 }
 
-// keep remembers key's list until until, within the bound.
-func (c *locatedLists) keep(key string, l masterrpc.ReplicaList, until time.Time) {
+func (c *locatedLists) now() time.Time {
+	if c.clock != nil {
+		return c.clock()
+	}
+	return time.Now()
+}
+
+// sweepEvery is the least time between two drops of expired lists at the bound.
+const sweepEvery = 100 * time.Millisecond
+
+// keep remembers the lists of keys (one each) until until, within the bound. When the bound is
+// reached the expired lists are dropped, at most once every sweepEvery, so a host whose lookups
+// find more pages than the bound within a lease does not walk the whole map on every lookup;
+// what does not fit is not kept.
+func (c *locatedLists) keep(keys []string, lists []masterrpc.ReplicaList, until time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil {
 		c.m = make(map[string]located)
 	}
-	if _, ok := c.m[key]; !ok && len(c.m) >= maxLocated {
-		now := time.Now()
-		for k, e := range c.m {
-			if !now.Before(e.until) {
-				delete(c.m, k)
+	if len(c.m)+len(keys) > maxLocated {
+		if now := c.now(); now.Sub(c.swept) >= sweepEvery {
+			c.swept = now
+			for k, e := range c.m {
+				if !now.Before(e.until) {
+					delete(c.m, k)
+				}
 			}
 		}
-		if len(c.m) >= maxLocated {
-			return
-		}
 	}
-	c.m[key] = located{list: l, until: until}
+	for i, k := range keys {
+		if _, ok := c.m[k]; !ok && len(c.m) >= maxLocated {
+			continue
+		}
+		c.m[k] = located{list: lists[i], until: until}
+	}
 }
 
 // take fills lists with the still valid lists of keys, forgetting expired ones; asked lists
 // the indices of keys with none, whose lists only the master can give. A list stays for the
 // other gets of its key within its time (two requests loading a shared prefix).
 func (c *locatedLists) take(keys []string, lists []masterrpc.ReplicaListResult) (asked []int) {
-	now := time.Now()
 	c.mu.Lock()
+	now := c.now()
 	defer c.mu.Unlock()
 	for i, k := range keys {
 		e, ok := c.m[k]
@@ -102,6 +121,9 @@ func (n *Native) BatchLocate(ctx context.Context, keys []string) []int {
 		}
 		return out
 	}
+	var keep []string
+	var kept []masterrpc.ReplicaList
+	var lease uint64
 	for i, l := range lists {
 		switch l.Code {
 		case 0:
@@ -117,10 +139,16 @@ func (n *Native) BatchLocate(ctx context.Context, keys []string) []int {
 		}
 		out[i] = 1
 		if l.List.LeaseTTLms > 0 {
-			// The lease runs from when the master answered, which is after sent; half of it
-			// leaves the other half for the transfer itself.
-			n.located.keep(keys[i], l.List, sent.Add(time.Duration(l.List.LeaseTTLms)*time.Millisecond/2))
+			if lease == 0 || l.List.LeaseTTLms < lease {
+				lease = l.List.LeaseTTLms
+			}
+			keep, kept = append(keep, keys[i]), append(kept, l.List)
 		}
+	}
+	if len(keep) > 0 {
+		// The lease runs from when the master answered, which is after sent; half of the
+		// shortest leaves the other half for the transfer itself.
+		n.located.keep(keep, kept, sent.Add(time.Duration(lease)*time.Millisecond/2))
 	}
 	return out
 }
