@@ -111,7 +111,6 @@ type Native struct {
 	remounts atomic.Int64
 	stats    nativeStats
 	health   *segmentHealth
-	located  locatedLists // replica lists BatchLocate got, for the gets that follow
 	// existSplit is the package's existSplit; tests lower it to split small batches.
 	existSplit int
 }
@@ -743,8 +742,7 @@ func (n *Native) resolve(ctx context.Context, segment string) (string, error) {
 }
 
 // BatchGet copies each object into bufs[i] over the Transfer Engine (or from this client's
-// own segment) and returns its length or a negative Code. A key a recent BatchLocate found is
-// read from the replica list that lookup kept; only the others are asked of the master.
+// own segment) and returns its length or a negative Code.
 func (n *Native) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []int64 {
 	out := make([]int64, len(keys))
 	if len(keys) == 0 {
@@ -758,7 +756,14 @@ func (n *Native) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []i
 	}
 	ctx, cancel := n.callCtx(ctx)
 	defer cancel()
-	lists := n.replicaLists(ctx, keys)
+	lists, err := n.rpc.BatchGetReplicaList(ctx, keys, n.opts.Tenant)
+	if err != nil {
+		n.log.Warn("mooncake BatchGetReplicaList failed", "err", err)
+		for i := range out {
+			out[i] = int64(rpcCode(err))
+		}
+		return out
+	}
 	poisoned := make([]bool, len(keys))
 	jobs := make([]getJob, 0, len(keys))
 	for i, l := range lists {

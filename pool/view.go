@@ -20,17 +20,6 @@ type Viewer interface {
 	MemoryRegions() [][]byte
 }
 
-// Locator is implemented by pools whose existence probe can learn where each present value is,
-// under a lease that keeps it there for a while: a lookup that probes with BatchLocate lets the
-// load that follows it go straight to the values. The Mooncake cluster pool implements it (the
-// master's replica lists, under the read lease the probe takes).
-type Locator interface {
-	// BatchLocate answers as BatchIsExist and keeps what it learned of each present key for
-	// that key's next BatchGet, for as long as the lease allows; a BatchGet later than that,
-	// or of a key not located, asks as it would have.
-	BatchLocate(ctx context.Context, keys []string) []int
-}
-
 // DeferredViewer is implemented by Viewers that can hand out values unchecked, with the
 // checksum taken at put, for a caller that checks each value where it copies it to (the CUDA
 // mover checks pages on the GPU after copying them into engine memory, gpu.PageChecker), so the

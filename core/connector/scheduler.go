@@ -199,13 +199,7 @@ func (s *Scheduler) lookup(ctx context.Context, req Request, numComputed int) (i
 	// metadata of this engine go on meanwhile.
 	s.mu.Unlock()
 	locked = false
-	var status []int
-	if l, ok := s.pool.(pool.Locator); ok {
-		// The load that follows reads what this probe located, without asking again.
-		status = l.BatchLocate(ctx, probeKeys)
-	} else {
-		status = s.pool.BatchIsExist(ctx, probeKeys)
-	}
+	status := s.pool.BatchIsExist(ctx, probeKeys)
 	hit := s.countPrefixHit(status, last-first)
 	s.stats.TickHoles()
 	if hit == 0 {

@@ -70,24 +70,10 @@ func (g *guardedPool) failed(op string, ctr *atomic.Int64, n int) {
 
 // BatchIsExist probes within the timeout; past it every key answers ErrRPCFail.
 func (g *guardedPool) BatchIsExist(ctx context.Context, keys []string) []int {
-	return g.probe(ctx, keys, g.Pool.BatchIsExist)
-}
-
-// BatchLocate is the lookup's probe: the pool's BatchLocate where it has one (pool.Locator),
-// else BatchIsExist, within the timeout.
-func (g *guardedPool) BatchLocate(ctx context.Context, keys []string) []int {
-	if l, ok := g.Pool.(pool.Locator); ok {
-		return g.probe(ctx, keys, l.BatchLocate)
-	}
-	return g.probe(ctx, keys, g.Pool.BatchIsExist)
-}
-
-// probe runs an existence probe within the timeout and counts the keys it failed for.
-func (g *guardedPool) probe(ctx context.Context, keys []string, exist func(context.Context, []string) []int) []int {
 	ctx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
 	done := make(chan []int, 1)
-	go func() { done <- exist(ctx, keys) }()
+	go func() { done <- g.Pool.BatchIsExist(ctx, keys) }()
 	var out []int
 	select {
 	case out = <-done:
