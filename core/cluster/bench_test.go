@@ -78,61 +78,87 @@ func BenchmarkLoadFromPeer(b *testing.B) {
 	}
 	total := int64(pages) * benchPage
 
-	b.Run(fmt.Sprintf("serve/engines=%d", benchEngines), func(b *testing.B) {
-		engines := make([]*enginesim.Engine, benchEngines)
-		for e := range engines {
-			eng, err := enginesim.Start(ctx, cfg(bh, fmt.Sprintf("warm%d-%d", e, b.N)))
+	// "serve": each engine admits its eight requests (lookups and allocation reports, one after
+	// another), then loads them synchronously in the same pass. "serve-async": each engine
+	// admits one request a pass and loads asynchronously through one load worker, so its next
+	// admissions run while its earlier requests load, one 64-page get at a time as before.
+	for _, v := range []struct {
+		name  string
+		async bool
+	}{{"serve", false}, {"serve-async", true}} {
+		b.Run(fmt.Sprintf("%s/engines=%d", v.name, benchEngines), func(b *testing.B) { benchServe(ctx, b, bh, cfg, v.async, total) })
+	}
+	logLoads(b, bh)
+	for _, batch := range []int{benchBatch, benchStagedBatch} {
+		b.Run(fmt.Sprintf("native-get/goroutines=%d/batch=%d", benchEngines, batch), func(b *testing.B) {
+			benchNativeGet(b, m, keys, batch, total)
+		})
+	}
+	benchExist(b, m, keys)
+}
+
+// benchServe times B's four engines loading every page, each engine its own requests.
+func benchServe(ctx context.Context, b *testing.B, bh *host, cfg func(*host, string) enginesim.Config, async bool, total int64) {
+	engines := make([]*enginesim.Engine, benchEngines)
+	for e := range engines {
+		c := cfg(bh, fmt.Sprintf("warm%d-%d-%t", e, b.N, async))
+		if async {
+			c.AsyncLoad, c.AsyncLoadWorkers, c.AdmitPerPass = true, 1, 1
+		}
+		eng, err := enginesim.Start(ctx, c)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer eng.Close(ctx)
+		engines[e] = eng
+	}
+	var mu sync.Mutex
+	var admit, load, rest time.Duration
+	var passes int
+	pass := func(name string) {
+		var wg sync.WaitGroup
+		errs := make(chan error, benchEngines)
+		for e, eng := range engines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res, err := eng.Run(ctx, renamed(benchPrompts(e), name), benchReqs)
+				if err == nil && res.LoadedBlocks != benchReqs*benchBlocks {
+					err = fmt.Errorf("engine %d loaded %d blocks, want %d", e, res.LoadedBlocks, benchReqs*benchBlocks)
+				}
+				mu.Lock()
+				admit, load, rest, passes = admit+res.Admit, load+res.Load, rest+res.Rest, passes+res.Passes
+				mu.Unlock()
+				errs <- err
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
 			if err != nil {
 				b.Fatal(err)
 			}
-			defer eng.Close(ctx)
-			engines[e] = eng
 		}
-		var mu sync.Mutex
-		var admit, load, rest time.Duration
-		var passes int
-		pass := func(name string) {
-			var wg sync.WaitGroup
-			errs := make(chan error, benchEngines)
-			for e, eng := range engines {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					res, err := eng.Run(ctx, renamed(benchPrompts(e), name), benchReqs)
-					if err == nil && res.LoadedBlocks != benchReqs*benchBlocks {
-						err = fmt.Errorf("engine %d loaded %d blocks, want %d", e, res.LoadedBlocks, benchReqs*benchBlocks)
-					}
-					mu.Lock()
-					admit, load, rest, passes = admit+res.Admit, load+res.Load, rest+res.Rest, passes+res.Passes
-					mu.Unlock()
-					errs <- err
-				}()
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				if err != nil {
-					b.Fatal(err)
-				}
-			}
-		}
-		// One pass untimed: a serving engine's memory has been written before, a fresh one's
-		// pages are first touched by its first load.
-		pass("warm")
-		b.SetBytes(total)
-		b.ResetTimer()
-		admit, load, rest, passes = 0, 0, 0, 0
-		for i := range b.N {
-			pass(fmt.Sprint(i))
-		}
-		b.StopTimer()
-		if passes > 0 {
-			per := func(d time.Duration) float64 { return 1e3 * d.Seconds() / float64(passes) }
-			b.Logf("B's engine passes (%d): admission %.1f ms, metadata and loads %.1f ms, the rest %.1f ms a pass",
-				passes, per(admit), per(load), per(rest))
-		}
-	})
+	}
+	// One pass untimed: a serving engine's memory has been written before, a fresh one's
+	// pages are first touched by its first load.
+	pass("warm")
+	b.SetBytes(total)
+	b.ResetTimer()
+	admit, load, rest, passes = 0, 0, 0, 0
+	for i := range b.N {
+		pass(fmt.Sprint(i))
+	}
+	b.StopTimer()
+	if passes > 0 {
+		per := func(d time.Duration) float64 { return 1e3 * d.Seconds() / float64(passes) }
+		b.Logf("B's engine passes (%d): admission %.1f ms, metadata and loads %.1f ms, the rest %.1f ms a pass",
+			passes, per(admit), per(load), per(rest))
+	}
+}
 
+// logLoads logs what B's connector reports of its loads.
+func logLoads(b *testing.B, bh *host) {
 	st := bh.stats(b)
 	if st.Loads.TransferSeconds > 0 {
 		b.Logf("B's connector loads: %d loads, %d pages, %.0f MB/s per load while loading (landed bytes / summed transfer wall time)",
@@ -145,13 +171,12 @@ func BenchmarkLoadFromPeer(b *testing.B) {
 		}
 		b.Logf("B's load phases per load (%.1f ms each, %d store calls):%s", 1e3*st.Loads.TransferSeconds/float64(st.Loads.Loads), st.Loads.StoreCalls, phases)
 	}
-	for _, batch := range []int{benchBatch, benchStagedBatch} {
-		b.Run(fmt.Sprintf("native-get/goroutines=%d/batch=%d", benchEngines, batch), func(b *testing.B) {
-			benchNativeGet(b, m, keys, batch, total)
-		})
-	}
+}
 
-	// What one engine lookup costs underneath: one existence probe of a request's keys.
+// benchExist times what one engine lookup costs underneath: one existence probe of a
+// request's keys.
+func benchExist(b *testing.B, m *mooncaketest.Master, keys []string) {
+	ctx := context.Background()
 	b.Run(fmt.Sprintf("native-exist/keys=%d", benchBlocks), func(b *testing.B) {
 		n, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL})
 		if err != nil {

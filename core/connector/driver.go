@@ -113,6 +113,10 @@ type DriverOptions struct {
 	Chunk int
 	// MaxRunning caps the requests admitted and not done at once; 0 is no cap.
 	MaxRunning int
+	// MaxAdmitPerPass caps the requests one pass admits, as an engine's per-step token budget
+	// lets only so many new prompts in; 0 is no cap. With asynchronous loads the next pass's
+	// admissions then run while the earlier requests load.
+	MaxAdmitPerPass int
 	// Hooks are the engine's side of the sequence.
 	Hooks DriverHooks
 }
@@ -277,7 +281,11 @@ func (d *Driver) admit(ctx context.Context) ([]string, error) {
 		}
 	}
 	var started []string
+	admitted := 0
 	for _, r := range d.reqs {
+		if d.opts.MaxAdmitPerPass > 0 && admitted >= d.opts.MaxAdmitPerPass {
+			break
+		}
 		if r.Phase != PhaseWaiting || (d.opts.MaxRunning > 0 && running >= d.opts.MaxRunning) {
 			continue
 		}
@@ -317,6 +325,7 @@ func (d *Driver) admit(ctx context.Context) ([]string, error) {
 			r.Phase, r.restore = PhaseRunning, honoured
 		}
 		running++
+		admitted++
 	}
 	return started, nil
 }

@@ -56,6 +56,25 @@ func TestDriverAdmission(t *testing.T) {
 	}
 }
 
+// MaxAdmitPerPass lets only so many waiting requests in per pass, in the order they were added.
+func TestDriverAdmitPerPass(t *testing.T) {
+	e := newEngine(t, newMemPool(), baseOptions(), 1, 64)
+	e.drv.opts.MaxAdmitPerPass = 2
+	rs := []*simReq{e.add("a", prompt(1, 0, 9)), e.add("b", prompt(2, 0, 9)), e.add("c", prompt(3, 0, 9))}
+	if err := e.step(); err != nil {
+		t.Fatal(err)
+	}
+	if rs[0].Phase == PhaseWaiting || rs[1].Phase == PhaseWaiting || rs[2].Phase != PhaseWaiting {
+		t.Fatalf("after one pass with 2 admissions a pass: phases %d %d %d", rs[0].Phase, rs[1].Phase, rs[2].Phase)
+	}
+	e.mustRun()
+	for _, r := range rs {
+		if r.Phase != PhaseDone {
+			t.Fatalf("%s phase %d after the run", r.ID, r.Phase)
+		}
+	}
+}
+
 // An error from a hook ends the pass with that error.
 func TestDriverHookError(t *testing.T) {
 	e := newEngine(t, newMemPool(), baseOptions(), 1, 64)

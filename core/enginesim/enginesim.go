@@ -55,6 +55,9 @@ type Config struct {
 	// finished. AsyncLoadWorkers is passed to Register (0: the daemon's default).
 	AsyncLoad        bool
 	AsyncLoadWorkers int
+	// AdmitPerPass caps the requests one pass admits (connector.DriverOptions.MaxAdmitPerPass;
+	// 0 is no cap).
+	AdmitPerPass int
 	// NoPromptArena makes the scheduler rank send every prompt in tokens_packed instead of
 	// through a prompt arena (engineapi.RemoteRankOptions).
 	NoPromptArena bool
@@ -278,7 +281,7 @@ func (e *Engine) Run(ctx context.Context, reqs []Request, maxRunning int) (res R
 		ranks[i] = rk.remote
 	}
 	d, err := connector.NewDriver(ranks, connector.DriverOptions{
-		TokensPerBlock: e.cfg.TokensPerBlock, Chunk: e.cfg.Chunk, MaxRunning: maxRunning, Hooks: e.hooks(&res),
+		TokensPerBlock: e.cfg.TokensPerBlock, Chunk: e.cfg.Chunk, MaxRunning: maxRunning, MaxAdmitPerPass: e.cfg.AdmitPerPass, Hooks: e.hooks(&res),
 	})
 	if err != nil {
 		return res, err
