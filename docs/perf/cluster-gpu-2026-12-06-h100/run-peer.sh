@@ -11,7 +11,7 @@ mkdir -p /tmp/pyenv/bin; ln -sf "$(command -v python3)" /tmp/pyenv/bin/python3
 printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$C/master/lib" "$C/master/mooncake_master" > /tmp/pyenv/bin/mooncake_master; chmod +x /tmp/pyenv/bin/mooncake_master
 echo "== peer loads"
 for i in 1 2 3; do
-  (cd core/cluster && KVCTL_BIN=$C/bin/kvctl KVCTL_PYENV=/tmp/pyenv timeout 60 $B/cluster.test -test.run XXX -test.bench 'BenchmarkLoadFromPeer' -test.benchtime 40x -test.v > $OUT/peer-$i.log 2>&1; echo "peer $i rc=$?")
+  (cd core/cluster && KVCTL_BIN=$C/bin/kvctl KVCTL_PYENV=/tmp/pyenv timeout 60 $B/cluster.test -test.run XXX -test.bench "BenchmarkLoadFromPeer/(serve|native-get)" -test.benchtime 40x -test.v > $OUT/peer-$i.log 2>&1; echo "peer $i rc=$?")
   grep -E "MB/s|passes \(1|phases|ns/op" $OUT/peer-$i.log | sed 's/^ *//' | cut -c1-170
 done
 echo "t=$SECONDS"
