@@ -132,11 +132,11 @@ def handle(c):
         c.sendall(b"ab" * 16)
     time.sleep(120)
 def serve(s):
-    s.listen(16)
     while True:
         c, _ = s.accept()
         threading.Thread(target=handle, args=(c,), daemon=True).start()
 for s in ls:
+    s.listen(16)  # before "ready": a connect right after it must not be refused
     threading.Thread(target=serve, args=(s,), daemon=True).start()
 print("ready", flush=True)
 time.sleep(120)
