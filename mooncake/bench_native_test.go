@@ -30,13 +30,7 @@ const benchSegment = 512 << 20
 // With KVCTL_INTEROP_BUSY=N a sibling process spins N threads on the same cores for the whole
 // run (busySibling), so both clients are measured equally loaded.
 func BenchmarkInterop(b *testing.B) {
-	if v := os.Getenv(busyEnv); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 1024 {
-			b.Fatalf("%s=%q: want a number of threads, 1..1024", busyEnv, v)
-		}
-		busySibling(b, n)
-	}
+	busyFromEnv(b)
 	m := mooncaketest.StartMaster(b, mooncaketest.MasterOptions{})
 	startHelper(b, m, "bench-holder", 0, 0, benchSegment)
 	kv := newNative(b, m, 0)
@@ -199,6 +193,18 @@ func BenchmarkInterop(b *testing.B) {
 // threads to spin.
 const busyEnv = "KVCTL_INTEROP_BUSY"
 
+// busyFromEnv starts the busy sibling when KVCTL_INTEROP_BUSY names a thread count.
+func busyFromEnv(b *testing.B) {
+	b.Helper()
+	if v := os.Getenv(busyEnv); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1024 {
+			b.Fatalf("%s=%q: want a number of threads, 1..1024", busyEnv, v)
+		}
+		busySibling(b, n)
+	}
+}
+
 // busySibling starts this test binary again as a process that keeps n threads busy on the same
 // cores until the benchmark ends (its stdin closes) or this process dies.
 func busySibling(b *testing.B, n int) {
@@ -271,13 +277,7 @@ func TestHelperBusyProcess(t *testing.T) {
 //
 // KVCTL_INTEROP_BUSY=N adds the busy sibling process, as for BenchmarkInterop.
 func BenchmarkExistAlternating(b *testing.B) {
-	if v := os.Getenv(busyEnv); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 1024 {
-			b.Fatalf("%s=%q: want a number of threads, 1..1024", busyEnv, v)
-		}
-		busySibling(b, n)
-	}
+	busyFromEnv(b)
 	m := mooncaketest.StartMaster(b, mooncaketest.MasterOptions{})
 	kv := newNative(b, m, 0)
 	_ = mooncaketest.StartClient(b, m, mooncaketest.ClientOptions{SegmentSize: 64 << 20}) // holds the values
