@@ -246,10 +246,15 @@ func (c *PyClient) BenchGetBatch(prefix string, size, n, batch int) time.Duratio
 }
 
 // BenchExist calls batch_is_exist(keys) n times inside the Python process and returns the
-// time the loop took there.
-func (c *PyClient) BenchExist(keys []string, n int) time.Duration {
+// time the loop took there. keys[:present] are expected to exist and the rest not: each
+// call's first and last results are checked, and a mismatch fails the test.
+func (c *PyClient) BenchExist(keys []string, present, n int) time.Duration {
 	c.t.Helper()
-	return time.Duration(c.must(map[string]any{"op": "bench_exist", "keys": keys, "n": n}).NS)
+	rep := c.must(map[string]any{"op": "bench_exist", "keys": keys, "present": present, "n": n})
+	if rep.RC != 0 {
+		c.t.Fatalf("python bench_exist: %d calls gave the wrong first or last result", -rep.RC)
+	}
+	return time.Duration(rep.NS)
 }
 
 // Close asks the client to unmount and exit, and waits for it.

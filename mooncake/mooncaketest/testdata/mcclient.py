@@ -10,7 +10,7 @@ Requests: {"op": "put", "key", "file", "soft_pin", "ttl_ms", "hard_pin", "group"
 {"op": "get", "key", "file"}, {"op": "is_exist", "key"}, {"op": "batch_is_exist", "keys"},
 {"op": "remove", "key", "force"}, {"op": "bench_put"|"bench_get", "prefix", "size", "n"},
 {"op": "bench_put_batch"|"bench_get_batch", "prefix", "size", "n", "batch"},
-{"op": "bench_exist", "keys", "n"}, {"op": "quit"}. Replies carry "rc" and op-specific fields;
+{"op": "bench_exist", "keys", "present", "n"}, {"op": "quit"}. Replies carry "rc" and op-specific fields;
 a request that raised carries "error".
 """
 
@@ -116,13 +116,19 @@ def main():
                 rep["ns"] = time.perf_counter_ns() - start
                 rep["rc"] = -bad
             elif op == "bench_exist":
+                # keys[:present] are stored and the rest are not; each result's first and last
+                # entries are checked, as the Go side checks its own.
                 keys = req["keys"]
-                n = int(req["n"])
+                n, present = int(req["n"]), int(req["present"])
+                first, last = int(present > 0), int(present >= len(keys))
                 start = time.perf_counter_ns()
+                bad = 0
                 for _ in range(n):
-                    store.batch_is_exist(keys)
+                    r = store.batch_is_exist(keys)
+                    if r[0] != first or r[-1] != last:
+                        bad += 1
                 rep["ns"] = time.perf_counter_ns() - start
-                rep["rc"] = 0
+                rep["rc"] = -bad
             else:
                 rep["error"] = "unknown op %r" % op
         except Exception as e:  # reported to the test, which fails on it
