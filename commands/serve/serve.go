@@ -167,7 +167,7 @@ messages of kvctl validate-config.`,
 	fl.StringVar(&opts.PoolSize, config.ServeKeyPoolSize, "auto", "memory this host gives the pool (the embedded pool, or its Mooncake segment), e.g. 64GiB; auto is a quarter of available memory")
 	fl.BoolVar(&opts.PoolPrefault, config.ServeKeyPoolPrefault, false, "make the embedded pool's memory resident at start, so that no save pays the first touch of pool memory (the pool then holds all of --pool-size from the start)")
 	fl.StringVar(&opts.StagingBytes, config.ServeKeyStagingBufferBytes, config.FormatSize(def.StagingBufferBytes), "default pinned host staging per direction for an engine rank, split evenly over its async load workers; the node memory check counts it")
-	cmdutil.DurationVar(fl, &opts.StatsInterval, config.ServeKeyStatsInterval, 0, "log prefix-hole and load stats at most this often (0 = off; metrics are always exported, but the CPU time of each synchronous load phase is only counted while this is set)")
+	cmdutil.DurationVar(fl, &opts.StatsInterval, config.ServeKeyStatsInterval, 0, "log prefix-hole and load stats at most this often (0 = off; metrics are always exported, but the CPU time of each load phase is only counted while this is set)")
 	cmdutil.DurationVar(fl, &opts.DrainTimeout, config.ServeKeyDrainTimeout, def.DrainTimeout, "how long a shutdown waits for queued saves")
 	fl.StringVar(&opts.MetricsAddr, config.ServeKeyMetricsAddr, "", "metrics and health listener `host:port` serving only /metrics, /healthz and /readyz (any address; empty turns it off)")
 	cmdutil.DurationVar(fl, &opts.EngineMetricsTTL, config.ServeKeyEngineMetricsTTL, def.EngineMetricsRetention, "how long the per-rank metric series of an engine that left are still exported")

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/enginesim"
+	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
 )
@@ -81,12 +82,13 @@ func BenchmarkLoadFromPeer(b *testing.B) {
 	// "serve": each engine admits its eight requests (lookups and allocation reports, one after
 	// another), then loads them synchronously in the same pass. "serve-async": each engine
 	// admits one request a pass and loads asynchronously through one load worker, so its next
-	// admissions run while its earlier requests load, one 64-page get at a time as before.
+	// admissions run while its earlier requests load, one 64-page get at a time as before;
+	// "serve-async/admit=N" admits up to N requests a pass instead.
 	for _, v := range []struct {
 		name  string
-		async bool
-	}{{"serve", false}, {"serve-async", true}} {
-		b.Run(fmt.Sprintf("%s/engines=%d", v.name, benchEngines), func(b *testing.B) { benchServe(ctx, b, bh, cfg, v.async, total) })
+		admit int // requests a pass admits, asynchronous loads; 0: synchronous loads, no cap
+	}{{"serve", 0}, {"serve-async", 1}, {"serve-async/admit=2", 2}, {"serve-async/admit=4", 4}, {"serve-async/admit=8", 8}} {
+		b.Run(fmt.Sprintf("%s/engines=%d", v.name, benchEngines), func(b *testing.B) { benchServe(ctx, b, bh, cfg, v.admit, total) })
 	}
 	logLoads(b, bh)
 	for _, batch := range []int{benchBatch, benchStagedBatch} {
@@ -104,12 +106,14 @@ func BenchmarkLoadFromPeer(b *testing.B) {
 }
 
 // benchServe times B's four engines loading every page, each engine its own requests.
-func benchServe(ctx context.Context, b *testing.B, bh *host, cfg func(*host, string) enginesim.Config, async bool, total int64) {
+// With admitPerPass > 0 each engine loads asynchronously through one load worker and admits
+// up to admitPerPass requests a pass.
+func benchServe(ctx context.Context, b *testing.B, bh *host, cfg func(*host, string) enginesim.Config, admitPerPass int, total int64) {
 	engines := make([]*enginesim.Engine, benchEngines)
 	for e := range engines {
-		c := cfg(bh, fmt.Sprintf("warm%d-%d-%t", e, b.N, async))
-		if async {
-			c.AsyncLoad, c.AsyncLoadWorkers, c.AdmitPerPass = true, 1, 1
+		c := cfg(bh, fmt.Sprintf("warm%d-%d-%d", e, b.N, admitPerPass))
+		if admitPerPass > 0 {
+			c.AsyncLoad, c.AsyncLoadWorkers, c.AdmitPerPass = true, 1, admitPerPass
 		}
 		eng, err := enginesim.Start(ctx, c)
 		if err != nil {
@@ -149,6 +153,7 @@ func benchServe(ctx context.Context, b *testing.B, bh *host, cfg func(*host, str
 	// One pass untimed: a serving engine's memory has been written before, a fresh one's
 	// pages are first touched by its first load.
 	pass("warm")
+	before := bh.stats(b).Loads
 	b.SetBytes(total)
 	b.ResetTimer()
 	admit, load, rest, passes = 0, 0, 0, 0
@@ -158,9 +163,24 @@ func benchServe(ctx context.Context, b *testing.B, bh *host, cfg func(*host, str
 	b.StopTimer()
 	if passes > 0 {
 		per := func(d time.Duration) float64 { return 1e3 * d.Seconds() / float64(passes) }
-		b.Logf("B's engine passes (%d): admission %.1f ms, metadata and loads %.1f ms, the rest %.1f ms a pass",
-			passes, per(admit), per(load), per(rest))
+		b.Logf("B's engine passes (%d, %.1f per engine run): admission %.1f ms, metadata and loads %.1f ms, the rest %.1f ms a pass",
+			passes, float64(passes)/float64(b.N*benchEngines), per(admit), per(load), per(rest))
 	}
+	logLoadsSince(b, before, bh.stats(b).Loads)
+}
+
+// logLoadsSince logs B's loads between two reads of its stats: per load, its wall time, the
+// pool get's share of it and, for asynchronous loads, the wait for a load worker.
+func logLoadsSince(b *testing.B, before, after statsapi.LoadStatsJSON) {
+	loads := after.Loads - before.Loads
+	if loads <= 0 {
+		return
+	}
+	per := func(a, b float64) float64 { return 1e3 * (a - b) / float64(loads) }
+	b.Logf("B's loads in the timed passes: %d (%d asynchronous), %.1f pages and %.1f store calls each; per load %.2f ms, get %.2f ms, queued for a load worker %.2f ms",
+		loads, after.AsyncLoads-before.AsyncLoads, float64(after.Pages-before.Pages)/float64(loads), float64(after.StoreCalls-before.StoreCalls)/float64(loads),
+		per(after.TransferSeconds, before.TransferSeconds), per(after.Phases["get"].WallSeconds, before.Phases["get"].WallSeconds),
+		per(after.WaitSeconds, before.WaitSeconds))
 }
 
 // logLoads logs what B's connector reports of its loads.

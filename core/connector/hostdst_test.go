@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/kvctl/kvctl/core/hostmem"
@@ -82,15 +83,19 @@ func layoutBytes(l kvmem.Layout) int64 {
 // no staging slot, and the bytes land in the right slots; a request whose page is missing fails
 // and its slot keeps its poison, while the other request in the same call loads. Where values
 // are split across regions (K and V apart), the load stages as before and the bytes still land.
+// Asynchronous loads (a load worker's clone of the mover) do the same.
 func TestLoadsReadStraightIntoHostEngineMemory(t *testing.T) {
 	const n = 6
 	for _, c := range []struct {
 		name   string
 		layout kvmem.Layout
 		direct bool
+		async  bool
 	}{
-		{"contiguous values", contiguousLayout(16), true},
-		{"split values", testLayout(16), false},
+		{"contiguous values", contiguousLayout(16), true, false},
+		{"split values", testLayout(16), false, false},
+		{"async/contiguous values", contiguousLayout(16), true, true},
+		{"async/split values", testLayout(16), false, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			l := c.layout
@@ -133,13 +138,24 @@ func TestLoadsReadStraightIntoHostEngineMemory(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = m.Close() })
-			w := registeredWorker(t, pool, m, l)
-			w.BindMeta(Metadata{Loads: []RequestTransfers{{RequestID: "a", Pages: pages}, {RequestID: "b", Pages: missing}}})
-			if err := w.StartLoad(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			if f := w.TakeFailedLoadRequests(); !slices.Equal(f, []string{"b"}) {
-				t.Fatalf("failed loads %v, want [b]", f)
+			loads := []RequestTransfers{{RequestID: "a", Pages: pages}, {RequestID: "b", Pages: missing}}
+			if c.async {
+				o := baseOptions()
+				o.AsyncLoad, o.AsyncLoadWorkers = true, 1
+				w := registeredWorkerWith(t, o, pool, m, l)
+				w.BindMeta(Metadata{AsyncLoads: loads})
+				if f := finishAsyncLoads(t, w, "a", "b"); !slices.Equal(f, []string{"b"}) {
+					t.Fatalf("failed asynchronous loads %v, want [b]", f)
+				}
+			} else {
+				w := registeredWorker(t, pool, m, l)
+				w.BindMeta(Metadata{Loads: loads})
+				if err := w.StartLoad(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				if f := w.TakeFailedLoadRequests(); !slices.Equal(f, []string{"b"}) {
+					t.Fatalf("failed loads %v, want [b]", f)
+				}
 			}
 			if len(pool.bufs) == 0 {
 				t.Fatal("the pool was never asked for a page")
@@ -174,6 +190,28 @@ func TestLoadsReadStraightIntoHostEngineMemory(t *testing.T) {
 			}
 		})
 	}
+}
+
+// finishAsyncLoads announces the parked requests ids and polls GetFinished until every one of
+// their asynchronous loads is done; it returns those handed back as failed.
+func finishAsyncLoads(t *testing.T, w *Worker, ids ...string) []string {
+	t.Helper()
+	var failed []string
+	announce, left := ids, len(ids)
+	for deadline := time.Now().Add(30 * time.Second); left > 0; announce = nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("asynchronous loads of %v not finished", ids)
+		}
+		_, done, err := w.GetFinished(nil, announce)
+		if err != nil {
+			t.Fatal(err)
+		}
+		left -= len(done)
+		failed = append(failed, w.TakeFailedAsyncLoadRequests()...)
+		time.Sleep(time.Millisecond)
+	}
+	slices.Sort(failed)
+	return failed
 }
 
 // TestContiguousValue pins which values Layout.ContiguousValue finds in one piece.

@@ -940,9 +940,15 @@ func (w *Worker) StartAsyncLoad(reqID string, pages []PageTransfer) error {
 
 func (w *Worker) asyncLoop(i int) {
 	defer w.backgroundWG.Done()
-	// Thread CPU time is per OS thread, and a GPU mover's context is too.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
+	// Thread CPU per phase only when the stats line that reports it is on, as for synchronous
+	// loads: pinned to its thread, the goroutine pays a thread hand-off each time it blocks on
+	// the pool (the master's replica lists, the transfers it waits for, each read of the one it
+	// makes itself). A GPU mover makes its context current on every call (gpu.cudaCaller).
+	cpu := w.stats.Enabled() && w.opts.StatsInterval > 0
+	if cpu {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+	}
 	mover, stage := w.asyncMovers[i], w.asyncStages[i]
 	var lists *loadLists // this goroutine's, kept between its loads
 	for {
@@ -959,7 +965,7 @@ func (w *Worker) asyncLoop(i int) {
 		if lists == nil {
 			lists = new(loadLists)
 		}
-		failed, err := w.loadParked(i, a, mover, stage, lists)
+		failed, err := w.loadParked(i, a, mover, stage, lists, cpu)
 		lists = keepLoadLists(lists, err)
 
 		w.mu.Lock()
@@ -973,10 +979,10 @@ func (w *Worker) asyncLoop(i int) {
 	}
 }
 
-func (w *Worker) loadParked(i int, a *asyncLoad, mover kvmem.Mover, stage kvmem.Staging, lists *loadLists) (failed bool, err error) {
+func (w *Worker) loadParked(i int, a *asyncLoad, mover kvmem.Mover, stage kvmem.Staging, lists *loadLists, cpu bool) (failed bool, err error) {
 	var sample *stats.LoadSample
 	if w.stats.Enabled() {
-		sample = &stats.LoadSample{Async: true, Wait: w.opts.Clock().Sub(a.enqueued), ThreadCPU: true}
+		sample = &stats.LoadSample{Async: true, Wait: w.opts.Clock().Sub(a.enqueued), ThreadCPU: cpu}
 		defer w.stats.RecordLoad(sample)
 	}
 	began := time.Now()
