@@ -406,3 +406,64 @@ func TestStatusPageWhilePoolUnreachable(t *testing.T) {
 		}
 	}
 }
+
+// boundedPool is an outagePool that is a daemon.ExistBounder: while hang is set, a probe waits
+// for its context to end, says so on ended, then waits for finish before it answers, as a
+// client still reading a reply that had begun to arrive does.
+type boundedPool struct {
+	*outagePool
+	ended, finish chan struct{}
+}
+
+func (p *boundedPool) ExistBoundedByContext() {}
+
+func (p *boundedPool) BatchIsExist(ctx context.Context, keys []string) []int {
+	if p.hang.Load() {
+		<-ctx.Done()
+		p.ended <- struct{}{}
+		<-p.finish
+		return fill(len(keys), int(pool.ErrRPCFail))
+	}
+	return p.outagePool.BatchIsExist(ctx, keys)
+}
+
+// TestExistBounderProbesOnTheLookup: a pool that ends its probes through their context is not
+// abandoned at the pool timeout: the lookup waits for the pool's own answer to its cut-off
+// probe, then answers miss, and the timeout is counted.
+func TestExistBounderProbesOnTheLookup(t *testing.T) {
+	p := &boundedPool{outagePool: newOutagePool(t, 64<<20), ended: make(chan struct{}, 16), finish: make(chan struct{})}
+	r := daemontest.Start(t, daemon.Config{
+		Backend:     &daemon.Backend{Pool: p, Info: remoteInfo},
+		Defaults:    connector.Options{StagingBufferBytes: 8 << 20},
+		PoolTimeout: 100 * time.Millisecond, HealthInterval: 20 * time.Millisecond, MountRetry: 10 * time.Millisecond,
+	})
+	eventually(t, "ready", func() bool { c, _ := readyz(t, r); return c == 200 })
+	p.hang.Store(true)
+	done := make(chan enginesim.Result, 1)
+	go func() { done <- runEngine(t, simConfig(r, "bounded"), prompts(1, 1, 16, "b")) }()
+	select {
+	case <-p.ended:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the probe's context never ended")
+	}
+	// The probe's context is done but the pool has not answered: a guard that abandoned it
+	// would let the lookup answer now.
+	select {
+	case <-done:
+		t.Fatal("the lookup answered before the pool did")
+	case <-time.After(300 * time.Millisecond):
+	}
+	p.hang.Store(false)
+	close(p.finish)
+	select {
+	case res := <-done:
+		if res.MatchedTokens != 0 {
+			t.Fatalf("matched %d tokens from a probe the pool failed", res.MatchedTokens)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the engine is still blocked after the pool answered")
+	}
+	if st := stats(t, r); st.Backend.PoolCallFailures.Timeouts == 0 || st.Backend.PoolCallFailures.LookupKeys == 0 {
+		t.Fatalf("timeout or failed keys not counted: %+v", st.Backend.PoolCallFailures)
+	}
+}
