@@ -299,13 +299,6 @@ func (p *Pool) BatchIsExist(ctx context.Context, keys []string) []int {
 	return failAll(len(keys), int(pool.ErrRPCFail))
 }
 
-// ExistBoundedByContext marks the pool a daemon.ExistBounder: BatchIsExist ends through its
-// context. The native client waits for the master's answer no longer than the context allows;
-// a master that stalls with a reply half sent, or with the client's request stream full, can
-// hold a probe up to the call timeout (the pool timeout under serve) past the context's end,
-// since a cut frame would break the connection for every caller.
-func (p *Pool) ExistBoundedByContext() {}
-
 // BatchPut stores through the cluster. Before the segment is mounted nothing is asked and every
 // key answers ErrNotJoined: the page is not stored by this host, but whether another host
 // stored it is unknown, so it is not counted as a failed put.

@@ -23,8 +23,6 @@ import (
 //   - SegmentServed() statsapi.SegmentServedJSON: what peers read from and wrote to this host's
 //     segment, the "backend" object's segment_served.
 //   - io.Closer-like Close() error: called last on shutdown.
-//   - ExistBounder: its existence probes are run on the lookup's goroutine rather than
-//     abandoned at the pool timeout.
 type Backend struct {
 	Pool pool.Pool
 	Info statsapi.BackendInfo
@@ -37,16 +35,6 @@ type Backend struct {
 type Mounter interface {
 	Mount(ctx context.Context) error
 	Unmount(ctx context.Context) error
-}
-
-// ExistBounder is a backend whose BatchIsExist ends through its context: once the context is
-// done it returns (a negative Code for every key it has no answer for), waiting on nothing
-// unbounded; what it may still finish after the context ended (a reply already arriving) is
-// bounded by its own call timeout, which the implementation documents. The daemon then bounds
-// a lookup's probe through its context alone instead of running it on a goroutine of its own
-// that it abandons at the pool timeout.
-type ExistBounder interface {
-	ExistBoundedByContext()
 }
 
 // Pinger is a backend that can tell whether its master answers.

@@ -16,14 +16,10 @@ import (
 // timeout, and what failed is counted. An existence probe that outlives the timeout is also
 // abandoned (it holds no caller buffer), so a lookup answers miss on time even from a pool that
 // ignores its context; puts and gets read or fill the caller's buffers and so are only ever cut
-// off through their context. A pool that is an ExistBounder ends its probes through their
-// context itself: its probe runs on the caller's goroutine, with no second goroutine to hand
-// the answer over (each hand-over wakes a goroutine, and often a second thread).
+// off through their context.
 type guardedPool struct {
 	pool.Pool
 	timeout time.Duration
-	// inline is set when Pool is an ExistBounder.
-	inline bool
 
 	timeouts, lookupKeys, droppedPages, loadPages atomic.Int64
 	m                                             guardMetrics
@@ -41,8 +37,7 @@ const (
 )
 
 func newGuardedPool(p pool.Pool, timeout time.Duration, reg prometheus.Registerer) *guardedPool {
-	_, inline := p.(ExistBounder)
-	g := &guardedPool{Pool: p, timeout: timeout, inline: inline}
+	g := &guardedPool{Pool: p, timeout: timeout}
 	g.m.timeouts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPoolTimeouts,
 		Help: "Pool calls cut off at the pool timeout, by operation."}, []string{"op"})
 	g.m.failed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPoolFailedKeys,
@@ -73,24 +68,19 @@ func (g *guardedPool) failed(op string, ctr *atomic.Int64, n int) {
 	}
 }
 
-// BatchIsExist probes within the timeout; past it every key answers ErrRPCFail, or, from an
-// ExistBounder, what the pool answers for a probe whose context ended.
+// BatchIsExist probes within the timeout; past it every key answers ErrRPCFail.
 func (g *guardedPool) BatchIsExist(ctx context.Context, keys []string) []int {
 	ctx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
+	done := make(chan []int, 1)
+	go func() { done <- g.Pool.BatchIsExist(ctx, keys) }()
 	var out []int
-	if g.inline {
-		out = g.Pool.BatchIsExist(ctx, keys)
-	} else {
-		done := make(chan []int, 1)
-		go func() { done <- g.Pool.BatchIsExist(ctx, keys) }()
-		select {
-		case out = <-done:
-		case <-ctx.Done():
-			out = make([]int, len(keys))
-			for i := range out {
-				out[i] = int(pool.ErrRPCFail)
-			}
+	select {
+	case out = <-done:
+	case <-ctx.Done():
+		out = make([]int, len(keys))
+		for i := range out {
+			out[i] = int(pool.ErrRPCFail)
 		}
 	}
 	g.timedOut(ctx, "exist")
