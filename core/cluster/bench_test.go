@@ -3,10 +3,15 @@ package cluster_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/enginesim"
 	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake"
@@ -221,6 +226,60 @@ func benchExist(b *testing.B, m *mooncaketest.Master, keys []string) {
 	})
 }
 
+// procCPU is the CPU time (user and system) process pid has used, from /proc.
+func procCPU(b *testing.B, pid int) time.Duration {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The fields after the command name (which ends at the last ')'): utime and stime are
+	// the 12th and 13th, in clock ticks (100 a second on Linux).
+	f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		b.Fatalf("/proc/%d/stat: %v %v", pid, err1, err2)
+	}
+	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+// selfCPU is the CPU time (user and system) this process has used.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// callSeconds reads the _sum and _count series of the engine call and lookup duration
+// histograms from h's /metrics, by their name and labels (histogram_sum{labels}).
+func callSeconds(b *testing.B, h *host) map[string]float64 {
+	code, body, err := get(h.admin + "/metrics")
+	if err != nil || code != 200 {
+		b.Fatalf("%s /metrics: %d %v", h.name, code, err)
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(body, "\n") {
+		name, val, ok := strings.Cut(line, " ")
+		if !ok || !strings.HasPrefix(name, "kvctl_engine_call_duration_seconds_") && !strings.HasPrefix(name, "kvctl_lookup_duration_seconds_") {
+			continue
+		}
+		base, labels, _ := strings.Cut(name, "{")
+		if labels != "" {
+			labels = "{" + labels
+		}
+		for _, suf := range []string{"_sum", "_count"} {
+			if trimmed, ok := strings.CutSuffix(base, suf); ok {
+				v, err := strconv.ParseFloat(val, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				out[trimmed+labels+suf] = v
+			}
+		}
+	}
+	return out
+}
+
 // benchNativeGet gets every key with a native client (no segment) in this process, four
 // goroutines in batches of batch pages, each goroutine one engine's share of the pages: into
 // one batch of buffers a goroutine, or, spread, into a buffer of its own for every page.
@@ -282,4 +341,129 @@ func benchNativeGet(b *testing.B, m *mooncaketest.Master, keys []string, batch i
 	for range b.N {
 		round()
 	}
+}
+
+// Where one request's admission through kvctl serve goes, on an otherwise idle daemon: host A
+// saves one engine's eight 64-block prompts, then one engine on host B admits them again and
+// again (Lookup, then UpdateStateAfterAlloc honouring the whole match, as BenchmarkLoadFromPeer's
+// engines do) without loading them; each admitted request is finished after its admission,
+// outside the admission's clock. Against it, in the same run: the native client's existence
+// probe of the same 64 keys (the master round trip a lookup makes underneath) and an empty
+// engine call (TakeFailedLoads, nothing failed) over the same engine connection.
+//
+//	go test -run XXX -bench BenchmarkAdmission -benchtime 2000x -v ./core/cluster/
+//
+// serve-admit reports admission-us (per request), lookup-us and alloc-us (its two calls).
+func BenchmarkAdmission(b *testing.B) {
+	m := mooncaketest.StartMaster(b, mooncaketest.MasterOptions{})
+	a := startServe(b, m, "A", "--pool-size", "128MiB", "--staging-buffer-bytes", benchStaging)
+	a.waitReady(b)
+	cfg := func(h *host, name string) enginesim.Config {
+		return enginesim.Config{Socket: h.socket, ModelKey: benchModelKey, Name: name, TokensPerBlock: T, Slots: benchReqs * (benchBlocks + 1),
+			PageBytes: []int{benchPage}, Chunk: benchBlocks*T + 1, SkipVerify: true}
+	}
+	prompts := benchPrompts(0)
+	runEngine(b, cfg(a, "cold"), prompts, benchReqs)
+	bh := startServe(b, m, "B", "--pool-size", "64MiB", "--staging-buffer-bytes", benchStaging)
+	bh.waitReady(b)
+	ctx := context.Background()
+	eng, err := enginesim.Start(ctx, cfg(bh, "admit"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer eng.Close(ctx)
+	rank := eng.Remote(0)
+	pages := make([]int, benchBlocks+1)
+	for i := range pages {
+		pages[i] = i
+	}
+	byGroup := [][]int{pages}
+	// Keys of the saved pages, for the native probe: any 64 of them cost one round trip alike.
+	admin, err := mooncake.NewAdminClient(m.AdminURL, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	keys, err := admin.AllKeys(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if len(keys) != benchReqs*benchBlocks {
+		b.Fatalf("the pool holds %d keys, want %d", len(keys), benchReqs*benchBlocks)
+	}
+
+	b.Run(fmt.Sprintf("serve-admit/blocks=%d", benchBlocks), func(b *testing.B) {
+		admitOne := func(name string, i int) (time.Duration, time.Duration) {
+			p := prompts[i%len(prompts)]
+			req := connector.Request{ID: fmt.Sprintf("%s-%s%d", p.ID, name, i), Tokens: p.Tokens}
+			t0 := time.Now()
+			got, async, err := rank.Lookup(ctx, req, 0)
+			t1 := time.Now()
+			if err != nil || async || got != benchBlocks*T {
+				b.Fatalf("lookup %s: %d tokens, async %t, %v", req.ID, got, async, err)
+			}
+			if err := rank.UpdateStateAfterAlloc(ctx, req.ID, byGroup, got); err != nil {
+				b.Fatal(err)
+			}
+			t2 := time.Now()
+			if _, err := rank.RequestFinished(ctx, req.ID); err != nil {
+				b.Fatal(err)
+			}
+			return t1.Sub(t0), t2.Sub(t1)
+		}
+		for i := range len(prompts) {
+			admitOne("warm", i) // untimed: the rank's prompt arena and call channel are set up
+		}
+		var lookup, alloc time.Duration
+		before := callSeconds(b, bh)
+		cpuB, cpuSelf := procCPU(b, bh.cmd.Process.Pid), selfCPU()
+		b.ResetTimer()
+		for i := range b.N {
+			l, a := admitOne("", i)
+			lookup += l
+			alloc += a
+		}
+		b.StopTimer()
+		cpuB, cpuSelf = procCPU(b, bh.cmd.Process.Pid)-cpuB, selfCPU()-cpuSelf
+		us := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(b.N) }
+		// CPU per admitted request (and its finish, outside the admission's clock): of host B's
+		// daemon and of this process, the engine's side.
+		b.ReportMetric(us(cpuB), "daemon-cpu-us")
+		b.ReportMetric(us(cpuSelf), "engine-cpu-us")
+		b.ReportMetric(us(lookup+alloc), "admission-us")
+		b.ReportMetric(us(lookup), "lookup-us")
+		b.ReportMetric(us(alloc), "alloc-us")
+		// The daemon's side of the same calls: from its interceptor's start to the handler's
+		// return (the engine_call histogram), and the prefix lookup within it.
+		after := callSeconds(b, bh)
+		perCall := func(k string) float64 {
+			return 1e6 * (after[k+"_sum"] - before[k+"_sum"]) / (after[k+"_count"] - before[k+"_count"])
+		}
+		b.Logf("B's side per call: Lookup %.0f us (prefix lookup %.0f us), UpdateStateAfterAlloc %.0f us, RequestFinished %.0f us",
+			perCall(`kvctl_engine_call_duration_seconds{method="Lookup"}`), perCall("kvctl_lookup_duration_seconds"),
+			perCall(`kvctl_engine_call_duration_seconds{method="UpdateStateAfterAlloc"}`), perCall(`kvctl_engine_call_duration_seconds{method="RequestFinished"}`))
+	})
+	b.Run("engine-call/TakeFailedLoads", func(b *testing.B) {
+		for range b.N {
+			ids, err := rank.TakeFailedLoadRequests(ctx)
+			if err != nil || len(ids) != 0 {
+				b.Fatalf("take failed loads: %v %v", ids, err)
+			}
+		}
+	})
+	b.Run(fmt.Sprintf("native-exist/keys=%d", benchBlocks), func(b *testing.B) {
+		n, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer n.Close()
+		ks := keys[:benchBlocks]
+		b.ResetTimer()
+		for range b.N {
+			for _, v := range n.BatchIsExist(ctx, ks) {
+				if v != 1 {
+					b.Fatalf("exist: %d", v)
+				}
+			}
+		}
+	})
 }

@@ -21,6 +21,9 @@ type geometry struct {
 	// attention rank's (TensorRT-LLM) or key rank's (vLLM) sharded page, then the replicated
 	// page when the group has one.
 	lookup [][]string
+	// lookupBlockBytes is about how many bytes the keys of one block's lookup take: the
+	// prefixes and a 32-byte hash in hex per key (a longer hash only grows the buffer).
+	lookupBlockBytes int
 }
 
 // groupPrefixes are the key prefixes of one layer group's pages: a page of block h has the key
@@ -72,20 +75,23 @@ func newGeometry(l kvmem.Layout, o Options) (*geometry, error) {
 			g.lookup = append(g.lookup, lookup)
 		}
 		g.keysPerBlock += len(g.lookup[i])
+		for _, pre := range g.lookup[i] {
+			g.lookupBlockBytes += len(pre) + 2*32
+		}
 	}
 	return g, nil
 }
 
-// appendLookupKeys appends the keys of every page a hit on block h needs (lookup's order),
-// to dst.
-func (g *geometry) appendLookupKeys(dst []string, h keys.PageHash, buf []byte) ([]string, []byte) {
+// appendLookupKeys appends the keys of every page a hit on block h needs (lookup's order) to
+// buf, one after the other, and the end offset of each in buf to ends.
+func (g *geometry) appendLookupKeys(buf []byte, ends []int, h keys.PageHash) ([]byte, []int) {
 	for _, pres := range g.lookup {
 		for _, pre := range pres {
-			buf = h.AppendHex(append(buf[:0], pre...))
-			dst = append(dst, string(buf))
+			buf = h.AppendHex(append(buf, pre...))
+			ends = append(ends, len(buf))
 		}
 	}
-	return dst, buf
+	return buf, ends
 }
 
 // checkPage reports whether page is a valid slot of group.

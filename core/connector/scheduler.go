@@ -218,12 +218,21 @@ func (s *Scheduler) lookup(ctx context.Context, req Request, numComputed int) (i
 
 // blockKeys lists every key of blocks [first, last) of chain, block by block, for one
 // existence probe. It reads only the geometry, which is fixed once the layout is registered.
+// The keys share one string: a probe of n keys allocates three times, not n+1.
 func (s *Scheduler) blockKeys(chain hashChain, first, last int) []string {
 	g := s.geom
-	out := make([]string, 0, (last-first)*g.keysPerBlock)
-	var buf []byte
+	n := (last - first) * g.keysPerBlock
+	buf := make([]byte, 0, (last-first)*g.lookupBlockBytes)
+	ends := make([]int, 0, n)
 	for b := first; b < last; b++ {
-		out, buf = g.appendLookupKeys(out, chain.At(b), buf)
+		buf, ends = g.appendLookupKeys(buf, ends, chain.At(b))
+	}
+	all := string(buf)
+	out := make([]string, len(ends))
+	start := 0
+	for i, end := range ends {
+		out[i] = all[start:end]
+		start = end
 	}
 	return out
 }

@@ -36,8 +36,10 @@ import (
 // Limits.MaxCallRequestBytes) and a worker that runs one call at a time and writes its response.
 // The reader keeps reading while a call runs, so an engine that goes away cancels the call at
 // once; a message it joins meanwhile waits for the worker, which is all the buffering a channel
-// does. Every reply is written under a deadline: an engine that never reads its replies loses
-// its channel, nothing else.
+// does. The worker gets a copy of each request's body (in one of two buffers the reader uses in
+// turn), so the reader goes back to reading without waiting for the call to decode. Every reply
+// is written under a deadline: an engine that never reads its replies loses its channel,
+// nothing else.
 
 // DefaultCallChannelWriteTimeout bounds how long the daemon waits to write one reply on a call
 // channel before it closes the channel.
@@ -241,7 +243,7 @@ func wait(chans []*callChannel, timeout time.Duration) {
 // callJob is what the reader hands the worker: a whole request, or a refusal to answer.
 type callJob struct {
 	hdr  engineapi.CallHeader
-	body []byte // the assembler's buffer: valid until the worker signals decoded
+	body []byte // a copy in one of the reader's two body buffers: valid until the next job is taken
 	// A refusal: the status and message to answer with instead of running a call.
 	code   codes.Code
 	msg    string
@@ -257,10 +259,9 @@ type callChannel struct {
 	ctx    context.Context // carries the connection id and peer; cancelled when the channel closes
 	cancel context.CancelFunc
 
-	jobs    chan callJob
-	decoded chan struct{} // the worker is done with a job's body
-	busy    chan struct{} // held by the worker while a call runs
-	done    chan struct{} // closed when both goroutines have returned
+	jobs chan callJob
+	busy chan struct{} // held by the worker while a call runs
+	done chan struct{} // closed when both goroutines have returned
 
 	closeOnce sync.Once
 
@@ -369,7 +370,7 @@ func (s *service) OpenCallChannel(ctx context.Context, req *enginepb.CallChannel
 	cctx, cancel := context.WithCancel(cctx)
 	c := &callChannel{
 		d: s.d, set: s.d.chans, conn: uc, connID: id, ctx: cctx, cancel: cancel, after: after,
-		jobs: make(chan callJob), decoded: make(chan struct{}, 1), busy: make(chan struct{}, 1), done: make(chan struct{}),
+		jobs: make(chan callJob), busy: make(chan struct{}, 1), done: make(chan struct{}),
 		poll: callPollWindow(s.d.cfg.CallChannelPoll),
 	}
 	if c.poll > 0 {
@@ -478,6 +479,8 @@ func (c *callChannel) read() {
 	limit := c.d.sec.limits.MaxCallRequestBytes
 	asm := engineapi.NewCallAssembler(limit)
 	buf := make([]byte, engineapi.MaxCallFrameBytes+1)
+	var bodies [2][]byte
+	next := 0
 	for {
 		n, truncated, err := c.recv(buf)
 		if err != nil {
@@ -509,14 +512,19 @@ func (c *callChannel) read() {
 		if msg == nil {
 			continue
 		}
-		if !c.hand(callJob{hdr: msg.Header, body: msg.Body}) {
-			return
+		// The message's body is the read buffer's or the assembler's, which the next frame
+		// overwrites: the worker gets a copy in one of two buffers, used in turn. The worker
+		// takes one job at a time and only after it answered the one before, so when the
+		// handing of a job returns, the buffer of the job before it is free again; the reader
+		// goes back to reading without waiting for the worker to decode.
+		body := append(bodies[next][:0], msg.Body...)
+		if cap(body) > 1<<20 {
+			bodies[next] = nil // a buffer grown for one large request is not kept
+		} else {
+			bodies[next] = body
 		}
-		// The body is the assembler's buffer: the next frame may not be read into it until the
-		// worker has decoded it.
-		select {
-		case <-c.decoded:
-		case <-c.ctx.Done():
+		next ^= 1
+		if !c.hand(callJob{hdr: msg.Header, body: body}) {
 			return
 		}
 	}
@@ -583,17 +591,8 @@ func (c *callChannel) serve(j callJob) bool {
 	if j.refuse {
 		return c.reply(j.hdr, j.code, []byte(engineapi.CallErrorMessage(j.msg)))
 	}
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			c.decoded <- struct{}{}
-		}
-	}
-	defer release()
 	h := callHandlers[j.hdr.Method]
 	if h == nil {
-		release()
 		c.set.refused.WithLabelValues(refusedUnknownMethod).Inc()
 		return c.reply(j.hdr, codes.Unimplemented, []byte(fmt.Sprintf("call channel: unknown method number %d", j.hdr.Method)))
 	}
@@ -601,7 +600,6 @@ func (c *callChannel) serve(j callJob) bool {
 	// A region per call for `go tool trace` (free when no trace runs).
 	defer trace.StartRegion(c.ctx, "callchannel "+name).End()
 	dec := func(v any) error {
-		defer release()
 		if err := engineapi.UnmarshalCall(j.body, v); err != nil {
 			c.set.refused.WithLabelValues(refusedUndecodable).Inc()
 			return status.Errorf(codes.InvalidArgument, "call channel: %s request of %d bytes does not decode: %v", name[strings.LastIndexByte(name, '/')+1:], len(j.body), err)
@@ -609,7 +607,6 @@ func (c *callChannel) serve(j callJob) bool {
 		return nil
 	}
 	resp, err := h(c.d.svc, c.ctx, dec, c.d.intercept)
-	release()
 	if err != nil {
 		st := status.Convert(err)
 		return c.reply(j.hdr, st.Code(), []byte(engineapi.CallErrorMessage(st.Message())))

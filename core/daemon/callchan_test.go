@@ -896,3 +896,52 @@ func startPolling(t *testing.T, poolBytes int64, poll time.Duration) *daemontest
 	popts.Segments = []embedded.SegmentSpec{{Name: "test", Capacity: poolBytes}}
 	return daemontest.Start(t, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 8 << 20}, CallChannelPoll: poll})
 }
+
+// TestCallChannelBurst sends a burst of requests on one channel without reading a reply, some
+// in one frame and some in several, each naming its own engine: the daemon answers every one
+// in order with its own request's content, though it reads the next request while the call
+// before it runs.
+func TestCallChannelBurst(t *testing.T) {
+	r := startPolling(t, 16<<20, -1)
+	c, err := engineapi.Dial(r.Info.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ch := rawChannel(t, c)
+	reset := enginepb.CallChannelMethod_CALL_CHANNEL_METHOD_REQUEST_RESET
+	const n = 48
+	name := func(i int) string { return fmt.Sprintf("burst-engine-%03d", i) }
+	msgs := make([][]byte, n)
+	for i := range msgs {
+		ref := &enginepb.RequestRef{Engine: name(i), RequestId: "r"}
+		if i%3 == 0 {
+			// Over several frames: the body is joined in the assembler's buffer.
+			ref.RequestId = strings.Repeat(fmt.Sprint(i%10), 3*engineapi.MaxCallFrameBytes)
+		}
+		msgs[i] = mustMarshal(t, ref)
+	}
+	sent := make(chan error, 1)
+	go func() {
+		_ = ch.SetWriteDeadline(time.Now().Add(20 * time.Second))
+		var err error
+		for i, m := range msgs {
+			if _, err = engineapi.AppendCallFrames(nil, engineapi.CallHeader{Method: reset, CallID: uint64(1000 + i)}, m, func(f []byte) error {
+				_, werr := ch.Write(f)
+				return werr
+			}); err != nil {
+				break
+			}
+		}
+		sent <- err
+	}()
+	for i := range n {
+		h, body := readReply(t, ch)
+		if h.CallID != uint64(1000+i) || codes.Code(h.Status) != codes.NotFound || !strings.Contains(string(body), name(i)) {
+			t.Fatalf("reply %d: call %d, %v %.200q; want call %d, NotFound naming %s", i, h.CallID, codes.Code(h.Status), body, 1000+i, name(i))
+		}
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+}
