@@ -88,12 +88,19 @@ func BenchmarkLoadFromPeer(b *testing.B) {
 	// another), then loads them synchronously in the same pass. "serve-async": each engine
 	// admits one request a pass and loads asynchronously through one load worker, so its next
 	// admissions run while its earlier requests load, one 64-page get at a time as before;
-	// "serve-async/admit=N" admits up to N requests a pass instead.
+	// "serve-async/admit=N" admits up to N requests a pass instead. Those engines poll while
+	// they have nothing to run but parked requests (a pass every 200 µs); the ".../wait" cases
+	// wait in GetFinished instead (wait_ms, enginesim.Config.FinishedWait).
+	const wait = 100 * time.Millisecond
 	for _, v := range []struct {
 		name  string
-		admit int // requests a pass admits, asynchronous loads; 0: synchronous loads, no cap
-	}{{"serve", 0}, {"serve-async", 1}, {"serve-async/admit=2", 2}, {"serve-async/admit=4", 4}, {"serve-async/admit=8", 8}} {
-		b.Run(fmt.Sprintf("%s/engines=%d", v.name, benchEngines), func(b *testing.B) { benchServe(ctx, b, bh, cfg, v.admit, total) })
+		admit int           // requests a pass admits, asynchronous loads; 0: synchronous loads, no cap
+		wait  time.Duration // enginesim.Config.FinishedWait
+	}{
+		{"serve", 0, 0}, {"serve-async", 1, 0}, {"serve-async/admit=2", 2, 0}, {"serve-async/admit=4", 4, 0}, {"serve-async/admit=8", 8, 0},
+		{"serve-async/wait", 1, wait}, {"serve-async/admit=2/wait", 2, wait},
+	} {
+		b.Run(fmt.Sprintf("%s/engines=%d", v.name, benchEngines), func(b *testing.B) { benchServe(ctx, b, bh, cfg, v.admit, v.wait, total) })
 	}
 	logLoads(b, bh)
 	for _, batch := range []int{benchBatch, benchStagedBatch} {
@@ -113,12 +120,12 @@ func BenchmarkLoadFromPeer(b *testing.B) {
 // benchServe times B's four engines loading every page, each engine its own requests.
 // With admitPerPass > 0 each engine loads asynchronously through one load worker and admits
 // up to admitPerPass requests a pass.
-func benchServe(ctx context.Context, b *testing.B, bh *host, cfg func(*host, string) enginesim.Config, admitPerPass int, total int64) {
+func benchServe(ctx context.Context, b *testing.B, bh *host, cfg func(*host, string) enginesim.Config, admitPerPass int, wait time.Duration, total int64) {
 	engines := make([]*enginesim.Engine, benchEngines)
 	for e := range engines {
-		c := cfg(bh, fmt.Sprintf("warm%d-%d-%d", e, b.N, admitPerPass))
+		c := cfg(bh, fmt.Sprintf("warm%d-%d-%d-%d", e, b.N, admitPerPass, wait.Milliseconds()))
 		if admitPerPass > 0 {
-			c.AsyncLoad, c.AsyncLoadWorkers, c.AdmitPerPass = true, 1, admitPerPass
+			c.AsyncLoad, c.AsyncLoadWorkers, c.AdmitPerPass, c.FinishedWait = true, 1, admitPerPass, wait
 		}
 		eng, err := enginesim.Start(ctx, c)
 		if err != nil {

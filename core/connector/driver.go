@@ -240,6 +240,46 @@ func (d *Driver) Step(ctx context.Context) error {
 	return d.collect(ctx, finishedGen, started)
 }
 
+// WaitIdle is what an engine does between passes while Busy is false: with a single rank that
+// can wait (FinishedWaiter), it asks that rank for finished loads and saves, waiting up to wait
+// for one to finish, and collects them as the end of a pass does; with several ranks, or one that
+// cannot wait, or when that rank answered with nothing sooner than poll (a daemon that does not
+// wait), it sleeps for poll. It returns at once when the driver is busy or nothing is parked or
+// saving.
+func (d *Driver) WaitIdle(ctx context.Context, wait, poll time.Duration) error {
+	if d.Busy() || d.Pending() == 0 {
+		return nil
+	}
+	fw, ok := d.ranks[0].(FinishedWaiter)
+	if !ok || len(d.ranks) > 1 || wait <= 0 {
+		return sleepCtx(ctx, poll)
+	}
+	defer d.forget()
+	began := time.Now()
+	saving, loading, err := fw.GetFinishedWait(ctx, nil, nil, wait)
+	if err != nil {
+		return err
+	}
+	if len(saving)+len(loading) == 0 {
+		return sleepCtx(ctx, poll-time.Since(began))
+	}
+	return d.apply(ctx, 0, d.ranks[0], saving, loading)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // Drain asks every rank for finished saves, calling wait between rounds, until no request's
 // saves are in flight.
 func (d *Driver) Drain(ctx context.Context, wait func(context.Context) error) error {
@@ -493,26 +533,49 @@ func (d *Driver) collect(ctx context.Context, finishedGen, started []string) err
 		if err != nil {
 			return err
 		}
-		for _, id := range saving {
-			if r := d.find(id); r != nil {
-				r.savedRanks[i] = true
-			}
-		}
-		failed, err := rk.TakeFailedAsyncLoadRequests(ctx)
-		if err != nil {
+		if err := d.note(ctx, i, rk, saving, loading); err != nil {
 			return err
 		}
-		for _, id := range failed {
-			if r := d.find(id); r != nil {
-				r.loadFailed = true
-			}
-		}
-		for _, id := range loading {
-			if r := d.find(id); r != nil && r.Phase == PhaseParked {
-				r.loadedOn[i] = true
-			}
+	}
+	return d.settle(ctx)
+}
+
+// apply takes what one rank reported finished, as collect does, and settles the requests.
+func (d *Driver) apply(ctx context.Context, i int, rk Rank, saving, loading []string) error {
+	if err := d.note(ctx, i, rk, saving, loading); err != nil {
+		return err
+	}
+	return d.settle(ctx)
+}
+
+// note records what rank i reported finished, and takes its failed asynchronous loads, as the
+// engine API asks after every GetFinished.
+func (d *Driver) note(ctx context.Context, i int, rk Rank, saving, loading []string) error {
+	for _, id := range saving {
+		if r := d.find(id); r != nil {
+			r.savedRanks[i] = true
 		}
 	}
+	failed, err := rk.TakeFailedAsyncLoadRequests(ctx)
+	if err != nil {
+		return err
+	}
+	for _, id := range failed {
+		if r := d.find(id); r != nil {
+			r.loadFailed = true
+		}
+	}
+	for _, id := range loading {
+		if r := d.find(id); r != nil && r.Phase == PhaseParked {
+			r.loadedOn[i] = true
+		}
+	}
+	return nil
+}
+
+// settle resumes the parked requests every rank finished loading (or restarts them, when a rank
+// failed theirs) and ends the requests every rank finished saving.
+func (d *Driver) settle(ctx context.Context) error {
 	// A parked request resumes once every rank reported its load: under tensor parallelism the
 	// runtime acts on the intersection over ranks.
 	T := d.opts.TokensPerBlock

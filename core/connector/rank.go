@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Rank is what one engine rank calls on its connector, in process or over the engine API:
@@ -53,6 +54,13 @@ type Rank interface {
 	GetFinished(ctx context.Context, finishedGen, startedLoading []string) (finishedSaving, finishedLoading []string, err error)
 	// DropBoundSaves is Worker.DropBoundSaves.
 	DropBoundSaves(ctx context.Context, ids []string) error
+}
+
+// FinishedWaiter is a Rank whose GetFinished can wait for something to report
+// (Worker.GetFinishedWait): LocalRank, and engineapi.RemoteRank on a daemon that serves the
+// wait.
+type FinishedWaiter interface {
+	GetFinishedWait(ctx context.Context, finishedGen, startedLoading []string, wait time.Duration) (finishedSaving, finishedLoading []string, err error)
 }
 
 // ErrNoScheduler is returned by a scheduler-adapter call on a rank that runs none.
@@ -186,6 +194,11 @@ func (l *LocalRank) WaitForSave(ctx context.Context) error { return l.w.WaitForS
 // GetFinished implements Rank.
 func (l *LocalRank) GetFinished(_ context.Context, finishedGen, startedLoading []string) ([]string, []string, error) {
 	return l.w.GetFinished(finishedGen, startedLoading)
+}
+
+// GetFinishedWait implements FinishedWaiter.
+func (l *LocalRank) GetFinishedWait(ctx context.Context, finishedGen, startedLoading []string, wait time.Duration) ([]string, []string, error) {
+	return l.w.GetFinishedWait(ctx, finishedGen, startedLoading, wait)
 }
 
 // DropBoundSaves implements Rank.

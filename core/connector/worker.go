@@ -52,15 +52,16 @@ type Worker struct {
 	failedAsync []string
 	submitted   []string
 	outstanding map[string]int // request -> save jobs queued and not done
-	// savesChanged is closed (and replaced) each time a save job is done.
-	savesChanged chan struct{}
-	closedGen    map[string]bool // finished requests waiting for their saves
-	announced    map[string]bool // parked requests the engine said it started loading
-	async        map[string]*asyncLoad
-	protocol     protocolState
-	kept         error
-	closed       bool
-	warnedTTL    bool
+	// changed is closed (and replaced) each time a save job or an asynchronous load is done,
+	// and when the worker keeps an error or closes: what WaitSaves and GetFinishedWait wait on.
+	changed   chan struct{}
+	closedGen map[string]bool // finished requests waiting for their saves
+	announced map[string]bool // parked requests the engine said it started loading
+	async     map[string]*asyncLoad
+	protocol  protocolState
+	kept      error
+	closed    bool
+	warnedTTL bool
 
 	saveQ     *fifo[saveJob]
 	saveMover kvmem.Mover
@@ -110,17 +111,17 @@ func NewWorker(opts Options, pl pool.Pool, mover kvmem.Mover) (*Worker, error) {
 		return nil, fmt.Errorf("a %s role needs a pool and a mover", opts.Role)
 	}
 	w := &Worker{
-		opts:         opts,
-		pool:         pl,
-		mover:        mover,
-		log:          opts.Logger,
-		recover:      opts.recoverFailedLoads(),
-		outstanding:  map[string]int{},
-		savesChanged: make(chan struct{}),
-		closedGen:    map[string]bool{},
-		announced:    map[string]bool{},
-		async:        map[string]*asyncLoad{},
-		protocol:     newProtocolState(),
+		opts:        opts,
+		pool:        pl,
+		mover:       mover,
+		log:         opts.Logger,
+		recover:     opts.recoverFailedLoads(),
+		outstanding: map[string]int{},
+		changed:     make(chan struct{}),
+		closedGen:   map[string]bool{},
+		announced:   map[string]bool{},
+		async:       map[string]*asyncLoad{},
+		protocol:    newProtocolState(),
 	}
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	if opts.Role.Loads() {
@@ -321,8 +322,15 @@ func (w *Worker) keep(err error) error {
 func (w *Worker) keepLocked(err error) error {
 	if w.kept == nil && err != nil {
 		w.kept = err
+		w.signalLocked()
 	}
 	return w.kept
+}
+
+// signalLocked wakes every waiter on w.changed.
+func (w *Worker) signalLocked() {
+	close(w.changed)
+	w.changed = make(chan struct{})
 }
 
 // shutdownCancelled reports whether err is only the cancellation of work that Close gave up
@@ -588,7 +596,7 @@ func (w *Worker) WaitForSave(_ context.Context) error {
 func (w *Worker) WaitSaves(ctx context.Context) error {
 	for {
 		w.mu.Lock()
-		n, changed := len(w.outstanding), w.savesChanged
+		n, changed := len(w.outstanding), w.changed
 		w.mu.Unlock()
 		if n == 0 {
 			return nil
@@ -617,8 +625,7 @@ func (w *Worker) saveLoop() {
 				delete(w.outstanding, t.RequestID)
 			}
 		}
-		close(w.savesChanged)
-		w.savesChanged = make(chan struct{})
+		w.signalLocked()
 		w.mu.Unlock()
 	}
 }
@@ -975,6 +982,7 @@ func (w *Worker) asyncLoop(i int) {
 		if err != nil && !w.shutdownCancelled(err) {
 			_ = w.keepLocked(err)
 		}
+		w.signalLocked()
 		w.mu.Unlock()
 	}
 }
@@ -1031,13 +1039,53 @@ func (w *Worker) loadParked(i int, a *asyncLoad, mover kvmem.Mover, stage kvmem.
 // request.
 func (w *Worker) GetFinished(finishedGen, startedLoading []string) (finishedSaving, finishedLoading []string, err error) {
 	defer w.stats.TickLoads()
+	finishedSaving, finishedLoading, _, err = w.getFinished(finishedGen, startedLoading)
+	return finishedSaving, finishedLoading, err
+}
+
+// MaxFinishedWait bounds GetFinishedWait's wait.
+const MaxFinishedWait = time.Second
+
+// GetFinishedWait is GetFinished for an engine with nothing else to do: when there is nothing
+// to report yet but a finished request's saves or an announced request's asynchronous load are
+// still in flight, it waits for one of them to finish, up to wait (at most MaxFinishedWait), and
+// reports what is done then. It answers at once when it has something to report, when nothing
+// it could report is in flight, or when wait is not positive; it answers with nothing reported
+// when the wait ends first and with ctx's error when ctx ends first (for an engine whose
+// connection ended). finishedGen and startedLoading are taken once, as GetFinished takes them.
+func (w *Worker) GetFinishedWait(ctx context.Context, finishedGen, startedLoading []string, wait time.Duration) (finishedSaving, finishedLoading []string, err error) {
+	defer w.stats.TickLoads()
+	finishedSaving, finishedLoading, changed, err := w.getFinished(finishedGen, startedLoading)
+	if err != nil || wait <= 0 || changed == nil {
+		return finishedSaving, finishedLoading, err
+	}
+	timer := time.NewTimer(min(wait, MaxFinishedWait))
+	defer timer.Stop()
+	for {
+		select {
+		case <-changed:
+		case <-timer.C:
+			return nil, nil, nil
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+		if finishedSaving, finishedLoading, changed, err = w.getFinished(nil, nil); err != nil || changed == nil {
+			return finishedSaving, finishedLoading, err
+		}
+	}
+}
+
+// getFinished is one look of GetFinished. changed is non-nil only when nothing was reported
+// and something the engine could be told of later is still in flight: it is closed when that
+// may have changed.
+func (w *Worker) getFinished(finishedGen, startedLoading []string) (finishedSaving, finishedLoading []string, changed <-chan struct{}, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err := w.usableLocked(); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if len(w.failedAsync) > 0 {
-		return nil, nil, w.keepLocked(fmt.Errorf("%w: GetFinished called again while parked requests %v, whose asynchronous loads failed, were never taken; an engine that reads reports_failed_loads must call TakeFailedAsyncLoadRequests after every GetFinished",
+		return nil, nil, nil, w.keepLocked(fmt.Errorf("%w: GetFinished called again while parked requests %v, whose asynchronous loads failed, were never taken; an engine that reads reports_failed_loads must call TakeFailedAsyncLoadRequests after every GetFinished",
 			ErrFailedLoadsNotTaken, w.failedAsync))
 	}
 	for _, id := range startedLoading {
@@ -1048,7 +1096,7 @@ func (w *Worker) GetFinished(finishedGen, startedLoading []string) (finishedSavi
 		if w.protocol.finished.has(id) {
 			why = "an earlier GetFinished already reported its load finished"
 		}
-		return nil, nil, w.keepLocked(fmt.Errorf("%w: the engine announced request %q as loading asynchronously, but %s", ErrMisreportedRequest, id, why))
+		return nil, nil, nil, w.keepLocked(fmt.Errorf("%w: the engine announced request %q as loading asynchronously, but %s", ErrMisreportedRequest, id, why))
 	}
 	for _, id := range finishedGen {
 		w.closedGen[id] = true
@@ -1078,7 +1126,10 @@ func (w *Worker) GetFinished(finishedGen, startedLoading []string) (finishedSavi
 	slices.Sort(finishedSaving)
 	slices.Sort(finishedLoading)
 	slices.Sort(w.failedAsync)
-	return finishedSaving, finishedLoading, nil
+	if len(finishedSaving)+len(finishedLoading) == 0 && len(w.closedGen)+len(w.announced) > 0 {
+		changed = w.changed
+	}
+	return finishedSaving, finishedLoading, changed, nil
 }
 
 // Close stops the worker: queued saves are still written, queued asynchronous loads are
@@ -1094,6 +1145,7 @@ func (w *Worker) Close(ctx context.Context) error {
 		return nil
 	}
 	w.closed = true
+	w.signalLocked()
 	saveQ, asyncQ := w.saveQ, w.asyncQ
 	w.mu.Unlock()
 	if _, ok := ctx.Deadline(); !ok {

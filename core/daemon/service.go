@@ -2,11 +2,13 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 )
@@ -227,8 +229,15 @@ func (s *service) GetFinished(ctx context.Context, req *enginepb.GetFinishedRequ
 	if err != nil {
 		return nil, err
 	}
+	wait := time.Duration(req.GetWaitMs()) * time.Millisecond
+	if wait > connector.MaxFinishedWait {
+		return nil, status.Errorf(codes.InvalidArgument, "get finished: wait_ms %d is above the limit of %d", req.GetWaitMs(), connector.MaxFinishedWait.Milliseconds())
+	}
 	prior := w.Err()
-	saving, loading, err := w.GetFinished(req.GetFinishedGen(), req.GetStartedLoading())
+	saving, loading, err := w.GetFinishedWait(ctx, req.GetFinishedGen(), req.GetStartedLoading(), wait)
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		return nil, status.FromContextError(err).Err()
+	}
 	if err != nil {
 		return nil, s.protocolStatus(req.GetEngine(), prior, err)
 	}

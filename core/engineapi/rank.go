@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -254,6 +255,18 @@ func (r *RemoteRank) WaitForSave(ctx context.Context) error {
 // GetFinished implements connector.Rank.
 func (r *RemoteRank) GetFinished(ctx context.Context, finishedGen, startedLoading []string) ([]string, []string, error) {
 	resp, err := r.c.GetFinished(ctx, &enginepb.GetFinishedRequest{Engine: r.engine, FinishedGen: finishedGen, StartedLoading: startedLoading})
+	if err != nil {
+		return nil, nil, err
+	}
+	return resp.GetFinishedSaving(), resp.GetFinishedLoading(), nil
+}
+
+// GetFinishedWait implements connector.FinishedWaiter: GetFinished with wait_ms, wait rounded
+// up to a millisecond and capped at connector.MaxFinishedWait. A daemon older than wait_ms
+// answers at once.
+func (r *RemoteRank) GetFinishedWait(ctx context.Context, finishedGen, startedLoading []string, wait time.Duration) ([]string, []string, error) {
+	ms := (min(max(wait, 0), connector.MaxFinishedWait) + time.Millisecond - 1) / time.Millisecond
+	resp, err := r.c.GetFinished(ctx, &enginepb.GetFinishedRequest{Engine: r.engine, FinishedGen: finishedGen, StartedLoading: startedLoading, WaitMs: uint32(ms)})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -58,6 +58,10 @@ type Config struct {
 	// AdmitPerPass caps the requests one pass admits (connector.DriverOptions.MaxAdmitPerPass;
 	// 0 is no cap).
 	AdmitPerPass int
+	// FinishedWait is how long an engine with nothing to run but parked or saving requests
+	// waits in GetFinished for one of them to finish (connector.Driver.WaitIdle; at most
+	// connector.MaxFinishedWait). 0 polls instead: a pass every idlePoll.
+	FinishedWait time.Duration
 	// NoPromptArena makes the scheduler rank send every prompt in tokens_packed instead of
 	// through a prompt arena (engineapi.RemoteRankOptions).
 	NoPromptArena bool
@@ -272,6 +276,9 @@ func (e *Engine) hooks(res *Result) connector.DriverHooks {
 	}
 }
 
+// idlePoll is the pause between an idle engine's passes when it does not wait in GetFinished.
+const idlePoll = 200 * time.Microsecond
+
 // Run drives reqs to completion, MaxRunning at a time (0 = all at once), and returns what
 // happened. Every loaded page is checked; a wrong byte is an error wrapping ErrWrongBytes.
 func (e *Engine) Run(ctx context.Context, reqs []Request, maxRunning int) (res Result, err error) {
@@ -306,9 +313,10 @@ func (e *Engine) Run(ctx context.Context, reqs []Request, maxRunning int) (res R
 		if err := d.Step(ctx); err != nil {
 			return res, err
 		}
-		if !d.Busy() {
-			// Only saves or parked loads in flight: give the daemon's goroutines a moment.
-			time.Sleep(200 * time.Microsecond)
+		// Only saves or parked loads in flight: wait for one to finish, or give the daemon's
+		// goroutines a moment.
+		if err := d.WaitIdle(ctx, e.cfg.FinishedWait, idlePoll); err != nil {
+			return res, err
 		}
 	}
 	return res, nil

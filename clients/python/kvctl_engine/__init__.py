@@ -18,7 +18,7 @@ differently. docs/ENGINE_API.md in the kvctl repository is the contract.
 """
 
 from .callchan import CallChannel, CallChannelStats
-from .client import API_VERSION, CALL_CHANNEL_METHODS, DEFAULT_TIMEOUT, SLOW_CALL_TIMEOUT, Client
+from .client import API_VERSION, CALL_CHANNEL_METHODS, DEFAULT_TIMEOUT, MAX_FINISHED_WAIT, SLOW_CALL_TIMEOUT, Client
 from .cuda import CudaIpcMemory, VmmAllocation, ipc_handle_from_pointer, ipc_handle_from_tensor
 from .discovery import default_socket_path, fd_socket_path, resolve_socket_path
 from .errors import (
@@ -70,6 +70,7 @@ __all__ = [
     "API_VERSION",
     "CALL_CHANNEL_METHODS",
     "DEFAULT_TIMEOUT",
+    "MAX_FINISHED_WAIT",
     "MAX_REQUEST_TOKENS",
     "SLOW_CALL_TIMEOUT",
     "AlreadyRegistered",

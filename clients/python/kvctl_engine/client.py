@@ -31,6 +31,7 @@ from .trust import check_daemon_path
 
 __all__ = [
     "API_VERSION",
+    "MAX_FINISHED_WAIT",
     "CALL_CHANNEL_METHODS",
     "DEFAULT_TIMEOUT",
     "MAX_MESSAGE_BYTES",
@@ -40,7 +41,7 @@ __all__ = [
 ]
 
 # API_VERSION is the engine API version (major, minor) this SDK speaks; Register declares it.
-API_VERSION: tuple[int, int] = (1, 2)
+API_VERSION: tuple[int, int] = (1, 3)
 # MAX_MESSAGE_BYTES bounds one message either way, as the daemon does (core/engineapi).
 MAX_MESSAGE_BYTES = 64 << 20
 # DEFAULT_TIMEOUT is the deadline, in seconds, of a call that names none: no call hangs.
@@ -49,6 +50,9 @@ DEFAULT_TIMEOUT = 30.0
 # drains the rank's saves, WaitForSave waits for them.
 SLOW_CALL_TIMEOUT = 120.0
 _SLOW = frozenset({"Unregister", "WaitForSave"})
+# MAX_FINISHED_WAIT is the longest GetFinished may wait for a save or load to finish (seconds;
+# GetFinishedRequest.wait_ms at most 1000, core/connector.MaxFinishedWait).
+MAX_FINISHED_WAIT = 1.0
 
 # The request and response message of every method.
 _METHODS: dict[str, tuple[type[Message], type[Message]]] = {

@@ -14,13 +14,14 @@ prompts go in tokens_packed.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._pb import engine_pb2 as pb
-from .client import API_VERSION, Client, api_version_message
+from .client import API_VERSION, MAX_FINISHED_WAIT, Client, api_version_message
 from .cuda import CudaIpcMemory
 from .errors import CallTimeout, Cancelled, InvalidArgument, KvctlError
 from .memory import DEFAULT_PROMPT_ARENA_BYTES, PromptArena, SharedMemory
@@ -698,14 +699,28 @@ class Rank(_SchedulerCalls):
         self.client.call("WaitForSave", self._ref, timeout)
 
     def get_finished(
-        self, finished_gen: Sequence[str] = (), started_loading: Sequence[str] = (), timeout: float | None = None
+        self,
+        finished_gen: Sequence[str] = (),
+        started_loading: Sequence[str] = (),
+        timeout: float | None = None,
+        wait: float = 0.0,
     ) -> Finished:
         """Reports requests finished generating (whose saves may be in flight) and requests that
-        started an async load; returns those whose saves and async loads finished."""
+        started an async load; returns those whose saves and async loads finished.
+
+        wait (seconds, at most MAX_FINISHED_WAIT; engine API 1.3) is for an engine with nothing
+        else to run: when nothing is finished yet but saves or announced async loads are in
+        flight, the daemon answers as soon as one finishes, or with nothing once wait has passed.
+        With nothing in flight it answers at once. A daemon older than 1.3 answers at once."""
+        if not 0.0 <= wait <= MAX_FINISHED_WAIT:
+            raise ValueError(f"get_finished: wait {wait!r} s is outside [0, {MAX_FINISHED_WAIT}]")
         r = self.client.call(
             "GetFinished",
             pb.GetFinishedRequest(
-                engine=self.name, finished_gen=list(finished_gen), started_loading=list(started_loading)
+                engine=self.name,
+                finished_gen=list(finished_gen),
+                started_loading=list(started_loading),
+                wait_ms=math.ceil(wait * 1000),
             ),
             timeout,
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -214,6 +215,12 @@ def test_every_rank_call(daemon) -> None:
         assert rank.take_submitted_saves() == []
         assert rank.take_failed_async_loads() == []
         assert rank.get_finished() == kv.Finished([], [])
+        # Nothing in flight: a waiting call answers at once, with nothing.
+        began = time.monotonic()
+        assert rank.get_finished(wait=kv.MAX_FINISHED_WAIT) == kv.Finished([], [])
+        assert time.monotonic() - began < kv.MAX_FINISHED_WAIT
+        with pytest.raises(ValueError, match="wait 1.5 s is outside"):
+            rank.get_finished(wait=1.5)
         meta = rank.build_meta()
         assert meta.loads == [] and meta.saves == [] and meta.async_loads == []
         rank.bind_meta(meta)

@@ -2586,8 +2586,14 @@ type GetFinishedRequest struct {
 	Engine         string                 `protobuf:"bytes,1,opt,name=engine,proto3" json:"engine,omitempty"`
 	FinishedGen    []string               `protobuf:"bytes,2,rep,name=finished_gen,json=finishedGen,proto3" json:"finished_gen,omitempty"`
 	StartedLoading []string               `protobuf:"bytes,3,rep,name=started_loading,json=startedLoading,proto3" json:"started_loading,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// wait_ms lets a call that has nothing to report wait, up to this many milliseconds, for a
+	// save or asynchronous load it would report to finish, and answer as soon as one does: an
+	// engine with nothing to run but parked or saving requests calls with it instead of polling.
+	// A call with nothing in flight to wait for answers at once. 0 (the default) never waits;
+	// at most 1000 (INVALID_ARGUMENT above).
+	WaitMs        uint32 `protobuf:"varint,4,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetFinishedRequest) Reset() {
@@ -2639,6 +2645,13 @@ func (x *GetFinishedRequest) GetStartedLoading() []string {
 		return x.StartedLoading
 	}
 	return nil
+}
+
+func (x *GetFinishedRequest) GetWaitMs() uint32 {
+	if x != nil {
+		return x.WaitMs
+	}
+	return 0
 }
 
 type GetFinishedResponse struct {
@@ -3003,11 +3016,12 @@ const file_engine_proto_rawDesc = "" +
 	"request_id\x18\x02 \x01(\tR\trequestId\x12\x14\n" +
 	"\x05dummy\x18) \x01(\bR\x05dummy\"<\n" +
 	"\x17RequestFinishedResponse\x12!\n" +
-	"\fasync_saving\x18\x01 \x01(\bR\vasyncSaving\"x\n" +
+	"\fasync_saving\x18\x01 \x01(\bR\vasyncSaving\"\x91\x01\n" +
 	"\x12GetFinishedRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12!\n" +
 	"\ffinished_gen\x18\x02 \x03(\tR\vfinishedGen\x12'\n" +
-	"\x0fstarted_loading\x18\x03 \x03(\tR\x0estartedLoading\"i\n" +
+	"\x0fstarted_loading\x18\x03 \x03(\tR\x0estartedLoading\x12\x17\n" +
+	"\await_ms\x18\x04 \x01(\rR\x06waitMs\"i\n" +
 	"\x13GetFinishedResponse\x12'\n" +
 	"\x0ffinished_saving\x18\x01 \x03(\tR\x0efinishedSaving\x12)\n" +
 	"\x10finished_loading\x18\x02 \x03(\tR\x0ffinishedLoading\"\x1e\n" +

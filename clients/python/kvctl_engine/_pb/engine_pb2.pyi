@@ -474,14 +474,16 @@ class RequestFinishedResponse(_message.Message):
     def __init__(self, async_saving: _Optional[bool] = ...) -> None: ...
 
 class GetFinishedRequest(_message.Message):
-    __slots__ = ("engine", "finished_gen", "started_loading")
+    __slots__ = ("engine", "finished_gen", "started_loading", "wait_ms")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     FINISHED_GEN_FIELD_NUMBER: _ClassVar[int]
     STARTED_LOADING_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     engine: str
     finished_gen: _containers.RepeatedScalarFieldContainer[str]
     started_loading: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, engine: _Optional[str] = ..., finished_gen: _Optional[_Iterable[str]] = ..., started_loading: _Optional[_Iterable[str]] = ...) -> None: ...
+    wait_ms: int
+    def __init__(self, engine: _Optional[str] = ..., finished_gen: _Optional[_Iterable[str]] = ..., started_loading: _Optional[_Iterable[str]] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class GetFinishedResponse(_message.Message):
     __slots__ = ("finished_saving", "finished_loading")
