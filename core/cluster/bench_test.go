@@ -165,7 +165,7 @@ func benchServe(ctx context.Context, b *testing.B, bh *host, cfg func(*host, str
 	// One pass untimed: a serving engine's memory has been written before, a fresh one's
 	// pages are first touched by its first load.
 	pass("warm")
-	before := bh.stats(b).Loads
+	before, callsBefore := bh.stats(b).Loads, callSeconds(b, bh)
 	b.SetBytes(total)
 	b.ResetTimer()
 	admit, load, rest, passes = 0, 0, 0, 0
@@ -179,6 +179,24 @@ func benchServe(ctx context.Context, b *testing.B, bh *host, cfg func(*host, str
 			passes, float64(passes)/float64(b.N*benchEngines), per(admit), per(load), per(rest))
 	}
 	logLoadsSince(b, before, bh.stats(b).Loads)
+	logCallsSince(b, callsBefore, callSeconds(b, bh))
+}
+
+// logCallsSince logs B's own time per engine call between two reads of its call histograms
+// (from its interceptor's start to the handler's return; the transport and the engine's side
+// are outside it), for the methods the engines called, with the calls per pass of every engine.
+func logCallsSince(b *testing.B, before, after map[string]float64) {
+	var parts []string
+	for _, m := range []string{"Lookup", "UpdateStateAfterAlloc", "TakeSubmittedSaves", "BuildMeta", "BindMeta", "StartLoad",
+		"TakeFailedLoads", "WaitForSave", "GetFinished", "TakeFailedAsyncLoads", "RequestFinished"} {
+		k := `kvctl_engine_call_duration_seconds{method="` + m + `"}`
+		n := after[k+"_count"] - before[k+"_count"]
+		if n <= 0 {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s %.0f us (%.1f a pass)", m, 1e6*(after[k+"_sum"]-before[k+"_sum"])/n, n/float64(b.N*benchEngines)))
+	}
+	b.Logf("B's side per call in the timed passes: %s", strings.Join(parts, ", "))
 }
 
 // logLoadsSince logs B's loads between two reads of its stats: per load, its wall time, the
