@@ -714,6 +714,8 @@ class Rank(_SchedulerCalls):
         With nothing in flight it answers at once. A daemon older than 1.3 answers at once."""
         if not 0.0 <= wait <= MAX_FINISHED_WAIT:
             raise ValueError(f"get_finished: wait {wait!r} s is outside [0, {MAX_FINISHED_WAIT}]")
+        if timeout is not None and wait > 0 and timeout <= wait:
+            raise ValueError(f"get_finished: timeout {timeout!r} s must be longer than wait {wait!r} s")
         r = self.client.call(
             "GetFinished",
             pb.GetFinishedRequest(

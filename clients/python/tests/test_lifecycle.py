@@ -221,6 +221,8 @@ def test_every_rank_call(daemon) -> None:
         assert time.monotonic() - began < kv.MAX_FINISHED_WAIT
         with pytest.raises(ValueError, match="wait 1.5 s is outside"):
             rank.get_finished(wait=1.5)
+        with pytest.raises(ValueError, match="timeout 0.5 s must be longer than wait 1.0 s"):
+            rank.get_finished(wait=1.0, timeout=0.5)
         meta = rank.build_meta()
         assert meta.loads == [] and meta.saves == [] and meta.async_loads == []
         rank.bind_meta(meta)
