@@ -450,14 +450,20 @@ class Engine:
 
     def _wait_saved(self, rid: str) -> None:
         """GetFinished on this rank until it reports rid's saves done, then every rank agrees."""
+        from kvctl_engine.client import MAX_FINISHED_WAIT
+
         deadline = time.monotonic() + self.opts.save_timeout_s
         gen = [rid]
         while True:
-            fin = self.rank.get_finished(finished_gen=gen)
+            # The daemon answers as soon as the saves are done (engine API 1.3); one that answers
+            # at once with nothing (an older daemon) is polled every 2 ms.
+            asked = time.monotonic()
+            fin = self.rank.get_finished(finished_gen=gen, wait=min(MAX_FINISHED_WAIT, max(0.0, deadline - asked)))
             gen = []
             if rid in fin.finished_saving:
                 break
             if time.monotonic() > deadline:
                 raise SaveTimeout("request %s: its saves did not finish within %.0fs" % (rid, self.opts.save_timeout_s))
-            time.sleep(0.002)
+            if time.monotonic() - asked < 0.002:
+                time.sleep(0.002)
         self.group.gather(True)

@@ -576,7 +576,10 @@ class _WorkerSide:
         gen = sorted(left)
         deadline = time.monotonic() + self.s.save_timeout
         while left:
-            fin = r.get_finished(finished_gen=gen)
+            # The daemon answers as soon as a save is done (engine API 1.3); one that answers at
+            # once with nothing (an older daemon) is polled every millisecond.
+            asked = time.monotonic()
+            fin = r.get_finished(finished_gen=gen, wait=min(kv.MAX_FINISHED_WAIT, max(0.0, deadline - asked)))
             self._take_async(r, fin)
             gen = []
             left -= set(fin.finished_saving)
@@ -587,7 +590,8 @@ class _WorkerSide:
                     f"KvctlConnector: the saves of preempted requests {sorted(left)[:4]} did not finish within "
                     f"{self.s.save_timeout:.0f} s; their blocks cannot be reused safely"
                 )
-            time.sleep(0.001)
+            if time.monotonic() - asked < 0.001:
+                time.sleep(0.001)
 
     def bind(self, m: KvctlConnectorMetadata) -> None:
         r = self._r()
