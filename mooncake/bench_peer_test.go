@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
@@ -83,4 +84,104 @@ func BenchmarkNativePeerConns(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkLookupThenGet measures what the connector does for each request it loads from a
+// peer's segment (a helper process): probe a request's 64 keys, then get its 64 pages of
+// 64 KiB, four goroutines at once, each its own requests. "exist" probes with BatchIsExist and
+// the get asks the master for the replica lists; "locate" probes with BatchLocate and the get
+// reads from the lists the probe kept. Both run in the same process against the same pages,
+// alternating a round at a time, so both see the same host.
+//
+//	go test -run '^$' -bench BenchmarkLookupThenGet -benchtime 100x -count 3 ./mooncake/
+func BenchmarkLookupThenGet(b *testing.B) {
+	const (
+		goroutines = 4
+		requests   = 8 // a goroutine's requests a round
+		blocks     = 64
+		page       = 64 << 10
+	)
+	m := mooncaketest.StartMaster(b, mooncaketest.MasterOptions{})
+	startHelper(b, m, "lookup-get-holder", 0, 0, 256<<20)
+	w := newNative(b, m, 0)
+	ctx := context.Background()
+	keys := make([][][]string, goroutines)
+	buf := make([]byte, page)
+	for g := range keys {
+		keys[g] = make([][]string, requests)
+		for r := range requests {
+			for i := range blocks {
+				k := fmt.Sprintf("lookup-get/%d/%d/%d", g, r, i)
+				buf[0], buf[1] = byte(g), byte(r*blocks+i)
+				if c := w.BatchPut(ctx, []string{k}, [][]byte{buf}, pool.ReplicateConfig{}); c[0] != pool.OK {
+					b.Fatalf("put %s: %v", k, c[0])
+				}
+				keys[g][r] = append(keys[g][r], k)
+			}
+		}
+	}
+	rd, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rd.Close()
+	bufs := make([][][]byte, goroutines)
+	for g := range bufs {
+		bufs[g] = make([][]byte, blocks)
+		for j := range bufs[g] {
+			bufs[g][j] = make([]byte, page)
+		}
+	}
+	round := func(probe func(context.Context, []string) []int) error {
+		var wg sync.WaitGroup
+		errs := make(chan error, goroutines)
+		for g := range goroutines {
+			wg.Go(func() {
+				for r, ks := range keys[g] {
+					for i, v := range probe(ctx, ks) {
+						if v != 1 {
+							errs <- fmt.Errorf("probe %s: %d", ks[i], v)
+							return
+						}
+					}
+					for j, n := range rd.BatchGet(ctx, ks, bufs[g]) {
+						if n != page || bufs[g][j][0] != byte(g) || bufs[g][j][1] != byte(r*blocks+j) {
+							errs <- fmt.Errorf("get %s: %d bytes, tag %d/%d", ks[j], n, bufs[g][j][0], bufs[g][j][1])
+							return
+						}
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		return <-errs
+	}
+	ways := []struct {
+		name  string
+		probe func(context.Context, []string) []int
+	}{{"exist", rd.BatchIsExist}, {"locate", rd.BatchLocate}}
+	took := make([]time.Duration, len(ways))
+	for _, w := range ways { // one untimed round each
+		if err := round(w.probe); err != nil {
+			b.Fatal(w.name, err)
+		}
+	}
+	b.SetBytes(goroutines * requests * blocks * page)
+	b.ResetTimer()
+	for i := range b.N {
+		for k := range ways {
+			k = (k + i) % len(ways)
+			start := time.Now()
+			if err := round(ways[k].probe); err != nil {
+				b.Fatal(ways[k].name, err)
+			}
+			took[k] += time.Since(start)
+		}
+	}
+	b.StopTimer()
+	for k, w := range ways {
+		b.ReportMetric(float64(took[k].Microseconds())/float64(b.N), w.name+"-us/round")
+	}
+	b.ReportMetric(took[0].Seconds()/took[1].Seconds(), "locate-speedup")
 }

@@ -73,6 +73,11 @@ type NativeOptions struct {
 	// removed from the pool, never returned. Mooncake's own client does the same with
 	// MOONCAKE_STORE_CHECKSUM=1; objects written without a checksum are read unchecked.
 	ObjectChecksum bool
+	// LocateWindow is how long the replica list a lookup fetched (BatchLocate) serves a get
+	// of the same object without asking the master again, at most half the master's read
+	// lease (DefaultLocateWindow when zero). Negative turns it off: BatchLocate is then
+	// BatchIsExist, and every get asks the master.
+	LocateWindow time.Duration
 }
 
 // Native is a Mooncake store client in Go: it speaks the master's RPC protocol for
@@ -113,6 +118,8 @@ type Native struct {
 	health   *segmentHealth
 	// existSplit is the package's existSplit; tests lower it to split small batches.
 	existSplit int
+	// located keeps the replica lists lookups found (BatchLocate) for the gets that follow.
+	located locatedSet
 }
 
 type nativeStats struct {
@@ -167,6 +174,9 @@ func NewNative(ctx context.Context, opts NativeOptions) (*Native, error) {
 	}
 	if opts.PeerConns <= 0 {
 		opts.PeerConns = 32
+	}
+	if opts.LocateWindow == 0 {
+		opts.LocateWindow = DefaultLocateWindow
 	}
 	log := opts.Logger
 	if log == nil {
@@ -357,9 +367,7 @@ func rpcCode(err error) Code {
 const existSplit = 4096
 
 // BatchIsExist asks the master which keys hold a complete object. A large batch goes as
-// sub-batches over several master connections at once: key i goes to sub-batch i mod k, so that
-// each carries a like share of a prefix's present keys, which cost the master more than absent
-// ones. A sub-batch that fails gives its own keys the code the whole batch would have had.
+// sub-batches over several master connections at once (inParts).
 func (n *Native) BatchIsExist(ctx context.Context, keys []string) []int {
 	if len(keys) == 0 {
 		return []int{}
@@ -367,27 +375,7 @@ func (n *Native) BatchIsExist(ctx context.Context, keys []string) []int {
 	n.stats.existProbes.Add(int64(len(keys)))
 	ctx, cancel := n.callCtx(ctx)
 	defer cancel()
-	var out []int
-	if parts := max(1, min(n.rpc.Conns(), len(keys)/n.existSplit)); parts == 1 {
-		out = n.exist(ctx, keys)
-	} else {
-		out = make([]int, len(keys))
-		part := func(p int) {
-			sub := make([]string, 0, (len(keys)-p+parts-1)/parts)
-			for i := p; i < len(keys); i += parts {
-				sub = append(sub, keys[i])
-			}
-			for j, v := range n.exist(ctx, sub) {
-				out[p+j*parts] = v
-			}
-		}
-		var wg sync.WaitGroup
-		for p := range parts - 1 {
-			wg.Go(func() { part(p) })
-		}
-		part(parts - 1)
-		wg.Wait()
-	}
+	out := n.inParts(ctx, keys, n.exist)
 	if n.health.any() {
 		n.hideUnhealthy(ctx, keys, out)
 	}
@@ -625,6 +613,9 @@ type getJob struct {
 	i    int
 	rep  masterrpc.Replica
 	list masterrpc.ReplicaList
+	// expires is the read lease's end for a replica read from a list a lookup kept; zero
+	// for one the get asked the master for (the read runs inside that list's fresh lease).
+	expires time.Time
 }
 
 // runTransfers runs do(0) .. do(count-1), at most Transfers at once, and returns once all are
@@ -756,45 +747,53 @@ func (n *Native) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []i
 	}
 	ctx, cancel := n.callCtx(ctx)
 	defer cancel()
-	lists, err := n.rpc.BatchGetReplicaList(ctx, keys, n.opts.Tenant)
-	if err != nil {
-		n.log.Warn("mooncake BatchGetReplicaList failed", "err", err)
-		for i := range out {
-			out[i] = int64(rpcCode(err))
+	jobs := make([]getJob, 0, len(keys))
+	// The objects a lookup located moments ago are read from the lists it kept; the master is
+	// asked for the rest.
+	ask, askKeys := n.takeLocated(keys, bufs, out, &jobs)
+	if len(ask) > 0 {
+		lists, err := n.rpc.BatchGetReplicaList(ctx, askKeys, n.opts.Tenant)
+		if err == nil && len(lists) != len(askKeys) {
+			err = errWrongCount
 		}
-		return out
+		if err != nil {
+			n.log.Warn("mooncake BatchGetReplicaList failed", "err", err)
+			for _, i := range ask {
+				out[i] = int64(rpcCode(err))
+			}
+			ask = nil
+		}
+		for j, i := range ask {
+			l := lists[j]
+			if l.Code != 0 {
+				out[i] = int64(l.Code)
+				if l.Code == int32(ErrObjectNotFound) {
+					n.stats.misses.Add(1)
+				}
+				continue
+			}
+			rep, ok := readable(l.List.Replicas)
+			if code := n.gettable(rep, ok, bufs[i]); code != 0 {
+				out[i] = int64(code)
+				continue
+			}
+			jobs = append(jobs, getJob{i: i, rep: rep, list: l.List})
+		}
 	}
 	poisoned := make([]bool, len(keys))
-	jobs := make([]getJob, 0, len(keys))
-	for i, l := range lists {
-		if l.Code != 0 {
-			out[i] = int64(l.Code)
-			if l.Code == int32(ErrObjectNotFound) {
-				n.stats.misses.Add(1)
-			}
-			continue
-		}
-		rep, ok := readable(l.List.Replicas)
-		switch {
-		case !ok:
-			out[i] = int64(ErrReplicaNotReady)
-			continue
-		case rep.Size > uint64(len(bufs[i])):
-			out[i] = int64(ErrInvalidParams)
-			continue
-		case n.peerUnhealthy(rep.Endpoint):
-			// Offered before its host was found dead: fail it without waiting on the host.
-			out[i] = int64(ErrRPCFail)
-			continue
-		}
-		jobs = append(jobs, getJob{i: i, rep: rep, list: l.List})
-	}
 	get := func(j getJob) {
 		i, rep := j.i, j.rep
 		dst := bufs[i][:rep.Size]
 		if err := n.transfer(ctx, rep, dst, false); err != nil {
 			n.log.Warn("mooncake get transfer failed", "key", keys[i], "segment", rep.Endpoint, "err", err)
 			out[i] = int64(ErrRPCFail)
+			return
+		}
+		if !j.expires.IsZero() && !time.Now().Before(j.expires) {
+			// Read from a list a lookup kept, and the read lease ended before the read did:
+			// the object may have been evicted and its memory reused meanwhile.
+			clear(dst)
+			out[i] = int64(ErrLeaseExpired)
 			return
 		}
 		if !n.checksumOK(keys[i], rep, j.list, dst) {

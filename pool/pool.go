@@ -138,6 +138,23 @@ type Pool interface {
 	Stats(ctx context.Context) (Stats, error)
 }
 
+// Locator is implemented by a pool where finding an object costs a round trip of its own (a
+// cluster's master): BatchLocate answers as BatchIsExist does and keeps, for a short while,
+// where each present object lives, so that a BatchGet of it soon after does not ask again. A
+// probe that is followed by a load of what it found (the connector's lookup) uses it, through
+// Locate; a probe whose answer is only counted or shown uses BatchIsExist.
+type Locator interface {
+	BatchLocate(ctx context.Context, keys []string) []int
+}
+
+// Locate probes keys with p's BatchLocate when p is a Locator, else with its BatchIsExist.
+func Locate(ctx context.Context, p Pool, keys []string) []int {
+	if l, ok := p.(Locator); ok {
+		return l.BatchLocate(ctx, keys)
+	}
+	return p.BatchIsExist(ctx, keys)
+}
+
 // Segment is one region of memory (or storage) the pool stores objects in.
 type Segment struct {
 	Name     string `json:"name"`

@@ -299,6 +299,15 @@ func (p *Pool) BatchIsExist(ctx context.Context, keys []string) []int {
 	return failAll(len(keys), int(pool.ErrRPCFail))
 }
 
+// BatchLocate is BatchIsExist that keeps each present page's replica list for the load that
+// follows (mooncake.Native.BatchLocate); before the segment is mounted every key fails.
+func (p *Pool) BatchLocate(ctx context.Context, keys []string) []int {
+	if n := p.client(); n != nil {
+		return n.BatchLocate(ctx, keys)
+	}
+	return failAll(len(keys), int(pool.ErrRPCFail))
+}
+
 // BatchPut stores through the cluster. Before the segment is mounted nothing is asked and every
 // key answers ErrNotJoined: the page is not stored by this host, but whether another host
 // stored it is unknown, so it is not counted as a failed put.

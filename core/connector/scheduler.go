@@ -199,7 +199,9 @@ func (s *Scheduler) lookup(ctx context.Context, req Request, numComputed int) (i
 	// metadata of this engine go on meanwhile.
 	s.mu.Unlock()
 	locked = false
-	status := s.pool.BatchIsExist(ctx, probeKeys)
+	// Locate, not only probe: a cluster pool keeps where the pages live for the load that
+	// follows a hit.
+	status := pool.Locate(ctx, s.pool, probeKeys)
 	hit := s.countPrefixHit(status, last-first)
 	s.stats.TickHoles()
 	if hit == 0 {

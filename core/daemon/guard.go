@@ -70,10 +70,20 @@ func (g *guardedPool) failed(op string, ctr *atomic.Int64, n int) {
 
 // BatchIsExist probes within the timeout; past it every key answers ErrRPCFail.
 func (g *guardedPool) BatchIsExist(ctx context.Context, keys []string) []int {
+	return g.probe(ctx, keys, g.Pool.BatchIsExist)
+}
+
+// BatchLocate is the lookup's probe (pool.Locate) within the same timeout and accounting as
+// BatchIsExist.
+func (g *guardedPool) BatchLocate(ctx context.Context, keys []string) []int {
+	return g.probe(ctx, keys, func(ctx context.Context, keys []string) []int { return pool.Locate(ctx, g.Pool, keys) })
+}
+
+func (g *guardedPool) probe(ctx context.Context, keys []string, call func(context.Context, []string) []int) []int {
 	ctx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
 	done := make(chan []int, 1)
-	go func() { done <- g.Pool.BatchIsExist(ctx, keys) }()
+	go func() { done <- call(ctx, keys) }()
 	var out []int
 	select {
 	case out = <-done:

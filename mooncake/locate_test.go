@@ -1,0 +1,174 @@
+package mooncake_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/kvctl/kvctl/mooncake"
+	"github.com/kvctl/kvctl/mooncake/mooncaketest"
+	"github.com/kvctl/kvctl/pool"
+)
+
+// replicaListCalls reads the master's count of BatchGetReplicaList calls.
+func replicaListCalls(t *testing.T, m *mooncaketest.Master) float64 {
+	t.Helper()
+	admin, err := mooncake.NewAdminClient(m.AdminURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mm, err := admin.Metrics(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, ok := mm.Value("master_batch_get_replica_list_requests_total")
+	if !ok {
+		t.Fatal("the master's metrics have no master_batch_get_replica_list_requests_total")
+	}
+	return v
+}
+
+// putPages stores n random pages of size bytes through owner and returns their keys and bytes.
+func putPages(t *testing.T, owner *mooncake.Native, prefix string, n, size int) ([]string, [][]byte) {
+	t.Helper()
+	keys := make([]string, n)
+	want := make([][]byte, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%s-%d", prefix, i)
+		want[i] = make([]byte, size)
+		_, _ = rand.Read(want[i])
+	}
+	for i, c := range owner.BatchPut(context.Background(), keys, want, pool.ReplicateConfig{}) {
+		if c != pool.OK {
+			t.Fatalf("put %s: %v", keys[i], c)
+		}
+	}
+	return keys, want
+}
+
+// getAll gets keys into fresh buffers through r and checks every page against want.
+func getAll(t *testing.T, r pool.Pool, keys []string, want [][]byte) {
+	t.Helper()
+	bufs := make([][]byte, len(keys))
+	for i := range bufs {
+		bufs[i] = make([]byte, len(want[i]))
+	}
+	for i, n := range r.BatchGet(context.Background(), keys, bufs) {
+		if n != int64(len(want[i])) {
+			t.Fatalf("get %s: %d", keys[i], n)
+		}
+		if !bytes.Equal(bufs[i], want[i]) {
+			t.Fatalf("get %s: the bytes differ from those put", keys[i])
+		}
+	}
+}
+
+// TestNativeLocate checks, against the real master, that a lookup's BatchLocate answers as
+// BatchIsExist does, that a get of what it found inside its window reads the right bytes
+// without asking the master again, that the lease it took keeps the object from a plain
+// Remove, and that a get of anything else, or after the window, asks the master as before.
+func TestNativeLocate(t *testing.T) {
+	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
+	owner := newNative(t, m, 64<<20)
+	ctx := context.Background()
+	keys, want := putPages(t, owner, "locate", 16, 64<<10)
+
+	reader, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL,
+		LocateWindow: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = reader.Close() })
+
+	probe := append(append([]string{}, keys...), "locate-missing")
+	got := reader.BatchLocate(ctx, probe)
+	exist := reader.BatchIsExist(ctx, probe)
+	for i := range probe {
+		wantV := 1
+		if i == len(keys) {
+			wantV = 0
+		}
+		if got[i] != wantV || exist[i] != wantV {
+			t.Fatalf("%s: BatchLocate %d, BatchIsExist %d, want %d", probe[i], got[i], exist[i], wantV)
+		}
+	}
+	if got := pool.Locate(ctx, reader, probe[len(keys)-1:]); got[0] != 1 || got[1] != 0 {
+		t.Fatalf("pool.Locate through Native: %v, want [1 0]", got)
+	}
+
+	// The lookup's lease: a plain Remove is refused while it holds.
+	if c := owner.Remove(ctx, keys[0], false); c != pool.ErrObjectHasLease {
+		t.Fatalf("Remove of a located page: %v, want OBJECT_HAS_LEASE", c)
+	}
+
+	before := replicaListCalls(t, m)
+	getAll(t, reader, keys, want)
+	getAll(t, reader, keys[:4], want[:4]) // the lists serve every get inside the window
+	if after := replicaListCalls(t, m); after != before {
+		t.Fatalf("gets of located pages asked the master %v times for replica lists, want none", after-before)
+	}
+
+	// A page nobody located, and a missing one, are asked for.
+	more, moreWant := putPages(t, owner, "locate-more", 2, 4<<10)
+	before = replicaListCalls(t, m)
+	getAll(t, reader, more, moreWant)
+	bufs := [][]byte{make([]byte, 16)}
+	if n := reader.BatchGet(ctx, []string{"locate-missing"}, bufs); n[0] != int64(pool.ErrObjectNotFound) {
+		t.Fatalf("get of a missing key: %d", n[0])
+	}
+	if after := replicaListCalls(t, m); after != before+2 {
+		t.Fatalf("gets of pages nobody located asked the master %v times, want 2", after-before)
+	}
+
+	// A located page whose buffer is too small fails as a fresh list would have it fail.
+	reader.BatchLocate(ctx, keys[:1])
+	if n := reader.BatchGet(ctx, keys[:1], [][]byte{make([]byte, 16)}); n[0] != int64(pool.ErrInvalidParams) {
+		t.Fatalf("get of a located page into a small buffer: %d, want INVALID_PARAMS", n[0])
+	}
+}
+
+// TestNativeLocateWindow checks that a located list serves gets only inside its window, which
+// never reaches past half the master's read lease, and that a negative window turns locating off.
+func TestNativeLocateWindow(t *testing.T) {
+	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{LeaseTTL: 2 * time.Second})
+	owner := newNative(t, m, 64<<20)
+	ctx := context.Background()
+	keys, want := putPages(t, owner, "window", 4, 64<<10)
+
+	for _, c := range []struct {
+		name   string
+		window time.Duration
+		wait   time.Duration
+		asks   float64 // replica-list calls of the gets
+	}{
+		{"inside the window", 30 * time.Second, 0, 0},
+		{"past half the lease", 30 * time.Second, 1100 * time.Millisecond, 1},
+		{"past the window", 50 * time.Millisecond, 100 * time.Millisecond, 1},
+		{"off", -1, 0, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL, LocateWindow: c.window})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			for i, v := range r.BatchLocate(ctx, keys) {
+				if v != 1 {
+					t.Fatalf("BatchLocate %s: %d", keys[i], v)
+				}
+			}
+			time.Sleep(c.wait)
+			before := replicaListCalls(t, m)
+			getAll(t, r, keys, want)
+			asks := replicaListCalls(t, m) - before
+			if asks != c.asks {
+				t.Fatalf("the gets asked the master for replica lists %v times, want %v", asks, c.asks)
+			}
+		})
+	}
+}
+
+var _ pool.Locator = (*mooncake.Native)(nil)
