@@ -27,6 +27,10 @@ type located struct {
 	// use is the last moment a get may start from it; expires is when the master's read lease
 	// ends, counted from before the lookup was sent (so never later than the master's own).
 	use, expires time.Time
+	// gen is the master client's count of lost connections before the lookup was sent: once
+	// it moves, the master may have restarted, forgotten the lease and handed the memory to
+	// other objects.
+	gen uint64
 }
 
 // locatedSet keeps the replica lists of the objects lookups found present, until their use
@@ -61,14 +65,15 @@ func (s *locatedSet) sweep(now time.Time) {
 	s.swept = now
 }
 
-// take returns key's list when a get may still start from it. The list stays for other gets of
-// the same object within its window.
-func (s *locatedSet) take(now time.Time, key string) (located, bool) {
+// take returns key's list when a get may still start from it and no master connection was lost
+// since (gen, the count of lost connections now). The list stays for other gets of the same
+// object within its window.
+func (s *locatedSet) take(now time.Time, gen uint64, key string) (located, bool) {
 	l, ok := s.m[key]
 	if !ok {
 		return located{}, false
 	}
-	if !now.Before(l.use) {
+	if !now.Before(l.use) || l.gen != gen {
 		delete(s.m, key)
 		return located{}, false
 	}
@@ -79,8 +84,9 @@ func (s *locatedSet) take(now time.Time, key string) (located, bool) {
 // when the probe failed), asking the master for each key's replica list instead of its
 // existence alone: the same round trip, and the master grants each present object a read lease
 // (10 s by default) that keeps it from being evicted or removed (except by a forced remove).
-// Each present object's list is kept for NativeOptions.LocateWindow, and never past half its
-// lease, so that a BatchGet of the object in that window reads it without asking the master
+// Each present object's list is kept for NativeOptions.LocateWindow, never past half its lease
+// and only while no master connection is lost (a master that restarted has forgotten the
+// lease), so that a BatchGet of the object in that window reads it without asking the master
 // again. A lookup that is followed by a load (the connector's) uses it; a probe whose answer
 // is only counted uses BatchIsExist.
 //
@@ -97,16 +103,15 @@ func (n *Native) BatchLocate(ctx context.Context, keys []string) []int {
 	n.stats.existProbes.Add(int64(len(keys)))
 	ctx, cancel := n.callCtx(ctx)
 	defer cancel()
-	sent := time.Now()
-	out := n.inParts(ctx, keys, func(ctx context.Context, sub []string) []int {
-		return n.locate(ctx, sent, sub)
+	sent, gen := time.Now(), n.rpc.Losses()
+	return n.inParts(ctx, keys, func(ctx context.Context, sub []string) []int {
+		return n.locate(ctx, sent, gen, sub)
 	})
-	return out
 }
 
 // locate is one BatchGetReplicaList call of a lookup: each key's presence, keeping the lists
 // of the present ones.
-func (n *Native) locate(ctx context.Context, sent time.Time, keys []string) []int {
+func (n *Native) locate(ctx context.Context, sent time.Time, gen uint64, keys []string) []int {
 	out := make([]int, len(keys))
 	lists, err := n.rpc.BatchGetReplicaList(ctx, keys, n.opts.Tenant)
 	if err == nil && len(lists) != len(keys) {
@@ -144,7 +149,7 @@ func (n *Native) locate(ctx context.Context, sent time.Time, keys []string) []in
 		lease := time.Duration(l.List.LeaseTTLms) * time.Millisecond
 		use := sent.Add(min(n.opts.LocateWindow, lease/2))
 		if now.Before(use) {
-			n.located.put(now, keys[i], located{rep: rep, list: l.List, use: use, expires: sent.Add(lease)})
+			n.located.put(now, keys[i], located{rep: rep, list: l.List, use: use, expires: sent.Add(lease), gen: gen})
 		}
 	}
 	return out
@@ -193,8 +198,12 @@ func (n *Native) takeLocated(keys []string, bufs [][]byte, out []int64, jobs *[]
 		}
 		return ask, keys
 	}
+	n.located.mu.Unlock()
+	// Outside the lock: it looks at every idle master connection.
+	gen := n.rpc.Losses()
+	n.located.mu.Lock()
 	for i, k := range keys {
-		l, ok := n.located.take(now, k)
+		l, ok := n.located.take(now, gen, k)
 		if !ok {
 			ask, askKeys = append(ask, i), append(askKeys, k)
 			continue

@@ -172,3 +172,45 @@ func TestNativeLocateWindow(t *testing.T) {
 }
 
 var _ pool.Locator = (*mooncake.Native)(nil)
+
+// TestNativeLocateMasterRestart: a master that restarts between a lookup and its load has
+// forgotten the lease and the objects, so the load must not read from the lists the lookup
+// kept: it asks the new master, which does not have the pages, while the old bytes still lie
+// in the holder's segment.
+func TestNativeLocateMasterRestart(t *testing.T) {
+	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
+	owner := newNative(t, m, 64<<20)
+	ctx := context.Background()
+	keys, want := putPages(t, owner, "restart", 4, 64<<10)
+	reader, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL,
+		LocateWindow: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = reader.Close() })
+	getAll(t, reader, keys, want) // the reader knows where the holder's segment is served
+	for i, v := range reader.BatchLocate(ctx, keys) {
+		if v != 1 {
+			t.Fatalf("BatchLocate %s: %d", keys[i], v)
+		}
+	}
+	m.Kill()
+	m.Restart()
+	// The holder mounts its segment again on the new master; its memory keeps the old bytes.
+	deadline := time.Now().Add(20 * time.Second)
+	for owner.Remounts() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the holder did not mount its segment again on the restarted master")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	bufs := make([][]byte, len(keys))
+	for i := range bufs {
+		bufs[i] = make([]byte, len(want[i]))
+	}
+	for i, n := range reader.BatchGet(ctx, keys, bufs) {
+		if n != int64(pool.ErrObjectNotFound) {
+			t.Fatalf("get %s after the master restarted: %d, want OBJECT_NOT_FOUND from the new master (a length is a read from the lookup's list)", keys[i], n)
+		}
+	}
+}

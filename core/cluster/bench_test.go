@@ -230,25 +230,30 @@ func logLoads(b *testing.B, bh *host) {
 }
 
 // benchExist times what one engine lookup costs underneath: one existence probe of a
-// request's keys.
+// request's keys, as BatchIsExist (BatchExistKey) and as the lookup's BatchLocate
+// (BatchGetReplicaList, keeping the lists for the load).
 func benchExist(b *testing.B, m *mooncaketest.Master, keys []string) {
 	ctx := context.Background()
-	b.Run(fmt.Sprintf("native-exist/keys=%d", benchBlocks), func(b *testing.B) {
-		n, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer n.Close()
-		ks := keys[:benchBlocks]
-		b.ResetTimer()
-		for range b.N {
-			for _, v := range n.BatchIsExist(ctx, ks) {
-				if v != 1 {
-					b.Fatalf("exist: %d", v)
+	n, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer n.Close()
+	ks := keys[:benchBlocks]
+	for _, p := range []struct {
+		name  string
+		probe func(context.Context, []string) []int
+	}{{"native-exist", n.BatchIsExist}, {"native-locate", n.BatchLocate}} {
+		b.Run(fmt.Sprintf("%s/keys=%d", p.name, benchBlocks), func(b *testing.B) {
+			for range b.N {
+				for _, v := range p.probe(ctx, ks) {
+					if v != 1 {
+						b.Fatalf("%s: %d", p.name, v)
+					}
 				}
 			}
-		}
-	})
+		})
+	}
 }
 
 // procCPU is the CPU time (user and system) process pid has used, from /proc.

@@ -106,6 +106,7 @@ type Client struct {
 	lastErr  error
 	gen      uint64
 	lost     bool // a connection broke since the last successful dial
+	losses   uint64 // connections found broken, ever
 	closed   bool
 }
 
@@ -411,8 +412,20 @@ func (c *Client) drop(cn *conn, err error) {
 		c.conns = slices.Delete(c.conns, i, i+1)
 		c.lastErr = err
 		c.lost = true
+		c.losses++
 	}
 	c.mu.Unlock()
+}
+
+// Losses checks the idle connections for ones the master closed, without waiting on any, and
+// returns how many connections the client has found broken so far. A caller that keeps what
+// the master answered (a read lease) compares two readings: a change means the master may have
+// gone away meanwhile, a restarted master remembering nothing of it.
+func (c *Client) Losses() uint64 {
+	c.sweep()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.losses
 }
 
 // sweep drops the open connections whose peer has closed them, without waiting on any: a
