@@ -105,7 +105,7 @@ type Client struct {
 	backoff  backoff.Backoff // jittered, so a fleet does not redial a restarted master in lockstep
 	lastErr  error
 	gen      uint64
-	lost     bool // a connection broke since the last successful dial
+	lost     bool   // a connection broke since the last successful dial
 	losses   uint64 // connections found broken, ever
 	closed   bool
 }
