@@ -18,13 +18,13 @@ func TestClusterFlags(t *testing.T) {
 	cmd := NewCmdServe(cmdtest.Factory(), func(_ context.Context, o *Options) error { got = o; return nil })
 	err := cmdtest.Execute(t, cmd, "--pool-backend mooncake --master 10.0.0.5:50051 --metadata http://10.0.0.5:8080/metadata "+
 		"--host-address 10.0.0.7 --transfer-port 15000 --local-buffer-size 32MiB --protocol tcp --device-name mlx5_0 "+
-		"--mooncake-config /etc/mooncake.json --master-admin http://10.0.0.5:9003 --pool-timeout 3s --pool-size 8GiB --socket /tmp/s.sock")
+		"--mooncake-config /etc/mooncake.json --master-admin http://10.0.0.5:9003 --pool-timeout 3s --locate-window 250ms --pool-size 8GiB --socket /tmp/s.sock")
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := config.ClusterKeys{Master: "10.0.0.5:50051", Metadata: "http://10.0.0.5:8080/metadata", HostAddress: "10.0.0.7",
 		LocalBufferSize: "32MiB", Protocol: "tcp", DeviceName: "mlx5_0", MooncakeConfig: "/etc/mooncake.json",
-		PoolTimeout: 3 * time.Second, MasterAdmin: "http://10.0.0.5:9003", TransferPort: 15000}
+		PoolTimeout: 3 * time.Second, MasterAdmin: "http://10.0.0.5:9003", TransferPort: 15000, LocateWindow: 250 * time.Millisecond}
 	if got.Cluster != want || got.PoolBackend != "mooncake" || got.PoolSize != "8GiB" {
 		t.Fatalf("options %+v\nwant cluster %+v", got.Cluster, want)
 	}

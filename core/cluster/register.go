@@ -24,7 +24,7 @@ func init() {
 		Summary: "join a Mooncake cluster: this host donates a segment and reads every host's",
 		ConfigKeys: []string{config.ServeKeyPool, config.ServeKeyMaster, config.ServeKeyMetadata, config.ServeKeyHostAddress,
 			config.ServeKeyLocalBufferSize, config.ServeKeyProtocol, config.ServeKeyDeviceName, config.ServeKeyMooncakeConfig,
-			config.ServeKeyMasterAdmin, config.ServeKeyTransferPort, config.ServeKeyObjectChecksum},
+			config.ServeKeyMasterAdmin, config.ServeKeyTransferPort, config.ServeKeyObjectChecksum, config.ServeKeyLocateWindow},
 		StatsDetail: mooncake.NativeStatsDetail,
 		New:         newServePool,
 	})
@@ -65,6 +65,7 @@ func newServePool(ctx context.Context, s pool.Spec) (pool.Pool, statsapi.Backend
 	p, err := New(Options{Logger: s.Logger, AdminDerived: c.MasterAdminDerived, Native: mooncake.NativeOptions{
 		MasterAddr: c.Master, MetadataURL: c.Metadata, AdminURL: c.MasterAdmin, SegmentSize: c.SegmentBytes,
 		Host: c.HostAddress, DataAddr: dataAddr, CallTimeout: timeout, Logger: s.Logger, ObjectChecksum: s.Plan.Config.ObjectChecksum,
+		LocateWindow: s.Plan.Config.LocateWindow,
 	}})
 	if err != nil {
 		return nil, statsapi.BackendInfo{}, err

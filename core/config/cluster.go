@@ -44,6 +44,10 @@ type ClusterKeys struct {
 	// client does the same with MOONCAKE_STORE_CHECKSUM=1). Off by default: it costs a pass
 	// over every page saved and loaded (docs/PERFORMANCE.md).
 	ObjectChecksum bool `json:"object-checksum,omitempty" yaml:"object-checksum,omitempty"`
+	// LocateWindow is how long the replica lists a lookup fetched serve the load that follows
+	// without asking the master again (never past half the master's read lease); 0 takes the
+	// default (1s) and a negative window turns it off, every load asking the master.
+	LocateWindow time.Duration `json:"locate-window,omitempty" yaml:"locate-window,omitempty"`
 }
 
 // Serve keys of the mooncake backend, which are also flag names of `kvctl serve`.
@@ -59,7 +63,12 @@ const (
 	ServeKeyMasterAdmin     = "master-admin"
 	ServeKeyTransferPort    = "transfer-port"
 	ServeKeyObjectChecksum  = "object-checksum"
+	ServeKeyLocateWindow    = "locate-window"
 )
+
+// MaxLocateWindow bounds locate-window. The master's read lease (10 s by default) caps a window
+// at half of it anyway.
+const MaxLocateWindow = time.Minute
 
 // DefaultMasterAdminPort is mooncake_master's --metrics_port default, where its HTTP admin
 // server answers.
@@ -83,6 +92,9 @@ func (k ClusterKeys) set() []string {
 	}
 	if k.ObjectChecksum {
 		out = append(out, ServeKeyObjectChecksum)
+	}
+	if k.LocateWindow != 0 {
+		out = append(out, ServeKeyLocateWindow)
 	}
 	return out
 }
@@ -136,6 +148,10 @@ func (s ServeConfig) validateCluster(d *dec) {
 	}
 	if k.TransferPort < 0 || k.TransferPort > 65535 {
 		d.at(SeverityError, ServeKeyTransferPort, fmt.Sprintf("port %d is not between 0 and 65535", k.TransferPort), "0 picks a free port")
+	}
+	if k.LocateWindow > MaxLocateWindow {
+		d.at(SeverityError, ServeKeyLocateWindow, fmt.Sprintf("%s is above the %s limit", k.LocateWindow, MaxLocateWindow),
+			"the master's read lease (10s by default) caps it at half of it; for example 1s, or -1s to turn it off")
 	}
 }
 
@@ -449,6 +465,9 @@ func decodeClusterKeys(o *obj, k *ClusterKeys) {
 	o.str(ServeKeyMasterAdmin, &k.MasterAdmin, true)
 	if v, ok := o.boolv(ServeKeyObjectChecksum, boolStrict); ok {
 		k.ObjectChecksum = v
+	}
+	if n := o.field(ServeKeyLocateWindow); n != nil && !isNull(n) {
+		k.LocateWindow = readDuration(o, ServeKeyLocateWindow, n)
 	}
 	if n := o.field(ServeKeyTransferPort); n != nil && !isNull(n) {
 		if n.kind == nodeScalar && n.typ == scalarInt && !n.overflow && n.i >= 0 && n.i <= 65535 {

@@ -36,6 +36,8 @@ func TestValidateClusterKeys(t *testing.T) {
 		{"IPv6 host", func(s *ServeConfig) { s.HostAddress = "fd00::7" }, "", ""},
 		{"bad buffer", func(s *ServeConfig) { s.LocalBufferSize = "lots" }, ServeKeyLocalBufferSize, ""},
 		{"negative timeout", func(s *ServeConfig) { s.PoolTimeout = -time.Second }, ServeKeyPoolTimeout, "must not be negative"},
+		{"locate window off", func(s *ServeConfig) { s.LocateWindow = -time.Second }, "", ""},
+		{"locate window too long", func(s *ServeConfig) { s.LocateWindow = 2 * time.Minute }, ServeKeyLocateWindow, "above the 1m0s limit"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -73,6 +75,7 @@ pool-size: 8GiB
 local-buffer-size: 32MiB
 protocol: tcp
 pool-timeout: 3s
+locate-window: 500ms
 `
 	f, ds := Load("serve.yaml", []byte(src), LoadOptions{})
 	if ds.HasErrors() || f == nil || f.Kind != KindServe {
@@ -80,7 +83,8 @@ pool-timeout: 3s
 	}
 	s := f.Serve
 	if s.Master != "10.0.0.5:50051" || s.Metadata != "http://10.0.0.5:8080/metadata" || s.HostAddress != "10.0.0.7" ||
-		s.LocalBufferSize != "32MiB" || s.Protocol != "tcp" || s.PoolTimeout != 3*time.Second {
+		s.LocalBufferSize != "32MiB" || s.Protocol != "tcp" || s.PoolTimeout != 3*time.Second ||
+		s.LocateWindow != 500*time.Millisecond {
 		t.Fatalf("decoded %+v", s.ClusterKeys)
 	}
 	c, ds := s.ResolveCluster(nil)

@@ -79,7 +79,7 @@ func ServeKeys() []string {
 		ServeKeyStagingBufferBytes, ServeKeyLogLevel, ServeKeyLogFormat, ServeKeyStatsInterval,
 		ServeKeyAllowRemoteAdmin, ServeKeyDrainTimeout, ServeKeyMetricsAddr, ServeKeyEngineMetricsTTL, ServeKeyCallChannelPoll, ServeKeyDisaggConfig,
 		ServeKeyMaster, ServeKeyMetadata, ServeKeyHostAddress, ServeKeyLocalBufferSize, ServeKeyProtocol,
-		ServeKeyDeviceName, ServeKeyMooncakeConfig, ServeKeyPoolTimeout, ServeKeyMasterAdmin, ServeKeyTransferPort, ServeKeyObjectChecksum}, serveSecurityKeys()...)
+		ServeKeyDeviceName, ServeKeyMooncakeConfig, ServeKeyPoolTimeout, ServeKeyMasterAdmin, ServeKeyTransferPort, ServeKeyObjectChecksum, ServeKeyLocateWindow}, serveSecurityKeys()...)
 }
 
 // Pool backends of `kvctl serve`.
