@@ -31,6 +31,19 @@ func replicaListCalls(t *testing.T, m *mooncaketest.Master) float64 {
 	return v
 }
 
+// newReader starts a Native client without a segment on m, with the given LocateWindow; it is
+// closed by t.Cleanup.
+func newReader(t *testing.T, m *mooncaketest.Master, window time.Duration) *mooncake.Native {
+	t.Helper()
+	r, err := mooncake.NewNative(context.Background(), mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL,
+		LocateWindow: window})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	return r
+}
+
 // putPages stores n random pages of size bytes through owner and returns their keys and bytes.
 func putPages(t *testing.T, owner *mooncake.Native, prefix string, n, size int) ([]string, [][]byte) {
 	t.Helper()
@@ -76,12 +89,7 @@ func TestNativeLocate(t *testing.T) {
 	ctx := context.Background()
 	keys, want := putPages(t, owner, "locate", 16, 64<<10)
 
-	reader, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL,
-		LocateWindow: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = reader.Close() })
+	reader := newReader(t, m, 30*time.Second)
 
 	probe := append(append([]string{}, keys...), "locate-missing")
 	got := reader.BatchLocate(ctx, probe)
@@ -150,11 +158,7 @@ func TestNativeLocateWindow(t *testing.T) {
 		{"off", -1, 0, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL, LocateWindow: c.window})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer r.Close()
+			r := newReader(t, m, c.window)
 			for i, v := range r.BatchLocate(ctx, keys) {
 				if v != 1 {
 					t.Fatalf("BatchLocate %s: %d", keys[i], v)
@@ -182,12 +186,7 @@ func TestNativeLocateMasterRestart(t *testing.T) {
 	owner := newNative(t, m, 64<<20)
 	ctx := context.Background()
 	keys, want := putPages(t, owner, "restart", 4, 64<<10)
-	reader, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL,
-		LocateWindow: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = reader.Close() })
+	reader := newReader(t, m, 30*time.Second)
 	getAll(t, reader, keys, want) // the reader knows where the holder's segment is served
 	for i, v := range reader.BatchLocate(ctx, keys) {
 		if v != 1 {
