@@ -130,7 +130,7 @@ func benchLookupThenGet(b *testing.B, rtt time.Duration) {
 	}
 	master := m.RPCAddr
 	if rtt > 0 {
-		master = delayProxy(b, m.RPCAddr, rtt/2)
+		master = mooncaketest.DelayProxy(b, m.RPCAddr, rtt/2)
 	}
 	// A reader for each way: a reader that located pages reads them from its lists whichever
 	// way probed last.

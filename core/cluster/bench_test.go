@@ -28,6 +28,10 @@ import (
 //
 // Each side runs one untimed pass or round first. It logs B's load phases and its engines' passes
 // by part (admission, metadata and loads, the rest).
+//
+// KVCTL_BENCH_MASTER_RTT (a duration, e.g. 1ms) puts B and the native client behind a proxy
+// that holds every chunk to and from the master for half that long each way, as a master across
+// a network; the pages still move straight between the hosts' segments.
 const (
 	benchEngines = 4
 	benchReqs    = 8  // requests per engine
@@ -67,7 +71,16 @@ func BenchmarkLoadFromPeer(b *testing.B) {
 	for e := range benchEngines {
 		runEngine(b, cfg(a, fmt.Sprint("cold", e)), benchPrompts(e), benchReqs)
 	}
-	bh := startServe(b, m, "B", "--pool-size", "64MiB", "--staging-buffer-bytes", benchStaging)
+	masterB := m.RPCAddr
+	if v := os.Getenv("KVCTL_BENCH_MASTER_RTT"); v != "" {
+		rtt, err := time.ParseDuration(v)
+		if err != nil || rtt <= 0 {
+			b.Fatalf("KVCTL_BENCH_MASTER_RTT=%q: want a positive duration", v)
+		}
+		masterB = mooncaketest.DelayProxy(b, m.RPCAddr, rtt/2)
+		b.Logf("B and the native client reach the master with %s added to each round trip", rtt)
+	}
+	bh := startServe(b, m, "B", "--pool-size", "64MiB", "--staging-buffer-bytes", benchStaging, "--master", masterB)
 	bh.waitReady(b)
 	ctx := context.Background()
 	admin, err := mooncake.NewAdminClient(m.AdminURL, nil)
@@ -105,16 +118,16 @@ func BenchmarkLoadFromPeer(b *testing.B) {
 	logLoads(b, bh)
 	for _, batch := range []int{benchBatch, benchStagedBatch} {
 		b.Run(fmt.Sprintf("native-get/goroutines=%d/batch=%d", benchEngines, batch), func(b *testing.B) {
-			benchNativeGet(b, m, keys, batch, total, false)
+			benchNativeGet(b, masterB, m, keys, batch, total, false)
 		})
 	}
 	// The same get into memory the size of an engine's: every page its own destination, as an
 	// engine's loads land, instead of one batch of buffers written again and again (which stays
 	// in the last-level cache of a large host).
 	b.Run(fmt.Sprintf("native-get-spread/goroutines=%d/batch=%d", benchEngines, benchBatch), func(b *testing.B) {
-		benchNativeGet(b, m, keys, benchBatch, total, true)
+		benchNativeGet(b, masterB, m, keys, benchBatch, total, true)
 	})
-	benchExist(b, m, keys)
+	benchExist(b, masterB, m, keys)
 }
 
 // benchServe times B's four engines loading every page, each engine its own requests.
@@ -232,9 +245,9 @@ func logLoads(b *testing.B, bh *host) {
 // benchExist times what one engine lookup costs underneath: one existence probe of a
 // request's keys, as BatchIsExist (BatchExistKey) and as the lookup's BatchLocate
 // (BatchGetReplicaList, keeping the lists for the load).
-func benchExist(b *testing.B, m *mooncaketest.Master, keys []string) {
+func benchExist(b *testing.B, master string, m *mooncaketest.Master, keys []string) {
 	ctx := context.Background()
-	n, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL})
+	n, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: master, MetadataURL: m.MetadataURL})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -313,9 +326,9 @@ func callSeconds(b *testing.B, h *host) map[string]float64 {
 // benchNativeGet gets every key with a native client (no segment) in this process, four
 // goroutines in batches of batch pages, each goroutine one engine's share of the pages: into
 // one batch of buffers a goroutine, or, spread, into a buffer of its own for every page.
-func benchNativeGet(b *testing.B, m *mooncaketest.Master, keys []string, batch int, total int64, spread bool) {
+func benchNativeGet(b *testing.B, master string, m *mooncaketest.Master, keys []string, batch int, total int64, spread bool) {
 	ctx := context.Background()
-	n, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL})
+	n, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: master, MetadataURL: m.MetadataURL})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -394,7 +407,16 @@ func BenchmarkAdmission(b *testing.B) {
 	}
 	prompts := benchPrompts(0)
 	runEngine(b, cfg(a, "cold"), prompts, benchReqs)
-	bh := startServe(b, m, "B", "--pool-size", "64MiB", "--staging-buffer-bytes", benchStaging)
+	masterB := m.RPCAddr
+	if v := os.Getenv("KVCTL_BENCH_MASTER_RTT"); v != "" {
+		rtt, err := time.ParseDuration(v)
+		if err != nil || rtt <= 0 {
+			b.Fatalf("KVCTL_BENCH_MASTER_RTT=%q: want a positive duration", v)
+		}
+		masterB = mooncaketest.DelayProxy(b, m.RPCAddr, rtt/2)
+		b.Logf("B and the native client reach the master with %s added to each round trip", rtt)
+	}
+	bh := startServe(b, m, "B", "--pool-size", "64MiB", "--staging-buffer-bytes", benchStaging, "--master", masterB)
 	bh.waitReady(b)
 	ctx := context.Background()
 	eng, err := enginesim.Start(ctx, cfg(bh, "admit"))

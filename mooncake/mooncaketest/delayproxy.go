@@ -1,4 +1,4 @@
-package mooncake_test
+package mooncaketest
 
 import (
 	"io"
@@ -8,12 +8,12 @@ import (
 	"time"
 )
 
-// delayProxy forwards TCP connections to target, holding every chunk it reads for oneWay
+// DelayProxy forwards TCP connections to target, holding every chunk it reads for oneWay
 // before writing it on, in each direction, so that a client reaches target with a round trip
 // 2×oneWay longer, as over a network, while chunks keep flowing back to back (a chunk waits for
 // its own time, not for the chunks before it to be written). It returns the proxy's address;
 // it closes with the test.
-func delayProxy(tb testing.TB, target string, oneWay time.Duration) string {
+func DelayProxy(tb testing.TB, target string, oneWay time.Duration) string {
 	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
