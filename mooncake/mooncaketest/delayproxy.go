@@ -1,6 +1,7 @@
 package mooncaketest
 
 import (
+	"context"
 	"io"
 	"net"
 	"sync"
@@ -15,7 +16,8 @@ import (
 // it closes with the test.
 func DelayProxy(tb testing.TB, target string, oneWay time.Duration) string {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ctx := context.Background()
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -37,7 +39,7 @@ func DelayProxy(tb testing.TB, target string, oneWay time.Duration) string {
 			if err != nil {
 				return
 			}
-			up, err := net.Dial("tcp", target)
+			up, err := (&net.Dialer{}).DialContext(ctx, "tcp", target)
 			if err != nil {
 				_ = c.Close()
 				continue
