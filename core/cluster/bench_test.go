@@ -30,8 +30,7 @@ import (
 // by part (admission, metadata and loads, the rest).
 //
 // KVCTL_BENCH_MASTER_RTT (a duration, e.g. 1ms) puts B and the native client behind a proxy
-// that holds every chunk to and from the master for half that long each way, as a master across
-// a network; the pages still move straight between the hosts' segments.
+// that delays the master's round trip by that much (benchMasterAddr).
 const (
 	benchEngines = 4
 	benchReqs    = 8  // requests per engine
@@ -71,15 +70,7 @@ func BenchmarkLoadFromPeer(b *testing.B) {
 	for e := range benchEngines {
 		runEngine(b, cfg(a, fmt.Sprint("cold", e)), benchPrompts(e), benchReqs)
 	}
-	masterB := m.RPCAddr
-	if v := os.Getenv("KVCTL_BENCH_MASTER_RTT"); v != "" {
-		rtt, err := time.ParseDuration(v)
-		if err != nil || rtt <= 0 {
-			b.Fatalf("KVCTL_BENCH_MASTER_RTT=%q: want a positive duration", v)
-		}
-		masterB = mooncaketest.DelayProxy(b, m.RPCAddr, rtt/2)
-		b.Logf("B and the native client reach the master with %s added to each round trip", rtt)
-	}
+	masterB := benchMasterAddr(b, m)
 	bh := startServe(b, m, "B", "--pool-size", "64MiB", "--staging-buffer-bytes", benchStaging, "--master", masterB)
 	bh.waitReady(b)
 	ctx := context.Background()
@@ -128,6 +119,23 @@ func BenchmarkLoadFromPeer(b *testing.B) {
 		benchNativeGet(b, masterB, m, keys, benchBatch, total, true)
 	})
 	benchExist(b, masterB, m, keys)
+}
+
+// benchMasterAddr is the master address host B and the benchmarks' native clients use: the
+// master's own, or with KVCTL_BENCH_MASTER_RTT set (a duration, e.g. 1ms) a proxy that holds
+// every chunk to and from the master for half that long each way, as a master across a network;
+// host A and the pages between the hosts' segments are not delayed.
+func benchMasterAddr(b *testing.B, m *mooncaketest.Master) string {
+	v := os.Getenv("KVCTL_BENCH_MASTER_RTT")
+	if v == "" {
+		return m.RPCAddr
+	}
+	rtt, err := time.ParseDuration(v)
+	if err != nil || rtt <= 0 {
+		b.Fatalf("KVCTL_BENCH_MASTER_RTT=%q: want a positive duration", v)
+	}
+	b.Logf("B and the native client reach the master with %s added to each round trip", rtt)
+	return mooncaketest.DelayProxy(b, m.RPCAddr, rtt/2)
 }
 
 // benchServe times B's four engines loading every page, each engine its own requests.
@@ -397,6 +405,7 @@ func benchNativeGet(b *testing.B, master string, m *mooncaketest.Master, keys []
 //	go test -run XXX -bench BenchmarkAdmission -benchtime 2000x -v ./core/cluster/
 //
 // serve-admit reports admission-us (per request), lookup-us and alloc-us (its two calls).
+// KVCTL_BENCH_MASTER_RTT applies as in BenchmarkLoadFromPeer (benchMasterAddr).
 func BenchmarkAdmission(b *testing.B) {
 	m := mooncaketest.StartMaster(b, mooncaketest.MasterOptions{})
 	a := startServe(b, m, "A", "--pool-size", "128MiB", "--staging-buffer-bytes", benchStaging)
@@ -407,15 +416,7 @@ func BenchmarkAdmission(b *testing.B) {
 	}
 	prompts := benchPrompts(0)
 	runEngine(b, cfg(a, "cold"), prompts, benchReqs)
-	masterB := m.RPCAddr
-	if v := os.Getenv("KVCTL_BENCH_MASTER_RTT"); v != "" {
-		rtt, err := time.ParseDuration(v)
-		if err != nil || rtt <= 0 {
-			b.Fatalf("KVCTL_BENCH_MASTER_RTT=%q: want a positive duration", v)
-		}
-		masterB = mooncaketest.DelayProxy(b, m.RPCAddr, rtt/2)
-		b.Logf("B and the native client reach the master with %s added to each round trip", rtt)
-	}
+	masterB := benchMasterAddr(b, m)
 	bh := startServe(b, m, "B", "--pool-size", "64MiB", "--staging-buffer-bytes", benchStaging, "--master", masterB)
 	bh.waitReady(b)
 	ctx := context.Background()
@@ -503,7 +504,7 @@ func BenchmarkAdmission(b *testing.B) {
 		}
 	})
 	b.Run(fmt.Sprintf("native-exist/keys=%d", benchBlocks), func(b *testing.B) {
-		n, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL})
+		n, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: masterB, MetadataURL: m.MetadataURL})
 		if err != nil {
 			b.Fatal(err)
 		}
