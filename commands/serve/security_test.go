@@ -17,8 +17,8 @@ func TestSecurityFlags(t *testing.T) {
 		want config.ServeSecurity
 	}{
 		{"", config.ServeSecurity{}},
-		{"--engine-group kvctl --max-conns 300 --admin-grants-leases --admin-lease-rate 5 --descriptor-ttl 10s",
-			config.ServeSecurity{EngineGroup: "kvctl", MaxConns: 300, AdminGrantsLeases: true, AdminLeaseRate: 5, DescriptorTTL: 10 * time.Second}},
+		{"--engine-group kvctl --max-conns 300 --admin-grants-leases --admin-lease-rate 5 --descriptor-ttl 10s --admin-pprof",
+			config.ServeSecurity{EngineGroup: "kvctl", MaxConns: 300, AdminGrantsLeases: true, AdminLeaseRate: 5, AdminPprof: true, DescriptorTTL: 10 * time.Second}},
 	} {
 		t.Run(tt.args, func(t *testing.T) {
 			if got := parseServe(t, tt.args); got.Security != tt.want {

@@ -284,6 +284,7 @@ func runServe(ctx context.Context, opts *Options) error {
 		MaxConns:              sc.MaxConns,
 		AdminGrantsLeases:     sc.AdminGrantsLeases,
 		AdminLeaseRate:        sc.AdminLeaseRate,
+		AdminPprof:            sc.AdminPprof,
 		DescriptorTTL:         sc.DescriptorTTL,
 		MaxTrackedTokens:      sc.MaxTrackedTokens,
 		CallChannelPoll:       sc.CallChannelPoll,

@@ -30,7 +30,8 @@ import (
 // by part (admission, metadata and loads, the rest).
 //
 // KVCTL_BENCH_MASTER_RTT (a duration, e.g. 1ms) puts B and the native client behind a proxy
-// that delays the master's round trip by that much (benchMasterAddr).
+// that delays the master's round trip by that much (benchMasterAddr). KVCTL_BENCH_PROFILE takes
+// CPU profiles of the timed loops (profile_bench_test.go).
 const (
 	benchEngines = 4
 	benchReqs    = 8  // requests per engine
@@ -61,7 +62,7 @@ func benchPrompts(engine int) []enginesim.Request {
 
 func BenchmarkLoadFromPeer(b *testing.B) {
 	m := mooncaketest.StartMaster(b, mooncaketest.MasterOptions{})
-	a := startServe(b, m, "A", "--pool-size", benchSegment, "--staging-buffer-bytes", benchStaging)
+	a := startServe(b, m, "A", append([]string{"--pool-size", benchSegment, "--staging-buffer-bytes", benchStaging}, profileServeArgs()...)...)
 	a.waitReady(b)
 	cfg := func(h *host, name string) enginesim.Config {
 		return enginesim.Config{Socket: h.socket, ModelKey: benchModelKey, Name: name, TokensPerBlock: T, Slots: benchReqs * (benchBlocks + 1),
@@ -71,7 +72,7 @@ func BenchmarkLoadFromPeer(b *testing.B) {
 		runEngine(b, cfg(a, fmt.Sprint("cold", e)), benchPrompts(e), benchReqs)
 	}
 	masterB := benchMasterAddr(b, m)
-	bh := startServe(b, m, "B", "--pool-size", "64MiB", "--staging-buffer-bytes", benchStaging, "--master", masterB)
+	bh := startServe(b, m, "B", append([]string{"--pool-size", "64MiB", "--staging-buffer-bytes", benchStaging, "--master", masterB}, profileServeArgs()...)...)
 	bh.waitReady(b)
 	ctx := context.Background()
 	admin, err := mooncake.NewAdminClient(m.AdminURL, nil)
@@ -104,19 +105,19 @@ func BenchmarkLoadFromPeer(b *testing.B) {
 		{"serve", 0, 0}, {"serve-async", 1, 0}, {"serve-async/admit=2", 2, 0}, {"serve-async/admit=4", 4, 0}, {"serve-async/admit=8", 8, 0},
 		{"serve-async/wait", 1, wait}, {"serve-async/admit=2/wait", 2, wait},
 	} {
-		b.Run(fmt.Sprintf("%s/engines=%d", v.name, benchEngines), func(b *testing.B) { benchServe(ctx, b, bh, cfg, v.admit, v.wait, total) })
+		b.Run(fmt.Sprintf("%s/engines=%d", v.name, benchEngines), func(b *testing.B) { benchServe(ctx, b, a, bh, cfg, v.admit, v.wait, total) })
 	}
 	logLoads(b, bh)
 	for _, batch := range []int{benchBatch, benchStagedBatch} {
 		b.Run(fmt.Sprintf("native-get/goroutines=%d/batch=%d", benchEngines, batch), func(b *testing.B) {
-			benchNativeGet(b, masterB, m, keys, batch, total, false)
+			benchNativeGet(b, a, masterB, m, keys, batch, total, false)
 		})
 	}
 	// The same get into memory the size of an engine's: every page its own destination, as an
 	// engine's loads land, instead of one batch of buffers written again and again (which stays
 	// in the last-level cache of a large host).
 	b.Run(fmt.Sprintf("native-get-spread/goroutines=%d/batch=%d", benchEngines, benchBatch), func(b *testing.B) {
-		benchNativeGet(b, masterB, m, keys, benchBatch, total, true)
+		benchNativeGet(b, a, masterB, m, keys, benchBatch, total, true)
 	})
 	benchExist(b, masterB, m, keys)
 }
@@ -141,7 +142,7 @@ func benchMasterAddr(b *testing.B, m *mooncaketest.Master) string {
 // benchServe times B's four engines loading every page, each engine its own requests.
 // With admitPerPass > 0 each engine loads asynchronously through one load worker and admits
 // up to admitPerPass requests a pass.
-func benchServe(ctx context.Context, b *testing.B, bh *host, cfg func(*host, string) enginesim.Config, admitPerPass int, wait time.Duration, total int64) {
+func benchServe(ctx context.Context, b *testing.B, a, bh *host, cfg func(*host, string) enginesim.Config, admitPerPass int, wait time.Duration, total int64) {
 	engines := make([]*enginesim.Engine, benchEngines)
 	for e := range engines {
 		c := cfg(bh, fmt.Sprintf("warm%d-%d-%d-%d", e, b.N, admitPerPass, wait.Milliseconds()))
@@ -190,10 +191,12 @@ func benchServe(ctx context.Context, b *testing.B, bh *host, cfg func(*host, str
 	b.SetBytes(total)
 	b.ResetTimer()
 	admit, load, rest, passes = 0, 0, 0, 0
+	profiled := startProfiles(b, false, a, bh)
 	for i := range b.N {
 		pass(fmt.Sprint(i))
 	}
 	b.StopTimer()
+	profiled()
 	if passes > 0 {
 		per := func(d time.Duration) float64 { return 1e3 * d.Seconds() / float64(passes) }
 		b.Logf("B's engine passes (%d, %.1f per engine run): admission %.1f ms, metadata and loads %.1f ms, the rest %.1f ms a pass",
@@ -334,7 +337,7 @@ func callSeconds(b *testing.B, h *host) map[string]float64 {
 // benchNativeGet gets every key with a native client (no segment) in this process, four
 // goroutines in batches of batch pages, each goroutine one engine's share of the pages: into
 // one batch of buffers a goroutine, or, spread, into a buffer of its own for every page.
-func benchNativeGet(b *testing.B, master string, m *mooncaketest.Master, keys []string, batch int, total int64, spread bool) {
+func benchNativeGet(b *testing.B, a *host, master string, m *mooncaketest.Master, keys []string, batch int, total int64, spread bool) {
 	ctx := context.Background()
 	n, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: master, MetadataURL: m.MetadataURL})
 	if err != nil {
@@ -389,9 +392,12 @@ func benchNativeGet(b *testing.B, master string, m *mooncaketest.Master, keys []
 	round() // untimed, as the engines' first pass
 	b.SetBytes(total)
 	b.ResetTimer()
+	profiled := startProfiles(b, true, a)
 	for range b.N {
 		round()
 	}
+	b.StopTimer()
+	profiled()
 }
 
 // Where one request's admission through kvctl serve goes, on an otherwise idle daemon: host A

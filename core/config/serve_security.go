@@ -18,6 +18,9 @@ type ServeSecurity struct {
 	AdminGrantsLeases bool `json:"admin-grants-leases,omitempty" yaml:"admin-grants-leases,omitempty"`
 	// AdminLeaseRate bounds /query_key lease grants per second; 0 takes the default.
 	AdminLeaseRate float64 `json:"admin-lease-rate,omitempty" yaml:"admin-lease-rate,omitempty"`
+	// AdminPprof serves Go's runtime profiles (CPU, heap, goroutines, execution trace) under
+	// /debug/pprof/ on the admin listener.
+	AdminPprof bool `json:"admin-pprof,omitempty" yaml:"admin-pprof,omitempty"`
 	// DescriptorTTL is how long a descriptor sent over the side channel waits to be claimed by a
 	// Register; 0 takes the default (30 s).
 	DescriptorTTL time.Duration `json:"descriptor-ttl,omitempty" yaml:"descriptor-ttl,omitempty"`
@@ -32,17 +35,22 @@ const (
 	ServeKeyMaxConns          = "max-conns"
 	ServeKeyAdminGrantsLeases = "admin-grants-leases"
 	ServeKeyAdminLeaseRate    = "admin-lease-rate"
+	ServeKeyAdminPprof        = "admin-pprof"
 	ServeKeyDescriptorTTL     = "descriptor-ttl"
 	ServeKeyMaxTrackedTokens  = "max-tracked-tokens"
 )
 
 func serveSecurityKeys() []string {
-	return []string{ServeKeyEngineGroup, ServeKeyMaxConns, ServeKeyAdminGrantsLeases, ServeKeyAdminLeaseRate, ServeKeyDescriptorTTL, ServeKeyMaxTrackedTokens}
+	return []string{ServeKeyEngineGroup, ServeKeyMaxConns, ServeKeyAdminGrantsLeases, ServeKeyAdminLeaseRate, ServeKeyAdminPprof, ServeKeyDescriptorTTL, ServeKeyMaxTrackedTokens}
 }
 
 // RemoteAdminWarning is what serve prints and validate-config reports when the admin API may
 // listen beyond loopback: what anyone who reaches the port gets.
 const RemoteAdminWarning = "allow-remote-admin exposes the admin API without authentication: every pool key (/get_all_keys, which reveal which prompts were cached), per-engine stats and model keys (/v1/stats), segment layout and /metrics to anyone who can reach the port"
+
+// AdminPprofRemoteWarning is what validate-config and serve report when the profiles may be
+// served beyond loopback.
+const AdminPprofRemoteWarning = "with allow-remote-admin, anyone who reaches the admin port can read the daemon's goroutine stacks and heap profile and make it spend CPU on profiling"
 
 func decodeServeSecurity(o *obj, s *ServeSecurity) {
 	o.str(ServeKeyEngineGroup, &s.EngineGroup, true)
@@ -55,6 +63,9 @@ func decodeServeSecurity(o *obj, s *ServeSecurity) {
 	}
 	if v, ok := o.boolv(ServeKeyAdminGrantsLeases, boolStrict); ok {
 		s.AdminGrantsLeases = v
+	}
+	if v, ok := o.boolv(ServeKeyAdminPprof, boolStrict); ok {
+		s.AdminPprof = v
 	}
 	var rate *float64
 	o.floatPtr(ServeKeyAdminLeaseRate, &rate, true)
@@ -79,6 +90,9 @@ func (s ServeConfig) validateSecurity(d *dec) {
 	}
 	if s.AdminGrantsLeases && s.AllowRemoteAdmin {
 		d.at(SeverityWarning, ServeKeyAdminGrantsLeases, "with allow-remote-admin, anyone who reaches the admin port can pin pool keys with read leases (rate-limited by admin-lease-rate)", "")
+	}
+	if s.AdminPprof && s.AllowRemoteAdmin {
+		d.at(SeverityWarning, ServeKeyAdminPprof, AdminPprofRemoteWarning, "profile through an SSH tunnel to a loopback admin address instead")
 	}
 	if s.MaxConns < 0 {
 		d.at(SeverityError, ServeKeyMaxConns, fmt.Sprintf("must not be negative, found %d", s.MaxConns), "0 takes the default")

@@ -16,7 +16,8 @@ import (
 
 // AdminHandler serves the admin HTTP API: the status page at /, the Mooncake master's read
 // endpoints over the pool, /metrics with the pool's master-named series and kvctl's kvctl_*
-// series, /v1/stats, /healthz and /readyz.
+// series, /v1/stats, /healthz and /readyz, and Go's runtime profiles under /debug/pprof/ with
+// Config.AdminPprof (pprof.go).
 func (d *Daemon) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", d.metricsHandler())
@@ -24,6 +25,7 @@ func (d *Daemon) AdminHandler() http.Handler {
 	mux.HandleFunc("GET /healthz", d.serveHealthz)
 	mux.HandleFunc("GET /readyz", d.serveReadyz)
 	mux.HandleFunc("GET /{$}", d.serveStatus)
+	mux.Handle(pprofPrefix, d.pprofHandler())
 	// The master's read endpoints are served for a pool that can answer them (the embedded
 	// one); a Mooncake cluster's master serves its own.
 	if insp, ok := d.backend.Pool.(mooncake.Inspector); ok {

@@ -84,6 +84,9 @@ type Config struct {
 	// AdminLeaseRate bounds the /query_key lease grants per second when AdminGrantsLeases is on
 	// (DefaultAdminLeaseRate when zero).
 	AdminLeaseRate float64
+	// AdminPprof serves Go's runtime profiles under /debug/pprof/ on the admin listener
+	// (pprof.go); off, those paths answer 404 naming the flag.
+	AdminPprof bool
 	// DescriptorTTL is how long a descriptor sent over the side channel waits to be claimed
 	// (engineapi.DefaultHeldFDTTL when zero).
 	DescriptorTTL time.Duration
