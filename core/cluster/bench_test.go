@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/enginesim"
+	"github.com/kvctl/kvctl/core/hostmem"
 	"github.com/kvctl/kvctl/core/statsapi"
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
@@ -110,15 +111,18 @@ func BenchmarkLoadFromPeer(b *testing.B) {
 	logLoads(b, bh)
 	for _, batch := range []int{benchBatch, benchStagedBatch} {
 		b.Run(fmt.Sprintf("native-get/goroutines=%d/batch=%d", benchEngines, batch), func(b *testing.B) {
-			benchNativeGet(b, a, masterB, m, keys, batch, total, false)
+			benchNativeGet(b, a, masterB, m, keys, batch, total, dstBatch)
 		})
 	}
 	// The same get into memory the size of an engine's: every page its own destination, as an
 	// engine's loads land, instead of one batch of buffers written again and again (which stays
-	// in the last-level cache of a large host).
-	b.Run(fmt.Sprintf("native-get-spread/goroutines=%d/batch=%d", benchEngines, benchBatch), func(b *testing.B) {
-		benchNativeGet(b, a, masterB, m, keys, benchBatch, total, true)
-	})
+	// in the last-level cache of a large host); "-shm" into shared memory made as an engine makes
+	// its own (a sealed memfd, hostmem.NewSharedMemory), the kind of memory B's loads land in.
+	for _, dst := range []nativeDst{dstSpread, dstShm} {
+		b.Run(fmt.Sprintf("native-get-%s/goroutines=%d/batch=%d", dst, benchEngines, benchBatch), func(b *testing.B) {
+			benchNativeGet(b, a, masterB, m, keys, benchBatch, total, dst)
+		})
+	}
 	benchExist(b, masterB, m, keys)
 }
 
@@ -334,10 +338,18 @@ func callSeconds(b *testing.B, h *host) map[string]float64 {
 	return out
 }
 
+// nativeDst is where benchNativeGet's pages land.
+type nativeDst string
+
+const (
+	dstBatch  nativeDst = ""       // one batch of buffers a goroutine, reused
+	dstSpread nativeDst = "spread" // a page of Go heap memory for every page
+	dstShm    nativeDst = "shm"    // a page of memfd shared memory for every page, as an engine's
+)
+
 // benchNativeGet gets every key with a native client (no segment) in this process, four
-// goroutines in batches of batch pages, each goroutine one engine's share of the pages: into
-// one batch of buffers a goroutine, or, spread, into a buffer of its own for every page.
-func benchNativeGet(b *testing.B, a *host, master string, m *mooncaketest.Master, keys []string, batch int, total int64, spread bool) {
+// goroutines in batches of batch pages, each goroutine one engine's share of the pages, into dst.
+func benchNativeGet(b *testing.B, a *host, master string, m *mooncaketest.Master, keys []string, batch int, total int64, dst nativeDst) {
 	ctx := context.Background()
 	n, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: master, MetadataURL: m.MetadataURL})
 	if err != nil {
@@ -349,13 +361,24 @@ func benchNativeGet(b *testing.B, a *host, master string, m *mooncaketest.Master
 	for i, k := range keys {
 		perEngine[i%benchEngines] = append(perEngine[i%benchEngines], k)
 	}
+	spread := dst != dstBatch
 	bufs := make([][][]byte, benchEngines)
 	for g := range bufs {
 		n := batch
 		if spread {
 			n = len(perEngine[g])
 		}
-		mem := make([]byte, n*benchPage)
+		var mem []byte
+		if dst == dstShm {
+			shm, err := hostmem.NewSharedMemory(int64(n * benchPage))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer shm.Close()
+			mem = shm.Data
+		} else {
+			mem = make([]byte, n*benchPage)
+		}
 		bufs[g] = make([][]byte, n)
 		for j := range bufs[g] {
 			bufs[g][j] = mem[j*benchPage : (j+1)*benchPage : (j+1)*benchPage]
