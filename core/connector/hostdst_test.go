@@ -18,13 +18,15 @@ import (
 // cluster's client does, and records every buffer a get was handed.
 type bufRecordingPool struct {
 	*memPool
-	mu   sync.Mutex
-	bufs [][]byte
+	mu    sync.Mutex
+	bufs  [][]byte
+	calls []int // pages asked for, per get
 }
 
 func (p *bufRecordingPool) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []int64 {
 	p.mu.Lock()
 	p.bufs = append(p.bufs, bufs...)
+	p.calls = append(p.calls, len(keys))
 	p.mu.Unlock()
 	return p.memPool.BatchGet(ctx, keys, bufs)
 }
@@ -212,6 +214,88 @@ func finishAsyncLoads(t *testing.T, w *Worker, ids ...string) []string {
 	}
 	slices.Sort(failed)
 	return failed
+}
+
+// TestDirectLoadBatches pins how a synchronous load that reads straight into host engine memory
+// splits into pool calls: by bytes (directBatchBytes), not by transfer_batch_size, so three
+// requests of four pages with transfer_batch_size 2 are one call; two calls when
+// directBatchBytes holds eight pages; and transfer_batch_size pages a call with
+// directHostBatchOff (the staged loads' rule). Every page lands in its slot each time.
+func TestDirectLoadBatches(t *testing.T) {
+	l := contiguousLayout(16)
+	page := int(l.Groups[0].BytesPerPage() + l.Groups[1].BytesPerPage()) // a block's two pages
+	for _, c := range []struct {
+		name      string
+		batch     int // directBatchBytes
+		off       bool
+		wantCalls []int
+	}{
+		{"by bytes", 64 << 20, false, []int{24}},
+		{"eight pages a call", 4 * page, false, []int{8, 8, 8}},
+		{"transfer_batch_size", 64 << 20, true, []int{2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			oldBytes, oldOff := directBatchBytes, directHostBatchOff
+			directBatchBytes, directHostBatchOff = c.batch, c.off
+			defer func() { directBatchBytes, directHostBatchOff = oldBytes, oldOff }()
+			pl := &bufRecordingPool{memPool: newMemPool()}
+			ns := baseOptions().Namespace
+			var loads []RequestTransfers
+			want := map[kvmem.PageRef][]byte{}
+			for r := range 3 {
+				rt := RequestTransfers{RequestID: string(rune('a' + r))}
+				for i := range 4 {
+					blk := 4*r + i
+					for g := range l.Groups {
+						v := bytes.Repeat([]byte{byte(16*g + blk + 1)}, int(l.Groups[g].BytesPerPage()))
+						pl.objs[ns.PageKey(g, testT, l.Groups[g].BytesPerPage(), directHash(blk))] = v
+						want[kvmem.PageRef{Group: g, Slot: 15 - blk}] = v
+						rt.Pages = append(rt.Pages, PageTransfer{Hash: keys.PageHashOf(directHash(blk)), Group: g, Page: 15 - blk})
+					}
+				}
+				loads = append(loads, rt)
+			}
+			shm, err := hostmem.NewSharedMemory(layoutBytes(l))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = shm.Close() })
+			m, err := hostmem.NewMover(shm.FD, int64(len(shm.Data)), l)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = m.Close() })
+			o := baseOptions()
+			o.TransferBatchSize = 2
+			w := registeredWorkerWith(t, o, pl, m, l)
+			w.BindMeta(Metadata{Loads: loads})
+			if err := w.StartLoad(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if f := w.TakeFailedLoadRequests(); len(f) != 0 {
+				t.Fatalf("failed loads %v", f)
+			}
+			if !slices.Equal(pl.calls, c.wantCalls) {
+				t.Errorf("pages per pool call %v, want %v", pl.calls, c.wantCalls)
+			}
+			mapped := moverMapping(t, m, l)
+			for i, b := range pl.bufs {
+				if !within(b, mapped) {
+					t.Fatalf("get buffer %d is not engine memory", i)
+				}
+			}
+			got := make([][]byte, 1)
+			for ref, v := range want {
+				got[0] = make([]byte, len(v))
+				if err := m.Gather(context.Background(), []kvmem.PageRef{ref}, got); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got[0], v) {
+					t.Fatalf("%+v holds %x, want %x", ref, got[0], v)
+				}
+			}
+		})
+	}
 }
 
 // TestContiguousValue pins which values Layout.ContiguousValue finds in one piece.
