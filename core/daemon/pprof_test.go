@@ -1,7 +1,6 @@
 package daemon_test
 
 import (
-	"bytes"
 	"compress/gzip"
 	"io"
 	"net/http"
@@ -14,20 +13,6 @@ import (
 	"github.com/kvctl/kvctl/pool/embedded"
 )
 
-func pprofGet(t *testing.T, url string) (int, []byte) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, body
-}
-
 // TestAdminPprof pins the admin listener's /debug/pprof/: off by default (404 naming the flag,
 // on every path under it), and with AdminPprof the index, a named profile, a CPU profile of a
 // second (a gzipped profile), no command line, and profile lengths outside 1..60 s refused.
@@ -36,41 +21,41 @@ func TestAdminPprof(t *testing.T) {
 	popts.Segments = []embedded.SegmentSpec{{Name: "s", Capacity: 4 << 20}}
 	off := daemontest.Start(t, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 1 << 20}})
 	for _, p := range []string{"/debug/pprof/", "/debug/pprof/profile?seconds=1", "/debug/pprof/heap", "/debug/pprof/trace"} {
-		code, body := pprofGet(t, "http://"+off.Info.AdminAddr+p)
-		if code != http.StatusNotFound || !strings.Contains(string(body), "--admin-pprof") {
+		code, body := getText(t, "http://"+off.Info.AdminAddr+p)
+		if code != http.StatusNotFound || !strings.Contains(body, "--admin-pprof") {
 			t.Errorf("%s without AdminPprof: %d %q", p, code, body)
 		}
 	}
 
 	on := daemontest.Start(t, daemon.Config{Pool: popts, Defaults: connector.Options{StagingBufferBytes: 1 << 20}, AdminPprof: true})
 	base := "http://" + on.Info.AdminAddr
-	if code, body := pprofGet(t, base+"/debug/pprof/"); code != http.StatusOK || !strings.Contains(string(body), "goroutine") {
+	if code, body := getText(t, base+"/debug/pprof/"); code != http.StatusOK || !strings.Contains(body, "goroutine") {
 		t.Errorf("index: %d %.200q", code, body)
 	}
-	if code, body := pprofGet(t, base+"/debug/pprof/goroutine?debug=1"); code != http.StatusOK || !strings.Contains(string(body), "goroutine profile: total") {
+	if code, body := getText(t, base+"/debug/pprof/goroutine?debug=1"); code != http.StatusOK || !strings.Contains(body, "goroutine profile: total") {
 		t.Errorf("goroutine profile: %d %.200q", code, body)
 	}
-	code, body := pprofGet(t, base+"/debug/pprof/profile?seconds=1")
+	code, body := getText(t, base+"/debug/pprof/profile?seconds=1")
 	if code != http.StatusOK {
 		t.Fatalf("CPU profile: %d %.200q", code, body)
 	}
-	zr, err := gzip.NewReader(bytes.NewReader(body))
+	zr, err := gzip.NewReader(strings.NewReader(body))
 	if err != nil {
 		t.Fatalf("CPU profile is not gzipped: %v", err)
 	}
 	if raw, err := io.ReadAll(zr); err != nil || len(raw) == 0 {
 		t.Errorf("CPU profile: %d bytes, %v", len(raw), err)
 	}
-	if code, _ := pprofGet(t, base+"/debug/pprof/cmdline"); code != http.StatusNotFound {
+	if code, _ := getText(t, base+"/debug/pprof/cmdline"); code != http.StatusNotFound {
 		t.Errorf("cmdline: %d, want 404", code)
 	}
 	for _, p := range []string{"profile?seconds=61", "profile?seconds=0", "profile?seconds=1e9", "trace?seconds=-1", "trace?seconds=99999999999999999999"} {
-		if code, body := pprofGet(t, base+"/debug/pprof/"+p); code != http.StatusBadRequest || !strings.Contains(string(body), "from 1 to 60") {
+		if code, body := getText(t, base+"/debug/pprof/"+p); code != http.StatusBadRequest || !strings.Contains(body, "from 1 to 60") {
 			t.Errorf("%s: %d %.200q, want 400 naming the bound", p, code, body)
 		}
 	}
 	// The rest of the admin API is unchanged.
-	if code, _ := pprofGet(t, base+"/healthz"); code != http.StatusOK {
+	if code, _ := getText(t, base+"/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz with AdminPprof: %d", code)
 	}
 }
