@@ -38,10 +38,11 @@ const (
 	benchReqs    = 8  // requests per engine
 	benchBlocks  = 64 // blocks per request
 	benchPage    = 64 << 10
-	// benchBatch is the connector's get batch here: the engines' pages are one piece of shared
-	// memory each, so loads read them straight into engine memory, transfer_batch_size (64)
-	// pages per pool get. (A staged load double-buffers its 64 slots: 32 pages per get;
-	// benchStagedBatch, measured too.)
+	// benchBatch is one request's pages, the pool get of an asynchronous load here: the
+	// engines' pages are one piece of shared memory each, so loads read them straight into
+	// engine memory, a request's 64 pages in one get (a synchronous load of an engine's eight
+	// requests: all 512 in one get, measured too). A staged load double-buffers its 64 slots:
+	// 32 pages per get, benchStagedBatch.
 	benchBatch       = 64
 	benchStagedBatch = 32
 	benchSegment     = "512MiB"
@@ -109,7 +110,9 @@ func BenchmarkLoadFromPeer(b *testing.B) {
 		b.Run(fmt.Sprintf("%s/engines=%d", v.name, benchEngines), func(b *testing.B) { benchServe(ctx, b, a, bh, cfg, v.admit, v.wait, total) })
 	}
 	logLoads(b, bh)
-	for _, batch := range []int{benchBatch, benchStagedBatch} {
+	// benchReqs*benchBlocks: one get of all an engine's pages, as a synchronous load that reads
+	// straight into engine memory now asks for them (one call of directBatchBytes).
+	for _, batch := range []int{benchBatch, benchStagedBatch, benchReqs * benchBlocks} {
 		b.Run(fmt.Sprintf("native-get/goroutines=%d/batch=%d", benchEngines, batch), func(b *testing.B) {
 			benchNativeGet(b, a, masterB, m, keys, batch, total, dstBatch)
 		})
