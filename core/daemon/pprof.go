@@ -12,6 +12,10 @@ import (
 // one CPU profile at a time: an unbounded request would hold the profiler.
 const MaxProfileSeconds = 60
 
+// maxSymbolBody bounds the body of a POST /debug/pprof/symbol: the handler reads addresses until
+// the body ends and buffers a line of answer for each.
+const maxSymbolBody = 64 << 10
+
 // pprofPrefix is where the admin listener serves Go's runtime profiles with Config.AdminPprof.
 const pprofPrefix = "/debug/pprof/"
 
@@ -23,8 +27,8 @@ const pprofOffMessage = "profiling is off on this kvctl serve; start it with --a
 // (profile?seconds=N, 30 s by default) and an execution trace (trace?seconds=N, 1 s by default),
 // and symbol lookups. N above MaxProfileSeconds, or not a whole positive number, is refused with
 // 400; the runtime allows one CPU profile at a time (a second answers 500), and a profile ends
-// early when its client goes away. /debug/pprof/cmdline is not served: the daemon's command line is not the profiles'
-// business. With Config.AdminPprof off every path under the prefix answers 404 naming the flag.
+// early when its client goes away. A symbol lookup's body is read up to maxSymbolBody.
+// /debug/pprof/cmdline is not served: the daemon's command line is not the profiles' business. With Config.AdminPprof off every path under the prefix answers 404 naming the flag.
 func (d *Daemon) pprofHandler() http.Handler {
 	if !d.cfg.AdminPprof {
 		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -37,7 +41,10 @@ func (d *Daemon) pprofHandler() http.Handler {
 	mux.HandleFunc("GET "+pprofPrefix+"profile", boundedSeconds(pprof.Profile))
 	mux.HandleFunc("GET "+pprofPrefix+"trace", boundedSeconds(pprof.Trace))
 	mux.HandleFunc("GET "+pprofPrefix+"symbol", pprof.Symbol)
-	mux.HandleFunc("POST "+pprofPrefix+"symbol", pprof.Symbol)
+	mux.HandleFunc("POST "+pprofPrefix+"symbol", func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, maxSymbolBody)
+		pprof.Symbol(w, r)
+	})
 	mux.HandleFunc("GET "+pprofPrefix+"cmdline", http.NotFound)
 	mux.HandleFunc("GET "+pprofPrefix, pprof.Index)
 	return mux

@@ -15,7 +15,8 @@ import (
 
 // TestAdminPprof pins the admin listener's /debug/pprof/: off by default (404 naming the flag,
 // on every path under it), and with AdminPprof the index, a named profile, a CPU profile of a
-// second (a gzipped profile), no command line, and profile lengths outside 1..60 s refused.
+// second (a gzipped profile), no command line, profile lengths outside 1..60 s refused, and a
+// symbol lookup's body cut at its bound.
 func TestAdminPprof(t *testing.T) {
 	popts := embedded.DefaultOptions()
 	popts.Segments = []embedded.SegmentSpec{{Name: "s", Capacity: 4 << 20}}
@@ -53,6 +54,16 @@ func TestAdminPprof(t *testing.T) {
 		if code, body := getText(t, base+"/debug/pprof/"+p); code != http.StatusBadRequest || !strings.Contains(body, "from 1 to 60") {
 			t.Errorf("%s: %d %.200q, want 400 naming the bound", p, code, body)
 		}
+	}
+	// A symbol lookup's body is read up to its bound, however long it runs.
+	resp, err := http.Post(base+"/debug/pprof/symbol", "text/plain", strings.NewReader(strings.Repeat("0x1+", 1<<20)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sym, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(sym), "request body too large") {
+		t.Errorf("a 4 MiB symbol lookup: %d %.200q, want its body cut at the bound", resp.StatusCode, sym)
 	}
 	// The rest of the admin API is unchanged.
 	if code, _ := getText(t, base+"/healthz"); code != http.StatusOK {
