@@ -83,6 +83,9 @@ type Metadata struct {
 	Saves []RequestTransfers
 	// AsyncLoads are the transfers of requests parked this pass, queued by BindMeta.
 	AsyncLoads []RequestTransfers
+	// EarlyLoads name the requests of this pass whose synchronous load began at their
+	// allocation report (Options.EarlyLoads); StartLoad waits for them as for Loads.
+	EarlyLoads []string
 }
 
 // Errors callers branch on.

@@ -102,6 +102,12 @@ type Options struct {
 	// and a save gathers each page straight into the pool memory reserved for it and takes its
 	// checksum there (docs/perf/serve-gpu.md).
 	StagedTransfers bool
+	// EarlyLoads starts a request's load at its allocation report instead of at StartLoad (a
+	// synchronous offer) or at the BindMeta that carries its parked transfer (an asynchronous
+	// one), once LinkEarlyLoads has joined the rank's Scheduler and Worker. The engine promises
+	// that pages it reports allocated are free of its own work from then on. Only for a single
+	// rank (WorldSize 1, not attention DP) without a Fence.
+	EarlyLoads bool
 
 	// Logger receives the connector's lines; nil uses slog.Default().
 	Logger *slog.Logger
@@ -201,6 +207,12 @@ func (o Options) Validate() error {
 	}
 	if o.LocalReuseBackoff != ReuseBackoffOff && o.LocalReuseBackoff != ReuseBackoffAlign {
 		bad("local_reuse_backoff %q: must be off or align", o.LocalReuseBackoff)
+	}
+	if o.EarlyLoads && (o.Namespace.WorldSize > 1 || o.Namespace.AttentionDP) {
+		bad("early loads need a single rank: the allocation report reaches only the scheduler rank (world size %d, attention DP %t)", o.Namespace.WorldSize, o.Namespace.AttentionDP)
+	}
+	if o.EarlyLoads && o.Fence != nil {
+		bad("early loads order by the host: a rank with an engine fence (engine_event) takes it at StartLoad")
 	}
 	if o.SpeculativePrefill && o.Role.Transfers() && o.PromptLookahead < 1 {
 		bad("speculative prefill needs the draft's prompt lookahead (at least 1), got %d", o.PromptLookahead)

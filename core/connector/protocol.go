@@ -27,6 +27,9 @@ func (p *protocolState) bind(meta Metadata) {
 			p.batch[t.RequestID] = true
 		}
 	}
+	for _, id := range meta.EarlyLoads {
+		p.batch[id] = true
+	}
 }
 
 func (p *protocolState) handBack(ids []string) {

@@ -74,8 +74,12 @@ type LocalRank struct {
 }
 
 // NewLocalRank returns the rank named name over s (nil on a rank without the scheduler adapter)
-// and w. The caller keeps ownership of both and closes them.
+// and w. The caller keeps ownership of both and closes them. When both were made with
+// Options.EarlyLoads they are linked (LinkEarlyLoads).
 func NewLocalRank(name string, s *Scheduler, w *Worker) *LocalRank {
+	if s != nil && w != nil && s.opts.EarlyLoads && w.opts.EarlyLoads {
+		_ = LinkEarlyLoads(s, w) // the same rank's options: only a namespace mismatch fails
+	}
 	return &LocalRank{name: name, sched: s, w: w}
 }
 

@@ -32,6 +32,9 @@ type Scheduler struct {
 	// contextOnly holds, in speculative-prefill mode, the requests a lookup accepted as
 	// context-only; BuildMeta refuses a new request outside it (the backstop of seed commit 5).
 	contextOnly map[string]bool
+	// early is the rank's worker once LinkEarlyLoads joined them: requests' loads start at
+	// their allocation report (early.go).
+	early *Worker
 }
 
 // reqState is what the adapter keeps per request.
@@ -52,6 +55,12 @@ type reqState struct {
 	savedUpto       int // blocks below are confirmed saved (or loaded)
 	asyncLoadedUpto int // blocks below came from an asynchronous load and are never saved back
 	emittedSaves    bool
+
+	// earlyStarted: a load of this request began at its allocation report (early.go); forgetting
+	// the request waits for it. earlyPages is a synchronous one's transfer, until BuildMeta
+	// names the request in Metadata.EarlyLoads.
+	earlyStarted bool
+	earlyPages   []PageTransfer
 }
 
 // NewScheduler returns a scheduler adapter over pool. Lookups need a layout (RegisterLayout)
@@ -159,6 +168,9 @@ func (s *Scheduler) lookup(ctx context.Context, req Request, numComputed int) (i
 		return 0, false, nil
 	}
 	st := s.reqs[req.ID]
+	if st != nil && st.earlyPages != nil {
+		return 0, false, fmt.Errorf("request %s: looked up again: %w", req.ID, errEarlyInFlight)
+	}
 	if st == nil {
 		chain, err := s.opts.newChain(req)
 		if err != nil {
@@ -273,6 +285,9 @@ func (s *Scheduler) CancelLoad(reqID string, start, end int) error {
 	if st == nil || st.offerBlocks == 0 {
 		return nil
 	}
+	if st.earlyPages != nil {
+		return fmt.Errorf("request %s: %w", reqID, errEarlyInFlight)
+	}
 	T := s.opts.TokensPerBlock
 	first, last := st.offerFirst, st.offerFirst+st.offerBlocks
 	cf := max(first, start/T)
@@ -313,8 +328,25 @@ func (s *Scheduler) UpdateStateAfterAlloc(reqID string, blockIDsByGroup [][]int,
 	if honouredTokens < 0 || honouredTokens%T != 0 || honouredTokens/T > st.offerBlocks {
 		return fmt.Errorf("request %s: %d honoured tokens are not a whole-block part of the offer of %d blocks of %d tokens", reqID, honouredTokens, st.offerBlocks, T)
 	}
+	if st.earlyStarted && st.offerBlocks > 0 {
+		return fmt.Errorf("request %s: allocation reported again while the load of its first report is in flight", reqID)
+	}
 	st.offerBlocks = honouredTokens / T
 	if !st.offerAsync {
+		if s.early == nil || st.offerBlocks == 0 {
+			return nil
+		}
+		if s.geom == nil {
+			return ErrNoLayout
+		}
+		t, ok, err := s.earlyOf(reqID, st, blockIDsByGroup)
+		if err != nil || !ok {
+			return err
+		}
+		if s.early.startEarly(reqID, t.Pages, false) != nil {
+			return nil // the worker cannot take it: the request loads at StartLoad
+		}
+		st.earlyStarted, st.earlyPages = true, t.Pages
 		return nil
 	}
 	if s.geom == nil {
@@ -335,7 +367,11 @@ func (s *Scheduler) UpdateStateAfterAlloc(reqID string, blockIDsByGroup [][]int,
 			t.Pages = append(t.Pages, PageTransfer{Hash: h, Group: g, Page: page})
 		}
 	}
-	s.pendingAsync = append(s.pendingAsync, t)
+	if s.early != nil && len(t.Pages) > 0 && s.early.startEarly(reqID, t.Pages, true) == nil {
+		st.earlyStarted = true
+	} else {
+		s.pendingAsync = append(s.pendingAsync, t)
+	}
 	st.asyncLoadedUpto = max(st.asyncLoadedUpto, end)
 	st.offerFirst, st.offerBlocks, st.offerAsync = 0, 0, false
 	return nil
@@ -424,6 +460,21 @@ func (s *Scheduler) buildOne(rd *RequestData, meta *Metadata) error {
 	T := s.opts.TokensPerBlock
 
 	restored := 0
+	if st.earlyPages != nil {
+		// The load began at the allocation report, into the pages reported then: this pass's
+		// page lists must name the same ones.
+		first, end := st.offerFirst, st.offerFirst+st.offerBlocks
+		for i, p := range st.earlyPages {
+			b := first + i/ng
+			if b >= addressable || st.pages[p.Group][b] != p.Page {
+				return fmt.Errorf("request %s: block %d in layer group %d: the scheduler output gives it another page than the allocation report whose early load wrote it", rd.ID, b, p.Group)
+			}
+		}
+		meta.EarlyLoads = append(meta.EarlyLoads, rd.ID)
+		restored = st.offerBlocks * T
+		st.savedUpto = max(st.savedUpto, end)
+		st.offerFirst, st.offerBlocks, st.earlyPages = 0, 0, nil
+	}
 	if st.offerBlocks > 0 && !st.offerAsync {
 		first, end := st.offerFirst, st.offerFirst+st.offerBlocks
 		t := RequestTransfers{RequestID: rd.ID}
@@ -477,9 +528,13 @@ func (s *Scheduler) RequestFinished(reqID string, dummy bool) (asyncSaving bool)
 		return false
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	st := s.reqs[reqID]
 	s.forget(reqID)
+	early := s.early
+	s.mu.Unlock()
+	if st != nil && st.earlyStarted {
+		early.dropEarly(reqID)
+	}
 	return st != nil && st.emittedSaves
 }
 
@@ -492,8 +547,13 @@ func (s *Scheduler) RequestReset(reqID string, dummy bool) {
 		return
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	st := s.reqs[reqID]
 	s.forget(reqID)
+	early := s.early
+	s.mu.Unlock()
+	if st != nil && st.earlyStarted {
+		early.dropEarly(reqID)
+	}
 }
 
 func (s *Scheduler) forget(reqID string) {

@@ -83,6 +83,14 @@ type Worker struct {
 	asyncQueued  int
 	asyncActive  int
 	backgroundWG sync.WaitGroup
+
+	// early holds the synchronous offers' loads started at their allocation report (early.go)
+	// until StartLoad waits for them or the scheduler forgets the request; earlyQ feeds the
+	// goroutine that makes them, started with the first. stageMu takes loadStage in turn
+	// between StartLoad's own loads and those.
+	early   map[string]*earlyLoad
+	earlyQ  *fifo[*earlyLoad]
+	stageMu sync.Mutex
 }
 
 type saveJob struct {
@@ -121,6 +129,7 @@ func NewWorker(opts Options, pl pool.Pool, mover kvmem.Mover) (*Worker, error) {
 		closedGen:   map[string]bool{},
 		announced:   map[string]bool{},
 		async:       map[string]*asyncLoad{},
+		early:       map[string]*earlyLoad{},
 		protocol:    newProtocolState(),
 	}
 	w.ctx, w.cancel = context.WithCancel(context.Background())
@@ -350,7 +359,12 @@ func (w *Worker) Err() error {
 // cannot be queued is kept for the next StartLoad or GetFinished to return.
 func (w *Worker) BindMeta(meta Metadata) {
 	w.mu.Lock()
-	w.bound = Metadata{Loads: slices.Clone(meta.Loads), Saves: slices.Clone(meta.Saves)}
+	w.bound = Metadata{Loads: slices.Clone(meta.Loads), Saves: slices.Clone(meta.Saves), EarlyLoads: slices.Clone(meta.EarlyLoads)}
+	for _, id := range meta.EarlyLoads {
+		if ld := w.early[id]; ld != nil {
+			ld.bound = true
+		}
+	}
 	w.protocol.bind(meta)
 	w.mu.Unlock()
 	for _, t := range meta.AsyncLoads {
@@ -364,7 +378,7 @@ func (w *Worker) BindMeta(meta Metadata) {
 // answered BindMeta. It does nothing for a worker that is closed or failed, or has no loads bound.
 func (w *Worker) WakeForLoads() {
 	w.mu.Lock()
-	ok := w.usableLocked() == nil && len(w.bound.Loads) > 0 && w.loadStage != nil
+	ok := w.usableLocked() == nil && len(w.bound.Loads)+len(w.bound.EarlyLoads) > 0 && w.loadStage != nil
 	mover := w.mover
 	w.mu.Unlock()
 	if ok && wakeDevice(mover) {
@@ -408,10 +422,11 @@ func (w *Worker) dropBoundSavesLocked(ids []string) {
 	}
 }
 
-// StartLoad makes the bound synchronous loads; a second call on the same metadata starts
-// nothing. On a single rank or an attention-DP owner, a request that lost a page is handed back
-// through TakeFailedLoadRequests and its bound saves are dropped; under tensor parallelism a
-// lost page is fatal, since the engine already counts those tokens as computed.
+// StartLoad makes the bound synchronous loads and waits for the bound early loads (early.go); a
+// second call on the same metadata starts nothing. On a single rank or an attention-DP owner,
+// a request that lost a page is handed back through TakeFailedLoadRequests and its bound saves
+// are dropped; under tensor parallelism a lost page is fatal, since the engine already counts
+// those tokens as computed.
 func (w *Worker) StartLoad(ctx context.Context) error {
 	w.mu.Lock()
 	if err := w.usableLocked(); err != nil {
@@ -424,20 +439,47 @@ func (w *Worker) StartLoad(ctx context.Context) error {
 		w.mu.Unlock()
 		return err
 	}
-	loads := w.bound.Loads
-	w.bound.Loads = nil
+	loads, early := w.bound.Loads, w.bound.EarlyLoads
+	w.bound.Loads, w.bound.EarlyLoads = nil, nil
 	geom, stage := w.geom, w.loadStage
 	w.mu.Unlock()
-	if len(loads) == 0 {
+	if len(loads)+len(early) == 0 {
 		return nil
 	}
 	if geom == nil {
 		return ErrNoLayout
 	}
 	if stage == nil {
-		return w.keep(fmt.Errorf("%d synchronous loads bound but this worker makes no synchronous loads (role %s, async_load %t): %w", len(loads), w.opts.Role, w.opts.AsyncLoad, ErrCannotTransfer))
+		return w.keep(fmt.Errorf("%d synchronous loads bound but this worker makes no synchronous loads (role %s, async_load %t): %w", len(loads)+len(early), w.opts.Role, w.opts.AsyncLoad, ErrCannotTransfer))
 	}
+	var ids []string
+	if len(loads) > 0 {
+		var err error
+		if ids, err = w.syncLoads(ctx, loads, stage); err != nil {
+			return err
+		}
+	}
+	if len(early) > 0 {
+		failed, err := w.awaitEarly(ctx, early)
+		if err != nil {
+			return err
+		}
+		ids = append(ids, failed...)
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	slices.Sort(ids)
+	w.mu.Lock()
+	w.failedSync = append(w.failedSync, ids...)
+	w.dropBoundSavesLocked(ids)
+	w.mu.Unlock()
+	return nil
+}
 
+// syncLoads makes StartLoad's own loads and returns the requests that lost a page (a lost page
+// is fatal where requests cannot restart).
+func (w *Worker) syncLoads(ctx context.Context, loads []RequestTransfers, stage kvmem.Staging) ([]string, error) {
 	var sample *stats.LoadSample
 	if w.stats.Enabled() {
 		// Thread CPU per phase only when the stats line that reports it is on: pinning the
@@ -469,45 +511,42 @@ func (w *Worker) StartLoad(ctx context.Context) error {
 	sample.End(stats.PhaseResolve, m)
 	if err != nil {
 		releaseFence(fence)
-		return w.keep(err)
+		return nil, w.keep(err)
 	}
 	if fence != nil {
 		m := sample.Start()
 		err = passFence(ctx, fence, w.mover)
 		sample.End(stats.PhaseFence, m)
 		if err != nil {
-			return w.keep(fmt.Errorf("load: allocation fence: %w", err))
+			return nil, w.keep(fmt.Errorf("load: allocation fence: %w", err))
 		}
 	}
 	values := len(lists.items)
+	w.stageMu.Lock()
 	res, err := loadPages(ctx, w.pool, w.direct, w.mover, stage, w.opts.TransferBatchSize, lists, sample)
+	w.stageMu.Unlock()
 	w.syncLists.Store(keepLoadLists(lists, err))
 	if sample != nil {
 		sample.Transfer = time.Since(began)
 		w.stats.RecordLoad(sample)
 	}
 	if err != nil {
-		return w.keep(fmt.Errorf("load: %w", err))
+		return nil, w.keep(fmt.Errorf("load: %w", err))
 	}
 	w.log.Debug("mooncake-store loaded pages", "rank", w.opts.Namespace.Rank, "pages", values-res.failedPages)
 	if len(res.failed) == 0 {
-		return nil
+		return nil, nil
 	}
 	ids := make([]string, 0, len(res.failed))
 	for ri := range res.failed {
 		ids = append(ids, loads[ri].RequestID)
 	}
-	slices.Sort(ids)
 	if !w.recover {
-		return w.keep(w.fatalLoadError(res, len(ids)))
+		return nil, w.keep(w.fatalLoadError(res, len(ids)))
 	}
 	w.log.Warn("mooncake-store failed to load pages; the requests are restarted without the offered prefix",
 		"rank", w.opts.Namespace.Rank, "failed_pages", res.failedPages, "requests", len(ids), "first_failure", res.firstMissing)
-	w.mu.Lock()
-	w.failedSync = append(w.failedSync, ids...)
-	w.dropBoundSavesLocked(ids)
-	w.mu.Unlock()
-	return nil
+	return ids, nil
 }
 
 func (w *Worker) fatalLoadError(res loadResult, requests int) error {
@@ -1146,7 +1185,7 @@ func (w *Worker) Close(ctx context.Context) error {
 	}
 	w.closed = true
 	w.signalLocked()
-	saveQ, asyncQ := w.saveQ, w.asyncQ
+	saveQ, asyncQ, earlyQ := w.saveQ, w.asyncQ, w.earlyQ
 	w.mu.Unlock()
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -1158,10 +1197,25 @@ func (w *Worker) Close(ctx context.Context) error {
 	}
 	if asyncQ != nil {
 		if skipped := asyncQ.close(false); len(skipped) > 0 {
+			w.mu.Lock()
 			for _, a := range skipped {
 				releaseFence(a.fence)
+				a.done, a.failed = true, true
 			}
+			w.signalLocked()
+			w.mu.Unlock()
 			w.log.Info("mooncake-store skipped queued asynchronous loads at shutdown", "loads", len(skipped))
+		}
+	}
+	if earlyQ != nil {
+		if skipped := earlyQ.close(false); len(skipped) > 0 {
+			w.mu.Lock()
+			for _, ld := range skipped {
+				ld.failed, ld.err = true, ErrClosed
+				close(ld.done)
+			}
+			w.mu.Unlock()
+			w.log.Info("mooncake-store skipped queued early loads at shutdown", "loads", len(skipped))
 		}
 	}
 	joined := make(chan struct{})

@@ -297,6 +297,11 @@ func (d *Daemon) register(ctx context.Context, req *enginepb.RegisterRequest) (_
 		if err = e.scheduler.RegisterLayout(layout); err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
 		}
+		if opts.EarlyLoads {
+			if err = connector.LinkEarlyLoads(e.scheduler, e.worker); err != nil {
+				return nil, status.Errorf(codes.Internal, "register: %v", err)
+			}
+		}
 		if e.attach, err = newSchedulerAttachments(); err != nil {
 			return nil, status.Errorf(codes.Internal, "register: scheduler token: %v", err)
 		}
@@ -503,6 +508,19 @@ func (d *Daemon) optionsFor(req *enginepb.RegisterRequest, layout kvmem.Layout) 
 	}
 	if v := req.GetLocalReuseBackoff(); v != "" {
 		o.LocalReuseBackoff = connector.ReuseBackoff(v)
+	}
+	if req.GetEarlyLoads() {
+		switch {
+		case o.Namespace.WorldSize > 1 || o.Namespace.AttentionDP:
+			return o, fmt.Errorf("early_loads: needs a single rank (world_size 1, no attention_dp), got world_size %d, attention_dp %t: the allocation report reaches only the scheduler rank", o.Namespace.WorldSize, o.Namespace.AttentionDP)
+		case !req.GetScheduler():
+			return o, errors.New("early_loads: only the rank that registers the scheduler (scheduler = true) reports allocations")
+		case req.GetEngineEvent() != nil:
+			return o, errors.New("early_loads: an engine that sends engine_event orders the daemon's copies on its stream at StartLoad; early loads order by the host")
+		case !role.Loads():
+			return o, fmt.Errorf("early_loads: role %s makes no loads", role)
+		}
+		o.EarlyLoads = true
 	}
 	if req.GetSpeculativePrefill() {
 		// Seed commits 5 and 14: the drafter allow-list validate-config applies. An engine

@@ -179,6 +179,9 @@ func (s *service) BindMeta(ctx context.Context, req *enginepb.BindMetaRequest) (
 	if err == nil {
 		err = e.checkTransfers(m)
 	}
+	if err == nil {
+		err = e.worker.CheckEarlyLoads(m.EarlyLoads)
+	}
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "bind metadata: %v", err)
 	}
@@ -186,7 +189,7 @@ func (s *service) BindMeta(ctx context.Context, req *enginepb.BindMetaRequest) (
 		return nil, status.Errorf(codes.PermissionDenied, "bind metadata: %v", err)
 	}
 	e.worker.BindMeta(m)
-	if len(m.Loads) > 0 {
+	if len(m.Loads)+len(m.EarlyLoads) > 0 {
 		// Over a call channel, once the reply is written: the GPU switches to the daemon while
 		// the engine sends StartLoad. Over gRPC StartLoad wakes it itself.
 		afterReply(ctx, e.worker.WakeForLoads)

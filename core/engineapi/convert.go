@@ -3,6 +3,7 @@ package engineapi
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/kvctl/kvctl/core/connector"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
@@ -237,7 +238,7 @@ func transfersFromPB(ts []*enginepb.RequestTransfers) ([]connector.RequestTransf
 
 // MetadataToPB converts a pass's metadata.
 func MetadataToPB(m connector.Metadata) *enginepb.Metadata {
-	return &enginepb.Metadata{Loads: transfersToPB(m.Loads), Saves: transfersToPB(m.Saves), AsyncLoads: transfersToPB(m.AsyncLoads)}
+	return &enginepb.Metadata{Loads: transfersToPB(m.Loads), Saves: transfersToPB(m.Saves), AsyncLoads: transfersToPB(m.AsyncLoads), EarlyLoads: slices.Clone(m.EarlyLoads)}
 }
 
 // MetadataFromPB converts a pass's metadata, refusing a page hash of the wrong size.
@@ -253,6 +254,7 @@ func MetadataFromPB(m *enginepb.Metadata) (connector.Metadata, error) {
 	if out.AsyncLoads, err = transfersFromPB(m.GetAsyncLoads()); err != nil {
 		return out, err
 	}
+	out.EarlyLoads = slices.Clone(m.GetEarlyLoads())
 	return out, nil
 }
 

@@ -14,7 +14,7 @@ import (
 // minor version only adds fields and methods. docs/ENGINE_API.md describes the rules.
 const (
 	APIVersionMajor = 1
-	APIVersionMinor = 3
+	APIVersionMinor = 4
 )
 
 // CUDAIPCHandleBytes is the size of a legacy CUDA IPC handle (cudaIpcMemHandle_t) in

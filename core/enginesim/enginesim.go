@@ -55,6 +55,9 @@ type Config struct {
 	// finished. AsyncLoadWorkers is passed to Register (0: the daemon's default).
 	AsyncLoad        bool
 	AsyncLoadWorkers int
+	// EarlyLoads registers the (single) rank with early_loads: a hit's load starts at its
+	// allocation report, so the pass's next admissions overlap it (engine API 1.4).
+	EarlyLoads bool
 	// AdmitPerPass caps the requests one pass admits (connector.DriverOptions.MaxAdmitPerPass;
 	// 0 is no cap).
 	AdmitPerPass int
@@ -182,7 +185,7 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 			Engine: rk.name, ModelKey: cfg.ModelKey, Namespace: cfg.Namespace, WorldSize: int32(cfg.World), Rank: int32(r),
 			Role: string(connector.RoleBoth), Scheduler: r == 0, Layout: engineapi.LayoutToPB(layout),
 			GroupBlocks: cfg.GroupBlocks, SoftPinTtlMs: cfg.SoftPinTTLms,
-			AsyncLoad: cfg.AsyncLoad, AsyncLoadWorkers: int32(cfg.AsyncLoadWorkers),
+			AsyncLoad: cfg.AsyncLoad, AsyncLoadWorkers: int32(cfg.AsyncLoadWorkers), EarlyLoads: cfg.EarlyLoads && r == 0,
 			Format: cfg.Format, KeyParams: cfg.KeyParams,
 		}
 		var resp *enginepb.RegisterResponse

@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 # API_VERSION is the engine API version (major, minor) this SDK speaks; Register declares it.
-API_VERSION: tuple[int, int] = (1, 3)
+API_VERSION: tuple[int, int] = (1, 4)
 # MAX_MESSAGE_BYTES bounds one message either way, as the daemon does (core/engineapi).
 MAX_MESSAGE_BYTES = 64 << 20
 # DEFAULT_TIMEOUT is the deadline, in seconds, of a call that names none: no call hangs.

@@ -728,7 +728,15 @@ type RegisterRequest struct {
 	// engine records on its compute stream before StartLoad, before WaitForSave and before a
 	// BindMeta that carries asynchronous loads. Only with cuda_ipc or cuda_fd memory, on the same
 	// device; shared-memory engines order by the host and send none.
-	EngineEvent   *CudaEvent `protobuf:"bytes,30,opt,name=engine_event,json=engineEvent,proto3" json:"engine_event,omitempty"`
+	EngineEvent *CudaEvent `protobuf:"bytes,30,opt,name=engine_event,json=engineEvent,proto3" json:"engine_event,omitempty"`
+	// early_loads (API 1.4) lets the daemon start a request's load as soon as its allocation
+	// report (UpdateStateAfterAlloc) arrives, instead of at StartLoad (a synchronous offer) or at
+	// the BindMeta that carries the parked transfer (an asynchronous offer), so that the engine's
+	// next admissions overlap it. The engine promises that the pages it reports are free of its
+	// own work from that report on: nothing it runs still reads or writes them. Only for a
+	// single-rank engine (world_size 1, not attention DP) that registers the scheduler and orders
+	// by the host (no engine_event); INVALID_ARGUMENT otherwise. docs/ENGINE_API.md, "Early loads".
+	EarlyLoads    bool `protobuf:"varint,44,opt,name=early_loads,json=earlyLoads,proto3" json:"early_loads,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -956,6 +964,13 @@ func (x *RegisterRequest) GetEngineEvent() *CudaEvent {
 		return x.EngineEvent
 	}
 	return nil
+}
+
+func (x *RegisterRequest) GetEarlyLoads() bool {
+	if x != nil {
+		return x.EarlyLoads
+	}
+	return false
 }
 
 type isRegisterRequest_Memory interface {
@@ -2364,10 +2379,15 @@ func (x *RequestTransfers) GetPages() []*PageTransfer {
 }
 
 type Metadata struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Loads         []*RequestTransfers    `protobuf:"bytes,1,rep,name=loads,proto3" json:"loads,omitempty"`
-	Saves         []*RequestTransfers    `protobuf:"bytes,2,rep,name=saves,proto3" json:"saves,omitempty"`
-	AsyncLoads    []*RequestTransfers    `protobuf:"bytes,3,rep,name=async_loads,json=asyncLoads,proto3" json:"async_loads,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Loads      []*RequestTransfers    `protobuf:"bytes,1,rep,name=loads,proto3" json:"loads,omitempty"`
+	Saves      []*RequestTransfers    `protobuf:"bytes,2,rep,name=saves,proto3" json:"saves,omitempty"`
+	AsyncLoads []*RequestTransfers    `protobuf:"bytes,3,rep,name=async_loads,json=asyncLoads,proto3" json:"async_loads,omitempty"`
+	// early_loads (API 1.4) names the requests of this pass whose synchronous load began at their
+	// allocation report (RegisterRequest.early_loads): StartLoad waits for them as for loads,
+	// and hands a failed one back through TakeFailedLoads. BindMeta refuses an id that has no
+	// early load in flight for the engine (INVALID_ARGUMENT).
+	EarlyLoads    []string `protobuf:"bytes,4,rep,name=early_loads,json=earlyLoads,proto3" json:"early_loads,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2419,6 +2439,13 @@ func (x *Metadata) GetSaves() []*RequestTransfers {
 func (x *Metadata) GetAsyncLoads() []*RequestTransfers {
 	if x != nil {
 		return x.AsyncLoads
+	}
+	return nil
+}
+
+func (x *Metadata) GetEarlyLoads() []string {
+	if x != nil {
+		return x.EarlyLoads
 	}
 	return nil
 }
@@ -2839,7 +2866,7 @@ const file_engine_proto_rawDesc = "" +
 	"\x06CudaFD\x12\x19\n" +
 	"\bfd_token\x18\x01 \x01(\tR\afdToken\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x16\n" +
-	"\x06device\x18\x03 \x01(\x05R\x06device\"\xc7\b\n" +
+	"\x06device\x18\x03 \x01(\x05R\x06device\"\xe8\b\n" +
 	"\x0fRegisterRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x1b\n" +
 	"\tmodel_key\x18\x02 \x01(\tR\bmodelKey\x12\x1c\n" +
@@ -2871,7 +2898,9 @@ const file_engine_proto_rawDesc = "" +
 	"\x14staging_buffer_bytes\x18\x16 \x01(\x04R\x12stagingBufferBytes\x12<\n" +
 	"\vapi_version\x18\x17 \x01(\v2\x1b.kvctl.engine.v1.ApiVersionR\n" +
 	"apiVersion\x12=\n" +
-	"\fengine_event\x18\x1e \x01(\v2\x1a.kvctl.engine.v1.CudaEventR\vengineEventB\b\n" +
+	"\fengine_event\x18\x1e \x01(\v2\x1a.kvctl.engine.v1.CudaEventR\vengineEvent\x12\x1f\n" +
+	"\vearly_loads\x18, \x01(\bR\n" +
+	"earlyLoadsB\b\n" +
 	"\x06memory\"\xca\x03\n" +
 	"\tKeyParams\x12-\n" +
 	"\x10python_hash_seed\x18\x01 \x01(\tH\x00R\x0epythonHashSeed\x88\x01\x01\x12\x14\n" +
@@ -3000,12 +3029,14 @@ const file_engine_proto_rawDesc = "" +
 	"\x10RequestTransfers\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x123\n" +
-	"\x05pages\x18\x02 \x03(\v2\x1d.kvctl.engine.v1.PageTransferR\x05pages\"\xc0\x01\n" +
+	"\x05pages\x18\x02 \x03(\v2\x1d.kvctl.engine.v1.PageTransferR\x05pages\"\xe1\x01\n" +
 	"\bMetadata\x127\n" +
 	"\x05loads\x18\x01 \x03(\v2!.kvctl.engine.v1.RequestTransfersR\x05loads\x127\n" +
 	"\x05saves\x18\x02 \x03(\v2!.kvctl.engine.v1.RequestTransfersR\x05saves\x12B\n" +
 	"\vasync_loads\x18\x03 \x03(\v2!.kvctl.engine.v1.RequestTransfersR\n" +
-	"asyncLoads\"`\n" +
+	"asyncLoads\x12\x1f\n" +
+	"\vearly_loads\x18\x04 \x03(\tR\n" +
+	"earlyLoads\"`\n" +
 	"\x0fBindMetaRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x125\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x19.kvctl.engine.v1.MetadataR\bmetadata\"Y\n" +

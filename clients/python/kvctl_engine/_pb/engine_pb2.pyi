@@ -135,7 +135,7 @@ class CudaFD(_message.Message):
     def __init__(self, fd_token: _Optional[str] = ..., size: _Optional[int] = ..., device: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("engine", "model_key", "namespace", "world_size", "rank", "attention_dp", "role", "format", "prompt_lookahead", "scheduler", "layout", "shared_memory", "cuda_ipc", "cuda_fd", "transfer_batch_size", "async_load", "async_load_workers", "soft_pin_ttl_ms", "group_blocks", "local_reuse_backoff", "speculative_prefill", "drafter", "key_params", "staging_buffer_bytes", "api_version", "engine_event")
+    __slots__ = ("engine", "model_key", "namespace", "world_size", "rank", "attention_dp", "role", "format", "prompt_lookahead", "scheduler", "layout", "shared_memory", "cuda_ipc", "cuda_fd", "transfer_batch_size", "async_load", "async_load_workers", "soft_pin_ttl_ms", "group_blocks", "local_reuse_backoff", "speculative_prefill", "drafter", "key_params", "staging_buffer_bytes", "api_version", "engine_event", "early_loads")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     MODEL_KEY_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +162,7 @@ class RegisterRequest(_message.Message):
     STAGING_BUFFER_BYTES_FIELD_NUMBER: _ClassVar[int]
     API_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENGINE_EVENT_FIELD_NUMBER: _ClassVar[int]
+    EARLY_LOADS_FIELD_NUMBER: _ClassVar[int]
     engine: str
     model_key: str
     namespace: str
@@ -188,7 +189,8 @@ class RegisterRequest(_message.Message):
     staging_buffer_bytes: int
     api_version: ApiVersion
     engine_event: CudaEvent
-    def __init__(self, engine: _Optional[str] = ..., model_key: _Optional[str] = ..., namespace: _Optional[str] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., attention_dp: _Optional[bool] = ..., role: _Optional[str] = ..., format: _Optional[str] = ..., prompt_lookahead: _Optional[int] = ..., scheduler: _Optional[bool] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ..., cuda_ipc: _Optional[_Union[CudaIPC, _Mapping]] = ..., cuda_fd: _Optional[_Union[CudaFD, _Mapping]] = ..., transfer_batch_size: _Optional[int] = ..., async_load: _Optional[bool] = ..., async_load_workers: _Optional[int] = ..., soft_pin_ttl_ms: _Optional[int] = ..., group_blocks: _Optional[bool] = ..., local_reuse_backoff: _Optional[str] = ..., speculative_prefill: _Optional[bool] = ..., drafter: _Optional[str] = ..., key_params: _Optional[_Union[KeyParams, _Mapping]] = ..., staging_buffer_bytes: _Optional[int] = ..., api_version: _Optional[_Union[ApiVersion, _Mapping]] = ..., engine_event: _Optional[_Union[CudaEvent, _Mapping]] = ...) -> None: ...
+    early_loads: bool
+    def __init__(self, engine: _Optional[str] = ..., model_key: _Optional[str] = ..., namespace: _Optional[str] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., attention_dp: _Optional[bool] = ..., role: _Optional[str] = ..., format: _Optional[str] = ..., prompt_lookahead: _Optional[int] = ..., scheduler: _Optional[bool] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ..., cuda_ipc: _Optional[_Union[CudaIPC, _Mapping]] = ..., cuda_fd: _Optional[_Union[CudaFD, _Mapping]] = ..., transfer_batch_size: _Optional[int] = ..., async_load: _Optional[bool] = ..., async_load_workers: _Optional[int] = ..., soft_pin_ttl_ms: _Optional[int] = ..., group_blocks: _Optional[bool] = ..., local_reuse_backoff: _Optional[str] = ..., speculative_prefill: _Optional[bool] = ..., drafter: _Optional[str] = ..., key_params: _Optional[_Union[KeyParams, _Mapping]] = ..., staging_buffer_bytes: _Optional[int] = ..., api_version: _Optional[_Union[ApiVersion, _Mapping]] = ..., engine_event: _Optional[_Union[CudaEvent, _Mapping]] = ..., early_loads: _Optional[bool] = ...) -> None: ...
 
 class KeyParams(_message.Message):
     __slots__ = ("python_hash_seed", "model", "cache_prefix", "store_namespace", "hash_block_size", "num_kv_heads", "mla", "pp_rank", "pp_size", "pcp_rank", "pcp_size", "dcp_rank", "dcp_size", "extra_keys")
@@ -440,14 +442,16 @@ class RequestTransfers(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., pages: _Optional[_Iterable[_Union[PageTransfer, _Mapping]]] = ...) -> None: ...
 
 class Metadata(_message.Message):
-    __slots__ = ("loads", "saves", "async_loads")
+    __slots__ = ("loads", "saves", "async_loads", "early_loads")
     LOADS_FIELD_NUMBER: _ClassVar[int]
     SAVES_FIELD_NUMBER: _ClassVar[int]
     ASYNC_LOADS_FIELD_NUMBER: _ClassVar[int]
+    EARLY_LOADS_FIELD_NUMBER: _ClassVar[int]
     loads: _containers.RepeatedCompositeFieldContainer[RequestTransfers]
     saves: _containers.RepeatedCompositeFieldContainer[RequestTransfers]
     async_loads: _containers.RepeatedCompositeFieldContainer[RequestTransfers]
-    def __init__(self, loads: _Optional[_Iterable[_Union[RequestTransfers, _Mapping]]] = ..., saves: _Optional[_Iterable[_Union[RequestTransfers, _Mapping]]] = ..., async_loads: _Optional[_Iterable[_Union[RequestTransfers, _Mapping]]] = ...) -> None: ...
+    early_loads: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, loads: _Optional[_Iterable[_Union[RequestTransfers, _Mapping]]] = ..., saves: _Optional[_Iterable[_Union[RequestTransfers, _Mapping]]] = ..., async_loads: _Optional[_Iterable[_Union[RequestTransfers, _Mapping]]] = ..., early_loads: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class BindMetaRequest(_message.Message):
     __slots__ = ("engine", "metadata")
