@@ -97,17 +97,21 @@ func BenchmarkLoadFromPeer(b *testing.B) {
 	// admissions run while its earlier requests load, one 64-page get at a time as before;
 	// "serve-async/admit=N" admits up to N requests a pass instead. Those engines poll while
 	// they have nothing to run but parked requests (a pass every 200 µs); the ".../wait" cases
-	// wait in GetFinished instead (wait_ms, enginesim.Config.FinishedWait).
+	// wait in GetFinished instead (wait_ms, enginesim.Config.FinishedWait). The "early" cases
+	// register with early_loads (engine API 1.4): each hit's load starts at its allocation
+	// report, so the engine's next admissions overlap it.
 	const wait = 100 * time.Millisecond
 	for _, v := range []struct {
 		name  string
 		admit int           // requests a pass admits, asynchronous loads; 0: synchronous loads, no cap
 		wait  time.Duration // enginesim.Config.FinishedWait
+		early bool          // enginesim.Config.EarlyLoads
 	}{
-		{"serve", 0, 0}, {"serve-async", 1, 0}, {"serve-async/admit=2", 2, 0}, {"serve-async/admit=4", 4, 0}, {"serve-async/admit=8", 8, 0},
-		{"serve-async/wait", 1, wait}, {"serve-async/admit=2/wait", 2, wait},
+		{"serve", 0, 0, false}, {"serve/early", 0, 0, true}, {"serve-async", 1, 0, false}, {"serve-async/admit=2", 2, 0, false},
+		{"serve-async/admit=2/early", 2, 0, true}, {"serve-async/admit=4", 4, 0, false}, {"serve-async/admit=8", 8, 0, false},
+		{"serve-async/wait", 1, wait, false}, {"serve-async/admit=2/wait", 2, wait, false}, {"serve-async/admit=2/wait/early", 2, wait, true},
 	} {
-		b.Run(fmt.Sprintf("%s/engines=%d", v.name, benchEngines), func(b *testing.B) { benchServe(ctx, b, a, bh, cfg, v.admit, v.wait, total) })
+		b.Run(fmt.Sprintf("%s/engines=%d", v.name, benchEngines), func(b *testing.B) { benchServe(ctx, b, a, bh, cfg, v.admit, v.wait, v.early, total) })
 	}
 	logLoads(b, bh)
 	// benchReqs*benchBlocks: one get of all an engine's pages, as a synchronous load that reads
@@ -148,14 +152,15 @@ func benchMasterAddr(b *testing.B, m *mooncaketest.Master) string {
 
 // benchServe times B's four engines loading every page, each engine its own requests.
 // With admitPerPass > 0 each engine loads asynchronously through one load worker and admits
-// up to admitPerPass requests a pass.
-func benchServe(ctx context.Context, b *testing.B, a, bh *host, cfg func(*host, string) enginesim.Config, admitPerPass int, wait time.Duration, total int64) {
+// up to admitPerPass requests a pass; with early each registers with early_loads.
+func benchServe(ctx context.Context, b *testing.B, a, bh *host, cfg func(*host, string) enginesim.Config, admitPerPass int, wait time.Duration, early bool, total int64) {
 	engines := make([]*enginesim.Engine, benchEngines)
 	for e := range engines {
-		c := cfg(bh, fmt.Sprintf("warm%d-%d-%d-%d", e, b.N, admitPerPass, wait.Milliseconds()))
+		c := cfg(bh, fmt.Sprintf("warm%d-%d-%d-%d-%t", e, b.N, admitPerPass, wait.Milliseconds(), early))
 		if admitPerPass > 0 {
 			c.AsyncLoad, c.AsyncLoadWorkers, c.AdmitPerPass, c.FinishedWait = true, 1, admitPerPass, wait
 		}
+		c.EarlyLoads = early
 		eng, err := enginesim.Start(ctx, c)
 		if err != nil {
 			b.Fatal(err)

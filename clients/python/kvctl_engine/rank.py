@@ -279,7 +279,8 @@ def _transfers(rts: Any) -> list[RequestTransfers]:
 
 class Metadata:
     """A step's connector metadata (BuildMeta's answer), handed to BindMeta on every rank. The
-    message is kept as the daemon sent it (``pb``); loads, saves and async_loads read it."""
+    message is kept as the daemon sent it (``pb``); loads, saves, async_loads and early_loads
+    read it."""
 
     __slots__ = ("pb",)
 
@@ -297,6 +298,12 @@ class Metadata:
     @property
     def async_loads(self) -> list[RequestTransfers]:
         return _transfers(self.pb.async_loads)
+
+    @property
+    def early_loads(self) -> list[str]:
+        """The requests whose load began at their allocation report (RankOptions.early_loads,
+        API 1.4): start_load waits for them as for loads."""
+        return list(self.pb.early_loads)
 
     def page_count(self) -> tuple[int, int, int]:
         """Pages to load, save and load asynchronously."""
@@ -335,6 +342,11 @@ class RankOptions:
     # prompt in tokens_packed.
     prompt_arena: bool = True
     prompt_arena_bytes: int = 0
+    # Start a hit's load at its allocation report (update_state_after_alloc) instead of at
+    # start_load, so the step's next admissions overlap it (API 1.4). Only for a single rank
+    # that registers the scheduler and sends no stream_order; the engine promises that pages it
+    # reports allocated are free of its own work from that report on.
+    early_loads: bool = False
 
 
 def connect(
@@ -571,6 +583,7 @@ class Rank(_SchedulerCalls):
             speculative_prefill=o.speculative_prefill,
             drafter=o.drafter,
             staging_buffer_bytes=o.staging_buffer_bytes,
+            early_loads=o.early_loads,
             api_version=api_version_message(api_version),
         )
         if key_params is not None:

@@ -70,6 +70,7 @@ class Result:
     steps: int = 0
     load_pages: int = 0
     save_pages: int = 0
+    early_loads: list[str] = field(default_factory=list)
 
 
 def run(rank: kv.Rank, shm: kv.SharedMemory, reqs: list[Req], chunk_blocks: int = 3) -> Result:
@@ -109,6 +110,7 @@ def run(rank: kv.Rank, shm: kv.SharedMemory, reqs: list[Req], chunk_blocks: int 
         loads, saves, _ = meta.page_count()
         res.load_pages += loads
         res.save_pages += saves
+        res.early_loads += meta.early_loads
         # Worker: BindMeta, StartLoad, TakeFailedLoads.
         rank.bind_meta(meta)
         rank.start_load()
@@ -332,3 +334,39 @@ def test_register_carries_the_drafter_kind(daemon, drafter, ok):
             with pytest.raises(kv.InvalidArgument, match=drafter):
                 kv.Rank.register(client, name, layout(), shm, model_key="drafter", options=opts)
         shm.close()
+
+
+def test_early_loads_load_the_saved_bytes(daemon) -> None:
+    """With early_loads (API 1.4) a hit's load starts at update_state_after_alloc: the step's
+    metadata names the request in early_loads and carries no transfer for it, start_load waits
+    for it, and every loaded page holds the bytes the cold engine wrote."""
+    with kv.connect(daemon.socket) as client:
+        ps = prompts(0xEA71, 8)
+        cold_shm = kv.SharedMemory(LAYERS * SLOTS * PIECE)
+        cold = kv.Rank.register(client, "early-cold/rank0", layout(), cold_shm, model_key="early")
+        run(cold, cold_shm, [Req(i, t) for i, t in ps])
+        cold.unregister()
+
+        warm_shm = kv.SharedMemory(LAYERS * SLOTS * PIECE)
+        warm = kv.Rank.register(
+            client, "early-warm/rank0", layout(), warm_shm, model_key="early", options=kv.RankOptions(early_loads=True)
+        )
+        reqs = [Req(i + "-warm", t) for i, t in ps]
+        w = run(warm, warm_shm, reqs)
+        assert w.loaded_blocks == sum((len(t) - 1) // T for _, t in ps)
+        assert w.mismatched_blocks == 0 and w.restarts == 0
+        assert w.load_pages == 0
+        assert sorted(w.early_loads) == sorted(r.id for r in reqs)
+        warm.unregister()
+
+        # Where the allocation report cannot start every rank's load, registration refuses it.
+        with pytest.raises(kv.errors.InvalidArgument, match="early_loads: needs a single rank"):
+            kv.Rank.register(
+                client,
+                "early-tp/rank0",
+                layout(),
+                kv.SharedMemory(LAYERS * SLOTS * PIECE),
+                model_key="early",
+                world_size=2,
+                options=kv.RankOptions(early_loads=True),
+            )
