@@ -367,6 +367,21 @@ func TestTwoHostsShareOnePool(t *testing.T) {
 	t.Logf("slice: %d requests, %d blocks (%d distinct); cold on A: %+v; warm on B: %+v; A served %d bytes to B",
 		len(reqs), ideal, distinct, cold, warm, servedA.BytesRead)
 
+	// Early loads (engine API 1.4) from A's segment: every page lands checked, synchronously
+	// and parked, the loads started at the allocation reports.
+	for _, async := range []bool{false, true} {
+		name := fmt.Sprintf("early-async-%t", async)
+		c := simConfig(b, name)
+		c.EarlyLoads = true
+		if async {
+			c.AsyncLoad, c.AsyncLoadWorkers = true, 1
+		}
+		res := runEngine(t, c, renamed(reqs, name), 4)
+		if res.LoadedBlocks != ideal || res.Restarts != 0 || res.ComputedBlocks != 0 {
+			t.Fatalf("%s on B: %+v; want all %d blocks loaded, none computed", name, res, ideal)
+		}
+	}
+
 	checkStatsCLI(t, m, a, b, 2)
 	// The master's read endpoints are the master's: a serve on the cluster points there.
 	if code, body, _ := get(b.admin + "/get_all_keys"); code != 404 || !strings.Contains(body, "Mooncake cluster of master "+m.RPCAddr) {
