@@ -109,7 +109,8 @@ func BenchmarkLoadFromPeer(b *testing.B) {
 	}{
 		{"serve", 0, 0, false}, {"serve/early", 0, 0, true}, {"serve-async", 1, 0, false}, {"serve-async/admit=2", 2, 0, false},
 		{"serve-async/admit=2/early", 2, 0, true}, {"serve-async/admit=4", 4, 0, false}, {"serve-async/admit=8", 8, 0, false},
-		{"serve-async/wait", 1, wait, false}, {"serve-async/admit=2/wait", 2, wait, false}, {"serve-async/admit=2/wait/early", 2, wait, true},
+		{"serve-async/admit=8/early", 8, 0, true}, {"serve-async/wait", 1, wait, false}, {"serve-async/admit=2/wait", 2, wait, false},
+		{"serve-async/admit=2/wait/early", 2, wait, true}, {"serve-async/admit=8/wait/early", 8, wait, true},
 	} {
 		b.Run(fmt.Sprintf("%s/engines=%d", v.name, benchEngines), func(b *testing.B) { benchServe(ctx, b, a, bh, cfg, v.admit, v.wait, v.early, total) })
 	}
