@@ -241,22 +241,26 @@ func (w *Worker) dropEarly(reqID string) {
 	}
 }
 
-// earlyOf builds a request's transfer from its allocation report for an early load: every
-// honoured block's page in every group, or ok false when the report does not name them all (the
-// request then loads at StartLoad, as without early loads).
-func (s *Scheduler) earlyOf(reqID string, st *reqState, blockIDsByGroup [][]int) (t RequestTransfers, ok bool, err error) {
-	t = RequestTransfers{RequestID: reqID}
+// errNoDestination: an allocation report leaves an honoured block without a page.
+var errNoDestination = errors.New("has no destination page")
+
+// honouredTransfer builds the transfer of a request's honoured offer from its allocation report
+// (blockIDsByGroup[g][b] is the page of block b in group g): every honoured block's page in every
+// layer group. A block without a page is an error wrapping errNoDestination.
+func (s *Scheduler) honouredTransfer(reqID string, st *reqState, blockIDsByGroup [][]int) (RequestTransfers, error) {
+	t := RequestTransfers{RequestID: reqID}
 	for b := st.offerFirst; b < st.offerFirst+st.offerBlocks; b++ {
+		h := st.chain.At(b)
 		for g := range s.geom.groups {
 			if g >= len(blockIDsByGroup) || b >= len(blockIDsByGroup[g]) || blockIDsByGroup[g][b] < 0 {
-				return t, false, nil
+				return t, fmt.Errorf("request %s: honoured block %d %w in layer group %d", reqID, b, errNoDestination, g)
 			}
 			page := blockIDsByGroup[g][b]
 			if err := s.geom.checkPage(g, page); err != nil {
-				return t, false, fmt.Errorf("request %s: block %d: %w", reqID, b, err)
+				return t, fmt.Errorf("request %s: block %d: %w", reqID, b, err)
 			}
-			t.Pages = append(t.Pages, PageTransfer{Hash: st.chain.At(b), Group: g, Page: page})
+			t.Pages = append(t.Pages, PageTransfer{Hash: h, Group: g, Page: page})
 		}
 	}
-	return t, true, nil
+	return t, nil
 }

@@ -2,6 +2,7 @@ package connector
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -339,8 +340,11 @@ func (s *Scheduler) UpdateStateAfterAlloc(reqID string, blockIDsByGroup [][]int,
 		if s.geom == nil {
 			return ErrNoLayout
 		}
-		t, ok, err := s.earlyOf(reqID, st, blockIDsByGroup)
-		if err != nil || !ok {
+		t, err := s.honouredTransfer(reqID, st, blockIDsByGroup)
+		if errors.Is(err, errNoDestination) {
+			return nil // the report does not name every page: the request loads at StartLoad
+		}
+		if err != nil {
 			return err
 		}
 		if s.early.startEarly(reqID, t.Pages, false) != nil {
@@ -352,20 +356,10 @@ func (s *Scheduler) UpdateStateAfterAlloc(reqID string, blockIDsByGroup [][]int,
 	if s.geom == nil {
 		return ErrNoLayout
 	}
-	first, end := st.offerFirst, st.offerFirst+st.offerBlocks
-	t := RequestTransfers{RequestID: reqID}
-	for b := first; b < end; b++ {
-		h := st.chain.At(b)
-		for g := range s.geom.groups {
-			if g >= len(blockIDsByGroup) || b >= len(blockIDsByGroup[g]) || blockIDsByGroup[g][b] < 0 {
-				return fmt.Errorf("request %s: honoured block %d has no destination page in layer group %d", reqID, b, g)
-			}
-			page := blockIDsByGroup[g][b]
-			if err := s.geom.checkPage(g, page); err != nil {
-				return fmt.Errorf("request %s: block %d: %w", reqID, b, err)
-			}
-			t.Pages = append(t.Pages, PageTransfer{Hash: h, Group: g, Page: page})
-		}
+	end := st.offerFirst + st.offerBlocks
+	t, err := s.honouredTransfer(reqID, st, blockIDsByGroup)
+	if err != nil {
+		return err
 	}
 	if s.early != nil && len(t.Pages) > 0 && s.early.startEarly(reqID, t.Pages, true) == nil {
 		st.earlyStarted = true
