@@ -2,9 +2,11 @@ package daemon_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -12,6 +14,7 @@ import (
 	"github.com/kvctl/kvctl/core/engineapi"
 	"github.com/kvctl/kvctl/core/engineapi/enginepb"
 	"github.com/kvctl/kvctl/core/enginesim"
+	"github.com/kvctl/kvctl/core/statsapi"
 )
 
 // Early loads (engine API 1.4) through kvctl serve: engines registered with early_loads, one
@@ -93,6 +96,53 @@ func TestEarlyLoadsThroughServe(t *testing.T) {
 	}
 	if _, err := own.RequestFinished(ctx, &enginepb.RequestRef{Engine: engine, RequestId: "q"}); err != nil {
 		t.Fatal(err)
+	}
+
+	// An engine that vanishes with early loads in flight (reported, never bound) is released,
+	// and the daemon goes on serving: a fresh engine loads every page.
+	v := cfg
+	v.Name, v.EarlyLoads = "vanish", true
+	ve, err := enginesim.Start(ctx, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vown, vname := ve.Client(0), "vanish/rank0"
+	for i, q := range reqs[:4] {
+		id := fmt.Sprint("v", i)
+		lr, err := vown.Lookup(ctx, &enginepb.LookupRequest{Engine: vname, Request: &enginepb.Request{Id: id, Tokens: q.Tokens}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := make([]int32, (len(q.Tokens)+T-1)/T)
+		for b := range ids {
+			ids[b] = int32(20*i + b)
+		}
+		if _, err := vown.UpdateStateAfterAlloc(ctx, &enginepb.AllocRequest{Engine: vname, RequestId: id,
+			BlockIdsByGroup: []*enginepb.BlockIDs{{Ids: ids}}, HonouredTokens: lr.GetMatchedTokens()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ve.Abandon()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var st statsapi.StatsJSON
+		getJSON(t, "http://"+r.Info.AdminAddr+"/v1/stats", &st)
+		gone := true
+		for _, en := range st.Engines {
+			gone = gone && en.Engine != vname
+		}
+		if gone {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the engine that vanished with early loads in flight is still registered")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	after := cfg
+	after.Name, after.EarlyLoads = "after-vanish", true
+	if res := runEngine(t, after, renamed(reqs, "after")); res.LoadedBlocks != fullBlocks(reqs, T) || res.Restarts != 0 {
+		t.Fatalf("an engine after one vanished with early loads in flight: %+v", res)
 	}
 
 	raw, err := engineapi.Dial(r.Info.Socket)
