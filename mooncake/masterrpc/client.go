@@ -592,6 +592,14 @@ func (c *Client) call(ctx context.Context, method string, body []byte) ([]byte, 
 	cn.wmu.Unlock()
 	putBuf(body) // written (or failed): no one reads it again
 	if werr != nil {
+		cn.mu.Lock()
+		cause := cn.err
+		cn.mu.Unlock()
+		if cause != nil {
+			// The connection was failed (Close, or a reader that found it broken) between
+			// registering the call and writing it: that failure is the call's.
+			return nil, fmt.Errorf("%s: %w", method, cause)
+		}
 		// A partial write leaves the stream unusable for everyone.
 		err := fmt.Errorf("%w: %s: %w", ErrUnavailable, cn.addr, werr)
 		c.broken(cn, err)

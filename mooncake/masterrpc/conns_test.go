@@ -282,3 +282,64 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestCloseDuringBlockedWrite: a call whose request is still being written when Close runs
+// (the master stopped reading, so the write blocks on a full socket) fails with ErrClosed,
+// not with the write error Close caused.
+func TestCloseDuringBlockedWrite(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		var h [reqHeaderLen]byte
+		if _, err := io.ReadFull(c, h[:]); err != nil {
+			return
+		}
+		if _, err := io.CopyN(io.Discard, c, int64(binary.LittleEndian.Uint32(h[12:]))); err != nil {
+			return
+		}
+		if _, err := c.Write(frame(binary.LittleEndian.Uint32(h[4:]), 0, versionBody(ProtocolVersion))); err != nil {
+			return
+		}
+		<-stop // reads nothing more
+	}()
+	c, err := Dial(context.Background(), Options{Addr: ln.Addr().String(), Conns: 1, CallTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// About 48 MiB of keys: more than loopback's socket buffers hold, under maxRequestBody.
+	keys := make([]string, 1<<20)
+	for i := range keys {
+		keys[i] = "a-key-of-about-forty-bytes-for-the-test"
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.BatchExistKey(context.Background(), keys, DefaultTenant)
+		done <- err
+	}()
+	// The write is blocked once it has been in flight a while with no answer possible.
+	waitFor(t, "the call to be in flight", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.conns) == 1 && c.conns[0].inflight.Load() == 1
+	})
+	time.Sleep(200 * time.Millisecond)
+	_ = c.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("a call writing when Close ran: %v, want ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the call still waiting 5 s after Close")
+	}
+}
