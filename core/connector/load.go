@@ -300,15 +300,20 @@ func (l *pageLoader) plan(batch int) {
 	l.items = l.lists.items
 	l.lists.fit(len(l.items))
 	l.n = len(l.items)
+	// Straight into engine memory: a mover whose engine memory is host memory, and every value
+	// one contiguous piece of it. The pool then copies each value there and checks it in the
+	// same pass (BatchGet), even a pool whose memory could be read in place: checking a value
+	// in place and then copying it reads it twice.
+	l.dst = hostDestinations(l.mover, l.items, l.lists.dsts[:len(l.items)])
+	if l.dst != nil {
+		l.view = nil
+	}
 	l.deferred, l.checker = gpuPageChecks(l.view, l.mover)
 	l.into, _ = l.deferred.(pool.ReusingViewer)
 	if l.into == nil {
 		l.keyString = string(l.lists.keyBuf)
 	}
 	l.startGPUTimer()
-	// Straight into engine memory: a pool that reads into the caller's buffers, a mover whose
-	// engine memory is host memory, and every value one contiguous piece of it.
-	l.dst = hostDestinations(l.view, l.mover, l.items, l.lists.dsts[:len(l.items)])
 	l.sets = 1
 	if l.view != nil {
 		l.sets = 2 // no slots to share: one batch is verified while the previous one is scattered
@@ -658,14 +663,14 @@ var directHostBatchOff = false
 var hostDestinationsOff = false
 
 // hostDestinations returns, for a load that reads each value straight into engine memory, the
-// engine memory of every value in items' order; nil when the load stages its pages. It does so
-// when the pool reads into the caller's buffers (no view: a Mooncake cluster, whose Transfer
-// Engine reads a peer's page off the socket), the mover's engine memory is host memory
-// (kvmem.HostPages) and every value is one contiguous piece of it. The list is out (as long as
-// items), from the load's lists.
-func hostDestinations(view pool.Viewer, mover kvmem.Mover, items []loadItem, out [][]byte) [][]byte {
+// engine memory of every value in items' order; nil when the load stages its pages or reads
+// them in place. It does so when the mover's engine memory is host memory (kvmem.HostPages) and
+// every value is one contiguous piece of it: a Mooncake cluster's Transfer Engine then reads a
+// peer's page off the socket into it, and an in-process pool copies and checks each value in one
+// pass. The list is out (as long as items), from the load's lists.
+func hostDestinations(mover kvmem.Mover, items []loadItem, out [][]byte) [][]byte {
 	hp, ok := mover.(kvmem.HostPages)
-	if view != nil || !ok || hostDestinationsOff || len(items) == 0 {
+	if !ok || hostDestinationsOff || len(items) == 0 {
 		return nil
 	}
 	for i := range items {

@@ -712,6 +712,9 @@ type pageSaver struct {
 
 	sets, set int // staging slot sets, and the one the next batch gathers into
 	batch     int // values per batch
+	// src is the engine memory of every value, in items' order, when the pool is handed the
+	// engine's own pages (hostSources); nil when a save gathers them first.
+	src [][]byte
 
 	sample                        stats.SaveSample
 	failed, attempted, refusedTTL int
@@ -773,9 +776,11 @@ func (s *pageSaver) plan() {
 		s.sets = 2
 	}
 	s.batch = max(1, min(w.opts.TransferBatchSize, w.saveStage.Slots()/s.sets))
-	if w.directPut != nil {
-		// Written in place: no slots bound the batch, which holds directSaveBatchBytes, and
-		// the next gather always overlaps the last End.
+	s.src = hostSources(w.saveMover, s.items)
+	if w.directPut != nil || s.src != nil {
+		// Written in place, or put from engine memory: no slots bound the batch, which holds
+		// directSaveBatchBytes, and the next batch's existence check (and gather) always
+		// overlaps the last put.
 		s.sets = 2
 		largest := 1
 		for _, it := range s.items {
@@ -783,6 +788,33 @@ func (s *pageSaver) plan() {
 		}
 		s.batch = min(directBatchMaxPages, max(1, directSaveBatchBytes/largest))
 	}
+}
+
+// hostSourcesOff makes saves gather every page even where the pool could be handed the
+// engine's own pages; the benchmarks set it to compare the two.
+var hostSourcesOff = false
+
+// hostSources returns the engine memory of every value of items, in their order, when the
+// mover's engine memory is host memory (kvmem.HostPages) and every value is one contiguous
+// piece of it; nil otherwise. A save then hands the pool the engine's own pages: an in-process
+// pool copies and checksums each value in one pass (BatchPut), where a gather into staging or
+// into reserved pool memory copies it and the checksum reads it again, and a Mooncake client
+// sends it from there. The engine writes none of a save's pages until GetFinished reports the
+// save (docs/ENGINE_API.md), so the pages stay as they were for the whole put.
+func hostSources(mover kvmem.Mover, items []pageIO) [][]byte {
+	hp, ok := mover.(kvmem.HostPages)
+	if !ok || hostSourcesOff || len(items) == 0 {
+		return nil
+	}
+	out := make([][]byte, len(items))
+	for i := range items {
+		mem, ok := hp.PageMemory(items[i].ref)
+		if !ok || len(mem) != items[i].size {
+			return nil
+		}
+		out[i] = mem
+	}
+	return out
 }
 
 // settle waits for the put in flight, if any, and counts its values by the pool's answer.
@@ -837,7 +869,10 @@ func (s *pageSaver) saveBatch(start int) error {
 	}
 	for j, i := range todo {
 		putKeys[j] = chunk[i].key
-		if w.directPut == nil { // in place, the pool's reservation is the buffer
+		switch {
+		case s.src != nil:
+			bufs[j] = s.src[start+i]
+		case w.directPut == nil: // in place, the pool's reservation is the buffer
 			bufs[j] = w.saveStage.Slot(s.set*s.batch + j)[:chunk[i].size]
 		}
 		refs[j] = chunk[i].ref
@@ -849,9 +884,12 @@ func (s *pageSaver) saveBatch(start int) error {
 	cfg.GroupIDs = gids
 	done := make(chan []pool.Code, 1)
 	var err error
-	if w.directPut != nil {
+	switch {
+	case s.src != nil:
+		s.put(putKeys, bufs, cfg, done) // the engine's own pages
+	case w.directPut != nil:
 		err = s.putInPlace(chunk, todo, putKeys, refs, cfg, done)
-	} else {
+	default:
 		err = s.putStaged(putKeys, refs, bufs, cfg, done)
 	}
 	if err != nil {
@@ -923,10 +961,15 @@ func (s *pageSaver) putStaged(keys []string, refs []kvmem.PageRef, bufs [][]byte
 	if err := s.w.saveMover.Gather(s.ctx, refs, bufs); err != nil {
 		return fmt.Errorf("gather pages: %w", err)
 	}
+	s.put(keys, bufs, cfg, done)
+	return nil
+}
+
+// put settles the previous put and leaves the put of bufs under keys in flight on done.
+func (s *pageSaver) put(keys []string, bufs [][]byte, cfg pool.ReplicateConfig, done chan<- []pool.Code) {
 	s.settle()
 	ctx, pl := s.ctx, s.w.pool
 	go func() { done <- pl.BatchPut(ctx, keys, bufs, cfg) }()
-	return nil
 }
 
 // warn logs a job that lost pages, and, once per worker, one whose every page the pool refused

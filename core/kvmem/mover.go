@@ -56,11 +56,12 @@ type HostRegistrar interface {
 }
 
 // HostPages is implemented by movers over engine memory this process maps as ordinary host
-// memory (the shared-memory mover of core/hostmem). A load from a pool that reads into the
-// caller's buffers (a Mooncake cluster, whose Transfer Engine reads a peer's page off the
-// socket) then reads each page whose value is one contiguous piece of engine memory straight
-// into it: no staging slot and no copy after. A page whose read fails may be left partly
-// written; it is never reported loaded, as with any failed load.
+// memory (the shared-memory mover of core/hostmem). Where a page's value is one contiguous piece
+// of engine memory, the pool is handed that piece: a load reads the value straight into it (a
+// Mooncake cluster's Transfer Engine off the socket, the embedded pool copying and checking it
+// in one pass) and a save puts the value from it, with no staging slot, gather or scatter. A
+// page whose read fails may be left partly written; it is never reported loaded, as with any
+// failed load.
 type HostPages interface {
 	// PageMemory returns the engine memory ref's value occupies when it is one contiguous
 	// piece (Layout.ContiguousValue); ok is false otherwise. The slice is valid until the

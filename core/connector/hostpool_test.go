@@ -1,0 +1,228 @@
+package connector
+
+import (
+	"bytes"
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvctl/kvctl/core/hostmem"
+	"github.com/kvctl/kvctl/core/keys"
+	"github.com/kvctl/kvctl/core/kvmem"
+	"github.com/kvctl/kvctl/pool"
+)
+
+// recordingEmbPool is the embedded pool (real) recording the buffers its copying calls were
+// handed and counting its in-place calls; its Viewer and Reserver methods are the pool's own.
+type recordingEmbPool struct {
+	*embPool
+	mu                  sync.Mutex
+	getBufs, putBufs    [][]byte
+	views, reservations int
+}
+
+func (p *recordingEmbPool) BatchGet(ctx context.Context, ks []string, bufs [][]byte) []int64 {
+	p.mu.Lock()
+	p.getBufs = append(p.getBufs, bufs...)
+	p.mu.Unlock()
+	return p.embPool.BatchGet(ctx, ks, bufs)
+}
+
+func (p *recordingEmbPool) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg pool.ReplicateConfig) []pool.Code {
+	p.mu.Lock()
+	p.putBufs = append(p.putBufs, bufs...)
+	p.mu.Unlock()
+	return p.embPool.BatchPut(ctx, ks, bufs, cfg)
+}
+
+func (p *recordingEmbPool) BatchView(ctx context.Context, ks []string) *pool.View {
+	p.mu.Lock()
+	p.views++
+	p.mu.Unlock()
+	return p.embPool.BatchView(ctx, ks)
+}
+
+func (p *recordingEmbPool) BatchPutStart(ctx context.Context, ks []string, sizes []int64, cfg pool.ReplicateConfig) *pool.PutReservation {
+	p.mu.Lock()
+	p.reservations++
+	p.mu.Unlock()
+	return p.embPool.BatchPutStart(ctx, ks, sizes, cfg)
+}
+
+// sharedEngineMemory returns the real shared-memory mover (what kvctl serve maps for an engine
+// whose KV cache is a memfd) over fresh memory for l filled with fill(i), and that memory.
+func sharedEngineMemory(t *testing.T, l kvmem.Layout, fill func(i int) byte) (kvmem.Mover, []byte) {
+	t.Helper()
+	shm, err := hostmem.NewSharedMemory(layoutBytes(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = shm.Close() })
+	for i := range shm.Data {
+		shm.Data[i] = fill(i)
+	}
+	m, err := hostmem.NewMover(shm.FD, int64(len(shm.Data)), l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	return m, moverMapping(t, m, l)
+}
+
+// readPage reads ref's value out of engine memory through the mover.
+func readPage(t *testing.T, m kvmem.Mover, l kvmem.Layout, ref kvmem.PageRef) []byte {
+	t.Helper()
+	got := [][]byte{make([]byte, l.Groups[ref.Group].BytesPerPage())}
+	if err := m.Gather(context.Background(), []kvmem.PageRef{ref}, got); err != nil {
+		t.Fatal(err)
+	}
+	return got[0]
+}
+
+// TestHostEngineMemoryAndTheEmbeddedPool runs saves and loads between shared engine memory (the
+// real core/hostmem mover) and the embedded pool, whose memory could be read and written in
+// place. Where every value is one piece of engine memory, the pool is handed the engine's own
+// pages (one pass that copies and checksums each value, no gather, no view, no reservation);
+// where values are split across regions, the worker still works in pool memory. Either way the
+// pool holds the engine's bytes, verified on read, a load puts them in the right slots of another
+// engine, a corrupted stored page fails its request and is counted, and the other request of the
+// call loads, synchronously and through an asynchronous load worker.
+func TestHostEngineMemoryAndTheEmbeddedPool(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		layout kvmem.Layout
+		direct bool
+	}{
+		{"contiguous values", contiguousLayout(16), true},
+		{"split values", testLayout(16), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l := c.layout
+			pl := &recordingEmbPool{embPool: newEmbPool(t, 1<<20)}
+			ns := baseOptions().Namespace
+
+			// Save slots 0–5 of one engine.
+			src, srcMem := sharedEngineMemory(t, l, func(i int) byte { return byte(i*7 + 3) })
+			w := registeredWorker(t, pl, src, l)
+			var pages []PageTransfer
+			for i := range 6 {
+				for g := range l.Groups {
+					pages = append(pages, PageTransfer{Hash: keys.PageHashOf(directHash(i)), Group: g, Page: i})
+				}
+			}
+			w.BindMeta(Metadata{Saves: []RequestTransfers{{RequestID: "saver", Pages: pages}}})
+			if err := w.WaitForSave(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(10 * time.Second); ; {
+				done, _, err := w.GetFinishedWait(context.Background(), []string{"saver"}, nil, time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if slices.Contains(done, "saver") {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the save never finished")
+				}
+			}
+			pl.mu.Lock()
+			putBufs, reservations := len(pl.putBufs), pl.reservations
+			for i, b := range pl.putBufs {
+				if !within(b, srcMem) {
+					t.Errorf("put buffer %d is not engine memory", i)
+				}
+			}
+			pl.mu.Unlock()
+			if c.direct && (putBufs != len(pages) || reservations != 0) {
+				t.Fatalf("%d pages put from engine memory, %d reservations; want %d and 0", putBufs, reservations, len(pages))
+			}
+			if !c.direct && (putBufs != 0 || reservations == 0) {
+				t.Fatalf("split values: %d pages put from buffers, %d reservations; want them written in place", putBufs, reservations)
+			}
+			for i := range 6 {
+				for g := range l.Groups {
+					key := ns.PageKey(g, testT, l.Groups[g].BytesPerPage(), directHash(i))
+					want := readPage(t, src, l, kvmem.PageRef{Group: g, Slot: i})
+					got := make([]byte, len(want))
+					if n := pl.embPool.BatchGet(context.Background(), []string{key}, [][]byte{got}); n[0] != int64(len(want)) || !bytes.Equal(got, want) {
+						t.Fatalf("pool holds %d bytes under %s, not the engine's page", n[0], key)
+					}
+				}
+			}
+
+			bad := ns.PageKey(0, testT, l.Groups[0].BytesPerPage(), directHash(2))
+			if !pl.CorruptForTest(bad) {
+				t.Fatalf("no stored page %q", bad)
+			}
+			for _, async := range []bool{false, true} {
+				pl.mu.Lock()
+				pl.getBufs, pl.views = nil, 0
+				pl.mu.Unlock()
+				before := pl.stats(t).ChecksumErrors
+				dst, dstMem := sharedEngineMemory(t, l, func(int) byte { return 0xEE })
+				// Request a: pages 0, 1, 3 of every group into slots 10, 11, 13; request b: page 2
+				// (corrupted in the pool) of group 0 into slot 12.
+				var a []PageTransfer
+				for _, i := range []int{0, 1, 3} {
+					for g := range l.Groups {
+						a = append(a, PageTransfer{Hash: keys.PageHashOf(directHash(i)), Group: g, Page: 10 + i})
+					}
+				}
+				loads := []RequestTransfers{{RequestID: "a", Pages: a}, {RequestID: "b", Pages: []PageTransfer{{Hash: keys.PageHashOf(directHash(2)), Group: 0, Page: 12}}}}
+				if async {
+					o := baseOptions()
+					o.AsyncLoad, o.AsyncLoadWorkers = true, 1
+					w := registeredWorkerWith(t, o, pl, dst, l)
+					w.BindMeta(Metadata{AsyncLoads: loads})
+					if f := finishAsyncLoads(t, w, "a", "b"); !slices.Equal(f, []string{"b"}) {
+						t.Fatalf("async: failed loads %v, want [b]", f)
+					}
+				} else {
+					w := registeredWorker(t, pl, dst, l)
+					w.BindMeta(Metadata{Loads: loads})
+					if err := w.StartLoad(context.Background()); err != nil {
+						t.Fatal(err)
+					}
+					if f := w.TakeFailedLoadRequests(); !slices.Equal(f, []string{"b"}) {
+						t.Fatalf("failed loads %v, want [b]", f)
+					}
+				}
+				for _, i := range []int{0, 1, 3} {
+					for g := range l.Groups {
+						want := readPage(t, src, l, kvmem.PageRef{Group: g, Slot: i})
+						if got := readPage(t, dst, l, kvmem.PageRef{Group: g, Slot: 10 + i}); !bytes.Equal(got, want) {
+							t.Fatalf("async=%v: group %d slot %d does not hold page %d", async, g, 10+i, i)
+						}
+					}
+				}
+				if got := pl.stats(t).ChecksumErrors - before; got != 1 {
+					t.Fatalf("async=%v: pool counted %d checksum errors, want 1", async, got)
+				}
+				pl.mu.Lock()
+				getBufs, views := pl.getBufs, pl.views
+				pl.mu.Unlock()
+				if c.direct {
+					if views != 0 || len(getBufs) == 0 {
+						t.Fatalf("async=%v: %d views, %d pages copied; want every page copied into engine memory", async, views, len(getBufs))
+					}
+					for i, b := range getBufs {
+						if !within(b, dstMem) {
+							t.Fatalf("async=%v: get buffer %d is not engine memory", async, i)
+						}
+					}
+				} else if views == 0 || len(getBufs) != 0 {
+					t.Fatalf("async=%v: split values: %d views, %d pages copied; want them read in place", async, views, len(getBufs))
+				}
+				if !c.direct {
+					// Read in place and checked before the copy: nothing of the corrupted page lands.
+					if got := readPage(t, dst, l, kvmem.PageRef{Group: 0, Slot: 12}); !bytes.Equal(got, bytes.Repeat([]byte{0xEE}, len(got))) {
+						t.Fatalf("async=%v: bytes of the corrupted page reached engine memory", async)
+					}
+				}
+			}
+		})
+	}
+}
