@@ -138,6 +138,18 @@ type Pool interface {
 	Stats(ctx context.Context) (Stats, error)
 }
 
+// PieceCopier is implemented by in-process pools that copy a value into, or out of, several
+// pieces of the caller's memory in the same pass that checks it (keys.ScatterChecksum,
+// keys.GatherChecksum): a value whose bytes lie apart in engine memory (K and V in tensors of
+// their own) is then read once, as BatchGet and BatchPut read a value that lies in one place.
+type PieceCopier interface {
+	// BatchGetPieces is BatchGet with each value's destination given as pieces, filled in
+	// order; a key whose pieces hold fewer bytes than its value is ErrInvalidParams.
+	BatchGetPieces(ctx context.Context, keys []string, dsts [][][]byte) []int64
+	// BatchPutPieces is BatchPut with each value given as pieces, in order.
+	BatchPutPieces(ctx context.Context, keys []string, srcs [][][]byte, cfg ReplicateConfig) []Code
+}
+
 // Locator is implemented by a pool where finding an object costs a round trip of its own (a
 // cluster's master): BatchLocate answers as BatchIsExist does and keeps, for a short while,
 // where each present object lives, so that a BatchGet of it soon after does not ask again. A

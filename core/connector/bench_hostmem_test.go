@@ -19,10 +19,11 @@ import (
 // reports the two throughputs and their ratio (MB = 10^6 bytes). Two layouts: "contiguous", each
 // page's value one 64 KiB piece of engine memory (one region per slot, as a TensorRT-LLM pool
 // block holding every layer), and "split", each value two 32 KiB regions apart (K and V in
-// tensors of their own). With contiguous values the pool is handed the engine's own pages
-// ("direct"); "contiguous/in-place" turns that off (hostDestinationsOff, hostSourcesOff), so the
-// values are checked in pool memory and copied (loads) or gathered into reserved pool memory and
-// checked there (saves), as split values always are.
+// tensors of their own). "direct" hands the pool the engine's own memory: each value where it
+// is one piece (BatchGet, BatchPut), its pieces where it is split (BatchGetPieces,
+// BatchPutPieces). "in-place" turns that off (hostDestinationsOff, hostSourcesOff): values are
+// checked in pool memory and copied (loads), or gathered into reserved pool memory and checked
+// there (saves), as before the pool was handed engine memory.
 
 type hostMemCase struct {
 	name    string
@@ -35,7 +36,8 @@ func hostMemCases() []hostMemCase {
 	return []hostMemCase{
 		{"contiguous/direct", contiguous, false},
 		{"contiguous/in-place", contiguous, true},
-		{"split", benchLayout(benchPages), false},
+		{"split/direct", benchLayout(benchPages), false},
+		{"split/in-place", benchLayout(benchPages), true},
 	}
 }
 

@@ -105,8 +105,10 @@ type loadLists struct {
 	keys     []string // for a pool that takes keys as strings: slices of one string per load
 	keyBytes [][]byte // for one that takes them as bytes (pool.ReusingViewer): of keyBuf
 	owners   []*loadItem
-	bufs     [][]byte // staging slots, for a load that does not read the pool in place
-	dsts     [][]byte // engine memory of every value, for a load that reads straight into it
+	bufs     [][]byte   // staging slots, for a load that does not read the pool in place
+	dsts     [][]byte   // engine memory of every value, for a load that reads straight into it
+	pieces   [][][]byte // the same for values split across regions: each value's pieces
+	segs     [][]byte   // every value's pieces end to end, under pieces
 	srcs     [][]byte
 	refs     []kvmem.PageRef
 	sums     []uint64
@@ -133,6 +135,7 @@ func (l *loadLists) fit(n int) {
 	l.owners = make([]*loadItem, n)
 	l.bufs = make([][]byte, n)
 	l.dsts = make([][]byte, n)
+	l.pieces = make([][][]byte, n)
 	l.srcs = make([][]byte, n)
 	l.refs = make([]kvmem.PageRef, n)
 	l.sums = make([]uint64, n)
@@ -235,6 +238,8 @@ type pageLoader struct {
 	issuer    kvmem.AsyncPageChecker // checker, when it queues checked scatters (IssueChecked)
 	keyString string                 // every key end to end, for a pool that takes keys as strings
 	dst       [][]byte               // every value's engine memory, when the load reads straight into it
+	pieces    [][][]byte             // every value's pieces of engine memory, when the pool copies into them (copier)
+	copier    pool.PieceCopier       // the pool, when it reads values straight into pieces
 
 	batch         int // values per batch when the pool copies them (no view)
 	sets, set     int // staging slot sets, and the one the next batch uses
@@ -281,6 +286,7 @@ type loadBatch struct {
 	keys          []string
 	keyBytes      [][]byte
 	bufs          [][]byte
+	pieces        [][][]byte // each value's pieces of engine memory, when the pool copies into them
 	owners        []*loadItem
 	got           []int64
 	v             *pool.View
@@ -305,7 +311,13 @@ func (l *pageLoader) plan(batch int) {
 	// same pass (BatchGet), even a pool whose memory could be read in place: checking a value
 	// in place and then copying it reads it twice.
 	l.dst = hostDestinations(l.mover, l.items, l.lists.dsts[:len(l.items)])
-	if l.dst != nil {
+	if l.dst == nil {
+		// Split across regions, into the pieces: a pool that copies a value into several
+		// pieces in its checked pass (pool.PieceCopier).
+		l.copier, l.pieces = hostPieces(l.pl, l.mover, l.items, l.lists)
+	}
+	direct := l.dst != nil || l.pieces != nil
+	if direct {
 		l.view = nil
 	}
 	l.deferred, l.checker = gpuPageChecks(l.view, l.mover)
@@ -317,7 +329,7 @@ func (l *pageLoader) plan(batch int) {
 	l.sets = 1
 	if l.view != nil {
 		l.sets = 2 // no slots to share: one batch is verified while the previous one is scattered
-	} else if l.dst == nil {
+	} else if !direct {
 		if l.stage.Slots() >= 2 {
 			l.sets = 2
 		}
@@ -336,7 +348,7 @@ func (l *pageLoader) plan(batch int) {
 	// directBatchBytes, as a save written in place holds directSaveBatchBytes. Each pool call
 	// ends when its slowest transfer does, so a load in fewer calls leaves its transfers idle at
 	// fewer call ends (a synchronous load of eight 64-page requests: one call instead of eight).
-	if l.dst != nil && !directHostBatchOff {
+	if direct && !directHostBatchOff {
 		l.target, l.later = directBatchBytes, directBatchBytes
 	}
 	// A mover that queues checked scatters without waiting for their copies (IssueChecked)
@@ -398,7 +410,7 @@ func (l *pageLoader) run() error {
 
 // full reports whether a batch of pages values and bytes bytes takes no more.
 func (l *pageLoader) full(pages, bytes int) bool {
-	if l.view == nil && (l.dst == nil || directHostBatchOff) {
+	if l.view == nil && ((l.dst == nil && l.pieces == nil) || directHostBatchOff) {
 		return pages >= l.batch
 	}
 	return pages >= directBatchMaxPages || bytes >= l.target
@@ -416,6 +428,9 @@ func (l *pageLoader) describe(lb *loadBatch) int {
 		lb.bufs = lists.bufs[start:start:n]
 	}
 	lb.owners = lists.owners[start:start:n]
+	if l.pieces != nil {
+		lb.pieces = lists.pieces[start:start:n]
+	}
 	next := start
 	for bytes := 0; next < len(items) && !l.full(len(lb.owners), bytes); next++ {
 		it := &items[next]
@@ -430,6 +445,8 @@ func (l *pageLoader) describe(lb *loadBatch) int {
 		switch {
 		case l.dst != nil:
 			lb.bufs = append(lb.bufs, l.dst[next])
+		case l.pieces != nil:
+			lb.pieces = append(lb.pieces, l.pieces[next])
 		case l.view == nil:
 			lb.bufs = append(lb.bufs, l.stage.Slot(l.set*l.batch + len(lb.bufs))[:it.size])
 		}
@@ -454,6 +471,8 @@ func (l *pageLoader) get(lb *loadBatch, b int) {
 		lb.v = l.deferred.BatchViewDeferred(l.ctx, lb.keys)
 	case l.view != nil:
 		lb.v = l.view.BatchView(l.ctx, lb.keys)
+	case l.pieces != nil:
+		lb.got = l.copier.BatchGetPieces(l.ctx, lb.keys, lb.pieces)
 	default:
 		lb.got = l.pl.BatchGet(l.ctx, lb.keys, lb.bufs)
 	}
@@ -483,7 +502,15 @@ func (l *pageLoader) land(lb *loadBatch) {
 	}
 	got, bufs, owners := lb.got, lb.bufs, lb.owners
 	for i, it := range owners {
-		if len(got) != len(owners) || got[i] != int64(it.size) || len(bufs) != len(owners) || len(bufs[i]) != it.size {
+		if len(got) != len(owners) || got[i] != int64(it.size) {
+			l.lost(it)
+			continue
+		}
+		if l.pieces != nil { // landed in its pieces: nothing to scatter
+			l.res.landedBytes += int64(it.size)
+			continue
+		}
+		if len(bufs) != len(owners) || len(bufs[i]) != it.size {
 			l.lost(it)
 			continue
 		}
@@ -658,8 +685,8 @@ func (l *pageLoader) finish(err error) error {
 // pages a pool call, as staged loads do, instead of directBatchBytes; the tests set it to compare.
 var directHostBatchOff = false
 
-// hostDestinationsOff makes loads stage every page even where they could read it straight into
-// engine memory; the benchmarks set it to compare the two.
+// hostDestinationsOff makes loads stage every page, or read the pool in place, even where the
+// pool could copy it straight into engine memory or its pieces; the benchmarks set it to compare.
 var hostDestinationsOff = false
 
 // hostDestinations returns, for a load that reads each value straight into engine memory, the
@@ -681,6 +708,47 @@ func hostDestinations(mover kvmem.Mover, items []loadItem, out [][]byte) [][]byt
 		out[i] = mem
 	}
 	return out
+}
+
+// hostPieces returns, for a load whose values are split across regions of host engine memory,
+// the pool as a pool.PieceCopier and every value's pieces of engine memory in items' order, the
+// lists from lists; nil when the pool or the mover cannot do that. The pool then copies each
+// value into its pieces in the pass that checks it, where reading it in place checks it and
+// then copies it: one read of each value instead of two.
+func hostPieces(pl pool.Pool, mover kvmem.Mover, items []loadItem, lists *loadLists) (pool.PieceCopier, [][][]byte) {
+	pc, ok := pl.(pool.PieceCopier)
+	if !ok || hostDestinationsOff || len(items) == 0 {
+		return nil, nil
+	}
+	hp, ok := mover.(kvmem.HostPages)
+	if !ok {
+		return nil, nil
+	}
+	segs := lists.segs[:0]
+	for i := range items {
+		var ok bool
+		if segs, ok = hp.PageSegments(items[i].ref, segs); !ok {
+			lists.segs = segs[:0]
+			return nil, nil
+		}
+	}
+	out := lists.pieces[:len(items)]
+	at := 0
+	for i := range items {
+		n, end := 0, at
+		for end < len(segs) && n < items[i].size {
+			n += len(segs[end])
+			end++
+		}
+		if n != items[i].size {
+			lists.segs = segs[:0]
+			return nil, nil
+		}
+		out[i] = segs[at:end:end]
+		at = end
+	}
+	lists.segs = segs[:0]
+	return pc, out
 }
 
 // issuedFirstBatchOff makes checked loads issue their pages in one batch even where the mover

@@ -713,8 +713,12 @@ type pageSaver struct {
 	sets, set int // staging slot sets, and the one the next batch gathers into
 	batch     int // values per batch
 	// src is the engine memory of every value, in items' order, when the pool is handed the
-	// engine's own pages (hostSources); nil when a save gathers them first.
-	src [][]byte
+	// engine's own pages (hostSources); nil when a save gathers them first. srcPieces is the
+	// same for values split across regions, each value's pieces, when the pool copies from
+	// pieces (copier).
+	src       [][]byte
+	srcPieces [][][]byte
+	copier    pool.PieceCopier
 
 	sample                        stats.SaveSample
 	failed, attempted, refusedTTL int
@@ -777,7 +781,10 @@ func (s *pageSaver) plan() {
 	}
 	s.batch = max(1, min(w.opts.TransferBatchSize, w.saveStage.Slots()/s.sets))
 	s.src = hostSources(w.saveMover, s.items)
-	if w.directPut != nil || s.src != nil {
+	if s.src == nil {
+		s.copier, s.srcPieces = hostSourcePieces(w.pool, w.saveMover, s.items)
+	}
+	if w.directPut != nil || s.src != nil || s.srcPieces != nil {
 		// Written in place, or put from engine memory: no slots bound the batch, which holds
 		// directSaveBatchBytes, and the next batch's existence check (and gather) always
 		// overlaps the last put.
@@ -791,7 +798,7 @@ func (s *pageSaver) plan() {
 }
 
 // hostSourcesOff makes saves gather every page even where the pool could be handed the
-// engine's own pages; the benchmarks set it to compare the two.
+// engine's own pages or their pieces; the benchmarks set it to compare.
 var hostSourcesOff = false
 
 // hostSources returns the engine memory of every value of items, in their order, when the
@@ -815,6 +822,39 @@ func hostSources(mover kvmem.Mover, items []pageIO) [][]byte {
 		out[i] = mem
 	}
 	return out
+}
+
+// hostSourcePieces returns, for a save whose values are split across regions of host engine
+// memory, the pool as a pool.PieceCopier and every value's pieces of engine memory in items'
+// order; nil when the pool or the mover cannot do that. The pool then copies each value out of
+// its pieces in the pass that checksums it, where a gather into reserved pool memory copies it
+// and the checksum reads it again.
+func hostSourcePieces(pl pool.Pool, mover kvmem.Mover, items []pageIO) (pool.PieceCopier, [][][]byte) {
+	pc, ok := pl.(pool.PieceCopier)
+	if !ok || hostSourcesOff || len(items) == 0 {
+		return nil, nil
+	}
+	hp, ok := mover.(kvmem.HostPages)
+	if !ok {
+		return nil, nil
+	}
+	out := make([][][]byte, len(items))
+	var segs [][]byte
+	for i := range items {
+		start := len(segs)
+		if segs, ok = hp.PageSegments(items[i].ref, segs); !ok {
+			return nil, nil
+		}
+		n := 0
+		for _, sg := range segs[start:] {
+			n += len(sg)
+		}
+		if n != items[i].size {
+			return nil, nil
+		}
+		out[i] = segs[start:len(segs):len(segs)]
+	}
+	return pc, out
 }
 
 // settle waits for the put in flight, if any, and counts its values by the pool's answer.
@@ -862,6 +902,10 @@ func (s *pageSaver) saveBatch(start int) error {
 	}
 	putKeys := make([]string, len(todo))
 	bufs := make([][]byte, len(todo))
+	var pieces [][][]byte
+	if s.srcPieces != nil {
+		pieces = make([][][]byte, len(todo))
+	}
 	refs := make([]kvmem.PageRef, len(todo))
 	var gids []string
 	if w.opts.GroupBlocks {
@@ -872,6 +916,8 @@ func (s *pageSaver) saveBatch(start int) error {
 		switch {
 		case s.src != nil:
 			bufs[j] = s.src[start+i]
+		case s.srcPieces != nil:
+			pieces[j] = s.srcPieces[start+i]
 		case w.directPut == nil: // in place, the pool's reservation is the buffer
 			bufs[j] = w.saveStage.Slot(s.set*s.batch + j)[:chunk[i].size]
 		}
@@ -887,6 +933,10 @@ func (s *pageSaver) saveBatch(start int) error {
 	switch {
 	case s.src != nil:
 		s.put(putKeys, bufs, cfg, done) // the engine's own pages
+	case s.srcPieces != nil:
+		s.settle()
+		ctx, pc := s.ctx, s.copier
+		go func() { done <- pc.BatchPutPieces(ctx, putKeys, pieces, cfg) }()
 	case w.directPut != nil:
 		err = s.putInPlace(chunk, todo, putKeys, refs, cfg, done)
 	default:

@@ -163,6 +163,27 @@ func (h *hostMover) PageMemory(ref kvmem.PageRef) ([]byte, bool) {
 	return h.mem.data[off : off+n : off+n], true
 }
 
+// PageSegments returns the pieces of engine memory ref's value occupies, in value order
+// (kvmem.HostPages), for a pool that copies a value into or out of several pieces.
+func (h *hostMover) PageSegments(ref kvmem.PageRef, out [][]byte) ([][]byte, bool) {
+	if h.closed {
+		return out, false
+	}
+	var buf [8]kvmem.Span
+	spans, err := h.layout.ValueSpans(ref, buf[:0])
+	if err != nil {
+		return out, false
+	}
+	for _, sp := range spans {
+		end := sp.Offset + sp.Size
+		if end > uint64(len(h.mem.data)) || end < sp.Offset {
+			return out, false
+		}
+		out = append(out, h.mem.data[sp.Offset:end:end])
+	}
+	return out, true
+}
+
 // ErrMemoryFault is wrapped by a copy's error when touching engine memory faulted (SIGBUS: the
 // file under the mapping lost pages). The copy fails; the process does not.
 var ErrMemoryFault = errors.New("engine memory fault")

@@ -110,3 +110,86 @@ func CopyChecksum(dst, src []byte) Checksum {
 	}
 	return checksumPieces(dst, src, k)
 }
+
+// ScatterChecksum copies src into the pieces of dst in order, filling each before the next
+// (their lengths must add up to at least len(src); what is past len(src) is left as it was), and
+// returns src's checksum (PageChecksum). It hashes each piece of the checksum right after copying
+// it, from cache, so a copy into several places (a value whose K and V lie in tensors of their
+// own) and its check cost one pass over memory, as CopyChecksum does for one place.
+func ScatterChecksum(dst [][]byte, src []byte) Checksum {
+	c := pieceCursor{pieces: dst}
+	k := ChecksumChunks(len(src))
+	if k == 1 {
+		c.put(src)
+		return Checksum(xxh3.Hash(src))
+	}
+	var buf [64]uint64
+	sums := buf[:0]
+	if k > len(buf) {
+		sums = make([]uint64, 0, k)
+	}
+	for i := range k {
+		p := checksumPiece(src, i, k)
+		c.put(p)
+		sums = append(sums, xxh3.Hash(p))
+	}
+	return CombineChecksums(len(src), sums)
+}
+
+// GatherChecksum copies the pieces of src in order into dst (which must be at least as long as
+// they are together) and returns the checksum of the bytes now in dst, hashing each piece of the
+// checksum right after copying it: CopyChecksum for a value that lies in several places.
+func GatherChecksum(dst []byte, src [][]byte) Checksum {
+	n := 0
+	for _, p := range src {
+		n += len(p)
+	}
+	dst = dst[:n]
+	c := pieceCursor{pieces: src}
+	k := ChecksumChunks(n)
+	if k == 1 {
+		c.get(dst)
+		return Checksum(xxh3.Hash(dst))
+	}
+	var buf [64]uint64
+	sums := buf[:0]
+	if k > len(buf) {
+		sums = make([]uint64, 0, k)
+	}
+	for i := range k {
+		p := checksumPiece(dst, i, k)
+		c.get(p)
+		sums = append(sums, xxh3.Hash(p))
+	}
+	return CombineChecksums(n, sums)
+}
+
+// pieceCursor walks a list of byte slices as one run of bytes.
+type pieceCursor struct {
+	pieces [][]byte
+	i, off int // the next byte: pieces[i][off]
+}
+
+// put copies b into the run from the cursor on and advances it.
+func (c *pieceCursor) put(b []byte) {
+	for len(b) > 0 {
+		for c.off == len(c.pieces[c.i]) {
+			c.i, c.off = c.i+1, 0
+		}
+		n := copy(c.pieces[c.i][c.off:], b)
+		c.off += n
+		b = b[n:]
+	}
+}
+
+// get fills b from the run from the cursor on and advances it.
+func (c *pieceCursor) get(b []byte) {
+	for len(b) > 0 {
+		for c.off == len(c.pieces[c.i]) {
+			c.i, c.off = c.i+1, 0
+		}
+		n := copy(b, c.pieces[c.i][c.off:])
+		c.off += n
+		b = b[n:]
+	}
+}

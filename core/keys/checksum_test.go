@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/zeebo/xxh3"
@@ -176,4 +177,89 @@ func TestChecksumAllocatesNothing(t *testing.T) {
 			t.Errorf("%d-byte page: %v allocations a checksum", n, a)
 		}
 	}
+}
+
+// splitAt cuts n bytes into pieces at the given offsets (sorted, clamped to n, duplicates giving
+// empty pieces), each piece a slice of its own backing array with guard bytes after it.
+func splitAt(n int, cuts []int) [][]byte {
+	var out [][]byte
+	prev := 0
+	for _, c := range append(cuts, n) {
+		c = min(max(c, prev), n)
+		b := make([]byte, c-prev+3)
+		for i := range b {
+			b[i] = 0xEE
+		}
+		out = append(out, b[:c-prev])
+		prev = c
+	}
+	return out
+}
+
+// TestScatterAndGatherChecksum: a value copied into, or from, pieces of memory gets the
+// PageChecksum of its bytes and the exact bytes, at sizes around the checksum's pieces and
+// with cuts that fall inside, on and across them (empty pieces too), writing nothing past the
+// pieces.
+func TestScatterAndGatherChecksum(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, n := range []int{0, 1, 240, ChecksumChunk - 1, 2 * ChecksumChunk, 3*ChecksumChunk + 17, 1 << 20} {
+		src := make([]byte, n)
+		for i := range src {
+			src[i] = byte(r.Uint32())
+		}
+		want := PageChecksum(src)
+		for _, cuts := range [][]int{nil, {0}, {n / 2}, {1, 1, n - 1}, {ChecksumChunk, ChecksumChunk + 5, 2*ChecksumChunk - 1}, {r.IntN(n + 1), r.IntN(n + 1), r.IntN(n + 1)}} {
+			cuts = slices.Sorted(slices.Values(cuts))
+			dst := splitAt(n, cuts)
+			if got := ScatterChecksum(dst, src); got != want {
+				t.Fatalf("n=%d cuts=%v: ScatterChecksum %#x, PageChecksum %#x", n, cuts, uint64(got), uint64(want))
+			}
+			if got := bytes.Join(dst, nil); !bytes.Equal(got, src) {
+				t.Fatalf("n=%d cuts=%v: scattered bytes differ", n, cuts)
+			}
+			for _, p := range dst {
+				if !bytes.Equal(p[len(p):cap(p)], []byte{0xEE, 0xEE, 0xEE}) {
+					t.Fatalf("n=%d cuts=%v: ScatterChecksum wrote past a piece", n, cuts)
+				}
+			}
+			out := make([]byte, n+4)
+			if got := GatherChecksum(out, dst); got != want {
+				t.Fatalf("n=%d cuts=%v: GatherChecksum %#x, PageChecksum %#x", n, cuts, uint64(got), uint64(want))
+			}
+			if !bytes.Equal(out[:n], src) || !bytes.Equal(out[n:], make([]byte, 4)) {
+				t.Fatalf("n=%d cuts=%v: gathered bytes differ", n, cuts)
+			}
+		}
+	}
+	// Pieces longer than the value: the rest is left as it was.
+	long := [][]byte{make([]byte, 10), make([]byte, 10)}
+	if got := ScatterChecksum(long, []byte("0123456789abc")); got != PageChecksum([]byte("0123456789abc")) || string(long[1][:3]) != "abc" || long[1][3] != 0 {
+		t.Fatalf("scatter into longer pieces: %q %q", long[0], long[1])
+	}
+}
+
+// FuzzScatterGatherChecksum checks, for any value and any cut of it into pieces, that scattering
+// and gathering give PageChecksum and the exact bytes.
+func FuzzScatterGatherChecksum(f *testing.F) {
+	f.Add([]byte("abc"), []byte{1})
+	f.Add(bytes.Repeat([]byte{7, 1, 9}, 70000), []byte{3, 200, 0, 255})
+	f.Fuzz(func(t *testing.T, page []byte, cutBytes []byte) {
+		if len(cutBytes) > 64 {
+			cutBytes = cutBytes[:64]
+		}
+		var cuts []int
+		for i, c := range cutBytes {
+			cuts = append(cuts, (int(c)*(i+1)*4099)%(len(page)+1))
+		}
+		slices.Sort(cuts)
+		pieces := splitAt(len(page), cuts)
+		want := PageChecksum(page)
+		if got := ScatterChecksum(pieces, page); got != want || !bytes.Equal(bytes.Join(pieces, nil), page) {
+			t.Fatalf("scatter of %d bytes at %v: %#x, want %#x", len(page), cuts, uint64(got), uint64(want))
+		}
+		out := make([]byte, len(page))
+		if got := GatherChecksum(out, pieces); got != want || !bytes.Equal(out, page) {
+			t.Fatalf("gather of %d bytes at %v: %#x, want %#x", len(page), cuts, uint64(got), uint64(want))
+		}
+	})
 }

@@ -3,6 +3,7 @@ package kvmem
 import (
 	"errors"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -123,5 +124,30 @@ func TestValueSizeAndWalkPages(t *testing.T) {
 	noRep := Layout{TokensPerBlock: 1, Groups: []GroupLayout{{ID: 0, Slots: 1, Regions: []Region{{Size: 4}}}}}
 	if _, err := noRep.ValueSize(PageRef{Replicated: true}); !errors.Is(err, ErrBadPage) {
 		t.Fatalf("ValueSize of a replicated page in a group without replicated regions = %v", err)
+	}
+}
+
+// TestValueSpans: a value's runs of engine memory come in value order, regions back to back
+// merged into one run, replicated regions for a replicated reference, appended to what the list
+// held; a reference outside the layout is an error.
+func TestValueSpans(t *testing.T) {
+	l := Layout{TokensPerBlock: 16, Groups: []GroupLayout{{
+		ID: 0, Slots: 4,
+		// K at 0, V at 1000 (apart), then two regions that lie back to back in every slot.
+		Regions:           []Region{{Offset: 0, Stride: 10, Size: 10}, {Offset: 1000, Stride: 10, Size: 10}, {Offset: 2000, Stride: 8, Size: 3}, {Offset: 2003, Stride: 8, Size: 5}},
+		ReplicatedRegions: []Region{{Offset: 3000, Stride: 4, Size: 4}},
+	}}}
+	got, err := l.ValueSpans(PageRef{Group: 0, Slot: 2}, []Span{{Offset: 7, Size: 1}})
+	want := []Span{{7, 1}, {20, 10}, {1020, 10}, {2016, 8}}
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("ValueSpans = %v, %v; want %v", got, err, want)
+	}
+	if got, err := l.ValueSpans(PageRef{Group: 0, Slot: 1, Replicated: true}, nil); err != nil || !slices.Equal(got, []Span{{3004, 4}}) {
+		t.Fatalf("replicated: %v, %v", got, err)
+	}
+	for _, ref := range []PageRef{{Group: 1}, {Group: 0, Slot: 4}, {Group: 0, Slot: -1}} {
+		if _, err := l.ValueSpans(ref, nil); !errors.Is(err, ErrBadPage) {
+			t.Errorf("%+v: %v, want ErrBadPage", ref, err)
+		}
 	}
 }

@@ -60,13 +60,18 @@ type HostRegistrar interface {
 // of engine memory, the pool is handed that piece: a load reads the value straight into it (a
 // Mooncake cluster's Transfer Engine off the socket, the embedded pool copying and checking it
 // in one pass) and a save puts the value from it, with no staging slot, gather or scatter. A
-// page whose read fails may be left partly written; it is never reported loaded, as with any
-// failed load.
+// pool that copies a value into or out of several pieces (pool.PieceCopier) is handed the
+// pieces of a value split across regions (PageSegments) the same way. A page whose read fails
+// may be left partly written; it is never reported loaded, as with any failed load.
 type HostPages interface {
 	// PageMemory returns the engine memory ref's value occupies when it is one contiguous
 	// piece (Layout.ContiguousValue); ok is false otherwise. The slice is valid until the
 	// mover is closed.
 	PageMemory(ref PageRef) (mem []byte, ok bool)
+	// PageSegments appends to out the pieces of engine memory ref's value occupies, in value
+	// order (Layout.ValueSpans), and returns the list; ok is false for a reference outside the
+	// layout or memory. The slices are valid until the mover is closed.
+	PageSegments(ref PageRef, out [][]byte) (segs [][]byte, ok bool)
 }
 
 // PageChecker is implemented by movers that can check pages where they land in engine memory,

@@ -82,6 +82,30 @@ func WalkPages(l Layout, pages []PageRef, bufs [][]byte, fn PieceFunc) error {
 	return nil
 }
 
+// Span is a run of engine memory: Size bytes from Offset.
+type Span struct{ Offset, Size uint64 }
+
+// ValueSpans appends to out the runs of engine memory ref's value occupies, in value order,
+// regions that lie back to back merged into one run, and returns the list; an error for a
+// reference outside the layout.
+func (l Layout) ValueSpans(ref PageRef, out []Span) ([]Span, error) {
+	rs, err := l.regions(ref)
+	if err != nil {
+		return out, err
+	}
+	slot := uint64(ref.Slot)
+	start := len(out)
+	for _, r := range rs {
+		off := r.Offset + r.Stride*slot
+		if n := len(out); n > start && out[n-1].Offset+out[n-1].Size == off {
+			out[n-1].Size += r.Size
+			continue
+		}
+		out = append(out, Span{Offset: off, Size: r.Size})
+	}
+	return out, nil
+}
+
 // ContiguousValue reports where ref's value lies in engine memory when it is one contiguous
 // piece there (its regions back to back, in value order): its offset and size. ok is false when
 // the value is split, and for a reference outside the layout.

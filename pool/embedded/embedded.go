@@ -324,6 +324,30 @@ func (e *Embedded) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg
 	return r.commit()
 }
 
+// BatchPutPieces implements pool.PieceCopier: BatchPut of values each given as pieces, copied
+// into pool memory and hashed in one pass (keys.GatherChecksum).
+func (e *Embedded) BatchPutPieces(ctx context.Context, ks []string, srcs [][][]byte, cfg pool.ReplicateConfig) []pool.Code {
+	if len(srcs) != len(ks) {
+		e.c.putCalls.Add(1)
+		return e.failPut(make([]pool.Code, len(ks)), pool.ErrInvalidParams)
+	}
+	r := e.reserve(ctx, ks, func(i int) int64 { return piecesLen(srcs[i]) }, cfg)
+	forEach(len(r.work), r.bytes, func(j int) {
+		o := r.work[j].o
+		o.sum = keys.GatherChecksum(o.seg.mem[o.off:o.off+o.size], srcs[r.work[j].i])
+	})
+	return r.commit()
+}
+
+// piecesLen is the bytes of pieces together.
+func piecesLen(pieces [][]byte) int64 {
+	var n int64
+	for _, p := range pieces {
+		n += int64(len(p))
+	}
+	return n
+}
+
 // pendingPut is one new object of a put: the key's index in the call and the object.
 type pendingPut struct {
 	i int
@@ -651,6 +675,43 @@ func (e *Embedded) BatchGet(ctx context.Context, ks []string, bufs [][]byte) []i
 			return
 		}
 		if keys.CopyChecksum(bufs[i], o.seg.mem[o.off:o.off+o.size]) != o.sum {
+			out[i] = int64(pool.ErrChecksumMismatch)
+			return
+		}
+		out[i] = o.size
+	})
+	e.finishGet(out, held, misses)
+	e.releaseRefs(held)
+	return out
+}
+
+// BatchGetPieces implements pool.PieceCopier: BatchGet into destinations given as pieces, each
+// value copied and its copy's source hashed in one pass (keys.ScatterChecksum). A value whose
+// stored bytes fail the check is ErrChecksumMismatch, and may have been copied in part or whole.
+func (e *Embedded) BatchGetPieces(ctx context.Context, ks []string, dsts [][][]byte) []int64 {
+	if len(dsts) != len(ks) {
+		e.c.getCalls.Add(1)
+		e.c.getItems.Add(int64(len(ks)))
+		out := make([]int64, len(ks))
+		for i := range out {
+			out[i] = int64(pool.ErrInvalidParams)
+		}
+		e.c.getFailedItems.Add(int64(len(ks)))
+		return out
+	}
+	out, held, misses := e.acquire(ctx, ks, func(i int) int64 { return piecesLen(dsts[i]) })
+	var total int64
+	for _, o := range held {
+		if o != nil {
+			total += o.size
+		}
+	}
+	forEach(len(held), total, func(i int) {
+		o := held[i]
+		if o == nil {
+			return
+		}
+		if keys.ScatterChecksum(dsts[i], o.seg.mem[o.off:o.off+o.size]) != o.sum {
 			out[i] = int64(pool.ErrChecksumMismatch)
 			return
 		}

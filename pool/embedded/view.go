@@ -136,6 +136,7 @@ var (
 	_ pool.DeferredViewer = (*Embedded)(nil)
 	_ pool.ReusingViewer  = (*Embedded)(nil)
 	_ pool.Reserver       = (*Embedded)(nil)
+	_ pool.PieceCopier    = (*Embedded)(nil)
 	_ pool.ViewHolder     = (*viewHold)(nil)
 	_ pool.Committer      = (*reservation)(nil)
 )
