@@ -153,9 +153,9 @@ func (l *loadLists) view(b int) *pool.View {
 
 // keepLoadLists returns the lists of a load that returned err to be used again: nil when it
 // failed (a view of one of its batches may not have been released) or when they have grown past
-// maxKeptLoadLists.
+// maxKeptLoadLists (16 times that for the pieces of values split across regions).
 func keepLoadLists(l *loadLists, err error) *loadLists {
-	if l == nil || err != nil || cap(l.items) > maxKeptLoadLists || len(l.keys) > maxKeptLoadLists {
+	if l == nil || err != nil || cap(l.items) > maxKeptLoadLists || len(l.keys) > maxKeptLoadLists || cap(l.segs) > 16*maxKeptLoadLists {
 		return nil
 	}
 	return l

@@ -317,6 +317,15 @@ func (w *Worker) registerPoolMemory() ([]io.Closer, pool.Viewer) {
 	} else if pc, ok := w.mover.(kvmem.PageChecker); ok && pc.PageCheckError() != nil {
 		w.log.Info("mooncake-store loads check pages on the host", "reason", pc.PageCheckError())
 	}
+	if _, host := w.mover.(kvmem.HostPages); host {
+		if _, pieces := v.(pool.PieceCopier); pieces && !hostDestinationsOff && !hostSourcesOff {
+			// Engine memory is host memory: the pool copies each page between its memory and the
+			// engine's in its checked pass (hostDestinations, hostPieces, hostSources), so no
+			// transfer reads pool memory in place.
+			w.log.Info("mooncake-store transfers copy each page between pool and engine memory in one checked pass", "regions", len(regs))
+			return regs, v
+		}
+	}
 	w.log.Info("mooncake-store transfers use pool memory in place", "regions", len(regs), "registered_bytes", total, "page_checks", checks)
 	return regs, v
 }
