@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/kvctl/kvctl/core/hostmem"
 	"github.com/kvctl/kvctl/core/keys"
@@ -21,6 +22,7 @@ type recordingEmbPool struct {
 	mu                   sync.Mutex
 	getBufs, putBufs     [][]byte // BatchGet's and BatchPut's buffers
 	getPieces, putPieces [][]byte // BatchGetPieces' and BatchPutPieces' pieces
+	pieceGets, piecePuts []int    // values per BatchGetPieces and BatchPutPieces call
 	views, reservations  int
 }
 
@@ -29,6 +31,7 @@ func (p *recordingEmbPool) BatchGetPieces(ctx context.Context, ks []string, dsts
 	for _, d := range dsts {
 		p.getPieces = append(p.getPieces, d...)
 	}
+	p.pieceGets = append(p.pieceGets, len(dsts))
 	p.mu.Unlock()
 	return p.embPool.BatchGetPieces(ctx, ks, dsts)
 }
@@ -38,6 +41,7 @@ func (p *recordingEmbPool) BatchPutPieces(ctx context.Context, ks []string, srcs
 	for _, s := range srcs {
 		p.putPieces = append(p.putPieces, s...)
 	}
+	p.piecePuts = append(p.piecePuts, len(srcs))
 	p.mu.Unlock()
 	return p.embPool.BatchPutPieces(ctx, ks, srcs, cfg)
 }
@@ -87,7 +91,15 @@ func sharedEngineMemory(t *testing.T, l kvmem.Layout, fill func(i int) byte) (kv
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Close() })
-	return m, moverMapping(t, m, l)
+	// The mover's own mapping, found from the first piece of slot 0's value.
+	ref := kvmem.PageRef{Group: 0}
+	segs, ok := m.(kvmem.HostPages).PageSegments(ref, nil)
+	spans, err := l.ValueSpans(ref, nil)
+	if !ok || err != nil {
+		t.Fatalf("no engine memory for %+v: %v", ref, err)
+	}
+	base := unsafe.Add(unsafe.Pointer(&segs[0][0]), -int(spans[0].Offset))
+	return m, unsafe.Slice((*byte)(base), layoutBytes(l))
 }
 
 // readPage reads ref's value out of engine memory through the mover.
@@ -238,5 +250,66 @@ func TestHostEngineMemoryAndTheEmbeddedPool(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestPieceBatchesAreBounded: a pool call through values' pieces names at most maxBatchPieces
+// pieces (a layer group may have thousands of regions), so a load and a save of six pages of
+// four pieces each, with room for eight pieces a call, go as three calls of two values each, and
+// every byte still lands.
+func TestPieceBatchesAreBounded(t *testing.T) {
+	old := maxBatchPieces
+	maxBatchPieces = 8
+	defer func() { maxBatchPieces = old }()
+	const slots = 8
+	var rs []kvmem.Region
+	for r := range 4 { // four regions apart: four pieces a value
+		rs = append(rs, kvmem.Region{Offset: uint64(r) * 64 * slots, Stride: 64, Size: 48})
+	}
+	l := kvmem.Layout{TokensPerBlock: testT, Groups: []kvmem.GroupLayout{{ID: 0, Slots: slots, Regions: rs}}}
+	pl := &recordingEmbPool{embPool: newEmbPool(t, 1<<20)}
+	src, _ := sharedEngineMemory(t, l, func(i int) byte { return byte(i*5 + 1) })
+	var saves, loads []PageTransfer
+	for i := range 6 {
+		saves = append(saves, PageTransfer{Hash: keys.PageHashOf(directHash(i)), Group: 0, Page: i})
+		loads = append(loads, PageTransfer{Hash: keys.PageHashOf(directHash(i)), Group: 0, Page: 7 - i})
+	}
+	w := registeredWorker(t, pl, src, l)
+	w.BindMeta(Metadata{Saves: []RequestTransfers{{RequestID: "s", Pages: saves}}})
+	if err := w.WaitForSave(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		done, _, err := w.GetFinishedWait(context.Background(), []string{"s"}, nil, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(done, "s") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the save never finished")
+		}
+	}
+	dst, _ := sharedEngineMemory(t, l, func(int) byte { return 0xEE })
+	w2 := registeredWorker(t, pl, dst, l)
+	w2.BindMeta(Metadata{Loads: []RequestTransfers{{RequestID: "l", Pages: loads}}})
+	if err := w2.StartLoad(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if f := w2.TakeFailedLoadRequests(); len(f) > 0 {
+		t.Fatalf("failed loads %v", f)
+	}
+	pl.mu.Lock()
+	puts, gets := pl.piecePuts, pl.pieceGets
+	pl.mu.Unlock()
+	if !slices.Equal(puts, []int{2, 2, 2}) || !slices.Equal(gets, []int{2, 2, 2}) {
+		t.Fatalf("values per call: puts %v, gets %v; want three calls of two each", puts, gets)
+	}
+	for i := range 6 {
+		want := readPage(t, src, l, kvmem.PageRef{Group: 0, Slot: i})
+		if got := readPage(t, dst, l, kvmem.PageRef{Group: 0, Slot: 7 - i}); !bytes.Equal(got, want) {
+			t.Fatalf("slot %d does not hold page %d", 7-i, i)
+		}
 	}
 }

@@ -107,8 +107,8 @@ type loadLists struct {
 	owners   []*loadItem
 	bufs     [][]byte   // staging slots, for a load that does not read the pool in place
 	dsts     [][]byte   // engine memory of every value, for a load that reads straight into it
-	pieces   [][][]byte // the same for values split across regions: each value's pieces
-	segs     [][]byte   // every value's pieces end to end, under pieces
+	pieces   [][][]byte // for a load into values' pieces (pool.PieceCopier): each value's pieces
+	segs     [][]byte   // a batch's pieces end to end, under pieces
 	srcs     [][]byte
 	refs     []kvmem.PageRef
 	sums     []uint64
@@ -238,8 +238,8 @@ type pageLoader struct {
 	issuer    kvmem.AsyncPageChecker // checker, when it queues checked scatters (IssueChecked)
 	keyString string                 // every key end to end, for a pool that takes keys as strings
 	dst       [][]byte               // every value's engine memory, when the load reads straight into it
-	pieces    [][][]byte             // every value's pieces of engine memory, when the pool copies into them (copier)
-	copier    pool.PieceCopier       // the pool, when it reads values straight into pieces
+	copier    pool.PieceCopier       // the pool, when it copies values into their pieces of engine memory (hp)
+	hp        kvmem.HostPages        // the mover, when the pool copies into pieces of its memory
 
 	batch         int // values per batch when the pool copies them (no view)
 	sets, set     int // staging slot sets, and the one the next batch uses
@@ -314,9 +314,9 @@ func (l *pageLoader) plan(batch int) {
 	if l.dst == nil {
 		// Split across regions, into the pieces: a pool that copies a value into several
 		// pieces in its checked pass (pool.PieceCopier).
-		l.copier, l.pieces = hostPieces(l.pl, l.mover, l.items, l.lists)
+		l.copier, l.hp = hostPieces(l.pl, l.mover, l.items)
 	}
-	direct := l.dst != nil || l.pieces != nil
+	direct := l.dst != nil || l.hp != nil
 	if direct {
 		l.view = nil
 	}
@@ -410,7 +410,7 @@ func (l *pageLoader) run() error {
 
 // full reports whether a batch of pages values and bytes bytes takes no more.
 func (l *pageLoader) full(pages, bytes int) bool {
-	if l.view == nil && ((l.dst == nil && l.pieces == nil) || directHostBatchOff) {
+	if l.view == nil && ((l.dst == nil && l.hp == nil) || directHostBatchOff) {
 		return pages >= l.batch
 	}
 	return pages >= directBatchMaxPages || bytes >= l.target
@@ -428,14 +428,23 @@ func (l *pageLoader) describe(lb *loadBatch) int {
 		lb.bufs = lists.bufs[start:start:n]
 	}
 	lb.owners = lists.owners[start:start:n]
-	if l.pieces != nil {
-		lb.pieces = lists.pieces[start:start:n]
+	if l.hp != nil {
+		// The previous batch's pieces were copied into before its get returned.
+		lb.pieces, lists.segs = lists.pieces[start:start:n], lists.segs[:0]
 	}
 	next := start
-	for bytes := 0; next < len(items) && !l.full(len(lb.owners), bytes); next++ {
+	for bytes := 0; next < len(items) && !l.full(len(lb.owners), bytes) && (l.hp == nil || len(lb.owners) == 0 || len(lists.segs) < maxBatchPieces); next++ {
 		it := &items[next]
 		if l.res.failed[it.req] {
 			continue
+		}
+		var pieces [][]byte
+		if l.hp != nil {
+			var ok bool
+			if pieces, ok = l.valuePieces(it); !ok {
+				l.lost(it)
+				continue
+			}
 		}
 		if l.into != nil {
 			lb.keyBytes = append(lb.keyBytes, lists.key(it))
@@ -445,8 +454,8 @@ func (l *pageLoader) describe(lb *loadBatch) int {
 		switch {
 		case l.dst != nil:
 			lb.bufs = append(lb.bufs, l.dst[next])
-		case l.pieces != nil:
-			lb.pieces = append(lb.pieces, l.pieces[next])
+		case l.hp != nil:
+			lb.pieces = append(lb.pieces, pieces)
 		case l.view == nil:
 			lb.bufs = append(lb.bufs, l.stage.Slot(l.set*l.batch + len(lb.bufs))[:it.size])
 		}
@@ -471,7 +480,7 @@ func (l *pageLoader) get(lb *loadBatch, b int) {
 		lb.v = l.deferred.BatchViewDeferred(l.ctx, lb.keys)
 	case l.view != nil:
 		lb.v = l.view.BatchView(l.ctx, lb.keys)
-	case l.pieces != nil:
+	case l.hp != nil:
 		lb.got = l.copier.BatchGetPieces(l.ctx, lb.keys, lb.pieces)
 	default:
 		lb.got = l.pl.BatchGet(l.ctx, lb.keys, lb.bufs)
@@ -506,7 +515,7 @@ func (l *pageLoader) land(lb *loadBatch) {
 			l.lost(it)
 			continue
 		}
-		if l.pieces != nil { // landed in its pieces: nothing to scatter
+		if l.hp != nil { // landed in its pieces: nothing to scatter
 			l.res.landedBytes += int64(it.size)
 			continue
 		}
@@ -710,12 +719,17 @@ func hostDestinations(mover kvmem.Mover, items []loadItem, out [][]byte) [][]byt
 	return out
 }
 
+// maxBatchPieces bounds the pieces of engine memory one pool call of a load or save through
+// values' pieces (pool.PieceCopier) names: a layer group may have thousands of regions, and each
+// is a piece of every page's value.
+var maxBatchPieces = 1 << 16
+
 // hostPieces returns, for a load whose values are split across regions of host engine memory,
-// the pool as a pool.PieceCopier and every value's pieces of engine memory in items' order, the
-// lists from lists; nil when the pool or the mover cannot do that. The pool then copies each
-// value into its pieces in the pass that checks it, where reading it in place checks it and
-// then copies it: one read of each value instead of two.
-func hostPieces(pl pool.Pool, mover kvmem.Mover, items []loadItem, lists *loadLists) (pool.PieceCopier, [][][]byte) {
+// the pool as a pool.PieceCopier and the mover as kvmem.HostPages; nil when either cannot do
+// that. The pool then copies each value into its pieces (valuePieces) in the pass that checks
+// it, where reading it in place checks it and then copies it: one read of each value instead
+// of two.
+func hostPieces(pl pool.Pool, mover kvmem.Mover, items []loadItem) (pool.PieceCopier, kvmem.HostPages) {
 	pc, ok := pl.(pool.PieceCopier)
 	if !ok || hostDestinationsOff || len(items) == 0 {
 		return nil, nil
@@ -724,31 +738,24 @@ func hostPieces(pl pool.Pool, mover kvmem.Mover, items []loadItem, lists *loadLi
 	if !ok {
 		return nil, nil
 	}
-	segs := lists.segs[:0]
-	for i := range items {
-		var ok bool
-		if segs, ok = hp.PageSegments(items[i].ref, segs); !ok {
-			lists.segs = segs[:0]
-			return nil, nil
-		}
+	return pc, hp
+}
+
+// valuePieces returns the pieces of engine memory value it occupies, appended to the batch's
+// lists.segs; false when the mover has none that add up to its size.
+func (l *pageLoader) valuePieces(it *loadItem) ([][]byte, bool) {
+	start := len(l.lists.segs)
+	segs, ok := l.hp.PageSegments(it.ref, l.lists.segs)
+	n := 0
+	for _, p := range segs[start:] {
+		n += len(p)
 	}
-	out := lists.pieces[:len(items)]
-	at := 0
-	for i := range items {
-		n, end := 0, at
-		for end < len(segs) && n < items[i].size {
-			n += len(segs[end])
-			end++
-		}
-		if n != items[i].size {
-			lists.segs = segs[:0]
-			return nil, nil
-		}
-		out[i] = segs[at:end:end]
-		at = end
+	if !ok || n != it.size {
+		l.lists.segs = segs[:start]
+		return nil, false
 	}
-	lists.segs = segs[:0]
-	return pc, out
+	l.lists.segs = segs
+	return segs[start:len(segs):len(segs)], true
 }
 
 // issuedFirstBatchOff makes checked loads issue their pages in one batch even where the mover

@@ -722,12 +722,12 @@ type pageSaver struct {
 	sets, set int // staging slot sets, and the one the next batch gathers into
 	batch     int // values per batch
 	// src is the engine memory of every value, in items' order, when the pool is handed the
-	// engine's own pages (hostSources); nil when a save gathers them first. srcPieces is the
-	// same for values split across regions, each value's pieces, when the pool copies from
-	// pieces (copier).
-	src       [][]byte
-	srcPieces [][][]byte
-	copier    pool.PieceCopier
+	// engine's own pages (hostSources); nil when a save gathers them first. For values split
+	// across regions, copier and hp are the pool and the mover when the pool is handed each
+	// value's pieces of engine memory instead (hostSourcePieces).
+	src    [][]byte
+	copier pool.PieceCopier
+	hp     kvmem.HostPages
 
 	sample                        stats.SaveSample
 	failed, attempted, refusedTTL int
@@ -791,9 +791,9 @@ func (s *pageSaver) plan() {
 	s.batch = max(1, min(w.opts.TransferBatchSize, w.saveStage.Slots()/s.sets))
 	s.src = hostSources(w.saveMover, s.items)
 	if s.src == nil {
-		s.copier, s.srcPieces = hostSourcePieces(w.pool, w.saveMover, s.items)
+		s.copier, s.hp = hostSourcePieces(w.pool, w.saveMover, s.items)
 	}
-	if w.directPut != nil || s.src != nil || s.srcPieces != nil {
+	if w.directPut != nil || s.src != nil || s.hp != nil {
 		// Written in place, or put from engine memory: no slots bound the batch, which holds
 		// directSaveBatchBytes, and the next batch's existence check (and gather) always
 		// overlaps the last put.
@@ -803,6 +803,15 @@ func (s *pageSaver) plan() {
 			largest = max(largest, it.size)
 		}
 		s.batch = min(directBatchMaxPages, max(1, directSaveBatchBytes/largest))
+	}
+	if s.hp != nil {
+		// Each value is as many pieces as its group has regions: a batch names at most
+		// maxBatchPieces of them.
+		regions := 1
+		for _, g := range w.geom.layout.Groups {
+			regions = max(regions, len(g.Regions), len(g.ReplicatedRegions))
+		}
+		s.batch = max(1, min(s.batch, maxBatchPieces/regions))
 	}
 }
 
@@ -834,11 +843,11 @@ func hostSources(mover kvmem.Mover, items []pageIO) [][]byte {
 }
 
 // hostSourcePieces returns, for a save whose values are split across regions of host engine
-// memory, the pool as a pool.PieceCopier and every value's pieces of engine memory in items'
-// order; nil when the pool or the mover cannot do that. The pool then copies each value out of
-// its pieces in the pass that checksums it, where a gather into reserved pool memory copies it
-// and the checksum reads it again.
-func hostSourcePieces(pl pool.Pool, mover kvmem.Mover, items []pageIO) (pool.PieceCopier, [][][]byte) {
+// memory, the pool as a pool.PieceCopier and the mover as kvmem.HostPages; nil when either
+// cannot do that. The pool then copies each value out of its pieces of engine memory in the pass
+// that checksums it, where a gather into reserved pool memory copies it and the checksum reads
+// it again.
+func hostSourcePieces(pl pool.Pool, mover kvmem.Mover, items []pageIO) (pool.PieceCopier, kvmem.HostPages) {
 	pc, ok := pl.(pool.PieceCopier)
 	if !ok || hostSourcesOff || len(items) == 0 {
 		return nil, nil
@@ -847,23 +856,7 @@ func hostSourcePieces(pl pool.Pool, mover kvmem.Mover, items []pageIO) (pool.Pie
 	if !ok {
 		return nil, nil
 	}
-	out := make([][][]byte, len(items))
-	var segs [][]byte
-	for i := range items {
-		start := len(segs)
-		if segs, ok = hp.PageSegments(items[i].ref, segs); !ok {
-			return nil, nil
-		}
-		n := 0
-		for _, sg := range segs[start:] {
-			n += len(sg)
-		}
-		if n != items[i].size {
-			return nil, nil
-		}
-		out[i] = segs[start:len(segs):len(segs)]
-	}
-	return pc, out
+	return pc, hp
 }
 
 // settle waits for the put in flight, if any, and counts its values by the pool's answer.
@@ -912,7 +905,8 @@ func (s *pageSaver) saveBatch(start int) error {
 	putKeys := make([]string, len(todo))
 	bufs := make([][]byte, len(todo))
 	var pieces [][][]byte
-	if s.srcPieces != nil {
+	var segs [][]byte // the batch's pieces end to end: its put may still read them once the next batch is made
+	if s.hp != nil {
 		pieces = make([][][]byte, len(todo))
 	}
 	refs := make([]kvmem.PageRef, len(todo))
@@ -925,8 +919,13 @@ func (s *pageSaver) saveBatch(start int) error {
 		switch {
 		case s.src != nil:
 			bufs[j] = s.src[start+i]
-		case s.srcPieces != nil:
-			pieces[j] = s.srcPieces[start+i]
+		case s.hp != nil:
+			at := len(segs)
+			var ok bool
+			if segs, ok = s.hp.PageSegments(chunk[i].ref, segs); !ok {
+				return fmt.Errorf("gather pages: no engine memory for page %+v", chunk[i].ref)
+			}
+			pieces[j] = segs[at:len(segs):len(segs)]
 		case w.directPut == nil: // in place, the pool's reservation is the buffer
 			bufs[j] = w.saveStage.Slot(s.set*s.batch + j)[:chunk[i].size]
 		}
@@ -942,7 +941,7 @@ func (s *pageSaver) saveBatch(start int) error {
 	switch {
 	case s.src != nil:
 		s.put(putKeys, bufs, cfg, done) // the engine's own pages
-	case s.srcPieces != nil:
+	case s.hp != nil:
 		s.settle()
 		ctx, pc := s.ctx, s.copier
 		go func() { done <- pc.BatchPutPieces(ctx, putKeys, pieces, cfg) }()
