@@ -145,6 +145,47 @@ func (g *guardedPool) BatchGet(ctx context.Context, keys []string, bufs [][]byte
 	return out
 }
 
+// getPieces is BatchGet into values' pieces through pc (the guarded backend's
+// pool.PieceCopier): within the timeout, the pages it did not get counted as BatchGet counts
+// them.
+func (g *guardedPool) getPieces(ctx context.Context, pc pool.PieceCopier, keys []string, dsts [][][]byte) []int64 {
+	ctx, cancel := context.WithTimeout(ctx, g.timeout)
+	defer cancel()
+	out := pc.BatchGetPieces(ctx, keys, dsts)
+	g.timedOut(ctx, "get")
+	bad := 0
+	for _, n := range out {
+		if n < 0 {
+			bad++
+		}
+	}
+	if len(out) != len(keys) {
+		bad = len(keys)
+	}
+	g.failed("get", &g.loadPages, bad)
+	return out
+}
+
+// putPieces is BatchPut of values given as pieces through pc: within the timeout, the pages it
+// dropped counted as BatchPut counts them.
+func (g *guardedPool) putPieces(ctx context.Context, pc pool.PieceCopier, keys []string, srcs [][][]byte, cfg pool.ReplicateConfig) []pool.Code {
+	ctx, cancel := context.WithTimeout(ctx, g.timeout)
+	defer cancel()
+	out := pc.BatchPutPieces(ctx, keys, srcs, cfg)
+	g.timedOut(ctx, "put")
+	bad := 0
+	for _, c := range out {
+		if c < 0 && c != pool.ErrObjectAlreadyExists {
+			bad++
+		}
+	}
+	if len(out) != len(keys) {
+		bad = len(keys)
+	}
+	g.failed("put", &g.droppedPages, bad)
+	return out
+}
+
 // Remove deletes within the timeout.
 func (g *guardedPool) Remove(ctx context.Context, key string, force bool) pool.Code {
 	ctx, cancel := context.WithTimeout(ctx, g.timeout)

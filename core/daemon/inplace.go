@@ -39,10 +39,48 @@ func (d *Daemon) connectorPool() pool.Pool {
 	}
 	p := &inPlacePool{guardedPool: d.guard, v: v, r: r}
 	p.corrupt = func() { p.failed("get", &p.loadPages, 1) }
+	pc, pieces := d.backend.Pool.(pool.PieceCopier)
 	if rv, ok := d.backend.Pool.(pool.ReusingViewer); ok {
-		return &reusingInPlacePool{inPlacePool: p, rv: rv}
+		rp := &reusingInPlacePool{inPlacePool: p, rv: rv}
+		if pieces {
+			return &pieceReusingInPlacePool{reusingInPlacePool: rp, pc: pc}
+		}
+		return rp
+	}
+	if pieces {
+		return &pieceInPlacePool{inPlacePool: p, pc: pc}
 	}
 	return p
+}
+
+// pieceInPlacePool and pieceReusingInPlacePool add the backend's copies into and out of values'
+// pieces (pool.PieceCopier), guarded and counted as BatchGet and BatchPut, so that a connector
+// over host engine memory copies each page between pool and engine memory in one checked pass
+// even where its values are split across regions.
+type pieceInPlacePool struct {
+	*inPlacePool
+	pc pool.PieceCopier
+}
+
+type pieceReusingInPlacePool struct {
+	*reusingInPlacePool
+	pc pool.PieceCopier
+}
+
+func (p *pieceInPlacePool) BatchGetPieces(ctx context.Context, keys []string, dsts [][][]byte) []int64 {
+	return p.getPieces(ctx, p.pc, keys, dsts)
+}
+
+func (p *pieceInPlacePool) BatchPutPieces(ctx context.Context, keys []string, srcs [][][]byte, cfg pool.ReplicateConfig) []pool.Code {
+	return p.putPieces(ctx, p.pc, keys, srcs, cfg)
+}
+
+func (p *pieceReusingInPlacePool) BatchGetPieces(ctx context.Context, keys []string, dsts [][][]byte) []int64 {
+	return p.getPieces(ctx, p.pc, keys, dsts)
+}
+
+func (p *pieceReusingInPlacePool) BatchPutPieces(ctx context.Context, keys []string, srcs [][][]byte, cfg pool.ReplicateConfig) []pool.Code {
+	return p.putPieces(ctx, p.pc, keys, srcs, cfg)
 }
 
 // reusingInPlacePool is inPlacePool over a backend whose deferred views also take keys as bytes
@@ -131,4 +169,7 @@ var (
 	_ pool.DeferredViewer = (*inPlacePool)(nil)
 	_ pool.Reserver       = (*inPlacePool)(nil)
 	_ pool.ReusingViewer  = (*reusingInPlacePool)(nil)
+	_ pool.PieceCopier    = (*pieceInPlacePool)(nil)
+	_ pool.PieceCopier    = (*pieceReusingInPlacePool)(nil)
+	_ pool.ReusingViewer  = (*pieceReusingInPlacePool)(nil)
 )

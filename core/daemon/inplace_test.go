@@ -31,6 +31,9 @@ func TestConnectorPoolInPlace(t *testing.T) {
 	if _, ok := p.(pool.ReusingViewer); !ok {
 		t.Fatal("the embedded backend's connector pool has no views into a reused View")
 	}
+	if _, ok := p.(pool.PieceCopier); !ok {
+		t.Fatal("the embedded backend's connector pool has no copies into and out of values' pieces")
+	}
 
 	e, err := embedded.NewEmbedded(o)
 	if err != nil {
@@ -106,6 +109,74 @@ func TestInPlaceViewsCounted(t *testing.T) {
 		into.Release()
 		want.LoadPages, want.Timeouts = 7, 4*timedOut+1
 		check("the reused View's page found corrupt, counted once")
+		_ = d.closeBackend()
+	}
+}
+
+// TestPieceCopiesGuarded: the connector pool's copies into and out of values' pieces go to the
+// embedded backend and count as its gets and puts do: a value put as pieces is got back whole
+// and into other pieces, a missing key is a failed load page, pieces too short are one more, a
+// put whose every key is refused counts its dropped pages, and a call past the pool timeout is
+// a timeout.
+func TestPieceCopiesGuarded(t *testing.T) {
+	o := embedded.DefaultOptions()
+	o.Segments = []embedded.SegmentSpec{{Name: "s", Capacity: 1 << 20}}
+	o.EvictionPeriod = 0
+	for _, timeout := range []time.Duration{time.Hour, time.Nanosecond} {
+		d, err := New(Config{Pool: o, PoolTimeout: timeout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		pc := d.connectorPool().(pool.PieceCopier)
+		want := statsapi.PoolFailuresJSON{}
+		timedOut := int64(0)
+		if timeout == time.Nanosecond {
+			timedOut = 1
+		}
+		check := func(what string) {
+			t.Helper()
+			if got := d.guard.failures(); got != want {
+				t.Fatalf("timeout %v, %s: counted %+v, want %+v", timeout, what, got, want)
+			}
+		}
+		codes := pc.BatchPutPieces(ctx, []string{"a"}, [][][]byte{{[]byte("ab"), []byte("cdef")}}, pool.ReplicateConfig{})
+		want.Timeouts = timedOut
+		if timeout == time.Hour && codes[0] != pool.OK {
+			t.Fatalf("put pieces: %v", codes)
+		}
+		if timeout == time.Nanosecond {
+			// The backend saw a context already past its deadline: nothing is stored.
+			if codes[0] >= 0 {
+				t.Fatalf("a put past the pool timeout: %v", codes)
+			}
+			want.DroppedSavePages = 1
+			check("a put past the pool timeout")
+			_ = d.closeBackend()
+			continue
+		}
+		check("a put of pieces")
+		whole := make([]byte, 6)
+		if n := d.Pool().BatchGet(ctx, []string{"a"}, [][]byte{whole}); n[0] != 6 || string(whole) != "abcdef" {
+			t.Fatalf("the value put as pieces reads %d bytes %q", n[0], whole)
+		}
+		x, y := make([]byte, 3), make([]byte, 3)
+		got := pc.BatchGetPieces(ctx, []string{"a", "missing"}, [][][]byte{{x, y}, {make([]byte, 1)}})
+		if got[0] != 6 || string(x)+string(y) != "abcdef" || got[1] != int64(pool.ErrObjectNotFound) {
+			t.Fatalf("get pieces: %v, %q %q", got, x, y)
+		}
+		want.LoadPages = 1
+		check("a get of pieces with a missing key")
+		if got := pc.BatchGetPieces(ctx, []string{"a"}, [][][]byte{{make([]byte, 5)}}); got[0] != int64(pool.ErrInvalidParams) {
+			t.Fatalf("pieces one byte short: %v", got)
+		}
+		want.LoadPages = 2
+		check("pieces too short")
+		if c := pc.BatchPutPieces(ctx, []string{"", "b"}, [][][]byte{{[]byte("x")}}, pool.ReplicateConfig{}); len(c) != 2 || c[0] != pool.ErrInvalidParams || c[1] != pool.ErrInvalidParams {
+			t.Fatalf("two keys, one source: %v", c)
+		}
+		want.DroppedSavePages = 2
+		check("a refused put")
 		_ = d.closeBackend()
 	}
 }
