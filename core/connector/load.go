@@ -705,13 +705,24 @@ var hostDestinationsOff = false
 // peer's page off the socket into it, and an in-process pool copies and checks each value in one
 // pass. The list is out (as long as items), from the load's lists.
 func hostDestinations(mover kvmem.Mover, items []loadItem, out [][]byte) [][]byte {
-	hp, ok := mover.(kvmem.HostPages)
-	if !ok || hostDestinationsOff || len(items) == 0 {
+	if hostDestinationsOff {
 		return nil
 	}
-	for i := range items {
-		mem, ok := hp.PageMemory(items[i].ref)
-		if !ok || len(mem) != items[i].size {
+	return pageMemory(mover, len(items), func(i int) (kvmem.PageRef, int) { return items[i].ref, items[i].size }, out)
+}
+
+// pageMemory fills out (n long) with the engine memory of each of n values, value i being page
+// value(i) of its size, when the mover's engine memory is host memory (kvmem.HostPages) and
+// every value is one contiguous piece of it; nil otherwise.
+func pageMemory(mover kvmem.Mover, n int, value func(i int) (kvmem.PageRef, int), out [][]byte) [][]byte {
+	hp, ok := mover.(kvmem.HostPages)
+	if !ok || n == 0 {
+		return nil
+	}
+	for i := range n {
+		ref, size := value(i)
+		mem, ok := hp.PageMemory(ref)
+		if !ok || len(mem) != size {
 			return nil
 		}
 		out[i] = mem
@@ -730,8 +741,17 @@ var maxBatchPieces = 1 << 16
 // it, where reading it in place checks it and then copies it: one read of each value instead
 // of two.
 func hostPieces(pl pool.Pool, mover kvmem.Mover, items []loadItem) (pool.PieceCopier, kvmem.HostPages) {
+	if hostDestinationsOff || len(items) == 0 {
+		return nil, nil
+	}
+	return pieceCopier(pl, mover)
+}
+
+// pieceCopier returns the pool as a pool.PieceCopier and the mover as kvmem.HostPages when both
+// are; nil otherwise.
+func pieceCopier(pl pool.Pool, mover kvmem.Mover) (pool.PieceCopier, kvmem.HostPages) {
 	pc, ok := pl.(pool.PieceCopier)
-	if !ok || hostDestinationsOff || len(items) == 0 {
+	if !ok {
 		return nil, nil
 	}
 	hp, ok := mover.(kvmem.HostPages)

@@ -827,19 +827,10 @@ var hostSourcesOff = false
 // sends it from there. The engine writes none of a save's pages until GetFinished reports the
 // save (docs/ENGINE_API.md), so the pages stay as they were for the whole put.
 func hostSources(mover kvmem.Mover, items []pageIO) [][]byte {
-	hp, ok := mover.(kvmem.HostPages)
-	if !ok || hostSourcesOff || len(items) == 0 {
+	if _, host := mover.(kvmem.HostPages); !host || hostSourcesOff {
 		return nil
 	}
-	out := make([][]byte, len(items))
-	for i := range items {
-		mem, ok := hp.PageMemory(items[i].ref)
-		if !ok || len(mem) != items[i].size {
-			return nil
-		}
-		out[i] = mem
-	}
-	return out
+	return pageMemory(mover, len(items), func(i int) (kvmem.PageRef, int) { return items[i].ref, items[i].size }, make([][]byte, len(items)))
 }
 
 // hostSourcePieces returns, for a save whose values are split across regions of host engine
@@ -848,15 +839,10 @@ func hostSources(mover kvmem.Mover, items []pageIO) [][]byte {
 // that checksums it, where a gather into reserved pool memory copies it and the checksum reads
 // it again.
 func hostSourcePieces(pl pool.Pool, mover kvmem.Mover, items []pageIO) (pool.PieceCopier, kvmem.HostPages) {
-	pc, ok := pl.(pool.PieceCopier)
-	if !ok || hostSourcesOff || len(items) == 0 {
+	if hostSourcesOff || len(items) == 0 {
 		return nil, nil
 	}
-	hp, ok := mover.(kvmem.HostPages)
-	if !ok {
-		return nil, nil
-	}
-	return pc, hp
+	return pieceCopier(pl, mover)
 }
 
 // settle waits for the put in flight, if any, and counts its values by the pool's answer.

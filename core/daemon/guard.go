@@ -111,7 +111,12 @@ func (g *guardedPool) probe(ctx context.Context, keys []string, call func(contex
 func (g *guardedPool) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg pool.ReplicateConfig) []pool.Code {
 	ctx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
-	out := g.Pool.BatchPut(ctx, keys, bufs, cfg)
+	return g.countPut(ctx, g.Pool.BatchPut(ctx, keys, bufs, cfg), len(keys))
+}
+
+// countPut counts a put of n keys that answered out: a timeout when ctx's deadline passed, and
+// the pages it dropped.
+func (g *guardedPool) countPut(ctx context.Context, out []pool.Code, n int) []pool.Code {
 	g.timedOut(ctx, "put")
 	bad := 0
 	for _, c := range out {
@@ -119,8 +124,8 @@ func (g *guardedPool) BatchPut(ctx context.Context, keys []string, bufs [][]byte
 			bad++
 		}
 	}
-	if len(out) != len(keys) {
-		bad = len(keys)
+	if len(out) != n {
+		bad = n
 	}
 	g.failed("put", &g.droppedPages, bad)
 	return out
@@ -130,60 +135,40 @@ func (g *guardedPool) BatchPut(ctx context.Context, keys []string, bufs [][]byte
 func (g *guardedPool) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []int64 {
 	ctx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
-	out := g.Pool.BatchGet(ctx, keys, bufs)
+	return g.countGet(ctx, g.Pool.BatchGet(ctx, keys, bufs), len(keys))
+}
+
+// countGet counts a get of n keys that answered out: a timeout when ctx's deadline passed, and
+// the pages it did not get.
+func (g *guardedPool) countGet(ctx context.Context, out []int64, n int) []int64 {
 	g.timedOut(ctx, "get")
 	bad := 0
-	for _, n := range out {
-		if n < 0 {
+	for _, v := range out {
+		if v < 0 {
 			bad++
 		}
 	}
-	if len(out) != len(keys) {
-		bad = len(keys)
+	if len(out) != n {
+		bad = n
 	}
 	g.failed("get", &g.loadPages, bad)
 	return out
 }
 
 // getPieces is BatchGet into values' pieces through pc (the guarded backend's
-// pool.PieceCopier): within the timeout, the pages it did not get counted as BatchGet counts
-// them.
+// pool.PieceCopier), within the timeout and counted as BatchGet.
 func (g *guardedPool) getPieces(ctx context.Context, pc pool.PieceCopier, keys []string, dsts [][][]byte) []int64 {
 	ctx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
-	out := pc.BatchGetPieces(ctx, keys, dsts)
-	g.timedOut(ctx, "get")
-	bad := 0
-	for _, n := range out {
-		if n < 0 {
-			bad++
-		}
-	}
-	if len(out) != len(keys) {
-		bad = len(keys)
-	}
-	g.failed("get", &g.loadPages, bad)
-	return out
+	return g.countGet(ctx, pc.BatchGetPieces(ctx, keys, dsts), len(keys))
 }
 
-// putPieces is BatchPut of values given as pieces through pc: within the timeout, the pages it
-// dropped counted as BatchPut counts them.
+// putPieces is BatchPut of values given as pieces through pc, within the timeout and counted as
+// BatchPut.
 func (g *guardedPool) putPieces(ctx context.Context, pc pool.PieceCopier, keys []string, srcs [][][]byte, cfg pool.ReplicateConfig) []pool.Code {
 	ctx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
-	out := pc.BatchPutPieces(ctx, keys, srcs, cfg)
-	g.timedOut(ctx, "put")
-	bad := 0
-	for _, c := range out {
-		if c < 0 && c != pool.ErrObjectAlreadyExists {
-			bad++
-		}
-	}
-	if len(out) != len(keys) {
-		bad = len(keys)
-	}
-	g.failed("put", &g.droppedPages, bad)
-	return out
+	return g.countPut(ctx, pc.BatchPutPieces(ctx, keys, srcs, cfg), len(keys))
 }
 
 // Remove deletes within the timeout.

@@ -118,22 +118,10 @@ func CopyChecksum(dst, src []byte) Checksum {
 // own) and its check cost one pass over memory, as CopyChecksum does for one place.
 func ScatterChecksum(dst [][]byte, src []byte) Checksum {
 	c := pieceCursor{pieces: dst}
-	k := ChecksumChunks(len(src))
-	if k == 1 {
-		c.put(src)
-		return Checksum(xxh3.Hash(src))
-	}
-	var buf [64]uint64
-	sums := buf[:0]
-	if k > len(buf) {
-		sums = make([]uint64, 0, k)
-	}
-	for i := range k {
-		p := checksumPiece(src, i, k)
-		c.put(p)
-		sums = append(sums, xxh3.Hash(p))
-	}
-	return CombineChecksums(len(src), sums)
+	return checksumEach(len(src), func(lo, hi int) uint64 {
+		c.put(src[lo:hi])
+		return xxh3.Hash(src[lo:hi])
+	})
 }
 
 // GatherChecksum copies the pieces of src in order into dst (which must be at least as long as
@@ -144,12 +132,19 @@ func GatherChecksum(dst []byte, src [][]byte) Checksum {
 	for _, p := range src {
 		n += len(p)
 	}
-	dst = dst[:n]
 	c := pieceCursor{pieces: src}
+	return checksumEach(n, func(lo, hi int) uint64 {
+		c.get(dst[lo:hi])
+		return xxh3.Hash(dst[lo:hi])
+	})
+}
+
+// checksumEach returns the checksum of an n-byte page whose checksum pieces' digests piece(lo,
+// hi) takes in page order, for each piece [lo, hi) of ChecksumChunks(n).
+func checksumEach(n int, piece func(lo, hi int) uint64) Checksum {
 	k := ChecksumChunks(n)
 	if k == 1 {
-		c.get(dst)
-		return Checksum(xxh3.Hash(dst))
+		return Checksum(piece(0, n))
 	}
 	var buf [64]uint64
 	sums := buf[:0]
@@ -157,9 +152,11 @@ func GatherChecksum(dst []byte, src [][]byte) Checksum {
 		sums = make([]uint64, 0, k)
 	}
 	for i := range k {
-		p := checksumPiece(dst, i, k)
-		c.get(p)
-		sums = append(sums, xxh3.Hash(p))
+		lo, hi := i*ChecksumChunk, (i+1)*ChecksumChunk
+		if i == k-1 {
+			hi = n
+		}
+		sums = append(sums, piece(lo, hi))
 	}
 	return CombineChecksums(n, sums)
 }

@@ -310,31 +310,32 @@ func (e *Embedded) BatchIsExist(ctx context.Context, ks []string) []int {
 // is done (the master's PutEnd). A key that is already stored, or whose put is in flight, is
 // OK without a write, as the master's -705 is for the Mooncake client.
 func (e *Embedded) BatchPut(ctx context.Context, ks []string, bufs [][]byte, cfg pool.ReplicateConfig) []pool.Code {
-	if len(bufs) != len(ks) {
-		e.c.putCalls.Add(1)
-		return e.failPut(make([]pool.Code, len(ks)), pool.ErrInvalidParams)
-	}
-	r := e.reserve(ctx, ks, func(i int) int64 { return int64(len(bufs[i])) }, cfg)
-	// Each object's memory belongs to this call until it is marked complete, so the copies run
-	// without the lock, spread over the CPUs for large batches.
-	forEach(len(r.work), r.bytes, func(j int) {
-		o := r.work[j].o
-		o.sum = keys.CopyChecksum(o.seg.mem[o.off:o.off+o.size], bufs[r.work[j].i])
-	})
-	return r.commit()
+	return e.put(ctx, ks, len(bufs), func(i int) int64 { return int64(len(bufs[i])) }, func(dst []byte, i int) keys.Checksum {
+		return keys.CopyChecksum(dst, bufs[i])
+	}, cfg)
 }
 
 // BatchPutPieces implements pool.PieceCopier: BatchPut of values each given as pieces, copied
 // into pool memory and hashed in one pass (keys.GatherChecksum).
 func (e *Embedded) BatchPutPieces(ctx context.Context, ks []string, srcs [][][]byte, cfg pool.ReplicateConfig) []pool.Code {
-	if len(srcs) != len(ks) {
+	return e.put(ctx, ks, len(srcs), func(i int) int64 { return piecesLen(srcs[i]) }, func(dst []byte, i int) keys.Checksum {
+		return keys.GatherChecksum(dst, srcs[i])
+	}, cfg)
+}
+
+// put stores n values under ks (n must be len(ks)): value i is size(i) bytes, and copyIn(dst, i)
+// copies it into its pool memory dst and returns the checksum of what it copied.
+func (e *Embedded) put(ctx context.Context, ks []string, n int, size func(i int) int64, copyIn func(dst []byte, i int) keys.Checksum, cfg pool.ReplicateConfig) []pool.Code {
+	if n != len(ks) {
 		e.c.putCalls.Add(1)
 		return e.failPut(make([]pool.Code, len(ks)), pool.ErrInvalidParams)
 	}
-	r := e.reserve(ctx, ks, func(i int) int64 { return piecesLen(srcs[i]) }, cfg)
+	r := e.reserve(ctx, ks, size, cfg)
+	// Each object's memory belongs to this call until it is marked complete, so the copies run
+	// without the lock, spread over the CPUs for large batches.
 	forEach(len(r.work), r.bytes, func(j int) {
 		o := r.work[j].o
-		o.sum = keys.GatherChecksum(o.seg.mem[o.off:o.off+o.size], srcs[r.work[j].i])
+		o.sum = copyIn(o.seg.mem[o.off:o.off+o.size], r.work[j].i)
 	})
 	return r.commit()
 }
@@ -651,7 +652,25 @@ func (e *Embedded) releaseLocked(o *object) {
 // put; a mismatch returns ErrChecksumMismatch and the caller must not use bufs[i]. The check
 // hashes the copy (keys.CopyChecksum), so a fault in the copy itself is caught too.
 func (e *Embedded) BatchGet(ctx context.Context, ks []string, bufs [][]byte) []int64 {
-	if len(bufs) != len(ks) {
+	return e.get(ctx, ks, len(bufs), func(i int) int64 { return int64(len(bufs[i])) }, func(i int, src []byte) keys.Checksum {
+		return keys.CopyChecksum(bufs[i], src)
+	})
+}
+
+// BatchGetPieces implements pool.PieceCopier: BatchGet into destinations given as pieces, each
+// value copied and its copy's source hashed in one pass (keys.ScatterChecksum). A value whose
+// stored bytes fail the check is ErrChecksumMismatch, and may have been copied in part or whole.
+func (e *Embedded) BatchGetPieces(ctx context.Context, ks []string, dsts [][][]byte) []int64 {
+	return e.get(ctx, ks, len(dsts), func(i int) int64 { return piecesLen(dsts[i]) }, func(i int, src []byte) keys.Checksum {
+		return keys.ScatterChecksum(dsts[i], src)
+	})
+}
+
+// get copies the values of ks into n destinations (n must be len(ks)): destination i takes
+// room(i) bytes, and copyOut(i, src) copies value src into it and returns the checksum it took.
+// A value whose checksum differs from the one taken at put is ErrChecksumMismatch.
+func (e *Embedded) get(ctx context.Context, ks []string, n int, room func(i int) int64, copyOut func(i int, src []byte) keys.Checksum) []int64 {
+	if n != len(ks) {
 		e.c.getCalls.Add(1)
 		e.c.getItems.Add(int64(len(ks)))
 		out := make([]int64, len(ks))
@@ -661,7 +680,7 @@ func (e *Embedded) BatchGet(ctx context.Context, ks []string, bufs [][]byte) []i
 		e.c.getFailedItems.Add(int64(len(ks)))
 		return out
 	}
-	out, held, misses := e.acquire(ctx, ks, func(i int) int64 { return int64(len(bufs[i])) })
+	out, held, misses := e.acquire(ctx, ks, room)
 	var total int64
 	for _, o := range held {
 		if o != nil {
@@ -674,44 +693,7 @@ func (e *Embedded) BatchGet(ctx context.Context, ks []string, bufs [][]byte) []i
 		if o == nil {
 			return
 		}
-		if keys.CopyChecksum(bufs[i], o.seg.mem[o.off:o.off+o.size]) != o.sum {
-			out[i] = int64(pool.ErrChecksumMismatch)
-			return
-		}
-		out[i] = o.size
-	})
-	e.finishGet(out, held, misses)
-	e.releaseRefs(held)
-	return out
-}
-
-// BatchGetPieces implements pool.PieceCopier: BatchGet into destinations given as pieces, each
-// value copied and its copy's source hashed in one pass (keys.ScatterChecksum). A value whose
-// stored bytes fail the check is ErrChecksumMismatch, and may have been copied in part or whole.
-func (e *Embedded) BatchGetPieces(ctx context.Context, ks []string, dsts [][][]byte) []int64 {
-	if len(dsts) != len(ks) {
-		e.c.getCalls.Add(1)
-		e.c.getItems.Add(int64(len(ks)))
-		out := make([]int64, len(ks))
-		for i := range out {
-			out[i] = int64(pool.ErrInvalidParams)
-		}
-		e.c.getFailedItems.Add(int64(len(ks)))
-		return out
-	}
-	out, held, misses := e.acquire(ctx, ks, func(i int) int64 { return piecesLen(dsts[i]) })
-	var total int64
-	for _, o := range held {
-		if o != nil {
-			total += o.size
-		}
-	}
-	forEach(len(held), total, func(i int) {
-		o := held[i]
-		if o == nil {
-			return
-		}
-		if keys.ScatterChecksum(dsts[i], o.seg.mem[o.off:o.off+o.size]) != o.sum {
+		if copyOut(i, o.seg.mem[o.off:o.off+o.size]) != o.sum {
 			out[i] = int64(pool.ErrChecksumMismatch)
 			return
 		}
