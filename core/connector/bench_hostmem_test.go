@@ -75,55 +75,7 @@ func BenchmarkHostMemLoad(b *testing.B) {
 	for _, c := range hostMemCases() {
 		b.Run(c.name, func(b *testing.B) {
 			c.set(b)
-			l := c.layout
-			opts := benchOptions()
-			pl := benchEmbedded(b)
-			ks, hs := benchKeys(opts, l)
-			size := int(l.Groups[0].BytesPerPage())
-			fillEmbedded(b, pl, ks, size)
-			w, err := NewWorker(opts, pl, benchHostMover(b, l))
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := w.RegisterLayout(l); err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { _ = w.Close(context.Background()) })
-			t := RequestTransfers{RequestID: "r"}
-			for i, h := range hs {
-				t.Pages = append(t.Pages, PageTransfer{Hash: keys.PageHashOf(h), Group: 0, Page: i})
-			}
-			meta := Metadata{Loads: []RequestTransfers{t}}
-			bufs := make([][]byte, len(ks))
-			for i := range bufs {
-				bufs[i] = make([]byte, size)
-			}
-			ctx := context.Background()
-			var loadT, getT time.Duration
-			b.ReportAllocs()
-			for b.Loop() {
-				t0 := time.Now()
-				for s := 0; s < len(ks); s += DefaultTransferBatchSize {
-					n := min(DefaultTransferBatchSize, len(ks)-s)
-					for j, got := range pl.BatchGet(ctx, ks[s:s+n], bufs[s:s+n]) {
-						if got != int64(size) {
-							b.Fatalf("get %s = %d", ks[s+j], got)
-						}
-					}
-				}
-				t1 := time.Now()
-				w.BindMeta(meta)
-				if err := w.StartLoad(ctx); err != nil {
-					b.Fatal(err)
-				}
-				t2 := time.Now()
-				getT += t1.Sub(t0)
-				loadT += t2.Sub(t1)
-			}
-			if f := w.TakeFailedLoadRequests(); len(f) > 0 {
-				b.Fatalf("failed loads %v", f)
-			}
-			reportRatio(b, "load", int64(benchPages*size), loadT, getT, "get")
+			loadVsGet(b, c.layout, benchHostMover(b, c.layout))
 		})
 	}
 }
@@ -136,81 +88,145 @@ func BenchmarkHostMemSave(b *testing.B) {
 	for _, c := range hostMemCases() {
 		b.Run(c.name, func(b *testing.B) {
 			c.set(b)
-			l := c.layout
-			opts := benchOptions()
-			ks, hs := benchKeys(opts, l)
-			size := int(l.Groups[0].BytesPerPage())
-			t := RequestTransfers{RequestID: "r"}
-			for i, h := range hs {
-				t.Pages = append(t.Pages, PageTransfer{Hash: keys.PageHashOf(h), Group: 0, Page: i})
-			}
-			mover := benchHostMover(b, l)
-			bufs := make([][]byte, len(ks))
-			for i := range bufs {
-				bufs[i] = make([]byte, size)
-				if err := mover.Gather(context.Background(), []kvmem.PageRef{{Group: 0, Slot: i}}, bufs[i:i+1]); err != nil {
-					b.Fatal(err)
-				}
-			}
-			ctx := context.Background()
-			var saveT, putT time.Duration
-			b.ReportAllocs()
-			for b.Loop() {
-				b.StopTimer()
-				raw, err := makeEmbPool(benchEmbCapacity)
-				if err != nil {
-					b.Fatal(err)
-				}
-				ep, err := makeEmbPool(benchEmbCapacity)
-				if err != nil {
-					b.Fatal(err)
-				}
-				w, err := NewWorker(opts, ep, mover)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := w.RegisterLayout(l); err != nil {
-					b.Fatal(err)
-				}
-				runtime.GC()
-				b.StartTimer()
-				t0 := time.Now()
-				for s := 0; s < len(ks); s += DefaultTransferBatchSize {
-					n := min(DefaultTransferBatchSize, len(ks)-s)
-					for j, c := range raw.BatchPut(ctx, ks[s:s+n], bufs[s:s+n], pool.ReplicateConfig{}) {
-						if c != pool.OK {
-							b.Fatalf("put %s = %v", ks[s+j], c)
-						}
-					}
-				}
-				t1 := time.Now()
-				w.BindMeta(Metadata{Saves: []RequestTransfers{t}})
-				if err := w.WaitForSave(ctx); err != nil {
-					b.Fatal(err)
-				}
-				// An engine with nothing else to do waits in GetFinished for the save.
-				for {
-					fs, _, err := w.GetFinishedWait(ctx, []string{"r"}, nil, time.Second)
-					if err != nil {
-						b.Fatal(err)
-					}
-					if len(fs) == 1 {
-						break
-					}
-				}
-				t2 := time.Now()
-				putT += t1.Sub(t0)
-				saveT += t2.Sub(t1)
-				b.StopTimer()
-				if st := ep.stats(b); st.Puts != benchPages || st.PutFailures != 0 {
-					b.Fatalf("saved %d pages, %d failures", st.Puts, st.PutFailures)
-				}
-				_ = w.Close(ctx)
-				_ = raw.Close()
-				_ = ep.Close()
-				b.StartTimer()
-			}
-			reportRatio(b, "save", int64(benchPages*size), saveT, putT, "put")
+			saveVsPut(b, c.layout, benchHostMover(b, c.layout))
 		})
 	}
+}
+
+// loadVsGet alternates one synchronous load of benchPages pages of l's group 0 through a worker
+// over mover and the embedded pool with the pool's raw BatchGet of the same keys in batches of
+// DefaultTransferBatchSize, every page into its own buffer (the footprint of the load's engine
+// memory), and reports load-MB/s, get-MB/s and load/get-%.
+func loadVsGet(b *testing.B, l kvmem.Layout, mover kvmem.Mover) {
+	opts := benchOptions()
+	pl := benchEmbedded(b)
+	ks, hs := benchKeys(opts, l)
+	size := int(l.Groups[0].BytesPerPage())
+	fillEmbedded(b, pl, ks, size)
+	w, err := NewWorker(opts, pl, mover)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := w.RegisterLayout(l); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = w.Close(context.Background()) })
+	meta := Metadata{Loads: []RequestTransfers{benchTransfers(hs)}}
+	bufs := make([][]byte, len(ks))
+	for i := range bufs {
+		bufs[i] = make([]byte, size)
+	}
+	ctx := context.Background()
+	var loadT, getT time.Duration
+	b.ReportAllocs()
+	for b.Loop() {
+		t0 := time.Now()
+		for s := 0; s < len(ks); s += DefaultTransferBatchSize {
+			n := min(DefaultTransferBatchSize, len(ks)-s)
+			for j, got := range pl.BatchGet(ctx, ks[s:s+n], bufs[s:s+n]) {
+				if got != int64(size) {
+					b.Fatalf("get %s = %d", ks[s+j], got)
+				}
+			}
+		}
+		t1 := time.Now()
+		w.BindMeta(meta)
+		if err := w.StartLoad(ctx); err != nil {
+			b.Fatal(err)
+		}
+		t2 := time.Now()
+		getT += t1.Sub(t0)
+		loadT += t2.Sub(t1)
+	}
+	if f := w.TakeFailedLoadRequests(); len(f) > 0 {
+		b.Fatalf("failed loads %v", f)
+	}
+	reportRatio(b, "load", int64(benchPages*size), loadT, getT, "get")
+}
+
+// saveVsPut alternates one save of benchPages pages of l's group 0 from mover's engine memory
+// through a worker into an empty embedded pool, timed until GetFinishedWait reports it, with the
+// pool's raw BatchPut of the same bytes from caller buffers in batches of
+// DefaultTransferBatchSize into another empty pool. Making the pools and the worker is not
+// timed. It reports save-MB/s, put-MB/s and save/put-%.
+func saveVsPut(b *testing.B, l kvmem.Layout, mover kvmem.Mover) {
+	opts := benchOptions()
+	ks, hs := benchKeys(opts, l)
+	size := int(l.Groups[0].BytesPerPage())
+	t := benchTransfers(hs)
+	bufs := make([][]byte, len(ks))
+	for i := range bufs {
+		bufs[i] = make([]byte, size)
+		if err := mover.Gather(context.Background(), []kvmem.PageRef{{Group: 0, Slot: i}}, bufs[i:i+1]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	var saveT, putT time.Duration
+	b.ReportAllocs()
+	for b.Loop() {
+		b.StopTimer()
+		raw, err := makeEmbPool(benchEmbCapacity)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ep, err := makeEmbPool(benchEmbCapacity)
+		if err != nil {
+			b.Fatal(err)
+		}
+		w, err := NewWorker(opts, ep, mover)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := w.RegisterLayout(l); err != nil {
+			b.Fatal(err)
+		}
+		runtime.GC()
+		b.StartTimer()
+		t0 := time.Now()
+		for s := 0; s < len(ks); s += DefaultTransferBatchSize {
+			n := min(DefaultTransferBatchSize, len(ks)-s)
+			for j, c := range raw.BatchPut(ctx, ks[s:s+n], bufs[s:s+n], pool.ReplicateConfig{}) {
+				if c != pool.OK {
+					b.Fatalf("put %s = %v", ks[s+j], c)
+				}
+			}
+		}
+		t1 := time.Now()
+		w.BindMeta(Metadata{Saves: []RequestTransfers{t}})
+		if err := w.WaitForSave(ctx); err != nil {
+			b.Fatal(err)
+		}
+		// An engine with nothing else to do waits in GetFinished for the save.
+		for {
+			fs, _, err := w.GetFinishedWait(ctx, []string{"r"}, nil, time.Second)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if len(fs) == 1 {
+				break
+			}
+		}
+		t2 := time.Now()
+		putT += t1.Sub(t0)
+		saveT += t2.Sub(t1)
+		b.StopTimer()
+		if st := ep.stats(b); st.Puts != benchPages || st.PutFailures != 0 {
+			b.Fatalf("saved %d pages, %d failures", st.Puts, st.PutFailures)
+		}
+		_ = w.Close(ctx)
+		_ = raw.Close()
+		_ = ep.Close()
+		b.StartTimer()
+	}
+	reportRatio(b, "save", int64(benchPages*size), saveT, putT, "put")
+}
+
+// benchTransfers is request "r" with page i of group 0 of block hs[i] in slot i.
+func benchTransfers(hs []keys.Hash) RequestTransfers {
+	t := RequestTransfers{RequestID: "r"}
+	for i, h := range hs {
+		t.Pages = append(t.Pages, PageTransfer{Hash: keys.PageHashOf(h), Group: 0, Page: i})
+	}
+	return t
 }
