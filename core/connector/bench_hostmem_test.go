@@ -103,15 +103,7 @@ func loadVsGet(b *testing.B, l kvmem.Layout, mover kvmem.Mover) {
 	ks, hs := benchKeys(opts, l)
 	size := int(l.Groups[0].BytesPerPage())
 	fillEmbedded(b, pl, ks, size)
-	w, err := NewWorker(opts, pl, mover)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := w.RegisterLayout(l); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = w.Close(context.Background()) })
-	meta := Metadata{Loads: []RequestTransfers{benchTransfers(hs)}}
+	w, meta := benchLoadWorker(b, opts, pl, mover, l, hs)
 	bufs := make([][]byte, len(ks))
 	for i := range bufs {
 		bufs[i] = make([]byte, size)

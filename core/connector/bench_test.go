@@ -142,7 +142,7 @@ func BenchmarkLoadThroughput(b *testing.B) {
 	ks, hs := benchKeys(opts, l)
 	size := int(l.Groups[0].BytesPerPage())
 	fillPool(pl, ks, size)
-	w, meta := benchLoadWorker(b, opts, pl, l, hs)
+	w, meta := benchLoadWorker(b, opts, pl, newHostMover(l), l, hs)
 	ctx := context.Background()
 	b.SetBytes(int64(benchPages * size))
 	for b.Loop() {
@@ -231,11 +231,11 @@ func BenchmarkSaveThroughput(b *testing.B) {
 	}
 }
 
-// benchLoadWorker returns a worker over pool and a host mover, closed when the benchmark ends,
-// and the metadata of one request loading every page hs names, page i into slot i.
-func benchLoadWorker(b *testing.B, opts Options, pl pool.Pool, l kvmem.Layout, hs []keys.Hash) (*Worker, Metadata) {
+// benchLoadWorker returns a worker over pool and mover, closed when the benchmark ends, and the
+// metadata of one request loading every page hs names, page i into slot i (benchTransfers).
+func benchLoadWorker(b *testing.B, opts Options, pl pool.Pool, mover kvmem.Mover, l kvmem.Layout, hs []keys.Hash) (*Worker, Metadata) {
 	b.Helper()
-	w, err := NewWorker(opts, pl, newHostMover(l))
+	w, err := NewWorker(opts, pl, mover)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -243,9 +243,5 @@ func benchLoadWorker(b *testing.B, opts Options, pl pool.Pool, l kvmem.Layout, h
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = w.Close(context.Background()) })
-	t := RequestTransfers{RequestID: "r"}
-	for i, h := range hs {
-		t.Pages = append(t.Pages, PageTransfer{Hash: keys.PageHashOf(h), Group: 0, Page: i})
-	}
-	return w, Metadata{Loads: []RequestTransfers{t}}
+	return w, Metadata{Loads: []RequestTransfers{benchTransfers(hs)}}
 }
