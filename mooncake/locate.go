@@ -187,7 +187,7 @@ func (n *Native) inParts(ctx context.Context, keys []string, call func(context.C
 // becomes a job; the others' indices and keys are returned, for the master to be asked. A
 // located replica that does not fit its buffer, or whose host has since been found unhealthy,
 // gets its code in out, as it would from a fresh list.
-func (n *Native) takeLocated(keys []string, bufs [][]byte, out []int64, jobs *[]getJob) (ask []int, askKeys []string) {
+func (n *Native) takeLocated(keys []string, dsts [][][]byte, out []int64, jobs *[]getJob) (ask []int, askKeys []string) {
 	now := time.Now()
 	n.located.mu.Lock()
 	if len(n.located.m) == 0 {
@@ -208,7 +208,7 @@ func (n *Native) takeLocated(keys []string, bufs [][]byte, out []int64, jobs *[]
 			ask, askKeys = append(ask, i), append(askKeys, k)
 			continue
 		}
-		if code := n.gettable(l.rep, true, bufs[i]); code != 0 {
+		if code := n.gettable(l.rep, true, dsts[i]); code != 0 {
 			out[i] = int64(code)
 			continue
 		}
@@ -220,11 +220,11 @@ func (n *Native) takeLocated(keys []string, bufs [][]byte, out []int64, jobs *[]
 
 // gettable is the Code a get of rep into buf fails with before any transfer (0: none): no
 // readable replica, a buffer too small, a host found unhealthy.
-func (n *Native) gettable(rep masterrpc.Replica, ok bool, buf []byte) Code {
+func (n *Native) gettable(rep masterrpc.Replica, ok bool, dst [][]byte) Code {
 	switch {
 	case !ok:
 		return ErrReplicaNotReady
-	case rep.Size > uint64(len(buf)):
+	case rep.Size > piecesLen(dst):
 		return ErrInvalidParams
 	case n.peerUnhealthy(rep.Endpoint):
 		// Offered before its host was found dead: fail it without waiting on the host.

@@ -451,6 +451,23 @@ func (n *Native) config(cfg pool.ReplicateConfig, groups []string) masterrpc.Rep
 // placed them there), and only then does the put end. A key that already exists is OK
 // without a write, as Mooncake's client treats OBJECT_ALREADY_EXISTS.
 func (n *Native) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg pool.ReplicateConfig) []Code {
+	if len(bufs) != len(keys) {
+		return n.put(ctx, keys, nil, cfg)
+	}
+	return n.put(ctx, keys, onePiece(bufs), cfg)
+}
+
+var _ pool.PieceCopier = (*Native)(nil)
+
+// BatchPutPieces implements pool.PieceCopier: BatchPut of values each given as pieces, in
+// order. Each replica is written in one Transfer Engine request sent from the pieces where they
+// lie (writev), or copied piece by piece into this client's own segment.
+func (n *Native) BatchPutPieces(ctx context.Context, keys []string, srcs [][][]byte, cfg pool.ReplicateConfig) []Code {
+	return n.put(ctx, keys, srcs, cfg)
+}
+
+// put is BatchPut of values given as pieces (bufs[i] the pieces of keys[i]).
+func (n *Native) put(ctx context.Context, keys []string, bufs [][][]byte, cfg pool.ReplicateConfig) []Code {
 	out := make([]Code, len(keys))
 	fail := func(c Code) []Code {
 		for i := range out {
@@ -469,7 +486,7 @@ func (n *Native) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg
 	var idx []int
 	for i, k := range keys {
 		switch {
-		case k == "" || len(bufs[i]) == 0:
+		case k == "" || piecesLen(bufs[i]) == 0:
 			out[i] = ErrInvalidParams
 			n.stats.putFailures.Add(1)
 			continue
@@ -494,7 +511,7 @@ func (n *Native) BatchPut(ctx context.Context, keys []string, bufs [][]byte, cfg
 	return out
 }
 
-func (n *Native) putUnique(ctx context.Context, keys []string, bufs [][]byte, cfg pool.ReplicateConfig, idx []int, out []Code) {
+func (n *Native) putUnique(ctx context.Context, keys []string, bufs [][][]byte, cfg pool.ReplicateConfig, idx []int, out []Code) {
 	ctx, cancel := n.callCtx(ctx)
 	defer cancel()
 	ks := make([]string, len(idx))
@@ -505,7 +522,7 @@ func (n *Native) putUnique(ctx context.Context, keys []string, bufs [][]byte, cf
 	}
 	for j, i := range idx {
 		ks[j] = keys[i]
-		sizes[j] = uint64(len(bufs[i]))
+		sizes[j] = piecesLen(bufs[i])
 		if groups != nil {
 			groups[j] = cfg.GroupIDs[i]
 		}
@@ -546,7 +563,7 @@ func (n *Native) putUnique(ctx context.Context, keys []string, bufs [][]byte, cf
 		j := writes[k]
 		buf := bufs[idx[j]]
 		if sums != nil {
-			sums[j] = ObjectChecksum(buf)
+			sums[j] = piecesChecksum(buf)
 		}
 		for _, rep := range started[j].Replicas {
 			if terr := n.transfer(ctx, rep, buf, true); terr != nil {
@@ -601,7 +618,7 @@ func (n *Native) putUnique(ctx context.Context, keys []string, bufs [][]byte, cf
 		default:
 			out[i] = OK
 			n.stats.puts.Add(1)
-			n.stats.bytesIn.Add(int64(len(bufs[i])))
+			n.stats.bytesIn.Add(int64(piecesLen(bufs[i])))
 			continue
 		}
 		n.stats.putFailures.Add(1)
@@ -642,22 +659,33 @@ func (n *Native) runTransfers(count int, do func(k int)) {
 	wg.Wait()
 }
 
-// transfer moves buf to (write) or from (read) one memory replica.
-func (n *Native) transfer(ctx context.Context, rep masterrpc.Replica, buf []byte, write bool) error {
+// transfer moves a value, the pieces buf in order, to (write) or from (read) one memory
+// replica: one Transfer Engine request, or copies piece by piece in this client's own segment.
+func (n *Native) transfer(ctx context.Context, rep masterrpc.Replica, buf [][]byte, write bool) error {
 	if rep.Kind != masterrpc.ReplicaMemory {
 		return fmt.Errorf("replica %d is not in memory (kind %d); kvctl reads and writes memory replicas only", rep.ID, rep.Kind)
 	}
 	if rep.Protocol != transfer.ProtocolTCP {
 		return fmt.Errorf("replica %d in segment %q uses protocol %q; kvctl speaks only tcp", rep.ID, rep.Endpoint, rep.Protocol)
 	}
-	if rep.Size != uint64(len(buf)) {
-		return fmt.Errorf("replica %d holds %d bytes, the page has %d", rep.ID, rep.Size, len(buf))
+	if size := piecesLen(buf); rep.Size != size {
+		return fmt.Errorf("replica %d holds %d bytes, the page has %d", rep.ID, rep.Size, size)
 	}
 	if n.srv != nil && rep.Endpoint == n.seg.Name {
-		if write {
-			return n.srv.WriteAt(rep.Addr, buf)
+		addr := rep.Addr
+		for _, p := range buf {
+			var err error
+			if write {
+				err = n.srv.WriteAt(addr, p)
+			} else {
+				err = n.srv.ReadAt(addr, p)
+			}
+			if err != nil {
+				return err
+			}
+			addr += uint64(len(p))
 		}
-		return n.srv.ReadAt(rep.Addr, buf)
+		return nil
 	}
 	peer, err := n.resolve(ctx, rep.Endpoint)
 	if err != nil {
@@ -671,9 +699,9 @@ func (n *Native) transfer(ctx context.Context, rep masterrpc.Replica, buf []byte
 		return fmt.Errorf("waiting for a transfer slot to %s: %w", peer, ctx.Err())
 	}
 	if write {
-		err = n.te.Write(ctx, peer, rep.Addr, buf)
+		err = n.te.WritePieces(ctx, peer, rep.Addr, buf)
 	} else {
-		err = n.te.Read(ctx, peer, rep.Addr, buf)
+		err = n.te.ReadPieces(ctx, peer, rep.Addr, buf)
 	}
 	<-slot
 	if err != nil {
@@ -735,6 +763,22 @@ func (n *Native) resolve(ctx context.Context, segment string) (string, error) {
 // BatchGet copies each object into bufs[i] over the Transfer Engine (or from this client's
 // own segment) and returns its length or a negative Code.
 func (n *Native) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []int64 {
+	if len(bufs) != len(keys) {
+		return n.get(ctx, keys, nil)
+	}
+	return n.get(ctx, keys, onePiece(bufs))
+}
+
+// BatchGetPieces implements pool.PieceCopier: BatchGet into destinations given as pieces, filled
+// in order. Each value is read in one Transfer Engine request whose payload lands straight in
+// its pieces (readv), or copied piece by piece from this client's own segment; a value is
+// checked (the object checksum, when on) and handed back cleared on failure as BatchGet's.
+func (n *Native) BatchGetPieces(ctx context.Context, keys []string, dsts [][][]byte) []int64 {
+	return n.get(ctx, keys, dsts)
+}
+
+// get is BatchGet into values given as pieces (bufs[i] the pieces of keys[i]'s destination).
+func (n *Native) get(ctx context.Context, keys []string, bufs [][][]byte) []int64 {
 	out := make([]int64, len(keys))
 	if len(keys) == 0 {
 		return out
@@ -783,7 +827,7 @@ func (n *Native) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []i
 	poisoned := make([]bool, len(keys))
 	get := func(j getJob) {
 		i, rep := j.i, j.rep
-		dst := bufs[i][:rep.Size]
+		dst := piecesUpTo(bufs[i], rep.Size)
 		if err := n.transfer(ctx, rep, dst, false); err != nil {
 			n.log.Warn("mooncake get transfer failed", "key", keys[i], "segment", rep.Endpoint, "err", err)
 			out[i] = int64(ErrRPCFail)
@@ -792,12 +836,12 @@ func (n *Native) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []i
 		if !j.expires.IsZero() && !time.Now().Before(j.expires) {
 			// Read from a list a lookup kept, and the read lease ended before the read did:
 			// the object may have been evicted and its memory reused meanwhile.
-			clear(dst)
+			clearPieces(dst)
 			out[i] = int64(ErrLeaseExpired)
 			return
 		}
 		if !n.checksumOK(keys[i], rep, j.list, dst) {
-			clear(dst) // the caller's buffer never keeps a poisoned page
+			clearPieces(dst) // the caller's buffer never keeps a poisoned page
 			out[i] = int64(ErrMooncakeChecksum)
 			poisoned[i] = true
 			return
@@ -817,11 +861,11 @@ func (n *Native) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []i
 
 // checksumOK verifies the bytes read for key against the checksum the master keeps for it,
 // when checksums are on and the object has one. A mismatch is counted and logged.
-func (n *Native) checksumOK(key string, rep masterrpc.Replica, l masterrpc.ReplicaList, got []byte) bool {
+func (n *Native) checksumOK(key string, rep masterrpc.Replica, l masterrpc.ReplicaList, got [][]byte) bool {
 	if !n.opts.ObjectChecksum || !l.HasChecksum {
 		return true
 	}
-	sum := ObjectChecksum(got)
+	sum := piecesChecksum(got)
 	if sum == l.Checksum {
 		return true
 	}
@@ -945,11 +989,11 @@ func (n *Native) Fetch(ctx context.Context, key string, limit int64) ([]byte, Co
 		return nil, ErrInvalidParams
 	}
 	buf := make([]byte, rep.Size)
-	if err := n.transfer(ctx, rep, buf, false); err != nil {
+	if err := n.transfer(ctx, rep, [][]byte{buf}, false); err != nil {
 		n.log.Warn("mooncake fetch transfer failed", "key", key, "segment", rep.Endpoint, "err", err)
 		return nil, ErrRPCFail
 	}
-	if !n.checksumOK(key, rep, lists[0].List, buf) {
+	if !n.checksumOK(key, rep, lists[0].List, [][]byte{buf}) {
 		n.removePoisoned(ctx, key)
 		return nil, ErrMooncakeChecksum
 	}

@@ -382,6 +382,32 @@ func TestTwoHostsShareOnePool(t *testing.T) {
 		}
 	}
 
+	// Engines whose pages lie in four regions (K and V apart, as vLLM lays them out): B reads
+	// A's values straight into their pieces, synchronously and parked; saved from pieces under
+	// another model key, they read back whole on A with one region a page.
+	for _, async := range []bool{false, true} {
+		name := fmt.Sprintf("split-async-%t", async)
+		c := simConfig(b, name)
+		c.SplitRegions = 4
+		if async {
+			c.AsyncLoad, c.AsyncLoadWorkers = true, 1
+		}
+		res := runEngine(t, c, renamed(reqs, name), 4)
+		if res.LoadedBlocks != ideal || res.Restarts != 0 || res.ComputedBlocks != 0 {
+			t.Fatalf("%s on B: %+v; want all %d blocks loaded into pieces, none computed", name, res, ideal)
+		}
+	}
+	split := simConfig(b, "split-cold")
+	split.ModelKey, split.SplitRegions = "cluster-model-split", 4
+	if res := runEngine(t, split, renamed(reqs, "split-cold"), 4); res.ComputedBlocks != cold.ComputedBlocks || res.LoadedBlocks != cold.LoadedBlocks || res.Restarts != 0 {
+		t.Fatalf("split-layout cold run on B under a fresh model key: %+v; want what A's cold run did, %+v", res, cold)
+	}
+	whole := simConfig(a, "split-warm")
+	whole.ModelKey = "cluster-model-split"
+	if res := runEngine(t, whole, renamed(reqs, "split-warm"), 4); res.LoadedBlocks != ideal || res.Restarts != 0 || res.ComputedBlocks != 0 {
+		t.Fatalf("A loading what B saved from pieces: %+v; want all %d blocks loaded", res, ideal)
+	}
+
 	checkStatsCLI(t, m, a, b, 2)
 	// The master's read endpoints are the master's: a serve on the cluster points there.
 	if code, body, _ := get(b.admin + "/get_all_keys"); code != 404 || !strings.Contains(body, "Mooncake cluster of master "+m.RPCAddr) {

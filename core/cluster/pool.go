@@ -326,6 +326,28 @@ func (p *Pool) BatchGet(ctx context.Context, keys []string, bufs [][]byte) []int
 	return failAll(len(keys), int64(pool.ErrRPCFail))
 }
 
+// BatchPutPieces is BatchPut of values given as pieces (pool.PieceCopier): each replica is
+// written from where the pieces lie, in one Transfer Engine request. Before the mount every
+// key answers ErrNotJoined, as BatchPut's.
+func (p *Pool) BatchPutPieces(ctx context.Context, keys []string, srcs [][][]byte, cfg pool.ReplicateConfig) []pool.Code {
+	if n := p.client(); n != nil {
+		return n.BatchPutPieces(ctx, keys, srcs, cfg)
+	}
+	return failAll(len(keys), pool.ErrNotJoined)
+}
+
+// BatchGetPieces is BatchGet into destinations given as pieces (pool.PieceCopier): each value
+// is read in one Transfer Engine request straight into its pieces. Before the mount every key
+// fails.
+func (p *Pool) BatchGetPieces(ctx context.Context, keys []string, dsts [][][]byte) []int64 {
+	if n := p.client(); n != nil {
+		return n.BatchGetPieces(ctx, keys, dsts)
+	}
+	return failAll(len(keys), int64(pool.ErrRPCFail))
+}
+
+var _ pool.PieceCopier = (*Pool)(nil)
+
 // Remove deletes one object through the master.
 func (p *Pool) Remove(ctx context.Context, key string, force bool) pool.Code {
 	if n := p.client(); n != nil {

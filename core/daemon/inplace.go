@@ -24,9 +24,14 @@ type inPlacePool struct {
 
 // connectorPool is the pool the daemon hands a connector: the guarded pool, with the in-place
 // calls when the backend is the embedded pool and has them. A Mooncake backend keeps its values
-// in segments reached over the Transfer Engine, so it always goes through staging.
+// in segments reached over the Transfer Engine, so it has no in-place calls; it reads and
+// writes values split across regions of host engine memory straight from their pieces
+// (pool.PieceCopier), as it does values that lie in one piece.
 func (d *Daemon) connectorPool() pool.Pool {
 	if d.backend.Info.Kind != statsapi.BackendEmbedded {
+		if pc, ok := d.backend.Pool.(pool.PieceCopier); ok {
+			return &piecePool{guardedPool: d.guard, pc: pc}
+		}
 		return d.pool
 	}
 	v, ok := d.backend.Pool.(pool.Viewer)
@@ -53,10 +58,23 @@ func (d *Daemon) connectorPool() pool.Pool {
 	return p
 }
 
-// pieceInPlacePool and pieceReusingInPlacePool add the backend's copies into and out of values'
-// pieces (pool.PieceCopier), guarded and counted as BatchGet and BatchPut, so that a connector
-// over host engine memory copies each page between pool and engine memory in one checked pass
-// even where its values are split across regions.
+// piecePool, pieceInPlacePool and pieceReusingInPlacePool add the backend's copies into and out
+// of values' pieces (pool.PieceCopier), guarded and counted as BatchGet and BatchPut, so that a
+// connector over host engine memory moves each page between the pool and engine memory in one
+// pass even where its values are split across regions.
+type piecePool struct {
+	*guardedPool
+	pc pool.PieceCopier
+}
+
+func (p *piecePool) BatchGetPieces(ctx context.Context, keys []string, dsts [][][]byte) []int64 {
+	return p.getPieces(ctx, p.pc, keys, dsts)
+}
+
+func (p *piecePool) BatchPutPieces(ctx context.Context, keys []string, srcs [][][]byte, cfg pool.ReplicateConfig) []pool.Code {
+	return p.putPieces(ctx, p.pc, keys, srcs, cfg)
+}
+
 type pieceInPlacePool struct {
 	*inPlacePool
 	pc pool.PieceCopier

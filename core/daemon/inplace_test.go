@@ -44,10 +44,30 @@ func TestConnectorPoolInPlace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := d2.connectorPool().(pool.Viewer); ok {
+	p2 := d2.connectorPool()
+	if _, ok := p2.(pool.Viewer); ok {
 		t.Fatal("a Mooncake backend is read in place")
 	}
+	if _, ok := p2.(pool.Reserver); ok {
+		t.Fatal("a Mooncake backend is written in place")
+	}
+	if _, ok := p2.(pool.PieceCopier); !ok {
+		t.Fatal("a Mooncake backend that copies values' pieces is not handed them")
+	}
+	if _, ok := p2.(pool.Locator); !ok {
+		t.Fatal("the Mooncake backend's connector pool lost its lookups' locate")
+	}
+	d3, err := New(Config{Backend: &Backend{Pool: plainPool{e}, Info: statsapi.BackendInfo{Kind: statsapi.BackendMooncake, Master: "127.0.0.1:1"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := d3.connectorPool().(pool.PieceCopier); ok {
+		t.Fatal("a backend without piece copies is offered them")
+	}
 }
+
+// plainPool hides every call of its pool but pool.Pool's.
+type plainPool struct{ pool.Pool }
 
 // TestInPlaceViewsCounted: the in-place reads count as the guard counts gets, without a timer of
 // their own: a page not offered and a page the caller's check finds corrupt are failed load
@@ -114,16 +134,29 @@ func TestInPlaceViewsCounted(t *testing.T) {
 }
 
 // TestPieceCopiesGuarded: the connector pool's copies into and out of values' pieces go to the
-// embedded backend and count as its gets and puts do: a value put as pieces is got back whole
-// and into other pieces, a missing key is a failed load page, pieces too short are one more, a
-// put whose every key is refused counts its dropped pages, and a call past the pool timeout is
-// a timeout.
+// backend and count as its gets and puts do, for the embedded backend and for a backend of
+// another kind (an embedded pool standing in for a Mooncake cluster, which has the same calls):
+// a value put as pieces is got back whole and into other pieces, a missing key is a failed load
+// page, pieces too short are one more, a put whose every key is refused counts its dropped
+// pages, and a call past the pool timeout is a timeout.
 func TestPieceCopiesGuarded(t *testing.T) {
 	o := embedded.DefaultOptions()
 	o.Segments = []embedded.SegmentSpec{{Name: "s", Capacity: 1 << 20}}
 	o.EvictionPeriod = 0
-	for _, timeout := range []time.Duration{time.Hour, time.Nanosecond} {
-		d, err := New(Config{Pool: o, PoolTimeout: timeout})
+	for _, c := range []struct {
+		backend string
+		timeout time.Duration
+	}{{"embedded", time.Hour}, {"embedded", time.Nanosecond}, {"mooncake", time.Hour}, {"mooncake", time.Nanosecond}} {
+		timeout := c.timeout
+		cfg := Config{Pool: o, PoolTimeout: timeout}
+		if c.backend == "mooncake" {
+			e, err := embedded.NewEmbedded(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.Backend = &Backend{Pool: e, Info: statsapi.BackendInfo{Kind: statsapi.BackendMooncake, Master: "127.0.0.1:1"}}
+		}
+		d, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -137,7 +170,7 @@ func TestPieceCopiesGuarded(t *testing.T) {
 		check := func(what string) {
 			t.Helper()
 			if got := d.guard.failures(); got != want {
-				t.Fatalf("timeout %v, %s: counted %+v, want %+v", timeout, what, got, want)
+				t.Fatalf("%s backend, timeout %v, %s: counted %+v, want %+v", c.backend, timeout, what, got, want)
 			}
 		}
 		codes := pc.BatchPutPieces(ctx, []string{"a"}, [][][]byte{{[]byte("ab"), []byte("cdef")}}, pool.ReplicateConfig{})

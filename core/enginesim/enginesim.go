@@ -36,6 +36,11 @@ type Config struct {
 	// group g a replicated region of that many bytes too (0 = none).
 	PageBytes       []int
 	ReplicatedBytes []int
+	// SplitRegions lays each group's sharded page out as that many regions of equal size, each
+	// a tensor of its own (K and V apart, or one region a layer), so that a page's value lies
+	// in that many pieces of engine memory; 0 or 1 is one region. Every page size must divide
+	// by it. The values are the same bytes either way: engines of either layout share them.
+	SplitRegions int
 	// Chunk is the number of tokens a request computes per pass (chunked prefill).
 	Chunk int
 	// GroupBlocks and SoftPinTTLms are passed to Register.
@@ -141,10 +146,14 @@ type Engine struct {
 func (c Config) Layout() (kvmem.Layout, uint64) {
 	var off uint64
 	l := kvmem.Layout{TokensPerBlock: c.TokensPerBlock}
+	split := uint64(max(1, c.SplitRegions))
 	for g, pb := range c.PageBytes {
 		gl := kvmem.GroupLayout{ID: g, Slots: c.Slots}
-		gl.Regions = []kvmem.Region{{Offset: off, Stride: uint64(pb), Size: uint64(pb)}}
-		off += uint64(pb) * uint64(c.Slots)
+		part := uint64(pb) / split
+		for range split {
+			gl.Regions = append(gl.Regions, kvmem.Region{Offset: off, Stride: part, Size: part})
+			off += part * uint64(c.Slots)
+		}
 		if g < len(c.ReplicatedBytes) && c.ReplicatedBytes[g] > 0 {
 			rb := uint64(c.ReplicatedBytes[g])
 			gl.ReplicatedRegions = []kvmem.Region{{Offset: off, Stride: rb, Size: rb}}
@@ -158,6 +167,11 @@ func (c Config) Layout() (kvmem.Layout, uint64) {
 // Start registers every rank with the daemon.
 func Start(ctx context.Context, cfg Config) (*Engine, error) {
 	cfg.defaults()
+	for g, pb := range cfg.PageBytes {
+		if cfg.SplitRegions > 1 && pb%cfg.SplitRegions != 0 {
+			return nil, fmt.Errorf("group %d: page of %d bytes does not split into %d regions of equal size", g, pb, cfg.SplitRegions)
+		}
+	}
 	layout, size := cfg.Layout()
 	e := &Engine{cfg: cfg, layout: layout, kv: &simkv.Memory{Layout: layout}}
 	ok := false

@@ -87,13 +87,28 @@ func NewClient(opts ClientOptions) *Client {
 // Read fills dst from the peer's memory at [addr, addr+len(dst)). peer is the target's TCP
 // data address, host:port. An empty dst is a no-op that does not contact the peer.
 func (c *Client) Read(ctx context.Context, peer string, addr uint64, dst []byte) error {
-	return c.do(ctx, peer, OpRead, addr, dst)
+	return c.do(ctx, peer, OpRead, addr, [][]byte{dst})
+}
+
+// ReadPieces is Read into several buffers filled in order, as one request for the sum of their
+// lengths: the payload is read straight into them (readv on a TCP connection), so bytes bound
+// for memory that lies apart are not gathered into one buffer first. Empty pieces are skipped;
+// if every piece is empty the peer is not contacted.
+func (c *Client) ReadPieces(ctx context.Context, peer string, addr uint64, dsts [][]byte) error {
+	return c.do(ctx, peer, OpRead, addr, dsts)
 }
 
 // Write copies src to the peer's memory at [addr, addr+len(src)). Under v2 framing it returns
 // nil only once the target acknowledged that the bytes are applied. An empty src is a no-op.
 func (c *Client) Write(ctx context.Context, peer string, addr uint64, src []byte) error {
-	return c.do(ctx, peer, OpWrite, addr, src)
+	return c.do(ctx, peer, OpWrite, addr, [][]byte{src})
+}
+
+// WritePieces is Write of several buffers, in order, as one request for the sum of their
+// lengths, sent from where they lie (writev). Empty pieces are skipped; if every piece is
+// empty the peer is not contacted.
+func (c *Client) WritePieces(ctx context.Context, peer string, addr uint64, srcs [][]byte) error {
+	return c.do(ctx, peer, OpWrite, addr, srcs)
 }
 
 // Close closes the idle connections; Reads and Writes in flight finish on their own.
@@ -110,11 +125,14 @@ func (c *Client) Close() error {
 	return nil
 }
 
-func (c *Client) do(ctx context.Context, peer string, op Op, addr uint64, b []byte) error {
-	if len(b) == 0 {
+func (c *Client) do(ctx context.Context, peer string, op Op, addr uint64, b [][]byte) error {
+	var size uint64
+	for _, p := range b {
+		size += uint64(len(p))
+	}
+	if size == 0 {
 		return nil
 	}
-	size := uint64(len(b))
 	if addr+size < addr {
 		return fmt.Errorf("transfer %s of %d bytes at %#x on %s: range overflows 64 bits", op, size, addr, peer)
 	}
@@ -131,7 +149,7 @@ func (c *Client) do(ctx context.Context, peer string, op Op, addr uint64, b []by
 		if err != nil {
 			return fmt.Errorf("transfer %s of %d bytes at %#x: dial %s: %w", op, size, addr, peer, err)
 		}
-		replied, err := c.roundTrip(ctx, conn, peer, op, addr, b)
+		replied, err := c.roundTrip(ctx, conn, peer, op, addr, size, b)
 		if err == nil {
 			c.release(peer, conn)
 			return nil
@@ -180,9 +198,9 @@ func (c *Client) release(peer string, conn net.Conn) {
 	c.idle[peer] = append(c.idle[peer], conn)
 }
 
-// roundTrip runs one request on conn. replied reports whether any reply byte arrived (after
-// which the request is never repeated).
-func (c *Client) roundTrip(ctx context.Context, conn net.Conn, peer string, op Op, addr uint64, b []byte) (replied bool, err error) {
+// roundTrip runs one request for size bytes, those of the pieces b, on conn. replied reports
+// whether any reply byte arrived (after which the request is never repeated).
+func (c *Client) roundTrip(ctx context.Context, conn net.Conn, peer string, op Op, addr, size uint64, b [][]byte) (replied bool, err error) {
 	deadline, _ := ctx.Deadline()
 	if err := conn.SetDeadline(deadline); err != nil {
 		return false, err
@@ -193,9 +211,9 @@ func (c *Client) roundTrip(ctx context.Context, conn net.Conn, peer string, op O
 
 	v2 := !c.opts.Legacy
 	var hdr [HeaderSize]byte
-	AppendHeader(hdr[:0], Header{Size: uint64(len(b)), Addr: addr, Opcode: uint8(op), V2: v2})
+	AppendHeader(hdr[:0], Header{Size: size, Addr: addr, Opcode: uint8(op), V2: v2})
 	refusal := func(code uint32) error {
-		return &RefusedError{Peer: peer, Op: op, Addr: addr, Size: uint64(len(b)), Status: code}
+		return &RefusedError{Peer: peer, Op: op, Addr: addr, Size: size, Status: code}
 	}
 
 	if op == OpRead {
@@ -215,19 +233,22 @@ func (c *Client) roundTrip(ctx context.Context, conn net.Conn, peer string, op O
 				return true, refusal(code)
 			}
 		}
-		n, err := io.ReadFull(conn, b)
+		n, err := readPieces(conn, b)
 		if err != nil {
 			if !v2 && n == 0 && errors.Is(err, io.EOF) {
 				// A v1 target refuses by closing: nothing tells it from a dropped connection.
 				return false, fmt.Errorf("target closed the connection without data (v1 framing: refused or gone): %w", err)
 			}
-			return v2 || n > 0, fmt.Errorf("reading payload after %d of %d bytes: %w", n, len(b), err)
+			return v2 || n > 0, fmt.Errorf("reading payload after %d of %d bytes: %w", n, size, err)
 		}
 		return true, nil
 	}
 
+	// The header and the pieces in one writev (net.Buffers); the list is the call's own, as
+	// WriteTo consumes it.
+	bufs := make(net.Buffers, 0, 1+len(b))
+	bufs = append(append(bufs, hdr[:]), b...)
 	if !v2 {
-		bufs := net.Buffers{hdr[:], b}
 		_, err := bufs.WriteTo(conn)
 		return false, err
 	}
@@ -247,7 +268,6 @@ func (c *Client) roundTrip(ctx context.Context, conn net.Conn, peer string, op O
 		code, err := DecodeStatus(st[:])
 		ack <- result{code: code, err: err}
 	}()
-	bufs := net.Buffers{hdr[:], b}
 	_, werr := bufs.WriteTo(conn)
 	if werr != nil {
 		// The body could not be sent; a refusal may already be on its way. Wait for the
