@@ -114,6 +114,14 @@ func BenchmarkLoadFromPeer(b *testing.B) {
 	} {
 		b.Run(fmt.Sprintf("%s/engines=%d", v.name, benchEngines), func(b *testing.B) { benchServe(ctx, b, a, bh, cfg, v.admit, v.wait, v.early, total) })
 	}
+	// "split=2": engines whose pages lie in two regions (K and V apart, as vLLM lays them out),
+	// so each value is read from A's segment straight into its two pieces (readv).
+	split := func(h *host, name string) enginesim.Config {
+		c := cfg(h, name)
+		c.SplitRegions = 2
+		return c
+	}
+	b.Run(fmt.Sprintf("serve/early/split=2/engines=%d", benchEngines), func(b *testing.B) { benchServe(ctx, b, a, bh, split, 0, 0, true, total) })
 	logLoads(b, bh)
 	// benchReqs*benchBlocks: one get of all an engine's pages, as a synchronous load that reads
 	// straight into engine memory now asks for them (one call of directBatchBytes).
