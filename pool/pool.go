@@ -138,10 +138,12 @@ type Pool interface {
 	Stats(ctx context.Context) (Stats, error)
 }
 
-// PieceCopier is implemented by in-process pools that copy a value into, or out of, several
-// pieces of the caller's memory in the same pass that checks it (keys.ScatterChecksum,
-// keys.GatherChecksum): a value whose bytes lie apart in engine memory (K and V in tensors of
-// their own) is then read once, as BatchGet and BatchPut read a value that lies in one place.
+// PieceCopier is implemented by pools that move a value into, or out of, several pieces of the
+// caller's memory as BatchGet and BatchPut move one buffer: a value whose bytes lie apart in
+// engine memory (K and V in tensors of their own) is then moved once, with no gather or scatter
+// through a buffer of its own. The embedded pool copies each piece in the pass that checks the
+// value (keys.ScatterChecksum, keys.GatherChecksum); the Mooncake client reads or writes the
+// value in one Transfer Engine request straight into or from the pieces (readv, writev).
 type PieceCopier interface {
 	// BatchGetPieces is BatchGet with each value's destination given as pieces, filled in
 	// order; a key whose pieces hold fewer bytes than its value is ErrInvalidParams.
