@@ -120,3 +120,33 @@ func TestClientPiecesFailures(t *testing.T) {
 		t.Fatalf("the stalled read ended after %v, long past its 200 ms deadline", d)
 	}
 }
+
+// A target that sends its reply a few bytes at a time, across the pieces' boundaries: readv's
+// short reads are reassembled in order.
+func TestClientPiecesShortReads(t *testing.T) {
+	payload := randomBytes(9, 100000)
+	peer := rawTarget(t, func(c net.Conn) {
+		hdr := make([]byte, 24)
+		if _, err := io.ReadFull(c, hdr); err != nil {
+			return
+		}
+		reply := append(bytes.Clone(statusOK), payload...)
+		for i := 0; i < len(reply); i += 777 {
+			if _, err := c.Write(reply[i:min(i+777, len(reply))]); err != nil {
+				return
+			}
+			if i < 8*777 {
+				time.Sleep(time.Millisecond)
+			}
+		}
+	})
+	cl := transfer.NewClient(transfer.ClientOptions{})
+	defer cl.Close()
+	got := make([]byte, len(payload))
+	if err := cl.ReadPieces(context.Background(), peer, testBase, splitAt(got, 1000, 3, 0, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, payload) {
+		t.Fatalf("short reads reassembled into pieces wrongly at %d", firstDiff(got, payload))
+	}
+}
