@@ -11,17 +11,6 @@ import (
 	"github.com/kvctl/kvctl/pool"
 )
 
-// piecesOf cuts b into pieces of the given sizes, in turn, until it is used up.
-func piecesOf(b []byte, sizes ...int) [][]byte {
-	var out [][]byte
-	for i := 0; len(b) > 0; i++ {
-		n := min(sizes[i%len(sizes)], len(b))
-		out = append(out, b[:n])
-		b = b[n:]
-	}
-	return out
-}
-
 // pieceSplits are how the tests lay a value out: K and V apart, per-layer pieces of 1 KiB with
 // an empty piece among them, and pieces of odd sizes.
 var pieceSplits = [][]int{{32 << 10}, {1024, 0}, {7, 4093, 1}}
@@ -46,7 +35,7 @@ func TestNativePiecesInterop(t *testing.T) {
 			t.Fatalf("python put %s: rc %d", key, rc)
 		}
 		dst := bytes.Repeat([]byte{0xAA}, size+9)
-		got := remote.BatchGetPieces(ctx, []string{key}, [][][]byte{piecesOf(dst, split...)})
+		got := remote.BatchGetPieces(ctx, []string{key}, [][][]byte{mooncaketest.Pieces(dst, split...)})
 		if got[0] != size || !bytes.Equal(dst[:size], want) {
 			t.Fatalf("%s read into pieces %v: %d, first difference at %d", key, split, got[0], diffAt(dst[:size], want))
 		}
@@ -56,7 +45,7 @@ func TestNativePiecesInterop(t *testing.T) {
 
 		key = fmt.Sprintf("kvctl-pieces/te/%d", s)
 		want = interopPage(key, size)
-		if c := remote.BatchPutPieces(ctx, []string{key}, [][][]byte{piecesOf(bytes.Clone(want), split...)}, pool.ReplicateConfig{}); c[0] != pool.OK {
+		if c := remote.BatchPutPieces(ctx, []string{key}, [][][]byte{mooncaketest.Pieces(bytes.Clone(want), split...)}, pool.ReplicateConfig{}); c[0] != pool.OK {
 			t.Fatalf("kvctl put of pieces %v into the Python client's segment: %v", split, c[0])
 		}
 		if got := py.Get(key); !bytes.Equal(got, want) {
@@ -72,7 +61,7 @@ func TestNativePiecesInterop(t *testing.T) {
 		for k := range 4 {
 			key := fmt.Sprintf("kvctl-pieces/own/%d/%d", s, k)
 			want := interopPage(key, size)
-			if c := own.BatchPutPieces(ctx, []string{key}, [][][]byte{piecesOf(bytes.Clone(want), split...)}, pool.ReplicateConfig{}); c[0] != pool.OK {
+			if c := own.BatchPutPieces(ctx, []string{key}, [][][]byte{mooncaketest.Pieces(bytes.Clone(want), split...)}, pool.ReplicateConfig{}); c[0] != pool.OK {
 				t.Fatalf("kvctl put of pieces %v: %v", split, c[0])
 			}
 			if got := py.Get(key); !bytes.Equal(got, want) {
@@ -80,7 +69,7 @@ func TestNativePiecesInterop(t *testing.T) {
 			}
 			back := make([]byte, size)
 			other := pieceSplits[(s+1)%len(pieceSplits)]
-			if got := own.BatchGetPieces(ctx, []string{key}, [][][]byte{piecesOf(back, other...)}); got[0] != size || !bytes.Equal(back, want) {
+			if got := own.BatchGetPieces(ctx, []string{key}, [][][]byte{mooncaketest.Pieces(back, other...)}); got[0] != size || !bytes.Equal(back, want) {
 				t.Fatalf("%s read back into pieces %v: %d, first difference at %d", key, other, got[0], diffAt(back, want))
 			}
 		}
@@ -111,7 +100,7 @@ func TestNativePiecesChecksumAndBounds(t *testing.T) {
 	n := checksumNative(t, m, 64<<20)
 	const size = 4096 + 3
 	want := interopPage("sum", size)
-	if c := n.BatchPutPieces(ctx, []string{"sum", "whole"}, [][][]byte{piecesOf(bytes.Clone(want), 100, 0, 1), {bytes.Clone(want)}}, pool.ReplicateConfig{}); c[0] != pool.OK || c[1] != pool.OK {
+	if c := n.BatchPutPieces(ctx, []string{"sum", "whole"}, [][][]byte{mooncaketest.Pieces(bytes.Clone(want), 100, 0, 1), {bytes.Clone(want)}}, pool.ReplicateConfig{}); c[0] != pool.OK || c[1] != pool.OK {
 		t.Fatalf("put: %v", c)
 	}
 	whole := make([]byte, size)
@@ -119,14 +108,14 @@ func TestNativePiecesChecksumAndBounds(t *testing.T) {
 		t.Fatalf("a whole get of a value put as pieces, checksum verified: %d", got[0])
 	}
 	dst := make([]byte, size)
-	if got := n.BatchGetPieces(ctx, []string{"whole"}, [][][]byte{piecesOf(dst, 5, 1000)}); got[0] != size || !bytes.Equal(dst, want) {
+	if got := n.BatchGetPieces(ctx, []string{"whole"}, [][][]byte{mooncaketest.Pieces(dst, 5, 1000)}); got[0] != size || !bytes.Equal(dst, want) {
 		t.Fatalf("a get into pieces of a value put whole, checksum verified: %d", got[0])
 	}
 	if st, err := n.Stats(ctx); err != nil || st.ChecksumErrors != 0 {
 		t.Fatalf("checksum errors after reads of good values: %+v %v", st, err)
 	}
 	short := make([]byte, size-1)
-	if got := n.BatchGetPieces(ctx, []string{"sum"}, [][][]byte{piecesOf(short, 1000)}); got[0] != int64(mooncake.ErrInvalidParams) {
+	if got := n.BatchGetPieces(ctx, []string{"sum"}, [][][]byte{mooncaketest.Pieces(short, 1000)}); got[0] != int64(mooncake.ErrInvalidParams) {
 		t.Fatalf("pieces one byte short: %d, want ErrInvalidParams", got[0])
 	}
 	if c := n.BatchPutPieces(ctx, []string{"a", "b"}, [][][]byte{nil, {{}}}, pool.ReplicateConfig{}); c[0] != pool.ErrInvalidParams || c[1] != pool.ErrInvalidParams {

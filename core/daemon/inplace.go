@@ -30,7 +30,7 @@ type inPlacePool struct {
 func (d *Daemon) connectorPool() pool.Pool {
 	if d.backend.Info.Kind != statsapi.BackendEmbedded {
 		if pc, ok := d.backend.Pool.(pool.PieceCopier); ok {
-			return &piecePool{guardedPool: d.guard, pc: pc}
+			return &piecePool{guardedPool: d.guard, pieceCalls: pieceCalls{g: d.guard, pc: pc}}
 		}
 		return d.pool
 	}
@@ -48,57 +48,47 @@ func (d *Daemon) connectorPool() pool.Pool {
 	if rv, ok := d.backend.Pool.(pool.ReusingViewer); ok {
 		rp := &reusingInPlacePool{inPlacePool: p, rv: rv}
 		if pieces {
-			return &pieceReusingInPlacePool{reusingInPlacePool: rp, pc: pc}
+			return &pieceReusingInPlacePool{reusingInPlacePool: rp, pieceCalls: pieceCalls{g: d.guard, pc: pc}}
 		}
 		return rp
 	}
 	if pieces {
-		return &pieceInPlacePool{inPlacePool: p, pc: pc}
+		return &pieceInPlacePool{inPlacePool: p, pieceCalls: pieceCalls{g: d.guard, pc: pc}}
 	}
 	return p
 }
 
-// piecePool, pieceInPlacePool and pieceReusingInPlacePool add the backend's copies into and out
-// of values' pieces (pool.PieceCopier), guarded and counted as BatchGet and BatchPut, so that a
-// connector over host engine memory moves each page between the pool and engine memory in one
-// pass even where its values are split across regions.
-type piecePool struct {
-	*guardedPool
+// pieceCalls are the backend's copies into and out of values' pieces (pool.PieceCopier),
+// guarded and counted as BatchGet and BatchPut by g, so that a connector over host engine memory
+// moves each page between the pool and engine memory in one pass even where its values are split
+// across regions. piecePool, pieceInPlacePool and pieceReusingInPlacePool add them to the
+// guarded pool and to its in-place kinds.
+type pieceCalls struct {
+	g  *guardedPool
 	pc pool.PieceCopier
 }
 
-func (p *piecePool) BatchGetPieces(ctx context.Context, keys []string, dsts [][][]byte) []int64 {
-	return p.getPieces(ctx, p.pc, keys, dsts)
+func (c pieceCalls) BatchGetPieces(ctx context.Context, keys []string, dsts [][][]byte) []int64 {
+	return c.g.getPieces(ctx, c.pc, keys, dsts)
 }
 
-func (p *piecePool) BatchPutPieces(ctx context.Context, keys []string, srcs [][][]byte, cfg pool.ReplicateConfig) []pool.Code {
-	return p.putPieces(ctx, p.pc, keys, srcs, cfg)
+func (c pieceCalls) BatchPutPieces(ctx context.Context, keys []string, srcs [][][]byte, cfg pool.ReplicateConfig) []pool.Code {
+	return c.g.putPieces(ctx, c.pc, keys, srcs, cfg)
+}
+
+type piecePool struct {
+	*guardedPool
+	pieceCalls
 }
 
 type pieceInPlacePool struct {
 	*inPlacePool
-	pc pool.PieceCopier
+	pieceCalls
 }
 
 type pieceReusingInPlacePool struct {
 	*reusingInPlacePool
-	pc pool.PieceCopier
-}
-
-func (p *pieceInPlacePool) BatchGetPieces(ctx context.Context, keys []string, dsts [][][]byte) []int64 {
-	return p.getPieces(ctx, p.pc, keys, dsts)
-}
-
-func (p *pieceInPlacePool) BatchPutPieces(ctx context.Context, keys []string, srcs [][][]byte, cfg pool.ReplicateConfig) []pool.Code {
-	return p.putPieces(ctx, p.pc, keys, srcs, cfg)
-}
-
-func (p *pieceReusingInPlacePool) BatchGetPieces(ctx context.Context, keys []string, dsts [][][]byte) []int64 {
-	return p.getPieces(ctx, p.pc, keys, dsts)
-}
-
-func (p *pieceReusingInPlacePool) BatchPutPieces(ctx context.Context, keys []string, srcs [][][]byte, cfg pool.ReplicateConfig) []pool.Code {
-	return p.putPieces(ctx, p.pc, keys, srcs, cfg)
+	pieceCalls
 }
 
 // reusingInPlacePool is inPlacePool over a backend whose deferred views also take keys as bytes

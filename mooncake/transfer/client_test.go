@@ -110,10 +110,10 @@ func rawTarget(t *testing.T, fn func(c net.Conn)) string {
 	return ln.Addr().String()
 }
 
-// A target that sends its reply a few bytes at a time: the client assembles short reads.
-func TestClientShortReads(t *testing.T) {
-	payload := randomBytes(3, 100000)
-	peer := rawTarget(t, func(c net.Conn) {
+// dribblingTarget answers each connection's first READ with status OK and payload, 777 bytes
+// at a time, the first few chunks a millisecond apart.
+func dribblingTarget(t *testing.T, payload []byte) string {
+	return rawTarget(t, func(c net.Conn) {
 		hdr := make([]byte, 24)
 		if _, err := io.ReadFull(c, hdr); err != nil {
 			return
@@ -128,6 +128,12 @@ func TestClientShortReads(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A target that sends its reply a few bytes at a time: the client assembles short reads.
+func TestClientShortReads(t *testing.T) {
+	payload := randomBytes(3, 100000)
+	peer := dribblingTarget(t, payload)
 	cl := transfer.NewClient(transfer.ClientOptions{})
 	defer cl.Close()
 	got := make([]byte, len(payload))

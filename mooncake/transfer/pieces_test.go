@@ -10,20 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvctl/kvctl/mooncake/mooncaketest"
 	"github.com/kvctl/kvctl/mooncake/transfer"
 )
-
-// splitAt cuts b into pieces of the given sizes, in turn, until it is used up (a size 0 is an
-// empty piece).
-func splitAt(b []byte, sizes ...int) [][]byte {
-	var out [][]byte
-	for i := 0; len(b) > 0; i++ {
-		n := min(sizes[i%len(sizes)], len(b))
-		out = append(out, b[:n])
-		b = b[n:]
-	}
-	return out
-}
 
 // TestClientPieces: ReadPieces and WritePieces move a value that lies in pieces as one request
 // to the real server: pieces of a few bytes and of megabytes, empty pieces among them, and more
@@ -46,7 +35,7 @@ func TestClientPieces(t *testing.T) {
 	} {
 		want := randomBytes(uint64(i+11), c.n)
 		addr := testBase + uint64(i)*5
-		if err := cl.WritePieces(ctx, peer, addr, splitAt(bytes.Clone(want), c.write...)); err != nil {
+		if err := cl.WritePieces(ctx, peer, addr, mooncaketest.Pieces(bytes.Clone(want), c.write...)); err != nil {
 			t.Fatalf("%d bytes: write pieces: %v", c.n, err)
 		}
 		landed := make([]byte, c.n)
@@ -54,7 +43,7 @@ func TestClientPieces(t *testing.T) {
 			t.Fatalf("%d bytes written as pieces did not land in order (first difference at %d)", c.n, firstDiff(landed, want))
 		}
 		got := make([]byte, c.n)
-		if err := cl.ReadPieces(ctx, peer, addr, splitAt(got, c.read...)); err != nil {
+		if err := cl.ReadPieces(ctx, peer, addr, mooncaketest.Pieces(got, c.read...)); err != nil {
 			t.Fatalf("%d bytes: read pieces: %v", c.n, err)
 		}
 		if !bytes.Equal(got, want) {
@@ -93,7 +82,7 @@ func TestClientPiecesFailures(t *testing.T) {
 		_, _ = c.Write(append(bytes.Clone(statusOK), payload[:3000]...))
 	})
 	dst := make([]byte, 5000)
-	err = cl.ReadPieces(ctx, short, testBase, splitAt(dst, 1000))
+	err = cl.ReadPieces(ctx, short, testBase, mooncaketest.Pieces(dst, 1000))
 	if !errors.Is(err, io.ErrUnexpectedEOF) || !strings.Contains(err.Error(), "after 3000 of 5000 bytes") {
 		t.Fatalf("payload cut at 3000 of 5000 bytes: %v", err)
 	}
@@ -112,7 +101,7 @@ func TestClientPiecesFailures(t *testing.T) {
 	tctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
 	began := time.Now()
-	err = cl.ReadPieces(tctx, stall, testBase, splitAt(make([]byte, 5000), 64))
+	err = cl.ReadPieces(tctx, stall, testBase, mooncaketest.Pieces(make([]byte, 5000), 64))
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a target that stalls mid-payload: %v, want DeadlineExceeded", err)
 	}
@@ -125,25 +114,11 @@ func TestClientPiecesFailures(t *testing.T) {
 // short reads are reassembled in order.
 func TestClientPiecesShortReads(t *testing.T) {
 	payload := randomBytes(9, 100000)
-	peer := rawTarget(t, func(c net.Conn) {
-		hdr := make([]byte, 24)
-		if _, err := io.ReadFull(c, hdr); err != nil {
-			return
-		}
-		reply := append(bytes.Clone(statusOK), payload...)
-		for i := 0; i < len(reply); i += 777 {
-			if _, err := c.Write(reply[i:min(i+777, len(reply))]); err != nil {
-				return
-			}
-			if i < 8*777 {
-				time.Sleep(time.Millisecond)
-			}
-		}
-	})
+	peer := dribblingTarget(t, payload)
 	cl := transfer.NewClient(transfer.ClientOptions{})
 	defer cl.Close()
 	got := make([]byte, len(payload))
-	if err := cl.ReadPieces(context.Background(), peer, testBase, splitAt(got, 1000, 3, 0, 4096)); err != nil {
+	if err := cl.ReadPieces(context.Background(), peer, testBase, mooncaketest.Pieces(got, 1000, 3, 0, 4096)); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(got, payload) {
