@@ -166,13 +166,7 @@ func saveVsPut(b *testing.B, l kvmem.Layout, mover kvmem.Mover) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		w, err := NewWorker(opts, ep, mover)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := w.RegisterLayout(l); err != nil {
-			b.Fatal(err)
-		}
+		w := benchWorker(b, opts, ep, mover, l)
 		runtime.GC()
 		b.StartTimer()
 		t0 := time.Now()

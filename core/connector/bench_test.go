@@ -199,13 +199,7 @@ func BenchmarkSaveThroughput(b *testing.B) {
 	for b.Loop() {
 		b.StopTimer()
 		pl := newMemPool()
-		w, err := NewWorker(opts, pl, mover)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := w.RegisterLayout(l); err != nil {
-			b.Fatal(err)
-		}
+		w := benchWorker(b, opts, pl, mover, l)
 		runtime.GC()
 		b.StartTimer()
 		w.BindMeta(Metadata{Saves: []RequestTransfers{t}})
@@ -235,6 +229,15 @@ func BenchmarkSaveThroughput(b *testing.B) {
 // metadata of one request loading every page hs names, page i into slot i (benchTransfers).
 func benchLoadWorker(b *testing.B, opts Options, pl pool.Pool, mover kvmem.Mover, l kvmem.Layout, hs []keys.Hash) (*Worker, Metadata) {
 	b.Helper()
+	w := benchWorker(b, opts, pl, mover, l)
+	b.Cleanup(func() { _ = w.Close(context.Background()) })
+	return w, Metadata{Loads: []RequestTransfers{benchTransfers(hs)}}
+}
+
+// benchWorker returns a worker over pool and mover with layout l registered; the caller closes
+// it.
+func benchWorker(b *testing.B, opts Options, pl pool.Pool, mover kvmem.Mover, l kvmem.Layout) *Worker {
+	b.Helper()
 	w, err := NewWorker(opts, pl, mover)
 	if err != nil {
 		b.Fatal(err)
@@ -242,6 +245,5 @@ func benchLoadWorker(b *testing.B, opts Options, pl pool.Pool, mover kvmem.Mover
 	if err := w.RegisterLayout(l); err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { _ = w.Close(context.Background()) })
-	return w, Metadata{Loads: []RequestTransfers{benchTransfers(hs)}}
+	return w
 }

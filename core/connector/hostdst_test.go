@@ -12,6 +12,7 @@ import (
 	"github.com/kvctl/kvctl/core/hostmem"
 	"github.com/kvctl/kvctl/core/keys"
 	"github.com/kvctl/kvctl/core/kvmem"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // bufRecordingPool is the pool double that reads into the caller's buffers, as a Mooncake
@@ -141,23 +142,8 @@ func TestLoadsReadStraightIntoHostEngineMemory(t *testing.T) {
 			}
 			t.Cleanup(func() { _ = m.Close() })
 			loads := []RequestTransfers{{RequestID: "a", Pages: pages}, {RequestID: "b", Pages: missing}}
-			if c.async {
-				o := baseOptions()
-				o.AsyncLoad, o.AsyncLoadWorkers = true, 1
-				w := registeredWorkerWith(t, o, pool, m, l)
-				w.BindMeta(Metadata{AsyncLoads: loads})
-				if f := finishAsyncLoads(t, w, "a", "b"); !slices.Equal(f, []string{"b"}) {
-					t.Fatalf("failed asynchronous loads %v, want [b]", f)
-				}
-			} else {
-				w := registeredWorker(t, pool, m, l)
-				w.BindMeta(Metadata{Loads: loads})
-				if err := w.StartLoad(context.Background()); err != nil {
-					t.Fatal(err)
-				}
-				if f := w.TakeFailedLoadRequests(); !slices.Equal(f, []string{"b"}) {
-					t.Fatalf("failed loads %v, want [b]", f)
-				}
+			if f := failedLoads(t, c.async, pool, m, l, loads); !slices.Equal(f, []string{"b"}) {
+				t.Fatalf("async %t: failed loads %v, want [b]", c.async, f)
 			}
 			if len(pool.bufs) == 0 {
 				t.Fatal("the pool was never asked for a page")
@@ -191,6 +177,54 @@ func TestLoadsReadStraightIntoHostEngineMemory(t *testing.T) {
 				t.Fatalf("slot 7 of the failed request holds %x", got[0])
 			}
 		})
+	}
+}
+
+// failedLoads binds loads on a fresh worker over pool pl and mover m (layout l) and makes them,
+// as synchronous loads through StartLoad or, with async, as parked requests on one load worker;
+// it returns the requests handed back as failed, sorted.
+func failedLoads(t *testing.T, async bool, pl pool.Pool, m kvmem.Mover, l kvmem.Layout, loads []RequestTransfers) []string {
+	t.Helper()
+	if async {
+		o := baseOptions()
+		o.AsyncLoad, o.AsyncLoadWorkers = true, 1
+		w := registeredWorkerWith(t, o, pl, m, l)
+		w.BindMeta(Metadata{AsyncLoads: loads})
+		ids := make([]string, len(loads))
+		for i, r := range loads {
+			ids[i] = r.RequestID
+		}
+		return finishAsyncLoads(t, w, ids...)
+	}
+	w := registeredWorker(t, pl, m, l)
+	w.BindMeta(Metadata{Loads: loads})
+	if err := w.StartLoad(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	failed := w.TakeFailedLoadRequests()
+	slices.Sort(failed)
+	return failed
+}
+
+// saveAndWait saves pages as request id through w and waits, as an idle engine does in
+// GetFinishedWait, until the save is reported finished.
+func saveAndWait(t *testing.T, w *Worker, id string, pages []PageTransfer) {
+	t.Helper()
+	w.BindMeta(Metadata{Saves: []RequestTransfers{{RequestID: id, Pages: pages}}})
+	if err := w.WaitForSave(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		done, _, err := w.GetFinishedWait(context.Background(), []string{id}, nil, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(done, id) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the save of %s never finished", id)
+		}
 	}
 }
 

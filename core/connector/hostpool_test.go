@@ -6,7 +6,6 @@ import (
 	"slices"
 	"sync"
 	"testing"
-	"time"
 	"unsafe"
 
 	"github.com/kvctl/kvctl/core/hostmem"
@@ -144,22 +143,7 @@ func TestHostEngineMemoryAndTheEmbeddedPool(t *testing.T) {
 					pages = append(pages, PageTransfer{Hash: keys.PageHashOf(directHash(i)), Group: g, Page: i})
 				}
 			}
-			w.BindMeta(Metadata{Saves: []RequestTransfers{{RequestID: "saver", Pages: pages}}})
-			if err := w.WaitForSave(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			for deadline := time.Now().Add(10 * time.Second); ; {
-				done, _, err := w.GetFinishedWait(context.Background(), []string{"saver"}, nil, time.Second)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if slices.Contains(done, "saver") {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("the save never finished")
-				}
-			}
+			saveAndWait(t, w, "saver", pages)
 			pl.mu.Lock()
 			putBufs, putPieces, reservations := pl.putBufs, pl.putPieces, pl.reservations
 			pl.mu.Unlock()
@@ -204,23 +188,8 @@ func TestHostEngineMemoryAndTheEmbeddedPool(t *testing.T) {
 					}
 				}
 				loads := []RequestTransfers{{RequestID: "a", Pages: a}, {RequestID: "b", Pages: []PageTransfer{{Hash: keys.PageHashOf(directHash(2)), Group: 0, Page: 12}}}}
-				if async {
-					o := baseOptions()
-					o.AsyncLoad, o.AsyncLoadWorkers = true, 1
-					w := registeredWorkerWith(t, o, pl, dst, l)
-					w.BindMeta(Metadata{AsyncLoads: loads})
-					if f := finishAsyncLoads(t, w, "a", "b"); !slices.Equal(f, []string{"b"}) {
-						t.Fatalf("async: failed loads %v, want [b]", f)
-					}
-				} else {
-					w := registeredWorker(t, pl, dst, l)
-					w.BindMeta(Metadata{Loads: loads})
-					if err := w.StartLoad(context.Background()); err != nil {
-						t.Fatal(err)
-					}
-					if f := w.TakeFailedLoadRequests(); !slices.Equal(f, []string{"b"}) {
-						t.Fatalf("failed loads %v, want [b]", f)
-					}
+				if f := failedLoads(t, async, pl, dst, l, loads); !slices.Equal(f, []string{"b"}) {
+					t.Fatalf("async %t: failed loads %v, want [b]", async, f)
 				}
 				for _, i := range []int{0, 1, 3} {
 					for g := range l.Groups {
@@ -275,22 +244,7 @@ func TestPieceBatchesAreBounded(t *testing.T) {
 		loads = append(loads, PageTransfer{Hash: keys.PageHashOf(directHash(i)), Group: 0, Page: 7 - i})
 	}
 	w := registeredWorker(t, pl, src, l)
-	w.BindMeta(Metadata{Saves: []RequestTransfers{{RequestID: "s", Pages: saves}}})
-	if err := w.WaitForSave(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		done, _, err := w.GetFinishedWait(context.Background(), []string{"s"}, nil, time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if slices.Contains(done, "s") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the save never finished")
-		}
-	}
+	saveAndWait(t, w, "s", saves)
 	dst, _ := sharedEngineMemory(t, l, func(int) byte { return 0xEE })
 	w2 := registeredWorker(t, pl, dst, l)
 	w2.BindMeta(Metadata{Loads: []RequestTransfers{{RequestID: "l", Pages: loads}}})
