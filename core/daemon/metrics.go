@@ -162,7 +162,7 @@ func newDaemonMetrics(d *Daemon, retention time.Duration) *daemonMetrics {
 		m.descs["kvctl_rank_"+def.name] = prometheus.NewDesc("kvctl_rank_"+def.name, def.help+" Per engine rank.", []string{"model_key", "rank"}, nil)
 	}
 	m.descs["kvctl_load_phase_seconds_total"] = prometheus.NewDesc("kvctl_load_phase_seconds_total", "Wall seconds spent in each load phase.", []string{"phase"}, nil)
-	m.descs["kvctl_load_phase_cpu_seconds_total"] = prometheus.NewDesc("kvctl_load_phase_cpu_seconds_total", "CPU seconds of the loading thread in each load phase (synchronous loads count them only while --stats-interval is set; asynchronous loads always).", []string{"phase"}, nil)
+	m.descs["kvctl_load_phase_cpu_seconds_total"] = prometheus.NewDesc("kvctl_load_phase_cpu_seconds_total", "CPU seconds of the loading thread in each load phase, counted only while --stats-interval is set (synchronous and asynchronous loads alike).", []string{"phase"}, nil)
 	m.descs["kvctl_rank_registered"] = prometheus.NewDesc("kvctl_rank_registered", "Engines registered with this model key and rank now (0 after the last one left, until the series expires).", []string{"model_key", "rank"}, nil)
 	m.descs["kvctl_engines_registered"] = prometheus.NewDesc("kvctl_engines_registered", "Engine ranks registered now.", nil, nil)
 	m.descs["kvctl_ready"] = prometheus.NewDesc("kvctl_ready", "1 while the daemon accepts engine calls, 0 while it starts or drains.", nil, nil)

@@ -249,6 +249,20 @@ func TestMetricContract(t *testing.T) {
 	if n, _ := value(after, "kvctl_engine_call_duration_seconds", map[string]string{"method": "Lookup"}); n == 0 {
 		t.Error("kvctl_engine_call_duration_seconds{method=Lookup} observed nothing")
 	}
+	// Thread CPU per load phase is read only while the stats line is on (loads are then pinned
+	// to their thread); this daemon has none, so after its loads the family holds zeros, and
+	// its help says when it counts.
+	if f := after["kvctl_load_phase_cpu_seconds_total"]; f == nil || !strings.Contains(f.GetHelp(), "only while --stats-interval is set") {
+		t.Errorf("kvctl_load_phase_cpu_seconds_total help %q does not say it counts only while --stats-interval is set", f.GetHelp())
+	}
+	for _, phase := range []string{"resolve", "fence", "describe", "get", "unstage", "sync"} {
+		if v, ok := value(after, "kvctl_load_phase_cpu_seconds_total", map[string]string{"phase": phase}); !ok || v != 0 {
+			t.Errorf("kvctl_load_phase_cpu_seconds_total{phase=%q} = %v (present %v) without --stats-interval, want 0", phase, v, ok)
+		}
+	}
+	if n, _ := value(after, "kvctl_load_phase_seconds_total", map[string]string{"phase": "get"}); n == 0 {
+		t.Error("kvctl_load_phase_seconds_total{phase=get} is 0 after a replay: wall time per phase is always recorded")
+	}
 	var st statsapi.StatsJSON
 	getJSON(t, base+"/v1/stats", &st)
 	// A page another save stored between the existence check and the put is accepted without

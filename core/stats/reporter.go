@@ -107,7 +107,7 @@ func NewReporter(o ReporterOptions) (*Reporter, error) {
 		transferSeconds: counter("kvctl_load_transfer_seconds_total", "Seconds from the start to the end of loads."),
 		waitSeconds:     counter("kvctl_load_wait_seconds_total", "Seconds asynchronous loads waited for a load worker."),
 		phaseWall:       phases("kvctl_load_phase_seconds_total", "Wall seconds spent in each load phase."),
-		phaseCPU:        phases("kvctl_load_phase_cpu_seconds_total", "CPU seconds of the loading thread in each load phase."),
+		phaseCPU:        phases("kvctl_load_phase_cpu_seconds_total", "CPU seconds of the loading thread in each load phase, counted only while the stats line is on (stats_interval)."),
 		queued:          gauge("kvctl_load_queue", "Asynchronous loads waiting for a load worker."),
 		active:          gauge("kvctl_load_active", "Asynchronous loads being loaded."),
 	}
