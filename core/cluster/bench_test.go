@@ -451,7 +451,9 @@ func benchNativeGet(b *testing.B, a *host, master string, m *mooncaketest.Master
 //	go test -run XXX -bench BenchmarkAdmission -benchtime 2000x -v ./core/cluster/
 //
 // serve-admit reports admission-us (per request), lookup-us and alloc-us (its two calls).
-// KVCTL_BENCH_MASTER_RTT applies as in BenchmarkLoadFromPeer (benchMasterAddr).
+// KVCTL_BENCH_MASTER_RTT applies as in BenchmarkLoadFromPeer (benchMasterAddr), and
+// KVCTL_BENCH_PROFILE profiles host B and this process (the engine's side) over serve-admit's
+// timed loop (profile_bench_test.go).
 func BenchmarkAdmission(b *testing.B) {
 	m := mooncaketest.StartMaster(b, mooncaketest.MasterOptions{})
 	a := startServe(b, m, "A", "--pool-size", "128MiB", "--staging-buffer-bytes", benchStaging)
@@ -463,7 +465,7 @@ func BenchmarkAdmission(b *testing.B) {
 	prompts := benchPrompts(0)
 	runEngine(b, cfg(a, "cold"), prompts, benchReqs)
 	masterB := benchMasterAddr(b, m)
-	bh := startServe(b, m, "B", "--pool-size", "64MiB", "--staging-buffer-bytes", benchStaging, "--master", masterB)
+	bh := startServe(b, m, "B", append([]string{"--pool-size", "64MiB", "--staging-buffer-bytes", benchStaging, "--master", masterB}, profileServeArgs()...)...)
 	bh.waitReady(b)
 	ctx := context.Background()
 	eng, err := enginesim.Start(ctx, cfg(bh, "admit"))
@@ -516,12 +518,14 @@ func BenchmarkAdmission(b *testing.B) {
 		before := callSeconds(b, bh)
 		cpuB, cpuSelf := procCPU(b, bh.cmd.Process.Pid), selfCPU()
 		b.ResetTimer()
+		profiled := startProfiles(b, true, bh)
 		for i := range b.N {
 			l, a := admitOne("", i)
 			lookup += l
 			alloc += a
 		}
 		b.StopTimer()
+		profiled()
 		cpuB, cpuSelf = procCPU(b, bh.cmd.Process.Pid)-cpuB, selfCPU()-cpuSelf
 		us := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(b.N) }
 		// CPU per admitted request (and its finish, outside the admission's clock): of host B's
