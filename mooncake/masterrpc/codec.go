@@ -239,6 +239,10 @@ type decoder struct {
 	off   int
 	width int
 	err   error
+
+	// The strings a message repeats (a replica's protocol and endpoint: one peer's for every
+	// page it holds), kept to be shared rather than allocated again (strAgain).
+	again [2]string
 }
 
 // open checks a body's type hash (and its type literal when present) against lit and returns
@@ -375,6 +379,16 @@ func (d *decoder) length(minElem int) int {
 func (d *decoder) str() string {
 	n := d.length(1)
 	return string(d.take(n))
+}
+
+// strAgain is str, returning the string it returned last time for slot when the bytes are the
+// same: a batch's replicas mostly name one protocol and a few endpoints.
+func (d *decoder) strAgain(slot int) string {
+	b := d.take(d.length(1))
+	if string(b) != d.again[slot] {
+		d.again[slot] = string(b)
+	}
+	return d.again[slot]
 }
 
 func (d *decoder) uuid() UUID { return UUID{d.u64(), d.u64()} }

@@ -344,8 +344,8 @@ func (d *decoder) replica() Replica {
 	case ReplicaMemory, ReplicaNoF:
 		r.Size = d.u64()
 		r.Addr = d.u64()
-		r.Protocol = d.str()
-		r.Endpoint = d.str()
+		r.Protocol = d.strAgain(0)
+		r.Endpoint = d.strAgain(1)
 	case ReplicaDisk:
 		r.Endpoint = d.str()
 		r.Size = d.u64()
