@@ -24,7 +24,10 @@ import (
 // takes a CPU profile of both over their admin API for KVCTL_BENCH_PROFILE_SECONDS from the
 // loop's start, and a native-get loop also profiles this process (the native client) for the
 // whole loop. Files: DIR/<benchmark name>-{A,B,self}.pprof. Choose -benchtime so that the loop
-// outlasts the seconds, or the profiles include idle time after it.
+// outlasts the seconds, or the profiles include idle time after it. With KVCTL_BENCH_TRACE=1
+// as well, each host also writes an execution trace of the same seconds
+// (DIR/<benchmark name>-{A,B}.trace): where its goroutines waited, for
+// `go tool trace -pprof=net|sched|sync|syscall`.
 
 func benchProfileDir() string { return os.Getenv("KVCTL_BENCH_PROFILE") }
 
@@ -57,13 +60,20 @@ func startProfiles(b *testing.B, self bool, hosts ...*host) func() {
 	}
 	base := filepath.Join(dir, strings.NewReplacer("/", "_", "=", "").Replace(b.Name()))
 	var wg sync.WaitGroup
-	errs := make(chan error, len(hosts))
+	kinds := []string{"profile"}
+	if os.Getenv("KVCTL_BENCH_TRACE") == "1" {
+		kinds = append(kinds, "trace")
+	}
+	errs := make(chan error, len(hosts)*len(kinds))
 	for _, h := range hosts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs <- fetchProfile(fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", h.admin, secs), base+"-"+h.name+".pprof")
-		}()
+		for _, kind := range kinds {
+			ext := map[string]string{"profile": ".pprof", "trace": ".trace"}[kind]
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs <- fetchProfile(fmt.Sprintf("%s/debug/pprof/%s?seconds=%d", h.admin, kind, secs), base+"-"+h.name+ext)
+			}()
+		}
 	}
 	var f *os.File
 	if self {
