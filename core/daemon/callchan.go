@@ -64,18 +64,6 @@ const (
 	callPollBusyFactor = 25
 )
 
-// callPollYieldEvery is how many empty polls a reader makes for each time it yields to other
-// goroutines (the first empty poll yields, so a worker just handed a request runs at once).
-// runtime.Gosched puts the reader on the scheduler's global run queue, under the scheduler's
-// lock: readers that yielded after every empty poll spent a fifth of host B's CPU in
-// goschedImpl, and the lock's contention (runtime.lock2, 13-15 %) fell on every goroutine that
-// parked or woke, the Transfer Engine's among them (BenchmarkLoadFromPeer's profiles on an H100
-// host, docs/perf/cluster.md). An empty poll is one non-blocking recvmsg.
-const callPollYieldEvery = 16
-
-// pollYields reports whether a reader yields after its empty poll number tries (from 0).
-func pollYields(tries int) bool { return tries%callPollYieldEvery == 0 }
-
 // afterReplyKey is the context key of a call channel call's afterReplyHook.
 type afterReplyKey struct{}
 
@@ -321,7 +309,7 @@ func (c *callChannel) polling() bool {
 
 // recv reads the next datagram into buf and reports whether the socket cut it short. With a
 // poll window it first polls without blocking while polling says so, yielding to other
-// goroutines every callPollYieldEvery tries, then sleeps until the socket is readable.
+// goroutines between tries, then sleeps until the socket is readable.
 func (c *callChannel) recv(buf []byte) (n int, truncated bool, err error) {
 	var flags int
 	if c.poll <= 0 || c.raw == nil {
@@ -330,7 +318,7 @@ func (c *callChannel) recv(buf []byte) (n int, truncated bool, err error) {
 	}
 	var rerr error
 	err = c.raw.Read(func(fd uintptr) bool {
-		for tries := 0; ; tries++ {
+		for {
 			n, _, flags, _, rerr = unix.Recvmsg(int(fd), buf, nil, unix.MSG_DONTWAIT)
 			switch {
 			case rerr == unix.EINTR:
@@ -340,9 +328,12 @@ func (c *callChannel) recv(buf []byte) (n int, truncated bool, err error) {
 			case !c.polling():
 				return false // sleep until readable, then try again
 			}
-			if pollYields(tries) {
-				runtime.Gosched()
-			}
+			// After every empty poll: goroutines readied onto this thread's run queue (a
+			// worker just handed a request, the Transfer Engine's readers during a load) run
+			// at once. Yielding every 16 polls instead cut B's scheduler time but slowed
+			// four engines' synchronous early loads from a peer from 0.90× to 0.78× of the
+			// native get (eleven alternated rounds on an H100 host, docs/perf/cluster.md).
+			runtime.Gosched()
 		}
 	})
 	if err == nil {

@@ -54,21 +54,3 @@ func TestCallPollingBounded(t *testing.T) {
 		t.Fatal("polling on a closed channel")
 	}
 }
-
-// TestCallPollYields: a polling reader yields after its first empty poll (so the worker it
-// just handed a request runs at once) and then once every callPollYieldEvery polls, not after
-// each one.
-func TestCallPollYields(t *testing.T) {
-	if !pollYields(0) {
-		t.Error("no yield after the first empty poll")
-	}
-	var yields int
-	for tries := range 10 * callPollYieldEvery {
-		if pollYields(tries) {
-			yields++
-		}
-	}
-	if yields != 10 || callPollYieldEvery < 8 {
-		t.Errorf("%d yields in %d empty polls (every %d), want one every 8 or more polls", yields, 10*callPollYieldEvery, callPollYieldEvery)
-	}
-}
