@@ -249,3 +249,50 @@ func TestDecodersRejectBadBodies(t *testing.T) {
 		t.Fatal("a length of 2^63 decoded")
 	}
 }
+
+// TestReplicaListsKeepTheirOwnStrings: the decoder shares a protocol or endpoint string with the
+// replica before it only when the bytes are the same; replicas that alternate between peers and
+// protocols each keep their own.
+func TestReplicaListsKeepTheirOwnStrings(t *testing.T) {
+	type rep struct{ proto, endpoint string }
+	want := [][]rep{
+		{{"tcp", "10.0.0.7:15002"}},
+		{{"tcp", "10.0.0.8:15002"}, {"rdma", "10.0.0.7:15002"}},
+		{{"tcp", "10.0.0.7:15002"}},
+		{{"rdma", ""}},
+		{{"", "10.0.0.7:15002"}},
+	}
+	body := pack(respBatchReplicas, func(e *encoder) {
+		e.length(len(want))
+		for i, reps := range want {
+			e.u8(1)
+			e.length(len(reps))
+			for j, r := range reps {
+				e.u64(uint64(10*i + j))
+				e.u8(ReplicaMemory)
+				e.u64(4096)
+				e.u64(uint64(0x1000 * (i + 1)))
+				e.str(r.proto)
+				e.str(r.endpoint)
+				e.i32(0)
+			}
+			e.u64(5000)
+			e.u8(0)
+		}
+	})
+	lists, err := decodeBatchReplicaList(body)
+	if err != nil || len(lists) != len(want) {
+		t.Fatalf("%d lists, %v", len(lists), err)
+	}
+	for i, reps := range want {
+		got := lists[i].List.Replicas
+		if len(got) != len(reps) {
+			t.Fatalf("list %d: %d replicas, want %d", i, len(got), len(reps))
+		}
+		for j, r := range reps {
+			if got[j].Protocol != r.proto || got[j].Endpoint != r.endpoint || got[j].ID != uint64(10*i+j) {
+				t.Errorf("list %d replica %d: %q %q id %d, want %q %q", i, j, got[j].Protocol, got[j].Endpoint, got[j].ID, r.proto, r.endpoint)
+			}
+		}
+	}
+}
