@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -111,16 +112,19 @@ func startServe(t testing.TB, m *mooncaketest.Master, name string, extra ...stri
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	h := &host{name: name, socket: filepath.Join(dir, "s.sock"), port: freePort(t)}
-	h.admin = fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
 	return launch(t, m, h, extra...)
 }
 
-// restartServe starts a host again on the ports and socket of h, which must have exited: the
-// same segment name comes back, as a restarted host's does.
+// restartServe starts a host again on the transfer port and socket of h, which must have
+// exited: the same segment name comes back, as a restarted host's does. Its admin address is
+// a new one.
 func restartServe(t testing.TB, m *mooncaketest.Master, h *host, extra ...string) *host {
 	t.Helper()
-	return launch(t, m, &host{name: h.name, socket: h.socket, admin: h.admin, port: h.port}, extra...)
+	return launch(t, m, &host{name: h.name, socket: h.socket, port: h.port}, extra...)
 }
+
+// bannerAdmin is the admin line of the banner kvctl serve prints once it listens.
+var bannerAdmin = regexp.MustCompile(`(?m)^  admin    (http://127\.0\.0\.1:[0-9]+)$`)
 
 func launch(t testing.TB, m *mooncaketest.Master, h *host, extra ...string) *host {
 	t.Helper()
@@ -130,7 +134,7 @@ func launch(t testing.TB, m *mooncaketest.Master, h *host, extra ...string) *hos
 		"--master", m.RPCAddr, "--metadata", m.MetadataURL, "--master-admin", m.AdminURL,
 		"--pool-size", "64MiB", "--staging-buffer-bytes", "8MiB",
 		"--transfer-port", strconv.Itoa(h.port), "--socket", h.socket,
-		"--admin-addr", strings.TrimPrefix(h.admin, "http://"), "--pool-timeout", "2s"}, extra...)
+		"--admin-addr", "127.0.0.1:0", "--pool-timeout", "2s"}, extra...)
 	h.cmd = exec.Command(kvctl(t), args...)
 	h.cmd.Stdout, h.cmd.Stderr = h.out, h.out
 	h.cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+dir, "NO_COLOR=1")
@@ -154,6 +158,23 @@ func launch(t testing.TB, m *mooncaketest.Master, h *host, extra ...string) *hos
 		if t.Failed() {
 			t.Logf("kvctl serve %s output:\n%s", h.name, h.out.String())
 		}
+	})
+	// The admin listener takes a port of the kernel's choosing, so that no other process can
+	// hold it by the time it binds (a port picked free beforehand can be taken in between); its
+	// address comes from the banner, printed once the engine socket, its descriptor channel and
+	// the admin listener accept.
+	eventually(t, h.name+"'s banner", func() bool {
+		select {
+		case <-h.done:
+			t.Fatalf("kvctl serve %s exited with %d:\n%s", h.name, h.exit, h.out.String())
+		default:
+		}
+		m := bannerAdmin.FindStringSubmatch(h.out.String())
+		if m == nil {
+			return false
+		}
+		h.admin = m[1]
+		return true
 	})
 	return h
 }
