@@ -226,6 +226,11 @@ func NewNative(ctx context.Context, opts NativeOptions) (*Native, error) {
 	return n, nil
 }
 
+// ErrTransferListen is what mounting fails with when the segment's transfer server cannot
+// listen on its address (its port taken, its host address not this machine's): the master may
+// well be up. Test with errors.Is.
+var ErrTransferListen = errors.New("cannot serve the segment to peers")
+
 func (n *Native) mount(ctx context.Context) error {
 	addr := n.opts.DataAddr
 	if addr == "" {
@@ -233,7 +238,7 @@ func (n *Native) mount(ctx context.Context) error {
 	}
 	srv, err := transfer.NewServer(transfer.ServerOptions{Addr: addr, Logger: n.opts.Logger})
 	if err != nil {
-		return fmt.Errorf("mooncake native: transfer engine server: %w", err)
+		return fmt.Errorf("mooncake native: %w: %w", ErrTransferListen, err)
 	}
 	n.srv = srv
 	go func() { _ = srv.Serve() }()

@@ -2,7 +2,10 @@ package cluster_test
 
 import (
 	"context"
+	"net"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -209,5 +212,42 @@ func TestRealMasterRestartWithoutAdmin(t *testing.T) {
 	}
 	if code := a.stop(t); code != 0 {
 		t.Fatalf("exit %d", code)
+	}
+}
+
+// TestTransferPortTaken: a host whose transfer port another process holds says so (not that it
+// waits for the master, which answers), is unready with the reason, and mounts once the port is
+// free.
+func TestTransferPortTaken(t *testing.T) {
+	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	dir, err := os.MkdirTemp("", "kvc") // 0700, as a socket directory must be
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	a := launch(t, m, &host{name: "A", socket: filepath.Join(dir, "s.sock"), port: held.Addr().(*net.TCPAddr).Port})
+	eventually(t, "the transfer port message", func() bool {
+		return strings.Contains(a.out.String(), "cannot serve the segment to peers on the transfer address (is --transfer-port taken?); retrying")
+	})
+	if strings.Contains(a.out.String(), "waiting for the Mooncake master") {
+		t.Fatalf("blamed the master:\n%s", a.out.String())
+	}
+	code, body := a.readyz()
+	if code != 503 || !strings.Contains(body, "cannot mount the segment") || !strings.Contains(body, "address already in use") {
+		t.Fatalf("/readyz with the port taken: %d %q", code, body)
+	}
+	st := a.stats(t)
+	if st.Ready || st.Backend.SegmentMounted || !st.Backend.MasterReachable {
+		t.Fatalf("stats with the port taken: ready %t backend %+v", st.Ready, st.Backend)
+	}
+	_ = held.Close()
+	a.waitReady(t)
+	if st := a.stats(t); !st.Backend.SegmentMounted || st.Backend.Segment != held.Addr().String() {
+		t.Fatalf("stats once mounted: %+v", st.Backend)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvctl/kvctl/core/statsapi"
+	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/pool"
 )
 
@@ -140,9 +141,14 @@ func (d *Daemon) mountUntilDone(ctx context.Context, m Mounter, where string) bo
 		if ctx.Err() != nil {
 			return false
 		}
-		reason := fmt.Sprintf("waiting for the Mooncake master %s: %v", where, err)
-		d.bstate.set(false, false, reason)
-		d.log.Warn("waiting for the Mooncake master; retrying", "master", where, "attempt", attempt, "retry_in", wait, "err", err)
+		if errors.Is(err, mooncake.ErrTransferListen) {
+			// The master answered; this host cannot take its transfer address.
+			d.bstate.set(false, true, fmt.Sprintf("cannot mount the segment: %v", err))
+			d.log.Warn("cannot serve the segment to peers on the transfer address (is --transfer-port taken?); retrying", "master", where, "attempt", attempt, "retry_in", wait, "err", err)
+		} else {
+			d.bstate.set(false, false, fmt.Sprintf("waiting for the Mooncake master %s: %v", where, err))
+			d.log.Warn("waiting for the Mooncake master; retrying", "master", where, "attempt", attempt, "retry_in", wait, "err", err)
+		}
 		select {
 		case <-ctx.Done():
 			return false
