@@ -204,3 +204,74 @@ func benchLookupThenGet(b *testing.B, rtt time.Duration) {
 	}
 	b.ReportMetric(took[0].Seconds()/took[1].Seconds(), "locate-speedup")
 }
+
+// BenchmarkNativeGetTransfers measures gets from one peer's segment (a helper process) by one
+// loader (one engine's load) or four at once, each getting its own batch of pages in one
+// BatchGet, for several NativeOptions.Transfers bounds (the transfers one batch runs at once)
+// in the same run; PeerConns is the default, so at most 32 transfers to the peer run at once
+// across the loaders. Every page's first bytes are checked.
+//
+//	go test -run '^$' -bench BenchmarkNativeGetTransfers -benchtime 20x -count 2 ./mooncake/
+func BenchmarkNativeGetTransfers(b *testing.B) {
+	const maxLoaders = 4
+	m := mooncaketest.StartMaster(b, mooncaketest.MasterOptions{})
+	startHelper(b, m, "get-transfers-holder", 0, 0, 512<<20)
+	w := newNative(b, m, 0)
+	ctx := context.Background()
+	for _, c := range []struct{ page, batch int }{{64 << 10, 256}, {1 << 20, 64}} {
+		keys := make([][]string, maxLoaders)
+		buf := make([]byte, c.page)
+		for g := range keys {
+			for i := range c.batch {
+				k := fmt.Sprintf("get-transfers/%d/%d/%d", c.page, g, i)
+				buf[0], buf[1] = byte(g), byte(i)
+				if code := w.BatchPut(ctx, []string{k}, [][]byte{buf}, pool.ReplicateConfig{}); code[0] != pool.OK {
+					b.Fatalf("put %s: %v", k, code[0])
+				}
+				keys[g] = append(keys[g], k)
+			}
+		}
+		for _, loaders := range []int{1, maxLoaders} {
+			for _, transfers := range []int{8, 16, 32} {
+				b.Run(fmt.Sprintf("page=%dKiB/batch=%d/loaders=%d/transfers=%d", c.page>>10, c.batch, loaders, transfers), func(b *testing.B) {
+					r, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL,
+						Transfers: transfers})
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer r.Close()
+					bufs := make([][][]byte, loaders)
+					for g := range bufs {
+						bufs[g] = make([][]byte, c.batch)
+						for j := range bufs[g] {
+							bufs[g][j] = make([]byte, c.page)
+						}
+					}
+					b.SetBytes(int64(loaders * c.batch * c.page))
+					b.ResetTimer()
+					for range b.N {
+						var wg sync.WaitGroup
+						errs := make(chan error, loaders)
+						for g := range loaders {
+							wg.Add(1)
+							go func() {
+								defer wg.Done()
+								for j, n := range r.BatchGet(ctx, keys[g], bufs[g]) {
+									if n != int64(c.page) || bufs[g][j][0] != byte(g) || bufs[g][j][1] != byte(j) {
+										errs <- fmt.Errorf("get %s: %d bytes, tag %d/%d", keys[g][j], n, bufs[g][j][0], bufs[g][j][1])
+										return
+									}
+								}
+							}()
+						}
+						wg.Wait()
+						close(errs)
+						for err := range errs {
+							b.Fatal(err)
+						}
+					}
+				})
+			}
+		}
+	}
+}
