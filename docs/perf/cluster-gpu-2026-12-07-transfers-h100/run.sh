@@ -1,0 +1,26 @@
+#!/bin/bash
+# One device call: gets from a peer by Transfers bound (mooncake), the GPU-host cluster with kvctl
+# built with Transfers 8 / 32 / 16 / 8, the PyTorch engine and the check's cost, then peer rounds.
+R=$PWD; B=/tmp/bins; SECONDS=0; L=$OUT/r; mkdir -p $L
+pack() { tar czf $OUT/logs.tgz -C $OUT r; }
+{ nvidia-smi -L; nvidia-smi --query-gpu=driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv,noheader; nproc; uname -r; python3 --version; } | tee $L/card.txt
+mkdir -p $B && xz -dc .gpu/bins.tar.xz | tar xf - -C $B
+mkdir -p /tmp/gc/cluster/bin && xz -dc .gpu/master.tar.xz | tar xf - -C /tmp/gc/cluster; C=/tmp/gc/cluster
+mkdir -p /tmp/pyenv/bin; ln -sf "$(command -v python3)" /tmp/pyenv/bin/python3
+printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$C/master/lib" "$C/master/mooncake_master" > /tmp/pyenv/bin/mooncake_master; chmod +x /tmp/pyenv/bin/mooncake_master
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl >/dev/null 2>&1 || echo "pip failed"
+echo "setup t=$SECONDS"
+(cd mooncake && KVCTL_PYENV=/tmp/pyenv timeout 100 $B/mooncake.test -test.run '^$' -test.bench BenchmarkNativeGetTransfers -test.benchtime 20x -test.count 2 > $L/transfers-1.log 2>&1; echo "transfers rc=$? t=$SECONDS")
+grep -E '^Benchmark' $L/transfers-1.log | sed 's/  */ /g' | cut -c1-120; pack
+cl() { cp $B/kvctl-t$1 $C/bin/kvctl; PYTHONPATH=/tmp/site:$R/clients/python PYTHONUNBUFFERED=1 timeout 110 bash tools/gpucluster/run.sh $C > $L/cluster-t$1-$2.log 2>&1; echo "cluster t$1 $2 rc=$? t=$SECONDS"; grep -E 'RESULT|rror' $L/cluster-t$1-$2.log | cut -c1-230; pack; }
+cl 8 1; cl 32 1; cl 16 1
+[ $SECONDS -lt 300 ] && { cl 8 2; cl 32 2; }
+torch() { (cd core/daemon && PYTHONPATH=/tmp/site:$R/clients/python PYTHONUNBUFFERED=1 KVCTL_GPU_E2E=1 KVCTL_TORCH_REQUESTS=256 timeout 100 $B/daemon.test -test.run 'TestGPUTorchEngine$' -test.v > $L/torch-$1.log 2>&1; echo "torch $1 rc=$? t=$SECONDS")
+  grep -E '^--- ' $L/torch-$1.log; grep -iE 'ratio' $L/torch-$1.log | cut -c1-200 | head -6; pack; }
+checkcost() { (cd core/connector && timeout 90 $B/connector.test -test.run '^$' -test.bench 'GPUCheckCost/1024KiB/load=(12|48)MiB/leased' -test.benchtime 200x -test.count 3 > $L/checkcost-$1.log 2>&1; echo "checkcost $1 rc=$? t=$SECONDS"); grep -E '^Benchmark' $L/checkcost-$1.log | sed 's/  */ /g' | cut -c1-160; pack; }
+peer() { (cd core/cluster && KVCTL_BIN=$B/kvctl-t8 KVCTL_PYENV=/tmp/pyenv timeout 100 $B/cluster.test -test.run XXX -test.bench BenchmarkLoadFromPeer -test.benchtime 40x -test.v > $L/peer-$1.log 2>&1; echo "peer $1 rc=$? t=$SECONDS")
+  grep -E "^Benchmark.*(serve/early/engines|native-get/goroutines=4/batch=64).*ns/op" $L/peer-$1.log | sed 's/  */ /g' | cut -c1-110; pack; }
+[ $SECONDS -lt 400 ] && torch 1
+[ $SECONDS -lt 450 ] && checkcost 1
+i=1; while [ $SECONDS -lt $((${END:-560}-40)) ]; do peer $i; i=$((i+1)); done
+echo "end t=$SECONDS"; pack
