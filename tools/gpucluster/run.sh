@@ -13,7 +13,9 @@
 #
 # Environment: PYTHON (python3), MEMORY (cuda; shm runs the same on a machine without a GPU),
 # REQUESTS (64), CASES ("PAGE_BYTES:LAYERS:TRANSFER_BATCH ...", the cases of
-# TestGPUTorchEngine), POOL_A (4GiB, A's segment), STAGING (256MiB), KEEP=1 keeps the logs.
+# TestGPUTorchEngine), POOL_A (4GiB, A's segment), STAGING (256MiB), KEEP=1 keeps the work
+# folder, LOGS=DIR copies the master's and both hosts' logs and every pass's output and summary
+# into DIR on exit (what a GPU host without a shell afterwards needs to bring back).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
@@ -30,6 +32,10 @@ pids=()
 cleanup() {
 	for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
 	wait 2>/dev/null || true
+	if [[ -n "${LOGS:-}" ]]; then
+		mkdir -p "$LOGS" && cp "$work"/*.log "$work"/*.txt "$work"/*.err "$work"/*.json "$LOGS"/ 2>/dev/null
+		echo "logs copied to $LOGS"
+	fi
 	if [[ "${KEEP:-0}" == 1 ]]; then echo "logs kept in $work"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
@@ -150,6 +156,10 @@ if "anchor" in s:
         s["anchor"]["h2d_64mib_gbs"], s["anchor_after"]["h2d_64mib_gbs"], gbs / h2d, s.get("gpu", "?"))
 else:
     line += " (memory %s: no pinned copy to compare with)" % s["memory"]
+each = w.get("start_load_each") or []
+if each:
+    slow = max(each, key=lambda e: e[0])
+    line += " slowest-start-load=%.2f ms (%d pages)" % (slow[0] * 1e3, slow[1])
 d = s.get("daemon_loads") or {}
 if d.get("transfer_seconds"):
     line += " daemon-B=%.2f GB/s" % (d["landed_bytes"] / d["transfer_seconds"] / 1e9)
