@@ -1,6 +1,7 @@
 package mooncake
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -8,7 +9,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -640,6 +643,46 @@ type getJob struct {
 	expires time.Time
 }
 
+// maxCoalescedRead bounds one transfer that reads several pages lying back to back in one
+// segment (coalesceReads). The peer stages a READ whole before it sends it, so a larger one
+// holds more of its staging; 1 MiB is the size of the largest pages engines commonly move, so
+// small pages are read in transfers as large as those.
+const maxCoalescedRead = 1 << 20
+
+// coalesceReads groups jobs into runs, each read in one transfer: pages of one segment whose
+// memory replicas lie back to back (one ending where the next starts), in address order, up to
+// maxCoalescedRead bytes a run (a page that alone reaches it is a run of its own). A transfer
+// costs a round trip with the peer whatever its size, so a load of small pages the peer's
+// allocator laid out in a row takes a few transfers instead of one a page. The jobs are
+// reordered; each keeps its index.
+func coalesceReads(jobs []getJob) [][]getJob {
+	if len(jobs) < 2 {
+		if len(jobs) == 0 {
+			return nil
+		}
+		return [][]getJob{jobs}
+	}
+	slices.SortFunc(jobs, func(a, b getJob) int {
+		if c := strings.Compare(a.rep.Endpoint, b.rep.Endpoint); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.rep.Addr, b.rep.Addr)
+	})
+	var runs [][]getJob
+	start, size := 0, jobs[0].rep.Size
+	for k := 1; k < len(jobs); k++ {
+		prev, cur := jobs[k-1].rep, jobs[k].rep
+		if cur.Endpoint == prev.Endpoint && cur.Kind == prev.Kind && cur.Protocol == prev.Protocol &&
+			prev.Addr+prev.Size == cur.Addr && prev.Addr+prev.Size > prev.Addr && size+cur.Size <= maxCoalescedRead {
+			size += cur.Size
+			continue
+		}
+		runs = append(runs, jobs[start:k])
+		start, size = k, cur.Size
+	}
+	return append(runs, jobs[start:])
+}
+
 // runTransfers runs do(0) .. do(count-1), at most Transfers at once, and returns once all are
 // done. The last one runs in the caller's goroutine: a batch of one page (the common small get
 // or put) then starts no goroutine and waits on nothing, which on a busy machine saves a wake-up
@@ -830,14 +873,9 @@ func (n *Native) get(ctx context.Context, keys []string, bufs [][][]byte) []int6
 		}
 	}
 	poisoned := make([]bool, len(keys))
-	get := func(j getJob) {
+	// done finishes page j once its bytes are in dst: the lease and the checksum.
+	done := func(j getJob, dst [][]byte) {
 		i, rep := j.i, j.rep
-		dst := piecesUpTo(bufs[i], rep.Size)
-		if err := n.transfer(ctx, rep, dst, false); err != nil {
-			n.log.Warn("mooncake get transfer failed", "key", keys[i], "segment", rep.Endpoint, "err", err)
-			out[i] = int64(ErrRPCFail)
-			return
-		}
 		if !j.expires.IsZero() && !time.Now().Before(j.expires) {
 			// Read from a list a lookup kept, and the read lease ended before the read did:
 			// the object may have been evicted and its memory reused meanwhile.
@@ -855,7 +893,30 @@ func (n *Native) get(ctx context.Context, keys []string, bufs [][][]byte) []int6
 		n.stats.hits.Add(1)
 		n.stats.bytesOut.Add(int64(rep.Size))
 	}
-	n.runTransfers(len(jobs), func(k int) { get(jobs[k]) })
+	// Pages that lie back to back in one segment are read in one transfer (coalesceReads),
+	// its payload landing in each page's destination in turn.
+	runs := coalesceReads(jobs)
+	read := func(run []getJob) {
+		rep := run[0].rep
+		dsts := make([][][]byte, len(run))
+		var all [][]byte
+		for k, j := range run {
+			dsts[k] = piecesUpTo(bufs[j.i], j.rep.Size)
+			all = append(all, dsts[k]...)
+		}
+		rep.Size = piecesLen(all)
+		if err := n.transfer(ctx, rep, all, false); err != nil {
+			n.log.Warn("mooncake get transfer failed", "key", keys[run[0].i], "pages", len(run), "segment", rep.Endpoint, "err", err)
+			for _, j := range run {
+				out[j.i] = int64(ErrRPCFail)
+			}
+			return
+		}
+		for k, j := range run {
+			done(j, dsts[k])
+		}
+	}
+	n.runTransfers(len(runs), func(k int) { read(runs[k]) })
 	for i, bad := range poisoned {
 		if bad {
 			n.removePoisoned(ctx, keys[i])

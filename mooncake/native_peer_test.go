@@ -98,16 +98,92 @@ func TestNativePeerConnsBound(t *testing.T) {
 		t.Error("the poll never saw a connection to the peer: the reads did not cross the Transfer Engine")
 	}
 	// The peer counts a read once it has written all of it, which may be after the reader
-	// has it: wait for the count to settle.
-	wantReads := uint64(goroutines * rounds * pages)
+	// has it: wait for the count to settle. Pages lying back to back are read together, so
+	// there are at most as many reads as pages, and every byte is read once.
+	wantPages, wantBytes := uint64(goroutines*rounds*pages), uint64(goroutines*rounds*pages*page)
 	st := owner.SegmentServerStats()
-	for deadline := time.Now().Add(5 * time.Second); st.Reads < wantReads && time.Now().Before(deadline); st = owner.SegmentServerStats() {
+	for deadline := time.Now().Add(5 * time.Second); st.BytesRead < wantBytes && time.Now().Before(deadline); st = owner.SegmentServerStats() {
 		time.Sleep(time.Millisecond)
 	}
-	if st.Reads != wantReads {
-		t.Errorf("the peer served %d reads, want %d", st.Reads, wantReads)
+	if st.BytesRead != wantBytes || st.Reads == 0 || st.Reads > wantPages {
+		t.Errorf("the peer served %d bytes in %d reads, want %d bytes in 1 to %d reads", st.BytesRead, st.Reads, wantBytes, wantPages)
 	}
 	if st.Conns > peerConns || st.Conns == 0 {
 		t.Errorf("%d connections stay open to the peer, want 1 to %d kept for the next batches", st.Conns, peerConns)
 	}
+}
+
+// TestNativeGetCoalescesReads checks, against the real master, that a get of pages lying back
+// to back in a peer's segment reads them in fewer transfers than pages (at most 1 MiB a
+// transfer), and that every page lands in its own destination: gets in reverse key order, with
+// a missing key among them, and with destinations given as pieces.
+func TestNativeGetCoalescesReads(t *testing.T) {
+	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
+	owner := newNative(t, m, 64<<20)
+	ctx := context.Background()
+	const pages, page = 48, 64 << 10
+	keys := make([]string, pages)
+	want := make([][]byte, pages)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("coalesce-%d", i)
+		want[i] = make([]byte, page)
+		_, _ = rand.Read(want[i])
+	}
+	for i, c := range owner.BatchPut(ctx, keys, want, pool.ReplicateConfig{}) {
+		if c != pool.OK {
+			t.Fatalf("put %s: %v", keys[i], c)
+		}
+	}
+	reader := newNative(t, m, 0)
+
+	// Reverse order, a key nobody wrote in the middle.
+	var get []string
+	for i := pages - 1; i >= 0; i-- {
+		get = append(get, keys[i])
+		if i == pages/2 {
+			get = append(get, "coalesce-missing")
+		}
+	}
+	before := owner.SegmentServerStats().Reads
+	bufs := make([][]byte, len(get))
+	for i := range bufs {
+		bufs[i] = make([]byte, page)
+	}
+	got := reader.BatchGet(ctx, get, bufs)
+	check := func(what string, got []int64, read func(i int) []byte) {
+		t.Helper()
+		for i, k := range get {
+			if k == "coalesce-missing" {
+				if got[i] != int64(mooncake.ErrObjectNotFound) {
+					t.Errorf("%s: %s: got %d, want %d (not found)", what, k, got[i], mooncake.ErrObjectNotFound)
+				}
+				continue
+			}
+			var p int
+			_, _ = fmt.Sscanf(k, "coalesce-%d", &p)
+			if got[i] != page || !bytes.Equal(read(i), want[p]) {
+				t.Errorf("%s: %s: got %d bytes, equal %t", what, k, got[i], bytes.Equal(read(i), want[p]))
+			}
+		}
+	}
+	check("BatchGet", got, func(i int) []byte { return bufs[i] })
+	// The peer counts a read once it has written all of it: wait for the count to settle.
+	var reads uint64
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if reads = owner.SegmentServerStats().Reads - before; reads >= pages*page/(1<<20) {
+			break
+		}
+	}
+	if reads >= pages || reads < pages*page/(1<<20) {
+		t.Errorf("the peer served %d reads for %d pages of %d bytes, want fewer than the pages and at least one per MiB", reads, pages, page)
+	}
+
+	// The same into pieces: each page in three pieces of its own, the first and last uneven.
+	pieces := make([][][]byte, len(get))
+	for i := range pieces {
+		b := make([]byte, page)
+		pieces[i] = [][]byte{b[:1000], b[1000 : page-64], b[page-64:]}
+	}
+	got = reader.BatchGetPieces(ctx, get, pieces)
+	check("BatchGetPieces", got, func(i int) []byte { return bytes.Join(pieces[i], nil) })
 }
