@@ -645,9 +645,10 @@ type getJob struct {
 
 // maxCoalescedRead bounds one transfer that reads several pages lying back to back in one
 // segment (coalesceReads). The peer stages a READ whole before it sends it, so a larger one
-// holds more of its staging; 1 MiB is the size of the largest pages engines commonly move, so
-// small pages are read in transfers as large as those.
-const maxCoalescedRead = 1 << 20
+// holds more of its staging. On the dev VM (BenchmarkNativeGetTransfers, docs/perf/cluster.md)
+// 64 KiB pages read in 256 KiB transfers came 31–46 % faster for one loader and 65–79 % for
+// four, where 1 MiB transfers gained less and slowed 256 KiB pages read four at a time.
+const maxCoalescedRead = 256 << 10
 
 // coalesceReads groups jobs into runs, each read in one transfer: pages of one segment whose
 // memory replicas lie back to back (one ending where the next starts), in address order, up to

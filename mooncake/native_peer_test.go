@@ -114,9 +114,9 @@ func TestNativePeerConnsBound(t *testing.T) {
 }
 
 // TestNativeGetCoalescesReads checks, against the real master, that a get of pages lying back
-// to back in a peer's segment reads them in fewer transfers than pages (at most 1 MiB a
-// transfer), and that every page lands in its own destination: gets in reverse key order, with
-// a missing key among them, and with destinations given as pieces.
+// to back in a peer's segment reads them in fewer transfers than pages (at most
+// MaxCoalescedRead bytes a transfer), and that every page lands in its own destination: gets in
+// reverse key order, with a missing key among them, and with destinations given as pieces.
 func TestNativeGetCoalescesReads(t *testing.T) {
 	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
 	owner := newNative(t, m, 64<<20)
@@ -170,12 +170,13 @@ func TestNativeGetCoalescesReads(t *testing.T) {
 	// The peer counts a read once it has written all of it: wait for the count to settle.
 	var reads uint64
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		if reads = owner.SegmentServerStats().Reads - before; reads >= pages*page/(1<<20) {
+		if reads = owner.SegmentServerStats().Reads - before; reads >= pages*page/mooncake.MaxCoalescedRead {
 			break
 		}
 	}
-	if reads >= pages || reads < pages*page/(1<<20) {
-		t.Errorf("the peer served %d reads for %d pages of %d bytes, want fewer than the pages and at least one per MiB", reads, pages, page)
+	if reads >= pages || reads < pages*page/mooncake.MaxCoalescedRead {
+		t.Errorf("the peer served %d reads for %d pages of %d bytes, want fewer than the pages and at least one per %d bytes",
+			reads, pages, page, mooncake.MaxCoalescedRead)
 	}
 
 	// The same into pieces: each page in three pieces of its own, the first and last uneven.
