@@ -3,7 +3,6 @@ package mooncake_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
-	"github.com/kvctl/kvctl/pool"
 )
 
 // TestNativePeerConnsBound checks, against the real master, that concurrent batches reading
@@ -24,7 +22,7 @@ func TestNativePeerConnsBound(t *testing.T) {
 	ctx := context.Background()
 
 	const pages, page, peerConns = 96, 64 << 10, 3
-	keys, want := putRandomPages(t, owner, "peer-conns", pages, page)
+	keys, want := putPages(t, owner, "peer-conns", pages, page)
 
 	reader, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL,
 		Transfers: 8, PeerConns: peerConns})
@@ -111,7 +109,7 @@ func TestNativeGetCoalescesReads(t *testing.T) {
 	owner := newNative(t, m, 64<<20)
 	ctx := context.Background()
 	const pages, page = 48, 64 << 10
-	keys, want := putRandomPages(t, owner, "coalesce", pages, page)
+	keys, want := putPages(t, owner, "coalesce", pages, page)
 	reader := newNative(t, m, 0)
 
 	// Reverse order, a key nobody wrote in the middle.
@@ -165,23 +163,4 @@ func TestNativeGetCoalescesReads(t *testing.T) {
 	}
 	got = reader.BatchGetPieces(ctx, get, pieces)
 	check("BatchGetPieces", got, func(i int) []byte { return bytes.Join(pieces[i], nil) })
-}
-
-// putRandomPages puts pages random pages of size bytes through owner in one batch, keyed
-// "prefix-i", and returns their keys and bytes.
-func putRandomPages(t *testing.T, owner *mooncake.Native, prefix string, pages, size int) ([]string, [][]byte) {
-	t.Helper()
-	keys := make([]string, pages)
-	want := make([][]byte, pages)
-	for i := range keys {
-		keys[i] = fmt.Sprintf("%s-%d", prefix, i)
-		want[i] = make([]byte, size)
-		_, _ = rand.Read(want[i])
-	}
-	for i, c := range owner.BatchPut(context.Background(), keys, want, pool.ReplicateConfig{}) {
-		if c != pool.OK {
-			t.Fatalf("put %s: %v", keys[i], c)
-		}
-	}
-	return keys, want
 }
