@@ -207,9 +207,10 @@ func benchLookupThenGet(b *testing.B, rtt time.Duration) {
 
 // BenchmarkNativeGetTransfers measures gets from one peer's segment (a helper process) by one
 // loader (one engine's load) or four at once, each getting its own batch of pages in one
-// BatchGet, for several NativeOptions.Transfers bounds (the transfers one batch runs at once)
-// in the same run; PeerConns is the default, so at most 32 transfers to the peer run at once
-// across the loaders. slowest-ms is the row's slowest round, where a get that stalls shows.
+// BatchGet, for several NativeOptions.Transfers bounds (the transfers one batch runs at once),
+// reading pages that lie back to back in one transfer (coalesce=256KiB, as kvctl does) or one
+// page a transfer (coalesce=0KiB), in the same run; PeerConns is the default, so at most 32
+// transfers to the peer run at once across the loaders. slowest-ms is the row's slowest round, where a get that stalls shows.
 // Every page's first bytes are checked.
 //
 //	go test -run '^$' -bench BenchmarkNativeGetTransfers -benchtime 20x -count 2 ./mooncake/
@@ -233,14 +234,18 @@ func BenchmarkNativeGetTransfers(b *testing.B) {
 			}
 		}
 		for _, loaders := range []int{1, maxLoaders} {
-			for _, transfers := range []int{8, 16, 32} {
-				b.Run(fmt.Sprintf("page=%dKiB/batch=%d/loaders=%d/transfers=%d", c.page>>10, c.batch, loaders, transfers), func(b *testing.B) {
+			for _, row := range []struct{ transfers, coalesce int }{
+				{8, 0}, {8, mooncake.MaxCoalescedRead}, {16, mooncake.MaxCoalescedRead}, {32, 0}, {32, mooncake.MaxCoalescedRead},
+			} {
+				name := fmt.Sprintf("page=%dKiB/batch=%d/loaders=%d/transfers=%d/coalesce=%dKiB", c.page>>10, c.batch, loaders, row.transfers, row.coalesce>>10)
+				b.Run(name, func(b *testing.B) {
 					r, err := mooncake.NewNative(ctx, mooncake.NativeOptions{MasterAddr: m.RPCAddr, MetadataURL: m.MetadataURL,
-						Transfers: transfers})
+						Transfers: row.transfers})
 					if err != nil {
 						b.Fatal(err)
 					}
 					defer r.Close()
+					mooncake.SetCoalescedRead(r, row.coalesce)
 					bufs := make([][][]byte, loaders)
 					for g := range bufs {
 						bufs[g] = make([][]byte, c.batch)

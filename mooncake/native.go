@@ -121,6 +121,9 @@ type Native struct {
 	health   *segmentHealth
 	// existSplit is the package's existSplit; tests lower it to split small batches.
 	existSplit int
+	// coalesce is the most bytes one transfer of a get reads (maxCoalescedRead); a benchmark
+	// sets it to 0 to read one page a transfer in the same run.
+	coalesce int
 	// located keeps the replica lists lookups found (BatchLocate) for the gets that follow.
 	located locatedSet
 }
@@ -200,6 +203,7 @@ func NewNative(ctx context.Context, opts NativeOptions) (*Native, error) {
 		stop:       make(chan struct{}),
 		health:     newSegmentHealth(opts.HealthMinBackoff, opts.HealthMaxBackoff),
 		existSplit: existSplit,
+		coalesce:   maxCoalescedRead,
 	}
 	if opts.AdminURL != "" {
 		a, aerr := NewAdminClient(opts.AdminURL, nil)
@@ -652,11 +656,10 @@ const maxCoalescedRead = 256 << 10
 
 // coalesceReads groups jobs into runs, each read in one transfer: pages of one segment whose
 // memory replicas lie back to back (one ending where the next starts), in address order, up to
-// maxCoalescedRead bytes a run (a page that alone reaches it is a run of its own). A transfer
-// costs a round trip with the peer whatever its size, so a load of small pages the peer's
+// limit bytes a run (a page that alone reaches it is a run of its own). A transfer costs a round trip with the peer whatever its size, so a load of small pages the peer's
 // allocator laid out in a row takes a few transfers instead of one a page. The jobs are
 // reordered; each keeps its index.
-func coalesceReads(jobs []getJob) [][]getJob {
+func coalesceReads(jobs []getJob, limit int) [][]getJob {
 	if len(jobs) < 2 {
 		if len(jobs) == 0 {
 			return nil
@@ -674,7 +677,7 @@ func coalesceReads(jobs []getJob) [][]getJob {
 	for k := 1; k < len(jobs); k++ {
 		prev, cur := jobs[k-1].rep, jobs[k].rep
 		if cur.Endpoint == prev.Endpoint && cur.Kind == prev.Kind && cur.Protocol == prev.Protocol &&
-			prev.Addr+prev.Size == cur.Addr && prev.Addr+prev.Size > prev.Addr && size+cur.Size <= maxCoalescedRead {
+			prev.Addr+prev.Size == cur.Addr && prev.Addr+prev.Size > prev.Addr && size+cur.Size <= uint64(limit) {
 			size += cur.Size
 			continue
 		}
@@ -896,7 +899,7 @@ func (n *Native) get(ctx context.Context, keys []string, bufs [][][]byte) []int6
 	}
 	// Pages that lie back to back in one segment are read in one transfer (coalesceReads),
 	// its payload landing in each page's destination in turn.
-	runs := coalesceReads(jobs)
+	runs := coalesceReads(jobs, n.coalesce)
 	read := func(run []getJob) {
 		rep := run[0].rep
 		dsts := make([][][]byte, len(run))
