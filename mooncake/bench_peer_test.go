@@ -2,6 +2,7 @@ package mooncake_test
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"sync"
 	"testing"
@@ -235,7 +236,7 @@ func BenchmarkNativeGetTransfers(b *testing.B) {
 		}
 		for _, loaders := range []int{1, maxLoaders} {
 			for _, row := range []struct{ transfers, coalesce int }{
-				{8, 0}, {8, mooncake.MaxCoalescedRead}, {16, mooncake.MaxCoalescedRead}, {32, 0}, {32, mooncake.MaxCoalescedRead},
+				{8, 0}, {8, mooncake.MaxCoalesced}, {16, mooncake.MaxCoalesced}, {32, 0}, {32, mooncake.MaxCoalesced},
 			} {
 				name := fmt.Sprintf("page=%dKiB/batch=%d/loaders=%d/transfers=%d/coalesce=%dKiB", c.page>>10, c.batch, loaders, row.transfers, row.coalesce>>10)
 				b.Run(name, func(b *testing.B) {
@@ -245,7 +246,7 @@ func BenchmarkNativeGetTransfers(b *testing.B) {
 						b.Fatal(err)
 					}
 					defer r.Close()
-					mooncake.SetCoalescedRead(r, row.coalesce)
+					mooncake.SetCoalesced(r, row.coalesce)
 					bufs := make([][][]byte, loaders)
 					for g := range bufs {
 						bufs[g] = make([][]byte, c.batch)
@@ -283,6 +284,71 @@ func BenchmarkNativeGetTransfers(b *testing.B) {
 					b.ReportMetric(float64(slowest.Microseconds())/1e3, "slowest-ms")
 				})
 			}
+		}
+	}
+}
+
+// BenchmarkNativePutCoalesced measures puts into one peer's segment (a helper process; the
+// writer has no segment, so every replica is a Transfer Engine WRITE) by one writer or four at
+// once, each putting its own batch of 64 KiB pages in one BatchPut, writing pages the master
+// lays out back to back in one transfer (coalesce=256KiB, as kvctl does) or one page a transfer
+// (coalesce=0KiB), in the same run. The keys are removed between rounds, untimed.
+//
+//	go test -run '^$' -bench BenchmarkNativePutCoalesced -benchtime 20x -count 2 ./mooncake/
+func BenchmarkNativePutCoalesced(b *testing.B) {
+	const page, batch = 64 << 10, 256
+	m := mooncaketest.StartMaster(b, mooncaketest.MasterOptions{})
+	startHelper(b, m, "put-coalesced-holder", 0, 0, 256<<20)
+	ctx := context.Background()
+	for _, writers := range []int{1, 4} {
+		for _, limit := range []int{0, mooncake.MaxCoalesced} {
+			b.Run(fmt.Sprintf("page=%dKiB/batch=%d/writers=%d/coalesce=%dKiB", page>>10, batch, writers, limit>>10), func(b *testing.B) {
+				w := newNative(b, m, 0)
+				mooncake.SetCoalesced(w, limit)
+				vals := make([][]byte, batch)
+				for i := range vals {
+					vals[i] = make([]byte, page)
+					_, _ = rand.Read(vals[i])
+				}
+				keys := make([][]string, writers)
+				for g := range keys {
+					for i := range batch {
+						keys[g] = append(keys[g], fmt.Sprintf("put-coalesced/%d/%d/%d", limit, g, i))
+					}
+				}
+				b.SetBytes(int64(writers * batch * page))
+				b.ResetTimer()
+				for range b.N {
+					var wg sync.WaitGroup
+					errs := make(chan error, writers)
+					for g := range writers {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							for i, c := range w.BatchPut(ctx, keys[g], vals, pool.ReplicateConfig{}) {
+								if c != pool.OK {
+									errs <- fmt.Errorf("put %s: %v", keys[g][i], c)
+									return
+								}
+							}
+						}()
+					}
+					wg.Wait()
+					b.StopTimer()
+					close(errs)
+					for err := range errs {
+						b.Fatal(err)
+					}
+					for _, ks := range keys {
+						for _, k := range ks {
+							if c := w.Remove(ctx, k, true); c != pool.OK {
+								b.Fatalf("remove %s: %v", k, c)
+							}
+						}
+					}
+					b.StartTimer()
+				}
+			})
 		}
 	}
 }

@@ -4,9 +4,9 @@ package mooncake
 // test splits small batches. Call it before n is used.
 func SetExistSplit(n *Native, keys int) { n.existSplit = keys }
 
-// SetCoalescedRead sets the most bytes one transfer of n's gets reads (0: one page a
-// transfer), so that a benchmark compares coalesced reads with single ones in one run.
-func SetCoalescedRead(n *Native, bytes int) { n.coalesce = bytes }
+// SetCoalesced sets the most bytes one transfer of n's gets and puts moves (0: one page a
+// transfer), so that a benchmark compares coalesced transfers with single ones in one run.
+func SetCoalesced(n *Native, bytes int) { n.coalesce = bytes }
 
-// MaxCoalescedRead is maxCoalescedRead: the most bytes one transfer of a get reads.
-const MaxCoalescedRead = maxCoalescedRead
+// MaxCoalesced is maxCoalesced: the most bytes one transfer of a get or put moves.
+const MaxCoalesced = maxCoalesced

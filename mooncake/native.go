@@ -121,8 +121,8 @@ type Native struct {
 	health   *segmentHealth
 	// existSplit is the package's existSplit; tests lower it to split small batches.
 	existSplit int
-	// coalesce is the most bytes one transfer of a get reads (maxCoalescedRead); a benchmark
-	// sets it to 0 to read one page a transfer in the same run.
+	// coalesce is the most bytes one transfer of a get or put moves (maxCoalesced); a benchmark
+	// sets it to 0 to move one page a transfer in the same run.
 	coalesce int
 	// located keeps the replica lists lookups found (BatchLocate) for the gets that follow.
 	located locatedSet
@@ -203,7 +203,7 @@ func NewNative(ctx context.Context, opts NativeOptions) (*Native, error) {
 		stop:       make(chan struct{}),
 		health:     newSegmentHealth(opts.HealthMinBackoff, opts.HealthMaxBackoff),
 		existSplit: existSplit,
-		coalesce:   maxCoalescedRead,
+		coalesce:   maxCoalesced,
 	}
 	if opts.AdminURL != "" {
 		a, aerr := NewAdminClient(opts.AdminURL, nil)
@@ -553,7 +553,14 @@ func (n *Native) putUnique(ctx context.Context, keys []string, bufs [][][]byte, 
 	if n.opts.ObjectChecksum {
 		sums = make([]uint64, len(idx))
 	}
-	writes := make([]int, 0, len(idx)) // indices into idx of the pages to write
+	// Each replica of each page to write; replicas lying back to back in one segment are
+	// written in one transfer (coalesce), sent from each page's pieces in turn.
+	type putJob struct {
+		j     int // index into idx
+		rep   masterrpc.Replica
+		first bool // the page's first replica: its run takes the page's checksum
+	}
+	var jobs []putJob
 	for j, i := range idx {
 		r := started[j]
 		switch {
@@ -569,21 +576,43 @@ func (n *Native) putUnique(ctx context.Context, keys []string, bufs [][][]byte, 
 			writeErr[j] = errors.New("master allocated no replica")
 			continue
 		}
-		writes = append(writes, j)
-	}
-	n.runTransfers(len(writes), func(k int) {
-		j := writes[k]
-		buf := bufs[idx[j]]
-		if sums != nil {
-			sums[j] = piecesChecksum(buf)
+		for k, rep := range r.Replicas {
+			if size := piecesLen(bufs[i]); rep.Size != size {
+				writeErr[j] = fmt.Errorf("replica %d holds %d bytes, the page has %d", rep.ID, rep.Size, size)
+				break
+			}
+			jobs = append(jobs, putJob{j: j, rep: rep, first: k == 0})
 		}
-		for _, rep := range started[j].Replicas {
-			if terr := n.transfer(ctx, rep, buf, true); terr != nil {
-				writeErr[j] = terr
-				return
+	}
+	if len(jobs) > 0 && slices.ContainsFunc(writeErr, func(err error) bool { return err != nil }) {
+		// A page with a replica of the wrong size is revoked whole: none of its replicas is
+		// written.
+		jobs = slices.DeleteFunc(jobs, func(p putJob) bool { return writeErr[p.j] != nil })
+	}
+	runs := coalesce(jobs, func(p *putJob) *masterrpc.Replica { return &p.rep }, n.coalesce)
+	runErr := make([]error, len(runs))
+	n.runTransfers(len(runs), func(k int) {
+		rep := runs[k][0].rep
+		var all [][]byte
+		for _, p := range runs[k] {
+			buf := bufs[idx[p.j]]
+			if p.first && sums != nil {
+				sums[p.j] = piecesChecksum(buf)
+			}
+			all = append(all, buf...)
+		}
+		rep.Size = piecesLen(all)
+		runErr[k] = n.transfer(ctx, rep, all, true)
+	})
+	// A failed transfer fails every page it carried (any of a page's replicas failing revokes
+	// the page).
+	for k, err := range runErr {
+		if err != nil {
+			for _, p := range runs[k] {
+				writeErr[p.j] = err
 			}
 		}
-	})
+	}
 	var endKeys, revokeKeys []string
 	var endIdx, revokeIdx []int
 	var endMeta []masterrpc.ObjectMeta
@@ -647,35 +676,37 @@ type getJob struct {
 	expires time.Time
 }
 
-// maxCoalescedRead bounds one transfer that reads several pages lying back to back in one
-// segment (coalesceReads). The peer stages a READ whole before it sends it, so a larger one
+// maxCoalesced bounds one transfer that reads or writes several pages lying back to back
+// in one segment (coalesce). The peer stages a READ whole before it sends it, so a larger one
 // holds more of its staging. On the dev VM (BenchmarkNativeGetTransfers, docs/perf/cluster.md)
 // 64 KiB pages read in 256 KiB transfers came 31–46 % faster for one loader and 65–79 % for
 // four, where 1 MiB transfers gained less and slowed 256 KiB pages read four at a time.
-const maxCoalescedRead = 256 << 10
+const maxCoalesced = 256 << 10
 
-// coalesceReads groups jobs into runs, each read in one transfer: pages of one segment whose
-// memory replicas lie back to back (one ending where the next starts), in address order, up to
-// limit bytes a run (a page that alone reaches it is a run of its own). A transfer costs a round trip with the peer whatever its size, so a load of small pages the peer's
-// allocator laid out in a row takes a few transfers instead of one a page. The jobs are
-// reordered; each keeps its index.
-func coalesceReads(jobs []getJob, limit int) [][]getJob {
+// coalesce groups jobs (the pages of a get or the replicas of a put) into runs, each moved in
+// one transfer: replicas in one segment that lie back to back (one ending where the next
+// starts), in address order, up to limit bytes a run (a replica that alone reaches it is a run
+// of its own). A transfer costs a round trip with the peer whatever its size, so small pages the
+// peer's allocator laid out in a row take a few transfers instead of one a page. The jobs are
+// reordered in place; rep gives a job's replica.
+func coalesce[J any](jobs []J, rep func(*J) *masterrpc.Replica, limit int) [][]J {
 	if len(jobs) < 2 {
 		if len(jobs) == 0 {
 			return nil
 		}
-		return [][]getJob{jobs}
+		return [][]J{jobs}
 	}
-	slices.SortFunc(jobs, func(a, b getJob) int {
-		if c := strings.Compare(a.rep.Endpoint, b.rep.Endpoint); c != 0 {
+	slices.SortFunc(jobs, func(a, b J) int {
+		ra, rb := rep(&a), rep(&b)
+		if c := strings.Compare(ra.Endpoint, rb.Endpoint); c != 0 {
 			return c
 		}
-		return cmp.Compare(a.rep.Addr, b.rep.Addr)
+		return cmp.Compare(ra.Addr, rb.Addr)
 	})
-	var runs [][]getJob
-	start, size := 0, jobs[0].rep.Size
+	var runs [][]J
+	start, size := 0, rep(&jobs[0]).Size
 	for k := 1; k < len(jobs); k++ {
-		prev, cur := jobs[k-1].rep, jobs[k].rep
+		prev, cur := rep(&jobs[k-1]), rep(&jobs[k])
 		if cur.Endpoint == prev.Endpoint && cur.Kind == prev.Kind && cur.Protocol == prev.Protocol &&
 			prev.Addr+prev.Size == cur.Addr && prev.Addr+prev.Size > prev.Addr && size+cur.Size <= uint64(limit) {
 			size += cur.Size
@@ -897,9 +928,9 @@ func (n *Native) get(ctx context.Context, keys []string, bufs [][][]byte) []int6
 		n.stats.hits.Add(1)
 		n.stats.bytesOut.Add(int64(rep.Size))
 	}
-	// Pages that lie back to back in one segment are read in one transfer (coalesceReads),
-	// its payload landing in each page's destination in turn.
-	runs := coalesceReads(jobs, n.coalesce)
+	// Pages that lie back to back in one segment are read in one transfer (coalesce), its
+	// payload landing in each page's destination in turn.
+	runs := coalesce(jobs, func(j *getJob) *masterrpc.Replica { return &j.rep }, n.coalesce)
 	read := func(run []getJob) {
 		rep := run[0].rep
 		dsts := make([][][]byte, len(run))

@@ -3,6 +3,7 @@ package mooncake_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/kvctl/kvctl/mooncake"
 	"github.com/kvctl/kvctl/mooncake/mooncaketest"
+	"github.com/kvctl/kvctl/pool"
 )
 
 // TestNativePeerConnsBound checks, against the real master, that concurrent batches reading
@@ -102,7 +104,7 @@ func TestNativePeerConnsBound(t *testing.T) {
 
 // TestNativeGetCoalescesReads checks, against the real master, that a get of pages lying back
 // to back in a peer's segment reads them in fewer transfers than pages (at most
-// MaxCoalescedRead bytes a transfer), and that every page lands in its own destination: gets in
+// MaxCoalesced bytes a transfer), and that every page lands in its own destination: gets in
 // reverse key order, with a missing key among them, and with destinations given as pieces.
 func TestNativeGetCoalescesReads(t *testing.T) {
 	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
@@ -146,13 +148,13 @@ func TestNativeGetCoalescesReads(t *testing.T) {
 	// The peer counts a read once it has written all of it: wait for the count to settle.
 	var reads uint64
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		if reads = owner.SegmentServerStats().Reads - before; reads >= pages*page/mooncake.MaxCoalescedRead {
+		if reads = owner.SegmentServerStats().Reads - before; reads >= pages*page/mooncake.MaxCoalesced {
 			break
 		}
 	}
-	if reads >= pages || reads < pages*page/mooncake.MaxCoalescedRead {
+	if reads >= pages || reads < pages*page/mooncake.MaxCoalesced {
 		t.Errorf("the peer served %d reads for %d pages of %d bytes, want fewer than the pages and at least one per %d bytes",
-			reads, pages, page, mooncake.MaxCoalescedRead)
+			reads, pages, page, mooncake.MaxCoalesced)
 	}
 
 	// The same into pieces: each page in three pieces of its own, the first and last uneven.
@@ -163,4 +165,63 @@ func TestNativeGetCoalescesReads(t *testing.T) {
 	}
 	got = reader.BatchGetPieces(ctx, get, pieces)
 	check("BatchGetPieces", got, func(i int) []byte { return bytes.Join(pieces[i], nil) })
+}
+
+// TestNativePutCoalescesWrites checks, against the real master, that a put of pages the master
+// lays out back to back in a peer's segment writes them in fewer transfers than pages (at most
+// MaxCoalesced bytes a transfer), with every page's bytes where its key says: pages given whole
+// and as uneven pieces, from a writer with object checksums on (each page's checksum taken from
+// its own bytes, verified by a reader that checks them) and from one without.
+func TestNativePutCoalescesWrites(t *testing.T) {
+	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
+	owner := newNative(t, m, 64<<20)
+	ctx := context.Background()
+	const pages, page = 48, 64 << 10
+	for _, c := range []struct {
+		name   string
+		writer *mooncake.Native
+		pieces bool
+	}{
+		{"whole", newNative(t, m, 0), false},
+		{"pieces", newNative(t, m, 0), true},
+		{"checksum", checksumNative(t, m, 0), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			keys := make([]string, pages)
+			want := make([][]byte, pages)
+			for i := range keys {
+				keys[i] = fmt.Sprintf("coalesce-put-%s-%d", c.name, i)
+				want[i] = make([]byte, page)
+				_, _ = rand.Read(want[i])
+			}
+			before := owner.SegmentServerStats()
+			var codes []mooncake.Code
+			if c.pieces {
+				srcs := make([][][]byte, pages)
+				for i, w := range want {
+					srcs[i] = [][]byte{w[:1000], w[1000 : page-64], w[page-64:]}
+				}
+				codes = c.writer.BatchPutPieces(ctx, keys, srcs, pool.ReplicateConfig{})
+			} else {
+				codes = c.writer.BatchPut(ctx, keys, want, pool.ReplicateConfig{})
+			}
+			for i, code := range codes {
+				if code != pool.OK {
+					t.Fatalf("put %s: %v", keys[i], code)
+				}
+			}
+			// The peer counts a write once it has taken all of it; the put returned after
+			// every write was answered, so the counts are final.
+			st := owner.SegmentServerStats()
+			writes, written := st.Writes-before.Writes, st.BytesWritten-before.BytesWritten
+			if written != pages*page {
+				t.Errorf("the peer took %d bytes, want %d", written, pages*page)
+			}
+			if writes >= pages || writes < pages*page/mooncake.MaxCoalesced {
+				t.Errorf("the peer served %d writes for %d pages of %d bytes, want fewer than the pages and at least one per %d bytes",
+					writes, pages, page, mooncake.MaxCoalesced)
+			}
+			getAll(t, checksumNative(t, m, 0), keys, want)
+		})
+	}
 }
