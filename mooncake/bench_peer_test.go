@@ -3,6 +3,7 @@ package mooncake_test
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -60,26 +61,18 @@ func BenchmarkNativePeerConns(b *testing.B) {
 			b.SetBytes(goroutines * perG * page)
 			b.ResetTimer()
 			for range b.N {
-				var wg sync.WaitGroup
-				errs := make(chan error, goroutines)
-				for g := range goroutines {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for s := 0; s < perG; s += batch {
-							ks := keys[g][s : s+batch]
-							for j, n := range r.BatchGet(ctx, ks, bufs[g]) {
-								if n != page || bufs[g][j][0] != byte(g) || bufs[g][j][1] != byte(s+j) {
-									errs <- fmt.Errorf("get %s: %d bytes, tag %d/%d", ks[j], n, bufs[g][j][0], bufs[g][j][1])
-									return
-								}
+				err := atOnce(goroutines, func(g int) error {
+					for s := 0; s < perG; s += batch {
+						ks := keys[g][s : s+batch]
+						for j, n := range r.BatchGet(ctx, ks, bufs[g]) {
+							if n != page || bufs[g][j][0] != byte(g) || bufs[g][j][1] != byte(s+j) {
+								return fmt.Errorf("get %s: %d bytes, tag %d/%d", ks[j], n, bufs[g][j][0], bufs[g][j][1])
 							}
 						}
-					}()
-				}
-				wg.Wait()
-				close(errs)
-				for err := range errs {
+					}
+					return nil
+				})
+				if err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -152,29 +145,21 @@ func benchLookupThenGet(b *testing.B, rtt time.Duration) {
 		}
 	}
 	round := func(rd *mooncake.Native, probe func(context.Context, []string) []int) error {
-		var wg sync.WaitGroup
-		errs := make(chan error, goroutines)
-		for g := range goroutines {
-			wg.Go(func() {
-				for r, ks := range keys[g] {
-					for i, v := range probe(ctx, ks) {
-						if v != 1 {
-							errs <- fmt.Errorf("probe %s: %d", ks[i], v)
-							return
-						}
-					}
-					for j, n := range rd.BatchGet(ctx, ks, bufs[g]) {
-						if n != page || bufs[g][j][0] != byte(g) || bufs[g][j][1] != byte(r*blocks+j) {
-							errs <- fmt.Errorf("get %s: %d bytes, tag %d/%d", ks[j], n, bufs[g][j][0], bufs[g][j][1])
-							return
-						}
+		return atOnce(goroutines, func(g int) error {
+			for r, ks := range keys[g] {
+				for i, v := range probe(ctx, ks) {
+					if v != 1 {
+						return fmt.Errorf("probe %s: %d", ks[i], v)
 					}
 				}
-			})
-		}
-		wg.Wait()
-		close(errs)
-		return <-errs
+				for j, n := range rd.BatchGet(ctx, ks, bufs[g]) {
+					if n != page || bufs[g][j][0] != byte(g) || bufs[g][j][1] != byte(r*blocks+j) {
+						return fmt.Errorf("get %s: %d bytes, tag %d/%d", ks[j], n, bufs[g][j][0], bufs[g][j][1])
+					}
+				}
+			}
+			return nil
+		})
 	}
 	ways := []struct {
 		name  string
@@ -260,24 +245,16 @@ func BenchmarkNativeGetTransfers(b *testing.B) {
 					b.ResetTimer()
 					for range b.N {
 						t0 := time.Now()
-						var wg sync.WaitGroup
-						errs := make(chan error, loaders)
-						for g := range loaders {
-							wg.Add(1)
-							go func() {
-								defer wg.Done()
-								for j, n := range r.BatchGet(ctx, keys[g], bufs[g]) {
-									if n != int64(c.page) || bufs[g][j][0] != byte(g) || bufs[g][j][1] != byte(j) {
-										errs <- fmt.Errorf("get %s: %d bytes, tag %d/%d", keys[g][j], n, bufs[g][j][0], bufs[g][j][1])
-										return
-									}
+						err := atOnce(loaders, func(g int) error {
+							for j, n := range r.BatchGet(ctx, keys[g], bufs[g]) {
+								if n != int64(c.page) || bufs[g][j][0] != byte(g) || bufs[g][j][1] != byte(j) {
+									return fmt.Errorf("get %s: %d bytes, tag %d/%d", keys[g][j], n, bufs[g][j][0], bufs[g][j][1])
 								}
-							}()
-						}
-						wg.Wait()
+							}
+							return nil
+						})
 						slowest = max(slowest, time.Since(t0))
-						close(errs)
-						for err := range errs {
+						if err != nil {
 							b.Fatal(err)
 						}
 					}
@@ -319,24 +296,16 @@ func BenchmarkNativePutCoalesced(b *testing.B) {
 				b.SetBytes(int64(writers * batch * page))
 				b.ResetTimer()
 				for range b.N {
-					var wg sync.WaitGroup
-					errs := make(chan error, writers)
-					for g := range writers {
-						wg.Add(1)
-						go func() {
-							defer wg.Done()
-							for i, c := range w.BatchPut(ctx, keys[g], vals, pool.ReplicateConfig{}) {
-								if c != pool.OK {
-									errs <- fmt.Errorf("put %s: %v", keys[g][i], c)
-									return
-								}
+					err := atOnce(writers, func(g int) error {
+						for i, c := range w.BatchPut(ctx, keys[g], vals, pool.ReplicateConfig{}) {
+							if c != pool.OK {
+								return fmt.Errorf("put %s: %v", keys[g][i], c)
 							}
-						}()
-					}
-					wg.Wait()
+						}
+						return nil
+					})
 					b.StopTimer()
-					close(errs)
-					for err := range errs {
+					if err != nil {
 						b.Fatal(err)
 					}
 					for _, ks := range keys {
@@ -351,4 +320,16 @@ func BenchmarkNativePutCoalesced(b *testing.B) {
 			})
 		}
 	}
+}
+
+// atOnce runs f(0) .. f(n-1), each in a goroutine of its own, and returns their errors joined
+// once all have returned.
+func atOnce(n int, f func(g int) error) error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for g := range n {
+		wg.Go(func() { errs[g] = f(g) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }

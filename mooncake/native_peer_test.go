@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -50,34 +49,26 @@ func TestNativePeerConnsBound(t *testing.T) {
 		}
 	}()
 	const goroutines, rounds, batch = 4, 3, 16
-	var wg sync.WaitGroup
-	errs := make(chan error, goroutines)
-	for g := range goroutines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			bufs := make([][]byte, batch)
-			for r := range rounds {
-				for s := 0; s < pages; s += batch {
-					for j := range bufs {
-						bufs[j] = make([]byte, page)
-					}
-					ks := keys[s : s+batch]
-					for j, n := range reader.BatchGet(ctx, ks, bufs) {
-						if n != page || !bytes.Equal(bufs[j], want[s+j]) {
-							errs <- fmt.Errorf("goroutine %d round %d: %s: got %d bytes, equal %t", g, r, ks[j], n, bytes.Equal(bufs[j], want[s+j]))
-							return
-						}
+	err = atOnce(goroutines, func(g int) error {
+		bufs := make([][]byte, batch)
+		for r := range rounds {
+			for s := 0; s < pages; s += batch {
+				for j := range bufs {
+					bufs[j] = make([]byte, page)
+				}
+				ks := keys[s : s+batch]
+				for j, n := range reader.BatchGet(ctx, ks, bufs) {
+					if n != page || !bytes.Equal(bufs[j], want[s+j]) {
+						return fmt.Errorf("goroutine %d round %d: %s: got %d bytes, equal %t", g, r, ks[j], n, bytes.Equal(bufs[j], want[s+j]))
 					}
 				}
 			}
-		}()
-	}
-	wg.Wait()
+		}
+		return nil
+	})
 	close(stop)
 	<-polled
-	close(errs)
-	for err := range errs {
+	if err != nil {
 		t.Error(err)
 	}
 	if got := maxConns.Load(); got > peerConns {
