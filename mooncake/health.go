@@ -253,7 +253,7 @@ func (n *Native) probe(seg string) error {
 		return err
 	}
 	n.epMu.Lock()
-	n.endpoints[seg] = ep.Addr
+	n.endpoints[seg] = peerSegment{addr: ep.Addr, desc: ep.Segment}
 	n.epMu.Unlock()
 	return nil
 }

@@ -107,7 +107,7 @@ type Native struct {
 	mounted bool
 
 	epMu      sync.Mutex
-	endpoints map[string]string // segment name → TE data address
+	endpoints map[string]peerSegment // segment name → its data address and buffers
 
 	slotMu sync.Mutex
 	slots  map[string]chan struct{} // TE data address → its PeerConns transfer slots
@@ -198,7 +198,7 @@ func NewNative(ctx context.Context, opts NativeOptions) (*Native, error) {
 		te:         transfer.NewClient(transfer.ClientOptions{Timeout: opts.CallTimeout, MaxIdlePerPeer: opts.PeerConns}),
 		log:        log,
 		client:     newUUID(),
-		endpoints:  map[string]string{},
+		endpoints:  map[string]peerSegment{},
 		slots:      map[string]chan struct{}{},
 		stop:       make(chan struct{}),
 		health:     newSegmentHealth(opts.HealthMinBackoff, opts.HealthMaxBackoff),
@@ -589,7 +589,7 @@ func (n *Native) putUnique(ctx context.Context, keys []string, bufs [][][]byte, 
 		// written.
 		jobs = slices.DeleteFunc(jobs, func(p putJob) bool { return writeErr[p.j] != nil })
 	}
-	runs := coalesce(jobs, func(p *putJob) *masterrpc.Replica { return &p.rep }, n.coalesce)
+	runs := groupRuns(ctx, n, jobs, func(p *putJob) *masterrpc.Replica { return &p.rep })
 	runErr := make([]error, len(runs))
 	n.runTransfers(len(runs), func(k int) {
 		rep := runs[k][0].rep
@@ -686,10 +686,11 @@ const maxCoalesced = 256 << 10
 // coalesce groups jobs (the pages of a get or the replicas of a put) into runs, each moved in
 // one transfer: replicas in one segment that lie back to back (one ending where the next
 // starts), in address order, up to limit bytes a run (a replica that alone reaches it is a run
-// of its own). A transfer costs a round trip with the peer whatever its size, so small pages the
+// of its own), and only where join says the run's first replica and the next lie in one
+// registered buffer. A transfer costs a round trip with the peer whatever its size, so small pages the
 // peer's allocator laid out in a row take a few transfers instead of one a page. The jobs are
 // reordered in place; rep gives a job's replica.
-func coalesce[J any](jobs []J, rep func(*J) *masterrpc.Replica, limit int) [][]J {
+func coalesce[J any](jobs []J, rep func(*J) *masterrpc.Replica, limit int, join func(a, b *masterrpc.Replica) bool) [][]J {
 	if len(jobs) < 2 {
 		if len(jobs) == 0 {
 			return nil
@@ -708,7 +709,8 @@ func coalesce[J any](jobs []J, rep func(*J) *masterrpc.Replica, limit int) [][]J
 	for k := 1; k < len(jobs); k++ {
 		prev, cur := rep(&jobs[k-1]), rep(&jobs[k])
 		if cur.Endpoint == prev.Endpoint && cur.Kind == prev.Kind && cur.Protocol == prev.Protocol &&
-			prev.Addr+prev.Size == cur.Addr && prev.Addr+prev.Size > prev.Addr && size+cur.Size <= uint64(limit) {
+			prev.Addr+prev.Size == cur.Addr && prev.Addr+prev.Size > prev.Addr && size+cur.Size <= uint64(limit) &&
+			join(rep(&jobs[start]), cur) {
 			size += cur.Size
 			continue
 		}
@@ -822,10 +824,10 @@ func (n *Native) peerSlots(peer string) chan struct{} {
 
 func (n *Native) resolve(ctx context.Context, segment string) (string, error) {
 	n.epMu.Lock()
-	addr, ok := n.endpoints[segment]
+	p, ok := n.endpoints[segment]
 	n.epMu.Unlock()
 	if ok {
-		return addr, nil
+		return p.addr, nil
 	}
 	ep, err := n.meta.Resolve(ctx, segment)
 	if err != nil {
@@ -838,9 +840,59 @@ func (n *Native) resolve(ctx context.Context, segment string) (string, error) {
 	if len(n.endpoints) > 4096 {
 		clear(n.endpoints)
 	}
-	n.endpoints[segment] = ep.Addr
+	n.endpoints[segment] = peerSegment{addr: ep.Addr, desc: ep.Segment}
 	n.epMu.Unlock()
 	return ep.Addr, nil
+}
+
+// peerSegment is what this client keeps of a peer's published segment descriptor: the data
+// address transfers go to, and the buffers the peer registered, which bound a coalesced transfer.
+type peerSegment struct {
+	addr string
+	desc transfer.SegmentDesc
+}
+
+// oneBuffer reports whether [a.Addr, b.Addr+b.Size) lies inside one buffer of the segment a
+// and b live in. This client's own segment is one region. A peer's buffers are those its
+// descriptor lists; a peer whose descriptor this client has not resolved (resolving failed) is
+// taken as not. A transfer across two buffers is refused by kvctl's server and need not be
+// valid memory on another, so a run of pages never spans two.
+func (n *Native) oneBuffer(a, b *masterrpc.Replica) bool {
+	if b.Addr+b.Size < a.Addr {
+		return false
+	}
+	if n.srv != nil && a.Endpoint == n.seg.Name {
+		return true
+	}
+	n.epMu.Lock()
+	p, ok := n.endpoints[a.Endpoint]
+	n.epMu.Unlock()
+	return ok && p.desc.Contains(a.Addr, b.Addr+b.Size-a.Addr)
+}
+
+// groupRuns groups a batch's jobs into runs of n's transfers (coalesce). First it resolves the
+// peers the batch moves more than one page to or from that n has not resolved yet, so that
+// oneBuffer knows their buffers on a first batch too (the transfers would resolve them right
+// after); a peer that fails to resolve is left to the transfers, which fail and mark it
+// unhealthy as before.
+func groupRuns[J any](ctx context.Context, n *Native, jobs []J, rep func(*J) *masterrpc.Replica) [][]J {
+	if n.coalesce > 0 && len(jobs) > 1 {
+		pages := map[string]int{}
+		for k := range jobs {
+			if r := rep(&jobs[k]); n.srv == nil || r.Endpoint != n.seg.Name {
+				pages[r.Endpoint]++
+			}
+		}
+		for seg, count := range pages {
+			n.epMu.Lock()
+			_, ok := n.endpoints[seg]
+			n.epMu.Unlock()
+			if count > 1 && !ok {
+				_, _ = n.resolve(ctx, seg)
+			}
+		}
+	}
+	return coalesce(jobs, rep, n.coalesce, n.oneBuffer)
 }
 
 // BatchGet copies each object into bufs[i] over the Transfer Engine (or from this client's
@@ -930,7 +982,7 @@ func (n *Native) get(ctx context.Context, keys []string, bufs [][][]byte) []int6
 	}
 	// Pages that lie back to back in one segment are read in one transfer (coalesce), its
 	// payload landing in each page's destination in turn.
-	runs := coalesce(jobs, func(j *getJob) *masterrpc.Replica { return &j.rep }, n.coalesce)
+	runs := groupRuns(ctx, n, jobs, func(j *getJob) *masterrpc.Replica { return &j.rep })
 	read := func(run []getJob) {
 		rep := run[0].rep
 		dsts := make([][][]byte, len(run))
