@@ -553,8 +553,8 @@ func (n *Native) putUnique(ctx context.Context, keys []string, bufs [][][]byte, 
 	if n.opts.ObjectChecksum {
 		sums = make([]uint64, len(idx))
 	}
-	// Each replica of each page to write; replicas lying back to back in one segment are
-	// written in one transfer (coalesce), sent from each page's pieces in turn.
+	// Each replica of each page to write; replicas lying back to back in one buffer of a
+	// segment are written in one transfer (coalesce), sent from each page's pieces in turn.
 	type putJob struct {
 		j     int // index into idx
 		rep   masterrpc.Replica
@@ -687,9 +687,9 @@ const maxCoalesced = 256 << 10
 // one transfer: replicas in one segment that lie back to back (one ending where the next
 // starts), in address order, up to limit bytes a run (a replica that alone reaches it is a run
 // of its own), and only where join says the run's first replica and the next lie in one
-// registered buffer. A transfer costs a round trip with the peer whatever its size, so small pages the
-// peer's allocator laid out in a row take a few transfers instead of one a page. The jobs are
-// reordered in place; rep gives a job's replica.
+// registered buffer. A transfer costs a round trip with the peer whatever its size, so small
+// pages the peer's allocator laid out in a row take a few transfers instead of one a page. The
+// jobs are reordered in place; rep gives a job's replica.
 func coalesce[J any](jobs []J, rep func(*J) *masterrpc.Replica, limit int, join func(a, b *masterrpc.Replica) bool) [][]J {
 	if len(jobs) < 2 {
 		if len(jobs) == 0 {
@@ -980,8 +980,8 @@ func (n *Native) get(ctx context.Context, keys []string, bufs [][][]byte) []int6
 		n.stats.hits.Add(1)
 		n.stats.bytesOut.Add(int64(rep.Size))
 	}
-	// Pages that lie back to back in one segment are read in one transfer (coalesce), its
-	// payload landing in each page's destination in turn.
+	// Pages that lie back to back in one buffer of a segment are read in one transfer
+	// (coalesce), its payload landing in each page's destination in turn.
 	runs := groupRuns(ctx, n, jobs, func(j *getJob) *masterrpc.Replica { return &j.rep })
 	read := func(run []getJob) {
 		rep := run[0].rep
