@@ -222,3 +222,37 @@ func TestFaultHostileTransferPeer(t *testing.T) {
 		t.Fatal("the segment stopped serving after the refused requests")
 	}
 }
+
+// TestFaultPutToKilledPeer: the process whose segment a put writes into dies before the master
+// drops it. A put of fifteen 64 KiB pages the master lays out back to back there (written four
+// to a WRITE) reports every page failed, none of them is listed afterwards (revoked), and the
+// failed writes mark the segment unhealthy once.
+func TestFaultPutToKilledPeer(t *testing.T) {
+	const page, pages = 64 << 10, 16
+	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
+	_, kill := startHelper(t, m, "put-dead-holder", 0, 0, 16<<20)
+	w := newNative(t, m, 0)
+	ctx := context.Background()
+	keys := make([]string, pages)
+	vals := make([][]byte, pages)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("put-dead/%d", i)
+		vals[i] = bytes.Repeat([]byte{byte(i + 1)}, page)
+	}
+	// One page first, so the writer knows the peer and the rest would be coalesced.
+	if c := w.BatchPut(ctx, keys[:1], vals[:1], pool.ReplicateConfig{}); c[0] != pool.OK {
+		t.Fatalf("put before the kill: %v", c[0])
+	}
+	kill()
+	for i, c := range w.BatchPut(ctx, keys[1:], vals[1:], pool.ReplicateConfig{}) {
+		if c == pool.OK {
+			t.Errorf("put %s into a dead peer's segment: OK", keys[1+i])
+		}
+	}
+	if got := w.BatchIsExist(ctx, keys[1:]); fmt.Sprint(got) != fmt.Sprint(make([]int, pages-1)) {
+		t.Errorf("pages of a failed put listed: %v", got)
+	}
+	if h := w.SegmentHealth(); h.ToUnhealthy != 1 {
+		t.Errorf("segment health after the failed put: %+v, want one transition to unhealthy", h)
+	}
+}
