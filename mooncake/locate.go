@@ -24,9 +24,12 @@ const maxLocated = 1 << 16
 type located struct {
 	rep  masterrpc.Replica
 	list masterrpc.ReplicaList
-	// use is the last moment a get may start from it; expires is when the master's read lease
-	// ends, counted from before the lookup was sent (so never later than the master's own).
-	use, expires time.Time
+	// fresh is the last moment a lookup may answer from it without asking the master (half
+	// way through its window, so that the load that follows such a lookup still has half the
+	// window to start in); use is the last moment a get may start from it; expires is when
+	// the master's read lease ends. All are counted from before the lookup was sent (so never
+	// later than the master's own).
+	fresh, use, expires time.Time
 	// gen is the master client's count of lost connections before the lookup was sent: once
 	// it moves, the master may have restarted, forgotten the lease and handed the memory to
 	// other objects.
@@ -80,6 +83,13 @@ func (s *locatedSet) take(now time.Time, gen uint64, key string) (located, bool)
 	return l, true
 }
 
+// answers reports whether key's kept list may answer a lookup now: inside its fresh part, no
+// master connection lost since (gen) and its host not found unhealthy.
+func (s *locatedSet) answers(now time.Time, gen uint64, key string, unhealthy func(string) bool) bool {
+	l, ok := s.m[key]
+	return ok && now.Before(l.fresh) && l.gen == gen && !unhealthy(l.rep.Endpoint)
+}
+
 // BatchLocate answers as BatchIsExist does (1 present and readable, 0 absent, a negative Code
 // when the probe failed), asking the master for each key's replica list instead of its
 // existence alone: the same round trip, and the master grants each present object a read lease
@@ -93,6 +103,13 @@ func (s *locatedSet) take(now time.Time, gen uint64, key string) (located, bool)
 // The lists are counted from before the call was sent, so the window always ends before the
 // master's lease does; a get that starts inside it and finishes after the lease ended fails the
 // page with ErrLeaseExpired, as Mooncake's own client fails such a read.
+//
+// A key whose list an earlier lookup kept is answered present from it, without asking the
+// master, during the first half of the list's window (the lease still holds the object there,
+// and the load that follows has the other half to start in); only the other keys are asked
+// for. Engines look the same prefix up again and again (a shared system prompt, a
+// conversation's earlier turns), and each lookup the master need not answer saves its round
+// trip. Absent keys are always asked for, so a page saved since is found at once.
 func (n *Native) BatchLocate(ctx context.Context, keys []string) []int {
 	if n.opts.LocateWindow < 0 {
 		return n.BatchIsExist(ctx, keys)
@@ -101,12 +118,46 @@ func (n *Native) BatchLocate(ctx context.Context, keys []string) []int {
 		return []int{}
 	}
 	n.stats.existProbes.Add(int64(len(keys)))
+	sent, gen := time.Now(), n.rpc.Losses()
+	out, ask, askKeys := n.keptAnswers(sent, gen, keys)
+	if len(askKeys) == 0 {
+		return out
+	}
 	ctx, cancel := n.callCtx(ctx)
 	defer cancel()
-	sent, gen := time.Now(), n.rpc.Losses()
-	return n.inParts(ctx, keys, func(ctx context.Context, sub []string) []int {
+	got := n.inParts(ctx, askKeys, func(ctx context.Context, sub []string) []int {
 		return n.locate(ctx, sent, gen, sub)
 	})
+	if ask == nil {
+		return got
+	}
+	for j, i := range ask {
+		out[i] = got[j]
+	}
+	return out
+}
+
+// keptAnswers answers the keys that kept lists may answer (1 in out) and returns the others'
+// indices and keys, for the master to be asked; ask is nil when every key is to be asked.
+func (n *Native) keptAnswers(now time.Time, gen uint64, keys []string) (out, ask []int, askKeys []string) {
+	out = make([]int, len(keys))
+	n.located.mu.Lock()
+	defer n.located.mu.Unlock()
+	if len(n.located.m) == 0 {
+		return out, nil, keys
+	}
+	for i, k := range keys {
+		if n.located.answers(now, gen, k, n.peerUnhealthy) {
+			out[i] = 1
+			continue
+		}
+		ask, askKeys = append(ask, i), append(askKeys, k)
+	}
+	if len(ask) == len(keys) {
+		return out, nil, keys
+	}
+	n.stats.keptAnswers.Add(int64(len(keys) - len(ask)))
+	return out, ask, askKeys
 }
 
 // locate is one BatchGetReplicaList call of a lookup: each key's presence, keeping the lists
@@ -147,9 +198,9 @@ func (n *Native) locate(ctx context.Context, sent time.Time, gen uint64, keys []
 		}
 		out[i] = 1
 		lease := time.Duration(l.List.LeaseTTLms) * time.Millisecond
-		use := sent.Add(min(n.opts.LocateWindow, lease/2))
-		if now.Before(use) {
-			n.located.put(now, keys[i], located{rep: rep, list: l.List, use: use, expires: sent.Add(lease), gen: gen})
+		window := min(n.opts.LocateWindow, lease/2)
+		if use := sent.Add(window); now.Before(use) {
+			n.located.put(now, keys[i], located{rep: rep, list: l.List, fresh: sent.Add(window / 2), use: use, expires: sent.Add(lease), gen: gen})
 		}
 	}
 	return out

@@ -213,3 +213,109 @@ func TestNativeLocateMasterRestart(t *testing.T) {
 		}
 	}
 }
+
+// locateAll runs BatchLocate over keys through r and fails unless it answers want, key by key.
+func locateAll(t *testing.T, r *mooncake.Native, keys []string, want []int) {
+	t.Helper()
+	for i, v := range r.BatchLocate(context.Background(), keys) {
+		if v != want[i] {
+			t.Fatalf("BatchLocate %s: %d, want %d", keys[i], v, want[i])
+		}
+	}
+}
+
+// ones is n 1s.
+func ones(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = 1
+	}
+	return out
+}
+
+// TestNativeLocateAnswersFromKept checks, against the real master, that a lookup of keys an
+// earlier lookup found answers from the lists it kept during the first half of their window,
+// without asking the master; that absent keys, keys nobody located, and every key after that
+// half, after a master restart or on a host found unhealthy are asked for; and that a load
+// after such a lookup reads the right bytes.
+func TestNativeLocateAnswersFromKept(t *testing.T) {
+	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
+	owner := newNative(t, m, 64<<20)
+	keys, want := putPages(t, owner, "kept", 16, 64<<10)
+	reader := newReader(t, m, 30*time.Second)
+
+	asks := func(f func()) float64 {
+		t.Helper()
+		before := replicaListCalls(t, m)
+		f()
+		return replicaListCalls(t, m) - before
+	}
+	if n := asks(func() { locateAll(t, reader, keys, ones(len(keys))) }); n != 1 {
+		t.Fatalf("the first lookup asked the master %v times, want 1", n)
+	}
+	if n := asks(func() {
+		locateAll(t, reader, keys, ones(len(keys)))
+		locateAll(t, reader, keys[3:9], ones(6))
+	}); n != 0 {
+		t.Fatalf("lookups of located keys asked the master %v times, want none", n)
+	}
+	if got := reader.KeptAnswers(); got != 16+6 {
+		t.Fatalf("KeptAnswers %d, want %d", got, 16+6)
+	}
+	// The load after such a lookup reads the right bytes, from the lists as well.
+	if n := asks(func() { getAll(t, reader, keys, want) }); n != 0 {
+		t.Fatalf("the load after the lookups asked the master %v times, want none", n)
+	}
+
+	// A missing key is asked for each time, and a page saved since is found at once; the
+	// located keys in the same lookup are not asked for again.
+	probe := append(append([]string{}, keys[:4]...), "kept-late")
+	if n := asks(func() { locateAll(t, reader, probe, []int{1, 1, 1, 1, 0}) }); n != 1 {
+		t.Fatalf("a lookup with a missing key asked the master %v times, want 1", n)
+	}
+	late, lateWant := putPages(t, owner, "kept-late-page", 1, 4<<10)
+	probe[4] = late[0]
+	before := reader.KeptAnswers()
+	if n := asks(func() { locateAll(t, reader, probe, ones(5)) }); n != 1 {
+		t.Fatalf("a lookup with a page saved since asked the master %v times, want 1", n)
+	}
+	if got := reader.KeptAnswers() - before; got != 4 {
+		t.Fatalf("the lookup answered %d keys from kept lists, want 4", got)
+	}
+	getAll(t, reader, late, lateWant)
+
+	// Past the first half of the window every key is asked for.
+	short := newReader(t, m, 300*time.Millisecond)
+	locateAll(t, short, keys, ones(len(keys)))
+	if n := asks(func() { locateAll(t, short, keys, ones(len(keys))) }); n != 0 {
+		t.Fatalf("a lookup inside the first half of a 300 ms window asked the master %v times, want none", n)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n := asks(func() { locateAll(t, short, keys, ones(len(keys))) }); n != 1 {
+		t.Fatalf("a lookup past the first half of the window asked the master %v times, want 1", n)
+	}
+}
+
+// TestNativeLocateKeptAfterMasterRestart: lists kept before the master restarted answer no
+// lookup; the new master, which has forgotten the objects, is asked and answers them absent.
+func TestNativeLocateKeptAfterMasterRestart(t *testing.T) {
+	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
+	owner := newNative(t, m, 64<<20)
+	keys, _ := putPages(t, owner, "kept-restart", 4, 64<<10)
+	reader := newReader(t, m, 30*time.Second)
+	locateAll(t, reader, keys, ones(len(keys)))
+	m.Kill()
+	m.Restart()
+	deadline := time.Now().Add(20 * time.Second)
+	for owner.Remounts() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the holder did not mount its segment again on the restarted master")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	before := reader.KeptAnswers()
+	locateAll(t, reader, keys, make([]int, len(keys)))
+	if got := reader.KeptAnswers() - before; got != 0 {
+		t.Fatalf("after the master restarted %d keys were answered from lists kept before, want none", got)
+	}
+}

@@ -132,6 +132,8 @@ type nativeStats struct {
 	hits, misses, puts, skipped, putFailures atomic.Int64
 	bytesIn, bytesOut, existProbes           atomic.Int64
 	checksumErrors                           atomic.Int64
+	// keptAnswers counts the keys lookups answered from kept replica lists (BatchLocate).
+	keptAnswers atomic.Int64
 }
 
 // segmentBase is where Native places its segment in the absolute address space peers use.
@@ -323,6 +325,10 @@ func (n *Native) DropAdmin() { n.admin.Store(nil) }
 
 // Remounts counts the times the segment was mounted again after the master lost it.
 func (n *Native) Remounts() int64 { return n.remounts.Load() }
+
+// KeptAnswers is how many keys lookups (BatchLocate) answered from replica lists an earlier
+// lookup kept, without asking the master.
+func (n *Native) KeptAnswers() int64 { return n.stats.keptAnswers.Load() }
 
 // Close unmounts the segment (the master drops the objects stored in it), removes its
 // metadata and stops serving it. It is safe to call more than once.

@@ -27,7 +27,7 @@ func addClusterFlags(fl *pflag.FlagSet, k *config.ClusterKeys) {
 	fl.StringVar(&k.MooncakeConfig, config.ServeKeyMooncakeConfig, "", "mooncake backend: read master, metadata, segment and buffer sizes from a TensorRT-LLM mooncake.json `FILE`; flags win over it")
 	fl.StringVar(&k.MasterAdmin, config.ServeKeyMasterAdmin, "", "mooncake backend: the master's HTTP admin `URL`, for the cluster's segments (default http://MASTER-HOST:9003, dropped when it serves another master)")
 	fl.BoolVar(&k.ObjectChecksum, config.ServeKeyObjectChecksum, false, "mooncake backend: fill Mooncake's per-object checksum (CRC-64) on every put and verify it on every get; a page changed in its segment is refused and recomputed")
-	fl.DurationVar(&k.LocateWindow, config.ServeKeyLocateWindow, 0, "mooncake backend: how long the replica lists a lookup fetched serve its load without asking the master again, at most half the master's read lease (default 1s; negative: every load asks)")
+	fl.DurationVar(&k.LocateWindow, config.ServeKeyLocateWindow, 0, "mooncake backend: how long the replica lists a lookup fetched serve its load without asking the master again, at most half the master's read lease; in its first half they also answer lookups of the same pages (default 1s; negative: every lookup and load asks)")
 	fl.DurationVar(&k.PoolTimeout, config.ServeKeyPoolTimeout, 0, "longest an engine waits for one pool call; a lookup past it answers miss (default 5s)")
 }
 

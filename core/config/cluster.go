@@ -45,8 +45,9 @@ type ClusterKeys struct {
 	// over every page saved and loaded (docs/PERFORMANCE.md).
 	ObjectChecksum bool `json:"object-checksum,omitempty" yaml:"object-checksum,omitempty"`
 	// LocateWindow is how long the replica lists a lookup fetched serve the load that follows
-	// without asking the master again (never past half the master's read lease); 0 takes the
-	// default (1s) and a negative window turns it off, every load asking the master.
+	// without asking the master again (never past half the master's read lease), and in its
+	// first half answer lookups of the same pages; 0 takes the default (1s) and a negative
+	// window turns it off, every lookup and load asking the master.
 	LocateWindow time.Duration `json:"locate-window,omitempty" yaml:"locate-window,omitempty"`
 }
 
