@@ -662,3 +662,46 @@ func TestSavesBeforeJoiningAreNotFailures(t *testing.T) {
 	}
 	t.Logf("B: %d saves before joining (%d pages), then %d blocks loaded from A; saves %+v", sv.NotJoinedSaves, sv.NotJoinedPages, warm.LoadedBlocks, st.Saves)
 }
+
+// TestLookupsAnswerFromKeptLists: host B's engine looks up and loads a slice that host A saved,
+// then runs it again at once. The second run's lookups are answered from the replica lists the
+// first run's lookups kept (/v1/stats backend.lookup_keys_from_kept counts every block of it)
+// and its loads read from them too, so the master answers no BatchGetReplicaList for it; every
+// block still loads from A's segment, verified.
+func TestLookupsAnswerFromKeptLists(t *testing.T) {
+	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
+	reqs, ids := traceRequests(t, 12)
+	a := startServe(t, m, "A")
+	a.waitReady(t)
+	runEngine(t, simConfig(a, "cold"), reqs, 4)
+	// A window of 30 s is capped at half the master's 10 s lease: lookups answer from a kept
+	// list for 2.5 s, ample for a run of twelve requests on a loaded host.
+	b := startServe(t, m, "B", "--locate-window", "30s")
+	b.waitReady(t)
+	ideal := 0
+	for _, r := range ids {
+		ideal += len(r)
+	}
+	first := runEngine(t, simConfig(b, "first"), renamed(reqs, "first"), 4)
+	before := b.stats(t).Backend.LookupKeysFromKept
+	calls, _, err := m.Metric(context.Background(), "master_batch_get_replica_list_requests_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := runEngine(t, simConfig(b, "second"), renamed(reqs, "second"), 4)
+	callsAfter, _, err := m.Metric(context.Background(), "master_batch_get_replica_list_requests_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := b.stats(t).Backend.LookupKeysFromKept - before
+	for _, r := range []enginesim.Result{first, second} {
+		if r.LoadedBlocks != ideal || r.ComputedBlocks != 0 || r.Restarts != 0 {
+			t.Fatalf("a run on B: %+v; want all %d blocks loaded from A, none computed", r, ideal)
+		}
+	}
+	if kept < int64(ideal) || callsAfter != calls {
+		t.Fatalf("the second run: %d keys answered from kept lists (want at least its %d blocks), the master answered %v BatchGetReplicaList calls (want none)",
+			kept, ideal, callsAfter-calls)
+	}
+	t.Logf("%d blocks a run; the second run's lookups answered %d keys from kept lists, the first's %d", ideal, kept, before)
+}

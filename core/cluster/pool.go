@@ -272,6 +272,15 @@ func (p *Pool) Remounts() int64 {
 	return 0
 }
 
+// KeptAnswers counts the keys lookups answered from replica lists an earlier lookup kept,
+// without asking the master (mooncake.Native.KeptAnswers).
+func (p *Pool) KeptAnswers() int64 {
+	if n := p.client(); n != nil {
+		return n.KeptAnswers()
+	}
+	return 0
+}
+
 // SegmentServed counts what peers read from and wrote to this host's segment: the "backend"
 // object's segment_served of /v1/stats.
 func (p *Pool) SegmentServed() statsapi.SegmentServedJSON {

@@ -224,6 +224,9 @@ func (d *Daemon) BackendStatus(ctx context.Context) statsapi.BackendStatusJSON {
 	if r, ok := d.backend.Pool.(interface{ Remounts() int64 }); ok {
 		out.SegmentRemounts = r.Remounts()
 	}
+	if k, ok := d.backend.Pool.(interface{ KeptAnswers() int64 }); ok {
+		out.LookupKeysFromKept = k.KeptAnswers()
+	}
 	if reason == "" && !d.ready.Load() {
 		out.UnreadyReason = "not serving"
 		if d.draining.Load() {

@@ -355,8 +355,8 @@ func TestBackendJSONContract(t *testing.T) {
 	}
 	slices.Sort(got)
 	want := []string{"cluster_capacity_bytes", "cluster_segments", "cluster_used_bytes", "host_address", "kind", "local_buffer_bytes",
-		"master", "master_reachable", "metadata", "mounts", "pool_call_failures", "protocol", "segment", "segment_bytes", "segment_mounted",
-		"segment_remounts"}
+		"lookup_keys_from_kept", "master", "master_reachable", "metadata", "mounts", "pool_call_failures", "protocol", "segment", "segment_bytes",
+		"segment_mounted", "segment_remounts"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("backend fields\n got %v\nwant %v", got, want)
 	}

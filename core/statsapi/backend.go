@@ -48,6 +48,10 @@ type BackendStatusJSON struct {
 	// SegmentRemounts counts the times the client mounted the segment again on a master that
 	// had lost it (restarted); 0 for the embedded pool.
 	SegmentRemounts int64 `json:"segment_remounts"`
+	// LookupKeysFromKept counts keys that lookups answered from the replica lists an earlier
+	// lookup kept (inside the first half of --locate-window), without asking the master; 0 for
+	// the embedded pool.
+	LookupKeysFromKept int64 `json:"lookup_keys_from_kept"`
 	// PoolCallFailures counts calls that failed or timed out, and pages that a save dropped.
 	PoolCallFailures PoolFailuresJSON `json:"pool_call_failures"`
 	// SegmentServed counts what peers read from and wrote to this host's segment; absent for
