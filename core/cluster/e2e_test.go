@@ -669,13 +669,13 @@ func TestSavesBeforeJoiningAreNotFailures(t *testing.T) {
 // and its loads read from them too, so the master answers no BatchGetReplicaList for it; every
 // block still loads from A's segment, verified.
 func TestLookupsAnswerFromKeptLists(t *testing.T) {
-	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{})
+	m := mooncaketest.StartMaster(t, mooncaketest.MasterOptions{LeaseTTL: time.Minute})
 	reqs, ids := traceRequests(t, 12)
 	a := startServe(t, m, "A")
 	a.waitReady(t)
 	runEngine(t, simConfig(a, "cold"), reqs, 4)
-	// A window of 30 s is capped at half the master's 10 s lease: lookups answer from a kept
-	// list for 2.5 s, ample for a run of twelve requests on a loaded host.
+	// A window of 30 s, half the master's one-minute lease: lookups answer from a kept list
+	// for 15 s, ample for a run of twelve requests on a loaded host.
 	b := startServe(t, m, "B", "--locate-window", "30s")
 	b.waitReady(t)
 	ideal := 0
