@@ -703,5 +703,14 @@ func TestLookupsAnswerFromKeptLists(t *testing.T) {
 		t.Fatalf("the second run: %d keys answered from kept lists (want at least its %d blocks), the master answered %v BatchGetReplicaList calls (want none)",
 			kept, ideal, callsAfter-calls)
 	}
+	// /metrics carries the same count.
+	st := b.stats(t).Backend.LookupKeysFromKept
+	code, body, err := get(b.admin + "/metrics")
+	if err != nil || code != 200 {
+		t.Fatalf("B's /metrics: %d %v", code, err)
+	}
+	if want := fmt.Sprintf("\nkvctl_pool_lookup_keys_from_kept_total %d\n", st); !strings.Contains(body, want) {
+		t.Errorf("B's /metrics lacks %q", strings.TrimSpace(want))
+	}
 	t.Logf("%d blocks a run; the second run's lookups answered %d keys from kept lists, the first's %d", ideal, kept, before)
 }

@@ -177,6 +177,7 @@ func newDaemonMetrics(d *Daemon, retention time.Duration) *daemonMetrics {
 	m.descs["kvctl_cluster_objects"] = prometheus.NewDesc("kvctl_cluster_objects", "Objects the Mooncake cluster holds (each host reports it: take max by (master)).", []string{"master"}, nil)
 	m.descs["kvctl_pool_evicted_objects_total"] = prometheus.NewDesc("kvctl_pool_evicted_objects_total", "Objects the pool evicted to make room.", nil, nil)
 	m.descs["kvctl_pool_put_failures_total"] = prometheus.NewDesc("kvctl_pool_put_failures_total", "Puts the pool failed (no room, bad input).", nil, nil)
+	m.descs["kvctl_pool_lookup_keys_from_kept_total"] = prometheus.NewDesc("kvctl_pool_lookup_keys_from_kept_total", "Keys lookups answered from the replica lists an earlier lookup kept, without asking the Mooncake master (0 for the embedded pool).", nil, nil)
 	m.descs["kvctl_pool_up"] = prometheus.NewDesc("kvctl_pool_up", "1 when this scrape read the pool's statistics, 0 when the pool did not answer (its other gauges are then left out).", nil, nil)
 	return m
 }
@@ -358,6 +359,12 @@ func (m *daemonMetrics) Collect(ch chan<- prometheus.Metric) {
 }
 
 func (m *daemonMetrics) poolMetrics(ctx context.Context, ch chan<- prometheus.Metric) {
+	// This host's own count, kept whether or not the pool answers a scrape.
+	var kept int64
+	if k, ok := m.d.backend.Pool.(interface{ KeptAnswers() int64 }); ok {
+		kept = k.KeptAnswers()
+	}
+	ch <- prometheus.MustNewConstMetric(m.descs["kvctl_pool_lookup_keys_from_kept_total"], prometheus.CounterValue, float64(kept))
 	st, err := m.d.pool.Stats(ctx)
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(m.descs["kvctl_pool_up"], prometheus.GaugeValue, 0)
