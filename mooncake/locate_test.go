@@ -188,21 +188,9 @@ func TestNativeLocateMasterRestart(t *testing.T) {
 	keys, want := putPages(t, owner, "restart", 4, 64<<10)
 	reader := newReader(t, m, 30*time.Second)
 	getAll(t, reader, keys, want) // the reader knows where the holder's segment is served
-	for i, v := range reader.BatchLocate(ctx, keys) {
-		if v != 1 {
-			t.Fatalf("BatchLocate %s: %d", keys[i], v)
-		}
-	}
-	m.Kill()
-	m.Restart()
+	locateAll(t, reader, keys, ones(len(keys)))
 	// The holder mounts its segment again on the new master; its memory keeps the old bytes.
-	deadline := time.Now().Add(20 * time.Second)
-	for owner.Remounts() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the holder did not mount its segment again on the restarted master")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	restartMaster(t, m, owner)
 	bufs := make([][]byte, len(keys))
 	for i := range bufs {
 		bufs[i] = make([]byte, len(want[i]))
@@ -304,6 +292,17 @@ func TestNativeLocateKeptAfterMasterRestart(t *testing.T) {
 	keys, _ := putPages(t, owner, "kept-restart", 4, 64<<10)
 	reader := newReader(t, m, 30*time.Second)
 	locateAll(t, reader, keys, ones(len(keys)))
+	restartMaster(t, m, owner)
+	before := reader.KeptAnswers()
+	locateAll(t, reader, keys, make([]int, len(keys)))
+	if got := reader.KeptAnswers() - before; got != 0 {
+		t.Fatalf("after the master restarted %d keys were answered from lists kept before, want none", got)
+	}
+}
+
+// restartMaster kills m, starts it again and waits until owner has mounted its segment on it again.
+func restartMaster(t *testing.T, m *mooncaketest.Master, owner *mooncake.Native) {
+	t.Helper()
 	m.Kill()
 	m.Restart()
 	deadline := time.Now().Add(20 * time.Second)
@@ -312,10 +311,5 @@ func TestNativeLocateKeptAfterMasterRestart(t *testing.T) {
 			t.Fatal("the holder did not mount its segment again on the restarted master")
 		}
 		time.Sleep(20 * time.Millisecond)
-	}
-	before := reader.KeptAnswers()
-	locateAll(t, reader, keys, make([]int, len(keys)))
-	if got := reader.KeptAnswers() - before; got != 0 {
-		t.Fatalf("after the master restarted %d keys were answered from lists kept before, want none", got)
 	}
 }
