@@ -9,11 +9,12 @@
 #   peer new 1            # BenchmarkLoadFromPeer, every row, with $B/kvctl-new → peer-new-1.log
 #   torch 1               # TestGPUTorchEngine, 256 requests → torch-1.log
 #   checkcost 1           # BenchmarkGPUCheckCost, 12 and 48 MiB of 1 MiB pages → checkcost-1.log
+#   checkcost 2 lazy      # the same with connector-lazy.test → checkcost-lazy-2.log
 #   cluster new 1         # tools/gpucluster/run.sh with $B/kvctl-new → cluster-new-1.log
 #
 # BINS is an xz tarball of test binaries built on a machine with Go (`go test -c`, CGO_ENABLED=1,
-# -trimpath -ldflags '-s -w'): cluster.test, connector.test, daemon.test and kvctl-NAME for each
-# kvctl build the steps name; MASTER is the master folder tools/gpucluster/prepare.sh makes,
+# -trimpath -ldflags '-s -w'): cluster.test, connector.test, daemon.test, kvctl-NAME for each
+# kvctl build the steps name and connector-NAME.test for each connector build checkcost names; MASTER is the master folder tools/gpucluster/prepare.sh makes,
 # packed with xz; WHEELS a folder of the engine's wheels (grpcio, protobuf). The repository's
 # tracked files are the working directory. FILTER narrows BenchmarkLoadFromPeer (two levels at
 # most: a three-level filter leaves the two-level rows untimed).
@@ -65,12 +66,18 @@ torch() {
 	pack
 }
 
-# checkcost N: a checked and an unchecked load of the same pages, paired.
+# checkcost N [BUILD]: a checked and an unchecked load of the same pages, paired, with
+# connector.test or, given BUILD, connector-BUILD.test; calls alternating two builds compare them
+# on one host.
 checkcost() {
-	(cd core/connector && timeout 90 "$B/connector.test" -test.run '^$' -test.bench 'GPUCheckCost/1024KiB/load=(12|48)MiB/leased' \
-		-test.benchtime 200x -test.count 3 >"$L/checkcost-$1.log" 2>&1
-	echo "checkcost $1 rc=$? t=$SECONDS")
-	grep -E '^Benchmark' "$L/checkcost-$1.log" | sed 's/  */ /g' | cut -c1-160
+	local bin=connector.test log=checkcost-$1.log
+	if [ -n "$2" ]; then
+		bin=connector-$2.test log=checkcost-$2-$1.log
+	fi
+	(cd core/connector && timeout 90 "$B/$bin" -test.run '^$' -test.bench 'GPUCheckCost/1024KiB/load=(12|48)MiB/leased' \
+		-test.benchtime 200x -test.count 3 >"$L/$log" 2>&1
+	echo "checkcost $1 ${2:-} rc=$? t=$SECONDS")
+	grep -E '^Benchmark' "$L/$log" | sed 's/  */ /g' | cut -c1-160
 	pack
 }
 
