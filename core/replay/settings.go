@@ -363,6 +363,20 @@ func Expand(base Config, sets []string) ([]Config, error) {
 		}
 		axes = append(axes, axis{key, values})
 	}
+	// Count the configurations before building them: the product of a few long value lists
+	// is far more than the limit, and building it first allocates without bound.
+	const maxConfigs = 256
+	total := 1
+	for _, a := range axes {
+		total *= len(a.values)
+		if total > maxConfigs {
+			counts := make([]string, len(axes))
+			for i, a := range axes {
+				counts[i] = strconv.Itoa(len(a.values))
+			}
+			return nil, fmt.Errorf("%w: the --set lists multiply out to %s configurations, more than the %d a run allows", ErrBadSetting, strings.Join(counts, "×"), maxConfigs)
+		}
+	}
 	out := []Config{base}
 	for _, a := range axes {
 		next := make([]Config, 0, len(out)*len(a.values))
@@ -375,10 +389,6 @@ func Expand(base Config, sets []string) ([]Config, error) {
 			}
 		}
 		out = next
-	}
-	const maxConfigs = 256
-	if len(out) > maxConfigs {
-		return nil, fmt.Errorf("%w: %d configurations; at most %d per run", ErrBadSetting, len(out), maxConfigs)
 	}
 	for i := range out {
 		if len(out[i].Settings) > 0 {
