@@ -282,6 +282,7 @@ func parseQuerySegment(body []byte, bad func(string, ...any) error) (pool.Segmen
 		return pool.Segment{}, bad("want 3 lines, got %d", len(ls))
 	}
 	s := pool.Segment{Name: ls[0]}
+	var sawUsed, sawCapacity bool
 	for _, l := range ls[1:] {
 		k, v, ok := strings.Cut(l, ":")
 		if !ok {
@@ -291,11 +292,20 @@ func parseQuerySegment(body []byte, bad func(string, ...any) error) (pool.Segmen
 		if err != nil {
 			return pool.Segment{}, bad("line %q: %v", l, err)
 		}
+		if n < 0 {
+			return pool.Segment{}, bad("line %q: a negative byte count", l)
+		}
 		switch strings.TrimSpace(k) {
 		case "Used(bytes)":
-			s.Used = n
+			if sawUsed {
+				return pool.Segment{}, bad("Used(bytes) given twice")
+			}
+			s.Used, sawUsed = n, true
 		case "Capacity(bytes)":
-			s.Capacity = n
+			if sawCapacity {
+				return pool.Segment{}, bad("Capacity(bytes) given twice")
+			}
+			s.Capacity, sawCapacity = n, true
 		default:
 			return pool.Segment{}, bad("unknown field in line %q", l)
 		}
