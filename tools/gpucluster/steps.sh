@@ -14,10 +14,12 @@
 #
 # BINS is an xz tarball of test binaries built on a machine with Go (`go test -c`, CGO_ENABLED=1,
 # -trimpath -ldflags '-s -w'): cluster.test, connector.test, daemon.test, kvctl-NAME for each
-# kvctl build the steps name and connector-NAME.test for each connector build checkcost names; MASTER is the master folder tools/gpucluster/prepare.sh makes,
-# packed with xz; WHEELS a folder of the engine's wheels (grpcio, protobuf). The repository's
-# tracked files are the working directory. FILTER narrows BenchmarkLoadFromPeer (two levels at
-# most: a three-level filter leaves the two-level rows untimed).
+# kvctl build the steps name and connector-NAME.test for each connector build checkcost names;
+# tools/gpucluster/bins.sh builds it, named builds from git revisions. MASTER is the master
+# folder tools/gpucluster/prepare.sh makes, packed with xz; WHEELS a folder of the engine's
+# wheels (grpcio, protobuf). The repository's tracked files are the working directory. FILTER
+# narrows BenchmarkLoadFromPeer (two levels at most: a three-level filter leaves the two-level
+# rows untimed).
 
 R=$PWD
 B=/tmp/bins
